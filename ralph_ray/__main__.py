@@ -1,0 +1,64 @@
+"""`python -m ralph_ray [hydra overrides]`: run a campaign. Exit codes: see ralph_ray.exit_codes."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from rich.console import Console
+
+from ralph_ray.exit_codes import ExitCode
+
+USAGE = """usage: python -m ralph_ray [+experiment=NAME] [key=value ...] [--cfg]
+
+Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU).
+  python -m ralph_ray +experiment=cifar10 data.root=/path/to/cifar
+  python -m ralph_ray scheduler.grace_period=2 search.num_samples=16
+  --cfg   print the composed config and exit
+Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, resources, paths).
+Exit codes: 0 done / target met, 2 invalid config or data or a safeguard, 3 plateau, 4 unrecoverable error.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse overrides, validate the config before Ray starts, run the campaign, return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    err = Console(stderr=True)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return ExitCode.ok
+    show_cfg = "--cfg" in argv
+    argv = [a for a in argv if a != "--cfg"]
+
+    from ralph_ray.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(argv)
+    except ConfigError as error:
+        err.print(f"[red]{error}[/]", highlight=False)
+        return ExitCode.safeguard_or_config
+    if show_cfg:
+        from omegaconf import OmegaConf
+
+        print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        return ExitCode.ok
+
+    from ralph_ray.campaign import CampaignError, run
+    from ralph_ray.tasks.base import DataError
+
+    try:
+        return int(run(cfg).exit_code)
+    except (DataError, CampaignError) as error:
+        err.print(f"[red]error:[/] {error}", highlight=False)
+        return ExitCode.safeguard_or_config
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted: finished trials are in the knowledge base[/]")
+        return ExitCode.error
+    except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
+        err.print("[red]unrecoverable error:[/]")
+        traceback.print_exc()
+        return ExitCode.error
+
+
+if __name__ == "__main__":
+    sys.exit(main())

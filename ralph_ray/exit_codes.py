@@ -1,0 +1,14 @@
+"""Process exit codes of a campaign (the README lists them)."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """0 target met or clean stop, 2 safeguard or invalid config/data, 3 plateau, 4 unrecoverable error."""
+
+    ok = 0
+    safeguard_or_config = 2
+    plateau = 3
+    error = 4

@@ -1,0 +1,119 @@
+"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, device).
+
+It stays free of Ray and of the engine's heavy imports so a trial's subprocess starts fast and a
+trainer also runs by hand (`python train.py`) against data prepared with `python -m ralph_ray.prepare`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# The trial driver sets these; defaults make a hand run write next to the trainer.
+ENV_DATA_DIR = "RALPH_DATA_DIR"
+ENV_METRICS_FILE = "RALPH_METRICS_FILE"
+ENV_PREDICTIONS_FILE = "RALPH_PREDICTIONS_FILE"
+ENV_SEED = "RALPH_SEED"
+ENV_DEVICE = "RALPH_DEVICE"
+
+PUBLIC_FILES = ("train_x.npy", "train_y.npy", "selection_x.npy", "test_x.npy", "meta.json")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What a trial may see: labelled train data, and selection/test inputs without labels."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    selection_x: np.ndarray
+    test_x: np.ndarray
+    num_classes: int
+
+
+def data_dir() -> Path:
+    """The prepared public data dir, from the environment."""
+    value = os.environ.get(ENV_DATA_DIR)
+    if not value:
+        sys.exit(
+            f"{ENV_DATA_DIR} is not set. Prepare the data first, e.g.\n"
+            "  python -m ralph_ray.prepare              # digits\n"
+            "  python -m ralph_ray.prepare +experiment=cifar10 data.root=/path/to/cifar\n"
+            f"then export the {ENV_DATA_DIR}=... line it prints."
+        )
+    return Path(value)
+
+
+def load_data() -> Dataset:
+    """Load the public splits (memory-mapped, so large datasets open instantly)."""
+    root = data_dir()
+    missing = [name for name in PUBLIC_FILES if not (root / name).exists()]
+    if missing:
+        sys.exit(f"{root} lacks {', '.join(missing)}: run `python -m ralph_ray.prepare` for this task again.")
+    meta = json.loads((root / "meta.json").read_text())
+    load = lambda name: np.load(root / name, mmap_mode="r")  # noqa: E731
+    return Dataset(
+        train_x=load("train_x.npy"),
+        train_y=load("train_y.npy"),
+        selection_x=load("selection_x.npy"),
+        test_x=load("test_x.npy"),
+        num_classes=int(meta["num_classes"]),
+    )
+
+
+def seed() -> int:
+    """The trial's seed (0 when run by hand)."""
+    return int(os.environ.get(ENV_SEED, "0"))
+
+
+def device() -> str:
+    """The device this trial was given: RALPH_DEVICE if set, else cuda when visible, else cpu."""
+    if os.environ.get(ENV_DEVICE):
+        return os.environ[ENV_DEVICE]
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def report(**metrics: float) -> None:
+    """Report one epoch's metrics (must include `epoch`) as a JSON line the trial driver tails."""
+    if "epoch" not in metrics:
+        raise ValueError("report() needs epoch=<int>: ASHA's time attribute is the epoch")
+    record = {key: _plain(value) for key, value in metrics.items()}
+    line = json.dumps(record, allow_nan=True)
+    path = Path(os.environ.get(ENV_METRICS_FILE, "metrics.jsonl"))
+    # One write of a whole line, then flush: the driver never reads half a record.
+    with path.open("a") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+    print(" ".join(f"{k}={_fmt(v)}" for k, v in record.items()), flush=True)
+
+
+def save_predictions(selection: np.ndarray, test: np.ndarray) -> None:
+    """Write class predictions for the selection and test inputs; the engine scores them."""
+    selection = np.asarray(selection).astype(np.int64).reshape(-1)
+    test = np.asarray(test).astype(np.int64).reshape(-1)
+    path = Path(os.environ.get(ENV_PREDICTIONS_FILE, "predictions.npz"))
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, selection=selection, test=test)
+    os.replace(tmp, path)
+
+
+def _plain(value: object) -> float | int | str:
+    """Turn tensors and numpy scalars into JSON-able Python numbers."""
+    if hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"report() takes numbers, got {type(value).__name__}")
+
+
+def _fmt(value: float | int | str) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.4g}"
+    return str(value)

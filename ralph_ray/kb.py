@@ -1,0 +1,155 @@
+"""The knowledge base: append-only Parquet parts (the truth) and a `kb.duckdb` of views over them.
+
+The orchestrator is the only writer. Each part is written to a temp name and renamed, so a reader never
+sees half a file. Readers in Python use an in-memory DuckDB with the same views (no file lock at all);
+`kb.duckdb` is for the duckdb shell and other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ralph_ray import sql
+
+DB_FILE = "kb.duckdb"
+PARQUET_DIR = "parquet"
+# The duckdb shell on PyPI (duckdb-cli 1.5) cannot read files in 2.0's default storage format.
+STORAGE_VERSION = "v1.4.0"
+TS = pa.timestamp("us", tz="UTC")
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "runs": pa.schema([
+        ("run_id", pa.string()), ("experiment", pa.string()), ("task", pa.string()),
+        ("status", pa.string()), ("stop_reason", pa.string()), ("run_dir", pa.string()),
+        ("config", pa.string()), ("started_at", TS), ("finished_at", TS), ("written_at", TS),
+    ]),
+    "cycles": pa.schema([
+        ("run_id", pa.string()), ("cycle", pa.int32()), ("started_at", TS), ("finished_at", TS),
+        ("trials", pa.int32()), ("best_selection_score", pa.float64()), ("written_at", TS),
+    ]),
+    "variants": pa.schema([
+        ("run_id", pa.string()), ("variant_id", pa.string()), ("parent_id", pa.string()),
+        ("cycle", pa.int32()), ("files_dir", pa.string()), ("diff", pa.string()), ("written_at", TS),
+    ]),
+    "trials": pa.schema([
+        ("run_id", pa.string()), ("cycle", pa.int32()), ("trial_id", pa.string()), ("variant_id", pa.string()),
+        ("status", pa.string()), ("reason", pa.string()), ("knobs", pa.string()), ("seed", pa.int64()),
+        ("epochs", pa.int32()), ("val_metric", pa.float64()), ("selection_score", pa.float64()),
+        ("test_score", pa.float64()), ("seconds", pa.float64()), ("work_dir", pa.string()), ("written_at", TS),
+    ]),
+    "epochs": pa.schema([
+        ("run_id", pa.string()), ("trial_id", pa.string()), ("epoch", pa.int32()),
+        ("metric", pa.string()), ("value", pa.float64()), ("written_at", TS),
+    ]),
+}
+
+
+def now() -> datetime:
+    """The current UTC time (KB timestamps are all UTC)."""
+    return datetime.now(timezone.utc)
+
+
+class KnowledgeBase:
+    """Writes Parquet parts under `<root>/parquet/<table>/` and keeps `kb.duckdb`'s views pointing at them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+        self.parquet = self.root / PARQUET_DIR
+
+    def init(self) -> None:
+        """Create the folders, an empty schema part per table, and the views in kb.duckdb (if stale)."""
+        for table, schema in SCHEMAS.items():
+            folder = self.parquet / table
+            folder.mkdir(parents=True, exist_ok=True)
+            # An empty part with the schema: views bind before the first row, and columns are typed.
+            if not (folder / "_schema.parquet").exists():
+                self._write(folder / "_schema.parquet", schema.empty_table())
+        self._write_views_if_stale()
+
+    def append(self, table: str, rows: Sequence[dict[str, Any]], tag: str) -> Path | None:
+        """Write rows as one new immutable part of `table`; `tag` makes the file name readable."""
+        if not rows:
+            return None
+        schema = SCHEMAS[table]
+        stamp = now()
+        columns = {name: [row.get(name, stamp if name == "written_at" else None) for row in rows] for name in schema.names}
+        unknown = set().union(*rows) - set(schema.names)
+        if unknown:
+            raise ValueError(f"{table} has no columns {sorted(unknown)}")
+        part = self.parquet / table / f"{tag}-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.parquet"
+        self._write(part, pa.table(columns, schema=schema))
+        return part
+
+    def reader(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory connection with the KB's views: never takes a lock on kb.duckdb."""
+        return connect_views(self.parquet)
+
+    def _write(self, path: Path, table: pa.Table) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)  # atomic: readers see the whole part or none
+
+    def _write_views_if_stale(self) -> None:
+        """Rewrite kb.duckdb's views only when they point elsewhere or changed: each write locks the file."""
+        statements = sql.view_statements(self.parquet, schema="kb")
+        fingerprint = json.dumps({"root": str(self.parquet), "views": statements})
+        db = self.root / DB_FILE
+        if db.exists() and _stored_fingerprint(db) == fingerprint:
+            return
+        con = duckdb.connect()
+        try:
+            path = str(db).replace("'", "''")
+            con.execute(f"attach '{path}' as kb (storage_version '{STORAGE_VERSION}')")
+            for statement in statements:
+                con.execute(statement)
+            con.execute("create or replace table kb.kb_meta (fingerprint varchar)")
+            con.execute("insert into kb.kb_meta values (?)", [fingerprint])
+            con.execute("detach kb")
+        finally:
+            con.close()
+
+
+def connect_views(parquet_root: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with every KB view over the Parquet parts under `parquet_root`."""
+    con = duckdb.connect()
+    for statement in sql.view_statements(parquet_root):
+        con.execute(statement)
+    return con
+
+
+def open_reader(kb_root: Path) -> duckdb.DuckDBPyConnection:
+    """A reader over an existing KB root; a clear error when there is none yet."""
+    parquet = kb_root.resolve() / PARQUET_DIR
+    if not (parquet / "trials" / "_schema.parquet").exists():
+        raise FileNotFoundError(f"no knowledge base at {kb_root}: run a campaign first (python -m ralph_ray paths.kb={kb_root})")
+    return connect_views(parquet)
+
+
+def _stored_fingerprint(db: Path) -> str | None:
+    try:
+        con = duckdb.connect(str(db), read_only=True)
+    except duckdb.Error:
+        return None
+    try:
+        row = con.execute("select fingerprint from kb_meta").fetchone()
+        return row[0] if row else None
+    except duckdb.Error:
+        return None
+    finally:
+        con.close()
+
+
+def as_row(obj: Any) -> dict[str, Any]:
+    """A dataclass record as a KB row."""
+    return asdict(obj)

@@ -1,0 +1,71 @@
+"""Read and rewrite a trainer's knobs: module-level UPPER_CASE constants with literal values."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+
+class KnobError(ValueError):
+    """A knob that is absent, not a literal, or given a value of the wrong kind."""
+
+
+def read_knobs(source: str) -> dict[str, Any]:
+    """The trainer's knobs and their literal values, in file order."""
+    return {name: ast.literal_eval(node.value) for name, node in _knob_nodes(source).items()}
+
+
+def rewrite_knobs(source: str, overrides: dict[str, Any]) -> str:
+    """Replace the values of the named knobs in place, keeping comments and layout."""
+    nodes = _knob_nodes(source)
+    unknown = sorted(set(overrides) - set(nodes))
+    if unknown:
+        raise KnobError(f"no module-level knob named {', '.join(unknown)} (knobs: {', '.join(nodes) or 'none'})")
+    lines = source.splitlines(keepends=True)
+    # Edit from the bottom up so earlier offsets stay valid.
+    for name in sorted(overrides, key=lambda n: nodes[n].value.lineno, reverse=True):
+        value = nodes[name].value
+        if value.lineno != value.end_lineno:
+            raise KnobError(f"knob {name} spans several lines; keep knob values on one line")
+        text = _literal(name, overrides[name])
+        line = lines[value.lineno - 1]
+        start, end = _char_offset(line, value.col_offset), _char_offset(line, value.end_col_offset)  # type: ignore[arg-type]
+        lines[value.lineno - 1] = line[:start] + text + line[end:]
+    result = "".join(lines)
+    ast.parse(result)  # the rewrite must keep the file valid
+    return result
+
+
+def _knob_nodes(source: str) -> dict[str, ast.Assign]:
+    tree = ast.parse(source)
+    found: dict[str, ast.Assign] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name.isupper() and _is_literal(node.value):
+                found[name] = node
+    return found
+
+
+def _is_literal(node: ast.expr) -> bool:
+    try:
+        ast.literal_eval(node)
+    except ValueError:
+        return False
+    return True
+
+
+def _literal(name: str, value: Any) -> str:
+    """A Python literal for a sampled value; numpy scalars become plain numbers."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if not isinstance(value, (bool, int, float, str, tuple, list)) and value is not None:
+        raise KnobError(f"knob {name}: cannot write a {type(value).__name__} as a literal")
+    text = repr(value)
+    ast.literal_eval(text)
+    return text
+
+
+def _char_offset(line: str, byte_offset: int) -> int:
+    """ast column offsets count UTF-8 bytes; convert to a str index."""
+    return len(line.encode("utf-8")[:byte_offset].decode("utf-8"))

@@ -1,0 +1,144 @@
+"""Trial outcomes as the driver sees them: a Tune callback that turns each finished trial into KB rows.
+
+It runs on the driver, so it works the same on one machine and on a cluster. Rows are handed to a sink
+as soon as a trial ends, so a crash mid-cycle loses no finished trial.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ray.tune import Callback
+from ray.tune.experiment import Trial
+from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
+
+# Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
+_TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
+_SCORE_KEYS = {"selection_score", "test_score"}
+
+
+class TrialStatus(str, enum.Enum):
+    """How a trial ended."""
+
+    completed = "completed"
+    stopped_early = "stopped_early"
+    failed = "failed"
+
+
+@dataclass
+class TrialRecord:
+    """One row of the `trials` table."""
+
+    run_id: str
+    cycle: int
+    trial_id: str
+    variant_id: str
+    status: TrialStatus
+    reason: str | None
+    knobs: str
+    seed: int
+    epochs: int
+    val_metric: float | None
+    selection_score: float | None
+    test_score: float | None
+    seconds: float
+    work_dir: str
+
+    def row(self) -> dict[str, Any]:
+        """As a KB row (status as its plain value)."""
+        return {**self.__dict__, "status": self.status.value}
+
+
+Sink = Callable[[TrialRecord, list[dict[str, Any]]], None]
+
+
+class TrialLedger(Callback):
+    """Collects each trial's per-epoch metrics and final outcome, and passes them to `sink`."""
+
+    def __init__(self, run_id: str, cycle: int, variant_id: str, trials_root: str, seed: int, metric: str, sink: Sink) -> None:
+        self.run_id, self.cycle, self.variant_id = run_id, cycle, variant_id
+        self.trials_root, self.seed, self.metric, self.sink = trials_root, seed, metric, sink
+        self.started: dict[str, float] = {}
+        self.epochs: dict[str, dict[int, dict[str, float]]] = {}
+        self.records: list[TrialRecord] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its run config; the sink (KB writer, console) lives only in this driver process.
+        return {}
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.started.setdefault(trial.trial_id, time.time())
+        self.epochs[trial.trial_id] = {}  # a restarted trial reports its epochs again
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        epoch = result.get("epoch")
+        if epoch is None:
+            return
+        metrics = {k: float(v) for k, v in result.items() if k not in _TUNE_KEYS and k not in _SCORE_KEYS and k != "epoch" and _is_number(v)}
+        self.epochs.setdefault(trial.trial_id, {})[int(epoch)] = metrics
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        done = _SCORE_KEYS <= set(trial.last_result)
+        self._finish(trial, TrialStatus.completed if done else TrialStatus.stopped_early, None)
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self._finish(trial, TrialStatus.failed, failure_reason(trial))
+
+    def _finish(self, trial: Trial, status: TrialStatus, reason: str | None) -> None:
+        last = trial.last_result or {}
+        epochs = self.epochs.get(trial.trial_id, {})
+        knobs = {k: v for k, v in (trial.config or {}).items() if k.isupper()}
+        record = TrialRecord(
+            run_id=self.run_id, cycle=self.cycle, trial_id=trial.trial_id, variant_id=self.variant_id,
+            status=status, reason=reason, knobs=json.dumps(knobs, sort_keys=True, default=str), seed=self.seed,
+            epochs=max(epochs, default=0), val_metric=_float(epochs[max(epochs)].get(self.metric)) if epochs else None,
+            selection_score=_float(last.get("selection_score")) if status is TrialStatus.completed else None,
+            test_score=_float(last.get("test_score")) if status is TrialStatus.completed else None,
+            seconds=time.time() - self.started.get(trial.trial_id, time.time()),
+            work_dir=f"{self.trials_root}/{trial.trial_id}",
+        )
+        rows = [
+            {"run_id": self.run_id, "trial_id": trial.trial_id, "epoch": epoch, "metric": name, "value": value}
+            for epoch, metrics in sorted(epochs.items()) for name, value in metrics.items()
+        ]
+        self.records.append(record)
+        self.sink(record, rows)
+
+
+def failure_reason(trial: Trial) -> str:
+    """The one-line reason of a failed trial (our TrialFailed message, or the error's last line)."""
+    error = trial.get_pickled_error()
+    if error is not None:
+        cause = error
+        while getattr(cause, "__cause__", None) is not None:
+            cause = cause.__cause__  # type: ignore[assignment]
+        text = str(cause).strip() or type(cause).__name__
+    else:
+        text = trial.error_file and _last_line_of(trial.error_file) or "unknown error"
+    for prefix in ("ralph_ray.trials.TrialFailed: ", "TrialFailed: "):
+        text = text.split(prefix)[-1]
+    return text.strip().splitlines()[-1][:500] if text.strip() else "unknown error"
+
+
+def _last_line_of(path: str) -> str:
+    try:
+        with open(path) as handle:
+            lines = [line for line in handle.read().splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _float(value: Any) -> float | None:
+    if value is None or not _is_number(value) or not math.isfinite(float(value)):
+        return None
+    return float(value)

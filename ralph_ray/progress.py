@@ -1,0 +1,65 @@
+"""The live terminal view of a cycle: trials running / done / stopped early / failed, best score, time."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from ray.tune import Callback
+from ray.tune.experiment import Trial
+
+from ralph_ray.ledger import TrialRecord, TrialStatus
+
+
+class LiveProgress(Callback):
+    """A Tune callback drawing a rich panel; finished trials are also printed as log lines."""
+
+    def __init__(self, console: Console, title: str, total: int) -> None:
+        self.console, self.title, self.total = console, title, total
+        self.running: set[str] = set()
+        self.counts = {status: 0 for status in TrialStatus}
+        self.best: float | None = None
+        self.start = time.monotonic()
+        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its run config to make experiments restorable; a terminal view is not restorable.
+        return {}
+
+    def setup(self, **info: Any) -> None:
+        self.live.start()
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        self.running.add(trial.trial_id)
+        self.live.update(self._render())
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+        self.live.update(self._render())
+
+    def record(self, record: TrialRecord) -> None:
+        """Count a finished trial (called by the ledger's sink) and log it."""
+        self.running.discard(record.trial_id)
+        self.counts[record.status] += 1
+        if record.selection_score is not None and (self.best is None or record.selection_score > self.best):
+            self.best = record.selection_score
+        score = f"selection={record.selection_score:.4f} test={record.test_score:.4f}" if record.selection_score is not None else ""
+        reason = f" ({record.reason})" if record.reason else ""
+        self.console.print(f"  trial {record.trial_id} {record.status.value:<13} epochs={record.epochs:<3} {score}{reason}  knobs={record.knobs}", soft_wrap=True)
+        self.live.update(self._render())
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        self.live.stop()
+
+    def _render(self) -> Table:
+        table = Table(title=self.title, show_header=True, header_style="bold")
+        for column in ("running", "completed", "stopped early", "failed", "total", "best selection", "elapsed"):
+            table.add_column(column, justify="right")
+        best = f"{self.best:.4f}" if self.best is not None else "-"
+        table.add_row(
+            str(len(self.running)), str(self.counts[TrialStatus.completed]), str(self.counts[TrialStatus.stopped_early]),
+            str(self.counts[TrialStatus.failed]), str(self.total), best, f"{time.monotonic() - self.start:.0f}s",
+        )
+        return table

@@ -1,0 +1,82 @@
+"""One Ray Tune run per cycle: OptunaSearch samples knobs, ASHA stops laggards. Thin adapters only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind
+from ralph_ray.trials import TrialSpec, run_trial
+
+
+def param_space(space: dict[str, KnobSpace]) -> dict[str, Any]:
+    """Tune search-space domains for the configured knobs (OptunaSearch converts them)."""
+    domains: dict[str, Any] = {}
+    for name, knob in space.items():
+        if knob.type is SpaceKind.choice:
+            domains[name] = tune.choice(list(knob.values or []))
+        elif knob.type is SpaceKind.loguniform:
+            domains[name] = tune.loguniform(knob.low, knob.high)
+        elif knob.type is SpaceKind.int:
+            domains[name] = tune.randint(int(knob.low), int(knob.high) + 1)  # inclusive high, as users write it  # type: ignore[arg-type]
+        else:
+            domains[name] = tune.uniform(knob.low, knob.high)
+    return domains
+
+
+def scheduler(cfg: Config) -> TrialScheduler:
+    """ASHA over epochs, or FIFO (every trial to the end) for baselines."""
+    if cfg.scheduler.name is SchedulerKind.fifo:
+        return FIFOScheduler()
+    return ASHAScheduler(
+        time_attr="epoch",
+        # ASHA stops any trial that reaches max_t, which would race the trial's final scoring report;
+        # one past the last epoch keeps the same rungs and lets a finished trainer end on its own.
+        max_t=cfg.scheduler.max_t + 1,
+        grace_period=cfg.scheduler.grace_period,
+        reduction_factor=cfg.scheduler.reduction_factor,
+    )
+
+
+def _quiet_optuna() -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress view reports trials
+
+
+def run_search(cfg: Config, spec: TrialSpec, storage: Path, name: str, callbacks: list[tune.Callback]) -> tune.ResultGrid:
+    """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`)."""
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec=spec),
+        {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu},
+    )
+    _quiet_optuna()
+    space = param_space(cfg.search.space)
+    searcher = OptunaSearch(seed=cfg.search.seed) if space else None
+    tuner = tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric=cfg.search.metric,
+            mode=cfg.search.mode,
+            search_alg=searcher,
+            scheduler=scheduler(cfg),
+            num_samples=cfg.search.num_samples,
+            max_concurrent_trials=cfg.search.max_concurrent,
+            time_budget_s=cfg.safeguards.cycle_time_s,
+            reuse_actors=cfg.search.reuse_actors,
+            trial_dirname_creator=lambda trial: trial.trial_id,
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=str(storage.resolve()),
+            callbacks=callbacks,
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+    return tuner.fit()

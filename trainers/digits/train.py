@@ -1,0 +1,122 @@
+"""Seed trainer for digits: a small, plain CNN on scikit-learn's 8x8 digits.
+
+An honest baseline on purpose (no batch norm, no augmentation, a short fixed schedule) so a campaign
+can visibly improve it. One epoch takes well under a second on one CPU core.
+Run by hand: `python -m ralph_ray.prepare` then `RALPH_DATA_DIR=... python train.py`.
+"""
+
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ralph_ray import harness
+
+# -----------------------------------------------------------------------------
+# Knobs (the engine rewrites these constants in each trial's copy)
+LR = 0.05  # SGD learning rate
+MOMENTUM = 0.9  # SGD momentum
+WEIGHT_DECAY = 0.0  # L2 penalty
+BATCH_SIZE = 64  # examples per step
+EPOCHS = 12  # passes over the train split
+WIDTH = 16  # channels of the first conv layer
+DROPOUT = 0.0  # dropout before the classifier
+VAL_FRACTION = 0.15  # share of train carved out for per-epoch validation
+
+# -----------------------------------------------------------------------------
+# Model
+
+
+class Net(nn.Module):
+    """Two 3x3 conv layers, one pooling step, a linear classifier."""
+
+    def __init__(self, width: int, num_classes: int, dropout: float) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.drop = nn.Dropout(dropout)
+        self.fc = nn.Linear(2 * width * 4 * 4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc(self.drop(x.flatten(1)))
+
+
+# -----------------------------------------------------------------------------
+# Helpers
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """Loss and accuracy on a labelled split."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+        return F.cross_entropy(logits, y).item(), (logits.argmax(1) == y).float().mean().item()
+
+
+def predict(model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    """Class predictions for unlabelled inputs."""
+    model.eval()
+    with torch.no_grad():
+        return model(x).argmax(1).cpu().numpy()
+
+
+def grad_norm(model: nn.Module) -> float:
+    """Global L2 norm of the current gradients."""
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return torch.stack(norms).norm().item() if norms else 0.0
+
+
+# -----------------------------------------------------------------------------
+# Training
+
+
+def main() -> None:
+    seed = harness.seed()
+    torch.manual_seed(seed)
+    data = harness.load_data()
+    x_all = torch.tensor(np.asarray(data.train_x), dtype=torch.float32)
+    y_all = torch.tensor(np.asarray(data.train_y), dtype=torch.long)
+    perm = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(seed))
+    n_val = int(len(x_all) * VAL_FRACTION)
+    x_val, y_val = x_all[perm[:n_val]], y_all[perm[:n_val]]
+    x_train, y_train = x_all[perm[n_val:]], y_all[perm[n_val:]]
+
+    model = Net(WIDTH, data.num_classes, DROPOUT)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+
+    for epoch in range(1, EPOCHS + 1):
+        start = time.perf_counter()
+        model.train()
+        order = torch.randperm(len(x_train))
+        total_loss, norm_sum, steps = 0.0, 0.0, 0
+        for i in range(0, len(order), BATCH_SIZE):
+            idx = order[i : i + BATCH_SIZE]
+            loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm_sum += grad_norm(model)
+            optimizer.step()
+            total_loss += loss.item()
+            steps += 1
+        val_loss, val_acc = evaluate(model, x_val, y_val)
+        harness.report(
+            epoch=epoch,
+            train_loss=total_loss / steps,
+            val_loss=val_loss,
+            val_acc=val_acc,
+            lr=optimizer.param_groups[0]["lr"],
+            grad_norm=norm_sum / steps,
+            epoch_seconds=time.perf_counter() - start,
+        )
+
+    selection = torch.tensor(np.asarray(data.selection_x), dtype=torch.float32)
+    test = torch.tensor(np.asarray(data.test_x), dtype=torch.float32)
+    harness.save_predictions(selection=predict(model, selection), test=predict(model, test))
+
+
+if __name__ == "__main__":
+    main()
