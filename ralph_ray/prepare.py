@@ -1,0 +1,34 @@
+"""`python -m ralph_ray.prepare [overrides]`: write a task's public data so a trainer runs by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.harness import ENV_DATA_DIR
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare `<cwd>/data/prepared/<task>` (overrides as for `python -m ralph_ray`) and print the export line."""
+    from ralph_ray.config import ConfigError, load_config
+    from ralph_ray.tasks import DataError, prepare_splits
+    from ralph_ray.tasks.base import write_public
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(argv)
+        splits = prepare_splits(cfg)
+    except (ConfigError, DataError) as err:
+        print(err, file=sys.stderr)
+        return ExitCode.safeguard_or_config
+    out = Path("data/prepared") / cfg.task.name
+    write_public(splits, out, cfg.task.name)
+    print(f"wrote {out.resolve()} (train {len(splits.train_y)}, selection {len(splits.selection_y)}, test {len(splits.test_y)} inputs)")
+    print(f"export {ENV_DATA_DIR}={out.resolve()}")
+    print(f"then: cd {cfg.trainer_dir()} && python train.py")
+    return ExitCode.ok
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""End-to-end campaigns on the shared Ray instance: the real digits trainer, and a scripted trainer that
+exercises ASHA stops, NaN, timeout and the process-group kill inside real Tune trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import pid_alive
+from ralph_ray.__main__ import main
+from ralph_ray.harness import PUBLIC_FILES
+from ralph_ray.kb import open_reader
+from ralph_ray.tasks.digits import prepare
+
+
+@pytest.mark.slow
+def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)  # default paths: ./runs and ./kb under the working directory
+    code = main([
+        "run_id=digits-e2e", "search.num_samples=6", "search.max_concurrent=2",
+        "scheduler.max_t=4", "scheduler.grace_period=1", "scheduler.reduction_factor=3",
+        "+search.space.EPOCHS={type: choice, values: [4]}",
+    ])
+    assert code == 0
+    run_dir = tmp_path / "runs" / "digits-e2e"
+    assert (run_dir / "config.yaml").exists()
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["phase"] == "done" and state["best_trial_id"]
+
+    con = open_reader(tmp_path / "kb")
+    trials = con.execute("select trial_id, status, epochs, selection_score, test_score, knobs from trials where run_id = ?", ["digits-e2e"]).fetchall()
+    assert len(trials) == 6
+    statuses = [t[1] for t in trials]
+    assert "stopped_early" in statuses, "ASHA should stop at least one of six trials"
+    assert "completed" in statuses
+    for trial_id, status, epochs, selection, test, knobs in trials:
+        if status == "completed":
+            assert epochs == 4 and 0.5 < selection <= 1.0 and 0.5 < test <= 1.0
+        else:
+            assert selection is None and epochs < 4
+        work = run_dir / "cycle_0001" / "trials" / trial_id
+        code_as_run = (work / "train.py").read_text()
+        for name, value in json.loads(knobs).items():
+            assert f"{name} = {value!r}" in code_as_run  # the exact code of the trial is kept
+        assert (work / "metrics.jsonl").exists() and (work / "stdout.log").exists()
+
+    curves = con.execute("select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds from curves where run_id = ?", ["digits-e2e"]).fetchall()
+    assert len(curves) == sum(t[2] for t in trials)
+    assert all(value is not None for row in curves for value in row)
+    top = con.execute("select variant_id, selection_score, trials, completed, stopped_early from leaderboard where run_id = ?", ["digits-e2e"]).fetchall()
+    assert len(top) == 1 and top[0][2] == 6
+    assert top[0][1] == max(t[3] for t in trials if t[3] is not None)
+    run = con.execute("select status, stop_reason from runs where run_id = ?", ["digits-e2e"]).fetchone()
+    assert run == ("finished", "max_cycles")
+
+    # Labels never reach a trial: the data dir holds only public files, work dirs hold no data at all.
+    assert sorted(os.listdir(run_dir / "data")) == sorted(PUBLIC_FILES)
+    for work in (run_dir / "cycle_0001" / "trials").iterdir():
+        assert not [p for p in work.rglob("*.npy")]
+
+
+SCRIPTED = '''
+import os, subprocess, sys, time
+import numpy as np
+from ralph_ray import harness
+
+LR = 0.5  # quality of this trial
+EPOCHS = 6  # epochs
+TICKETS = {tickets!r}  # shared folder that hands each trial its behaviour in start order
+
+def ticket():
+    for n in range(1000):
+        try:
+            os.close(os.open(os.path.join(TICKETS, str(n)), os.O_CREAT | os.O_EXCL))
+            return n
+        except FileExistsError:
+            continue
+
+behaviour = {{0: "nan", 1: "hang"}}.get(ticket(), "train")
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+open("child.pid", "w").write(str(child.pid))
+data = harness.load_data()
+for epoch in range(1, EPOCHS + 1):
+    if behaviour == "nan" and epoch == 2:
+        harness.report(epoch=epoch, val_acc=float("nan"))
+    if behaviour == "hang" and epoch == 2:
+        time.sleep(300)
+    time.sleep(0.2)
+    harness.report(epoch=epoch, val_acc=LR * epoch / EPOCHS, train_loss=1.0 - LR)
+harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
+'''
+
+
+@pytest.mark.slow
+def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config, tmp_path: Path):
+    from ralph_ray.campaign import run
+
+    trainer = tmp_path / "scripted"
+    trainer.mkdir()
+    (tmp_path / "tickets").mkdir()
+    (trainer / "train.py").write_text(textwrap.dedent(SCRIPTED.format(tickets=str(tmp_path / "tickets"))))
+    cfg = tiny_config(
+        f"task.trainer={trainer}", "run_id=scripted", "search.num_samples=8", "scheduler.max_t=6",
+        "scheduler.reduction_factor=4", "safeguards.trial_timeout_s=15", "~search.space",
+        "+search.space={LR: {type: uniform, low: 0.0, high: 1.0}}",
+    )
+    outcome = run(cfg)
+
+    by_status: dict[str, list] = {}
+    for record in outcome.records:
+        by_status.setdefault(record.status.value, []).append(record)
+    reasons = sorted(r.reason for r in by_status["failed"])
+    assert len(reasons) == 2
+    assert "non-finite val_acc" in reasons[0] and "timeout" in reasons[1]
+    assert by_status.get("stopped_early"), "ASHA should stop a laggard"
+    assert by_status.get("completed")
+
+    # Frozen scoring: all-zero predictions score the share of class 0 in the engine-held labels.
+    labels = prepare(0, 0.2, 0.2).labels()
+    for record in by_status["completed"]:
+        assert record.selection_score == pytest.approx(float(np.mean(labels.selection == 0)))
+        assert record.test_score == pytest.approx(float(np.mean(labels.test == 0)))
+
+    # Every grandchild died with its trial: ASHA stops, NaN, timeout and normal ends alike.
+    pids = [int(p.read_text()) for p in (outcome.run_dir / "cycle_0001" / "trials").glob("*/child.pid")]
+    assert len(pids) == 8
+    deadline = time.monotonic() + 10
+    while any(pid_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if pid_alive(pid)]
+
+    con = open_reader(outcome.kb_root)
+    kb_failed = con.execute("select reason from trials where run_id = ? and status = 'failed' order by reason", ["scripted"]).fetchall()
+    assert [row[0] for row in kb_failed] == reasons

@@ -1,0 +1,88 @@
+"""Config composition, overrides, and every bad-config case (exit code 2 before Ray starts)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ralph_ray.config import ConfigError, SchedulerKind, SpaceKind, load_config
+
+
+def test_default_is_digits():
+    cfg = load_config([])
+    assert cfg.experiment == "digits"
+    assert cfg.task.name == "digits"
+    assert cfg.trainer_dir().name == "digits"
+    assert cfg.scheduler.name is SchedulerKind.asha
+    assert cfg.search.space["LR"].type is SpaceKind.loguniform
+
+
+def test_experiment_digits_equals_default():
+    assert load_config(["+experiment=digits"]) == load_config([])
+
+
+def test_cifar10_experiment_switches_groups():
+    cfg = load_config(["+experiment=cifar10", "data.root=/data/cifar"])
+    assert cfg.experiment == "cifar10"
+    assert cfg.task.name == "cifar10"
+    assert cfg.resources.gpu == 1
+    assert cfg.data.root == "/data/cifar"
+    assert "WEIGHT_DECAY" in cfg.search.space
+
+
+def test_overrides_apply():
+    cfg = load_config(["scheduler.grace_period=3", "search.num_samples=16", "scheduler=fifo"])
+    assert cfg.scheduler.grace_period == 3
+    assert cfg.search.num_samples == 16
+    assert cfg.scheduler.name is SchedulerKind.fifo
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fix_words"),
+    [
+        (["bogus.key=1"], "bogus", "conf/"),
+        (["search.nums_samples=3"], "search.nums_samples", "conf/"),
+        (["scheduler.grace_period=abc"], "scheduler.grace_period", "schema"),
+        (["search.num_samples=-3"], "search.num_samples", "above 0"),
+        (["safeguards.trial_timeout_s=-1"], "safeguards.trial_timeout_s", "above 0"),
+        (["scheduler.grace_period=20"], "scheduler.grace_period", "max_t"),
+        (["scheduler.name=bogus"], "scheduler.name", "schema"),
+        (["+experiment=cifar10"], "data.root", "data.root=/path/to/cifar"),
+        (["+experiment=nope"], "experiment", "conf/"),
+        (["task.name=mnist"], "task.name", "digits"),
+        (["+search.space.lr={type: uniform, low: 0, high: 1}"], "search.space.lr", "UPPER_CASE"),
+        (["search.space.LR.low=1", "search.space.LR.high=0.1"], "search.space.LR.low", "range"),
+        (["resources.gpu=-1"], "resources.gpu", "resources.gpu"),
+    ],
+)
+def test_bad_config_names_key_and_fix(overrides, key, fix_words):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    message = str(info.value)
+    assert key in message
+    assert "fix:" in message and fix_words in message
+
+
+def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    result = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "search.num_samples=-1"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "search.num_samples" in result.stderr and "fix:" in result.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing written
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
+
+
+def test_cli_cfg_prints_composed_config(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "--cfg", "search.num_samples=5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0
+    assert "num_samples: 5" in result.stdout

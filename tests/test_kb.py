@@ -1,0 +1,128 @@
+"""The knowledge base: atomic Parquet parts, views, and readers in other processes while a writer appends."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from ralph_ray.kb import DB_FILE, KnowledgeBase, open_reader
+
+
+def trial_row(run_id: str, trial_id: str, score: float | None, status: str = "completed") -> dict:
+    return {"run_id": run_id, "cycle": 1, "trial_id": trial_id, "variant_id": "v1", "status": status,
+            "knobs": "{}", "epochs": 2, "selection_score": score, "test_score": score, "seconds": 1.0}
+
+
+def test_empty_kb_has_queryable_views(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    con = kb.reader()
+    for view in ("runs", "cycles", "variants", "trials", "epochs", "leaderboard", "curves"):
+        assert con.execute(f"select count(*) from {view}").fetchone() == (0,)
+
+
+def test_leaderboard_ranks_variants_across_campaigns(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.append("trials", [trial_row("r1", "a", 0.9), trial_row("r1", "b", 0.95), trial_row("r1", "c", None, "stopped_early")], "r1")
+    kb.append("trials", [{**trial_row("r2", "d", 0.8), "variant_id": "v2"}], "r2")
+    kb.append("epochs", [{"run_id": "r1", "trial_id": "a", "epoch": 1, "metric": "val_acc", "value": 0.5}], "r1")
+    con = kb.reader()
+    rows = con.execute("select run_id, variant_id, selection_score, best_trial_id, trials, completed, stopped_early, rank from leaderboard").fetchall()
+    assert rows == [("r1", "v1", 0.95, "b", 3, 2, 1, 1), ("r2", "v2", 0.8, "d", 1, 1, 0, 1)]
+    assert con.execute("select val_acc from curves where trial_id = 'a'").fetchone() == (0.5,)
+
+
+def test_runs_view_keeps_latest_status(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.append("runs", [{"run_id": "r1", "status": "running"}], "r1")
+    kb.append("runs", [{"run_id": "r1", "status": "finished", "stop_reason": "max_cycles"}], "r1")
+    assert kb.reader().execute("select status, stop_reason from runs").fetchall() == [("finished", "max_cycles")]
+
+
+def test_unknown_column_is_refused(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    with pytest.raises(ValueError, match="no columns"):
+        kb.append("trials", [{"run_id": "r", "bogus": 1}], "r")
+
+
+def test_open_reader_without_kb_names_the_fix(tmp_path: Path):
+    with pytest.raises(FileNotFoundError, match="run a campaign first"):
+        open_reader(tmp_path / "nothing")
+
+
+def test_kb_duckdb_opens_read_only_from_any_cwd_and_moves(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.append("trials", [trial_row("r1", "a", 0.7)], "r1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    query = "import duckdb; c = duckdb.connect('{db}', read_only=True); print(c.execute('select selection_score from leaderboard').fetchone()[0])"
+    out = subprocess.run([sys.executable, "-c", query.format(db=tmp_path / "kb" / DB_FILE)], cwd=elsewhere, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.7"
+    # A KB copied elsewhere gets its views re-pointed when it is opened there.
+    shutil.copytree(tmp_path / "kb", tmp_path / "moved")
+    shutil.rmtree(tmp_path / "kb")
+    KnowledgeBase(tmp_path / "moved").init()
+    out = subprocess.run([sys.executable, "-c", query.format(db=tmp_path / "moved" / DB_FILE)], cwd=elsewhere, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0.7"
+
+
+def test_duckdb_shell_reads_the_views(tmp_path: Path):
+    shell = shutil.which("duckdb") or str(Path(sys.executable).parent / "duckdb")
+    if not Path(shell).exists():
+        pytest.skip("duckdb-cli is not installed (pip install -e '.[dev]')")
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.append("trials", [trial_row("r1", "a", 0.625)], "r1")
+    out = subprocess.run([shell, str(tmp_path / "kb" / DB_FILE), "-readonly", "-csv", "-c", "select selection_score from leaderboard limit 5"],
+                         cwd="/", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["selection_score", "0.625"]
+
+
+READER = textwrap.dedent("""
+    import sys, time, duckdb
+    from pathlib import Path
+    from ralph_ray.kb import open_reader
+    root, db = Path(sys.argv[1]), sys.argv[2]
+    seen, errors = 0, 0
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        con = open_reader(root)  # in-memory views: never locks
+        n = con.execute("select count(*) from trials").fetchone()[0]
+        assert con.execute("select count(*) from trials where selection_score is null").fetchone()[0] == 0
+        seen = max(seen, n)
+        try:
+            shell = duckdb.connect(db, read_only=True)  # the file the duckdb shell opens
+            shell.execute("select count(*) from leaderboard").fetchone()
+            shell.close()
+        except duckdb.IOException as err:
+            errors += 1
+            print("LOCK", err, file=sys.stderr)
+        if n >= 200:
+            break
+    print(seen, errors)
+""")
+
+
+def test_concurrent_reader_while_writing(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    reader = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path / "kb"), str(tmp_path / "kb" / DB_FILE)],
+                              cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for i in range(200):
+        kb.append("trials", [trial_row("r1", f"t{i}", 0.5 + i / 1000)], f"r1-{i}")
+    out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+    seen, lock_errors = map(int, out.split())
+    assert seen == 200
+    assert lock_errors == 0, err

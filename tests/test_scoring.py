@@ -1,0 +1,34 @@
+"""Frozen scoring of predictions against engine-held labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ralph_ray.scoring import ScoringError, score_predictions
+from ralph_ray.tasks.base import Labels, accuracy
+
+LABELS = Labels(selection=np.array([0, 1, 2, 3]), test=np.array([1, 1, 1]))
+
+
+def test_accuracy():
+    assert accuracy(np.array([0, 1, 0, 3]), LABELS.selection) == 0.75
+
+
+def test_scores_from_file(tmp_path: Path):
+    np.savez(tmp_path / "p.npz", selection=np.array([0, 1, 2, 0]), test=np.array([1, 0, 1]))
+    scores = score_predictions(tmp_path / "p.npz", LABELS)
+    assert scores.selection == 0.75 and scores.test == pytest.approx(2 / 3)
+
+
+def test_missing_file_names_the_call(tmp_path: Path):
+    with pytest.raises(ScoringError, match="save_predictions"):
+        score_predictions(tmp_path / "p.npz", LABELS)
+
+
+def test_wrong_length(tmp_path: Path):
+    np.savez(tmp_path / "p.npz", selection=np.array([0, 1]), test=np.array([1, 0, 1]))
+    with pytest.raises(ScoringError, match="expected 4 predictions, got 2"):
+        score_predictions(tmp_path / "p.npz", LABELS)
