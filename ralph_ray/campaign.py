@@ -24,7 +24,7 @@ from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import ensure_ray
 from ralph_ray.state import CampaignState, Phase
 from ralph_ray.tasks import prepare_splits
-from ralph_ray.tasks.base import sha256_file, write_public
+from ralph_ray.tasks.base import Splits, sha256_file, write_public
 from ralph_ray.trials import TrialSpec
 from ralph_ray.variants import Variant, snapshot
 
@@ -61,6 +61,9 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     kb_root = Path(cfg.paths.kb).resolve()
     if (run_dir / "state.json").exists():
         raise CampaignError(f"run {run_id} already exists at {run_dir}: pick another run_id (or leave run_id unset)")
+    # Data first: a missing or corrupt dataset stops here, before a run is recorded or Ray starts.
+    console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
+    splits = prepare_splits(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     state = CampaignState(run_id=run_id)
@@ -74,7 +77,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
                "config": json.dumps(asdict(cfg), default=str), "started_at": started}
     kb.append("runs", [{**run_row, "status": "running"}], run_id)
     try:
-        outcome = _run_cycles(cfg, console, run_id, run_dir, kb, state)
+        outcome = _run_cycles(cfg, console, run_id, run_dir, kb, state, splits)
     except BaseException as err:
         state.phase, state.stop_reason = Phase.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)
@@ -85,9 +88,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     return outcome
 
 
-def _run_cycles(cfg: Config, console: Console, run_id: str, run_dir: Path, kb: KnowledgeBase, state: CampaignState) -> Outcome:
-    console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
-    splits = prepare_splits(cfg)
+def _run_cycles(cfg: Config, console: Console, run_id: str, run_dir: Path, kb: KnowledgeBase, state: CampaignState, splits: Splits) -> Outcome:
     data_dir = run_dir / "data"
     hashes = write_public(splits, data_dir, cfg.task.name)
     frozen = {str(data_dir / name): digest for name, digest in hashes.items()}
