@@ -23,7 +23,7 @@ Exit codes: 0 done / target met, 2 invalid config or data or a safeguard, 3 plat
 def main(argv: list[str] | None = None) -> int:
     """Parse overrides, validate the config before Ray starts, run the campaign, return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return ExitCode.ok
