@@ -1,0 +1,39 @@
+"""Shared helpers for the benchmarks: configs in a temp dir, result files, versions."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from ralph_ray.config import Config, KnobSpace, SpaceKind, load_config
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def config(root: Path, name: str, *overrides: str) -> Config:
+    """A config whose runs and KB live under `root`."""
+    return load_config([f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={name}", *overrides])
+
+
+def fixed_knobs(cfg: Config, **knobs: object) -> Config:
+    """Make every trial use the same knob values (a one-value choice per knob)."""
+    cfg.search.space = {name: KnobSpace(type=SpaceKind.choice, values=[value]) for name, value in knobs.items()}
+    return cfg
+
+
+def save(name: str, figures: dict, lines: list[str]) -> None:
+    """Write bench/results/<name>.json and .md with the machine and versions."""
+    meta = {
+        "date": time.strftime("%Y-%m-%d"), "command": f"python bench/{name}.py",
+        "machine": f"{platform.machine()}, 2 CPU cores, no GPU", "python": sys.version.split()[0],
+        **{pkg: version(pkg) for pkg in ("ray", "optuna", "torch", "duckdb")},
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps({**meta, **figures}, indent=2, default=str))
+    body = "\n".join(f"- {k}: {v}" for k, v in meta.items())
+    (RESULTS / f"{name}.md").write_text(f"# {name}\n\n" + "\n".join(lines) + f"\n\n{body}\n")
+    print("\n".join(lines))
