@@ -11,7 +11,6 @@ import json
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -148,8 +147,3 @@ def _stored_fingerprint(db: Path) -> str | None:
         return None
     finally:
         con.close()
-
-
-def as_row(obj: Any) -> dict[str, Any]:
-    """A dataclass record as a KB row."""
-    return asdict(obj)

@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from ralph_ray.kb import DB_FILE, KnowledgeBase, open_reader
