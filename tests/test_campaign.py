@@ -82,14 +82,15 @@ def ticket():
         except FileExistsError:
             continue
 
+# NaN and hang strike before the first report: ASHA decides only on reports, so it cannot stop them first.
 behaviour = {{0: "nan", 1: "hang"}}.get(ticket(), "train")
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
 open("child.pid", "w").write(str(child.pid))
 data = harness.load_data()
 for epoch in range(1, EPOCHS + 1):
-    if behaviour == "nan" and epoch == 2:
+    if behaviour == "nan" and epoch == 1:
         harness.report(epoch=epoch, val_acc=float("nan"))
-    if behaviour == "hang" and epoch == 2:
+    if behaviour == "hang" and epoch == 1:
         time.sleep(300)
     time.sleep(0.2)
     harness.report(epoch=epoch, val_acc=LR * epoch / EPOCHS, train_loss=1.0 - LR)
