@@ -100,11 +100,60 @@ class SchedulerConfig:
 
 @dataclass
 class SafeguardsConfig:
-    """Limits that keep a campaign bounded."""
+    """Limits that keep a campaign bounded; each stop rule is recorded in the cycle's decision.json."""
 
     trial_timeout_s: float = 600.0
-    cycle_time_s: Optional[float] = None
-    max_cycles: int = 1
+    cycle_time_s: Optional[float] = None  # Tune's time budget per cycle
+    campaign_time_s: Optional[float] = None  # no new cycle starts past this
+    max_cycles: int = 5
+    plateau_cycles: int = 3  # stop when the best has not risen by min_delta for this many cycles
+    min_delta: float = 0.002
+    tokens_per_cycle: Optional[int] = None  # agent tokens (in + out) per cycle
+    tokens_per_campaign: Optional[int] = None
+    cost_per_campaign: Optional[float] = None  # in the currency of agent.price_*
+    gate_fail_cycles: int = 2  # stop when no child passes the validation gate for this many cycles
+    smoke_timeout_s: float = 120.0  # the validation gate's smoke run
+
+
+@dataclass
+class TargetConfig:
+    """The campaign's goal on the frozen selection score (null: no target, run until another rule stops it)."""
+
+    selection_score: Optional[float] = None
+
+
+class AgentBackend(enum.Enum):
+    """Who writes children: none (knob search only), the offline heuristic, an LLM endpoint, a coding CLI."""
+
+    none = "none"
+    heuristic = "heuristic"
+    openai = "openai"
+    cli = "cli"
+    hybrid = "hybrid"
+
+
+@dataclass
+class AgentConfig:
+    """The analyst and coder agents."""
+
+    backend: AgentBackend = AgentBackend.heuristic
+    max_retries: int = 2  # gate failures sent back to the coder before a child is rejected
+    exploration: float = 1.0  # bonus for interventions the KB has not measured yet (UCB-style)
+    concurrency: int = 4  # children of one cycle requested at once
+    seed: int = 0
+    price_in_per_m: float = 0.0  # cost per million input tokens (for cost budgets and the report)
+    price_out_per_m: float = 0.0  # cost per million output tokens
+
+
+@dataclass
+class PopulationConfig:
+    """How each cycle branches: parents x children, and the knob samples each child gets."""
+
+    parents: int = 2
+    children_per_parent: int = 3
+    trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
+    explore: float = 0.2  # chance a parent slot goes to a random non-top variant
+    one_per_lineage: bool = True  # prefer parents from different first-generation branches
 
 
 @dataclass
@@ -135,8 +184,12 @@ class Config:
     search: SearchConfig = field(default_factory=SearchConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     safeguards: SafeguardsConfig = field(default_factory=SafeguardsConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    population: PopulationConfig = field(default_factory=PopulationConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    resume: Optional[str] = None  # a run id to continue (python -m ralph_ray resume=<run_id>)
 
     def trainer_dir(self) -> Path:
         """The seed trainer's folder, resolved against the project root."""
@@ -200,8 +253,27 @@ def validate(cfg: Config) -> None:
         raise ConfigError("scheduler.reduction_factor", f"must be > 1, got {cfg.scheduler.reduction_factor}", "set scheduler.reduction_factor=2")
     _positive("safeguards.trial_timeout_s", cfg.safeguards.trial_timeout_s)
     _positive("safeguards.max_cycles", cfg.safeguards.max_cycles)
-    if cfg.safeguards.cycle_time_s is not None:
-        _positive("safeguards.cycle_time_s", cfg.safeguards.cycle_time_s)
+    for key in ("cycle_time_s", "campaign_time_s", "tokens_per_cycle", "tokens_per_campaign", "cost_per_campaign"):
+        value = getattr(cfg.safeguards, key)
+        if value is not None:
+            _positive(f"safeguards.{key}", value)
+    _positive("safeguards.plateau_cycles", cfg.safeguards.plateau_cycles)
+    _positive("safeguards.gate_fail_cycles", cfg.safeguards.gate_fail_cycles)
+    _positive("safeguards.smoke_timeout_s", cfg.safeguards.smoke_timeout_s)
+    if cfg.safeguards.min_delta < 0:
+        raise ConfigError("safeguards.min_delta", f"must be >= 0, got {cfg.safeguards.min_delta}", "set safeguards.min_delta=0.002")
+    if cfg.target.selection_score is not None and not 0.0 < cfg.target.selection_score <= 1.0:
+        raise ConfigError("target.selection_score", f"must be in (0, 1], got {cfg.target.selection_score}", "set target.selection_score=0.99 or null")
+    _positive("population.parents", cfg.population.parents)
+    _positive("population.children_per_parent", cfg.population.children_per_parent)
+    _positive("population.trials_per_child", cfg.population.trials_per_child)
+    if not 0.0 <= cfg.population.explore <= 1.0:
+        raise ConfigError("population.explore", f"must be in [0, 1], got {cfg.population.explore}", "set population.explore=0.2")
+    if cfg.agent.max_retries < 0:
+        raise ConfigError("agent.max_retries", f"must be >= 0, got {cfg.agent.max_retries}", "set agent.max_retries=2")
+    _positive("agent.concurrency", cfg.agent.concurrency)
+    if cfg.agent.exploration < 0:
+        raise ConfigError("agent.exploration", f"must be >= 0, got {cfg.agent.exploration}", "set agent.exploration=1.0")
     _positive("resources.cpu", cfg.resources.cpu)
     if cfg.resources.gpu < 0:
         raise ConfigError("resources.gpu", f"must be >= 0, got {cfg.resources.gpu}", "set resources.gpu=0 (CPU) or 1")

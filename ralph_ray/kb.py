@@ -32,14 +32,36 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("run_id", pa.string()), ("experiment", pa.string()), ("task", pa.string()),
         ("status", pa.string()), ("stop_reason", pa.string()), ("run_dir", pa.string()),
         ("config", pa.string()), ("started_at", TS), ("finished_at", TS), ("written_at", TS),
+        ("cycle", pa.int32()), ("phase", pa.string()),
     ]),
     "cycles": pa.schema([
         ("run_id", pa.string()), ("cycle", pa.int32()), ("started_at", TS), ("finished_at", TS),
         ("trials", pa.int32()), ("best_selection_score", pa.float64()), ("written_at", TS),
+        ("parents", pa.string()), ("children", pa.int32()), ("rejected", pa.int32()), ("phase", pa.string()),
     ]),
     "variants": pa.schema([
         ("run_id", pa.string()), ("variant_id", pa.string()), ("parent_id", pa.string()),
         ("cycle", pa.int32()), ("files_dir", pa.string()), ("diff", pa.string()), ("written_at", TS),
+        ("status", pa.string()), ("interventions", pa.string()), ("diagnosis", pa.string()),
+        ("rationale", pa.string()), ("reason", pa.string()), ("parent_score", pa.float64()),
+        ("selection_score", pa.float64()), ("backend", pa.string()),
+    ]),
+    "interventions": pa.schema([
+        ("run_id", pa.string()), ("task", pa.string()), ("cycle", pa.int32()), ("variant_id", pa.string()),
+        ("parent_id", pa.string()), ("intervention", pa.string()), ("diagnosis", pa.string()),
+        ("parent_score", pa.float64()), ("child_score", pa.float64()), ("delta", pa.float64()),
+        ("outcome", pa.string()), ("written_at", TS),
+    ]),
+    "decisions": pa.schema([
+        ("run_id", pa.string()), ("cycle", pa.int32()), ("decision", pa.string()), ("reason", pa.string()),
+        ("exit_code", pa.int32()), ("rationale", pa.string()), ("best_selection_score", pa.float64()),
+        ("best_variant_id", pa.string()), ("elapsed_s", pa.float64()), ("tokens", pa.int64()),
+        ("cost", pa.float64()), ("written_at", TS),
+    ]),
+    "agent_usage": pa.schema([
+        ("run_id", pa.string()), ("cycle", pa.int32()), ("role", pa.string()), ("backend", pa.string()),
+        ("variant_id", pa.string()), ("calls", pa.int32()), ("tokens_in", pa.int64()), ("tokens_out", pa.int64()),
+        ("seconds", pa.float64()), ("cost", pa.float64()), ("estimated", pa.bool_()), ("written_at", TS),
     ]),
     "trials": pa.schema([
         ("run_id", pa.string()), ("cycle", pa.int32()), ("trial_id", pa.string()), ("variant_id", pa.string()),
@@ -71,23 +93,36 @@ class KnowledgeBase:
         for table, schema in SCHEMAS.items():
             folder = self.parquet / table
             folder.mkdir(parents=True, exist_ok=True)
-            # An empty part with the schema: views bind before the first row, and columns are typed.
-            if not (folder / "_schema.parquet").exists():
-                self._write(folder / "_schema.parquet", schema.empty_table())
+            # An empty part with the current schema: views bind before the first row, columns are typed,
+            # and columns added since an older KB was written read as NULL in its old parts.
+            schema_part = folder / "_schema.parquet"
+            if not schema_part.exists() or pq.read_schema(schema_part).remove_metadata() != schema:
+                self._write(schema_part, schema.empty_table())
         self._write_views_if_stale()
 
     def append(self, table: str, rows: Sequence[dict[str, Any]], tag: str) -> Path | None:
         """Write rows as one new immutable part of `table`; `tag` makes the file name readable."""
         if not rows:
             return None
+        part = self.parquet / table / f"{tag}-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.parquet"
+        self._write(part, self._table(table, rows))
+        return part
+
+    def _table(self, table: str, rows: Sequence[dict[str, Any]]) -> pa.Table:
         schema = SCHEMAS[table]
-        stamp = now()
-        columns = {name: [row.get(name, stamp if name == "written_at" else None) for row in rows] for name in schema.names}
         unknown = set().union(*rows) - set(schema.names)
         if unknown:
             raise ValueError(f"{table} has no columns {sorted(unknown)}")
-        part = self.parquet / table / f"{tag}-{int(time.time() * 1000)}-{uuid.uuid4().hex[:8]}.parquet"
-        self._write(part, pa.table(columns, schema=schema))
+        stamp = now()
+        columns = {name: [row.get(name, stamp if name == "written_at" else None) for row in rows] for name in schema.names}
+        return pa.table(columns, schema=schema)
+
+    def put(self, table: str, rows: Sequence[dict[str, Any]], name: str) -> Path | None:
+        """Write rows as the part named `name`, replacing an earlier part of that name (idempotent on resume)."""
+        if not rows:
+            return None
+        part = self.parquet / table / f"{name}.parquet"
+        self._write(part, self._table(table, rows))
         return part
 
     def reader(self) -> duckdb.DuckDBPyConnection:

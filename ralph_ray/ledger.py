@@ -1,7 +1,8 @@
 """Trial outcomes as the driver sees them: a Tune callback that turns each finished trial into KB rows.
 
-It runs on the driver, so it works the same on one machine and on a cluster. Rows are handed to a sink
-as soon as a trial ends, so a crash mid-cycle loses no finished trial.
+It runs on the driver, so it works the same on one machine and on a cluster. It also does the frozen
+scoring: a finished trial sends its predictions back, and the ledger scores them against labels that never
+leave the driver. Rows are handed to a sink as soon as a trial ends, so a crash mid-cycle loses no finished trial.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from ray.tune import Callback
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 
+from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
+from ralph_ray.tasks.base import Labels
+
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
-_SCORE_KEYS = {"selection_score", "test_score"}
+_SKIP_KEYS = {PREDICTIONS_KEY, "variant"}
 
 
 class TrialStatus(str, enum.Enum):
@@ -60,8 +64,8 @@ Sink = Callable[[TrialRecord, list[dict[str, Any]]], None]
 class TrialLedger(Callback):
     """Collects each trial's per-epoch metrics and final outcome, and passes them to `sink`."""
 
-    def __init__(self, run_id: str, cycle: int, variant_id: str, trials_root: str, seed: int, metric: str, sink: Sink) -> None:
-        self.run_id, self.cycle, self.variant_id = run_id, cycle, variant_id
+    def __init__(self, run_id: str, cycle: int, labels: Labels, trials_root: str, seed: int, metric: str, sink: Sink) -> None:
+        self.run_id, self.cycle, self.labels = run_id, cycle, labels
         self.trials_root, self.seed, self.metric, self.sink = trials_root, seed, metric, sink
         self.started: dict[str, float] = {}
         self.epochs: dict[str, dict[int, dict[str, float]]] = {}
@@ -79,26 +83,33 @@ class TrialLedger(Callback):
         epoch = result.get("epoch")
         if epoch is None:
             return
-        metrics = {k: float(v) for k, v in result.items() if k not in _TUNE_KEYS and k not in _SCORE_KEYS and k != "epoch" and _is_number(v)}
+        metrics = {k: float(v) for k, v in result.items() if k not in _TUNE_KEYS and k not in _SKIP_KEYS and k != "epoch" and _is_number(v)}
         self.epochs.setdefault(trial.trial_id, {})[int(epoch)] = metrics
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
-        done = _SCORE_KEYS <= set(trial.last_result)
-        self._finish(trial, TrialStatus.completed if done else TrialStatus.stopped_early, None)
+        encoded = (trial.last_result or {}).get(PREDICTIONS_KEY)
+        if encoded is None:
+            self._finish(trial, TrialStatus.stopped_early, None)
+            return
+        try:
+            scores = score_encoded(str(encoded), self.labels)
+        except ScoringError as err:
+            self._finish(trial, TrialStatus.failed, str(err))
+            return
+        self._finish(trial, TrialStatus.completed, None, scores.selection, scores.test)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._finish(trial, TrialStatus.failed, failure_reason(trial))
 
-    def _finish(self, trial: Trial, status: TrialStatus, reason: str | None) -> None:
-        last = trial.last_result or {}
+    def _finish(self, trial: Trial, status: TrialStatus, reason: str | None,
+                selection: float | None = None, test: float | None = None) -> None:
         epochs = self.epochs.get(trial.trial_id, {})
         knobs = {k: v for k, v in (trial.config or {}).items() if k.isupper()}
         record = TrialRecord(
-            run_id=self.run_id, cycle=self.cycle, trial_id=trial.trial_id, variant_id=self.variant_id,
+            run_id=self.run_id, cycle=self.cycle, trial_id=trial.trial_id, variant_id=str((trial.config or {}).get("variant")),
             status=status, reason=reason, knobs=json.dumps(knobs, sort_keys=True, default=str), seed=self.seed,
             epochs=max(epochs, default=0), val_metric=_float(epochs[max(epochs)].get(self.metric)) if epochs else None,
-            selection_score=_float(last.get("selection_score")) if status is TrialStatus.completed else None,
-            test_score=_float(last.get("test_score")) if status is TrialStatus.completed else None,
+            selection_score=selection, test_score=test,
             seconds=time.time() - self.started.get(trial.trial_id, time.time()),
             work_dir=f"{self.trials_root}/{trial.trial_id}",
         )

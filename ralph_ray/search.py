@@ -1,7 +1,13 @@
-"""One Ray Tune run per cycle: OptunaSearch samples knobs, ASHA stops laggards. Thin adapters only."""
+"""One Ray Tune run per cycle: OptunaSearch samples (variant, knobs), ASHA stops laggards. Thin adapters only.
+
+All of a cycle's children run in the same Tune run, with the variant as one more categorical parameter, so
+ASHA compares code variants against each other, not only knob settings. Each child's own knob values are
+enqueued first (Optuna's warm start), so every child is tried exactly as its coder wrote it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +34,38 @@ def param_space(space: dict[str, KnobSpace]) -> dict[str, Any]:
     return domains
 
 
+@dataclass(frozen=True)
+class SearchPlan:
+    """What one cycle's Tune run samples: which variants, the points to try first, how many trials."""
+
+    variants: list[str]
+    first_points: list[dict[str, Any]]  # each: {"variant": id, KNOB: value, ...}
+    num_samples: int
+    seed: int
+
+
+def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace]) -> dict[str, Any]:
+    """A variant's own knob values moved into the search space (Optuna refuses points outside it)."""
+    point: dict[str, Any] = {}
+    for name, knob in space.items():
+        value = knobs.get(name)
+        if knob.type is SpaceKind.choice:
+            values = list(knob.values or [])
+            if value in values:
+                point[name] = value
+            elif isinstance(value, (int, float)) and all(isinstance(v, (int, float)) for v in values):
+                point[name] = min(values, key=lambda v: abs(v - value))
+            else:
+                point[name] = values[0]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            low, high = float(knob.low), float(knob.high)  # type: ignore[arg-type]
+            clipped = min(max(float(value), low), high)
+            point[name] = int(round(clipped)) if knob.type is SpaceKind.int else clipped
+        else:
+            point[name] = knob.low if knob.type is not SpaceKind.int else int(knob.low)  # type: ignore[arg-type]
+    return point
+
+
 def scheduler(cfg: Config) -> TrialScheduler:
     """ASHA over epochs, or FIFO (every trial to the end) for baselines."""
     if cfg.scheduler.name is SchedulerKind.fifo:
@@ -48,15 +86,16 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress view reports trials
 
 
-def run_search(cfg: Config, spec: TrialSpec, storage: Path, name: str, callbacks: list[tune.Callback]) -> tune.ResultGrid:
+def run_search(cfg: Config, spec: TrialSpec, plan: SearchPlan, storage: Path, name: str, callbacks: list[tune.Callback],
+               stopper: tune.Stopper | None = None) -> tune.ResultGrid:
     """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`)."""
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec),
         {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu},
     )
     _quiet_optuna()
-    space = param_space(cfg.search.space)
-    searcher = OptunaSearch(seed=cfg.search.seed) if space else None
+    space = {"variant": tune.choice(list(plan.variants)), **param_space(cfg.search.space)}
+    searcher = OptunaSearch(seed=plan.seed, points_to_evaluate=list(plan.first_points) or None)
     tuner = tune.Tuner(
         trainable,
         param_space=space,
@@ -65,7 +104,7 @@ def run_search(cfg: Config, spec: TrialSpec, storage: Path, name: str, callbacks
             mode=cfg.search.mode,
             search_alg=searcher,
             scheduler=scheduler(cfg),
-            num_samples=cfg.search.num_samples,
+            num_samples=plan.num_samples,
             max_concurrent_trials=cfg.search.max_concurrent,
             time_budget_s=cfg.safeguards.cycle_time_s,
             reuse_actors=cfg.search.reuse_actors,
@@ -75,6 +114,7 @@ def run_search(cfg: Config, spec: TrialSpec, storage: Path, name: str, callbacks
             name=name,
             storage_path=str(storage.resolve()),
             callbacks=callbacks,
+            stop=stopper,
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=0),
         ),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-# Base tables: one Parquet folder each, append-only. `runs` keeps the latest event per run.
-TABLES = ("runs", "cycles", "variants", "trials", "epochs")
+# Base tables: one Parquet folder each, append-only. Tables listed in LATEST keep the newest row per key
+# (a run or a variant is re-written as its status changes).
+TABLES = ("runs", "cycles", "variants", "trials", "epochs", "interventions", "decisions", "agent_usage")
+LATEST = {"runs": "run_id", "variants": "run_id, variant_id", "cycles": "run_id, cycle", "decisions": "run_id, cycle"}
 
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds")
 
@@ -22,24 +24,29 @@ def parquet_glob(root: Path, table: str) -> str:
 
 def view_statements(parquet_root: Path, schema: str | None = None) -> list[str]:
     """CREATE VIEW statements for the base tables and the derived views, in dependency order."""
-    prefix = f"{schema}." if schema else ""
+    p = f"{schema}." if schema else ""
     statements = []
     for table in TABLES:
         source = f"read_parquet({parquet_glob(parquet_root, table)}, union_by_name = true)"
-        if table == "runs":
-            body = f"select * from {source} qualify row_number() over (partition by run_id order by written_at desc) = 1"
+        if table in LATEST:
+            body = f"select * from {source} qualify row_number() over (partition by {LATEST[table]} order by written_at desc) = 1"
+        elif table == "trials":
+            # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
+            body = f"select * from {source} qualify row_number() over (partition by run_id, trial_id order by written_at) = 1"
         else:
             body = f"select * from {source}"
-        statements.append(f"create or replace view {prefix}{table} as {body}")
-    statements.append(f"create or replace view {prefix}leaderboard as {_leaderboard(prefix)}")
-    statements.append(f"create or replace view {prefix}curves as {_curves(prefix)}")
+        statements.append(f"create or replace view {p}{table} as {body}")
+    for name, body in (("leaderboard", _leaderboard(p)), ("curves", _curves(p)), ("lineage", _lineage(p)),
+                       ("intervention_effects", _intervention_effects(p)), ("budgets", _budgets(p))):
+        statements.append(f"create or replace view {p}{name} as {body}")
     return statements
 
 
 def _leaderboard(p: str) -> str:
     # One row per variant: its best completed trial by selection score, and how its trials ended.
     return f"""
-select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, min(t.cycle) as cycle,
+select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.cycle) as cycle,
+       any_value(v.status) as status, any_value(v.interventions) as interventions,
        max(t.selection_score) as selection_score,
        arg_max(t.test_score, t.selection_score) as test_score,
        arg_max(t.trial_id, t.selection_score) as best_trial_id,
@@ -57,15 +64,68 @@ order by selection_score desc nulls last, test_score desc nulls last
 
 
 def _curves(p: str) -> str:
-    # Long per-epoch metrics pivoted to the columns the analyst and the app read.
+    # Long per-epoch metrics pivoted to the columns the analyst and the app read. Inner join: epochs of a
+    # trial whose row was never written (the driver died in between) are not part of the record.
     columns = ",\n       ".join(f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS)
     return f"""
 select e.run_id, e.trial_id, any_value(t.variant_id) as variant_id, any_value(t.cycle) as cycle,
        any_value(t.status) as status, e.epoch,
        {columns}
-from {p}epochs e left join {p}trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
+from {p}epochs e join {p}trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
 group by e.run_id, e.trial_id, e.epoch
 order by e.run_id, e.trial_id, e.epoch
+"""
+
+
+def _lineage(p: str) -> str:
+    # Each variant with its parent, depth from the seed and the chain of interventions that produced it.
+    return f"""
+with recursive tree(run_id, variant_id, parent_id, depth, path) as (
+    select run_id, variant_id, parent_id, 0, coalesce(interventions, '[]')
+    from {p}variants where parent_id is null
+    union all
+    select v.run_id, v.variant_id, v.parent_id, tree.depth + 1, tree.path || ' > ' || coalesce(v.interventions, '[]')
+    from {p}variants v join tree on v.run_id = tree.run_id and v.parent_id = tree.variant_id
+    where v.variant_id <> v.parent_id and tree.depth < 1000
+)
+select v.run_id, v.variant_id, v.parent_id, v.cycle, v.status, v.interventions, v.diagnosis, v.reason,
+       tree.depth, tree.path, v.parent_score, l.selection_score, l.test_score, l.trials
+from {p}variants v
+left join (select run_id, variant_id, min(depth) as depth, arg_min(path, depth) as path from tree group by all) tree
+       on tree.run_id = v.run_id and tree.variant_id = v.variant_id
+left join {p}leaderboard l on l.run_id = v.run_id and l.variant_id = v.variant_id
+order by v.run_id, v.cycle, l.selection_score desc nulls last
+"""
+
+
+def _intervention_effects(p: str) -> str:
+    # Measured effects across every campaign in this KB: mean delta with a normal 95% interval, win rate.
+    return f"""
+select task, intervention, diagnosis, count(delta) as n, count(*) as tried,
+       avg(delta) as mean_delta,
+       avg(delta) - 1.96 * coalesce(stddev_samp(delta), 0) / sqrt(greatest(count(delta), 1)) as ci_low,
+       avg(delta) + 1.96 * coalesce(stddev_samp(delta), 0) / sqrt(greatest(count(delta), 1)) as ci_high,
+       avg(case when delta > 0 then 1.0 else 0.0 end) filter (where delta is not null) as win_rate,
+       count(*) filter (where outcome = 'kept') as kept,
+       count(*) filter (where outcome = 'rejected') as rejected
+from {p}interventions
+group by task, intervention, diagnosis
+order by mean_delta desc nulls last
+"""
+
+
+def _budgets(p: str) -> str:
+    # Per run: what was spent (trial time, agent tokens and cost) and the latest decision.
+    return f"""
+select r.run_id, r.experiment, r.task, r.status, r.stop_reason, r.started_at, r.finished_at,
+       (select count(*) from {p}cycles c where c.run_id = r.run_id) as cycles,
+       (select count(*) from {p}trials t where t.run_id = r.run_id) as trials,
+       (select coalesce(sum(t.seconds), 0) / 3600.0 from {p}trials t where t.run_id = r.run_id) as trial_hours,
+       (select coalesce(sum(u.tokens_in + u.tokens_out), 0) from {p}agent_usage u where u.run_id = r.run_id) as tokens,
+       (select coalesce(sum(u.cost), 0) from {p}agent_usage u where u.run_id = r.run_id) as cost,
+       (select max(d.best_selection_score) from {p}decisions d where d.run_id = r.run_id) as best_selection_score
+from {p}runs r
+order by r.started_at desc
 """
 
 
@@ -74,11 +134,39 @@ order by e.run_id, e.trial_id, e.epoch
 
 LEADERBOARD_FOR_RUN = "select * from leaderboard where run_id = ? order by rank limit ?"
 TRIALS_FOR_RUN = "select * from trials where run_id = ? order by cycle, trial_id"
+TRIALS_FOR_CYCLE = "select * from trials where run_id = ? and cycle = ? order by trial_id"
 TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ? group by status order by status"
 CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order by epoch"
+CURVES_FOR_VARIANT = "select * from curves where run_id = ? and variant_id = ? order by trial_id, epoch"
 RUN = "select * from runs where run_id = ?"
 EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run_id = ?"
 BEST_TRIAL = """
 select trial_id, selection_score, test_score, knobs from trials
 where run_id = ? and status = 'completed' order by selection_score desc limit 1
+"""
+# The campaign's ranking of variants by their best completed trial (what parent selection reads).
+VARIANT_SCORES = """
+select variant_id, max(selection_score) as selection_score,
+       arg_max(knobs, selection_score) as best_knobs, arg_max(test_score, selection_score) as test_score
+from trials where run_id = ? and status = 'completed' group by variant_id
+order by selection_score desc
+"""
+VARIANTS_FOR_RUN = "select * from variants where run_id = ? order by cycle, variant_id"
+EFFECTS_FOR_TASK = """
+select intervention, diagnosis, n, mean_delta, win_rate from intervention_effects where task = ?
+"""
+INTERVENTIONS_FOR_RUN = "select * from interventions where run_id = ? order by cycle, variant_id"
+DECISIONS_FOR_RUN = "select * from decisions where run_id = ? order by cycle"
+USAGE_FOR_RUN = """
+select coalesce(sum(calls), 0), coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost), 0), coalesce(sum(seconds), 0)
+from agent_usage where run_id = ?
+"""
+USAGE_FOR_CYCLE = """
+select coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost), 0) from agent_usage where run_id = ? and cycle = ?
+"""
+BUDGET_FOR_RUN = "select * from budgets where run_id = ?"
+TRIAL_TIMELINE = """
+select t.trial_id, t.cycle, t.variant_id, t.status, t.selection_score, t.written_at, v.status as variant_status
+from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
+where t.run_id = ? order by t.written_at
 """

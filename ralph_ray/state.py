@@ -10,14 +10,26 @@ from pathlib import Path
 
 from ralph_ray.kb import now
 
+STOP_FILE = "STOP"
+
 
 class Phase(str, enum.Enum):
-    """Where a campaign is."""
+    """The next step a campaign will run (a resumed campaign starts there)."""
 
-    prepare = "prepare"
+    select = "select"
+    analyse = "analyse"
+    write = "write"
     train = "train"
     record = "record"
+    decide = "decide"
     done = "done"
+
+
+class RunStatus(str, enum.Enum):
+    """Whether a campaign is running, finished, or died."""
+
+    running = "running"
+    finished = "finished"
     crashed = "crashed"
 
 
@@ -26,17 +38,23 @@ class CampaignState:
     """What a campaign has finished so far."""
 
     run_id: str
-    phase: Phase = Phase.prepare
-    cycle: int = 0
+    phase: Phase = Phase.select
+    status: RunStatus = RunStatus.running
+    cycle: int = 1
     best_selection_score: float | None = None
+    best_variant_id: str | None = None
     best_trial_id: str | None = None
+    best_by_cycle: list[float | None] = field(default_factory=list)
+    gate_fail_streak: int = 0
     stop_reason: str | None = None
+    exit_code: int | None = None
+    elapsed_s: float = 0.0  # campaign time across resumes
     updated_at: str = field(default_factory=lambda: now().isoformat())
 
     def save(self, run_dir: Path) -> None:
         """Write state.json via a temp file and rename, so a crash never leaves half a file."""
         self.updated_at = now().isoformat()
-        data = {**asdict(self), "phase": self.phase.value}
+        data = {**asdict(self), "phase": self.phase.value, "status": self.status.value}
         tmp = run_dir / ".state.json.tmp"
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, run_dir / "state.json")
@@ -45,4 +63,16 @@ class CampaignState:
     def load(cls, run_dir: Path) -> CampaignState:
         """Read a run's state.json."""
         data = json.loads((run_dir / "state.json").read_text())
-        return cls(**{**data, "phase": Phase(data["phase"])})
+        return cls(**{**data, "phase": Phase(data["phase"]), "status": RunStatus(data["status"])})
+
+
+def request_stop(run_dir: Path, why: str = "requested") -> Path:
+    """Ask a running campaign to stop cleanly at the next check (the CLI's and the app's stop)."""
+    path = run_dir / STOP_FILE
+    path.write_text(f"{now().isoformat()} {why}\n")
+    return path
+
+
+def stop_requested(run_dir: Path) -> bool:
+    """True once a STOP file exists in the run dir."""
+    return (run_dir / STOP_FILE).exists()

@@ -1,14 +1,15 @@
 """The trial driver: one Tune trial = the variant's train.py in its own work dir and process group.
 
-It copies the variant's files, rewrites the sampled knobs, runs `train.py` as a subprocess, tails its
-JSON-lines reports into `ray.tune.report`, enforces the timeout and output limit, fails fast on NaN/inf,
-scores the predictions with the frozen metric, and always kills the whole process group in `finally`
-(which is what makes `reuse_actors` safe).
+It writes the variant's files (shipped in the spec), rewrites the sampled knobs, runs `train.py` as a
+subprocess, tails its JSON-lines reports into `ray.tune.report`, enforces the timeout and output limit,
+fails fast on NaN/inf, sends the predictions back to the driver (which holds the labels and scores them),
+and always kills the whole process group in `finally` (which is what makes `reuse_actors` safe).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import math
 import os
@@ -16,6 +17,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +26,8 @@ from typing import Any
 
 from ralph_ray import harness
 from ralph_ray.knobs import KnobError, rewrite_knobs
-from ralph_ray.scoring import ScoringError, score_predictions
-from ralph_ray.tasks.base import Labels, sha256_file
+from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
+from ralph_ray.tasks.base import sha256_file
 
 POLL_S = 0.05
 STOPPED_BY_TUNE = "stopped"
@@ -42,20 +45,39 @@ class TrialFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TrialSpec:
-    """Everything a trial needs besides its sampled knobs; shipped once through the object store."""
+class PublicData:
+    """The public split files (bytes) and their hashes: shipped through the object store to any node."""
 
-    trainer_dir: str
+    files: dict[str, bytes]
+    hashes: dict[str, str]
+
+    @property
+    def key(self) -> str:
+        """One name for this exact content (the node-local cache folder)."""
+        return hashlib.sha256(json.dumps(self.hashes, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """Everything a trial needs besides its config; shipped once through the object store.
+
+    The code of every variant in the cycle and the public data travel inside it, so a trial runs on any
+    node without a shared filesystem. Selection/test labels are not here: the driver scores predictions.
+    """
+
+    variants: dict[str, dict[str, bytes]]  # variant id -> relative path -> file bytes
     trials_root: str
-    data_dir: str
-    frozen: dict[str, str]  # path -> sha256, checked before every trial
-    labels: Labels
+    data: PublicData
+    harness_sha256: str
     timeout_s: float
     output_limit_bytes: int
     threads: int
     seed: int = 0
     entry: str = "train.py"
     env: dict[str, str] = field(default_factory=dict)
+    # Reports from this epoch on are held back and sent with the predictions: ASHA's last rung would
+    # otherwise stop a fully trained trial between its last epoch and its predictions.
+    hold_from_epoch: int | None = None
 
 
 def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
@@ -64,21 +86,42 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
 
     trial_id = tune.get_context().get_trial_id() or "manual"
     work = Path(spec.trials_root) / trial_id
-    check_frozen(spec.frozen)
+    data_dir = materialise_data(spec.data)
+    check_frozen({str(data_dir / name): digest for name, digest in spec.data.hashes.items()} | {harness.__file__: spec.harness_sha256})
+    variant = str(config.get("variant", ""))
+    if variant not in spec.variants:
+        raise TrialFailed(f"unknown variant {variant!r} (this cycle runs {', '.join(spec.variants)})")
     knobs = {key: value for key, value in config.items() if key.isupper()}
-    prepare_workdir(Path(spec.trainer_dir), work, knobs, entry=spec.entry)
-    proc = start_trainer(work, spec)
+    write_variant(spec.variants[variant], work)
+    set_knobs(work, knobs, entry=spec.entry)
+    proc = start_trainer(work, spec, data_dir)
     try:
         last = tail_reports(proc, work, spec, tune.report)
         if last is None:
             return  # Tune stopped the trial (ASHA or a stop rule)
-        try:
-            scores = score_predictions(work / "predictions.npz", spec.labels)
-        except ScoringError as err:
-            raise TrialFailed(str(err)) from None
-        tune.report({**last, "selection_score": scores.selection, "test_score": scores.test})
+        predictions = work / "predictions.npz"
+        if not predictions.exists():
+            raise TrialFailed(f"train.py finished without writing {predictions.name}: call harness.save_predictions(selection=..., test=...)")
+        # The driver scores these against labels that never leave it.
+        tune.report({**last, PREDICTIONS_KEY: encode_predictions(predictions)})
     finally:
         kill_group(proc)
+
+
+def materialise_data(data: PublicData) -> Path:
+    """Write the public files once per node into a local cache (atomically) and return the folder."""
+    root = Path(os.environ.get("RALPH_CACHE_DIR", Path(tempfile.gettempdir()) / "ralph_ray_data")) / data.key
+    if all((root / name).exists() for name in data.files):
+        return root
+    tmp = root.with_name(f".{root.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name, content in data.files.items():
+        (tmp / name).write_bytes(content)
+    try:
+        os.replace(tmp, root)
+    except OSError:  # another trial on this node got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
 
 
 def check_frozen(frozen: dict[str, str]) -> None:
@@ -90,11 +133,19 @@ def check_frozen(frozen: dict[str, str]) -> None:
             raise TrialFailed(f"frozen file {path} changed since the campaign started")
 
 
-def prepare_workdir(trainer_dir: Path, work: Path, knobs: dict[str, Any], entry: str = "train.py") -> None:
-    """Copy the variant's files into the trial's work dir and write the sampled knobs into its code."""
+def write_variant(files: dict[str, bytes], work: Path) -> None:
+    """Write a variant's files into a clean trial work dir."""
     if work.exists():
         shutil.rmtree(work)  # a retried trial starts from a clean copy
-    shutil.copytree(trainer_dir, work, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for relative, content in files.items():
+        target = work / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    work.mkdir(parents=True, exist_ok=True)
+
+
+def set_knobs(work: Path, knobs: dict[str, Any], entry: str = "train.py") -> None:
+    """Write the sampled knobs into the trial's copy of the code (so its exact code is kept) and knobs.json."""
     source = (work / entry).read_text()
     try:
         (work / entry).write_text(rewrite_knobs(source, knobs))
@@ -103,13 +154,26 @@ def prepare_workdir(trainer_dir: Path, work: Path, knobs: dict[str, Any], entry:
     (work / "knobs.json").write_text(json.dumps(knobs, indent=2, sort_keys=True, default=str))
 
 
-def start_trainer(work: Path, spec: TrialSpec) -> subprocess.Popen[bytes]:
+def prepare_workdir(trainer_dir: Path, work: Path, knobs: dict[str, Any], entry: str = "train.py") -> None:
+    """Copy a trainer folder into a work dir and write the knobs into its code (hand runs, the gate)."""
+    write_variant(read_files(trainer_dir), work)
+    set_knobs(work, knobs, entry=entry)
+
+
+def read_files(folder: Path) -> dict[str, bytes]:
+    """A folder's files (relative path -> bytes), skipping caches and run outputs."""
+    from ralph_ray.variants import variant_files
+
+    return {str(path.relative_to(folder)): path.read_bytes() for path in variant_files(folder)}
+
+
+def start_trainer(work: Path, spec: TrialSpec, data_dir: Path) -> subprocess.Popen[bytes]:
     """Start train.py in its own process group, with its threads capped and its output to files."""
     threads = str(max(1, spec.threads))
     env = {
         **os.environ,
         **spec.env,
-        harness.ENV_DATA_DIR: spec.data_dir,
+        harness.ENV_DATA_DIR: str(data_dir),
         harness.ENV_METRICS_FILE: str(work / "metrics.jsonl"),
         harness.ENV_PREDICTIONS_FILE: str(work / "predictions.npz"),
         harness.ENV_SEED: str(spec.seed),
@@ -139,7 +203,9 @@ def tail_reports(proc: subprocess.Popen[bytes], work: Path, spec: TrialSpec, rep
         exited = proc.poll() is not None  # read the lines after checking, so none written before exit is missed
         for record in tail.read_new():
             check_finite(record)
-            report(record)
+            held = spec.hold_from_epoch is not None and _epoch(record) >= spec.hold_from_epoch
+            if not held:
+                report(record)
             last = record
         if exited:
             break
@@ -203,6 +269,11 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass  # the group is already gone
     proc.wait()
+
+
+def _epoch(record: dict[str, Any]) -> float:
+    value = record.get("epoch")
+    return float(value) if isinstance(value, (int, float)) else float("-inf")
 
 
 def _stop_requested() -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import enum
 import hashlib
 import shutil
 from dataclasses import dataclass
@@ -9,6 +11,17 @@ from pathlib import Path
 
 # Files that are not part of a variant's code.
 IGNORED = ("__pycache__", "*.pyc", "metrics.jsonl", "predictions.npz", "*.log")
+
+
+class VariantStatus(str, enum.Enum):
+    """Where a variant stands: the seed, waiting for its trials, or judged against its parent."""
+
+    seed = "seed"
+    candidate = "candidate"  # passed the gate, trials pending
+    kept = "kept"  # beat its parent by more than min_delta
+    discarded = "discarded"  # trained, but did not beat its parent
+    rejected = "rejected"  # refused by the validation gate (or the coder gave up)
+    crashed = "crashed"  # every trial failed
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,11 @@ def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) ->
     return Variant(variant_id=variant_id, parent_id=parent_id, files_dir=files_dir)
 
 
+def variant_files(folder: Path) -> list[Path]:
+    """The files that make up a variant (caches and run outputs skipped)."""
+    return _files(folder)
+
+
 def _files(folder: Path) -> list[Path]:
     skip = shutil.ignore_patterns(*IGNORED)
     found = []
@@ -50,3 +68,16 @@ def _files(folder: Path) -> list[Path]:
         if path.is_file() and not any(skip(str(path.parent), [part]) for part in path.relative_to(folder).parts):
             found.append(path)
     return found
+
+
+def unified_diff(old_dir: Path, new_dir: Path) -> str:
+    """A unified diff of every file that differs between two variant folders (paths a/ and b/)."""
+    old = {str(p.relative_to(old_dir)): p for p in _files(old_dir)}
+    new = {str(p.relative_to(new_dir)): p for p in _files(new_dir)}
+    chunks = []
+    for name in sorted(set(old) | set(new)):
+        before = old[name].read_text(errors="replace").splitlines(keepends=True) if name in old else []
+        after = new[name].read_text(errors="replace").splitlines(keepends=True) if name in new else []
+        if before != after:
+            chunks.extend(difflib.unified_diff(before, after, f"a/{name}", f"b/{name}"))
+    return "".join(line if line.endswith("\n") else line + "\n" for line in chunks)

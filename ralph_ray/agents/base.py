@@ -1,0 +1,148 @@
+"""The agent contract: what an analyst reads and returns, what a coder reads and returns.
+
+Agents read history and write variants; they never start trials or open the knowledge base for writing.
+The engine hands them plain dataclasses (no config objects, no KB connections).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Diagnosis(str, enum.Enum):
+    """What the analyst reads in a parent's curves."""
+
+    underfitting = "underfitting"
+    overfitting = "overfitting"
+    divergence = "divergence"
+    plateau = "plateau"
+    too_slow = "too_slow"
+    undertrained = "undertrained"  # still improving when training stopped
+    healthy = "healthy"
+
+
+class AgentError(RuntimeError):
+    """An agent could not produce its output (bad answer, unreachable endpoint); the message says why."""
+
+
+@dataclass(frozen=True)
+class EpochPoint:
+    """One epoch of one trial, as the trainer reported it (missing metrics are None)."""
+
+    epoch: int
+    train_loss: float | None = None
+    val_loss: float | None = None
+    val_acc: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    epoch_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class TrialSummary:
+    """One finished trial of a parent: its knobs, how it ended, its curve."""
+
+    trial_id: str
+    status: str  # completed | stopped_early | failed
+    reason: str | None
+    knobs: dict[str, Any]
+    selection_score: float | None
+    curve: list[EpochPoint]
+
+
+@dataclass(frozen=True)
+class InterventionEffect:
+    """What the knowledge base measured for an intervention under a diagnosis (all campaigns of the task)."""
+
+    intervention: str
+    diagnosis: str
+    count: int
+    mean_delta: float | None
+    win_rate: float | None
+
+
+@dataclass(frozen=True)
+class ParentView:
+    """Everything an analyst may know about one parent (never selection/test labels)."""
+
+    variant_id: str
+    files_dir: Path
+    selection_score: float | None
+    trials: list[TrialSummary]
+    interventions: list[str]  # what produced this variant (empty for the seed)
+    lineage: list[str]  # interventions along the path from the seed, oldest first
+    program: str  # the task's program.md
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One ranked suggestion: an intervention from the catalog (or free text for LLM agents) and why."""
+
+    intervention: str
+    diagnosis: Diagnosis
+    rationale: str
+    priority: float = 0.0
+    details: str = ""  # free-form instructions for LLM/CLI coders
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The analyst's reading of one parent: diagnoses, a markdown note, ranked recommendations."""
+
+    variant_id: str
+    diagnoses: list[Diagnosis]
+    summary: str
+    recommendations: list[Recommendation]
+
+
+@dataclass
+class Usage:
+    """What one agent call cost: counted from the API, or estimated (CLIs) and marked so."""
+
+    calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    seconds: float = 0.0
+    estimated: bool = False
+
+    def add(self, other: Usage) -> None:
+        """Accumulate another call's usage."""
+        self.calls += other.calls
+        self.tokens_in += other.tokens_in
+        self.tokens_out += other.tokens_out
+        self.seconds += other.seconds
+        self.estimated = self.estimated or other.estimated
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in and out."""
+        return self.tokens_in + self.tokens_out
+
+
+@dataclass
+class Draft:
+    """A coder's result: the edited files in `files_dir` (a copy of the parent) and what it did."""
+
+    files_dir: Path
+    interventions: list[str]
+    rationale: str
+    usage: Usage = field(default_factory=Usage)
+
+
+class Analyst(Protocol):
+    """Reads a parent's results and the KB's intervention effects; returns a ranked analysis."""
+
+    def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
+        """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
+        ...
+
+
+class Coder(Protocol):
+    """Applies one recommendation to a copy of the parent's files."""
+
+    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+        """Edit the files in `workdir` (already a copy of the parent); `feedback` is the gate's last error."""
+        ...

@@ -1,0 +1,387 @@
+"""The intervention catalog: named knob and code edits, loaded from `agents/interventions.yaml`.
+
+The catalog is data, not code: each entry says which diagnoses it answers, how it moves knobs, which
+knobs it adds, and which regex edits it makes to `train.py`. `apply` turns one entry into edited
+source, or raises `NotApplicable` when the trainer lacks what the entry needs or already has it.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.base import Diagnosis
+from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
+
+CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
+
+KNOB_OPS = ("set", "mul", "add")
+_ENTRY_FIELDS = {
+    "name", "description", "answers", "repeatable", "prior",
+    "applies_if", "skip_if", "knobs", "add_knobs", "edits",
+}
+_KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class NotApplicable(Exception):
+    """An intervention cannot apply to this trainer (anchor or knob missing, or already applied)."""
+
+
+@dataclass(frozen=True)
+class KnobEdit:
+    """Move one existing knob: `set` a value, `mul`tiply or `add` to it, then clamp to [min, max]."""
+
+    knob: str
+    op: str
+    value: Any
+    min: float | None = None
+    max: float | None = None
+
+    def new_value(self, current: Any) -> Any:
+        """The knob's value after this edit; integers stay integers."""
+        if self.op == "set":
+            return self.value
+        if isinstance(current, bool) or not isinstance(current, (int, float)):
+            raise NotApplicable(f"knob {self.knob} is {current!r}, not a number to {self.op}")
+        target = current * self.value if self.op == "mul" else current + self.value
+        low = self.min if self.min is not None else -math.inf
+        high = self.max if self.max is not None else math.inf
+        value = min(max(target, low), high)
+        # A clamp limits the move, never reverses it: raise_lr must not lower an LR already above its max.
+        rising = self.value > 1 if self.op == "mul" else self.value > 0
+        value = max(value, current) if rising else min(value, current)
+        if self._keeps_int(current):
+            return int(round(value))
+        return float(f"{value:.6g}")  # 0.1 * 3 should read 0.3 in the diff, not 0.30000000000000004
+
+    def _keeps_int(self, current: Any) -> bool:
+        """Counts (EPOCHS, WIDTH) stay integers; a float step or clamp makes the result a float."""
+        clamps_int = all(bound is None or isinstance(bound, int) for bound in (self.min, self.max))
+        step_int = self.op == "mul" or isinstance(self.value, int)
+        return isinstance(current, int) and step_int and clamps_int
+
+
+@dataclass(frozen=True)
+class NewKnob:
+    """A knob line to insert at the end of the trainer's knob block."""
+
+    name: str
+    value: Any
+    comment: str
+
+    def line(self) -> str:
+        """The source line, in the trainer's knob style."""
+        return f"{self.name} = {self.value!r}  # {self.comment}\n"
+
+
+@dataclass(frozen=True)
+class TextEdit:
+    """A regex substitution on the source (re.MULTILINE, every match); `when`/`unless` gate it on other code."""
+
+    find: str
+    replace: str
+    when: str | None = None  # run only if this regex matches (adapts to interventions applied before)
+    unless: str | None = None  # skip if this regex matches (e.g. a helper another entry already added)
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One catalog entry."""
+
+    name: str
+    description: str
+    answers: tuple[Diagnosis, ...]
+    repeatable: bool = False
+    prior: float = 0.0  # expected score delta before the knowledge base has measured it
+    applies_if: tuple[str, ...] = ()
+    skip_if: tuple[str, ...] = ()
+    knobs: tuple[KnobEdit, ...] = ()
+    add_knobs: tuple[NewKnob, ...] = ()
+    edits: tuple[TextEdit, ...] = ()
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All interventions, in file order."""
+
+    interventions: tuple[Intervention, ...]
+    path: Path
+
+    def __iter__(self):
+        return iter(self.interventions)
+
+    def __len__(self) -> int:
+        return len(self.interventions)
+
+    def names(self) -> list[str]:
+        """Intervention names, in file order."""
+        return [i.name for i in self.interventions]
+
+    def get(self, name: str) -> Intervention:
+        """The entry called `name`; KeyError naming the known ones otherwise."""
+        for intervention in self.interventions:
+            if intervention.name == name:
+                return intervention
+        raise KeyError(f"no intervention {name!r} in {self.path} (known: {', '.join(self.names())})")
+
+
+# -----------------------------------------------------------------------------
+# Loading and validation
+
+
+def load_catalog(path: Path | str | None = None) -> Catalog:
+    """Load and validate the catalog (default: `agents/interventions.yaml`)."""
+    path = Path(path) if path is not None else CATALOG_PATH
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML: {error}") from error
+    if not isinstance(document, dict) or not isinstance(document.get("interventions"), list):
+        raise ValueError(f"{path}: expected a mapping with an `interventions:` list")
+    entries = [_parse_entry(path, index, raw) for index, raw in enumerate(document["interventions"])]
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.name in seen:
+            raise ValueError(f"{path}: intervention {entry.name!r} is defined twice")
+        seen.add(entry.name)
+    return Catalog(tuple(entries), path)
+
+
+def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
+    label = f"{path}: entry {index}"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{label}: expected a mapping, got {type(raw).__name__}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _ENTRY_NAME.match(name):
+        raise ValueError(f"{label}: field 'name' must be a snake_case string, got {name!r}")
+    label = f"{path}: intervention {name!r}"
+
+    def fail(field: str, message: str) -> ValueError:
+        return ValueError(f"{label}: field {field!r}: {message}")
+
+    unknown = sorted(set(raw) - _ENTRY_FIELDS)
+    if unknown:
+        raise fail(unknown[0], f"unknown field (allowed: {', '.join(sorted(_ENTRY_FIELDS))})")
+    description = raw.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise fail("description", "a non-empty string is required")
+    answers = _as_list(raw.get("answers"), "answers", fail)
+    if not answers:
+        raise fail("answers", "list at least one diagnosis")
+    valid = [d.value for d in Diagnosis]
+    for answer in answers:
+        if answer not in valid:
+            raise fail("answers", f"{answer!r} is not a diagnosis (one of {', '.join(valid)})")
+    repeatable = raw.get("repeatable", False)
+    if not isinstance(repeatable, bool):
+        raise fail("repeatable", f"expected true or false, got {repeatable!r}")
+    prior = raw.get("prior", 0.0)
+    if isinstance(prior, bool) or not isinstance(prior, (int, float)):
+        raise fail("prior", f"expected a number, got {prior!r}")
+    intervention = Intervention(
+        name=name,
+        description=description.strip(),
+        answers=tuple(Diagnosis(a) for a in answers),
+        repeatable=repeatable,
+        prior=float(prior),
+        applies_if=tuple(_regex(r, "applies_if", fail) for r in _as_list(raw.get("applies_if"), "applies_if", fail)),
+        skip_if=tuple(_regex(r, "skip_if", fail) for r in _as_list(raw.get("skip_if"), "skip_if", fail)),
+        knobs=_parse_knob_edits(raw.get("knobs"), fail),
+        add_knobs=tuple(_parse_new_knob(k, fail) for k in _as_list(raw.get("add_knobs"), "add_knobs", fail)),
+        edits=tuple(_parse_text_edit(e, fail) for e in _as_list(raw.get("edits"), "edits", fail)),
+    )
+    if not (intervention.knobs or intervention.add_knobs or intervention.edits):
+        raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits")
+    return intervention
+
+
+def _as_list(value: Any, field: str, fail) -> list[Any]:
+    """A missing field is empty; a lone string is a one-item list."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise fail(field, f"expected a list, got {type(value).__name__}")
+    return value
+
+
+def _regex(pattern: Any, field: str, fail) -> str:
+    if not isinstance(pattern, str):
+        raise fail(field, f"expected a regex string, got {pattern!r}")
+    try:
+        re.compile(pattern, re.MULTILINE)
+    except re.error as error:
+        raise fail(field, f"bad regex {pattern!r}: {error}") from error
+    return pattern
+
+
+def _number(value: Any, field: str, fail) -> float | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise fail(field, f"expected a number, got {value!r}")
+    return value
+
+
+def _parse_knob_edits(raw: Any, fail) -> tuple[KnobEdit, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise fail("knobs", "expected a mapping KNOB: {set|mul|add: value, min: .., max: ..}")
+    edits = []
+    for knob, spec in raw.items():
+        field = f"knobs.{knob}"
+        if not isinstance(knob, str) or not _KNOB_NAME.match(knob):
+            raise fail(field, "knob names are UPPER_CASE")
+        if not isinstance(spec, dict):
+            raise fail(field, "expected a mapping like {mul: 0.5}")
+        unknown = sorted(set(spec) - set(KNOB_OPS) - {"min", "max"})
+        if unknown:
+            raise fail(field, f"unknown key {unknown[0]!r} (allowed: set, mul, add, min, max)")
+        ops = [op for op in KNOB_OPS if op in spec]
+        if len(ops) != 1:
+            raise fail(field, f"give exactly one of set, mul, add (got {', '.join(ops) or 'none'})")
+        op = ops[0]
+        if op != "set":
+            _number(spec[op], field, fail)
+        _literal_ok(spec[op], field, fail)
+        edits.append(KnobEdit(knob, op, spec[op], _number(spec.get("min"), field, fail), _number(spec.get("max"), field, fail)))
+    return tuple(edits)
+
+
+def _literal_ok(value: Any, field: str, fail) -> None:
+    """Knob values are written back as Python literals, so they must survive repr -> literal_eval."""
+    try:
+        ast.literal_eval(repr(value))
+    except (ValueError, SyntaxError) as error:
+        raise fail(field, f"{value!r} cannot be written as a Python literal") from error
+
+
+def _parse_new_knob(raw: Any, fail) -> NewKnob:
+    if not isinstance(raw, dict) or set(raw) - {"name", "value", "comment"}:
+        raise fail("add_knobs", f"each item is {{name, value, comment}}, got {raw!r}")
+    name, comment = raw.get("name"), raw.get("comment")
+    if not isinstance(name, str) or not _KNOB_NAME.match(name):
+        raise fail("add_knobs", f"knob name {name!r} must be UPPER_CASE")
+    if "value" not in raw:
+        raise fail("add_knobs", f"knob {name} needs a value")
+    if not isinstance(comment, str) or not comment.strip() or "\n" in comment:
+        raise fail("add_knobs", f"knob {name} needs a one-line comment (the trainer's knobs say what they do)")
+    _literal_ok(raw["value"], "add_knobs", fail)
+    return NewKnob(name, raw["value"], comment.strip())
+
+
+def _parse_text_edit(raw: Any, fail) -> TextEdit:
+    if not isinstance(raw, dict) or set(raw) - {"find", "replace", "when", "unless"}:
+        raise fail("edits", f"each item is {{find, replace[, when, unless]}}, got {raw!r}")
+    find, replace = raw.get("find"), raw.get("replace")
+    if not isinstance(find, str) or not isinstance(replace, str):
+        raise fail("edits", f"find and replace must both be strings, got find={find!r}")
+    when, unless = raw.get("when"), raw.get("unless")
+    return TextEdit(
+        find=_regex(find, "edits", fail),
+        replace=replace,
+        when=_regex(when, "edits", fail) if when is not None else None,
+        unless=_regex(unless, "edits", fail) if unless is not None else None,
+    )
+
+
+# -----------------------------------------------------------------------------
+# Applying
+
+
+def apply(intervention: Intervention, source: str) -> str:
+    """The source with `intervention` applied; NotApplicable (with the reason) when it cannot apply."""
+    name = intervention.name
+    for pattern in intervention.applies_if:
+        if not re.search(pattern, source, re.MULTILINE):
+            raise NotApplicable(f"{name}: the trainer lacks /{pattern}/")
+    for pattern in intervention.skip_if:
+        if re.search(pattern, source, re.MULTILINE):
+            raise NotApplicable(f"{name}: already applied or conflicting (/{pattern}/ is present)")
+    result = _apply_knob_edits(intervention, source)
+    result = _add_knobs(intervention, result)
+    for edit in intervention.edits:
+        result = _apply_text_edit(name, edit, result)
+    if result == source:
+        raise NotApplicable(f"{name}: changes nothing (knobs already at their limits)")
+    try:
+        ast.parse(result)
+    except SyntaxError as error:
+        raise NotApplicable(f"{name}: the edits do not fit this trainer (invalid Python at line {error.lineno}: {error.msg})") from error
+    return result
+
+
+def _apply_knob_edits(intervention: Intervention, source: str) -> str:
+    if not intervention.knobs:
+        return source
+    current = read_knobs(source)
+    missing = [edit.knob for edit in intervention.knobs if edit.knob not in current]
+    if missing:
+        raise NotApplicable(f"{intervention.name}: the trainer has no knob {', '.join(missing)}")
+    overrides = {edit.knob: edit.new_value(current[edit.knob]) for edit in intervention.knobs}
+    try:
+        return rewrite_knobs(source, overrides)
+    except KnobError as error:
+        raise NotApplicable(f"{intervention.name}: {error}") from error
+
+
+def _add_knobs(intervention: Intervention, source: str) -> str:
+    if not intervention.add_knobs:
+        return source
+    existing = read_knobs(source)
+    clashes = [k.name for k in intervention.add_knobs if k.name in existing]
+    if clashes:
+        raise NotApplicable(f"{intervention.name}: the trainer already has knob {', '.join(clashes)}")
+    end = _knob_block_end(source)
+    if end is None:
+        raise NotApplicable(f"{intervention.name}: the trainer has no knob block to add {intervention.add_knobs[0].name} to")
+    lines = source.splitlines(keepends=True)
+    new = [k.line() for k in intervention.add_knobs]
+    return "".join(lines[:end] + new + lines[end:])
+
+
+def _knob_block_end(source: str) -> int | None:
+    """Line number (1-based) of the last knob in the first run of knob lines (only comments between them)."""
+    lines = source.splitlines()
+    knobs = [node for node in ast.parse(source).body if _is_knob(node)]
+    if not knobs:
+        return None
+    end = knobs[0].end_lineno or knobs[0].lineno
+    for node in knobs[1:]:
+        between = lines[end : node.lineno - 1]
+        if any(not line.strip().startswith("#") for line in between):
+            break  # a blank line or code ends the block (e.g. cifar10's CIFAR_MEAN constants)
+        end = node.end_lineno or node.lineno
+    return end
+
+
+def _is_knob(node: ast.stmt) -> bool:
+    """The same rule as `ralph_ray.knobs`: a module-level UPPER_CASE name bound to a literal."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        return False
+    if not node.targets[0].id.isupper():
+        return False
+    try:
+        ast.literal_eval(node.value)
+    except ValueError:
+        return False
+    return True
+
+
+def _apply_text_edit(name: str, edit: TextEdit, source: str) -> str:
+    if edit.when is not None and not re.search(edit.when, source, re.MULTILINE):
+        return source
+    if edit.unless is not None and re.search(edit.unless, source, re.MULTILINE):
+        return source
+    result, count = re.subn(edit.find, edit.replace, source, flags=re.MULTILINE)
+    if count == 0:
+        raise NotApplicable(f"{name}: the trainer lacks the anchor /{edit.find}/")
+    return result

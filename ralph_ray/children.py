@@ -1,0 +1,181 @@
+"""Growing a cycle's children: analyse each parent, ask the coder for edits, pass each through the gate.
+
+A gate failure goes back to the coder with the error for a bounded number of retries; then the child is
+recorded as rejected with its reason. Nothing a bad child does stops the campaign: every agent or gate
+error becomes a rejected child, never an exception out of this module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ralph_ray.agents.base import AgentError, Analysis, Analyst, Coder, Diagnosis, InterventionEffect, ParentView, Recommendation, Usage
+from ralph_ray.gate import Gate, GateError
+from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
+from ralph_ray.population import Candidate
+from ralph_ray.variants import VariantStatus, snapshot, unified_diff
+
+
+@dataclass
+class Child:
+    """One child of this cycle, accepted or rejected."""
+
+    variant_id: str
+    parent_id: str
+    files_dir: Path
+    interventions: list[str]
+    diagnosis: str
+    rationale: str
+    status: VariantStatus
+    reason: str | None
+    diff: str
+    own_knobs: dict[str, Any]
+    parent_score: float | None
+    attempts: int = 1
+    usage: Usage = field(default_factory=Usage)
+
+    def as_json(self) -> dict[str, Any]:
+        """For children.json (resume reads it back)."""
+        return {**self.__dict__, "files_dir": str(self.files_dir), "status": self.status.value, "usage": self.usage.__dict__}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Child:
+        """Inverse of as_json."""
+        return cls(**{**data, "files_dir": Path(data["files_dir"]), "status": VariantStatus(data["status"]), "usage": Usage(**data["usage"])})
+
+
+@dataclass(frozen=True)
+class Breeder:
+    """Everything the children step needs, decided by the orchestrator."""
+
+    analyst: Analyst | None
+    coder: Coder | None
+    gate: Gate
+    variants_root: Path
+    cycle_dir: Path
+    children_per_parent: int
+    max_retries: int
+    concurrency: int
+    known_variants: frozenset[str]  # ids already in this run: a child identical to one of them is no child
+    token_budget_left: int | None  # None: unlimited
+    log: Callable[[str], None]
+
+
+def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "train.py") -> Path:
+    """The parent as its best trial ran it: its files with that trial's knobs written in."""
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(parent_files, out)
+    source = (out / entry).read_text()
+    present = read_knobs(source)
+    try:
+        (out / entry).write_text(rewrite_knobs(source, {k: v for k, v in knobs.items() if k in present}))
+    except KnobError:
+        pass  # a knob the parent's code cannot take keeps the code's own value
+    return out
+
+
+def analyse(breeder: Breeder, view: ParentView, effects: list[InterventionEffect]) -> tuple[Analysis, Usage]:
+    """The analyst's reading of one parent; an analyst failure becomes an empty analysis with the reason."""
+    usage = Usage()
+    assert breeder.analyst is not None
+    try:
+        return breeder.analyst.analyse(view, effects, usage), usage
+    except AgentError as err:
+        breeder.log(f"  analyst failed on {view.variant_id}: {err}")
+        return Analysis(view.variant_id, [], f"analyst failed: {err}", []), usage
+
+
+def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analysis) -> list[Child]:
+    """Children of one parent: the top recommendations, each written, gated and retried."""
+    recommendations = list(analysis.recommendations)
+    children: list[Child] = []
+    seen = set(breeder.known_variants)
+    lock = threading.Lock()
+
+    def attempt(index: int, rec: Recommendation) -> Child | None:
+        return _one_child(breeder, parent, view, rec, index, seen, lock)
+
+    # First pass: the top choices concurrently; then top up from the rest when some were duplicates.
+    first, rest = recommendations[: breeder.children_per_parent], recommendations[breeder.children_per_parent:]
+    with ThreadPoolExecutor(max_workers=breeder.concurrency) as pool:
+        children = [c for c in pool.map(lambda pair: attempt(*pair), enumerate(first)) if c is not None]
+    index = len(first)
+    while len(children) < breeder.children_per_parent and rest:
+        child = attempt(index, rest.pop(0))
+        index += 1
+        if child is not None:
+            children.append(child)
+    return children
+
+
+def _one_child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recommendation, index: int,
+               seen: set[str], lock: threading.Lock) -> Child | None:
+    """Write, gate, retry. None when the result duplicates a known variant (the slot goes to the next idea)."""
+    assert breeder.coder is not None
+    usage = Usage()
+    workdir = breeder.cycle_dir / "drafts" / f"{parent.variant_id}-{index:02d}"
+    feedback: str | None = None
+    reason: str | None = None
+    rationale = rec.rationale
+    interventions = [rec.intervention]
+    for attempt in range(1, breeder.max_retries + 2):
+        if breeder.token_budget_left is not None and usage.tokens > breeder.token_budget_left:
+            reason = f"token budget for this cycle spent after {usage.tokens} tokens"
+            break
+        if workdir.exists():
+            shutil.rmtree(workdir)
+        shutil.copytree(view.files_dir, workdir)
+        try:
+            draft = breeder.coder.write(view, rec, workdir, feedback, usage)
+        except AgentError as err:
+            reason = f"coder: {err}"
+            break
+        interventions, rationale = draft.interventions or interventions, draft.rationale or rationale
+        try:
+            breeder.gate.check(workdir, view.files_dir)
+        except GateError as err:
+            feedback = reason = str(err)
+            breeder.log(f"    gate refused {parent.variant_id} + {rec.intervention} (attempt {attempt}): {err}")
+            continue
+        variant = snapshot(workdir, breeder.variants_root, parent_id=parent.variant_id)
+        with lock:
+            if variant.variant_id in seen:
+                return None
+            seen.add(variant.variant_id)
+        return _child(breeder, parent, view, rec, variant.variant_id, variant.files_dir, interventions, rationale,
+                      VariantStatus.candidate, None, attempt, usage)
+    # Rejected: keep its last attempt's files so the diff shows what went wrong.
+    files = workdir if workdir.exists() else view.files_dir
+    variant = snapshot(files, breeder.variants_root, parent_id=parent.variant_id)
+    return _child(breeder, parent, view, rec, variant.variant_id, variant.files_dir, interventions, rationale,
+                  VariantStatus.rejected, reason, breeder.max_retries + 1, usage)
+
+
+def _child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recommendation, variant_id: str, files_dir: Path,
+           interventions: list[str], rationale: str, status: VariantStatus, reason: str | None, attempts: int, usage: Usage) -> Child:
+    diff = unified_diff(view.files_dir, files_dir)
+    (files_dir.parent / "diff.patch").write_text(diff)
+    own = read_knobs((files_dir / "train.py").read_text()) if status is VariantStatus.candidate else {}
+    child = Child(variant_id, parent.variant_id, files_dir, interventions, rec.diagnosis.value if isinstance(rec.diagnosis, Diagnosis) else str(rec.diagnosis),
+                  rationale, status, reason, diff, own, parent.selection_score, attempts, usage)
+    (files_dir.parent / "meta.json").write_text(json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str))
+    verdict = "ok" if status is VariantStatus.candidate else f"REJECTED ({reason})"
+    breeder.log(f"  child {variant_id} of {parent.variant_id}: {' + '.join(interventions)} [{child.diagnosis}] -> {verdict}\n      why: {rationale}")
+    return child
+
+
+def knob_child(parent: Candidate, baked: Path, variants_root: Path) -> Child:
+    """agent=none: the child is the parent with its best knobs written in (knob search hill-climbs)."""
+    variant = snapshot(baked, variants_root, parent_id=parent.variant_id)
+    own = read_knobs((variant.files_dir / "train.py").read_text())
+    return Child(variant.variant_id, parent.variant_id, variant.files_dir, ["knob_search"], Diagnosis.healthy.value,
+                 "knob search only (agent=none): the parent with its best trial's knobs", VariantStatus.candidate, None,
+                 "", own, parent.selection_score, 1, Usage())
+

@@ -1,0 +1,115 @@
+"""The decision engine: after each cycle, continue or stop, with the rule that fired and its rationale.
+
+Rules are checked in a fixed order (a manual stop wins over everything, a met target over any budget),
+and every cycle's decision is written to decision.json and the knowledge base.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+from ralph_ray.config import SafeguardsConfig
+from ralph_ray.exit_codes import ExitCode
+
+
+class StopReason(str, enum.Enum):
+    """Why a campaign stops (or `none`: it continues)."""
+
+    none = "none"
+    manual_stop = "manual_stop"
+    target_met = "target_met"
+    token_budget = "token_budget"
+    cost_budget = "cost_budget"
+    gate_failures = "gate_failures"
+    campaign_time = "campaign_time"
+    plateau = "plateau"
+    max_cycles = "max_cycles"
+    no_trial_completed = "no_trial_completed"
+
+
+EXIT_CODES = {
+    StopReason.none: ExitCode.ok,
+    StopReason.manual_stop: ExitCode.ok,
+    StopReason.target_met: ExitCode.ok,
+    StopReason.max_cycles: ExitCode.ok,  # the campaign ran its planned course
+    StopReason.token_budget: ExitCode.safeguard_or_config,
+    StopReason.cost_budget: ExitCode.safeguard_or_config,
+    StopReason.gate_failures: ExitCode.safeguard_or_config,
+    StopReason.campaign_time: ExitCode.safeguard_or_config,
+    StopReason.plateau: ExitCode.plateau,
+    StopReason.no_trial_completed: ExitCode.error,
+}
+
+
+@dataclass(frozen=True)
+class CycleFacts:
+    """What the decision engine reads after a cycle."""
+
+    cycle: int
+    best_by_cycle: list[float | None]  # the campaign's best selection score after each cycle so far
+    target: float | None
+    tokens_cycle: int
+    tokens_campaign: int
+    cost_campaign: float
+    gate_fail_streak: int  # consecutive cycles in which children were asked for and none passed the gate
+    elapsed_s: float
+    manual_stop: bool
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Continue or stop, why, and the exit code if stopping."""
+
+    cycle: int
+    stop: bool
+    reason: StopReason
+    exit_code: int
+    rationale: str
+    best_selection_score: float | None
+
+    def as_json(self) -> dict[str, object]:
+        """For decision.json."""
+        return {**asdict(self), "reason": self.reason.value, "decision": "stop" if self.stop else "continue"}
+
+
+def plateau_length(best_by_cycle: list[float | None], min_delta: float) -> int:
+    """Cycles since the best last rose by at least min_delta over the best before it."""
+    since, reference = 0, None
+    for value in best_by_cycle:
+        if value is not None and (reference is None or value >= reference + min_delta):
+            reference, since = value, 0
+        else:
+            since += 1
+    return since
+
+
+def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
+    """Apply the stop rules in order; the first that fires decides."""
+    best = facts.best_by_cycle[-1] if facts.best_by_cycle else None
+    stale = plateau_length(facts.best_by_cycle, guards.min_delta)
+    rules: list[tuple[bool, StopReason, str]] = [
+        (facts.manual_stop, StopReason.manual_stop, "a stop was requested (STOP file or `ralph-ray stop`); the cycle ended cleanly"),
+        (facts.target is not None and best is not None and best >= facts.target, StopReason.target_met,
+         f"best selection score {best} reached the target {facts.target}"),
+        (best is None, StopReason.no_trial_completed, "no trial has completed: check the trial logs (stderr.log in each trial dir)"),
+        (guards.tokens_per_cycle is not None and facts.tokens_cycle > guards.tokens_per_cycle, StopReason.token_budget,
+         f"agents used {facts.tokens_cycle} tokens this cycle, over safeguards.tokens_per_cycle={guards.tokens_per_cycle}"),
+        (guards.tokens_per_campaign is not None and facts.tokens_campaign > guards.tokens_per_campaign, StopReason.token_budget,
+         f"agents used {facts.tokens_campaign} tokens in the campaign, over safeguards.tokens_per_campaign={guards.tokens_per_campaign}"),
+        (guards.cost_per_campaign is not None and facts.cost_campaign > guards.cost_per_campaign, StopReason.cost_budget,
+         f"agents cost {facts.cost_campaign:.4f}, over safeguards.cost_per_campaign={guards.cost_per_campaign}"),
+        (facts.gate_fail_streak >= guards.gate_fail_cycles, StopReason.gate_failures,
+         f"no child passed the validation gate for {facts.gate_fail_streak} cycles (safeguards.gate_fail_cycles={guards.gate_fail_cycles})"),
+        (stale >= guards.plateau_cycles, StopReason.plateau,
+         f"best selection score has not risen by min_delta={guards.min_delta} for {stale} cycles (safeguards.plateau_cycles={guards.plateau_cycles})"),
+        (guards.campaign_time_s is not None and facts.elapsed_s >= guards.campaign_time_s, StopReason.campaign_time,
+         f"campaign ran {facts.elapsed_s:.0f}s, past safeguards.campaign_time_s={guards.campaign_time_s}"),
+        (facts.cycle >= guards.max_cycles, StopReason.max_cycles, f"cycle {facts.cycle} of safeguards.max_cycles={guards.max_cycles}"),
+    ]
+    for fired, reason, rationale in rules:
+        if fired:
+            return Decision(facts.cycle, True, reason, int(EXIT_CODES[reason]), rationale, best)
+    left = guards.max_cycles - facts.cycle
+    return Decision(facts.cycle, False, StopReason.none, int(ExitCode.ok),
+                    f"continue: best {best}, {stale} cycle(s) without improvement, {left} cycle(s) left", best)

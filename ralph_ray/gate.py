@@ -1,0 +1,139 @@
+"""The validation gate: a child joins a Tune run only if it parses, leaves frozen files alone, keeps the
+harness calls and the searched knobs, and survives a smoke run on a sliver of the data."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ralph_ray.knobs import read_knobs
+from ralph_ray.tasks.base import Splits, write_public
+from ralph_ray.trials import PublicData, TrialFailed, TrialSpec, kill_group, prepare_workdir, start_trainer, tail_reports
+from ralph_ray.variants import variant_files
+
+REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
+MUTABLE = ("*.py",)  # a child may change Python files; anything else in the trainer folder is frozen
+SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
+SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
+
+
+class GateError(ValueError):
+    """Why a child was refused; the message goes back to the coder and into the knowledge base."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """Checks a child folder against its parent; `smoke_data` is a sliver of the public data."""
+
+    smoke_data: Path
+    searched_knobs: tuple[str, ...]
+    timeout_s: float
+    entry: str = "train.py"
+
+    def check(self, child: Path, parent: Path) -> None:
+        """Raise GateError naming the first problem; return quietly when the child may run."""
+        check_frozen_files(child, parent)
+        sources = check_parses(child)
+        check_required_calls(sources.get(self.entry, ""), self.entry)
+        check_knobs(sources[self.entry], self.searched_knobs)
+        self.smoke(child)
+
+    def smoke(self, child: Path) -> None:
+        """Run the child for one epoch on the sliver and check it reports and predicts every input."""
+        work = Path(tempfile.mkdtemp(prefix="ralph-smoke-"))
+        try:
+            knobs = {k: v for k, v in SMOKE_KNOBS.items() if k in read_knobs((child / self.entry).read_text())}
+            prepare_workdir(child, work, knobs, entry=self.entry)
+            spec = TrialSpec(variants={}, trials_root=str(work.parent), data=PublicData({}, {}), harness_sha256="",
+                             timeout_s=self.timeout_s, output_limit_bytes=10 * 1024 * 1024, threads=1, entry=self.entry)
+            proc = start_trainer(work, spec, self.smoke_data)
+            try:
+                tail_reports(proc, work, spec, lambda record: None)
+            except TrialFailed as err:
+                raise GateError(f"smoke run failed: {err}") from None
+            finally:
+                kill_group(proc)
+            check_smoke_predictions(work / "predictions.npz", self.smoke_data)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def write_smoke_data(splits: Splits, out_dir: Path, task: str) -> Path:
+    """A few rows of each public split, for smoke runs (deterministic: the first rows)."""
+    sliver = Splits(
+        train_x=splits.train_x[: SMOKE_ROWS["train"]], train_y=splits.train_y[: SMOKE_ROWS["train"]],
+        selection_x=splits.selection_x[: SMOKE_ROWS["selection"]], selection_y=splits.selection_y[: SMOKE_ROWS["selection"]],
+        test_x=splits.test_x[: SMOKE_ROWS["test"]], test_y=splits.test_y[: SMOKE_ROWS["test"]],
+        num_classes=splits.num_classes,
+    )
+    write_public(sliver, out_dir, task)
+    return out_dir
+
+
+def check_frozen_files(child: Path, parent: Path) -> None:
+    """Only mutable files may change; none may vanish or appear outside the mutable patterns."""
+    mine = {str(p.relative_to(child)): p for p in variant_files(child)}
+    theirs = {str(p.relative_to(parent)): p for p in variant_files(parent)}
+    for name in sorted(set(mine) | set(theirs)):
+        if any(fnmatch.fnmatch(Path(name).name, pattern) for pattern in MUTABLE):
+            continue
+        if name not in mine:
+            raise GateError(f"removed frozen file {name}: only {', '.join(MUTABLE)} files may change")
+        if name not in theirs or mine[name].read_bytes() != theirs[name].read_bytes():
+            raise GateError(f"edited frozen file {name}: only {', '.join(MUTABLE)} files may change")
+    for path in child.rglob("*"):
+        if path.is_symlink():
+            raise GateError(f"{path.relative_to(child)} is a symlink: a variant holds plain files only")
+
+
+def check_parses(child: Path) -> dict[str, str]:
+    """Every Python file parses; returns their sources."""
+    sources = {}
+    for path in variant_files(child):
+        if path.suffix != ".py":
+            continue
+        name = str(path.relative_to(child))
+        source = path.read_text(errors="replace")
+        try:
+            ast.parse(source, filename=name)
+        except SyntaxError as err:
+            raise GateError(f"{name} does not parse: {err.msg} at line {err.lineno}") from None
+        sources[name] = source
+    return sources
+
+
+def check_required_calls(source: str, entry: str) -> None:
+    """The harness calls the engine relies on are still there."""
+    if not source:
+        raise GateError(f"{entry} is missing")
+    called = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+            called.add(f"{node.func.value.id}.{node.func.attr}")
+    missing = [name for name in REQUIRED_CALLS if name not in called]
+    if missing:
+        raise GateError(f"{entry} no longer calls {', '.join(missing)}: the engine needs them (see program.md)")
+
+
+def check_knobs(source: str, searched: tuple[str, ...]) -> None:
+    """The knobs Optuna samples must stay module-level literals."""
+    missing = [name for name in searched if name not in read_knobs(source)]
+    if missing:
+        raise GateError(f"knob(s) {', '.join(missing)} are searched but no longer module-level UPPER_CASE literals")
+
+
+def check_smoke_predictions(path: Path, smoke_data: Path) -> None:
+    """The smoke run predicted one class per selection and test input."""
+    if not path.exists():
+        raise GateError("smoke run finished without harness.save_predictions(selection=..., test=...)")
+    with np.load(path) as saved:
+        sizes = (len(saved["selection"]), len(saved["test"]))
+    expected = tuple(len(np.load(smoke_data / f"{split}_x.npy", mmap_mode="r")) for split in ("selection", "test"))
+    if sizes != expected:
+        raise GateError(f"smoke run predicted {sizes} (selection, test) rows, expected {expected}")

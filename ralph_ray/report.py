@@ -1,0 +1,138 @@
+"""The final report of a campaign: `report/final_report.md` and `report/progress.png`, from the KB and run dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ralph_ray import sql
+from ralph_ray.kb import open_reader
+from ralph_ray.variants import unified_diff
+
+KEPT_LIKE = ("kept", "seed")
+
+
+def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
+    """Write the report folder for one run and return the markdown's path."""
+    con = open_reader(kb_root)
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    run = _one(con, sql.RUN, [run_id])
+    budget = _one(con, sql.BUDGET_FOR_RUN, [run_id])
+    decisions = _all(con, sql.DECISIONS_FOR_RUN, [run_id])
+    board = _all(con, sql.LEADERBOARD_FOR_RUN, [run_id, 10])
+    interventions = _all(con, sql.INTERVENTIONS_FOR_RUN, [run_id])
+    variants = {v["variant_id"]: v for v in _all(con, sql.VARIANTS_FOR_RUN, [run_id])}
+    timeline = _all(con, sql.TRIAL_TIMELINE, [run_id])
+    plot_progress(timeline, out / "progress.png")
+
+    config = json.loads(run.get("config") or "{}") if run else {}
+    target = (config.get("target") or {}).get("selection_score")
+    last = decisions[-1] if decisions else {}
+    best = board[0] if board else None
+    seed_id = next((v for v, row in variants.items() if row.get("status") == "seed"), None)
+    kept = [i for i in interventions if i["outcome"] == "kept"]
+    lines = [
+        f"# ralph_ray report: run {run_id}",
+        "",
+        f"- experiment: {run.get('experiment') if run else '?'} (task {run.get('task') if run else '?'})",
+        f"- target (selection score): {target if target is not None else 'none'}",
+        f"- outcome: {last.get('decision', 'running')} after cycle {last.get('cycle', '-')}, reason **{last.get('reason', '-')}** "
+        f"(exit code {last.get('exit_code', '-')}): {last.get('rationale', '')}",
+        f"- best variant: {best['variant_id'] if best else '-'}, selection {_f(best and best['selection_score'])}, "
+        f"test {_f(best and best['test_score'])}",
+        f"- seed variant: {seed_id or '-'}, selection {_f(_score_of(board, seed_id, 'selection_score'))}, "
+        f"test {_f(_score_of(board, seed_id, 'test_score'))}",
+        "",
+        "## Cost",
+        "",
+        f"- cycles: {budget.get('cycles', 0) if budget else 0}, trials: {budget.get('trials', 0) if budget else 0}, "
+        f"trial-hours: {_f(budget and budget['trial_hours'])}",
+        f"- wall time: {_f(last.get('elapsed_s'), 0)} s",
+        f"- agent tokens: {budget.get('tokens', 0) if budget else 0}, cost: {_f(budget and budget['cost'])}, "
+        f"kept improvements: {len(kept)}, cost per kept improvement: "
+        f"{_f((budget['cost'] / len(kept)) if budget and kept else None)}",
+        "",
+        "## Leaderboard (top 10 variants by selection score)",
+        "",
+        "| rank | variant | parent | interventions | status | selection | test | trials (done/stopped/failed) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in board:
+        lines.append(f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | {row['status']} | "
+                     f"{_f(row['selection_score'])} | {_f(row['test_score'])} | {row['completed']}/{row['stopped_early']}/{row['failed']} |")
+    lines += ["", "## Interventions", "", "| cycle | variant | intervention | diagnosis | parent | child | delta | outcome |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in interventions:
+        lines.append(f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | {_f(row['parent_score'])} | "
+                     f"{_f(row['child_score'])} | {_f(row['delta'])} | {row['outcome']} |")
+    lines += ["", "## Decisions", ""]
+    lines += [f"- cycle {d['cycle']}: {d['decision']} ({d['reason']}): {d['rationale']}" for d in decisions]
+    lines += ["", "## Best variant vs the seed", ""]
+    if best and seed_id and best["variant_id"] != seed_id and best["variant_id"] in variants and seed_id in variants:
+        diff = unified_diff(Path(variants[seed_id]["files_dir"]), Path(variants[best["variant_id"]]["files_dir"]))
+        lines += ["```diff", diff.rstrip("\n"), "```"]
+    else:
+        lines.append("The seed is the best variant (no diff).")
+    lines += ["", "![progress](progress.png)", ""]
+    path = out / "final_report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
+    """Every completed trial as a point by time, kept vs discarded variants in two colours, the running best as a step line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    done = [t for t in timeline if t["selection_score"] is not None]
+    if done:
+        start = min(t["written_at"] for t in timeline)
+        minutes = [(t["written_at"] - start).total_seconds() / 60 for t in done]
+        kept = [t["variant_status"] in KEPT_LIKE for t in done]
+        for flag, colour, label in ((True, "tab:green", "kept variant (or seed)"), (False, "tab:gray", "discarded variant")):
+            xs = [m for m, k in zip(minutes, kept) if k is flag]
+            ys = [t["selection_score"] for t, k in zip(done, kept) if k is flag]
+            ax.scatter(xs, ys, s=18, c=colour, label=label, alpha=0.8)
+        best, running = [], float("-inf")
+        for t in done:
+            running = max(running, t["selection_score"])
+            best.append(running)
+        ax.step(minutes, best, where="post", color="tab:blue", label="running best")
+        ax.legend(loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no completed trial yet", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("minutes since the first trial ended")
+    ax.set_ylabel("selection score")
+    ax.set_title("campaign progress")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _all(con: Any, query: str, params: list[Any]) -> list[dict[str, Any]]:
+    cursor = con.execute(query, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+def _one(con: Any, query: str, params: list[Any]) -> dict[str, Any]:
+    rows = _all(con, query, params)
+    return rows[0] if rows else {}
+
+
+def _score_of(board: list[dict[str, Any]], variant_id: str | None, key: str) -> float | None:
+    return next((row[key] for row in board if row["variant_id"] == variant_id), None)
+
+
+def _names(interventions: str | None) -> str:
+    return " + ".join(json.loads(interventions or "[]")) or "-"
+
+
+def _f(value: Any, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
