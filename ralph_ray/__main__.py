@@ -10,13 +10,18 @@ from rich.console import Console
 from ralph_ray.exit_codes import ExitCode
 
 USAGE = """usage: python -m ralph_ray [+experiment=NAME] [key=value ...] [--cfg]
+       python -m ralph_ray resume=RUN_ID [key=value ...]
+       python -m ralph_ray status [RUN_ID] | stop RUN_ID | report RUN_ID   (also: ralph-ray ...)
 
 Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU).
   python -m ralph_ray +experiment=cifar10 data.root=/path/to/cifar
-  python -m ralph_ray scheduler.grace_period=2 search.num_samples=16
+  python -m ralph_ray population.parents=1 population.children_per_parent=1   # the serial Ralph loop
+  python -m ralph_ray agent=none                                               # knob search only
+  python -m ralph_ray resume=RUN_ID safeguards.max_cycles=8                     # continue after a crash or stop
   --cfg   print the composed config and exit
-Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, resources, paths).
-Exit codes: 0 done / target met, 2 invalid config or data or a safeguard, 3 plateau, 4 unrecoverable error.
+Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
+agent, resources, paths).
+Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error.
 """
 
 
@@ -27,13 +32,23 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return ExitCode.ok
+    from ralph_ray.commands import COMMANDS
+
+    if argv and argv[0] in COMMANDS:
+        from ralph_ray import commands
+
+        return commands.main(argv, Console(soft_wrap=True))
     show_cfg = "--cfg" in argv
     argv = [a for a in argv if a != "--cfg"]
 
-    from ralph_ray.config import ConfigError, load_config
+    from pathlib import Path
+
+    from ralph_ray.config import ConfigError, load_config, resume_config
 
     try:
         cfg = load_config(argv)
+        if cfg.resume:
+            cfg = resume_config(Path(cfg.paths.runs) / cfg.resume, argv)
     except ConfigError as error:
         err.print(f"[red]{error}[/]", highlight=False)
         return ExitCode.safeguard_or_config
@@ -52,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]error:[/] {error}", highlight=False)
         return ExitCode.safeguard_or_config
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted: finished trials are in the knowledge base[/]")
+        err.print("[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray resume=<run_id>`[/]")
         return ExitCode.error
     except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
         err.print("[red]unrecoverable error:[/]")

@@ -215,6 +215,22 @@ def load_config(overrides: list[str] | None = None) -> Config:
     return to_config(raw)
 
 
+def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
+    """A stored run's config (its config.yaml) with `key=value` overrides on top, e.g. a raised max_cycles."""
+    stored = run_dir / "config.yaml"
+    if not stored.exists():
+        raise ConfigError("resume", f"no {stored}", "check the run id and paths.runs (runs live under <paths.runs>/<run_id>/)")
+    raw = OmegaConf.load(stored)
+    plain = [o.lstrip("+") for o in overrides or [] if not o.startswith(("resume=", "+experiment", "experiment="))]
+    try:
+        raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
+    except OmegaConfBaseException as err:
+        raise ConfigError("override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)") from None
+    cfg = to_config(raw)
+    cfg.resume = run_dir.name
+    return cfg
+
+
 def to_config(raw: Any) -> Config:
     """Merge a composed config onto the schema (types, unknown keys) and check its values."""
     OmegaConf.set_struct(raw, False)

@@ -74,10 +74,10 @@ class Decision:
 
 
 def plateau_length(best_by_cycle: list[float | None], min_delta: float) -> int:
-    """Cycles since the best last rose by at least min_delta over the best before it."""
+    """Cycles since the best last rose (strictly, and by at least min_delta) over the best before it."""
     since, reference = 0, None
     for value in best_by_cycle:
-        if value is not None and (reference is None or value >= reference + min_delta):
+        if value is not None and (reference is None or (value > reference and value >= reference + min_delta)):
             reference, since = value, 0
         else:
             since += 1

@@ -139,6 +139,7 @@ TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ?
 CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order by epoch"
 CURVES_FOR_VARIANT = "select * from curves where run_id = ? and variant_id = ? order by trial_id, epoch"
 RUN = "select * from runs where run_id = ?"
+RUN_CONFIG = "select config from runs where run_id = ?"
 EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run_id = ?"
 BEST_TRIAL = """
 select trial_id, selection_score, test_score, knobs from trials

@@ -23,7 +23,7 @@ from ralph_ray.tasks.digits import prepare
 def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)  # default paths: ./runs and ./kb under the working directory
     code = main([
-        "run_id=digits-e2e", "search.num_samples=6", "search.max_concurrent=2",
+        "run_id=digits-e2e", "safeguards.max_cycles=1", "search.num_samples=6", "search.max_concurrent=2",
         "scheduler.max_t=4", "scheduler.grace_period=1", "scheduler.reduction_factor=3",
         "+search.space.EPOCHS={type: choice, values: [4]}",
     ])
@@ -107,7 +107,7 @@ def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config
     (tmp_path / "tickets").mkdir()
     (trainer / "train.py").write_text(textwrap.dedent(SCRIPTED.format(tickets=str(tmp_path / "tickets"))))
     cfg = tiny_config(
-        f"task.trainer={trainer}", "run_id=scripted", "search.num_samples=8", "scheduler.max_t=6",
+        f"task.trainer={trainer}", "run_id=scripted", "safeguards.max_cycles=1", "search.num_samples=8", "scheduler.max_t=6",
         "scheduler.reduction_factor=4", "safeguards.trial_timeout_s=15", "~search.space",
         "+search.space={LR: {type: uniform, low: 0.0, high: 1.0}}",
     )

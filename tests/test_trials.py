@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from conftest import pid_alive
-from ralph_ray.tasks.base import Labels, sha256_file
+from ralph_ray.tasks.base import sha256_file
 from ralph_ray.trials import (
     JsonLinesTail,
+    PublicData,
     TrialFailed,
     TrialSpec,
     check_frozen,
     kill_group,
+    materialise_data,
     prepare_workdir,
     start_trainer,
     tail_reports,
@@ -32,20 +34,19 @@ def make_trainer(folder: Path, body: str) -> Path:
     return folder
 
 
-def make_spec(tmp_path: Path, trainer: Path, timeout_s: float = 30.0, frozen: dict[str, str] | None = None) -> TrialSpec:
+def make_spec(tmp_path: Path, timeout_s: float = 30.0, hold_from_epoch: int | None = None) -> TrialSpec:
     return TrialSpec(
-        trainer_dir=str(trainer), trials_root=str(tmp_path / "trials"), data_dir=str(tmp_path / "data"),
-        frozen=frozen or {}, labels=Labels(selection=np.zeros(2, dtype=np.int64), test=np.zeros(2, dtype=np.int64)),
-        timeout_s=timeout_s, output_limit_bytes=1 << 20, threads=1,
+        variants={}, trials_root=str(tmp_path / "trials"), data=PublicData({}, {}), harness_sha256="",
+        timeout_s=timeout_s, output_limit_bytes=1 << 20, threads=1, hold_from_epoch=hold_from_epoch,
     )
 
 
-def launch(tmp_path: Path, body: str, knobs: dict | None = None, timeout_s: float = 30.0):
+def launch(tmp_path: Path, body: str, knobs: dict | None = None, timeout_s: float = 30.0, hold_from_epoch: int | None = None):
     trainer = make_trainer(tmp_path / "variant", body)
-    spec = make_spec(tmp_path, trainer, timeout_s=timeout_s)
+    spec = make_spec(tmp_path, timeout_s=timeout_s, hold_from_epoch=hold_from_epoch)
     work = Path(spec.trials_root) / "t1"
     prepare_workdir(trainer, work, knobs or {})
-    return spec, work, start_trainer(work, spec)
+    return spec, work, start_trainer(work, spec, tmp_path / "data")
 
 
 def test_reports_are_forwarded_in_order(tmp_path: Path):
@@ -170,3 +171,29 @@ def test_frozen_file_change_is_refused(tmp_path: Path):
     frozen_file.unlink()
     with pytest.raises(TrialFailed, match="missing"):
         check_frozen(manifest)
+
+
+def test_reports_from_the_last_rung_are_held_for_the_predictions(tmp_path: Path):
+    # ASHA could stop a trial on its final epoch's report before its predictions arrive; those reports wait.
+    spec, work, proc = launch(tmp_path, """
+        for e in range(1, 5):
+            harness.report(epoch=e, val_acc=e / 10)
+    """, hold_from_epoch=3)
+    seen: list[dict] = []
+    try:
+        last = tail_reports(proc, work, spec, seen.append)
+    finally:
+        kill_group(proc)
+    assert [r["epoch"] for r in seen] == [1, 2]
+    assert last == {"epoch": 4, "val_acc": 0.4}
+
+
+def test_public_data_is_materialised_once_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("RALPH_CACHE_DIR", str(tmp_path / "cache"))
+    files = {"train_x.npy": b"abc", "meta.json": b"{}"}
+    data = PublicData(files, {name: __import__("hashlib").sha256(content).hexdigest() for name, content in files.items()})
+    first = materialise_data(data)
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == files
+    (first / "train_x.npy").touch()
+    assert materialise_data(data) == first  # reused, not rewritten
+    check_frozen({str(first / name): digest for name, digest in data.hashes.items()})

@@ -1,0 +1,98 @@
+"""The small console commands beside `run`: status, stop and report of a campaign."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ralph_ray import sql
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.kb import open_reader
+from ralph_ray.state import CampaignState, request_stop
+
+COMMANDS = ("status", "stop", "report")
+USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
+  status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
+  stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
+  report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
+"""
+
+
+def main(argv: list[str], console: Console) -> int:
+    """Dispatch `status`, `stop` or `report`; returns an exit code."""
+    args, runs, kb = _options(argv)
+    command, rest = args[0], args[1:]
+    if command != "status" and not rest:
+        console.print(f"[red]error:[/] `{command}` needs a run id\n{USAGE}", highlight=False)
+        return ExitCode.safeguard_or_config
+    run_id = rest[0] if rest else _latest(runs)
+    if run_id is None:
+        console.print(f"[red]error:[/] no campaign under {runs.resolve()}: run `python -m ralph_ray` first (or pass --runs DIR)")
+        return ExitCode.safeguard_or_config
+    run_dir = runs / run_id
+    if not (run_dir / "state.json").exists():
+        console.print(f"[red]error:[/] no campaign {run_id} under {runs.resolve()} (pass --runs DIR if it lives elsewhere)")
+        return ExitCode.safeguard_or_config
+    if command == "stop":
+        path = request_stop(run_dir, "ralph-ray stop")
+        console.print(f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `python -m ralph_ray resume={run_id}`)")
+        return ExitCode.ok
+    if command == "report":
+        from ralph_ray.report import write_report
+
+        console.print(f"wrote {write_report(kb, run_id, run_dir)}")
+        return ExitCode.ok
+    return _status(console, run_dir, kb)
+
+
+def _status(console: Console, run_dir: Path, kb: Path) -> int:
+    state = CampaignState.load(run_dir)
+    console.print(f"[bold]run {state.run_id}[/]: {state.status.value}, cycle {state.cycle}, phase {state.phase.value}, "
+                  f"elapsed {state.elapsed_s:.0f}s" + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else ""))
+    best = f"{state.best_selection_score:.4f} ({state.best_variant_id})" if state.best_selection_score is not None else "-"
+    console.print(f"  best selection score: {best};  best per cycle: {[round(b, 4) if b is not None else None for b in state.best_by_cycle]}")
+    try:
+        con = open_reader(kb)
+    except FileNotFoundError as err:
+        console.print(f"  {err}")
+        return ExitCode.ok
+    calls, tokens, cost, _ = con.execute(sql.USAGE_FOR_RUN, [state.run_id]).fetchone()
+    row = con.execute(sql.RUN_CONFIG, [state.run_id]).fetchone()
+    config = json.loads(row[0] if row and row[0] else "{}")
+    guards = config.get("safeguards", {})
+    console.print(f"  budgets: cycles {state.cycle}/{guards.get('max_cycles')}, time {state.elapsed_s:.0f}/{guards.get('campaign_time_s')}s, "
+                  f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, agent calls {calls}")
+    table = Table(title="leaderboard", header_style="bold")
+    for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "trials"):
+        table.add_column(column)
+    for row in con.execute(sql.LEADERBOARD_FOR_RUN, [state.run_id, 10]).fetchall():
+        (run_id, variant, parent, cycle, status, interventions, selection, test, *_rest) = row
+        table.add_row(str(row[-1]), variant, parent or "-", " + ".join(json.loads(interventions or "[]")) or "-", status or "-",
+                      f"{selection:.4f}" if selection is not None else "-", f"{test:.4f}" if test is not None else "-", str(row[10]))
+    console.print(table)
+    return ExitCode.ok
+
+
+def _options(argv: list[str]) -> tuple[list[str], Path, Path]:
+    args, runs, kb = [], Path("runs"), Path("kb")
+    items = iter(argv)
+    for item in items:
+        if item == "--runs":
+            runs = Path(next(items, "runs"))
+        elif item == "--kb":
+            kb = Path(next(items, "kb"))
+        elif item.startswith("paths.runs="):
+            runs = Path(item.split("=", 1)[1])
+        elif item.startswith("paths.kb="):
+            kb = Path(item.split("=", 1)[1])
+        else:
+            args.append(item)
+    return args, runs, kb
+
+
+def _latest(runs: Path) -> str | None:
+    found = sorted((p for p in runs.glob("*/state.json")), key=lambda p: p.stat().st_mtime)
+    return found[-1].parent.name if found else None

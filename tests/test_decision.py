@@ -1,0 +1,48 @@
+"""The decision engine: every stop rule, its order, and its exit code."""
+
+from __future__ import annotations
+
+import pytest
+
+from ralph_ray.config import SafeguardsConfig
+from ralph_ray.decision import CycleFacts, StopReason, decide, plateau_length
+
+
+def facts(**overrides) -> CycleFacts:
+    base = dict(cycle=2, best_by_cycle=[0.90, 0.95], target=None, tokens_cycle=0, tokens_campaign=0, cost_campaign=0.0,
+                gate_fail_streak=0, elapsed_s=10.0, manual_stop=False)
+    return CycleFacts(**{**base, **overrides})
+
+
+def test_plateau_length_counts_cycles_since_a_real_rise():
+    assert plateau_length([0.9, 0.95, 0.951, 0.9515], 0.002) == 2
+    assert plateau_length([0.9, 0.95, 0.953], 0.002) == 0
+    assert plateau_length([None, 0.9], 0.002) == 0
+    assert plateau_length([0.9, None, 0.9], 0.0) == 2  # a missing cycle and an equal best are no rise
+
+
+@pytest.mark.parametrize("overrides, guards, reason, code", [
+    ({}, {}, StopReason.none, 0),
+    ({"manual_stop": True, "target": 0.9}, {}, StopReason.manual_stop, 0),
+    ({"target": 0.95}, {"tokens_per_campaign": 1}, StopReason.target_met, 0),
+    ({"best_by_cycle": [None, None]}, {}, StopReason.no_trial_completed, 4),
+    ({"tokens_cycle": 11}, {"tokens_per_cycle": 10}, StopReason.token_budget, 2),
+    ({"tokens_campaign": 101}, {"tokens_per_campaign": 100}, StopReason.token_budget, 2),
+    ({"cost_campaign": 1.5}, {"cost_per_campaign": 1.0}, StopReason.cost_budget, 2),
+    ({"gate_fail_streak": 2}, {"gate_fail_cycles": 2}, StopReason.gate_failures, 2),
+    ({"best_by_cycle": [0.9, 0.9, 0.9, 0.9], "cycle": 4}, {"plateau_cycles": 3}, StopReason.plateau, 3),
+    ({"elapsed_s": 61.0}, {"campaign_time_s": 60.0}, StopReason.campaign_time, 2),
+    ({"cycle": 5}, {"max_cycles": 5}, StopReason.max_cycles, 0),
+])
+def test_each_rule_and_its_exit_code(overrides, guards, reason, code):
+    decision = decide(facts(**overrides), SafeguardsConfig(**guards))
+    assert decision.reason is reason
+    assert decision.exit_code == code
+    assert decision.stop is (reason is not StopReason.none)
+    assert decision.rationale
+    assert decision.as_json()["decision"] == ("stop" if decision.stop else "continue")
+
+
+def test_target_is_met_on_equality_and_reports_the_best():
+    decision = decide(facts(target=0.95), SafeguardsConfig())
+    assert decision.reason is StopReason.target_met and decision.best_selection_score == 0.95

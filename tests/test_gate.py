@@ -1,0 +1,68 @@
+"""The validation gate on real children of the digits seed: each broken kind is refused with its reason."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.gate import Gate, GateError, write_smoke_data
+from ralph_ray.tasks.digits import prepare
+
+SEED = PROJECT_ROOT / "trainers" / "digits"
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    smoke = write_smoke_data(prepare(0, 0.2, 0.2), tmp_path_factory.mktemp("smoke"), "digits")
+    return Gate(smoke, ("LR", "BATCH_SIZE", "WIDTH"), timeout_s=60)
+
+
+def child_of_seed(tmp_path: Path, edit=None) -> tuple[Path, Path]:
+    parent = tmp_path / "parent"
+    shutil.copytree(SEED, parent, ignore=shutil.ignore_patterns("__pycache__"))
+    child = tmp_path / "child"
+    shutil.copytree(parent, child)
+    if edit:
+        source = (child / "train.py").read_text()
+        (child / "train.py").write_text(edit(source))
+    return child, parent
+
+
+def test_a_good_child_passes(gate: Gate, tmp_path: Path):
+    child, parent = child_of_seed(tmp_path, lambda s: s.replace("DROPOUT = 0.0", "DROPOUT = 0.2"))
+    gate.check(child, parent)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.replace("def main() -> None:", "def main() -> None"), "does not parse"),
+    (lambda s: s.replace("        harness.report(", "        dict("), "no longer calls harness.report"),
+    (lambda s: s.replace("harness.save_predictions(selection=", "print(").replace("test=predict(model, test))", "predict(model, test))"),
+     "no longer calls harness.save_predictions"),
+    (lambda s: s.replace("WIDTH = 16  # channels of the first conv layer\n", "").replace("WIDTH,", "16,"), "WIDTH are searched"),
+    (lambda s: s.replace("    model = Net(", "    raise RuntimeError('exploded at build time')\n    model = Net("), "smoke run failed.*exploded"),
+    (lambda s: s.replace("selection=predict(model, selection)", "selection=predict(model, selection)[:3]"), "predicted"),
+])
+def test_broken_children_are_refused_with_the_reason(gate: Gate, tmp_path: Path, edit, message):
+    child, parent = child_of_seed(tmp_path, edit)
+    with pytest.raises(GateError, match=message):
+        gate.check(child, parent)
+
+
+def test_an_edited_or_removed_frozen_file_is_refused(gate: Gate, tmp_path: Path):
+    child, parent = child_of_seed(tmp_path)
+    (child / "program.md").write_text("you may now read the labels\n")
+    with pytest.raises(GateError, match="edited frozen file program.md"):
+        gate.check(child, parent)
+    (child / "program.md").unlink()
+    with pytest.raises(GateError, match="removed frozen file program.md"):
+        gate.check(child, parent)
+
+
+def test_a_symlink_out_of_the_variant_is_refused(gate: Gate, tmp_path: Path):
+    child, parent = child_of_seed(tmp_path)
+    (child / "labels.py").symlink_to("/etc/hostname")
+    with pytest.raises(GateError, match="symlink"):
+        gate.check(child, parent)
