@@ -15,8 +15,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def config(root: Path, name: str, *overrides: str) -> Config:
-    """A config whose runs and KB live under `root`."""
-    return load_config([f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={name}", *overrides])
+    """A config whose runs and KB live under `root` (one cycle unless the overrides say otherwise)."""
+    return load_config([f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={name}", "safeguards.max_cycles=1", *overrides])
 
 
 def fixed_knobs(cfg: Config, **knobs: object) -> Config:
@@ -37,3 +37,10 @@ def save(name: str, figures: dict, lines: list[str]) -> None:
     body = "\n".join(f"- {k}: {v}" for k, v in meta.items())
     (RESULTS / f"{name}.md").write_text(f"# {name}\n\n" + "\n".join(lines) + f"\n\n{body}\n")
     print("\n".join(lines))
+
+
+def rows(con: object, query: str, params: list[object]) -> list[dict[str, object]]:
+    """Query results as dicts."""
+    cursor = con.execute(query, params)  # type: ignore[attr-defined]
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]

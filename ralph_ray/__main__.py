@@ -18,9 +18,10 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
   python -m ralph_ray population.parents=1 population.children_per_parent=1   # the serial Ralph loop
   python -m ralph_ray agent=none                                               # knob search only
   python -m ralph_ray resume=RUN_ID safeguards.max_cycles=8                     # continue after a crash or stop
+  python -m ralph_ray cluster=address paths.storage=s3://bucket/ralph           # on a Ray cluster's head (ray up cluster.yaml)
   --cfg   print the composed config and exit
 Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
-agent, resources, paths).
+agent, resources, paths, cluster).
 Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error.
 """
 
@@ -58,12 +59,17 @@ def main(argv: list[str] | None = None) -> int:
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return ExitCode.ok
 
+    from ralph_ray.agents.base import AgentConfigError
     from ralph_ray.campaign import CampaignError, run
+    from ralph_ray.config import ClusterMode
+    from ralph_ray.raycluster import ClusterError, ensure_ray
     from ralph_ray.tasks.base import DataError
 
     try:
+        if cfg.cluster.mode is ClusterMode.address:
+            ensure_ray(cluster=cfg.cluster)  # an unreachable or refusing cluster stops here, before a run is recorded
         return int(run(cfg).exit_code)
-    except (DataError, CampaignError) as error:
+    except (DataError, CampaignError, AgentConfigError, ClusterError) as error:
         err.print(f"[red]error:[/] {error}", highlight=False)
         return ExitCode.safeguard_or_config
     except KeyboardInterrupt:

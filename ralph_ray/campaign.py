@@ -34,10 +34,10 @@ from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate, write_smoke_data
 from ralph_ray.kb import KnowledgeBase, now
 from ralph_ray.knobs import read_knobs
-from ralph_ray.ledger import TrialLedger, TrialRecord, TrialStatus
+from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord, TrialStatus
 from ralph_ray.population import Candidate, branch_of, select_parents
 from ralph_ray.progress import LiveProgress
-from ralph_ray.raycluster import ensure_ray
+from ralph_ray.raycluster import checkpoint_interval, driver_node_id, ensure_ray
 from ralph_ray.search import SearchPlan, clip_to_space
 from ralph_ray.state import CampaignState, Phase, RunStatus, stop_requested
 from ralph_ray.tasks import prepare_splits
@@ -91,7 +91,8 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         state = CampaignState.load(run_dir)
         (run_dir / "STOP").unlink(missing_ok=True)  # a resume is the user's wish to go on
         if state.phase is Phase.done:
-            state.phase = Phase.decide  # re-decide under the (possibly raised) limits
+            # Re-enter the phase a stop cut short, or re-decide under the (possibly raised) limits.
+            state.phase, state.interrupted = state.interrupted or Phase.decide, None
         state.status = RunStatus.running
         console.print(f"[bold]resume[/] run [cyan]{run_id}[/] at cycle {state.cycle}, phase {state.phase.value}")
     else:
@@ -131,14 +132,14 @@ class Campaign:
         self.run_id = state.run_id
         self.records: list[TrialRecord] = []
         self.mark = time.monotonic()
-        self.analyst, self.coder = make_agents(cfg)
+        self.analyst, self.coder = make_agents(cfg, self.run_id)
         data_dir = run_dir / "data"
         hashes = write_public(splits, data_dir, cfg.task.name)
         self.data = PublicData({name: (data_dir / name).read_bytes() for name in hashes}, hashes)
         self.gate = Gate(write_smoke_data(splits, run_dir / "data_smoke", cfg.task.name), tuple(cfg.search.space),
                          cfg.safeguards.smoke_timeout_s)
         self.rng = random.Random(cfg.agent.seed)
-        ensure_ray(cfg.resources.ray_num_cpus)
+        ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -149,6 +150,7 @@ class Campaign:
         while self.state.phase is not Phase.done:
             phase = self.state.phase
             if phase in (Phase.select, Phase.analyse, Phase.write) and stop_requested(self.run_dir):
+                self.state.interrupted = phase
                 self._advance(Phase.record)  # a manual stop ends the cycle cleanly: record what exists, decide
                 continue
             steps[phase]()
@@ -309,7 +311,8 @@ class Campaign:
         cycle = self.state.cycle
         per_child = self.cfg.population.trials_per_child * (self.cfg.population.children_per_parent if self.coder is None else 1)
         planned = self.cfg.search.num_samples if cycle == 1 else len(runnable) * per_child
-        done = self.kb.reader().execute("select variant_id from trials where run_id = ? and cycle = ?", [self.run_id, cycle]).fetchall()
+        done = self.kb.reader().execute("select variant_id from trials where run_id = ? and cycle = ? and reason is distinct from ?",
+                                        [self.run_id, cycle, STOPPED_WITH_CYCLE]).fetchall()
         tried = {row[0] for row in done}
         remaining = planned - len(done)  # resume: finished trials stay, only the rest run
         if not runnable or remaining <= 0 or stop_requested(self.run_dir):
@@ -322,7 +325,8 @@ class Campaign:
             variants={c.variant_id: read_files(c.files_dir) for c in runnable}, trials_root=str(self.cycle_dir / "trials"),
             data=self.data, harness_sha256=sha256_file(Path(harness.__file__)), timeout_s=self.cfg.safeguards.trial_timeout_s,
             output_limit_bytes=OUTPUT_LIMIT_BYTES, threads=max(1, int(self.cfg.resources.cpu)), seed=self.cfg.search.seed,
-            hold_from_epoch=self.cfg.scheduler.max_t,
+            hold_from_epoch=self.cfg.scheduler.max_t, metric=self.cfg.search.metric, mode=self.cfg.search.mode,
+            checkpoint_every_s=checkpoint_interval(self.cfg), driver_node_id=driver_node_id(),
         )
         self._phase("train", f"{remaining} trials over {len(runnable)} variant(s), {self.cfg.search.max_concurrent} at a time, "
                              f"scheduler {self.cfg.scheduler.name.value}" + (f" (resumed: {len(done)} already recorded)" if done else ""))
@@ -339,8 +343,10 @@ class Campaign:
         deadline = None
         if self.cfg.safeguards.campaign_time_s is not None:
             deadline = time.time() + max(1.0, self.cfg.safeguards.campaign_time_s - self.state.elapsed_s - (time.monotonic() - self.mark))
-        run_search(self.cfg, spec, plan, self.cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress],
-                   StopRequest(str(self.run_dir), deadline))
+        stopper = StopRequest(str(self.run_dir), deadline)
+        run_search(self.cfg, spec, plan, self.cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], stopper)
+        if stopper.stop_all():
+            self.state.interrupted = Phase.train  # a resume runs the trials this stop cut short
         self._advance(Phase.record)
 
     # -- record ---------------------------------------------------------------------------------

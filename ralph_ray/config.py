@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -113,6 +114,8 @@ class SafeguardsConfig:
     cost_per_campaign: Optional[float] = None  # in the currency of agent.price_*
     gate_fail_cycles: int = 2  # stop when no child passes the validation gate for this many cycles
     smoke_timeout_s: float = 120.0  # the validation gate's smoke run
+    max_failures: int = 2  # retries of a trial whose node or actor was lost (from its last checkpoint); a trainer's own failure is final
+    checkpoint_every_s: float = 0.0  # trainers checkpoint at most this often (0: every epoch); only on a cluster with paths.storage
 
 
 @dataclass
@@ -143,6 +146,26 @@ class AgentConfig:
     seed: int = 0
     price_in_per_m: float = 0.0  # cost per million input tokens (for cost budgets and the report)
     price_out_per_m: float = 0.0  # cost per million output tokens
+    # LLM endpoint (agent=openai, and the LLM side of agent=hybrid): any OpenAI-compatible chat-completions server.
+    base_url: Optional[str] = None  # e.g. https://api.openai.com/v1, http://localhost:11434/v1 (Ollama), http://localhost:8000/v1 (vLLM)
+    model: Optional[str] = None  # the model name the server knows (CLI templates pass it on as {model})
+    api_key_env: Optional[str] = "OPENAI_API_KEY"  # the NAME of the environment variable holding the key; null: no key
+    timeout_s: float = 120.0  # per HTTP request
+    http_retries: int = 4  # retries with backoff on 429, 5xx, timeouts and dropped connections
+    temperature: Optional[float] = 0.2  # null: the server's default
+    max_tokens: Optional[int] = 4096  # per answer; null: the server's default
+    answer_retries: int = 2  # a malformed analysis or a diff that does not apply goes back with the error this often
+    json_mode: bool = False  # ask the server for response_format=json_object in the analyst's calls
+    analyst: Optional[AgentBackend] = None  # who diagnoses parents (heuristic or openai); null: the backend's own
+    # agent=cli: an external coding agent edits the child's work dir.
+    cli_template: str = "generic"  # agents/cli/<name>.yaml: claude, codex, aider, opencode, generic
+    cli_command: Optional[str] = None  # replaces the template's command; placeholders {prompt} {prompt_file} {model} {workdir} {scratch}
+    cli_timeout_s: float = 900.0  # per call; the command's whole process group is killed past it
+    cli_env: List[str] = field(default_factory=list)  # secret-looking variables the command may see, besides the template's
+    # agent=hybrid: the heuristic until the campaign stalls, then the LLM, back when the LLM's children keep failing.
+    hybrid_llm: AgentBackend = AgentBackend.openai  # the LLM side: openai or cli
+    stall_cycles: int = 1  # cycles without improvement (safeguards.min_delta) before the LLM takes over
+    llm_fail_children: int = 3  # LLM children rejected or crashed in a row before the heuristic takes back over
 
 
 @dataclass
@@ -171,6 +194,32 @@ class PathsConfig:
 
     runs: str = "runs"
     kb: str = "kb"
+    # Tune's storage (results, checkpoints): null = inside the run dir; a folder every node sees (NFS) or a
+    # pyarrow.fs URI (s3://bucket/ralph, gs://..., file:///...). On a multi-node cluster, set it so a trial
+    # lost with its node resumes from its checkpoint on another node.
+    storage: Optional[str] = None
+
+
+class ClusterMode(enum.Enum):
+    """Where Ray runs: started in this process (one machine), or a running cluster joined by address."""
+
+    local = "local"
+    address = "address"
+
+
+AUTH_MODES = ("disabled", "token")
+
+
+@dataclass
+class ClusterConfig:
+    """How the campaign reaches Ray (conf/cluster/local.yaml, conf/cluster/address.yaml)."""
+
+    mode: ClusterMode = ClusterMode.local
+    address: Optional[str] = None  # mode=address: auto (a cluster this machine belongs to), host:port; null: $RAY_ADDRESS
+    # RAY_AUTH_MODE for this driver; the head and every worker must run with the same mode (and, for token,
+    # the same token). null: the environment's RAY_AUTH_MODE, else disabled.
+    auth_mode: Optional[str] = None
+    connect_timeout_s: float = 15.0  # how long joining a cluster may take before it is reported unreachable
 
 
 @dataclass
@@ -189,6 +238,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     resume: Optional[str] = None  # a run id to continue (python -m ralph_ray resume=<run_id>)
 
     def trainer_dir(self) -> Path:
@@ -276,6 +326,10 @@ def validate(cfg: Config) -> None:
     _positive("safeguards.plateau_cycles", cfg.safeguards.plateau_cycles)
     _positive("safeguards.gate_fail_cycles", cfg.safeguards.gate_fail_cycles)
     _positive("safeguards.smoke_timeout_s", cfg.safeguards.smoke_timeout_s)
+    if cfg.safeguards.max_failures < 0:
+        raise ConfigError("safeguards.max_failures", f"must be >= 0, got {cfg.safeguards.max_failures}", "set safeguards.max_failures=2 (0: never retry)")
+    if cfg.safeguards.checkpoint_every_s < 0:
+        raise ConfigError("safeguards.checkpoint_every_s", f"must be >= 0, got {cfg.safeguards.checkpoint_every_s}", "set safeguards.checkpoint_every_s=0 (every epoch)")
     if cfg.safeguards.min_delta < 0:
         raise ConfigError("safeguards.min_delta", f"must be >= 0, got {cfg.safeguards.min_delta}", "set safeguards.min_delta=0.002")
     if cfg.target.selection_score is not None and not 0.0 < cfg.target.selection_score <= 1.0:
@@ -290,13 +344,83 @@ def validate(cfg: Config) -> None:
     _positive("agent.concurrency", cfg.agent.concurrency)
     if cfg.agent.exploration < 0:
         raise ConfigError("agent.exploration", f"must be >= 0, got {cfg.agent.exploration}", "set agent.exploration=1.0")
+    _check_llm_agent(cfg)
     _positive("resources.cpu", cfg.resources.cpu)
     if cfg.resources.gpu < 0:
         raise ConfigError("resources.gpu", f"must be >= 0, got {cfg.resources.gpu}", "set resources.gpu=0 (CPU) or 1")
     if cfg.resources.ray_num_cpus is not None:
         _positive("resources.ray_num_cpus", cfg.resources.ray_num_cpus)
+    _check_cluster(cfg)
     if cfg.task.name == "cifar10" and not cfg.data.root:
         raise ConfigError("data.root", "cifar10 needs a data root", "pass data.root=/path/to/cifar (the folder holding or to hold cifar-10-batches-py)")
+
+
+def _check_llm_agent(cfg: Config) -> None:
+    """The LLM and CLI backends' keys: an endpoint and model where an LLM is used, a key variable that is set."""
+    agent = cfg.agent
+    for key in ("timeout_s", "cli_timeout_s", "max_tokens"):
+        if getattr(agent, key) is not None:
+            _positive(f"agent.{key}", getattr(agent, key))
+    for key in ("http_retries", "answer_retries"):
+        if getattr(agent, key) < 0:
+            raise ConfigError(f"agent.{key}", f"must be >= 0, got {getattr(agent, key)}", f"set agent.{key}=2")
+    if agent.temperature is not None and not 0.0 <= agent.temperature <= 2.0:
+        raise ConfigError("agent.temperature", f"must be in [0, 2], got {agent.temperature}", "set agent.temperature=0.2 or null")
+    if agent.analyst not in (None, AgentBackend.heuristic, AgentBackend.openai):
+        raise ConfigError("agent.analyst", f"{agent.analyst.value} cannot diagnose parents", "set agent.analyst=heuristic, openai or null")
+    if agent.hybrid_llm not in (AgentBackend.openai, AgentBackend.cli):
+        raise ConfigError("agent.hybrid_llm", f"must be openai or cli, got {agent.hybrid_llm.value}", "set agent.hybrid_llm=openai")
+    backend = agent.backend
+    llm_side = agent.hybrid_llm if backend is AgentBackend.hybrid else backend
+    if backend is AgentBackend.hybrid:
+        _positive("agent.llm_fail_children", agent.llm_fail_children)
+        _positive("agent.stall_cycles", agent.stall_cycles)
+        if agent.stall_cycles >= cfg.safeguards.plateau_cycles:
+            raise ConfigError("agent.stall_cycles", f"{agent.stall_cycles} >= safeguards.plateau_cycles={cfg.safeguards.plateau_cycles}: "
+                              "the plateau rule would stop the campaign before the LLM takes over",
+                              "lower agent.stall_cycles or raise safeguards.plateau_cycles")
+    if llm_side is AgentBackend.cli:
+        template = PROJECT_ROOT / "agents" / "cli" / f"{agent.cli_template}.yaml"
+        known = ", ".join(sorted(p.stem for p in template.parent.glob("*.yaml")))
+        if agent.cli_command is None and not template.exists():
+            raise ConfigError("agent.cli_template", f"no template {template}", f"use one of {known}, or set agent.cli_command")
+        if agent.cli_command is None and not (OmegaConf.load(template).get("command")):
+            raise ConfigError("agent.cli_command", f"template {agent.cli_template} has no command of its own",
+                              f"set agent.cli_command='my-agent {{prompt_file}}', or agent.cli_template to one of {known}")
+    uses_endpoint = llm_side is AgentBackend.openai or agent.analyst is AgentBackend.openai
+    if backend in (AgentBackend.none, AgentBackend.heuristic) or not uses_endpoint:
+        return
+    if not agent.base_url:
+        raise ConfigError("agent.base_url", "an OpenAI-compatible endpoint is needed",
+                          "set agent.base_url=https://api.openai.com/v1 (or your vLLM/Ollama/llama.cpp server, ending in /v1)")
+    if not agent.model:
+        raise ConfigError("agent.model", "no model named", "set agent.model=<a model the endpoint serves>")
+    from ralph_ray.trials import SECRET_ENV
+
+    if agent.api_key_env and not SECRET_ENV.search(agent.api_key_env):
+        raise ConfigError("agent.api_key_env", f"{agent.api_key_env!r} does not look like a secret's name, so trainer code and CLI agents "
+                          "would see it", "keep the key in a variable whose name contains KEY, TOKEN or SECRET (e.g. GLM_API_KEY)")
+    if agent.api_key_env and not os.environ.get(agent.api_key_env):
+        raise ConfigError("agent.api_key_env", f"environment variable {agent.api_key_env} is not set",
+                          f"export {agent.api_key_env}=<your key>, or agent.api_key_env=null for a server without a key")
+
+
+def _check_cluster(cfg: Config) -> None:
+    """The cluster group and the storage URI: an address only where one is joined, a known auth mode."""
+    cluster = cfg.cluster
+    if cluster.mode is ClusterMode.local and cluster.address is not None:
+        raise ConfigError("cluster.address", f"{cluster.address!r} is set but cluster=local starts Ray in this process",
+                          f"join the cluster with `cluster=address cluster.address={cluster.address}`")
+    if cluster.address is not None and cluster.address.startswith("ray://"):
+        raise ConfigError("cluster.address", "Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base writer",
+                          "run the campaign on a cluster node (`ray attach cluster.yaml`, or `ray exec`) with cluster.address=auto")
+    if cluster.auth_mode is not None and cluster.auth_mode not in AUTH_MODES:
+        raise ConfigError("cluster.auth_mode", f"must be one of {', '.join(AUTH_MODES)} or null, got {cluster.auth_mode!r}",
+                          "set cluster.auth_mode to the RAY_AUTH_MODE the cluster was started with")
+    _positive("cluster.connect_timeout_s", cluster.connect_timeout_s)
+    storage = cfg.paths.storage
+    if storage is not None and "://" in storage and not storage.split("://", 1)[0].replace("+", "").isalnum():
+        raise ConfigError("paths.storage", f"{storage!r} is not a URI", "use a folder, or a URI such as s3://bucket/ralph or file:///mnt/shared/ralph")
 
 
 def _check_space(name: str, space: KnobSpace) -> None:

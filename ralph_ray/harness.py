@@ -1,4 +1,4 @@
-"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, device).
+"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, device, checkpoint).
 
 It stays free of Ray and of the engine's heavy imports so a trial's subprocess starts fast and a
 trainer also runs by hand (`python train.py`) against data prepared with `python -m ralph_ray.prepare`.
@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,10 @@ ENV_METRICS_FILE = "RALPH_METRICS_FILE"
 ENV_PREDICTIONS_FILE = "RALPH_PREDICTIONS_FILE"
 ENV_SEED = "RALPH_SEED"
 ENV_DEVICE = "RALPH_DEVICE"
+ENV_CHECKPOINT_DIR = "RALPH_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY_S = "RALPH_CHECKPOINT_EVERY_S"
+CHECKPOINT_FILE = "checkpoint.pt"
+_last_save = -math.inf  # monotonic time of this process's last checkpoint
 
 PUBLIC_FILES = ("train_x.npy", "train_y.npy", "selection_x.npy", "test_x.npy", "meta.json")
 
@@ -102,6 +107,44 @@ def save_predictions(selection: np.ndarray, test: np.ndarray) -> None:
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, selection=selection, test=test)
     os.replace(tmp, path)
+
+
+def save_checkpoint(state: dict) -> None:
+    """Save what training needs to continue (torch.save, atomically); call it each epoch right before report().
+
+    The trial driver forwards it to Tune's storage with that epoch's report; a trial retried on another node
+    (its node was lost) gets it back through `load_checkpoint()`. It saves only where the engine asks for
+    checkpoints (RALPH_CHECKPOINT_DIR: a cluster with shared storage), at most every RALPH_CHECKPOINT_EVERY_S
+    seconds; otherwise (one machine, a hand run, the gate's smoke run) it returns at once.
+    """
+    global _last_save
+    folder = _checkpoint_dir()
+    if folder is None or time.monotonic() - _last_save < float(os.environ.get(ENV_CHECKPOINT_EVERY_S) or 0):
+        return
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{CHECKPOINT_FILE}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, folder / CHECKPOINT_FILE)  # the driver never uploads half a file
+    _last_save = time.monotonic()
+
+
+def load_checkpoint() -> dict | None:
+    """The state of the last `save_checkpoint` of this trial (on CPU), or None on a fresh start."""
+    folder = _checkpoint_dir()
+    if folder is None or not (folder / CHECKPOINT_FILE).exists():
+        return None
+    import torch
+
+    # Written by this trial's own code into this campaign's storage: full unpickling is fine, and lets a
+    # trainer keep numpy or Python RNG states next to its tensors.
+    return torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+
+
+def _checkpoint_dir() -> Path | None:
+    value = os.environ.get(ENV_CHECKPOINT_DIR)
+    return Path(value) if value else None
 
 
 def _plain(value: object) -> float | int | str:

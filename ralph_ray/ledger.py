@@ -20,10 +20,13 @@ from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.tasks.base import Labels
+from ralph_ray.trials import FAILED_KEY
 
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
-_SKIP_KEYS = {PREDICTIONS_KEY, "variant"}
+_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, "variant"}
+# The reason of trials cut short by a stop of the whole cycle: a resumed cycle runs them again.
+STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"
 
 
 class TrialStatus(str, enum.Enum):
@@ -77,16 +80,26 @@ class TrialLedger(Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self.started.setdefault(trial.trial_id, time.time())
-        self.epochs[trial.trial_id] = {}  # a restarted trial reports its epochs again
+        self.epochs.setdefault(trial.trial_id, {})
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
         epoch = result.get("epoch")
         if epoch is None:
             return
         metrics = {k: float(v) for k, v in result.items() if k not in _TUNE_KEYS and k not in _SKIP_KEYS and k != "epoch" and _is_number(v)}
-        self.epochs.setdefault(trial.trial_id, {})[int(epoch)] = metrics
+        epochs = self.epochs.setdefault(trial.trial_id, {})
+        # A retried trial (its node was lost) reports again from its checkpoint's epoch, or from 1 without one:
+        # the epochs it keeps are overwritten, the ones past it (from the lost attempt) dropped. So each epoch
+        # appears once, and a resumed trial keeps the epochs from before its checkpoint.
+        for stale in [e for e in epochs if e > int(epoch)]:
+            del epochs[stale]
+        epochs[int(epoch)] = metrics
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+        failed = (trial.last_result or {}).get(FAILED_KEY)
+        if failed is not None:  # the trainer's own failure, reported by the trial driver (never retried)
+            self._finish(trial, TrialStatus.failed, str(failed))
+            return
         encoded = (trial.last_result or {}).get(PREDICTIONS_KEY)
         if encoded is None:
             self._finish(trial, TrialStatus.stopped_early, None)
@@ -100,6 +113,14 @@ class TrialLedger(Callback):
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._finish(trial, TrialStatus.failed, failure_reason(trial))
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        # A stop of the whole run (STOP file, campaign time) ends running trials without a completion
+        # callback; they were stopped early, and they are recorded so no started trial goes missing.
+        finished = {record.trial_id for record in self.records}
+        for trial in trials:
+            if trial.trial_id in self.started and trial.trial_id not in finished:
+                self._finish(trial, TrialStatus.stopped_early, STOPPED_WITH_CYCLE)
 
     def _finish(self, trial: Trial, status: TrialStatus, reason: str | None,
                 selection: float | None = None, test: float | None = None) -> None:

@@ -1,26 +1,176 @@
-"""Starting or joining Ray with the settings every process must agree on."""
+"""Starting or joining Ray with the settings every process must agree on.
+
+`cluster=local` (the default) starts Ray inside this process. `cluster=address` joins a running cluster
+(`ray up cluster.yaml`, or `ray start` by hand); the campaign then runs on one of its nodes, usually the head,
+and its trials anywhere: code and public data travel inside the trial spec through the object store,
+predictions come back in the last result, checkpoints go through Tune's storage (`paths.storage`).
+
+Auth: Ray 2.60 writes ~/.ray/auth_token on a first `ray.init()` and from then on a head started without an
+explicit mode demands tokens, so every process (driver, head, workers) must run with the same RAY_AUTH_MODE.
+We set it explicitly: `cluster.auth_mode`, else the environment's, else `disabled` (cluster.yaml starts the
+head and workers with the same). With `token`, every process also needs the cluster's token
+(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
-# Ray 2.60 writes ~/.ray/auth_token on first init and then demands tokens from every later process
-# unless all agree on the mode; a local campaign needs none. Usage stats would try the network.
-# The old console reporter honours `verbose=0`; the new one prints its own tables over ours.
+from ralph_ray.config import ClusterConfig, ClusterMode, Config
+
+# Usage stats would try the network. The old console reporter honours `verbose=0`; the new one prints its own
+# tables over ours.
 RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AIR_NEW_OUTPUT": "0"}
+DEFAULT_PORT = 6379
+# Ray's own knob for how long a joining process retries the head (about one try per second).
+_CONNECT_WINDOW_ENV = "RAY_gcs_server_port_wait_time_s"
 
 
-def set_ray_env() -> None:
-    """Set the auth mode and usage stats explicitly (a user's own values win)."""
+class ClusterError(RuntimeError):
+    """Ray cannot be started or joined as configured; the message names the fix (the CLI exits 2)."""
+
+
+def set_ray_env(auth_mode: str | None = None) -> None:
+    """Set the auth mode and usage stats explicitly: `auth_mode` if given, else a user's own values, else ours."""
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    if auth_mode is not None and os.environ["RAY_AUTH_MODE"] != auth_mode:
+        os.environ["RAY_AUTH_MODE"] = auth_mode
+        raylet = sys.modules.get("ray._raylet")
+        if raylet is not None:  # Ray read the mode when it was imported: refresh it, as Ray does when it turns tokens on
+            raylet.Config.initialize("")
 
 
-def ensure_ray(num_cpus: int | None = None) -> None:
-    """Start a local Ray instance unless one is already up in this process (tests share one)."""
-    set_ray_env()
+def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None) -> None:
+    """Start a local Ray, or join the configured cluster, unless this process is already connected (tests share one)."""
+    cluster = cluster or ClusterConfig()
+    set_ray_env(cluster.auth_mode)
     import ray
 
     if ray.is_initialized():
         return
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+    if cluster.mode is ClusterMode.local:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+        return
+    join(cluster)
+
+
+def join(cluster: ClusterConfig) -> None:
+    """Connect this driver to a running cluster; any failure becomes a ClusterError naming the fix."""
+    import ray
+
+    address = cluster.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise ClusterError("cluster=address needs an address: cluster.address=auto on a node of the cluster, "
+                           "cluster.address=<head>:6379, or export RAY_ADDRESS=<head>:6379")
+    if address.startswith("ray://"):
+        raise ClusterError(f"{address}: Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base "
+                           "writer; run the campaign on a cluster node (`ray attach cluster.yaml`) with cluster.address=auto")
+    mode = os.environ["RAY_AUTH_MODE"]
+    if mode == "token" and not _token_available():
+        raise ClusterError("RAY_AUTH_MODE=token but this machine has no token: copy the cluster's ~/.ray/auth_token here, "
+                           "or export RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)")
+    if address != "auto":
+        probe(address, cluster.connect_timeout_s)
+    try:
+        with _connect_window(cluster.connect_timeout_s):
+            ray.init(address=address, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as err:
+        raise ClusterError(explain(address, mode, err)) from None
+
+
+def probe(address: str, timeout_s: float) -> None:
+    """Fail fast on an address nothing listens at (ray.init would retry it for minutes)."""
+    host, port = split_address(address)
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout_s, 5.0)):
+            pass
+    except OSError as err:
+        raise ClusterError(f"cannot reach the Ray head at {host}:{port} ({err.strerror or err}): check cluster.address, that "
+                           f"`ray start --head --port={port}` runs there and the port is open to this machine "
+                           "(on a `ray up` cluster, run the campaign on the head: `ray attach cluster.yaml`)") from None
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """host:port (the port defaults to Ray's 6379); raises ClusterError on a malformed address."""
+    host, _, port = address.rpartition(":") if ":" in address else (address, "", str(DEFAULT_PORT))
+    if not host or not port.isdigit():
+        raise ClusterError(f"cluster.address={address!r} is not host:port (e.g. 10.0.0.5:6379) or auto")
+    return host, int(port)
+
+
+def explain(address: str, mode: str, err: BaseException) -> str:
+    """A one-paragraph reason for a failed join, from Ray's exception chain (no traceback)."""
+    text = _chain_text(err)
+    if "InvalidAuthToken" in text or "AuthenticationError" in text or "Unauthenticated" in text:
+        return (f"the Ray cluster at {address} refused this driver's authentication (RAY_AUTH_MODE={mode} here): start the "
+                "driver, the head and every worker with the same RAY_AUTH_MODE (cluster.auth_mode=disabled|token); with "
+                "token, give every process the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)")
+    if "version mismatch" in text.lower():
+        return f"the Ray cluster at {address} runs another Ray or Python version: install the same versions here ({_first_line(text)})"
+    if "Could not find any running Ray instance" in text:
+        return ("no running Ray cluster found on this machine (cluster.address=auto): start one (`ray up cluster.yaml`, "
+                "`ray start --head`), run the campaign on a node of it, or give its address (cluster.address=<head>:6379)")
+    if "multiple" in text.lower() and "instances" in text.lower():
+        return f"several Ray clusters run on this machine: pick one with cluster.address=<head>:<port> ({_first_line(text)})"
+    return (f"cannot join the Ray cluster at {address}: {_first_line(text)}. Check that this machine is a node of that cluster "
+            f"(run the campaign on the head: `ray attach cluster.yaml`) and that RAY_AUTH_MODE ({mode} here) matches the cluster's")
+
+
+def driver_node_id() -> str:
+    """This driver's Ray node (trials on it keep their work dirs in the run dir)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def checkpoint_interval(cfg: Config) -> float | None:
+    """How often trials checkpoint (seconds, 0: every epoch); None where no retry could use a checkpoint.
+
+    A checkpoint serves a trial retried after its node was lost (safeguards.max_failures > 0), on a cluster
+    (cluster=address; on one machine a lost node is the whole campaign) whose nodes all reach Tune's storage
+    (paths.storage; without it the storage is the run dir on the driver's node and a retried trial starts over).
+    Elsewhere trainers skip saving, so checkpoints cost a single machine nothing.
+    """
+    if cfg.safeguards.max_failures == 0 or cfg.cluster.mode is ClusterMode.local or cfg.paths.storage is None:
+        return None
+    return cfg.safeguards.checkpoint_every_s
+
+
+def _token_available() -> bool:
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(path or Path.home() / ".ray" / "auth_token").exists()
+
+
+@contextmanager
+def _connect_window(seconds: float) -> Iterator[None]:
+    """Bound how long ray.init retries a head that answers but refuses (auth) or stalls."""
+    before = os.environ.get(_CONNECT_WINDOW_ENV)
+    os.environ[_CONNECT_WINDOW_ENV] = str(max(1, int(seconds)))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_CONNECT_WINDOW_ENV, None)
+        else:
+            os.environ[_CONNECT_WINDOW_ENV] = before
+
+
+def _chain_text(err: BaseException) -> str:
+    parts, seen = [], set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        parts.append(f"{type(cause).__name__}: {cause}")
+        cause = cause.__cause__ or cause.__context__
+    return "\n".join(parts)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:300] if lines else "unknown error"

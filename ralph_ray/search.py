@@ -86,6 +86,22 @@ def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our progress view reports trials
 
 
+def storage_path(cfg: Config, local: Path) -> str:
+    """Where Tune keeps this cycle's results and checkpoints: `local` (in the run dir), or its mirror under paths.storage.
+
+    paths.storage mirrors the runs layout (<storage>/<run_id>/<cycle>/...), so one bucket serves every campaign.
+    """
+    if cfg.paths.storage is None:
+        return str(local.resolve())
+    runs = Path(cfg.paths.runs).resolve()
+    local = local.resolve()
+    tail = local.relative_to(runs).as_posix() if local.is_relative_to(runs) else local.name
+    root = cfg.paths.storage.rstrip("/")
+    if "://" not in root:
+        root = str(Path(root).resolve())
+    return f"{root}/{tail}"
+
+
 def run_search(cfg: Config, spec: TrialSpec, plan: SearchPlan, storage: Path, name: str, callbacks: list[tune.Callback],
                stopper: tune.Stopper | None = None) -> tune.ResultGrid:
     """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`)."""
@@ -112,11 +128,14 @@ def run_search(cfg: Config, spec: TrialSpec, plan: SearchPlan, storage: Path, na
         ),
         run_config=tune.RunConfig(
             name=name,
-            storage_path=str(storage.resolve()),
+            storage_path=storage_path(cfg, storage),
             callbacks=callbacks,
             stop=stopper,
             verbose=0,
-            failure_config=tune.FailureConfig(max_failures=0),
+            # Retries are for lost nodes and actors (a trainer's own failure ends its trial as a result); a retry
+            # resumes from the trial's last checkpoint, of which storage keeps only the newest.
+            failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
     )
     return tuner.fit()

@@ -171,3 +171,25 @@ select t.trial_id, t.cycle, t.variant_id, t.status, t.selection_score, t.written
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 where t.run_id = ? order by t.written_at
 """
+
+# ---------------------------------------------------------------------------------------------
+# app queries (the Streamlit leaderboard in app/; read-only, parameterised with ?)
+
+APP_RUNS = """
+select run_id, experiment, task, status, stop_reason, run_dir, started_at, finished_at, cycle, phase, config
+from runs order by started_at desc nulls last, run_id desc
+"""
+APP_LEADERBOARD = "select * from leaderboard where run_id = ? order by rank, variant_id"
+APP_LINEAGE = """
+select l.*, v.rationale, v.files_dir, v.diff
+from lineage l left join variants v on v.run_id = l.run_id and v.variant_id = l.variant_id
+where l.run_id = ? order by l.cycle, l.variant_id
+"""
+APP_CURVES = "select * from curves where run_id = ? and list_contains(?, variant_id) order by trial_id, epoch"
+APP_EFFECTS = "select * from intervention_effects order by task, mean_delta desc nulls last, intervention"
+# How much evidence the effects table rests on.
+APP_EFFECTS_SCOPE = "select count(distinct run_id) as campaigns, count(distinct task) as tasks, count(*) as tried from interventions"
+# The app's snapshot reads a batch of new parts of one table (a list of paths), tagging each row with its part;
+# no progress bar on the server's terminal when the first read of a large KB takes seconds.
+APP_READ_PARTS = "select * from read_parquet(?, union_by_name = true, filename = '_part')"
+APP_READER_SETUP = "set enable_progress_bar = false"

@@ -49,12 +49,14 @@ class CampaignState:
     stop_reason: str | None = None
     exit_code: int | None = None
     elapsed_s: float = 0.0  # campaign time across resumes
+    interrupted: Phase | None = None  # the phase a manual stop or the time budget cut short (a resume re-enters it)
     updated_at: str = field(default_factory=lambda: now().isoformat())
 
     def save(self, run_dir: Path) -> None:
         """Write state.json via a temp file and rename, so a crash never leaves half a file."""
         self.updated_at = now().isoformat()
-        data = {**asdict(self), "phase": self.phase.value, "status": self.status.value}
+        data = {**asdict(self), "phase": self.phase.value, "status": self.status.value,
+                "interrupted": self.interrupted.value if self.interrupted else None}
         tmp = run_dir / ".state.json.tmp"
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, run_dir / "state.json")
@@ -63,7 +65,9 @@ class CampaignState:
     def load(cls, run_dir: Path) -> CampaignState:
         """Read a run's state.json."""
         data = json.loads((run_dir / "state.json").read_text())
-        return cls(**{**data, "phase": Phase(data["phase"]), "status": RunStatus(data["status"])})
+        interrupted = data.get("interrupted")
+        return cls(**{**data, "phase": Phase(data["phase"]), "status": RunStatus(data["status"]),
+                      "interrupted": Phase(interrupted) if interrupted else None})
 
 
 def request_stop(run_dir: Path, why: str = "requested") -> Path:

@@ -4,6 +4,10 @@ It writes the variant's files (shipped in the spec), rewrites the sampled knobs,
 subprocess, tails its JSON-lines reports into `ray.tune.report`, enforces the timeout and output limit,
 fails fast on NaN/inf, sends the predictions back to the driver (which holds the labels and scores them),
 and always kills the whole process group in `finally` (which is what makes `reuse_actors` safe).
+
+On a cluster it assumes no shared filesystem: the spec carries code and data, the data is cached per node,
+a trial on another node than the driver's works in a node-local folder, and the trainer's checkpoint goes to
+Tune's storage with the epoch report, so a trial retried after its node was lost resumes on any node.
 """
 
 from __future__ import annotations
@@ -13,14 +17,16 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,12 @@ from ralph_ray.tasks.base import sha256_file
 
 POLL_S = 0.05
 STOPPED_BY_TUNE = "stopped"
+# The result key that ends a trial the trainer itself failed (crash, NaN, timeout...): such a failure is final,
+# so it ends the trial as a result, not an exception, which Tune would retry (FailureConfig is for lost nodes).
+FAILED_KEY = "trial_failed"
+CHECKPOINT_DIR = "checkpoint"  # in the work dir: RALPH_CHECKPOINT_DIR of the trainer
+NODE_FILE = "node.json"  # in the work dir: where the trial ran (node, GPUs, data cache), for people and tests
+ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials from a driver on another node
 
 # Loaded once in the parent: the forked child must not import or dlopen before exec.
 try:
@@ -78,6 +90,14 @@ class TrialSpec:
     # Reports from this epoch on are held back and sent with the predictions: ASHA's last rung would
     # otherwise stop a fully trained trial between its last epoch and its predictions.
     hold_from_epoch: int | None = None
+    # The ranking metric and its direction: a failed trial reports the worst value with its reason.
+    metric: str = "val_acc"
+    mode: str = "max"
+    # The trainer checkpoints at most this often (seconds; 0: every epoch) and each new checkpoint goes to
+    # Tune's storage with its epoch's report; None: no checkpoints (see raycluster.checkpoint_interval).
+    checkpoint_every_s: float | None = None
+    # The driver's Ray node: its trials work under trials_root, trials elsewhere in a node-local folder.
+    driver_node_id: str | None = None
 
 
 def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
@@ -85,7 +105,17 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id() or "manual"
-    work = Path(spec.trials_root) / trial_id
+    try:
+        _run_trial(config, spec, work_dir(spec, trial_id))
+    except TrialFailed as err:
+        # Final: Tune retries exceptions (max_failures), which must spend retries on lost nodes, not on a
+        # trainer that would crash, diverge or hang again. The ledger records the reason.
+        tune.report({spec.metric: float("-inf") if spec.mode == "max" else float("inf"), FAILED_KEY: str(err)})
+
+
+def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
+    from ray import tune
+
     data_dir = materialise_data(spec.data)
     check_frozen({str(data_dir / name): digest for name, digest in spec.data.hashes.items()} | {harness.__file__: spec.harness_sha256})
     variant = str(config.get("variant", ""))
@@ -94,9 +124,13 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
     knobs = {key: value for key, value in config.items() if key.isupper()}
     write_variant(spec.variants[variant], work)
     set_knobs(work, knobs, entry=spec.entry)
+    restored = restore_checkpoint(tune.get_checkpoint(), work / CHECKPOINT_DIR)
+    spec = replace(spec, env={**spec.env, **gpu_env()})
+    write_node_info(work, data_dir, restored, spec.env)
     proc = start_trainer(work, spec, data_dir)
     try:
-        last = tail_reports(proc, work, spec, tune.report)
+        forward = tune.report if spec.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
+        last = tail_reports(proc, work, spec, forward)
         if last is None:
             return  # Tune stopped the trial (ASHA or a stop rule)
         predictions = work / "predictions.npz"
@@ -106,6 +140,85 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
         tune.report({**last, PREDICTIONS_KEY: encode_predictions(predictions)})
     finally:
         kill_group(proc)
+
+
+def work_dir(spec: TrialSpec, trial_id: str) -> Path:
+    """The trial's work dir: under the run dir on the driver's node; on any other node in a node-local folder.
+
+    Another node may lack the head's paths (another user, another disk layout), so it uses $RALPH_WORK_DIR or
+    its temp dir, keeping the run/cycle/trials tail of the path so work dirs of several campaigns never mix.
+    """
+    if spec.driver_node_id is None or spec.driver_node_id == _node_id():
+        return Path(spec.trials_root) / trial_id
+    root = Path(os.environ.get(ENV_WORK_DIR) or Path(tempfile.gettempdir()) / "ralph_ray_trials")
+    return root.joinpath(*Path(spec.trials_root).parts[-3:], trial_id)
+
+
+def restore_checkpoint(checkpoint: Any, folder: Path) -> bool:
+    """Materialise a retried trial's last checkpoint (from Tune's storage) where its trainer looks; True if any."""
+    if checkpoint is None:
+        return False
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpoint.to_directory(str(folder))
+    return (folder / harness.CHECKPOINT_FILE).exists()
+
+
+class CheckpointForwarder:
+    """Sends epoch reports to Tune, each with the trainer's checkpoint if it is new since the last one sent.
+
+    The trainer saves its checkpoint right before it reports the epoch, so a new file present when a report
+    is read belongs to that epoch. A hard link freezes it for the upload: the trainer's next save replaces the
+    file (a new inode) instead of writing into the one being copied.
+    """
+
+    def __init__(self, folder: Path, report: Any = None) -> None:
+        self.folder, self._report = folder, report
+        self.sent: tuple[int, int, int] | None = None
+        self.count = 0
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        from ray import tune
+
+        report = self._report or tune.report
+        path = self.folder / harness.CHECKPOINT_FILE
+        signature = _signature(path)
+        if signature is None or signature == self.sent:
+            report(record)
+            return
+        self.count += 1
+        snapshot = self.folder.parent / f".checkpoint_{self.count}"
+        shutil.rmtree(snapshot, ignore_errors=True)
+        snapshot.mkdir()
+        try:
+            try:
+                os.link(path, snapshot / harness.CHECKPOINT_FILE)
+            except OSError:  # a filesystem without hard links
+                shutil.copy2(path, snapshot / harness.CHECKPOINT_FILE)
+            report(record, checkpoint=tune.Checkpoint.from_directory(str(snapshot)))  # copied to storage before it returns
+        finally:
+            shutil.rmtree(snapshot, ignore_errors=True)
+        self.sent = signature
+
+
+def gpu_env() -> dict[str, str]:
+    """The trainer sees only the GPUs Ray gave its trial: Ray sets CUDA_VISIBLE_DEVICES for a trial with GPUs
+    (the trainer inherits it) but leaves it alone for one without, which would then see every GPU of its node."""
+    import ray
+
+    return {} if ray.get_gpu_ids() else {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def write_node_info(work: Path, data_dir: Path, restored: bool, env: dict[str, str]) -> None:
+    """Record where this attempt of the trial runs: node, GPUs it was given, data cache, resumed or not."""
+    import ray
+
+    info = {
+        "node_id": _node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
+        "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")),
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        "data_dir": str(data_dir), "work_dir": str(work), "restored_checkpoint": restored,
+    }
+    (work / NODE_FILE).write_text(json.dumps(info, indent=2))
 
 
 def materialise_data(data: PublicData) -> Path:
@@ -167,11 +280,15 @@ def read_files(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in variant_files(folder)}
 
 
+# Variables whose names look like credentials never reach trainer code (agents write it; an API key must not leak).
+SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
 def start_trainer(work: Path, spec: TrialSpec, data_dir: Path) -> subprocess.Popen[bytes]:
-    """Start train.py in its own process group, with its threads capped and its output to files."""
+    """Start train.py in its own process group, with its threads capped, its output to files, and no secrets."""
     threads = str(max(1, spec.threads))
     env = {
-        **os.environ,
+        **{name: value for name, value in os.environ.items() if not SECRET_ENV.search(name)},
         **spec.env,
         harness.ENV_DATA_DIR: str(data_dir),
         harness.ENV_METRICS_FILE: str(work / "metrics.jsonl"),
@@ -181,6 +298,9 @@ def start_trainer(work: Path, spec: TrialSpec, data_dir: Path) -> subprocess.Pop
         "MKL_NUM_THREADS": threads,
         "PYTHONUNBUFFERED": "1",
     }
+    if spec.checkpoint_every_s is not None:
+        env[harness.ENV_CHECKPOINT_DIR] = str(work / CHECKPOINT_DIR)
+        env[harness.ENV_CHECKPOINT_EVERY_S] = str(spec.checkpoint_every_s)
     with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
         return subprocess.Popen(
             [sys.executable, spec.entry],
@@ -269,6 +389,20 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass  # the group is already gone
     proc.wait()
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def _epoch(record: dict[str, Any]) -> float:

@@ -5,17 +5,84 @@ The prompts and the intervention catalog are files in the top-level `agents/` fo
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 from ralph_ray.agents.base import Analyst, Coder
 from ralph_ray.config import AgentBackend, Config
 
+if TYPE_CHECKING:
+    from ralph_ray.agents.llm import ChatClient
 
-def make_agents(cfg: Config) -> tuple[Analyst | None, Coder | None]:
-    """The analyst and coder for the configured backend (both None for knob search only)."""
+SPARE_RECOMMENDATIONS = 2  # an LLM analyst proposes this many ideas beyond children_per_parent (for duplicates)
+
+
+def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None, Coder | None]:
+    """The analyst and coder for the configured backend (both None for knob search only).
+
+    LLM and CLI backends check their endpoint or command here, before any training: a wrong key, an
+    unreachable endpoint or a missing CLI raises AgentConfigError. `run_id` lets agent=hybrid read the
+    run's history from the knowledge base.
+    """
     backend = cfg.agent.backend
+    build = _Builder(cfg)
     if backend is AgentBackend.none:
         return None, None
     if backend is AgentBackend.heuristic:
+        return build.heuristic()
+    if backend is AgentBackend.openai:
+        return build.analyst(AgentBackend.openai), build.coder(AgentBackend.openai)
+    if backend is AgentBackend.cli:
+        return build.analyst(cfg.agent.analyst or AgentBackend.heuristic), build.coder(AgentBackend.cli)
+    if backend is AgentBackend.hybrid:
+        from ralph_ray.agents.hybrid import HybridAnalyst, HybridCoder, HybridPolicy
+
+        heuristic_analyst, heuristic_coder = build.heuristic()
+        llm_side = cfg.agent.hybrid_llm
+        llm_analyst = build.analyst(cfg.agent.analyst or (AgentBackend.openai if llm_side is AgentBackend.openai else AgentBackend.heuristic))
+        policy = HybridPolicy(Path(cfg.paths.kb).resolve(), run_id, cfg.agent.stall_cycles, cfg.agent.llm_fail_children,
+                              cfg.safeguards.min_delta)
+        return HybridAnalyst(policy, heuristic_analyst, llm_analyst), HybridCoder(policy, heuristic_coder, build.coder(llm_side))
+    raise NotImplementedError(f"agent backend {backend.value} is not built yet")
+
+
+class _Builder:
+    """Builds one backend's agents; analyst and coder share one endpoint client, checked once."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._chat: ChatClient | None = None
+
+    def heuristic(self) -> tuple[Analyst, Coder]:
         from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
 
-        return HeuristicAnalyst(seed=cfg.agent.seed, exploration=cfg.agent.exploration), HeuristicCoder()
-    raise NotImplementedError(f"agent backend {backend.value} is not built yet")
+        return HeuristicAnalyst(seed=self.cfg.agent.seed, exploration=self.cfg.agent.exploration), HeuristicCoder()
+
+    def analyst(self, kind: AgentBackend) -> Analyst:
+        if kind is AgentBackend.heuristic:
+            return self.heuristic()[0]
+        from ralph_ray.agents.catalog import load_catalog
+        from ralph_ray.agents.llm import LLMAnalyst
+
+        catalog = [(i.name, i.description) for i in load_catalog()]
+        return LLMAnalyst(self.chat(), self.cfg.agent, self.cfg.population.children_per_parent + SPARE_RECOMMENDATIONS, catalog)
+
+    def coder(self, kind: AgentBackend) -> Coder:
+        if kind is AgentBackend.cli:
+            from ralph_ray.agents.cli import CliCoder
+
+            coder = CliCoder(self.cfg.agent)
+            coder.check()
+            return coder
+        from ralph_ray.agents.llm import LLMCoder
+
+        return LLMCoder(self.chat(), self.cfg.agent)
+
+    def chat(self) -> ChatClient:
+        """The endpoint client (the openai SDK is imported only when an LLM backend is chosen)."""
+        if self._chat is None:
+            from ralph_ray.agents.llm import ChatClient
+
+            self._chat = ChatClient(self.cfg.agent)
+            self._chat.preflight()
+        return self._chat

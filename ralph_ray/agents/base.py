@@ -28,6 +28,11 @@ class AgentError(RuntimeError):
     """An agent could not produce its output (bad answer, unreachable endpoint); the message says why."""
 
 
+class AgentConfigError(RuntimeError):
+    """The agent backend cannot work at all (wrong API key, unreachable endpoint, missing CLI): not one child's
+    failure but the campaign's, so it is no AgentError; the entry point exits with code 2 and the message's fix."""
+
+
 @dataclass(frozen=True)
 class EpochPoint:
     """One epoch of one trial, as the trainer reported it (missing metrics are None)."""

@@ -221,7 +221,17 @@ def main() -> None:
     first_flip = torch.rand(len(x_train), device=device, generator=generator) < 0.5
     lookahead = [p.detach().clone() for p in model.state_dict().values()]
     step = 0
+    saved = harness.load_checkpoint()  # a trial retried on another node continues after its last saved epoch
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        lookahead = [t.to(device) for t in saved["lookahead"]]
+        step = saved["step"]
+        generator.set_state(saved["generator"])
+    first_epoch = saved["epoch"] + 1 if saved is not None else 1
     for epoch in range(1, EPOCHS + 1):
+        if epoch < first_epoch:
+            continue
         start = time.perf_counter()
         model.train()
         model.whiten.bias.requires_grad = epoch <= WHITEN_BIAS_EPOCHS
@@ -255,6 +265,8 @@ def main() -> None:
             val_acc = (val_logits.argmax(1) == y_val).float().mean().item()
         if on_cuda:
             torch.cuda.synchronize()
+        harness.save_checkpoint({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                 "lookahead": lookahead, "step": step, "generator": generator.get_state()})
         harness.report(
             epoch=epoch,
             train_loss=loss_sum.item() / max(1, steps_per_epoch * batch_size),

@@ -70,6 +70,17 @@ def grad_norm(model: nn.Module) -> float:
     return torch.stack(norms).norm().item() if norms else 0.0
 
 
+def resume(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Restore a retried trial's last checkpoint; returns the first epoch still to run (1 on a fresh start)."""
+    state = harness.load_checkpoint()
+    if state is None:
+        return 1
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])  # the same batches as a run that was never interrupted
+    return state["epoch"] + 1
+
+
 # -----------------------------------------------------------------------------
 # Training
 
@@ -87,8 +98,11 @@ def main() -> None:
 
     model = Net(WIDTH, data.num_classes, DROPOUT)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    first_epoch = resume(model, optimizer)
 
     for epoch in range(1, EPOCHS + 1):
+        if epoch < first_epoch:
+            continue  # trained before this trial was retried on another node
         start = time.perf_counter()
         model.train()
         order = torch.randperm(len(x_train))
@@ -103,6 +117,7 @@ def main() -> None:
             total_loss += loss.item()
             steps += 1
         val_loss, val_acc = evaluate(model, x_val, y_val)
+        harness.save_checkpoint({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
         harness.report(
             epoch=epoch,
             train_loss=total_loss / steps,

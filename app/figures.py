@@ -1,0 +1,198 @@
+"""Pure builders for what the pages draw: the lineage DOT, altair charts, budget rows. No Streamlit here."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+# How each variant status looks in the lineage graph: (shape, border style, border colour).
+STATUS_STYLE = {
+    "seed": ("doubleoctagon", "filled,bold", "#1f2937"),
+    "kept": ("box", "filled,rounded,bold", "#166534"),
+    "candidate": ("box", "filled,rounded", "#2563eb"),
+    "discarded": ("box", "filled,rounded,dashed", "#6b7280"),
+    "rejected": ("box", "filled,dashed", "#b91c1c"),
+    "crashed": ("octagon", "filled,dashed", "#b91c1c"),
+}
+NO_SCORE_FILL = "#f3f4f6"
+CURVE_METRICS = ("val_acc", "val_loss", "train_loss", "lr", "grad_norm", "epoch_seconds")
+
+
+def interventions(text: Any) -> list[str]:
+    """The names in a `variants.interventions` JSON list (empty for NULL or bad JSON)."""
+    if not isinstance(text, str) or not text:
+        return []
+    try:
+        names = json.loads(text)
+    except json.JSONDecodeError:
+        return [text]
+    return [str(n) for n in names] if isinstance(names, list) else [str(names)]
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as dicts with NaN/NaT as None (what the pages test against)."""
+    return [{k: (None if not isinstance(v, (list, dict)) and pd.isna(v) else v) for k, v in rec.items()} for rec in frame.to_dict("records")]
+
+
+def short(variant_id: Any) -> str:
+    """A variant id as the graph and the pickers show it."""
+    return str(variant_id)[:12] if isinstance(variant_id, str) else "-"
+
+
+def score_text(value: Any, digits: int = 4) -> str:
+    """A score for display; a dash when there is none."""
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _fill(score: Any, low: float, high: float) -> str:
+    """Red (worst of the run) to green (best), in graphviz's "H S V" form; grey without a score."""
+    if score is None or (isinstance(score, float) and math.isnan(score)):
+        return NO_SCORE_FILL
+    share = 1.0 if high <= low else (float(score) - low) / (high - low)
+    return f"{0.33 * share:.3f} 0.45 0.95"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def lineage_dot(lineage: pd.DataFrame, best_id: str | None = None) -> str:
+    """A DOT digraph of one run's variants: fill = selection score, shape/border = status, edge = interventions."""
+    scores = [s for s in lineage["selection_score"] if s is not None and not pd.isna(s)]
+    low, high = (min(scores), max(scores)) if scores else (0.0, 1.0)
+    lines = ["digraph lineage {", "  rankdir=LR;", "  ranksep=0.35; nodesep=0.12;", '  node [fontname="Helvetica", fontsize=10];',
+             '  edge [fontname="Helvetica", fontsize=9, color="#4b5563"];']
+    known = set(lineage["variant_id"])
+    for rec in lineage.to_dict("records"):
+        status = rec.get("status") or "candidate"
+        shape, style, border = STATUS_STYLE.get(status, STATUS_STYLE["candidate"])
+        label = f"{short(rec['variant_id'])}\n{status} · {score_text(rec.get('selection_score'))}"
+        width = 3 if rec["variant_id"] == best_id else 1.2
+        tooltip = f"cycle {rec.get('cycle')}: {', '.join(interventions(rec.get('interventions'))) or 'seed'}"
+        lines.append(f"  {_quote(rec['variant_id'])} [label={_quote(label)}, shape={shape}, style={_quote(style)}, "
+                     f"fillcolor={_quote(_fill(rec.get('selection_score'), low, high))}, color={_quote(border)}, "
+                     f"penwidth={width}, tooltip={_quote(tooltip)}];")
+    for rec in lineage.to_dict("records"):
+        parent = rec.get("parent_id")
+        if isinstance(parent, str) and parent in known and parent != rec["variant_id"]:
+            edge = ", ".join(interventions(rec.get("interventions"))) or "knobs"
+            lines.append(f"  {_quote(parent)} -> {_quote(rec['variant_id'])} [label={_quote(edge)}];")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def curves_chart(curves: pd.DataFrame, metric: str) -> alt.LayerChart:
+    """Per-epoch `metric` of each trial, coloured by variant; trials ASHA stopped are dashed with an x at their last epoch."""
+    data = curves[["trial_id", "variant_id", "status", "epoch", metric]].dropna(subset=[metric]).copy()
+    data["variant"] = data["variant_id"].map(short)
+    data["stopped early"] = data["status"].eq("stopped_early")
+    base = alt.Chart(data).encode(
+        x=alt.X("epoch:Q", title="epoch", axis=alt.Axis(tickMinStep=1)),
+        y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)),
+        color=alt.Color("variant:N", title="variant"),
+        tooltip=["variant", "trial_id", "status", "epoch", alt.Tooltip(f"{metric}:Q", format=".4f")],
+    )
+    lines = base.mark_line(point=alt.OverlayMarkDef(size=18)).encode(
+        detail="trial_id:N",
+        strokeDash=alt.StrokeDash("stopped early:N", title="stopped early",
+                                  scale=alt.Scale(domain=[False, True], range=[[1, 0], [5, 4]])),
+    )
+    last = data.sort_values("epoch").groupby("trial_id").tail(1)
+    stops = alt.Chart(last[last["stopped early"]]).mark_point(shape="cross", size=120, filled=True).encode(
+        x="epoch:Q", y=f"{metric}:Q", color=alt.Color("variant:N"),
+        tooltip=["variant", "trial_id", alt.Tooltip("epoch:Q", title="stopped at epoch"), alt.Tooltip(f"{metric}:Q", format=".4f")],
+    )
+    return alt.layer(lines, stops).properties(height=340)
+
+
+def progress_frame(timeline: pd.DataFrame) -> pd.DataFrame:
+    """The trial timeline with the running best selection score (scored trials only carry a score)."""
+    data = timeline.sort_values("written_at").reset_index(drop=True).copy()
+    data["running best"] = data["selection_score"].cummax().ffill()
+    return data
+
+
+def progress_chart(timeline: pd.DataFrame, target: float | None) -> alt.LayerChart:
+    """Every finished trial over time (scored: a point; stopped or failed: a tick at the bottom) and the running best."""
+    data = progress_frame(timeline)
+    scored = data.dropna(subset=["selection_score"])
+    floor = float(scored["selection_score"].min()) if not scored.empty else 0.0
+    unscored = data[data["selection_score"].isna()].assign(y=floor)
+    x = alt.X("written_at:T", title="time")
+    layers = [
+        alt.Chart(scored).mark_circle(size=50, opacity=0.75).encode(
+            x=x, y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
+            color=alt.Color("status:N"), tooltip=["trial_id", "variant_id", "cycle", "status", alt.Tooltip("selection_score:Q", format=".4f")]),
+        alt.Chart(unscored).mark_tick(thickness=2, size=12).encode(
+            x=x, y="y:Q", color=alt.Color("status:N"), tooltip=["trial_id", "variant_id", "cycle", "status"]),
+        alt.Chart(data.dropna(subset=["running best"])).mark_line(interpolate="step-after", color="#111827").encode(
+            x=x, y="running best:Q", tooltip=[alt.Tooltip("running best:Q", format=".4f")]),
+    ]
+    if target is not None:
+        layers.append(alt.Chart(pd.DataFrame({"target": [target]})).mark_rule(strokeDash=[6, 4], color="#dc2626").encode(y="target:Q"))
+    return alt.layer(*layers).properties(height=320)
+
+
+def score_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
+    """Each variant's best selection score (best first), with the campaign's target as a dashed rule."""
+    data = board.dropna(subset=["selection_score"]).assign(variant=lambda d: d["variant_id"].map(short))
+    points = alt.Chart(data).mark_circle(size=90, opacity=0.9).encode(
+        x=alt.X("variant:N", sort=alt.EncodingSortField("selection_score", order="descending"), title="variant (best first)",
+                axis=alt.Axis(labelAngle=-45)),
+        y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
+        color=alt.Color("status:N"), tooltip=["variant_id", "status", alt.Tooltip("selection_score:Q", format=".4f"),
+                                              alt.Tooltip("test_score:Q", format=".4f")])
+    layers = [points]
+    if target is not None:
+        layers.append(alt.Chart(pd.DataFrame({"target": [target]})).mark_rule(strokeDash=[6, 4], color="#dc2626", size=2)
+                      .encode(y="target:Q", tooltip=[alt.Tooltip("target:Q", title="target")]))
+    return alt.layer(*layers).properties(height=260)
+
+
+def effects_chart(effects: pd.DataFrame) -> alt.LayerChart:
+    """Mean delta per intervention with its 95% interval (the interventions table, drawn)."""
+    data = effects.dropna(subset=["mean_delta"]).assign(label=lambda d: d["intervention"] + " | " + d["diagnosis"].fillna("-"))
+    y = alt.Y("label:N", sort=alt.EncodingSortField("mean_delta", order="descending"), title=None, axis=alt.Axis(labelLimit=320))
+    rules = alt.Chart(data).mark_rule().encode(y=y, x=alt.X("ci_low:Q", title="delta in selection score (95% interval)"), x2="ci_high:Q")
+    points = alt.Chart(data).mark_point(filled=True, size=70).encode(
+        y=y, x="mean_delta:Q", color=alt.Color("task:N"),
+        tooltip=["task", "intervention", "diagnosis", "n", alt.Tooltip("mean_delta:Q", format="+.4f"), alt.Tooltip("win_rate:Q", format=".0%")])
+    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#9ca3af").encode(x="x:Q")
+    return alt.layer(zero, rules, points).properties(height=max(120, 26 * len(data)))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One safeguard: what was used against its limit (None: no limit set)."""
+
+    name: str
+    used: float
+    limit: float | None
+    unit: str
+
+    @property
+    def share(self) -> float | None:
+        """Used / limit, clipped to [0, 1] (None without a limit)."""
+        return None if not self.limit else min(1.0, max(0.0, self.used / self.limit))
+
+    def text(self) -> str:
+        """'used / limit unit', or 'used unit (no limit)'."""
+        fmt = (lambda v: f"{v:,.0f}") if self.unit in ("s", "tokens", "cycles") else (lambda v: f"{v:,.4g}")
+        return f"{fmt(self.used)} / {fmt(self.limit)} {self.unit}" if self.limit else f"{fmt(self.used)} {self.unit} (no limit)"
+
+
+def budgets(config: dict[str, Any], spent: dict[str, Any], elapsed_s: float, cycle: int) -> list[Budget]:
+    """The campaign's safeguards (from its config) against what it spent (the `budgets` view)."""
+    guards = config.get("safeguards") or {}
+    return [
+        Budget("cycles", cycle, guards.get("max_cycles"), "cycles"),
+        Budget("campaign time", elapsed_s, guards.get("campaign_time_s"), "s"),
+        Budget("agent tokens", float(spent.get("tokens") or 0), guards.get("tokens_per_campaign"), "tokens"),
+        Budget("agent cost", float(spent.get("cost") or 0), guards.get("cost_per_campaign"), "cost"),
+        Budget("trial hours", float(spent.get("trial_hours") or 0), None, "h"),
+    ]

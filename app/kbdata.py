@@ -1,0 +1,77 @@
+"""The app's only door to the knowledge base: cached, read-only queries from `ralph_ray.sql`.
+
+One snapshot per KB root (`snapshot.Snapshot`: the KB's own views over a compacted private copy of its
+Parquet parts, refreshed incrementally; never a file lock, never half a part), a cursor per query
+(Streamlit serves each browser session from its own thread), results cached for `TTL_S` seconds so a
+page's widgets and every open tab share one read.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from ralph_ray import sql
+from ralph_ray.kb import PARQUET_DIR
+from ralph_ray.state import CampaignState
+from snapshot import Snapshot
+
+TTL_S = 2
+DEFAULT_KB = "kb"
+KB_ENV = "RALPH_KB"
+
+
+def kb_from_args(argv: list[str], env: dict[str, str]) -> Path:
+    """The KB root: `-- --kb PATH` after `streamlit run`, else $RALPH_KB, else ./kb."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--kb")
+    known, _ = parser.parse_known_args(argv)
+    return Path(known.kb or env.get(KB_ENV) or DEFAULT_KB).expanduser().resolve()
+
+
+def kb_exists(kb_root: str) -> bool:
+    """True once a campaign has initialised a KB at this root."""
+    return (Path(kb_root) / PARQUET_DIR / "trials" / "_schema.parquet").exists()
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _snapshot(kb_root: str) -> Snapshot:
+    return Snapshot(Path(kb_root), min_interval_s=TTL_S / 2)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=256)
+def frame(kb_root: str, query: str, params: tuple[Any, ...] = ()) -> pd.DataFrame:
+    """Rows of one `ralph_ray.sql` query as a DataFrame (cached for TTL_S seconds)."""
+    cursor = _snapshot(kb_root).cursor()
+    try:
+        return cursor.sql(query, params=[list(p) if isinstance(p, tuple) else p for p in params]).to_arrow_table().to_pandas()
+    finally:
+        cursor.close()
+
+
+def runs(kb_root: str) -> pd.DataFrame:
+    """Every campaign in the KB, newest first."""
+    return frame(kb_root, sql.APP_RUNS)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def run_state(run_dir: str) -> dict[str, Any] | None:
+    """The run dir's state.json as the orchestrator last saved it; None if it is gone or unreadable."""
+    try:
+        state = CampaignState.load(Path(run_dir))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return {**state.__dict__, "phase": state.phase.value, "status": state.status.value}
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
+def read_text(path: str) -> str | None:
+    """A run-dir file's text (analysis.md, ...), None when it is not there."""
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return None

@@ -1,0 +1,31 @@
+"""ralph_ray's live leaderboard: reads a knowledge base only (never the orchestrator, never Ray).
+
+    streamlit run app/leaderboard.py                       # the KB at ./kb (or $RALPH_KB)
+    streamlit run app/leaderboard.py -- --kb path/to/kb    # any KB root (`paths.kb` of a campaign)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# `streamlit run` puts this folder on sys.path for the pages' imports; AppTest and other embedders do not.
+APP_DIR = str(Path(__file__).resolve().parent)
+if APP_DIR not in sys.path:
+    sys.path.insert(0, APP_DIR)
+
+import streamlit as st  # noqa: E402
+
+import shell  # noqa: E402
+
+st.set_page_config(page_title="ralph_ray leaderboard", page_icon=":material/science:", layout="wide")
+navigation = st.navigation([
+    st.Page("views/board.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
+    st.Page("views/lineage.py", title="Lineage", icon=":material/account_tree:"),
+    st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
+    st.Page("views/diff.py", title="Diff", icon=":material/difference:"),
+    st.Page("views/interventions.py", title="Interventions", icon=":material/science:"),
+    st.Page("views/status.py", title="Status and budgets", icon=":material/monitor_heart:"),
+])
+shell.sidebar()
+navigation.run()

@@ -1,0 +1,147 @@
+"""What every page shares: the KB and campaign pickers, the empty states, and the live refresh."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Any
+
+import streamlit as st
+
+import figures
+import kbdata
+
+REFRESH_S = 3  # while a campaign runs, each page redraws itself this often
+
+
+@dataclass(frozen=True)
+class Campaign:
+    """The campaign the sidebar picked, as its newest `runs` row says."""
+
+    kb_root: str
+    run_id: str
+    experiment: str
+    task: str
+    status: str
+    stop_reason: str | None
+    run_dir: str
+    started_at: Any
+    finished_at: Any
+    cycle: int | None
+    phase: str | None
+    config: dict[str, Any]
+
+    @property
+    def running(self) -> bool:
+        """True while the orchestrator has not finished or crashed."""
+        return self.status == "running"
+
+    @property
+    def target(self) -> float | None:
+        """The campaign's target selection score (None: no target)."""
+        return (self.config.get("target") or {}).get("selection_score")
+
+
+def kb_root() -> str:
+    """The KB root this session reads (first from `-- --kb`, $RALPH_KB or ./kb; then the sidebar's field)."""
+    if not st.session_state.get("kb_root"):
+        st.session_state.kb_root = str(kbdata.kb_from_args(sys.argv[1:], dict(os.environ)))
+    return st.session_state.kb_root
+
+
+def sidebar() -> None:
+    """The KB path and the campaign picker (newest first); their values live in st.session_state."""
+    root = kb_root()
+    with st.sidebar:
+        st.text_input("Knowledge base", key="kb_root", help="A KB root (`paths.kb` of a campaign): `-- --kb PATH` or $RALPH_KB")
+        if not kbdata.kb_exists(root):
+            return
+        runs = kbdata.runs(root)
+        if runs.empty:
+            return
+        labels = {r.run_id: f"{r.run_id} · {r.experiment} · {r.status}" for r in runs.itertuples()}
+        if st.session_state.get("run_id") not in labels:
+            st.session_state.pop("run_id", None)  # a run of another KB, or a stale URL: start from the newest
+        st.selectbox("Campaign", list(labels), format_func=labels.get, key="run_id", bind="query-params")
+        st.caption(f"{len(labels)} campaign(s) in this KB · refreshes every {REFRESH_S} s while one runs")
+
+
+def campaign() -> Campaign | None:
+    """The picked campaign (the newest when none is picked); None when the KB has none."""
+    root = kb_root()
+    if not kbdata.kb_exists(root):
+        return None
+    runs = kbdata.runs(root)
+    if runs.empty:
+        return None
+    picked = runs[runs["run_id"] == st.session_state.get("run_id")]
+    rec = figures.records((picked if not picked.empty else runs).head(1))[0]
+    return Campaign(root, rec["run_id"], rec.get("experiment") or "?", rec.get("task") or "?", rec.get("status") or "?",
+                    rec.get("stop_reason"), rec.get("run_dir") or "", rec.get("started_at"), rec.get("finished_at"),
+                    None if rec.get("cycle") is None else int(rec["cycle"]), rec.get("phase"), json.loads(rec.get("config") or "{}"))
+
+
+def page(title: str, body: Callable[[Campaign], None]) -> None:
+    """Render a page: title, campaign banner, and `body` in a fragment that redraws itself while the campaign runs."""
+    st.title(title)
+    run = campaign()
+    if run is None:
+        empty_kb(kb_root())
+        return
+    running = run.running
+
+    @st.fragment(run_every=REFRESH_S if running else None)
+    def live() -> None:
+        current = campaign()
+        if current is None or current.run_id != run.run_id or current.running != running:
+            st.rerun()  # it just finished or crashed (or vanished): redraw everything once, with or without the timer
+        banner(current)
+        body(current)
+
+    live()
+
+
+def empty_kb(root: str) -> None:
+    """No KB at all, or a KB without a campaign: say what to run, and come alive when one appears."""
+    if not kbdata.kb_exists(root):
+        st.info(f"No knowledge base at `{root}` yet.\n\n"
+                f"Start a campaign that writes there: `python -m ralph_ray paths.kb={root}`, or point the app at an "
+                "existing one: `streamlit run app/leaderboard.py -- --kb PATH` (or set `RALPH_KB`).", icon=":material/database:")
+    else:
+        st.info(f"The knowledge base at `{root}` holds no campaign yet: run `python -m ralph_ray paths.kb={root}`.",
+                icon=":material/hourglass_empty:")
+
+    @st.fragment(run_every=REFRESH_S)
+    def poll() -> None:
+        if campaign() is not None:
+            st.rerun()
+
+    poll()
+
+
+def banner(run: Campaign) -> None:
+    """One line on the campaign's state; a crashed campaign says how to resume."""
+    where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
+    if run.status == "crashed":
+        st.error(f"Campaign `{run.run_id}` crashed: {run.stop_reason or 'no reason recorded'}.\n\n"
+                 f"Its run dir is `{run.run_dir}`; continue it with `python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+                 icon=":material/error:")
+    elif run.running:
+        st.caption(f":green-badge[:material/sync: running] `{run.run_id}` · {run.experiment} · {where} · live")
+    else:
+        st.caption(f":gray-badge[finished] `{run.run_id}` · {run.experiment} · stopped: {run.stop_reason or '-'}")
+
+
+def no_trials_yet(run: Campaign, what: str) -> None:
+    """The empty state of a campaign with nothing finished yet (`what` names the missing thing)."""
+    if run.status == "crashed":
+        st.warning(f"No {what}: the campaign crashed before any trial finished. Fix the cause above, then resume it.")
+    elif run.running:
+        st.info(f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase {run.phase or 'select'}); "
+                f"finished trials appear here within {REFRESH_S} s.", icon=":material/hourglass_top:")
+    else:
+        st.info(f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) before any trial finished. "
+                f"Start another with `python -m ralph_ray paths.kb={run.kb_root}`.")

@@ -1,0 +1,94 @@
+"""Diff: a variant's code change against its parent and against the seed, with the analysis and rationale behind it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+import figures
+import kbdata
+import shell
+from ralph_ray import sql
+from ralph_ray.variants import unified_diff
+
+
+@st.cache_data(ttl=60, show_spinner=False, max_entries=128)
+def diff_against(old_dir: str, new_dir: str) -> str | None:
+    """The unified diff of two variant folders (content-hashed, so immutable); None when either folder is gone."""
+    if not (Path(old_dir).is_dir() and Path(new_dir).is_dir()):
+        return None
+    return unified_diff(Path(old_dir), Path(new_dir))
+
+
+def parent_section(analysis: str, parent_id: str | None) -> str | None:
+    """The analyst's notes on one parent (the `## parent <id>` section of analysis.md)."""
+    if not parent_id:
+        return None
+    for section in analysis.split("\n## ")[1:]:
+        if section.startswith(f"parent {parent_id}"):
+            return "## " + section.strip()
+    return None
+
+
+def body(run: shell.Campaign) -> None:
+    variants = figures.records(kbdata.frame(run.kb_root, sql.APP_LINEAGE, (run.run_id,)))
+    if not variants:
+        shell.no_trials_yet(run, "variant")
+        return
+    by_id = {v["variant_id"]: v for v in variants}
+    seed = next((v for v in variants if not v.get("parent_id")), None)
+    # Children first (best first): the seed has nothing to diff.
+    order = sorted(by_id, key=lambda v: (by_id[v] is seed, -(by_id[v].get("selection_score") or float("-inf"))))
+    picked = by_id[st.selectbox("variant", order, key="diff_variant", format_func=lambda v: (
+        f"{figures.short(v)} · {by_id[v]['status']} · {figures.score_text(by_id[v].get('selection_score'))} · "
+        f"{', '.join(figures.interventions(by_id[v].get('interventions'))) or 'seed'}"))]
+    parent = by_id.get(picked.get("parent_id") or "")
+    st.markdown(f"**{picked['variant_id']}** ({picked['status']}, cycle {picked.get('cycle')}) · parent "
+                f"`{picked.get('parent_id') or '-'}` · interventions: {', '.join(figures.interventions(picked.get('interventions'))) or '-'}")
+
+    vs_parent, vs_seed = st.tabs(["against its parent", "against the seed"])
+    with vs_parent:
+        if not picked.get("parent_id"):
+            st.info("This is the seed trainer: it has no parent. Pick a child.")
+        elif picked.get("diff"):
+            st.code(picked["diff"], language="diff")
+        else:
+            # No diff recorded (a knob-only child keeps none): compare the folders when they are still there.
+            text = diff_against((parent or {}).get("files_dir") or "", picked.get("files_dir") or "")
+            if text:
+                st.caption("No diff recorded in the KB; computed from the variant folders.")
+                st.code(text, language="diff")
+            else:
+                st.info("No change against its parent recorded (a rejected child, or the same code with other knobs).")
+    with vs_seed:
+        if seed is None or picked is seed:
+            st.info("This is the seed trainer." if seed is not None else "The seed variant is not in the KB.")
+        else:
+            text = diff_against(seed.get("files_dir") or "", picked.get("files_dir") or "")
+            if text is None:
+                st.warning(f"The variants' files are gone from `{picked.get('files_dir')}` (run dir moved or deleted): "
+                           "only the diff against the parent, kept in the KB, is available.")
+            else:
+                st.code(text or "(identical code)", language="diff")
+
+    st.subheader("Why")
+    st.markdown(f"**Diagnosis:** {picked.get('diagnosis') or '-'} · **reason:** {picked.get('reason') or '-'}")
+    st.markdown("**Agent's rationale**")
+    st.markdown(picked.get("rationale") or "_none recorded_")
+    cycle = picked.get("cycle")
+    path = Path(run.run_dir) / f"cycle_{int(cycle):04d}" / "analysis.md" if cycle is not None else None
+    analysis = kbdata.read_text(str(path)) if path else None
+    st.markdown(f"**Analysis** (`{path}`)" if path else "**Analysis**")
+    if analysis is None:
+        st.caption("No analysis file for this variant's cycle (cycle 1 is the seed's knob search; or the run dir is gone).")
+    else:
+        section = parent_section(analysis, parent and parent["variant_id"])
+        with st.container(border=True):
+            st.markdown(section or analysis)
+        if section:
+            with st.expander("the whole cycle's analysis"):
+                st.markdown(analysis)
+
+
+shell.page("Diff", body)

@@ -1,0 +1,48 @@
+"""Interventions: measured effects across every campaign in this KB (what the heuristic agent ranks by)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import figures
+import kbdata
+import shell
+from ralph_ray import sql
+
+COLUMNS = {
+    "task": st.column_config.TextColumn("task"),
+    "intervention": st.column_config.TextColumn("intervention"),
+    "diagnosis": st.column_config.TextColumn("diagnosis", help="what the analyst saw in the parent"),
+    "mean_delta": st.column_config.NumberColumn("mean delta", format="%+.4f", help="child minus parent selection score"),
+    "ci_low": st.column_config.NumberColumn("95% low", format="%+.4f"),
+    "ci_high": st.column_config.NumberColumn("95% high", format="%+.4f"),
+    "n": st.column_config.NumberColumn("measured", help="children with a score"),
+    "tried": st.column_config.NumberColumn("tried"),
+    "win_rate": st.column_config.ProgressColumn("win rate", format="percent", min_value=0.0, max_value=1.0),
+    "kept": st.column_config.NumberColumn("kept"),
+    "rejected": st.column_config.NumberColumn("rejected", help="refused by the validation gate"),
+}
+
+
+def body(run: shell.Campaign) -> None:
+    effects = kbdata.frame(run.kb_root, sql.APP_EFFECTS)
+    if effects.empty:
+        st.info("No intervention measured yet: effects appear once a campaign's children (cycle 2 on) are trained and judged. "
+                f"Run a campaign with an agent: `python -m ralph_ray agent=heuristic paths.kb={run.kb_root}`.")
+        return
+    scope = figures.records(kbdata.frame(run.kb_root, sql.APP_EFFECTS_SCOPE))[0]
+    st.caption(f"Across all {scope['campaigns']} campaign(s) and {scope['tasks']} task(s) in this KB: {scope['tried']} intervention(s) tried. "
+               "Click a column header to sort.")
+    left, right = st.columns(2)
+    tasks = sorted(effects["task"].dropna().unique())
+    task = left.selectbox("task", ["all", *tasks], index=1 + tasks.index(run.task) if run.task in tasks else 0, key="effects_task")
+    diagnoses = sorted(effects["diagnosis"].dropna().unique())
+    picked = right.multiselect("diagnosis", diagnoses, default=diagnoses, key="effects_diagnosis")
+    shown = effects if task == "all" else effects[effects["task"] == task]
+    shown = shown[shown["diagnosis"].isin(picked) | shown["diagnosis"].isna()]
+    st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS)
+    if not shown.dropna(subset=["mean_delta"]).empty:
+        st.altair_chart(figures.effects_chart(shown), width="stretch")
+
+
+shell.page("Interventions", body)

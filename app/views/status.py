@@ -1,0 +1,83 @@
+"""Status and budgets: where the campaign is, what it spent against its safeguards, its decisions; stop it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+import figures
+import kbdata
+import shell
+from ralph_ray import sql
+from ralph_ray.state import STOP_FILE, request_stop
+
+DECISION_COLUMNS = ["cycle", "decision", "reason", "rationale", "best_selection_score", "best_variant_id", "elapsed_s", "tokens", "cost", "exit_code"]
+
+
+def body(run: shell.Campaign) -> None:
+    state = kbdata.run_state(run.run_dir) or {}
+    spent = figures.records(kbdata.frame(run.kb_root, sql.BUDGET_FOR_RUN, (run.run_id,)))
+    spent = spent[0] if spent else {}
+    decisions = kbdata.frame(run.kb_root, sql.DECISIONS_FOR_RUN, (run.run_id,))
+    last = figures.records(decisions.tail(1))[0] if not decisions.empty else {}
+    cycle = state.get("cycle") or run.cycle or spent.get("cycles") or 0
+    phase = state.get("phase") or run.phase or ("done" if run.status == "finished" else "-")
+    elapsed = float(state.get("elapsed_s") or last.get("elapsed_s") or 0.0)
+
+    cols = st.columns(4)
+    cols[0].metric("status", run.status)
+    cols[1].metric("cycle", f"{cycle} / {(run.config.get('safeguards') or {}).get('max_cycles', '?')}")
+    cols[2].metric("phase", phase)
+    best = spent.get("best_selection_score")
+    cols[3].metric("best selection score", figures.score_text(best),
+                   None if best is None or run.target is None else f"{best - run.target:+.4f} vs target {run.target:.4f}")
+
+    if not run.running:
+        why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
+        (st.error if run.status == "crashed" else st.success)(why + (f"\n\n{last['rationale']}" if last.get("rationale") else ""))
+    stop_button(run)
+
+    st.subheader("Budgets")
+    for item in figures.budgets(run.config, spent, elapsed, int(cycle)):
+        if item.share is None:
+            st.markdown(f"**{item.name}**: {item.text()}")
+        else:
+            st.progress(item.share, text=f"**{item.name}**: {item.text()}")
+    counts = kbdata.frame(run.kb_root, sql.TRIAL_STATUS_COUNTS, (run.run_id,))
+    st.caption("trials: " + (", ".join(f"{r['n']} {r['status']}" for r in figures.records(counts)) or "none finished yet")
+               + (f" · state.json saved {state['updated_at']}" if state.get("updated_at") else " · state.json not readable"))
+
+    st.subheader("Decisions")
+    if decisions.empty:
+        st.info("No decision yet: the first one comes at the end of cycle 1.")
+    else:
+        st.dataframe(decisions[[c for c in DECISION_COLUMNS if c in decisions]], width="stretch", hide_index=True,
+                     column_config={"best_selection_score": st.column_config.NumberColumn("best", format="%.4f"),
+                                    "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f"),
+                                    "rationale": st.column_config.TextColumn("rationale", width="large")})
+    if state:
+        with st.expander("state.json"):
+            st.json(state)
+
+
+def stop_button(run: shell.Campaign) -> None:
+    """The app's stop: the same STOP file as `python -m ralph_ray stop RUN_ID`; the campaign ends its cycle cleanly."""
+    run_dir = Path(run.run_dir)
+    stop_file = run_dir / STOP_FILE
+    if not run.running:
+        return
+    if stop_file.exists():
+        st.warning(f"Stop requested ({stop_file.read_text().strip()}): the campaign records what it has and stops at its next check.")
+        return
+    if st.button("Stop the campaign", type="primary", icon=":material/stop_circle:", key="stop",
+                 help=f"writes {stop_file}; the current cycle ends cleanly and is recorded"):
+        if not run_dir.is_dir():
+            st.error(f"The run dir `{run_dir}` is not reachable from here: stop the campaign where it runs, with "
+                     f"`python -m ralph_ray stop {run.run_id} --runs DIR`.")
+            return
+        request_stop(run_dir, "app")
+        st.warning(f"Stop requested: `{stop_file}` written.")
+
+
+shell.page("Status and budgets", body)

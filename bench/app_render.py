@@ -1,0 +1,235 @@
+"""How fast the Streamlit leaderboard first renders each page over a knowledge base of 10,000 trials (goal: <= 2 s).
+
+    python bench/app_render.py [--trials 10000] [--keep DIR]
+
+Builds the KB with the real `KnowledgeBase` writer in a temp dir, twice: parts laid out as campaigns write
+them today (one `trials` and one `epochs` part per trial, a `runs` part per phase), and compacted (one part
+per table and cycle). Then, per page: the first `AppTest.from_file(app/leaderboard.py)` run with every cache
+cleared (as after a fresh `streamlit run`: the app's snapshot reads every part), and a live refresh (a new
+trial written, the query cache expired: the snapshot reads the new parts only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402
+
+from ralph_ray.kb import KnowledgeBase, now  # noqa: E402
+
+ENTRY = Path(__file__).resolve().parent.parent / "app" / "leaderboard.py"
+PAGES = ("views/board.py", "views/lineage.py", "views/curves.py", "views/diff.py", "views/interventions.py", "views/status.py")
+GOAL_S = 2.0
+CAMPAIGNS, CYCLES = 50, 10  # 500 cycles; trials per cycle = trials / 500 (20 for 10,000)
+PARENTS, CHILDREN = 2, 5
+EPOCHS = 10
+INTERVENTIONS = ("lower_lr", "raise_lr", "cosine_lr_schedule", "lr_warmup", "adamw_optimizer", "weight_decay", "dropout",
+                 "label_smoothing", "augmentation", "batchnorm", "widen", "deepen", "longer_training", "ema_weights", "gradient_clipping")
+DIAGNOSES = ("underfitting", "overfitting", "plateau", "undertrained", "healthy")
+DIFF = """--- a/train.py
++++ b/train.py
+@@ -18,7 +18,7 @@
+ # knobs
+-LR = {old}  # learning rate
++LR = {new}  # learning rate
+ BATCH_SIZE = 64  # examples per step
+ WIDTH = 16  # channels of the first conv
+ EPOCHS = 10  # passes over the training data
+"""
+
+
+class Writer:
+    """Sends rows to the real KB writer: one part per trial (as campaigns do today) or one per table and cycle."""
+
+    def __init__(self, kb: KnowledgeBase, compact: bool) -> None:
+        self.kb, self.compact, self.pending = kb, compact, {}
+
+    def trial(self, tag: str, trial: dict[str, Any], epochs: list[dict[str, Any]]) -> None:
+        if self.compact:
+            self.pending.setdefault("epochs", []).extend(epochs)
+            self.pending.setdefault("trials", []).append(trial)
+        else:
+            self.kb.append("epochs", epochs, tag)
+            self.kb.append("trials", [trial], tag)
+
+    def run_row(self, tag: str, row: dict[str, Any]) -> None:
+        if self.compact:
+            self.pending["runs"] = [row]  # the newest row is what the view keeps
+        else:
+            self.kb.append("runs", [row], tag)
+
+    def flush(self, tag: str) -> None:
+        for table, rows in self.pending.items():
+            self.kb.put(table, rows, f"{tag}-{table}")
+        self.pending = {}
+
+
+def run_name(campaign: int) -> str:
+    """The run id of the n-th campaign (later ones start later: the last is the newest)."""
+    return f"2026{campaign:04d}-bench"
+
+
+def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, int]:
+    """A KB of `trials` trials over CAMPAIGNS x CYCLES cycles with realistic rows; returns the part counts."""
+    rng = random.Random(seed)
+    kb = KnowledgeBase(root)
+    kb.init()
+    writer = Writer(kb, compact)
+    per_cycle = max(1, trials // (CAMPAIGNS * CYCLES))
+    clock = now() - timedelta(days=30)
+    for c in range(CAMPAIGNS):
+        run_id = run_name(c)
+        config = {"experiment": "digits", "task": {"name": "digits"}, "target": {"selection_score": 0.99},
+                  "safeguards": {"max_cycles": CYCLES, "campaign_time_s": 3600, "tokens_per_campaign": 200_000, "cost_per_campaign": 5.0},
+                  "population": {"parents": PARENTS, "children_per_parent": CHILDREN}}
+        run = {"run_id": run_id, "experiment": "digits", "task": "digits", "run_dir": str(root.parent / "runs" / run_id),
+               "config": json.dumps(config), "started_at": clock}
+        seed_id = f"{rng.getrandbits(48):012x}"
+        scores = {seed_id: 0.90 + rng.random() * 0.03}
+        variants = [{"run_id": run_id, "variant_id": seed_id, "parent_id": None, "cycle": 1, "status": "seed", "interventions": "[]",
+                     "diagnosis": "healthy", "rationale": "the seed trainer", "files_dir": f"/gone/{seed_id}/files", "diff": ""}]
+        elapsed = 0.0
+        for cycle in range(1, CYCLES + 1):
+            tag = f"{run_id}-c{cycle:04d}"
+            parents = [seed_id] if cycle == 1 else sorted(scores, key=scores.get, reverse=True)[:PARENTS]
+            children = []
+            for parent in parents if cycle > 1 else []:
+                for _ in range(CHILDREN):
+                    vid, name = f"{rng.getrandbits(48):012x}", rng.choice(INTERVENTIONS)
+                    rejected = rng.random() < 0.1
+                    children.append({"run_id": run_id, "variant_id": vid, "parent_id": parent, "cycle": cycle,
+                                     "status": "rejected" if rejected else "candidate", "interventions": json.dumps([name]),
+                                     "diagnosis": rng.choice(DIAGNOSES), "parent_score": scores[parent], "backend": "heuristic",
+                                     "rationale": f"{name}: the parent's curves suggest it (measured effect so far +0.00{rng.randint(1, 9)})",
+                                     "reason": "gate: smoke run failed" if rejected else None, "files_dir": f"/gone/{vid}/files",
+                                     "diff": DIFF.format(old=0.05, new=round(0.05 * rng.choice((0.5, 2.0)), 4))})
+            runnable = [v["variant_id"] for v in children if v["status"] == "candidate"] or parents
+            for phase in ("analyse", "write", "train", "record", "decide", "select"):
+                writer.run_row(tag, {**run, "status": "running", "cycle": cycle, "phase": phase})
+            kb.put("variants", children + (variants if cycle == 1 else []), f"{tag}-write")
+            for t in range(per_cycle):
+                vid = runnable[t % len(runnable)]
+                base = scores.get(vid) or scores[parents[0]]
+                status = rng.choices(("completed", "stopped_early", "failed"), (0.45, 0.5, 0.05))[0]
+                n = EPOCHS if status == "completed" else rng.randint(1, EPOCHS // 2)
+                score = min(0.999, base + rng.gauss(0.002, 0.01)) if status == "completed" else None
+                trial_id = f"{rng.getrandbits(32):08x}"
+                clock += timedelta(seconds=rng.uniform(2, 10))
+                epochs = [{"run_id": run_id, "trial_id": trial_id, "epoch": e, "metric": m, "value": v}
+                          for e in range(1, n + 1)
+                          for m, v in (("val_acc", base * (1 - 0.5 ** e)), ("val_loss", 2.3 * 0.7 ** e), ("train_loss", 2.3 * 0.65 ** e),
+                                       ("lr", 0.05), ("grad_norm", 1 + rng.random()), ("epoch_seconds", 0.2 + rng.random() / 10))]
+                writer.trial(f"{tag}-{trial_id}", {
+                    "run_id": run_id, "cycle": cycle, "trial_id": trial_id, "variant_id": vid, "status": status,
+                    "reason": "nan loss" if status == "failed" else None, "seed": t,
+                    "knobs": json.dumps({"LR": round(rng.uniform(0.003, 0.3), 5), "BATCH_SIZE": rng.choice((32, 64, 128))}),
+                    "epochs": n, "val_metric": base, "selection_score": score, "test_score": None if score is None else score - 0.01,
+                    "seconds": n * 0.3, "work_dir": f"/gone/{trial_id}", "written_at": clock}, epochs)
+                if score is not None:
+                    scores[vid] = max(scores.get(vid, 0.0), score)
+            for child in children:
+                if child["status"] == "candidate":
+                    got = scores.get(child["variant_id"])
+                    child["selection_score"] = got
+                    child["status"] = "kept" if got is not None and got > child["parent_score"] + 0.002 else "discarded"
+            kb.put("variants", children, f"{tag}-record")
+            kb.put("interventions", [{"run_id": run_id, "task": "digits", "cycle": cycle, "variant_id": v["variant_id"], "parent_id": v["parent_id"],
+                                      "intervention": json.loads(v["interventions"])[0], "diagnosis": v["diagnosis"],
+                                      "parent_score": v["parent_score"], "child_score": v.get("selection_score"),
+                                      "delta": None if v.get("selection_score") is None else v["selection_score"] - v["parent_score"],
+                                      "outcome": v["status"]} for v in children], tag)
+            kb.put("agent_usage", [{"run_id": run_id, "cycle": cycle, "role": "coder", "backend": "heuristic", "variant_id": v["variant_id"],
+                                    "calls": 1, "tokens_in": 0, "tokens_out": 0, "seconds": 0.01, "cost": 0.0, "estimated": False}
+                                   for v in children], tag)
+            best = max(scores.values())
+            kb.put("cycles", [{"run_id": run_id, "cycle": cycle, "trials": per_cycle, "best_selection_score": best, "phase": "decide",
+                               "children": len(children), "rejected": sum(v["status"] == "rejected" for v in children)}], tag)
+            elapsed += per_cycle * 3.0
+            last = cycle == CYCLES
+            kb.put("decisions", [{"run_id": run_id, "cycle": cycle, "decision": "stop" if last else "continue",
+                                  "reason": "max_cycles" if last else "none", "exit_code": 0, "best_selection_score": best,
+                                  "rationale": f"cycle {cycle} of safeguards.max_cycles={CYCLES}" if last else "continue", "elapsed_s": elapsed,
+                                  "tokens": 0, "cost": 0.0}], tag)
+            writer.flush(tag)
+        kb.append("runs", [{**run, "status": "finished", "stop_reason": "max_cycles", "finished_at": clock}], run_id)
+    return {table: len(list((root / "parquet" / table).glob("*.parquet"))) for table in ("runs", "variants", "trials", "epochs")}
+
+
+def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
+    """Seconds of the first run of each page (all caches cleared) and of a live refresh after a new trial."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    kb = KnowledgeBase(kb_root)
+    run_id = run_name(CAMPAIGNS - 1)  # the newest: the one the app opens on
+    out = {}
+    for n, page in enumerate(PAGES):
+        st.cache_data.clear()
+        st.cache_resource.clear()
+        at = AppTest.from_file(str(ENTRY), default_timeout=300).switch_page(page)
+        at.session_state["kb_root"] = str(kb_root)
+        start = time.perf_counter()
+        at.run()
+        first = time.perf_counter() - start
+        if at.exception:
+            raise RuntimeError(f"{page}: {at.exception[0].value}")
+        trial_id = f"live{n:04d}"
+        kb.append("epochs", [{"run_id": run_id, "trial_id": trial_id, "epoch": 1, "metric": "val_acc", "value": 0.5}], f"{run_id}-{trial_id}")
+        kb.append("trials", [{"run_id": run_id, "cycle": CYCLES, "trial_id": trial_id, "variant_id": "live", "status": "stopped_early",
+                              "epochs": 1, "seconds": 0.3}], f"{run_id}-{trial_id}")
+        time.sleep(1.1)  # past the snapshot's look-again interval, as between two live refreshes
+        st.cache_data.clear()  # the query cache's TTL has run out
+        start = time.perf_counter()
+        at.run()
+        out[page] = {"first_s": round(first, 3), "refresh_s": round(time.perf_counter() - start, 3)}
+        print(f"  {page:24s} first {first:6.2f} s ({first / GOAL_S:.2f} x goal)  live refresh {out[page]['refresh_s']:.2f} s", flush=True)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--keep", type=Path, help="build the KBs here and keep them (default: a temp dir, removed)")
+    args = parser.parse_args()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="app_render-"))
+    figures: dict[str, Any] = {"trials": args.trials, "goal_s": GOAL_S, "streamlit": version("streamlit"),
+                               "load_average_before": [round(x, 2) for x in os.getloadavg()], "layouts": {}}
+    try:
+        for layout, compact in (("per_trial_parts", False), ("compacted_per_cycle", True)):
+            kb_root = root / layout / "kb"
+            start = time.perf_counter()
+            parts = build(kb_root, args.trials, compact)
+            print(f"{layout}: built in {time.perf_counter() - start:.1f} s, parts {parts}", flush=True)
+            pages = time_pages(kb_root)
+            worst = max(p["first_s"] for p in pages.values())
+            figures["layouts"][layout] = {"parts": parts, "pages": pages, "worst_first_s": worst, "ratio_to_goal": round(worst / GOAL_S, 2)}
+    finally:
+        if args.keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+    figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    lines = [f"# first render of each app page, KB of {args.trials:,} trials ({CAMPAIGNS} campaigns x {CYCLES} cycles, "
+             f"~{EPOCHS} epochs per completed trial); goal <= {GOAL_S} s", "",
+             f"load average (1, 5, 15 min) before {figures['load_average_before']}, after {figures['load_average_after']} "
+             "(2 cores: other work on the machine slows every figure)", ""]
+    for layout, data in figures["layouts"].items():
+        lines += [f"## {layout} (parts: {data['parts']})", "",
+                  "| page | first render s | ratio to goal | live refresh s |", "| --- | --- | --- | --- |"]
+        lines += [f"| {page} | {p['first_s']:.2f} | {p['first_s'] / GOAL_S:.2f} | {p['refresh_s']:.2f} |" for page, p in data["pages"].items()]
+        lines += ["", f"worst first render: **{data['worst_first_s']:.2f} s** ({data['ratio_to_goal']:.2f} x the goal)", ""]
+    save("app_render", figures, lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""A coding-agent CLI as the coder (Claude Code, Codex, Aider, OpenCode, any command): it edits the child's work dir.
+
+The command comes from a template in `agents/cli/<name>.yaml` (or `agent.cli_command`). It runs with the
+work dir (a copy of the parent's files, nothing else) as its cwd, in its own process group that is killed
+at the time limit, with an environment stripped of secrets except those it is allowed. The child's diff is
+whatever it changed. Its tokens cannot be counted, so they are estimated (4 characters a token) and marked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents import prompts
+from ralph_ray.agents.base import AgentConfigError, AgentError, Draft, ParentView, Recommendation, Usage
+from ralph_ray.config import AgentConfig
+from ralph_ray.trials import SECRET_ENV
+from ralph_ray.variants import unified_diff
+
+TEMPLATES_DIR = PROJECT_ROOT / "agents" / "cli"
+TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a command past its time limit
+TAIL_CHARS = 1500  # of the command's output, in an error message
+
+
+@dataclass(frozen=True)
+class CliTemplate:
+    """How to call one coding agent: its command line, extra arguments for a model, the secrets it may see."""
+
+    name: str
+    command: str
+    model_args: str | None
+    env: tuple[str, ...]
+
+
+def load_template(cfg: AgentConfig) -> CliTemplate:
+    """The configured template, with agent.cli_command (when set) replacing its command."""
+    path = TEMPLATES_DIR / f"{cfg.cli_template}.yaml"
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        known = ", ".join(sorted(p.stem for p in TEMPLATES_DIR.glob("*.yaml")))
+        raise AgentConfigError(f"no CLI template {path}\n  fix: set agent.cli_template to one of {known}, or set agent.cli_command") from None
+    except yaml.YAMLError as err:
+        raise AgentConfigError(f"{path} is not valid YAML: {err}") from None
+    command = cfg.cli_command or data.get("command")
+    if not command:
+        raise AgentConfigError(f"template {cfg.cli_template} has no command\n"
+                               "  fix: set agent.cli_command='my-agent {prompt_file}' or agent.cli_template=claude|codex|aider|opencode")
+    return CliTemplate(cfg.cli_template, " ".join(str(command).split()), data.get("model_args"), tuple(data.get("env") or ()))
+
+
+def command_line(template: CliTemplate, values: dict[str, str], files: list[str], model: str | None) -> list[str]:
+    """The argv: the template split like a shell would (no shell runs), placeholders filled inside each argument."""
+    line = template.command + (f" {template.model_args}" if model and template.model_args else "")
+    argv: list[str] = []
+    for token in shlex.split(line):
+        if token == "{files}":
+            argv.extend(files)
+            continue
+        for key, value in values.items():
+            token = token.replace("{" + key + "}", value)
+        argv.append(token)
+    return argv
+
+
+def clean_env(allowed: set[str], engine_secret: str | None) -> dict[str, str]:
+    """The engine's environment minus every secret-looking variable (and the engine's own key) not allowed."""
+    env = {}
+    for name, value in os.environ.items():
+        if name in allowed:
+            env[name] = value
+        elif name != engine_secret and not SECRET_ENV.search(name):
+            env[name] = value
+    return env
+
+
+class CliCoder:
+    """Runs the configured command in the child's work dir with the recommendation and program.md as the prompt."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.template = load_template(cfg)
+        self.model, self.timeout_s = cfg.model, cfg.cli_timeout_s
+        self.allowed = set(self.template.env) | set(cfg.cli_env)
+        self.engine_secret = cfg.api_key_env
+
+    def check(self) -> None:
+        """Fail fast when the command is not installed."""
+        program = shlex.split(self.template.command)[0]
+        if shutil.which(program) is None and not Path(program).is_file():
+            raise AgentConfigError(f"the CLI agent `{program}` (template {self.template.name}) is not on PATH\n"
+                                   "  fix: install it, or choose another with agent.cli_template / agent.cli_command")
+
+    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+        """Run the command once; the edit it leaves in `workdir` is the child."""
+        files = prompts.mutable_names(workdir)
+        refused = f"## Your last attempt was refused\n\nThe validation gate said: {feedback}\nAvoid that this time." if feedback else ""
+        prompt = prompts.render("cli", program=parent.program.strip(), recommendation=prompts.show_recommendation(recommendation),
+                                feedback=refused, mutable=", ".join(files))
+        scratch = Path(tempfile.mkdtemp(prefix="ralph-cli-"))
+        try:
+            (scratch / "prompt.md").write_text(prompt)
+            values = {"prompt": prompt, "prompt_file": str(scratch / "prompt.md"), "model": self.model or "",
+                      "workdir": str(workdir.resolve()), "scratch": str(scratch)}
+            argv = command_line(self.template, values, files, self.model)
+            on_stdin = "{prompt}" not in self.template.command and "{prompt_file}" not in self.template.command
+            start = time.perf_counter()
+            try:
+                output = self._run(argv, workdir, scratch, prompt if on_stdin else None)
+            finally:
+                usage.seconds += time.perf_counter() - start
+            usage.calls += 1
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        _remove_tool_litter(parent.files_dir, workdir)
+        diff = unified_diff(parent.files_dir, workdir)
+        usage.tokens_in += len(prompt) // 4
+        usage.tokens_out += (len(diff) + len(output)) // 4
+        usage.estimated = True
+        if not diff:
+            raise AgentError(f"`{argv[0]}` exited cleanly but changed nothing: {_tail(output) or 'no output'}")
+        return Draft(workdir, [recommendation.intervention], " ".join(output.split())[-400:] or recommendation.rationale)
+
+    def _run(self, argv: list[str], workdir: Path, scratch: Path, stdin_text: str | None) -> str:
+        """Run in a new process group with a time limit; the group dies with the call, whatever happens."""
+        out_path = scratch / "output.log"
+        with open(out_path, "wb") as out:
+            try:
+                proc = subprocess.Popen(argv, cwd=workdir, env=clean_env(self.allowed, self.engine_secret), start_new_session=True,
+                                        stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            except (FileNotFoundError, PermissionError) as err:
+                raise AgentConfigError(f"cannot start the CLI agent `{argv[0]}`: {err.strerror}\n"
+                                       "  fix: install it, or choose another with agent.cli_template / agent.cli_command") from None
+            try:
+                if stdin_text is not None:
+                    try:
+                        proc.stdin.write(stdin_text.encode())  # type: ignore[union-attr]
+                        proc.stdin.close()  # type: ignore[union-attr]
+                    except BrokenPipeError:
+                        pass  # the command does not read stdin; its exit status tells the rest
+                proc.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                raise AgentError(f"`{argv[0]}` ran past agent.cli_timeout_s={self.timeout_s:g}s and was killed "
+                                 f"(its whole process group): {_tail(_redact(out_path.read_text(errors='replace')))}") from None
+            finally:
+                _kill_group(proc)  # helpers it left behind (language servers, daemons) go too
+        output = _redact(out_path.read_text(errors="replace"))
+        if proc.returncode != 0:
+            raise AgentError(f"`{argv[0]}` exited with code {proc.returncode}: {_tail(output) or 'no output'}")
+        return output
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the command's process group, give it a moment, SIGKILL what is left; reap the command."""
+    for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break  # the group is gone
+        if grace is not None:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+    proc.wait()
+
+
+def _remove_tool_litter(parent: Path, workdir: Path) -> None:
+    """New hidden files and folders (`.aider*`, `.cache`...) are the tool's bookkeeping, not the child's code."""
+    before = {p.relative_to(parent) for p in parent.rglob("*")}
+    for path in sorted(workdir.rglob("*"), key=lambda p: len(p.parts)):
+        relative = path.relative_to(workdir)
+        if relative in before or not path.exists():
+            continue
+        if any(part.startswith(".") for part in relative.parts):
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def _redact(text: str) -> str:
+    """A tool may print a key it was given (or found); what it says goes into logs and the KB, so keys become ***."""
+    for name, value in os.environ.items():
+        if SECRET_ENV.search(name) and len(value) >= 8:
+            text = text.replace(value, "***")
+    return text
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return ("..." + text[-TAIL_CHARS:]) if len(text) > TAIL_CHARS else text
+

@@ -1,0 +1,465 @@
+"""The heuristic agent: offline and deterministic, the default backend.
+
+The analyst reads a parent's curves (the best completed trial's, plus why others failed), names what
+it sees (`Diagnosis`) with the numbers as evidence, and ranks catalog interventions that answer it:
+score = the knowledge base's measured mean delta for (intervention, diagnosis), or the catalog's prior
+while unmeasured, plus a UCB exploration bonus so untried interventions get their turn. The coder
+applies the chosen intervention to the child's copy of `train.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ralph_ray.agents.base import (
+    AgentError,
+    Analysis,
+    Diagnosis,
+    Draft,
+    EpochPoint,
+    InterventionEffect,
+    ParentView,
+    Recommendation,
+    TrialSummary,
+    Usage,
+)
+from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply, load_catalog
+from ralph_ray.knobs import read_knobs
+
+TRAINER = "train.py"
+
+# -----------------------------------------------------------------------------
+# Thresholds (each says why it sits where it does)
+
+# Epochs at the end of a curve read as "lately": long enough to average out one noisy epoch
+# (digits' val split is ~160 images, so val_acc moves in steps of ~0.006), short enough to be recent.
+WINDOW = 3
+# val_acc gained over the window above this means the run was still learning when it stopped
+# (about one val image on digits); below PLATEAU_DELTA it has stalled.
+UNDERTRAINED_DELTA = 0.005
+PLATEAU_DELTA = 0.002
+# val_loss still falling this much (relative) over the window, at its minimum, also means undertrained.
+UNDERTRAINED_LOSS_DROP = 0.05
+# val_loss this far (relative, and absolute) above its minimum while train_loss keeps falling is
+# overfitting; the absolute floor ignores wobbles between tiny losses.
+OVERFIT_VAL_RISE = 0.10
+OVERFIT_VAL_RISE_ABS = 0.01
+# A final val/train loss ratio above this with a gap above OVERFIT_MIN_GAP nats: the net fits its
+# train split far better than held-out data.
+OVERFIT_GAP_RATIO = 3.0
+OVERFIT_MIN_GAP = 0.05
+# Train loss this many nats above its floor (0, or the label-smoothing entropy) and no longer
+# falling by UNDERFIT_FLAT_DROP (relative) over the window: the net cannot fit its train split.
+UNDERFIT_TRAIN_LOSS = 0.5
+UNDERFIT_FLAT_DROP = 0.10
+# Label smoothing raises the train-loss floor; both shipped tasks have 10 classes and the floor
+# only shifts the underfitting threshold, so an assumed class count is close enough.
+ASSUMED_CLASSES = 10
+# Train loss ending this many times above its minimum: the optimisation is going backwards.
+DIVERGE_LOSS_RATIO = 1.5
+# An epoch's mean grad norm this many times the previous epoch's: a blow-up, even if it recovered.
+# (Compared epoch to epoch, not to the median: norms shrink naturally as the loss falls, so the
+# first epochs of a healthy run sit far above the median.)
+GRAD_SPIKE_RATIO = 10.0
+# Seconds per epoch above this: trials cost more than a cycle's budget comfortably holds (digits
+# runs ~0.05 s per epoch, cifar10 on a GPU well under 5 s).
+TOO_SLOW_EPOCH_SECONDS = 5.0
+# Failure reasons (as the trial driver words them) that mean divergence or slowness.
+DIVERGED_REASON = re.compile(r"non-finite|\bnan\b|\binf\b|diverg|overflow", re.IGNORECASE)
+TIMEOUT_REASON = re.compile(r"timeout|timed out", re.IGNORECASE)
+# At least this share of a parent's trials diverging makes divergence the only reading that counts.
+DIVERGED_SHARE = 0.5
+
+# Fewer candidates than this for the parent's diagnoses: add interventions that suit a healthy run
+# (a cycle grows several children per parent, so a short list would leave slots empty).
+MIN_RECOMMENDATIONS = 5
+# Severity order: what to fix first when several diagnoses hold.
+SEVERITY = (
+    Diagnosis.divergence, Diagnosis.overfitting, Diagnosis.underfitting,
+    Diagnosis.plateau, Diagnosis.undertrained, Diagnosis.too_slow, Diagnosis.healthy,
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis with the numbers that support it."""
+
+    diagnosis: Diagnosis
+    evidence: str
+
+
+# -----------------------------------------------------------------------------
+# Reading curves
+
+
+def best_trial(trials: list[TrialSummary]) -> TrialSummary | None:
+    """The completed trial with the best selection score (else the best stopped-early one) with a curve."""
+    for status in ("completed", "stopped_early"):
+        pool = [t for t in trials if t.status == status and t.curve]
+        if pool:
+            return max(pool, key=lambda t: -math.inf if t.selection_score is None else t.selection_score)
+    return None
+
+
+def diagnose(trials: list[TrialSummary], knobs: dict[str, Any]) -> list[Finding]:
+    """What the trials show, most severe first; `[healthy]` when nothing is wrong."""
+    best = best_trial(trials)
+    from_curve = _curve_findings(best.curve, {**knobs, **best.knobs}) if best is not None else []
+    findings = _failure_findings(trials) + from_curve
+    diverged = sum(bool(t.status == "failed" and DIVERGED_REASON.search(t.reason or "")) for t in trials)
+    if any(f.diagnosis is Diagnosis.divergence for f in from_curve) or (diverged and diverged >= DIVERGED_SHARE * len(trials)):
+        # A run that blows up says nothing trustworthy about over- or underfitting: fix that first.
+        # (A minority of diverged trials is the sampler probing a large LR; the best curve still counts.)
+        findings = [f for f in findings if f.diagnosis in (Diagnosis.divergence, Diagnosis.too_slow)]
+    findings = _first_per_diagnosis(findings)
+    if not any(f.diagnosis is not Diagnosis.too_slow for f in findings):
+        evidence = "no trial has a curve yet" if best is None else "no warning sign in the best curve"
+        findings.append(Finding(Diagnosis.healthy, evidence))
+    return sorted(findings, key=lambda f: SEVERITY.index(f.diagnosis))
+
+
+def _first_per_diagnosis(findings: list[Finding]) -> list[Finding]:
+    seen: dict[Diagnosis, Finding] = {}
+    for finding in findings:
+        seen.setdefault(finding.diagnosis, finding)
+    return list(seen.values())
+
+
+def _failure_findings(trials: list[TrialSummary]) -> list[Finding]:
+    failed = [t for t in trials if t.status == "failed" and t.reason]
+    findings = []
+    diverged = [t for t in failed if DIVERGED_REASON.search(t.reason or "")]
+    if diverged:
+        findings.append(Finding(Diagnosis.divergence, f"{len(diverged)} of {len(trials)} trials failed: {diverged[0].reason}"))
+    timed_out = [t for t in failed if TIMEOUT_REASON.search(t.reason or "")]
+    if timed_out:
+        findings.append(Finding(Diagnosis.too_slow, f"{len(timed_out)} of {len(trials)} trials timed out: {timed_out[0].reason}"))
+    return findings
+
+
+def _series(curve: list[EpochPoint], metric: str) -> list[tuple[int, float]]:
+    """(epoch, value) pairs of one metric, skipping epochs that did not report it."""
+    return [(p.epoch, getattr(p, metric)) for p in curve if getattr(p, metric) is not None]
+
+
+def _curve_findings(curve: list[EpochPoint], knobs: dict[str, Any]) -> list[Finding]:
+    checks = (_divergence, _overfitting, _underfitting, _progress, _too_slow)
+    return [finding for check in checks if (finding := check(curve, knobs)) is not None]
+
+
+def _divergence(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    for metric in ("train_loss", "val_loss"):
+        bad = [(e, v) for e, v in _series(curve, metric) if not math.isfinite(v)]
+        if bad:
+            return Finding(Diagnosis.divergence, f"{metric} is {bad[0][1]} at epoch {bad[0][0]}")
+    train = _series(curve, "train_loss")
+    if len(train) >= 2:
+        low_epoch, low = min(train, key=lambda ev: ev[1])
+        end_epoch, end = train[-1]
+        if low > 0 and end > DIVERGE_LOSS_RATIO * low:
+            return Finding(Diagnosis.divergence, f"train_loss climbed from {low:.4g} (epoch {low_epoch}) to {end:.4g} (epoch {end_epoch})")
+    norms = _series(curve, "grad_norm")
+    for (_, previous), (epoch, norm) in zip(norms, norms[1:]):
+        if previous > 0 and norm > GRAD_SPIKE_RATIO * previous:
+            return Finding(Diagnosis.divergence, f"grad_norm jumped from {previous:.3g} to {norm:.3g} at epoch {epoch}")
+    return None
+
+
+def _overfitting(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    val, train = _series(curve, "val_loss"), dict(_series(curve, "train_loss"))
+    if len(val) < 2 or not train:
+        return None
+    low_epoch, low = min(val, key=lambda ev: ev[1])
+    end_epoch, end = val[-1]
+    train_end = train.get(end_epoch)
+    train_at_low = train.get(low_epoch)
+    rose = end > low * (1 + OVERFIT_VAL_RISE) and end - low > OVERFIT_VAL_RISE_ABS
+    if rose and train_end is not None and train_at_low is not None and train_end < train_at_low:
+        return Finding(
+            Diagnosis.overfitting,
+            f"val_loss rose from {low:.4g} (epoch {low_epoch}) to {end:.4g} (epoch {end_epoch}) "
+            f"while train_loss fell from {train_at_low:.4g} to {train_end:.4g}",
+        )
+    if train_end is not None and train_end > 0 and end / train_end > OVERFIT_GAP_RATIO and end - train_end > OVERFIT_MIN_GAP:
+        return Finding(Diagnosis.overfitting, f"final val_loss {end:.4g} is {end / train_end:.1f}x train_loss {train_end:.4g}")
+    return None
+
+
+def _underfitting(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    train = _series(curve, "train_loss")
+    if len(train) <= WINDOW:
+        return None
+    floor = smoothing_floor(float(knobs.get("LABEL_SMOOTHING") or 0.0))
+    before, end = train[-1 - WINDOW][1], train[-1][1]
+    flat = before - end < UNDERFIT_FLAT_DROP * before
+    if end - floor > UNDERFIT_TRAIN_LOSS and flat:
+        return Finding(
+            Diagnosis.underfitting,
+            f"train_loss is still {end:.4g} (floor {floor:.3g}) and fell only {before - end:.3g} over the last {WINDOW} epochs",
+        )
+    return None
+
+
+def smoothing_floor(label_smoothing: float, classes: int = ASSUMED_CLASSES) -> float:
+    """The lowest cross-entropy reachable against smoothed labels (the smoothed target's entropy)."""
+    if label_smoothing <= 0:
+        return 0.0
+    right, wrong = 1 - label_smoothing + label_smoothing / classes, label_smoothing / classes
+    return -(right * math.log(right) + (classes - 1) * wrong * math.log(wrong))
+
+
+def _progress(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    """Undertrained (still improving at the end) or plateau (flat over the last epochs)."""
+    acc = _series(curve, "val_acc")
+    if len(acc) <= WINDOW:
+        return None
+    earlier = max(v for _, v in acc[:-WINDOW])
+    recent = max(v for _, v in acc[-WINDOW:])
+    gain = recent - earlier
+    window = f"the last {WINDOW} epochs"
+    if gain > UNDERTRAINED_DELTA:
+        return Finding(Diagnosis.undertrained, f"val_acc reached {recent:.4f} in {window}, up {gain:.4f} on the earlier best {earlier:.4f}")
+    loss = _series(curve, "val_loss")
+    if len(loss) > WINDOW:
+        before, end = loss[-1 - WINDOW][1], loss[-1][1]
+        if end <= min(v for _, v in loss) and end < before * (1 - UNDERTRAINED_LOSS_DROP):
+            return Finding(Diagnosis.undertrained, f"val_loss is still falling at the last epoch ({before:.4g} -> {end:.4g} over {window})")
+    if gain < PLATEAU_DELTA:
+        return Finding(Diagnosis.plateau, f"val_acc flat: best {recent:.4f} in {window} vs {earlier:.4f} before")
+    return None
+
+
+def _too_slow(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    seconds = [v for _, v in _series(curve, "epoch_seconds")]
+    if seconds and statistics.median(seconds) > TOO_SLOW_EPOCH_SECONDS:
+        return Finding(Diagnosis.too_slow, f"median epoch takes {statistics.median(seconds):.1f} s (threshold {TOO_SLOW_EPOCH_SECONDS:g} s)")
+    return None
+
+
+# -----------------------------------------------------------------------------
+# Ranking
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An applicable intervention scored against one diagnosis."""
+
+    intervention: Intervention
+    finding: Finding
+    score: float
+    note: str  # how the score came about (measured or prior, bonus)
+
+
+def score(
+    intervention: Intervention, diagnosis: Diagnosis, effects: list[InterventionEffect], exploration: float
+) -> tuple[float, str]:
+    """Measured mean delta (or the catalog prior) plus the UCB bonus exploration*sqrt(log(N+1)/(n+1))."""
+    same = [e for e in effects if e.diagnosis == diagnosis.value]
+    total = sum(e.count for e in same)
+    mine = next((e for e in same if e.intervention == intervention.name), None)
+    count = mine.count if mine is not None else 0
+    bonus = exploration * math.sqrt(math.log(total + 1) / (count + 1))
+    if mine is not None and count > 0 and mine.mean_delta is not None:
+        note = f"measured {mine.mean_delta:+.4f} over {count} children"
+        if mine.win_rate is not None:
+            note += f" (win rate {mine.win_rate:.0%})"
+        return mine.mean_delta + bonus, f"{note}; exploration bonus {bonus:.3g}"
+    return intervention.prior + bonus, f"not measured yet under {diagnosis.value}: prior {intervention.prior:+.4f}, exploration bonus {bonus:.3g}"
+
+
+def _best_candidate(
+    intervention: Intervention, findings: list[Finding], effects: list[InterventionEffect], exploration: float
+) -> Candidate | None:
+    """The intervention scored against whichever of the parent's diagnoses it answers best."""
+    best: Candidate | None = None
+    for finding in findings:
+        if finding.diagnosis not in intervention.answers:
+            continue
+        value, note = score(intervention, finding.diagnosis, effects, exploration)
+        if best is None or value > best.score:
+            best = Candidate(intervention, finding, value, note)
+    return best
+
+
+# -----------------------------------------------------------------------------
+# The agents
+
+
+class HeuristicAnalyst:
+    """Diagnoses a parent's curves and ranks applicable catalog interventions by measured effect."""
+
+    def __init__(self, seed: int = 0, exploration: float = 1.0, catalog: Catalog | None = None) -> None:
+        if exploration < 0:
+            raise ValueError(f"exploration must be >= 0, got {exploration}")
+        self.seed = seed
+        self.exploration = exploration
+        self.catalog = catalog if catalog is not None else load_catalog()
+
+    def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
+        """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
+        start = time.perf_counter()
+        try:
+            source = _read_trainer(parent.files_dir)
+            findings = diagnose(parent.trials, read_knobs(source))
+            applicable, skipped = self._applicable(parent, source)
+            ranked = self._rank(parent, findings, applicable, effects)
+            summary = _summary(parent, findings, ranked, skipped)
+            return Analysis(parent.variant_id, [f.diagnosis for f in findings], summary, ranked)
+        finally:
+            usage.add(Usage(calls=1, seconds=time.perf_counter() - start))
+
+    def _applicable(self, parent: ParentView, source: str) -> tuple[list[Intervention], dict[str, str]]:
+        """Interventions that apply to the parent's code and are not spent along its lineage."""
+        applicable, skipped = [], {}
+        for intervention in self.catalog:
+            if intervention.name in parent.lineage and not intervention.repeatable:
+                skipped[intervention.name] = "already in the lineage"
+                continue
+            try:
+                apply(intervention, source)
+            except NotApplicable as reason:
+                skipped[intervention.name] = str(reason).removeprefix(f"{intervention.name}: ")
+                continue
+            applicable.append(intervention)
+        return applicable, skipped
+
+    def _rank(
+        self, parent: ParentView, findings: list[Finding], applicable: list[Intervention], effects: list[InterventionEffect]
+    ) -> list[Recommendation]:
+        """Candidates for the diagnoses first, then (if too few) healthy-run and any other applicable ones."""
+        # Ties go to a draw seeded by (seed, parent): repeatable runs, but sibling parents differ.
+        rng = random.Random(f"{self.seed}:{parent.variant_id}")
+        draws = {i.name: rng.random() for i in sorted(applicable, key=lambda i: i.name)}
+        primary = self._scored(applicable, findings, effects, draws)
+        chosen = {c.intervention.name for c in primary}
+        fallback: list[Candidate] = []
+        if len(primary) < MIN_RECOMMENDATIONS:
+            healthy = Finding(Diagnosis.healthy, "few interventions answer the diagnoses; this one generally helps")
+            rest = [i for i in applicable if i.name not in chosen]
+            answers_healthy = [i for i in rest if Diagnosis.healthy in i.answers]
+            others = [i for i in rest if Diagnosis.healthy not in i.answers]
+            fallback = self._scored(answers_healthy, [healthy], effects, draws)
+            fallback += self._scored_as(others, healthy, effects, draws)
+        return [_recommendation(c) for c in primary + fallback]
+
+    def _scored(
+        self, interventions: list[Intervention], findings: list[Finding], effects: list[InterventionEffect], draws: dict[str, float]
+    ) -> list[Candidate]:
+        found = [c for i in interventions if (c := _best_candidate(i, findings, effects, self.exploration)) is not None]
+        return sorted(found, key=lambda c: (-c.score, draws[c.intervention.name]))
+
+    def _scored_as(
+        self, interventions: list[Intervention], finding: Finding, effects: list[InterventionEffect], draws: dict[str, float]
+    ) -> list[Candidate]:
+        """Score interventions under `finding` even though they do not list it (last-resort fallback)."""
+        found = []
+        for intervention in interventions:
+            value, note = score(intervention, finding.diagnosis, effects, self.exploration)
+            found.append(Candidate(intervention, finding, value, note))
+        return sorted(found, key=lambda c: (-c.score, draws[c.intervention.name]))
+
+
+class HeuristicCoder:
+    """Applies a catalog intervention to the child's copy of `train.py`; it cannot repair rejected code."""
+
+    def __init__(self, catalog: Catalog | None = None) -> None:
+        self.catalog = catalog if catalog is not None else load_catalog()
+
+    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+        """Edit `workdir/train.py` in place with the recommended intervention."""
+        start = time.perf_counter()
+        call = Usage(calls=1)
+        try:
+            if feedback is not None:
+                raise AgentError(
+                    f"the heuristic coder cannot repair {recommendation.intervention!r} after the validation gate "
+                    f"rejected it (catalog edits are fixed); gate said: {feedback.strip()[:500]}"
+                )
+            name = recommendation.intervention
+            try:
+                intervention = self.catalog.get(name)
+            except KeyError as error:
+                raise AgentError(error.args[0]) from None
+            path = workdir / TRAINER
+            source = _read_trainer(workdir)
+            try:
+                edited = apply(intervention, source)
+            except NotApplicable as reason:
+                raise AgentError(f"cannot apply {name} to {path}: {reason}") from None
+            path.write_text(edited)
+        finally:
+            call.seconds = time.perf_counter() - start
+            usage.add(call)
+        rationale = f"{name} ({recommendation.diagnosis.value}): {intervention.description} {recommendation.rationale}"
+        return Draft(files_dir=workdir, interventions=[name], rationale=rationale, usage=call)
+
+
+# -----------------------------------------------------------------------------
+# Text
+
+
+def _read_trainer(files_dir: Path) -> str:
+    path = Path(files_dir) / TRAINER
+    if not path.is_file():
+        raise AgentError(f"{path} does not exist: the heuristic agent edits a variant's {TRAINER}")
+    return path.read_text()
+
+
+def _recommendation(candidate: Candidate) -> Recommendation:
+    finding = candidate.finding
+    rationale = f"Answers {finding.diagnosis.value} ({finding.evidence}); {candidate.note}."
+    return Recommendation(
+        intervention=candidate.intervention.name,
+        diagnosis=finding.diagnosis,
+        rationale=rationale,
+        priority=round(candidate.score, 6),
+        details=candidate.intervention.description,
+    )
+
+
+def _summary(parent: ParentView, findings: list[Finding], ranked: list[Recommendation], skipped: dict[str, str]) -> str:
+    """The analysis as markdown: the evidence, the diagnoses, the ranking, what was skipped and why."""
+    score_text = "unscored" if parent.selection_score is None else f"selection {parent.selection_score:.4f}"
+    lines = [f"### Parent `{parent.variant_id}` ({score_text})", ""]
+    lines += _curve_lines(parent.trials)
+    lines += ["", "**Diagnoses**", ""]
+    lines += [f"- **{f.diagnosis.value}**: {f.evidence}" for f in findings]
+    lines += ["", "**Recommendations**", ""]
+    lines += [f"{n}. `{r.intervention}` ({r.diagnosis.value}, priority {r.priority:.4g})" for n, r in enumerate(ranked, 1)]
+    if not ranked:
+        lines.append("none: no catalog intervention applies to this trainer")
+    if skipped:
+        lines += ["", "**Skipped**", ""]
+        lines += [f"- `{name}`: {why}" for name, why in skipped.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _curve_lines(trials: list[TrialSummary]) -> list[str]:
+    best = best_trial(trials)
+    statuses = ", ".join(f"{sum(t.status == s for t in trials)} {s}" for s in sorted({t.status for t in trials}))
+    lines = [f"Trials: {len(trials)} ({statuses or 'none'})."]
+    if best is None:
+        return lines + ["No trial reported a curve."]
+    last = best.curve[-1]
+    acc = _series(best.curve, "val_acc")
+    peak = f"; best val_acc {max(acc, key=lambda ev: ev[1])[1]:.4f} at epoch {max(acc, key=lambda ev: ev[1])[0]}" if acc else ""
+    lines.append(
+        f"Best trial `{best.trial_id}` ({best.status}, {len(best.curve)} epochs): final "
+        + ", ".join(f"{m} {_fmt(getattr(last, m))}" for m in ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds"))
+        + peak + "."
+    )
+    failed = [t for t in trials if t.status == "failed"]
+    if failed:
+        lines.append(f"Failed: {len(failed)} (first: {failed[0].reason or 'no reason recorded'}).")
+    return lines
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"

@@ -1,0 +1,120 @@
+"""The LLM and CLI agents' prompts: markdown programs in `agents/prompts/`, plus the data they are shown.
+
+A prompt file holds the rules and the output format; `{{name}}` marks where the engine puts a value.
+The data (code, curves, lineage, measured effects) is formatted here, the same way for every backend.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from pathlib import Path
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.base import AgentConfigError, Diagnosis, InterventionEffect, ParentView, Recommendation, TrialSummary
+from ralph_ray.gate import MUTABLE
+from ralph_ray.variants import variant_files
+
+PROMPTS_DIR = PROJECT_ROOT / "agents" / "prompts"
+MAX_TRIALS_SHOWN = 6  # the best trials of a parent, by selection score
+MAX_CURVE_ROWS = 16  # longer curves are thinned evenly (first and last epoch always kept)
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+
+
+def render(name: str, **values: str) -> str:
+    """`agents/prompts/<name>.md` with its `{{placeholders}}` filled; a placeholder the engine lacks is a config error."""
+    path = PROMPTS_DIR / f"{name}.md"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise AgentConfigError(f"prompt file {path} is missing: restore it from the repository") from None
+    unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(text)} - set(values))
+    if unknown:
+        raise AgentConfigError(f"{path} uses {', '.join('{{' + u + '}}' for u in unknown)}; "
+                               f"the engine fills only {', '.join('{{' + v + '}}' for v in sorted(values))}")
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+
+def diagnoses_list() -> str:
+    """The diagnosis values an analyst may use, for the prompt."""
+    return ", ".join(d.value for d in Diagnosis)
+
+
+def mutable_names(folder: Path) -> list[str]:
+    """The files of a variant folder an agent may change (relative paths, sorted)."""
+    return sorted(str(p.relative_to(folder)) for p in variant_files(folder)
+                  if any(fnmatch.fnmatch(p.name, pattern) for pattern in MUTABLE))
+
+
+def show_files(folder: Path) -> str:
+    """The mutable files of a variant, each in a fenced block under its path."""
+    blocks = []
+    for name in mutable_names(folder):
+        blocks.append(f"### {name}\n\n```python\n{(folder / name).read_text(errors='replace').rstrip()}\n```")
+    return "\n\n".join(blocks)
+
+
+def show_recommendation(rec: Recommendation) -> str:
+    """One recommendation as the coder reads it."""
+    lines = [f"**{rec.intervention}** (answers: {_value(rec.diagnosis)})", "", f"Why: {rec.rationale}"]
+    if rec.details:
+        lines += ["", f"What to change: {rec.details}"]
+    return "\n".join(lines)
+
+
+def show_parent(parent: ParentView, effects: list[InterventionEffect], catalog: list[tuple[str, str]]) -> str:
+    """Everything the analyst may know about a parent, as markdown: code, trials and curves, lineage, KB effects."""
+    score = "not scored yet" if parent.selection_score is None else f"{parent.selection_score:.4f}"
+    parts = [f"# Parent {parent.variant_id}: selection score {score}",
+             "## Lineage (changes from the seed, oldest first)\n\n" + (", ".join(parent.lineage) or "the seed itself"),
+             "## Code (the best trial's knobs written in)\n\n" + show_files(parent.files_dir),
+             "## Trials\n\n" + _show_trials(parent.trials),
+             "## What the knowledge base measured (selection-score change of children over parents)\n\n" + _show_effects(effects)]
+    if catalog:
+        parts.append("## Catalog interventions (names to reuse when one fits)\n\n" + "\n".join(f"- `{n}`: {d}" for n, d in catalog))
+    return "\n\n".join(parts)
+
+
+def _show_trials(trials: list[TrialSummary]) -> str:
+    if not trials:
+        return "no trial recorded"
+    ranked = sorted(trials, key=lambda t: (t.selection_score is None, -(t.selection_score or 0.0)))
+    out = []
+    for trial in ranked[:MAX_TRIALS_SHOWN]:
+        score = "-" if trial.selection_score is None else f"{trial.selection_score:.4f}"
+        head = f"### {trial.trial_id}: {trial.status}, selection {score}" + (f" ({trial.reason})" if trial.reason else "")
+        out.append(f"{head}\n\nknobs: {json.dumps(trial.knobs, sort_keys=True)}\n\n{_show_curve(trial)}")
+    if len(ranked) > MAX_TRIALS_SHOWN:
+        out.append(f"({len(ranked) - MAX_TRIALS_SHOWN} more trials not shown)")
+    return "\n\n".join(out)
+
+
+def _show_curve(trial: TrialSummary) -> str:
+    points = trial.curve
+    if not points:
+        return "no epoch reported"
+    if len(points) > MAX_CURVE_ROWS:
+        step = (len(points) - 1) / (MAX_CURVE_ROWS - 1)
+        points = [points[round(i * step)] for i in range(MAX_CURVE_ROWS)]
+    rows = ["| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |", "|---|---|---|---|---|---|---|"]
+    for p in points:
+        rows.append("| " + " | ".join([str(p.epoch)] + [_num(v) for v in (p.train_loss, p.val_loss, p.val_acc, p.lr, p.grad_norm, p.epoch_seconds)]) + " |")
+    return "\n".join(rows)
+
+
+def _show_effects(effects: list[InterventionEffect]) -> str:
+    if not effects:
+        return "nothing measured yet"
+    rows = ["| intervention | diagnosis | children | mean delta | win rate |", "|---|---|---|---|---|"]
+    for e in sorted(effects, key=lambda e: (e.diagnosis, -(e.mean_delta or 0.0))):
+        rows.append(f"| {e.intervention} | {e.diagnosis} | {e.count} | {_num(e.mean_delta)} | {_num(e.win_rate)} |")
+    return "\n".join(rows)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _value(diagnosis: Diagnosis | str) -> str:
+    return diagnosis.value if isinstance(diagnosis, Diagnosis) else str(diagnosis)

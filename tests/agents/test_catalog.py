@@ -1,0 +1,247 @@
+"""The intervention catalog: validation, applying entries, and every entry's edit still trains."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.base import Diagnosis
+from ralph_ray.agents.catalog import CATALOG_PATH, NotApplicable, apply, load_catalog
+from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.tasks.base import write_public
+from ralph_ray.tasks.digits import prepare
+
+DIGITS = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+CIFAR10 = (PROJECT_ROOT / "trainers" / "cifar10" / "train.py").read_text()
+REQUIRED = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds")
+CATALOG = load_catalog()
+
+# Stacks of structural interventions that must compose, in the order a lineage could apply them.
+STACKS = {
+    "bn_aug_ema_cosine": ["batchnorm", "augmentation", "ema_weights", "cosine_lr_schedule"],
+    "all_with_batchnorm": [
+        "batchnorm", "augmentation", "ema_weights", "cosine_lr_schedule", "deepen", "lr_warmup",
+        "label_smoothing", "gradient_clipping", "adamw_optimizer",
+    ],
+    "reverse_order": ["gradient_clipping", "cosine_lr_schedule", "lr_warmup", "deepen", "batchnorm", "ema_weights"],
+    "grokfast_stack": ["grokfast_filter", "augmentation", "ema_weights", "label_smoothing", "adamw_optimizer", "deepen"],
+}
+
+
+def stack(names: list[str], source: str = DIGITS) -> str:
+    for name in names:
+        source = apply(CATALOG.get(name), source)
+    return source
+
+
+# -----------------------------------------------------------------------------
+# Loading and validation
+
+
+def test_catalog_loads_with_valid_entries():
+    assert CATALOG.path == CATALOG_PATH == PROJECT_ROOT / "agents" / "interventions.yaml"
+    assert len(CATALOG) >= 14
+    assert len(set(CATALOG.names())) == len(CATALOG)
+    for entry in CATALOG:
+        assert entry.answers and all(isinstance(d, Diagnosis) for d in entry.answers)
+        assert entry.description
+    expected = {
+        "lower_lr", "raise_lr", "cosine_lr_schedule", "lr_warmup", "adamw_optimizer", "weight_decay", "dropout",
+        "label_smoothing", "batchnorm", "widen", "deepen", "augmentation", "longer_training", "ema_weights",
+        "grokfast_filter", "gradient_clipping",
+    }
+    assert expected <= set(CATALOG.names())
+    assert {d for entry in CATALOG for d in entry.answers} == set(Diagnosis)  # every diagnosis has an answer
+
+
+def test_get_unknown_names_the_known_ones():
+    with pytest.raises(KeyError, match="no intervention 'teleport'.*lower_lr"):
+        CATALOG.get("teleport")
+
+
+GOOD = """
+  - name: ok
+    description: fine
+    answers: [plateau]
+    knobs:
+      LR: {mul: 0.5}
+"""
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("  - name: bad\n    description: x\n    answers: [sleepy]\n    knobs: {LR: {mul: 2}}\n",
+         r"intervention 'bad'.*'answers'.*'sleepy' is not a diagnosis"),
+        ("  - name: bad\n    answers: [plateau]\n    knobs: {LR: {mul: 2}}\n", r"intervention 'bad'.*'description'"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n    knobs: {LR: {mul: 2, add: 1}}\n",
+         r"intervention 'bad'.*'knobs.LR'.*exactly one of set, mul, add"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n    knobs: {LR: {mul: fast}}\n",
+         r"'knobs.LR'.*expected a number"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n    edits: [{find: '(', replace: x}]\n",
+         r"intervention 'bad'.*'edits'.*bad regex"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: lr, value: 1, comment: c}]\n",
+         r"'add_knobs'.*UPPER_CASE"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: LR2, value: 1}]\n",
+         r"'add_knobs'.*one-line comment"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n    colour: red\n    knobs: {LR: {mul: 2}}\n",
+         r"intervention 'bad'.*'colour'.*unknown field"),
+        ("  - name: bad\n    description: x\n    answers: [plateau]\n", r"intervention 'bad'.*at least one of knobs"),
+        ("  - name: Bad Name\n    description: x\n", r"entry 1: field 'name'"),
+        ("  - name: ok\n    description: again\n    answers: [plateau]\n    knobs: {LR: {mul: 2}}\n", r"'ok' is defined twice"),
+    ],
+)
+def test_malformed_entries_raise_a_clear_error(tmp_path: Path, entry: str, message: str):
+    path = tmp_path / "interventions.yaml"
+    path.write_text("interventions:\n" + GOOD + entry)
+    with pytest.raises(ValueError, match=message):
+        load_catalog(path)
+
+
+@pytest.mark.parametrize("text", ["- just a list\n", "interventions: 3\n", "interventions: [\n"])
+def test_malformed_documents_raise_a_clear_error(tmp_path: Path, text: str):
+    path = tmp_path / "interventions.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=str(path)):
+        load_catalog(path)
+
+
+# -----------------------------------------------------------------------------
+# Applying
+
+
+def test_knob_edits_keep_types_and_clamp():
+    assert read_knobs(apply(CATALOG.get("lower_lr"), DIGITS))["LR"] == 0.025
+    epochs = read_knobs(apply(CATALOG.get("longer_training"), DIGITS))["EPOCHS"]
+    assert epochs == 18 and isinstance(epochs, int)
+    assert read_knobs(apply(CATALOG.get("weight_decay"), DIGITS))["WEIGHT_DECAY"] == 0.0005  # 0 x 2 starts at min
+    assert read_knobs(apply(CATALOG.get("dropout"), rewrite_knobs(DIGITS, {"DROPOUT": 0.45})))["DROPOUT"] == 0.5
+    with pytest.raises(NotApplicable, match="changes nothing"):
+        apply(CATALOG.get("dropout"), rewrite_knobs(DIGITS, {"DROPOUT": 0.5}))
+
+
+def test_a_clamp_never_reverses_the_move():
+    # cifar10's LR (11.5) is above raise_lr's max (1.0): raising must not lower it.
+    with pytest.raises(NotApplicable, match="changes nothing"):
+        apply(CATALOG.get("raise_lr"), CIFAR10)
+
+
+def test_missing_knob_and_anchor_and_skip_if_are_not_applicable():
+    with pytest.raises(NotApplicable, match="no knob DROPOUT"):
+        apply(CATALOG.get("dropout"), CIFAR10)
+    with pytest.raises(NotApplicable, match="lacks"):
+        apply(CATALOG.get("augmentation"), CIFAR10)
+    once = apply(CATALOG.get("batchnorm"), DIGITS)
+    with pytest.raises(NotApplicable, match="already applied"):
+        apply(CATALOG.get("batchnorm"), once)
+
+
+def test_knob_only_entries_apply_to_cifar10_and_structural_ones_skip():
+    applies = {}
+    for entry in CATALOG:
+        try:
+            apply(entry, CIFAR10)
+            applies[entry.name] = True
+        except NotApplicable:
+            applies[entry.name] = False
+    assert applies["longer_training"] and applies["lower_lr"] and applies["weight_decay"]
+    assert not applies["batchnorm"] and not applies["augmentation"] and not applies["label_smoothing"]
+
+
+def test_added_knobs_join_the_knob_block():
+    source = apply(CATALOG.get("grokfast_filter"), DIGITS)
+    knobs = read_knobs(source)
+    assert knobs["GROKFAST_ALPHA"] == 0.98 and knobs["GROKFAST_LAMB"] == 2.0
+    names = list(knobs)
+    assert names.index("GROKFAST_LAMB") == names.index("VAL_FRACTION") + 2  # right after the seed's last knob
+    assert "GROKFAST_ALPHA = 0.98  # " in source  # one line with a trailing comment, as the engine rewrites
+
+
+def test_add_knobs_stop_at_cifar10_blank_line():
+    source = apply(CATALOG.get("longer_training"), CIFAR10)
+    lines = source.splitlines()
+    assert lines.index("EPOCHS = 18  # passes over the train split") < lines.index("CIFAR_MEAN = (0.4914, 0.4822, 0.4465)")
+
+
+def test_edits_adapt_to_earlier_interventions():
+    after_bn = stack(["batchnorm", "deepen"])
+    before_bn = stack(["deepen", "batchnorm"])
+    for source in (after_bn, before_bn):
+        assert "self.bn3 = nn.BatchNorm2d(self.conv3.out_channels)" in source
+        assert "x = x + F.relu(self.bn3(self.conv3(x)))" in source
+    assert stack(["deepen"]).count("BatchNorm") == 0
+    both = stack(["cosine_lr_schedule", "lr_warmup"])
+    assert both.count("steps_per_epoch =") == 1
+
+
+def test_adamw_rewrites_optimizer_and_knob_comments():
+    source = apply(CATALOG.get("adamw_optimizer"), DIGITS)
+    assert "torch.optim.AdamW(model.parameters(), lr=LR, betas=(MOMENTUM, 0.999), weight_decay=WEIGHT_DECAY)" in source
+    assert "LR = 0.003  # AdamW learning rate" in source
+    assert read_knobs(source)["WEIGHT_DECAY"] == 0.05
+
+
+# -----------------------------------------------------------------------------
+# Every entry, and stacks of them, still train (real subprocesses on prepared digits data)
+
+
+SPLITS = prepare(0, 0.2, 0.2)
+
+
+@pytest.fixture(scope="module")
+def digits_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("digits_data")
+    write_public(SPLITS, data, "digits")
+    return data
+
+
+def variants() -> dict[str, str]:
+    """Each entry alone on the digits seed, plus the stacks; every one set to 2 epochs."""
+    sources = {name: apply(CATALOG.get(name), DIGITS) for name in CATALOG.names()}
+    sources.update({f"stack:{name}": stack(names) for name, names in STACKS.items()})
+    return {name: rewrite_knobs(source, {"EPOCHS": 2}) for name, source in sources.items()}
+
+
+def run_trainer(source: str, data: Path, work: Path) -> dict:
+    work.mkdir(parents=True)
+    (work / "train.py").write_text(source)
+    env = {**os.environ, "RALPH_DATA_DIR": str(data), "RALPH_METRICS_FILE": str(work / "metrics.jsonl"),
+           "RALPH_PREDICTIONS_FILE": str(work / "predictions.npz"), "OMP_NUM_THREADS": "1", "RALPH_DEVICE": "cpu"}
+    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    metrics = work / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return {"returncode": result.returncode, "stderr": result.stderr[-3000:], "records": records,
+            "predictions": work / "predictions.npz"}
+
+
+@pytest.fixture(scope="module")
+def trained(digits_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Run every variant once, in parallel (each trainer uses one thread)."""
+    root = tmp_path_factory.mktemp("variants")
+    jobs = variants()
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        futures = {name: pool.submit(run_trainer, source, digits_data, root / name.replace(":", "_"))
+                   for name, source in jobs.items()}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.mark.parametrize("name", CATALOG.names() + [f"stack:{s}" for s in STACKS])
+def test_variant_trains(trained: dict[str, dict], name: str):
+    run = trained[name]
+    assert run["returncode"] == 0, run["stderr"]
+    assert [r["epoch"] for r in run["records"]] == [1, 2]
+    for record in run["records"]:
+        for key in REQUIRED:
+            assert math.isfinite(record[key]), (key, record)
+    predictions = np.load(run["predictions"])
+    assert predictions["selection"].shape == SPLITS.selection_y.shape
+    assert predictions["test"].shape == SPLITS.test_y.shape

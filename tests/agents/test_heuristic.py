@@ -1,0 +1,282 @@
+"""The heuristic analyst and coder, on hand-built curves and real copies of the digits trainer."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.base import (
+    AgentError,
+    Diagnosis,
+    EpochPoint,
+    InterventionEffect,
+    ParentView,
+    Recommendation,
+    TrialSummary,
+    Usage,
+)
+from ralph_ray.agents.catalog import apply, load_catalog
+from ralph_ray.agents.heuristic import (
+    MIN_RECOMMENDATIONS,
+    TOO_SLOW_EPOCH_SECONDS,
+    HeuristicAnalyst,
+    HeuristicCoder,
+    diagnose,
+    score,
+    smoothing_floor,
+)
+
+SEED_TRAINER = PROJECT_ROOT / "trainers" / "digits" / "train.py"
+CATALOG = load_catalog()
+
+
+def curve(train: list[float], val_loss: list[float], val_acc: list[float], grad: list[float] | None = None,
+          seconds: float = 0.05) -> list[EpochPoint]:
+    grad = grad or [1.0] * len(train)
+    return [EpochPoint(epoch=i + 1, train_loss=t, val_loss=v, val_acc=a, lr=0.05, grad_norm=g, epoch_seconds=seconds)
+            for i, (t, v, a, g) in enumerate(zip(train, val_loss, val_acc, grad))]
+
+
+def trial(points: list[EpochPoint], status: str = "completed", reason: str | None = None, score: float | None = 0.95,
+          knobs: dict | None = None, trial_id: str = "t0") -> TrialSummary:
+    return TrialSummary(trial_id, status, reason, knobs or {}, score, points)
+
+
+# Hand-built curves, one per diagnosis (eight epochs each).
+HEALTHY = curve([1.0, 0.5, 0.3, 0.2, 0.15, 0.12, 0.11, 0.10], [0.9, 0.5, 0.3, 0.22, 0.195, 0.193, 0.192, 0.191],
+                [0.80, 0.90, 0.94, 0.960, 0.965, 0.966, 0.968, 0.969])
+OVERFIT_RISE = curve([1.0, 0.5, 0.3, 0.15, 0.08, 0.04, 0.02, 0.01], [0.9, 0.5, 0.3, 0.25, 0.27, 0.31, 0.36, 0.40],
+                     [0.80, 0.90, 0.94, 0.95, 0.952, 0.953, 0.954, 0.955])
+OVERFIT_GAP = curve([1.0, 0.5, 0.3, 0.1, 0.05, 0.03, 0.02, 0.02], [1.0, 0.6, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3],
+                    [0.80, 0.90, 0.94, 0.95, 0.955, 0.956, 0.957, 0.958])
+UNDERFIT = curve([2.3, 1.9, 1.6, 1.45, 1.4, 1.38, 1.37, 1.36], [2.2, 1.9, 1.6, 1.5, 1.45, 1.44, 1.43, 1.43],
+                 [0.30, 0.40, 0.50, 0.55, 0.560, 0.561, 0.562, 0.562])
+PLATEAU = curve([1.0, 0.5, 0.3, 0.2, 0.18, 0.17, 0.17, 0.17], [0.9, 0.5, 0.3, 0.2, 0.19, 0.19, 0.19, 0.19],
+                [0.80, 0.90, 0.94, 0.96, 0.961, 0.961, 0.960, 0.961])
+UNDERTRAINED = curve([2.0, 1.5, 1.0, 0.7, 0.5, 0.35, 0.25, 0.18], [1.9, 1.4, 1.0, 0.7, 0.5, 0.36, 0.27, 0.20],
+                     [0.50, 0.60, 0.70, 0.78, 0.84, 0.88, 0.91, 0.93])
+DIVERGING = curve([1.0, 0.6, 0.5, 0.7, 0.9, 1.2, 1.5, 1.8], [0.9, 0.6, 0.5, 0.7, 0.9, 1.2, 1.5, 1.8],
+                  [0.80, 0.85, 0.86, 0.80, 0.75, 0.70, 0.60, 0.55])
+
+
+def names(findings) -> list[Diagnosis]:
+    return [f.diagnosis for f in findings]
+
+
+# -----------------------------------------------------------------------------
+# Diagnoses
+
+
+@pytest.mark.parametrize(
+    ("points", "expected"),
+    [
+        (HEALTHY, Diagnosis.healthy),
+        (OVERFIT_RISE, Diagnosis.overfitting),
+        (OVERFIT_GAP, Diagnosis.overfitting),
+        (UNDERFIT, Diagnosis.underfitting),
+        (PLATEAU, Diagnosis.plateau),
+        (UNDERTRAINED, Diagnosis.undertrained),
+        (DIVERGING, Diagnosis.divergence),
+    ],
+)
+def test_each_diagnosis_from_its_curve(points: list[EpochPoint], expected: Diagnosis):
+    findings = diagnose([trial(points)], {})
+    assert names(findings)[0] is expected
+    assert all(f.evidence for f in findings)
+
+
+def test_overfitting_evidence_quotes_the_numbers():
+    (finding, *_) = diagnose([trial(OVERFIT_RISE)], {})
+    assert "0.25" in finding.evidence and "0.4" in finding.evidence and "epoch 4" in finding.evidence
+
+
+def test_nan_failures_mean_divergence_and_silence_other_readings():
+    failed = trial([], status="failed", reason="non-finite train_loss=nan at epoch 3", trial_id="t1")
+    findings = diagnose([trial(OVERFIT_RISE), failed], {})
+    assert names(findings) == [Diagnosis.divergence]
+    assert "non-finite" in findings[0].evidence
+
+
+def test_a_minority_of_nan_failures_is_read_beside_the_curve():
+    failed = trial([], status="failed", reason="non-finite val_loss=inf at epoch 2", trial_id="t9")
+    trials = [trial(OVERFIT_RISE, trial_id=f"t{i}") for i in range(3)] + [failed]
+    assert names(diagnose(trials, {})) == [Diagnosis.divergence, Diagnosis.overfitting]
+
+
+def test_non_finite_curve_and_grad_spike_mean_divergence():
+    nan_curve = curve([1.0, 0.5, math.nan], [0.9, 0.5, math.nan], [0.8, 0.9, 0.1])
+    assert names(diagnose([trial(nan_curve)], {})) == [Diagnosis.divergence]
+    grads = [1.0, 0.8, 0.6, 0.5, 9.0, 0.5, 0.4, 0.4]
+    spiky = curve([p.train_loss for p in HEALTHY], [p.val_loss for p in HEALTHY], [p.val_acc for p in HEALTHY], grads)
+    findings = diagnose([trial(spiky)], {})
+    assert names(findings) == [Diagnosis.divergence] and "epoch 5" in findings[0].evidence
+
+
+def test_too_slow_from_epoch_seconds_and_timeouts():
+    slow = curve([p.train_loss for p in HEALTHY], [p.val_loss for p in HEALTHY], [p.val_acc for p in HEALTHY],
+                 seconds=TOO_SLOW_EPOCH_SECONDS * 2)
+    assert names(diagnose([trial(slow)], {})) == [Diagnosis.too_slow, Diagnosis.healthy]
+    timeout = trial([], status="failed", reason="timeout: train.py ran past safeguards.trial_timeout_s=120s")
+    assert Diagnosis.too_slow in names(diagnose([timeout], {}))
+
+
+def test_label_smoothing_raises_the_underfitting_floor():
+    # A train loss of 0.6 is underfitting for plain cross-entropy... (flat, well above 0.5)
+    flat = curve([2.0, 1.0, 0.7, 0.62, 0.61, 0.6, 0.6, 0.6], [1.9, 0.9, 0.5, 0.4, 0.38, 0.37, 0.37, 0.37],
+                 [0.70, 0.85, 0.90, 0.92, 0.925, 0.926, 0.926, 0.926])
+    assert Diagnosis.underfitting not in names(diagnose([trial(flat)], {"LABEL_SMOOTHING": 0.1}))
+    assert smoothing_floor(0.1) == pytest.approx(0.50, abs=0.01)
+    high = curve([2.3, 1.9, 1.4, 1.3, 1.28, 1.27, 1.27, 1.27], [2.2, 1.8, 1.3, 1.2, 1.2, 1.2, 1.2, 1.2],
+                 [0.3, 0.4, 0.5, 0.55, 0.55, 0.55, 0.55, 0.55])
+    assert Diagnosis.underfitting in names(diagnose([trial(high)], {"LABEL_SMOOTHING": 0.1}))
+
+
+def test_best_completed_trial_is_read():
+    worse = trial(DIVERGING, score=0.5, trial_id="bad")
+    better = trial(UNDERTRAINED, score=0.93, trial_id="good")
+    assert names(diagnose([worse, better], {}))[0] is Diagnosis.undertrained
+
+
+def test_no_curves_is_healthy():
+    assert names(diagnose([], {})) == [Diagnosis.healthy]
+
+
+# -----------------------------------------------------------------------------
+# Ranking
+
+
+def parent_view(tmp_path: Path, points: list[EpochPoint], lineage: tuple[str, ...] = (), variant: str = "v1") -> ParentView:
+    files = tmp_path / variant
+    files.mkdir(exist_ok=True)
+    source = SEED_TRAINER.read_text()
+    for name in lineage:
+        source = apply(CATALOG.get(name), source)
+    (files / "train.py").write_text(source)
+    return ParentView(variant, files, 0.95, [trial(points)], list(lineage[-1:]), list(lineage), "program")
+
+
+def effect(name: str, diagnosis: Diagnosis, count: int, delta: float | None) -> InterventionEffect:
+    return InterventionEffect(name, diagnosis.value, count, delta, None if delta is None else float(delta > 0))
+
+
+def ranked_names(analysis) -> list[str]:
+    return [r.intervention for r in analysis.recommendations]
+
+
+def test_analysis_answers_the_diagnosis_with_evidence(tmp_path: Path):
+    usage = Usage()
+    analysis = HeuristicAnalyst().analyse(parent_view(tmp_path, OVERFIT_RISE), [], usage)
+    assert analysis.variant_id == "v1" and analysis.diagnoses[0] is Diagnosis.overfitting
+    assert len(analysis.recommendations) >= MIN_RECOMMENDATIONS
+    top = analysis.recommendations[0]
+    assert Diagnosis.overfitting in CATALOG.get(top.intervention).answers and top.diagnosis is Diagnosis.overfitting
+    assert "0.25" in top.rationale
+    assert "overfitting" in analysis.summary and "0.4" in analysis.summary
+    priorities = [r.priority for r in analysis.recommendations]
+    assert priorities == sorted(priorities, reverse=True)
+    assert usage.calls == 1 and usage.seconds > 0 and usage.tokens == 0
+
+
+def test_measured_effects_decide_between_equals(tmp_path: Path):
+    parent = parent_view(tmp_path, OVERFIT_RISE)
+    good = [effect("dropout", Diagnosis.overfitting, 3, +0.01), effect("weight_decay", Diagnosis.overfitting, 3, -0.01)]
+    bad = [effect("dropout", Diagnosis.overfitting, 3, -0.01), effect("weight_decay", Diagnosis.overfitting, 3, +0.01)]
+    for effects, winner, loser in ((good, "dropout", "weight_decay"), (bad, "weight_decay", "dropout")):
+        order = ranked_names(HeuristicAnalyst(exploration=0.0).analyse(parent, effects, Usage()))
+        assert order.index(winner) < order.index(loser)
+
+
+def test_untried_interventions_get_the_exploration_bonus(tmp_path: Path):
+    parent = parent_view(tmp_path, OVERFIT_RISE)
+    # Everything answering overfitting was measured at 0.0 ten times, except label_smoothing.
+    effects = [effect(i.name, Diagnosis.overfitting, 10, 0.0) for i in CATALOG
+               if Diagnosis.overfitting in i.answers and i.name != "label_smoothing"]
+    assert ranked_names(HeuristicAnalyst(exploration=0.01).analyse(parent, effects, Usage()))[0] == "label_smoothing"
+    untried, _ = score(CATALOG.get("label_smoothing"), Diagnosis.overfitting, effects, 0.01)
+    tried, _ = score(CATALOG.get("dropout"), Diagnosis.overfitting, effects, 0.01)
+    total = 10 * len(effects)
+    assert untried == pytest.approx(CATALOG.get("label_smoothing").prior + 0.01 * math.sqrt(math.log(total + 1)))
+    assert tried == pytest.approx(0.0 + 0.01 * math.sqrt(math.log(total + 1) / 11))
+
+
+def test_same_inputs_same_recommendations(tmp_path: Path):
+    parent = parent_view(tmp_path, PLATEAU)
+    effects = [effect("lower_lr", Diagnosis.plateau, 2, 0.003)]
+    first = HeuristicAnalyst(seed=7).analyse(parent, effects, Usage())
+    second = HeuristicAnalyst(seed=7).analyse(parent, effects, Usage())
+    assert first.recommendations == second.recommendations and first.summary == second.summary
+
+
+def test_lineage_and_applied_code_are_skipped_but_repeatable_stay(tmp_path: Path):
+    parent = parent_view(tmp_path, PLATEAU, lineage=("batchnorm", "lower_lr"))
+    analysis = HeuristicAnalyst().analyse(parent, [], Usage())
+    order = ranked_names(analysis)
+    assert "batchnorm" not in order and "grokfast_filter" not in order  # in the lineage; conflicts with BatchNorm
+    assert "lower_lr" in order  # repeatable
+    assert "`batchnorm`: already in the lineage" in analysis.summary
+    assert "`grokfast_filter`: already applied or conflicting" in analysis.summary
+
+
+def test_falls_back_to_healthy_answers_when_the_diagnosis_is_exhausted(tmp_path: Path):
+    slow = curve([p.train_loss for p in PLATEAU], [p.val_loss for p in PLATEAU], [p.val_acc for p in PLATEAU],
+                 seconds=TOO_SLOW_EPOCH_SECONDS * 3)
+    parent = parent_view(tmp_path, slow)
+    parent = ParentView(parent.variant_id, parent.files_dir, None, [trial(slow)], [], [], "")
+    analysis = HeuristicAnalyst().analyse(parent, [], Usage())
+    order = ranked_names(analysis)
+    assert len(order) >= MIN_RECOMMENDATIONS and len(set(order)) == len(order)
+    assert order[0] in {"larger_batch", "cosine_lr_schedule", "lower_lr", "lr_warmup", "adamw_optimizer", "batchnorm",
+                        "deepen", "smaller_batch", "augmentation", "ema_weights", "grokfast_filter"}
+
+
+def test_missing_trainer_is_an_agent_error(tmp_path: Path):
+    parent = ParentView("v", tmp_path / "nowhere", None, [], [], [], "")
+    with pytest.raises(AgentError, match="train.py does not exist"):
+        HeuristicAnalyst().analyse(parent, [], Usage())
+
+
+# -----------------------------------------------------------------------------
+# Coder
+
+
+def workdir_copy(tmp_path: Path) -> Path:
+    work = tmp_path / "child"
+    work.mkdir()
+    shutil.copy(SEED_TRAINER, work / "train.py")
+    return work
+
+
+def recommendation(name: str) -> Recommendation:
+    return Recommendation(name, Diagnosis.overfitting, "because the curve says so", 1.0)
+
+
+def test_coder_applies_in_place(tmp_path: Path):
+    parent = parent_view(tmp_path, OVERFIT_RISE)
+    work = workdir_copy(tmp_path)
+    usage = Usage()
+    draft = HeuristicCoder().write(parent, recommendation("label_smoothing"), work, None, usage)
+    assert draft.files_dir == work and draft.interventions == ["label_smoothing"]
+    assert "label_smoothing=LABEL_SMOOTHING" in (work / "train.py").read_text()
+    assert "because the curve says so" in draft.rationale
+    assert usage.calls == 1 and usage.seconds > 0 and draft.usage.calls == 1
+
+
+def test_coder_cannot_fix_rejected_code(tmp_path: Path):
+    work = workdir_copy(tmp_path)
+    usage = Usage()
+    with pytest.raises(AgentError, match="cannot repair 'dropout'.*smoke run failed"):
+        HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("dropout"), work, "smoke run failed", usage)
+    assert usage.calls == 1
+
+
+def test_coder_reports_why_an_intervention_does_not_apply(tmp_path: Path):
+    work = workdir_copy(tmp_path)
+    (work / "train.py").write_text(apply(CATALOG.get("batchnorm"), SEED_TRAINER.read_text()))
+    with pytest.raises(AgentError, match="cannot apply batchnorm.*already applied"):
+        HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("batchnorm"), work, None, Usage())
+    with pytest.raises(AgentError, match="no intervention 'teleport'"):
+        HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("teleport"), work, None, Usage())

@@ -1,0 +1,82 @@
+"""The app's empty states (no KB, no campaign, nothing finished, a crash) and its pure helpers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from app_support import PAGES, kb_with_run, open_page, texts
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.kb import KnowledgeBase
+
+sys.path.insert(0, str(PROJECT_ROOT / "app"))  # the app's modules, as `streamlit run` finds them
+import figures  # noqa: E402
+import kbdata  # noqa: E402
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_kb_says_how_to_make_one(tmp_path: Path, page: str):
+    at = open_page(tmp_path / "nothing", page)
+    assert "No knowledge base at" in texts(at) and "python -m ralph_ray paths.kb=" in texts(at)
+
+
+def test_a_kb_without_a_campaign_says_what_to_run(tmp_path: Path):
+    KnowledgeBase(tmp_path / "kb").init()
+    at = open_page(tmp_path / "kb")
+    assert "holds no campaign yet" in texts(at) and "python -m ralph_ray" in texts(at)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_campaign_with_no_finished_trial(tmp_path: Path, page: str):
+    at = open_page(kb_with_run(tmp_path, "running"), page)
+    shown = texts(at)
+    assert "running" in shown
+    if page in ("views/board.py", "views/curves.py"):
+        assert "yet: campaign `r1` is running (cycle 1, phase train)" in shown
+    if page == "views/status.py":
+        assert "No decision yet" in shown and at.button(key="stop")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_crashed_campaign_says_how_to_resume(tmp_path: Path, page: str):
+    kb_root = kb_with_run(tmp_path, "crashed", stop_reason="RuntimeError: the trial driver died", finished_at=None)
+    at = open_page(kb_root, page)
+    assert "crashed: RuntimeError: the trial driver died" in at.error[0].value
+    assert "python -m ralph_ray resume=r1" in at.error[0].value
+
+
+def test_kb_location_comes_from_the_args_then_the_env_then_the_default(tmp_path: Path):
+    assert kbdata.kb_from_args(["--kb", str(tmp_path / "a")], {"RALPH_KB": str(tmp_path / "b")}) == tmp_path / "a"
+    assert kbdata.kb_from_args(["--other", "x"], {"RALPH_KB": str(tmp_path / "b")}) == tmp_path / "b"
+    assert kbdata.kb_from_args([], {}) == Path("kb").resolve()
+
+
+def test_the_env_var_points_the_app_at_a_kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from streamlit.testing.v1 import AppTest
+
+    from app_support import ENTRY
+
+    monkeypatch.setenv("RALPH_KB", str(kb_with_run(tmp_path, "running")))
+    at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
+    assert at.session_state["kb_root"] == str(tmp_path / "kb") and at.selectbox(key="run_id").value == "r1"
+
+
+def test_lineage_dot_escapes_and_styles_nodes():
+    tree = pd.DataFrame([
+        {"variant_id": "seed", "parent_id": None, "status": "seed", "selection_score": 0.9, "interventions": "[]", "cycle": 1},
+        {"variant_id": "kid", "parent_id": "seed", "status": "rejected", "selection_score": None,
+         "interventions": '["say \\"hi\\""]', "cycle": 2},
+    ])
+    dot = figures.lineage_dot(tree, best_id="seed")
+    assert '"seed" -> "kid" [label="say \\"hi\\""];' in dot
+    assert "shape=doubleoctagon" in dot and "penwidth=3" in dot and figures.NO_SCORE_FILL in dot
+
+
+def test_budgets_compare_spending_with_the_safeguards():
+    config = {"safeguards": {"max_cycles": 4, "campaign_time_s": 100, "tokens_per_campaign": None}}
+    rows = {b.name: b for b in figures.budgets(config, {"tokens": 50, "cost": 0.0, "trial_hours": 0.5}, 150.0, 2)}
+    assert rows["cycles"].share == 0.5 and rows["campaign time"].share == 1.0
+    assert rows["agent tokens"].share is None and rows["agent tokens"].text() == "50 tokens (no limit)"

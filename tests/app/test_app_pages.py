@@ -1,0 +1,176 @@
+"""Every page of the leaderboard app (AppTest, in-process) against the KB of a real tiny campaign."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import streamlit as st
+from app_support import ENTRY, PAGES, Tiny, copy_run_dir, kb_with_run, open_page, texts, tiny_fixture  # noqa: F401 (the `tiny` fixture)
+
+from ralph_ray import sql
+from ralph_ray.kb import KnowledgeBase, open_reader
+
+BOARD_COLUMNS = ["variant_id", "parent_id", "status", "selection_score", "test_score", "completed", "stopped_early", "failed", "rank"]
+
+
+def view_rows(kb_root: Path, query: str, params: list) -> list[dict]:
+    cursor = open_reader(kb_root).execute(query, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def chart_rows(at, index: int = 0) -> list[pa.Table]:
+    """The data sets behind one altair chart on the page."""
+    chart = at.get("vega_lite_chart")[index]
+    return [pa.ipc.open_stream(d.data.data).read_all() for d in chart.proto.datasets]
+
+
+def test_leaderboard_rows_match_the_kb_view(tiny: Tiny):
+    at = open_page(tiny.kb_root)
+    expected = view_rows(tiny.kb_root, sql.APP_LEADERBOARD, [tiny.run_id])
+    shown = at.dataframe[0].value
+    assert len(expected) >= 2  # the seed and at least one child
+    assert list(shown["variant_id"]) == [r["variant_id"] for r in expected]
+    for got, want in zip(shown[BOARD_COLUMNS].to_dict("records"), expected, strict=True):
+        for column in BOARD_COLUMNS:
+            value = got[column]
+            assert (value is None or value != value) if want[column] is None else value == want[column], (column, got, want)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["best selection score"] == f"{expected[0]['selection_score']:.4f}"
+    assert metrics["trials"] == str(sum(r["trials"] for r in expected))
+    assert at.selectbox(key="run_id").value == tiny.run_id
+
+
+def test_leaderboard_filters_by_status_and_min_score(tiny: Tiny):
+    at = open_page(tiny.kb_root)
+    at.number_input(key="board_min").set_value(1.01).run()
+    assert at.dataframe[0].value.empty
+    at.number_input(key="board_min").set_value(None).run()
+    at.multiselect(key="board_status").set_value(["seed"]).run()
+    assert list(at.dataframe[0].value["status"]) == ["seed"]
+
+
+def test_lineage_graph_holds_the_seed_and_its_children(tiny: Tiny):
+    at = open_page(tiny.kb_root, "views/lineage.py")
+    variants = view_rows(tiny.kb_root, sql.VARIANTS_FOR_RUN, [tiny.run_id])
+    seed = next(v for v in variants if v["parent_id"] is None)
+    children = [v for v in variants if v["parent_id"] == seed["variant_id"]]
+    assert children
+    dot = at.get("graphviz_chart")[0].proto.spec
+    assert dot.startswith("digraph lineage")
+    for child in children:
+        assert f'"{seed["variant_id"]}" -> "{child["variant_id"]}"' in dot
+        edge = ", ".join(json.loads(child["interventions"])) or "knobs"
+        assert f'[label="{edge}"]' in dot
+    picker = at.selectbox(key="lineage_variant")
+    picker.set_value(children[0]["variant_id"]).run()
+    assert {m.label: m.value for m in at.metric}["status"] == children[0]["status"]
+    assert seed["variant_id"] in at.table[0].value.to_string()  # its parent
+
+
+def test_curves_page_draws_every_epoch_and_the_progress(tiny: Tiny):
+    at = open_page(tiny.kb_root, "views/curves.py")
+    chosen = at.multiselect(key="curves_variants").value
+    curves = [r for r in view_rows(tiny.kb_root, "select * from curves where run_id = ?", [tiny.run_id]) if r["variant_id"] in chosen]
+    lines = chart_rows(at, 0)[0]
+    assert lines.num_rows == len(curves) > 0
+    assert set(lines.column("trial_id").to_pylist()) == {r["trial_id"] for r in curves}
+    stopped = {r["trial_id"] for r in curves if r["status"] == "stopped_early"}
+    if stopped:  # ASHA's stops are marked at their last epoch
+        marks = chart_rows(at, 0)[1]
+        assert set(marks.column("trial_id").to_pylist()) == stopped
+    trials = view_rows(tiny.kb_root, sql.TRIAL_TIMELINE, [tiny.run_id])
+    progress = chart_rows(at, 1)
+    assert sum(t.num_rows for t in progress[:2]) == len(trials)  # scored points + unscored ticks: every trial
+    at.selectbox(key="curves_metric").set_value("val_loss").run()
+    assert "val_loss" in chart_rows(at, 0)[0].column_names
+
+
+def test_diff_page_shows_the_change_against_parent_and_seed(tiny: Tiny):
+    at = open_page(tiny.kb_root, "views/diff.py")
+    picked = at.selectbox(key="diff_variant").value
+    variants = {v["variant_id"]: v for v in view_rows(tiny.kb_root, sql.VARIANTS_FOR_RUN, [tiny.run_id])}
+    assert variants[picked]["parent_id"] is not None  # a child comes first, not the seed
+    diffs = [c.value for c in at.code]
+    assert diffs and all(c.language == "diff" for c in at.code)
+    assert any("+++ b/" in d for d in diffs)
+    assert "Agent's rationale" in texts(at)
+
+
+def test_diff_page_survives_a_deleted_variant_folder(tiny: Tiny, tmp_path: Path):
+    kb = KnowledgeBase(kb_with_run(tmp_path, "finished", run_id=tiny.run_id))
+    rows = view_rows(tiny.kb_root, sql.VARIANTS_FOR_RUN, [tiny.run_id])
+    kb.put("variants", [{k: v for k, v in r.items() if k != "written_at"} | {"files_dir": str(tmp_path / "gone")} for r in rows], "v")
+    at = open_page(kb.root, "views/diff.py")
+    assert "files are gone" in texts(at)
+
+
+def test_interventions_page_lists_the_measured_effects(tiny: Tiny):
+    at = open_page(tiny.kb_root, "views/interventions.py")
+    effects = view_rows(tiny.kb_root, sql.APP_EFFECTS, [])
+    shown = at.dataframe[0].value
+    assert len(shown) == len(effects) > 0
+    assert list(shown["intervention"]) == [e["intervention"] for e in effects]
+    assert {"mean_delta", "ci_low", "ci_high", "n", "win_rate", "diagnosis", "task"} <= set(shown.columns)
+
+
+def test_status_page_shows_the_stop_reason_budgets_and_decisions(tiny: Tiny):
+    at = open_page(tiny.kb_root, "views/status.py")
+    run = view_rows(tiny.kb_root, sql.RUN, [tiny.run_id])[0]
+    assert run["status"] == "finished"
+    assert f"Stopped: {run['stop_reason']}" in at.success[0].value
+    decisions = view_rows(tiny.kb_root, sql.DECISIONS_FOR_RUN, [tiny.run_id])
+    assert list(at.dataframe[0].value["reason"]) == [d["reason"] for d in decisions]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["cycle"] == "2 / 2" and metrics["phase"] == "done"
+    assert any("cycles" in p.text for p in at.get("progress"))
+    assert not at.button  # a finished campaign has nothing to stop
+
+
+def test_stop_button_writes_the_stop_file(tiny: Tiny, tmp_path: Path):
+    run_dir = copy_run_dir(tiny.run_dir, tmp_path / "runs" / "r1")
+    kb_root = kb_with_run(tmp_path, "running", run_dir)
+    at = open_page(kb_root, "views/status.py")
+    assert "running" in texts(at)
+    at.button(key="stop").click().run()
+    assert not at.exception
+    assert (run_dir / "STOP").read_text().strip().endswith("app")
+    assert (tiny.run_dir / "STOP").exists() is False
+    at.run()
+    assert "Stop requested" in texts(at) and not at.button
+
+
+def test_a_running_campaign_shows_new_trials_on_the_next_refresh(tmp_path: Path):
+    kb_root = kb_with_run(tmp_path, "running")
+    at = open_page(kb_root)
+    assert "No finished trial yet" in texts(at)
+    kb = KnowledgeBase(kb_root)
+    kb.append("epochs", [{"run_id": "r1", "trial_id": "t1", "epoch": 1, "metric": "val_acc", "value": 0.5}], "r1-t1")
+    kb.append("trials", [{"run_id": "r1", "cycle": 1, "trial_id": "t1", "variant_id": "v1", "status": "completed",
+                          "selection_score": 0.7, "test_score": 0.69, "seconds": 1.0, "epochs": 1}], "r1-t1")
+    time.sleep(1.1)  # the snapshot looks for new parts at most once a second
+    st.cache_data.clear()  # what the 2 s cache TTL does between two live refreshes
+    at.run()
+    assert list(at.dataframe[0].value["variant_id"]) == ["v1"]
+
+
+def test_the_app_imports_neither_ray_nor_the_orchestrator(tiny: Tiny):
+    script = textwrap.dedent(f"""
+        import sys
+        from streamlit.testing.v1 import AppTest
+        for page in {list(PAGES)!r}:
+            at = AppTest.from_file({str(ENTRY)!r}, default_timeout=60)
+            at.session_state["kb_root"] = {str(tiny.kb_root)!r}
+            at.switch_page(page).run()
+            assert not at.exception, (page, at.exception)
+        print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.") or m == "ralph_ray.campaign"))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
