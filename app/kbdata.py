@@ -46,11 +46,7 @@ def _snapshot(kb_root: str) -> Snapshot:
 @st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=256)
 def frame(kb_root: str, query: str, params: tuple[Any, ...] = ()) -> pd.DataFrame:
     """Rows of one `ralph_ray.sql` query as a DataFrame (cached for TTL_S seconds)."""
-    cursor = _snapshot(kb_root).cursor()
-    try:
-        return cursor.sql(query, params=[list(p) if isinstance(p, tuple) else p for p in params]).to_arrow_table().to_pandas()
-    finally:
-        cursor.close()
+    return _snapshot(kb_root).query(query, [list(p) if isinstance(p, tuple) else p for p in params]).to_pandas()
 
 
 def runs(kb_root: str) -> pd.DataFrame:

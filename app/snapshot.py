@@ -2,8 +2,8 @@
 
 The KB's views glob every part at every query, and a campaign writes a part per trial (and per phase), so
 on a KB of 10,000 trials each query opens ~25,000 files: seconds per query, every few seconds per browser.
-The snapshot reads each part once, keeps one file per table in a temp folder, and on refresh reads only
-the parts that are new or were replaced (a part is written once, or replaced whole by `put`, always by an
+The snapshot reads each part once, keeps a few files per table in a temp folder (one, plus small files of
+rows appended since), and on refresh reads only the parts that are new or were replaced (a part is written once, or replaced whole by `put`, always by an
 atomic rename: the snapshot never holds half a part). Its views are the KB's own (`kb.connect_views`),
 so every query means exactly what it means on the KB.
 """
@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -27,11 +28,12 @@ from ralph_ray import sql
 from ralph_ray.kb import PARQUET_DIR, connect_views
 
 PART_COLUMN = "_part"  # which part a row came from (dropped in the snapshot's files)
-SNAPSHOT_FILE = "snapshot.parquet"
+MAX_DELTAS = 16  # new rows go to small delta files; past this many, a table is rewritten as one file
+READ_TRIES = 3
 
 
 class Snapshot:
-    """One KB's tables, one Parquet file each, refreshed incrementally; `cursor()` queries the KB's views over them."""
+    """One KB's tables in a few Parquet files each, refreshed incrementally; `query()` runs the KB's views over them."""
 
     def __init__(self, kb_root: Path, min_interval_s: float = 1.0) -> None:
         self.source = kb_root.resolve() / PARQUET_DIR
@@ -39,6 +41,9 @@ class Snapshot:
         self.min_interval_s = min_interval_s
         self._seen: dict[str, dict[str, tuple[int, int]]] = {}
         self._rows: dict[str, pa.Table] = {}
+        self._files: dict[str, list[Path]] = {}
+        self._written = 0
+        # Queries and refreshes take turns: a refresh may delete files a query would otherwise be reading.
         self._lock = threading.Lock()
         self._checked = float("-inf")
         self._reader = duckdb.connect()
@@ -46,49 +51,65 @@ class Snapshot:
         self._con: duckdb.DuckDBPyConnection | None = None
         weakref.finalize(self, shutil.rmtree, self.folder.parent, True)
 
-    def refresh(self) -> None:
-        """Take in the parts written since the last refresh (at most every `min_interval_s`; one thread at a time)."""
-        if self._fresh():
-            return
+    def query(self, text: str, params: list[Any]) -> pa.Table:
+        """Rows of one query over the KB's views, after taking in any new parts."""
         with self._lock:
-            if self._fresh():
-                return  # another session's thread refreshed while this one waited
-            for table in sql.TABLES:
-                self._refresh_table(table)
-            if self._con is None:
-                self._con = connect_views(self.folder)
-            self._checked = time.monotonic()
+            self._refresh()
+            assert self._con is not None
+            cursor = self._con.cursor()
+            try:
+                return cursor.sql(text, params=params).to_arrow_table()
+            finally:
+                cursor.close()
 
-    def _fresh(self) -> bool:
-        return self._con is not None and time.monotonic() - self._checked < self.min_interval_s
-
-    def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A connection (one per thread) with the KB's views over the snapshot."""
-        self.refresh()
-        assert self._con is not None
-        return self._con.cursor()
+    def _refresh(self) -> None:
+        """Take in the parts written since the last look (at most every `min_interval_s`)."""
+        if self._con is not None and time.monotonic() - self._checked < self.min_interval_s:
+            return
+        for table in sql.TABLES:
+            self._refresh_table(table)
+        if self._con is None:
+            self._con = connect_views(self.folder)
+        self._checked = time.monotonic()
 
     def _refresh_table(self, table: str) -> None:
         folder = self.source / table
-        parts = {entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size)
-                 for entry in os.scandir(folder) if entry.name.endswith(".parquet") and not entry.name.startswith(".")}
-        seen = self._seen.get(table, {})
-        fresh = [name for name, signature in parts.items() if seen.get(name) != signature]
-        stale = [name for name in seen if parts.get(name) != seen[name]]  # replaced or removed
-        if table in self._rows and not fresh and not stale:
-            return
+        for _ in range(READ_TRIES):
+            parts = {entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size)
+                     for entry in os.scandir(folder) if entry.name.endswith(".parquet") and not entry.name.startswith(".")}
+            seen = self._seen.get(table, {})
+            fresh = [name for name, signature in parts.items() if seen.get(name) != signature]
+            stale = [name for name in seen if parts.get(name) != seen[name]]  # replaced or removed since
+            if table in self._rows and not fresh and not stale:
+                return
+            try:
+                new = self._reader.sql(sql.APP_READ_PARTS, params=[[str(folder / n) for n in fresh]]).to_arrow_table() if fresh else None
+                break
+            except duckdb.IOException:
+                continue  # a part was replaced between the listing and the read: list again
+        else:
+            return  # still changing: take it in at the next refresh
         rows = self._rows.get(table)
         if rows is not None and stale:
             rows = rows.filter(pc.invert(pc.is_in(rows[PART_COLUMN], value_set=pa.array([str(folder / n) for n in stale]))))
-        if fresh:
-            try:
-                new = self._reader.sql(sql.APP_READ_PARTS, params=[[str(folder / n) for n in fresh]]).to_arrow_table()
-            except duckdb.IOException:
-                return  # a part was replaced while we read: take it in at the next refresh
+        if new is not None:
             rows = new if rows is None else pa.concat_tables([rows, new], promote_options="permissive")
+        assert rows is not None
         self._rows[table], self._seen[table] = rows, parts
+        files = self._files.setdefault(table, [])
+        if stale or not files or len(files) > MAX_DELTAS:
+            old, files[:] = list(files), [self._write(table, rows)]
+            for path in old:
+                path.unlink()
+        elif new is not None:
+            files.append(self._write(table, new))  # appended parts only: a small delta file
+
+    def _write(self, table: str, rows: pa.Table) -> Path:
         out = self.folder / table
         out.mkdir(parents=True, exist_ok=True)
-        tmp = out / f".{SNAPSHOT_FILE}.tmp"
+        self._written += 1
+        path = out / f"{self._written:08d}.parquet"
+        tmp = out / f".{path.name}.tmp"
         pq.write_table(rows.drop_columns([PART_COLUMN]), tmp)
-        os.replace(tmp, out / SNAPSHOT_FILE)  # a query running now keeps reading the file it opened
+        os.replace(tmp, path)
+        return path

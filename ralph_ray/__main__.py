@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.resume:
             cfg = resume_config(Path(cfg.paths.runs) / cfg.resume, argv)
     except ConfigError as error:
-        err.print(f"[red]{error}[/]", highlight=False)
+        err.print(str(error), style="red", markup=False, highlight=False)
         return ExitCode.safeguard_or_config
     if show_cfg:
         from omegaconf import OmegaConf
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             ensure_ray(cluster=cfg.cluster)  # an unreachable or refusing cluster stops here, before a run is recorded
         return int(run(cfg).exit_code)
     except (DataError, CampaignError, AgentConfigError, ClusterError) as error:
-        err.print(f"[red]error:[/] {error}", highlight=False)
+        err.print("[red]error:[/] ", end="")
+        err.print(str(error), markup=False, highlight=False)  # server messages may hold [brackets]
         return ExitCode.safeguard_or_config
     except KeyboardInterrupt:
         err.print("[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray resume=<run_id>`[/]")

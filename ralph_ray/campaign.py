@@ -106,9 +106,8 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     run_row = {"run_id": run_id, "experiment": cfg.experiment, "task": cfg.task.name, "run_dir": str(run_dir),
                "config": json.dumps(asdict(cfg), default=str), "started_at": now()}
     kb.append("runs", [{**run_row, "status": "running"}], run_id)
-    campaign = Campaign(cfg, console, run_dir, kb, state, splits, run_row)
     try:
-        outcome = campaign.loop()
+        outcome = Campaign(cfg, console, run_dir, kb, state, splits, run_row).loop()
     except BaseException as err:
         state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)
@@ -273,6 +272,7 @@ class Campaign:
         parents = self._parents()
         self._phase("write children", f"{self.cfg.population.children_per_parent} per parent -> validate (gate, {self.cfg.agent.max_retries} retries)")
         children: list[Child] = []
+        wasted: list[dict[str, Any]] = []
         recs = json.loads((self.cycle_dir / "recommendations.json").read_text() or "{}")
         breeder = self._breeder()
         for parent in parents:
@@ -285,10 +285,13 @@ class Campaign:
             entry = recs.get(parent.variant_id, {"diagnoses": [], "summary": "", "recommendations": []})
             analysis = Analysis(parent.variant_id, [Diagnosis(d) for d in entry["diagnoses"]], entry["summary"],
                                 [Recommendation(**{**r, "diagnosis": Diagnosis(r["diagnosis"])}) for r in entry["recommendations"]])
-            children.extend(breed(breeder, parent, self._view(parent), analysis))
+            grown, spent = breed(breeder, parent, self._view(parent), analysis)
+            children.extend(grown)
+            if spent.calls:  # attempts that only reproduced a known variant still cost tokens
+                wasted.append(self._usage_row("coder", f"{parent.variant_id}:duplicates", spent))
         self._save_children(children)
         self._write_variant_rows(children, "write")
-        self.kb.put("agent_usage", [self._usage_row("coder", c.variant_id, c.usage) for c in children if c.usage.calls],
+        self.kb.put("agent_usage", [self._usage_row("coder", c.variant_id, c.usage) for c in children if c.usage.calls] + wasted,
                     f"{self.run_id}-c{self.state.cycle:04d}-coder")
         passed = sum(c.status is VariantStatus.candidate for c in children)
         self.console.print(f"  validate: {passed} of {len(children)} children passed the gate")

@@ -92,15 +92,24 @@ def analyse(breeder: Breeder, view: ParentView, effects: list[InterventionEffect
         return Analysis(view.variant_id, [], f"analyst failed: {err}", []), usage
 
 
-def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analysis) -> list[Child]:
-    """Children of one parent: the top recommendations, each written, gated and retried."""
+def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analysis) -> tuple[list[Child], Usage]:
+    """Children of one parent: the top recommendations, each written, gated and retried.
+
+    Also returns what the attempts that produced no child (duplicates of known variants) cost, so budgets count them.
+    """
     recommendations = list(analysis.recommendations)
     children: list[Child] = []
     seen = set(breeder.known_variants)
     lock = threading.Lock()
+    wasted = Usage()
 
     def attempt(index: int, rec: Recommendation) -> Child | None:
-        return _one_child(breeder, parent, view, rec, index, seen, lock)
+        usage = Usage()
+        child = _one_child(breeder, parent, view, rec, index, seen, lock, usage)
+        if child is None:
+            with lock:
+                wasted.add(usage)
+        return child
 
     # First pass: the top choices concurrently; then top up from the rest when some were duplicates.
     first, rest = recommendations[: breeder.children_per_parent], recommendations[breeder.children_per_parent:]
@@ -112,14 +121,13 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
         index += 1
         if child is not None:
             children.append(child)
-    return children
+    return children, wasted
 
 
 def _one_child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recommendation, index: int,
-               seen: set[str], lock: threading.Lock) -> Child | None:
+               seen: set[str], lock: threading.Lock, usage: Usage) -> Child | None:
     """Write, gate, retry. None when the result duplicates a known variant (the slot goes to the next idea)."""
     assert breeder.coder is not None
-    usage = Usage()
     workdir = breeder.cycle_dir / "drafts" / f"{parent.variant_id}-{index:02d}"
     feedback: str | None = None
     reason: str | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ _ENTRY_FIELDS = {
 }
 _KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
 
 
 class NotApplicable(Exception):
@@ -59,7 +61,7 @@ class KnobEdit:
         rising = self.value > 1 if self.op == "mul" else self.value > 0
         value = max(value, current) if rising else min(value, current)
         if self._keeps_int(current):
-            return int(round(value))
+            return round(value)
         return float(f"{value:.6g}")  # 0.1 * 3 should read 0.3 in the diff, not 0.30000000000000004
 
     def _keeps_int(self, current: Any) -> bool:
@@ -115,10 +117,12 @@ class Catalog:
     interventions: tuple[Intervention, ...]
     path: Path
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Intervention]:
+        """The entries, in file order."""
         return iter(self.interventions)
 
     def __len__(self) -> int:
+        """How many entries."""
         return len(self.interventions)
 
     def names(self) -> list[str]:
@@ -203,7 +207,7 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
     return intervention
 
 
-def _as_list(value: Any, field: str, fail) -> list[Any]:
+def _as_list(value: Any, field: str, fail: Fail) -> list[Any]:
     """A missing field is empty; a lone string is a one-item list."""
     if value is None:
         return []
@@ -214,7 +218,7 @@ def _as_list(value: Any, field: str, fail) -> list[Any]:
     return value
 
 
-def _regex(pattern: Any, field: str, fail) -> str:
+def _regex(pattern: Any, field: str, fail: Fail) -> str:
     if not isinstance(pattern, str):
         raise fail(field, f"expected a regex string, got {pattern!r}")
     try:
@@ -224,13 +228,13 @@ def _regex(pattern: Any, field: str, fail) -> str:
     return pattern
 
 
-def _number(value: Any, field: str, fail) -> float | None:
+def _number(value: Any, field: str, fail: Fail) -> float | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise fail(field, f"expected a number, got {value!r}")
     return value
 
 
-def _parse_knob_edits(raw: Any, fail) -> tuple[KnobEdit, ...]:
+def _parse_knob_edits(raw: Any, fail: Fail) -> tuple[KnobEdit, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, dict):
@@ -256,7 +260,7 @@ def _parse_knob_edits(raw: Any, fail) -> tuple[KnobEdit, ...]:
     return tuple(edits)
 
 
-def _literal_ok(value: Any, field: str, fail) -> None:
+def _literal_ok(value: Any, field: str, fail: Fail) -> None:
     """Knob values are written back as Python literals, so they must survive repr -> literal_eval."""
     try:
         ast.literal_eval(repr(value))
@@ -264,7 +268,7 @@ def _literal_ok(value: Any, field: str, fail) -> None:
         raise fail(field, f"{value!r} cannot be written as a Python literal") from error
 
 
-def _parse_new_knob(raw: Any, fail) -> NewKnob:
+def _parse_new_knob(raw: Any, fail: Fail) -> NewKnob:
     if not isinstance(raw, dict) or set(raw) - {"name", "value", "comment"}:
         raise fail("add_knobs", f"each item is {{name, value, comment}}, got {raw!r}")
     name, comment = raw.get("name"), raw.get("comment")
@@ -278,7 +282,7 @@ def _parse_new_knob(raw: Any, fail) -> NewKnob:
     return NewKnob(name, raw["value"], comment.strip())
 
 
-def _parse_text_edit(raw: Any, fail) -> TextEdit:
+def _parse_text_edit(raw: Any, fail: Fail) -> TextEdit:
     if not isinstance(raw, dict) or set(raw) - {"find", "replace", "when", "unless"}:
         raise fail("edits", f"each item is {{find, replace[, when, unless]}}, got {raw!r}")
     find, replace = raw.get("find"), raw.get("replace")

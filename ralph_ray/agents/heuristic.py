@@ -9,6 +9,7 @@ applies the chosen intervention to the child's copy of `train.py`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -166,7 +167,7 @@ def _divergence(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | Non
         if low > 0 and end > DIVERGE_LOSS_RATIO * low:
             return Finding(Diagnosis.divergence, f"train_loss climbed from {low:.4g} (epoch {low_epoch}) to {end:.4g} (epoch {end_epoch})")
     norms = _series(curve, "grad_norm")
-    for (_, previous), (epoch, norm) in zip(norms, norms[1:]):
+    for (_, previous), (epoch, norm) in itertools.pairwise(norms):
         if previous > 0 and norm > GRAD_SPIKE_RATIO * previous:
             return Finding(Diagnosis.divergence, f"grad_norm jumped from {previous:.3g} to {norm:.3g} at epoch {epoch}")
     return None
@@ -377,28 +378,31 @@ class HeuristicCoder:
         start = time.perf_counter()
         call = Usage(calls=1)
         try:
-            if feedback is not None:
-                raise AgentError(
-                    f"the heuristic coder cannot repair {recommendation.intervention!r} after the validation gate "
-                    f"rejected it (catalog edits are fixed); gate said: {feedback.strip()[:500]}"
-                )
-            name = recommendation.intervention
-            try:
-                intervention = self.catalog.get(name)
-            except KeyError as error:
-                raise AgentError(error.args[0]) from None
-            path = workdir / TRAINER
-            source = _read_trainer(workdir)
-            try:
-                edited = apply(intervention, source)
-            except NotApplicable as reason:
-                raise AgentError(f"cannot apply {name} to {path}: {reason}") from None
-            path.write_text(edited)
+            intervention = self._edit(recommendation, Path(workdir), feedback)
         finally:
-            call.seconds = time.perf_counter() - start
+            call.seconds = time.perf_counter() - start  # counted on failure too: the attempt happened
             usage.add(call)
-        rationale = f"{name} ({recommendation.diagnosis.value}): {intervention.description} {recommendation.rationale}"
-        return Draft(files_dir=workdir, interventions=[name], rationale=rationale, usage=call)
+        rationale = f"{intervention.name} ({recommendation.diagnosis.value}): {intervention.description} {recommendation.rationale}"
+        return Draft(files_dir=workdir, interventions=[intervention.name], rationale=rationale, usage=call)
+
+    def _edit(self, recommendation: Recommendation, workdir: Path, feedback: str | None) -> Intervention:
+        name = recommendation.intervention
+        if feedback is not None:
+            raise AgentError(
+                f"the heuristic coder cannot repair {name!r} after the validation gate rejected it "
+                f"(catalog edits are fixed; the engine should move on); gate said: {feedback.strip()[:500]}"
+            )
+        try:
+            intervention = self.catalog.get(name)
+        except KeyError as error:
+            raise AgentError(error.args[0]) from None
+        source = _read_trainer(workdir)
+        try:
+            edited = apply(intervention, source)
+        except NotApplicable as reason:
+            raise AgentError(f"cannot apply {name} to {workdir / TRAINER}: {reason}") from None
+        (workdir / TRAINER).write_text(edited)
+        return intervention
 
 
 # -----------------------------------------------------------------------------

@@ -216,7 +216,7 @@ def run_trainer(source: str, data: Path, work: Path) -> dict:
     (work / "train.py").write_text(source)
     env = {**os.environ, "RALPH_DATA_DIR": str(data), "RALPH_METRICS_FILE": str(work / "metrics.jsonl"),
            "RALPH_PREDICTIONS_FILE": str(work / "predictions.npz"), "OMP_NUM_THREADS": "1", "RALPH_DEVICE": "cpu"}
-    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "train.py"], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=120)
     metrics = work / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     return {"returncode": result.returncode, "stderr": result.stderr[-3000:], "records": records,

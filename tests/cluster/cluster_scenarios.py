@@ -33,8 +33,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ralph_ray.campaign import Outcome, run  # noqa: E402
 from ralph_ray.config import load_config  # noqa: E402
 
-TINY = ["agent=none", "safeguards.max_cycles=1", "search.max_concurrent=2", "scheduler.max_t=2", "scheduler.grace_period=1",
-        "safeguards.trial_timeout_s=120", "+search.space.EPOCHS={type: choice, values: [2]}", "population.trials_per_child=1"]
+TINY = ["agent=none", "safeguards.max_cycles=1", "search.max_concurrent=2", "scheduler=fifo", "scheduler.max_t=1",
+        "scheduler.grace_period=1", "safeguards.trial_timeout_s=120", "+search.space.EPOCHS={type: choice, values: [1]}"]
 
 # A trainer slow enough to be caught mid-trial: it checkpoints each epoch and resumes from its checkpoint.
 SLOW_TRAINER = '''
@@ -42,7 +42,7 @@ import time
 import numpy as np
 from ralph_ray import harness
 
-EPOCHS = 6  # epochs
+EPOCHS = 5  # epochs
 SLEEP = 1.0  # seconds per epoch
 
 data = harness.load_data()
@@ -92,10 +92,11 @@ def summary(outcome: Outcome) -> dict[str, Any]:
 
 
 def multinode(out: Path) -> dict[str, Any]:
-    """Digits campaigns on CPU nodes a and gpu (one logical GPU): CPU trials anywhere, GPU trials on gpu only."""
+    """Digits campaigns on nodes a and gpu (1 CPU each, gpu with one logical GPU): two CPU trials at once land on
+    both nodes; GPU trials (resources.gpu=1) only on gpu."""
     cluster, nodes = start_cluster(out, {"a": {"num_cpus": 1}, "gpu": {"num_cpus": 1, "num_gpus": 1}})
     join = ["cluster=address", f"cluster.address={cluster.address}", f"paths.runs={out / 'runs'}", f"paths.kb={out / 'kb'}"]
-    cpu = run(load_config([*join, *TINY, "run_id=cpu", "search.num_samples=4"]))
+    cpu = run(load_config([*join, *TINY, "run_id=cpu", "search.num_samples=2"]))
     gpu = run(load_config([*join, *TINY, "run_id=gpu", "search.num_samples=2", "resources.gpu=1"]))
     found = attempts(out, list(nodes))
     stop(cluster)
@@ -125,7 +126,7 @@ def node_loss(out: Path) -> dict[str, Any]:
     cfg = load_config([
         "cluster=address", f"cluster.address={cluster.address}", f"paths.runs={out / 'runs'}", f"paths.kb={out / 'kb'}",
         f"paths.storage=file://{out / 'storage'}", "agent=none", "safeguards.max_cycles=1", "run_id=faults", f"task.trainer={trainer}",
-        "search.num_samples=3", "search.max_concurrent=2", "scheduler=fifo", "scheduler.max_t=6", "safeguards.max_failures=2",
+        "search.num_samples=2", "search.max_concurrent=2", "scheduler=fifo", "scheduler.max_t=5", "safeguards.max_failures=2",
         "safeguards.trial_timeout_s=120", "~search.space", "+search.space={SLEEP: {type: choice, values: [1.0]}}",
     ])
     started = time.time()
