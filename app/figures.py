@@ -35,7 +35,7 @@ def interventions(text: Any) -> list[str]:
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Rows as dicts with NaN/NaT as None (what the pages test against)."""
+    """Rows as dicts, NaN and NaT as None (so a page asks `is None`)."""
     return [{k: (None if not isinstance(v, (list, dict)) and pd.isna(v) else v) for k, v in rec.items()} for rec in frame.to_dict("records")]
 
 

@@ -1,9 +1,8 @@
 """The app's only door to the knowledge base: cached, read-only queries from `ralph_ray.sql`.
 
 One snapshot per KB root (`snapshot.Snapshot`: the KB's own views over a compacted private copy of its
-Parquet parts, refreshed incrementally; never a file lock, never half a part), a cursor per query
-(Streamlit serves each browser session from its own thread), results cached for `TTL_S` seconds so a
-page's widgets and every open tab share one read.
+Parquet parts, refreshed incrementally; never a file lock, never half a part), shared by every browser
+session; results cached for `TTL_S` seconds so a page's widgets and every open tab share one read.
 """
 
 from __future__ import annotations

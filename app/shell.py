@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
@@ -62,11 +62,15 @@ def sidebar() -> None:
         runs = kbdata.runs(root)
         if runs.empty:
             return
-        labels = {r.run_id: f"{r.run_id} · {r.experiment} · {r.status}" for r in runs.itertuples()}
-        if st.session_state.get("run_id") not in labels:
-            st.session_state.pop("run_id", None)  # a run of another KB, or a stale URL: start from the newest
-        st.selectbox("Campaign", list(labels), format_func=labels.get, key="run_id", bind="query-params")
-        st.caption(f"{len(labels)} campaign(s) in this KB · refreshes every {REFRESH_S} s while one runs")
+        ids = list(runs["run_id"])
+        if st.session_state.get("run_id") not in ids:
+            st.session_state.pop("run_id", None)  # a run of another KB: start from the newest
+        # Plain run ids as the options: the binding writes the shown text to the URL (`?run_id=<id>`).
+        picked = st.selectbox("Campaign", ids, key="run_id", bind="query-params", help="newest first")
+        rec = figures.records(runs[runs["run_id"] == picked])[0]
+        started = f"started {rec['started_at']:%Y-%m-%d %H:%M} UTC" if rec["started_at"] is not None else "start unknown"
+        st.caption(f"{rec['experiment']} · {rec['status']} · {started}  \n"
+                   f"{len(ids)} campaign(s) in this KB · refreshes every {REFRESH_S} s while one runs")
 
 
 def campaign() -> Campaign | None:

@@ -3,9 +3,9 @@
 The KB's views glob every part at every query, and a campaign writes a part per trial (and per phase), so
 on a KB of 10,000 trials each query opens ~25,000 files: seconds per query, every few seconds per browser.
 The snapshot reads each part once, keeps a few files per table in a temp folder (one, plus small files of
-rows appended since), and on refresh reads only the parts that are new or were replaced (a part is written once, or replaced whole by `put`, always by an
-atomic rename: the snapshot never holds half a part). Its views are the KB's own (`kb.connect_views`),
-so every query means exactly what it means on the KB.
+the rows appended since), and on refresh reads only the parts that are new or were replaced (a part is
+written once, or replaced whole by `put`, always by an atomic rename: the snapshot never holds half a
+part). Its views are the KB's own (`kb.connect_views`), so every query means what it means on the KB.
 """
 
 from __future__ import annotations

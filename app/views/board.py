@@ -8,7 +8,9 @@ import figures
 import kbdata
 import shell
 from ralph_ray import sql
+from ralph_ray.variants import VariantStatus
 
+STATUSES = [s.value for s in VariantStatus]
 COLUMNS = {
     "rank": st.column_config.NumberColumn("rank", width="small"),
     "variant_id": st.column_config.TextColumn("variant"),
@@ -33,25 +35,25 @@ def body(run: shell.Campaign) -> None:
         shell.no_trials_yet(run, "finished trial")
         return
     board = board.assign(interventions=board["interventions"].map(figures.interventions))
-    best = board.iloc[0]
+    best = figures.records(board.head(1))[0]
     cols = st.columns(5)
     target = run.target
-    delta = None if target is None or best["selection_score"] != best["selection_score"] else f"{best['selection_score'] - target:+.4f} vs target"
+    delta = None if target is None or best["selection_score"] is None else f"{best['selection_score'] - target:+.4f} vs target"
     cols[0].metric("best selection score", figures.score_text(best["selection_score"]), delta)
     cols[1].metric("its test score", figures.score_text(best["test_score"]))
     cols[2].metric("target", figures.score_text(target) if target is not None else "none")
     cols[3].metric("variants ranked", len(board))
     cols[4].metric("trials", int(board["trials"].sum()),
-                   f"{int(board['stopped_early'].sum())} stopped early, {int(board['failed'].sum())} failed", delta_color="off")
+                   f"{int(board['stopped_early'].sum())} stopped early, {int(board['failed'].sum())} failed", delta_color="off", delta_arrow="off")
 
     left, right = st.columns([3, 1])
-    statuses = sorted(board["status"].dropna().unique())
-    chosen = left.multiselect("status", statuses, default=statuses, key="board_status")
+    # Every status as an option, whatever this run has now: a live redraw never invalidates the choice.
+    chosen = left.multiselect("status", STATUSES, default=STATUSES, key="board_status")
     floor = right.number_input("min selection score", value=None, step=0.01, format="%.4f", key="board_min", placeholder="any")
-    shown = board[board["status"].isin(chosen) | (board["status"].isna() & (len(chosen) == len(statuses)))]
+    shown = board[board["status"].isin(chosen) | (board["status"].isna() & (len(chosen) == len(STATUSES)))]
     if floor is not None:
         shown = shown[shown["selection_score"] >= floor]
-    st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS)
+    st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS, placeholder="-")
     st.caption(f"{len(shown)} of {len(board)} variants. Variants without a trial (rejected by the gate) are on the Lineage page.")
     st.altair_chart(figures.score_chart(shown, target), width="stretch")
 

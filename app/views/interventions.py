@@ -40,7 +40,7 @@ def body(run: shell.Campaign) -> None:
     picked = right.multiselect("diagnosis", diagnoses, default=diagnoses, key="effects_diagnosis")
     shown = effects if task == "all" else effects[effects["task"] == task]
     shown = shown[shown["diagnosis"].isin(picked) | shown["diagnosis"].isna()]
-    st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS)
+    st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS, placeholder="-")
     if not shown.dropna(subset=["mean_delta"]).empty:
         st.altair_chart(figures.effects_chart(shown), width="stretch")
 

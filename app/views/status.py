@@ -52,7 +52,7 @@ def body(run: shell.Campaign) -> None:
     if decisions.empty:
         st.info("No decision yet: the first one comes at the end of cycle 1.")
     else:
-        st.dataframe(decisions[[c for c in DECISION_COLUMNS if c in decisions]], width="stretch", hide_index=True,
+        st.dataframe(decisions[[c for c in DECISION_COLUMNS if c in decisions]], width="stretch", hide_index=True, placeholder="-",
                      column_config={"best_selection_score": st.column_config.NumberColumn("best", format="%.4f"),
                                     "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f"),
                                     "rationale": st.column_config.TextColumn("rationale", width="large")})
@@ -68,7 +68,7 @@ def stop_button(run: shell.Campaign) -> None:
     if not run.running:
         return
     if stop_file.exists():
-        st.warning(f"Stop requested ({stop_file.read_text().strip()}): the campaign records what it has and stops at its next check.")
+        st.warning(f"Stop requested ({_read(stop_file) or 'by hand'}): the campaign records what it has and stops at its next check.")
         return
     if st.button("Stop the campaign", type="primary", icon=":material/stop_circle:", key="stop",
                  help=f"writes {stop_file}; the current cycle ends cleanly and is recorded"):
@@ -78,6 +78,13 @@ def stop_button(run: shell.Campaign) -> None:
             return
         request_stop(run_dir, "app")
         st.warning(f"Stop requested: `{stop_file}` written.")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None  # a resume removed it meanwhile
 
 
 shell.page("Status and budgets", body)
