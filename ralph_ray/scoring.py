@@ -32,15 +32,7 @@ def score_predictions(path: Path, labels: Labels) -> Scores:
     """Score a trainer's predictions.npz against the engine-held labels."""
     if not path.exists():
         raise ScoringError(f"train.py finished without writing {path.name}: call harness.save_predictions(selection=..., test=...)")
-    try:
-        with np.load(path) as saved:
-            selection, test = saved["selection"], saved["test"]
-    except (OSError, ValueError, KeyError) as err:
-        raise ScoringError(f"unreadable {path.name}: {err}") from None
-    try:
-        return Scores(selection=accuracy(selection, labels.selection), test=accuracy(test, labels.test))
-    except ValueError as err:
-        raise ScoringError(f"{path.name}: {err}") from None
+    return _score(path.read_bytes(), labels, path.name)
 
 
 def encode_predictions(path: Path) -> str:
@@ -52,11 +44,19 @@ def score_encoded(text: str, labels: Labels) -> Scores:
     """Score predictions sent back by a trial (see `encode_predictions`)."""
     try:
         raw = base64.b64decode(text.encode("ascii"), validate=True)
-        with np.load(io.BytesIO(raw)) as saved:
+    except ValueError as err:
+        raise ScoringError(f"unreadable predictions: {err}") from None
+    return _score(raw, labels, "predictions")
+
+
+def _score(npz: bytes, labels: Labels, name: str) -> Scores:
+    """The frozen metric on an npz holding `selection` and `test` class predictions."""
+    try:
+        with np.load(io.BytesIO(npz)) as saved:
             selection, test = saved["selection"], saved["test"]
     except (OSError, ValueError, KeyError) as err:
-        raise ScoringError(f"unreadable predictions: {err}") from None
+        raise ScoringError(f"unreadable {name}: {err}") from None
     try:
         return Scores(selection=accuracy(selection, labels.selection), test=accuracy(test, labels.test))
     except ValueError as err:
-        raise ScoringError(f"predictions: {err}") from None
+        raise ScoringError(f"{name}: {err}") from None

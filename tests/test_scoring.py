@@ -32,3 +32,15 @@ def test_wrong_length(tmp_path: Path):
     np.savez(tmp_path / "p.npz", selection=np.array([0, 1]), test=np.array([1, 0, 1]))
     with pytest.raises(ScoringError, match="expected 4 predictions, got 2"):
         score_predictions(tmp_path / "p.npz", LABELS)
+
+
+def test_predictions_travel_as_text_and_score_on_the_driver(tmp_path: Path):
+    from ralph_ray.scoring import encode_predictions, score_encoded
+
+    labels = Labels(selection=np.array([0, 1, 2, 3]), test=np.array([1, 1]))
+    path = tmp_path / "predictions.npz"
+    np.savez(path, selection=np.array([0, 1, 2, 0]), test=np.array([1, 0]))
+    scores = score_encoded(encode_predictions(path), labels)
+    assert (scores.selection, scores.test) == (0.75, 0.5)
+    with pytest.raises(ScoringError, match="unreadable predictions"):
+        score_encoded("not base64!", labels)
