@@ -2,9 +2,10 @@
 
     python bench/app_render.py [--trials 10000] [--keep DIR]
 
-Builds the KB with the real `KnowledgeBase` writer in a temp dir, twice: parts laid out as campaigns write
-them today (one `trials` and one `epochs` part per trial, a `runs` part per phase), and compacted (one part
-per table and cycle). Then, per page: the first `AppTest.from_file(app/leaderboard.py)` run with every cache
+Builds the KB with the real `KnowledgeBase` writer in a temp dir, twice: the baseline layout (one `trials`
+and one `epochs` part per trial, a `runs` part per phase: what campaigns wrote before compaction, and what a
+cycle still in training looks like), and the layout campaigns leave now (the record phase compacts a cycle's
+parts into one per table, and a run keeps one `runs` part). Then, per page: the first `AppTest.from_file(app/leaderboard.py)` run with every cache
 cleared (as after a fresh `streamlit run`: the app's snapshot reads every part), and a live refresh (a new
 trial written, the query cache expired: the snapshot reads the new parts only).
 """

@@ -103,17 +103,20 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
 
     kb = KnowledgeBase(kb_root)
     kb.init()
+    first = kb.reader().execute("select started_at from runs where run_id = ?", [run_id]).fetchone() if resuming else None
     run_row = {"run_id": run_id, "experiment": cfg.experiment, "task": cfg.task.name, "run_dir": str(run_dir),
-               "config": json.dumps(asdict(cfg), default=str), "started_at": now()}
-    kb.append("runs", [{**run_row, "status": "running"}], run_id)
+               "config": json.dumps(asdict(cfg), default=str), "started_at": first[0] if first else now()}
+    kb.put("runs", [{**run_row, "status": "running", "cycle": state.cycle, "phase": state.phase.value}], run_id)
     try:
         outcome = Campaign(cfg, console, run_dir, kb, state, splits, run_row).loop()
     except BaseException as err:
         state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)
-        kb.append("runs", [{**run_row, "status": "crashed", "stop_reason": state.stop_reason, "finished_at": now()}], run_id)
+        kb.put("runs", [{**run_row, "status": "crashed", "stop_reason": state.stop_reason, "finished_at": now(),
+                         "cycle": state.cycle, "phase": state.phase.value}], run_id)
         raise
-    kb.append("runs", [{**run_row, "status": "finished", "stop_reason": outcome.stop_reason, "finished_at": now()}], run_id)
+    kb.put("runs", [{**run_row, "status": "finished", "stop_reason": outcome.stop_reason, "finished_at": now(),
+                     "cycle": state.cycle, "phase": state.phase.value}], run_id)
     from ralph_ray.report import write_report
 
     report = write_report(kb_root, run_id, run_dir)
@@ -170,8 +173,8 @@ class Campaign:
         self.mark = now_
         self.state.phase = phase
         self.state.save(self.run_dir)
-        # The runs row carries the live cycle and phase (the app's status page reads it; the newest row wins).
-        self.kb.append("runs", [{**self.run_row, "status": "running", "cycle": self.state.cycle, "phase": phase.value}], self.run_id)
+        # The runs row carries the live cycle and phase (the app's status page reads it); one part per run, replaced.
+        self.kb.put("runs", [{**self.run_row, "status": "running", "cycle": self.state.cycle, "phase": phase.value}], self.run_id)
 
     def _phase(self, name: str, detail: str = "") -> None:
         self.console.print(f"[bold magenta]cycle {self.state.cycle}[/] [bold]{name}[/] {detail}")
@@ -379,6 +382,8 @@ class Campaign:
                 rows.append({"run_id": self.run_id, "task": self.cfg.task.name, "cycle": self.state.cycle, "variant_id": child.variant_id,
                              "parent_id": child.parent_id, "intervention": name, "diagnosis": child.diagnosis,
                              "parent_score": child.parent_score, "child_score": child_score, "delta": delta, "outcome": child.status.value})
+        for table in ("epochs", "trials"):  # one part per cycle instead of one per trial: readers pay per file
+            self.kb.compact(table, f"{self.run_id}-c{self.state.cycle}-", f"{self.run_id}-c{self.state.cycle:04d}-compacted")
         self._save_children(children)
         self._write_variant_rows(children, "record", scores)
         self.kb.put("interventions", rows, f"{self.run_id}-c{self.state.cycle:04d}")

@@ -183,7 +183,9 @@ def knob_child(parent: Candidate, baked: Path, variants_root: Path) -> Child:
     """agent=none: the child is the parent with its best knobs written in (knob search hill-climbs)."""
     variant = snapshot(baked, variants_root, parent_id=parent.variant_id)
     own = read_knobs((variant.files_dir / "train.py").read_text())
+    diff = unified_diff(variants_root / parent.variant_id / "files", variant.files_dir)
+    (variant.files_dir.parent / "diff.patch").write_text(diff)
     return Child(variant.variant_id, parent.variant_id, variant.files_dir, ["knob_search"], Diagnosis.healthy.value,
                  "knob search only (agent=none): the parent with its best trial's knobs", VariantStatus.candidate, None,
-                 "", own, parent.selection_score, 1, Usage())
+                 diff, own, parent.selection_score, 1, Usage())
 

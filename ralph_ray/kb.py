@@ -125,6 +125,25 @@ class KnowledgeBase:
         self._write(part, self._table(table, rows))
         return part
 
+    def compact(self, table: str, prefix: str, name: str) -> int:
+        """Merge the parts of `table` whose names start with `prefix` into the part `name`; returns parts merged.
+
+        Readers pay per file opened, so a cycle's one-part-per-trial rows become one part once the cycle is
+        recorded. The merged part is written (atomically) before the small ones go, so a reader never misses
+        a row; it may briefly see one twice, which the views absorb (trials keep one row per trial_id, curves
+        take one value per epoch). Idempotent: running it again folds any new parts into the same file.
+        """
+        folder = self.parquet / table
+        target = folder / f"{name}.parquet"
+        sources = sorted(p for p in folder.glob(f"{prefix}*.parquet") if p != target)
+        if not sources:
+            return 0
+        parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
+        self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
+        for path in sources:
+            path.unlink()
+        return len(sources)
+
     def reader(self) -> duckdb.DuckDBPyConnection:
         """An in-memory connection with the KB's views: never takes a lock on kb.duckdb."""
         return connect_views(self.parquet)

@@ -125,3 +125,19 @@ def test_concurrent_reader_while_writing(tmp_path: Path):
     seen, lock_errors = map(int, out.split())
     assert seen == 200
     assert lock_errors == 0, err
+
+
+def test_compaction_merges_a_cycles_parts_without_losing_or_doubling_rows(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    for n in range(5):
+        kb.append("trials", [{"run_id": "r", "cycle": 1, "trial_id": f"t{n}", "variant_id": "v", "status": "completed"}], f"r-c1-t{n}")
+    kb.append("trials", [{"run_id": "r", "cycle": 12, "trial_id": "other", "variant_id": "v", "status": "completed"}], "r-c12-other")
+    assert kb.compact("trials", "r-c1-", "r-c0001-compacted") == 5
+    files = sorted(p.name for p in (kb.parquet / "trials").glob("*.parquet"))
+    assert "r-c0001-compacted.parquet" in files and len(files) == 3  # schema part, compacted part, cycle 12 untouched
+    kb.append("trials", [{"run_id": "r", "cycle": 1, "trial_id": "t5", "variant_id": "v", "status": "failed"}], "r-c1-t5")
+    assert kb.compact("trials", "r-c1-", "r-c0001-compacted") == 1  # a resumed cycle folds in its new parts
+    con = kb.reader()
+    assert con.execute("select count(*), count(distinct trial_id) from trials where cycle = 1").fetchone() == (6, 6)
+    assert kb.compact("trials", "r-c1-", "r-c0001-compacted") == 0

@@ -9,6 +9,7 @@ applies the chosen intervention to the child's copy of `train.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -348,7 +349,7 @@ class HeuristicAnalyst:
             others = [i for i in rest if Diagnosis.healthy not in i.answers]
             fallback = self._scored(answers_healthy, [healthy], effects, draws)
             fallback += self._scored_as(others, healthy, effects, draws)
-        return [_recommendation(c) for c in primary + fallback]
+        return _monotone([_recommendation(c) for c in primary + fallback])
 
     def _scored(
         self, interventions: list[Intervention], findings: list[Finding], effects: list[InterventionEffect], draws: dict[str, float]
@@ -414,6 +415,16 @@ def _read_trainer(files_dir: Path) -> str:
     if not path.is_file():
         raise AgentError(f"{path} does not exist: the heuristic agent edits a variant's {TRAINER}")
     return path.read_text()
+
+
+def _monotone(ranked: list[Recommendation]) -> list[Recommendation]:
+    """Cap each priority at the one before it, so sorting by priority keeps the ranking (fallbacks last)."""
+    out: list[Recommendation] = []
+    for rec in ranked:
+        if out and rec.priority > out[-1].priority:
+            rec = dataclasses.replace(rec, priority=out[-1].priority)
+        out.append(rec)
+    return out
 
 
 def _recommendation(candidate: Candidate) -> Recommendation:
