@@ -38,7 +38,7 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord, Trial
 from ralph_ray.population import Candidate, branch_of, select_parents
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id, ensure_ray
-from ralph_ray.search import SearchPlan, clip_to_space
+from ralph_ray.search import SearchPlan, clip_to_space, relative_knobs
 from ralph_ray.state import CampaignState, Phase, RunStatus, stop_requested
 from ralph_ray.tasks import prepare_splits
 from ralph_ray.tasks.base import Splits, sha256_file, write_public
@@ -325,13 +325,16 @@ class Campaign:
             self._phase("train", "nothing to run" if not runnable else f"{len(done)} of {planned} trials already recorded")
             self._advance(Phase.record)
             return
-        points = [{"variant": c.variant_id, **clip_to_space(c.own_knobs, self.cfg.search.space)} for c in runnable if c.variant_id not in tried]
-        plan = SearchPlan([c.variant_id for c in runnable], points[:remaining], remaining, self.cfg.search.seed + 7919 * cycle + len(done))
+        relative = self.cfg.search.relative and cycle > 1  # the seed's cycle searches the configured ranges
+        points = [{"variant": c.variant_id, **clip_to_space(c.own_knobs, self.cfg.search.space, relative)} for c in runnable if c.variant_id not in tried]
+        plan = SearchPlan([c.variant_id for c in runnable], points[:remaining], remaining, self.cfg.search.seed + 7919 * cycle + len(done), relative)
+        moved = relative_knobs(self.cfg.search.space) if relative else frozenset()
+        own = {c.variant_id: c.own_knobs for c in runnable}
         spec = TrialSpec(
             variants={c.variant_id: read_files(c.files_dir) for c in runnable}, trials_root=str(self.cycle_dir / "trials"),
             data=self.data, harness_sha256=sha256_file(Path(harness.__file__)), timeout_s=self.cfg.safeguards.trial_timeout_s,
             output_limit_bytes=OUTPUT_LIMIT_BYTES, threads=max(1, int(self.cfg.resources.cpu)), seed=self.cfg.search.seed,
-            hold_from_epoch=self.cfg.scheduler.max_t, metric=self.cfg.search.metric, mode=self.cfg.search.mode,
+            hold_from_epoch=self.cfg.scheduler.max_t, relative=moved, own_knobs=own, metric=self.cfg.search.metric, mode=self.cfg.search.mode,
             checkpoint_every_s=checkpoint_interval(self.cfg), driver_node_id=driver_node_id(),
         )
         self._phase("train", f"{remaining} trials over {len(runnable)} variant(s), {self.cfg.search.max_concurrent} at a time, "
@@ -345,7 +348,7 @@ class Campaign:
             self.records.append(record)
             progress.record(record)
 
-        ledger = TrialLedger(self.run_id, cycle, self.splits.labels(), spec.trials_root, spec.seed, self.cfg.search.metric, sink)
+        ledger = TrialLedger(self.run_id, cycle, self.splits.labels(), spec.trials_root, spec.seed, self.cfg.search.metric, sink, moved, own)
         deadline = None
         if self.cfg.safeguards.campaign_time_s is not None:
             deadline = time.time() + max(1.0, self.cfg.safeguards.campaign_time_s - self.state.elapsed_s - (time.monotonic() - self.mark))

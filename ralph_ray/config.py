@@ -87,6 +87,11 @@ class SearchConfig:
     mode: str = "max"
     reuse_actors: bool = True
     space: Dict[str, KnobSpace] = field(default_factory=dict)
+    # After cycle 1, numeric knobs are sampled as factors on each variant's own value (so an agent's
+    # knob change is searched around rather than undone): uniform/loguniform/int in [1/span, span],
+    # numeric choices as their ratios to the middle choice.
+    relative: bool = True
+    relative_span: float = 2.0
 
 
 @dataclass
@@ -141,7 +146,7 @@ class AgentConfig:
 
     backend: AgentBackend = AgentBackend.heuristic
     max_retries: int = 2  # gate failures sent back to the coder before a child is rejected
-    exploration: float = 1.0  # bonus for interventions the KB has not measured yet (UCB-style)
+    exploration: float = 0.01  # UCB bonus (in score units) for interventions the KB has measured little
     concurrency: int = 4  # children of one cycle requested at once
     seed: int = 0
     price_in_per_m: float = 0.0  # cost per million input tokens (for cost budgets and the report)
@@ -311,6 +316,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("search.mode", f"must be max or min, got {cfg.search.mode!r}", "set search.mode=max")
     for name, space in cfg.search.space.items():
         _check_space(name, space)
+    if cfg.search.relative_span <= 1:
+        raise ConfigError("search.relative_span", f"must be > 1, got {cfg.search.relative_span}", "set search.relative_span=2")
     _positive("scheduler.max_t", cfg.scheduler.max_t)
     _positive("scheduler.grace_period", cfg.scheduler.grace_period)
     if cfg.scheduler.grace_period > cfg.scheduler.max_t:

@@ -69,3 +69,19 @@ def _literal(name: str, value: Any) -> str:
 def _char_offset(line: str, byte_offset: int) -> int:
     """ast column offsets count UTF-8 bytes; convert to a str index."""
     return len(line.encode("utf-8")[:byte_offset].decode("utf-8"))
+
+
+def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: frozenset[str] | set[str]) -> dict[str, Any]:
+    """The knob values a trial runs: sampled values as they are, and for `relative` knobs the sample is a factor
+    on the variant's own value (ints stay ints, at least 1), so an agent's knob change is searched around, not undone."""
+    knobs: dict[str, Any] = {}
+    for name, value in config.items():
+        if not name.isupper():
+            continue
+        base = own.get(name)
+        if name in relative and isinstance(base, (int, float)) and not isinstance(base, bool):
+            scaled = float(base) * float(value)
+            knobs[name] = max(1, int(round(scaled))) if isinstance(base, int) else scaled
+        else:
+            knobs[name] = value
+    return knobs

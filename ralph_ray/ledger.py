@@ -18,6 +18,7 @@ from ray.tune import Callback
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 
+from ralph_ray.knobs import resolve_knobs
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.tasks.base import Labels
 from ralph_ray.trials import FAILED_KEY
@@ -67,8 +68,10 @@ Sink = Callable[[TrialRecord, list[dict[str, Any]]], None]
 class TrialLedger(Callback):
     """Collects each trial's per-epoch metrics and final outcome, and passes them to `sink`."""
 
-    def __init__(self, run_id: str, cycle: int, labels: Labels, trials_root: str, seed: int, metric: str, sink: Sink) -> None:
+    def __init__(self, run_id: str, cycle: int, labels: Labels, trials_root: str, seed: int, metric: str, sink: Sink,
+                 relative: frozenset[str] = frozenset(), own_knobs: dict[str, dict[str, Any]] | None = None) -> None:
         self.run_id, self.cycle, self.labels = run_id, cycle, labels
+        self.relative, self.own_knobs = relative, own_knobs or {}  # to record the knob values trials really ran
         self.trials_root, self.seed, self.metric, self.sink = trials_root, seed, metric, sink
         self.started: dict[str, float] = {}
         self.epochs: dict[str, dict[int, dict[str, float]]] = {}
@@ -125,7 +128,8 @@ class TrialLedger(Callback):
     def _finish(self, trial: Trial, status: TrialStatus, reason: str | None,
                 selection: float | None = None, test: float | None = None) -> None:
         epochs = self.epochs.get(trial.trial_id, {})
-        knobs = {k: v for k, v in (trial.config or {}).items() if k.isupper()}
+        config = trial.config or {}
+        knobs = resolve_knobs(config, self.own_knobs.get(str(config.get("variant")), {}), self.relative)
         record = TrialRecord(
             run_id=self.run_id, cycle=self.cycle, trial_id=trial.trial_id, variant_id=str((trial.config or {}).get("variant")),
             status=status, reason=reason, knobs=json.dumps(knobs, sort_keys=True, default=str), seed=self.seed,

@@ -19,11 +19,19 @@ from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind
 from ralph_ray.trials import TrialSpec, run_trial
 
 
-def param_space(space: dict[str, KnobSpace]) -> dict[str, Any]:
-    """Tune search-space domains for the configured knobs (OptunaSearch converts them)."""
+def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float = 2.0) -> dict[str, Any]:
+    """Tune search-space domains for the configured knobs (OptunaSearch converts them).
+
+    With `relative`, numeric knobs are factors on the variant's own value (see `knobs.resolve_knobs`).
+    """
     domains: dict[str, Any] = {}
     for name, knob in space.items():
-        if knob.type is SpaceKind.choice:
+        if relative and name in relative_knobs(space):
+            if knob.type is SpaceKind.choice:
+                domains[name] = tune.choice(_choice_ratios(knob.values or []))
+            else:
+                domains[name] = tune.loguniform(1.0 / span, span)
+        elif knob.type is SpaceKind.choice:
             domains[name] = tune.choice(list(knob.values or []))
         elif knob.type is SpaceKind.loguniform:
             domains[name] = tune.loguniform(knob.low, knob.high)
@@ -34,6 +42,21 @@ def param_space(space: dict[str, KnobSpace]) -> dict[str, Any]:
     return domains
 
 
+def relative_knobs(space: dict[str, KnobSpace]) -> frozenset[str]:
+    """Knobs that can be searched relative to a variant's value: numeric ranges and all-numeric choices."""
+    return frozenset(
+        name for name, knob in space.items()
+        if knob.type is not SpaceKind.choice
+        or all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in knob.values or [])
+    )
+
+
+def _choice_ratios(values: list[Any]) -> list[float]:
+    ordered = sorted(values)
+    middle = ordered[len(ordered) // 2]
+    return sorted({round(v / middle, 6) for v in ordered})
+
+
 @dataclass(frozen=True)
 class SearchPlan:
     """What one cycle's Tune run samples: which variants, the points to try first, how many trials."""
@@ -42,13 +65,21 @@ class SearchPlan:
     first_points: list[dict[str, Any]]  # each: {"variant": id, KNOB: value, ...}
     num_samples: int
     seed: int
+    relative: bool = False  # knobs sampled as factors on each variant's own values
 
 
-def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace]) -> dict[str, Any]:
-    """A variant's own knob values moved into the search space (Optuna refuses points outside it)."""
+def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace], relative: bool = False) -> dict[str, Any]:
+    """A variant's own knob values as a point of the search space (Optuna refuses points outside it).
+
+    In a relative search a variant's own values are the factor 1 (the middle choice for choices).
+    """
     point: dict[str, Any] = {}
+    movable = relative_knobs(space) if relative else frozenset()
     for name, knob in space.items():
         value = knobs.get(name)
+        if name in movable:
+            point[name] = 1.0
+            continue
         if knob.type is SpaceKind.choice:
             values = list(knob.values or [])
             if value in values:
@@ -110,7 +141,7 @@ def run_search(cfg: Config, spec: TrialSpec, plan: SearchPlan, storage: Path, na
         {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu},
     )
     _quiet_optuna()
-    space = {"variant": tune.choice(list(plan.variants)), **param_space(cfg.search.space)}
+    space = {"variant": tune.choice(list(plan.variants)), **param_space(cfg.search.space, plan.relative, cfg.search.relative_span)}
     searcher = OptunaSearch(seed=plan.seed, points_to_evaluate=list(plan.first_points) or None)
     tuner = tune.Tuner(
         trainable,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_ray import harness
-from ralph_ray.knobs import KnobError, rewrite_knobs
+from ralph_ray.knobs import KnobError, resolve_knobs, rewrite_knobs
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
 from ralph_ray.tasks.base import sha256_file
 
@@ -90,6 +90,9 @@ class TrialSpec:
     # Reports from this epoch on are held back and sent with the predictions: ASHA's last rung would
     # otherwise stop a fully trained trial between its last epoch and its predictions.
     hold_from_epoch: int | None = None
+    # A relative search samples these knobs as factors on each variant's own values (knobs.resolve_knobs).
+    relative: frozenset[str] = frozenset()
+    own_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant id -> its knob values
     # The ranking metric and its direction: a failed trial reports the worst value with its reason.
     metric: str = "val_acc"
     mode: str = "max"
@@ -121,7 +124,7 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     variant = str(config.get("variant", ""))
     if variant not in spec.variants:
         raise TrialFailed(f"unknown variant {variant!r} (this cycle runs {', '.join(spec.variants)})")
-    knobs = {key: value for key, value in config.items() if key.isupper()}
+    knobs = resolve_knobs(config, spec.own_knobs.get(variant, {}), spec.relative)
     write_variant(spec.variants[variant], work)
     set_knobs(work, knobs, entry=spec.entry)
     restored = restore_checkpoint(tune.get_checkpoint(), work / CHECKPOINT_DIR)

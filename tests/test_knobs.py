@@ -54,3 +54,28 @@ def test_digits_trainer_has_the_searched_knobs():
     cfg = load_config([])
     knobs = read_knobs((cfg.trainer_dir() / "train.py").read_text())
     assert set(cfg.search.space) <= set(knobs)
+
+
+def test_relative_knobs_scale_each_variants_own_values():
+    from ralph_ray.knobs import resolve_knobs
+
+    own = {"LR": 0.02, "WIDTH": 16, "BATCH_SIZE": 64, "OPT": "sgd"}
+    config = {"variant": "v1", "LR": 0.5, "WIDTH": 2.0, "BATCH_SIZE": 0.01, "OPT": "adam"}
+    knobs = resolve_knobs(config, own, frozenset({"LR", "WIDTH", "BATCH_SIZE"}))
+    assert knobs == {"LR": 0.01, "WIDTH": 32, "BATCH_SIZE": 1, "OPT": "adam"}  # ints stay ints, at least 1
+    assert resolve_knobs(config, own, frozenset()) == {k: v for k, v in config.items() if k != "variant"}
+
+
+def test_relative_search_space_and_first_points():
+    from ralph_ray.config import KnobSpace, SpaceKind
+    from ralph_ray.search import clip_to_space, param_space, relative_knobs
+
+    space = {"LR": KnobSpace(SpaceKind.loguniform, 0.001, 0.1), "WIDTH": KnobSpace(SpaceKind.choice, values=[8, 16, 32]),
+             "OPT": KnobSpace(SpaceKind.choice, values=["sgd", "adam"])}
+    assert relative_knobs(space) == {"LR", "WIDTH"}
+    domains = param_space(space, relative=True, span=2.0)
+    assert (domains["LR"].lower, domains["LR"].upper) == (0.5, 2.0)
+    assert domains["WIDTH"].categories == [0.5, 1.0, 2.0] and domains["OPT"].categories == ["sgd", "adam"]
+    own = {"LR": 0.0001, "WIDTH": 64, "OPT": "adam"}
+    assert clip_to_space(own, space, relative=True) == {"LR": 1.0, "WIDTH": 1.0, "OPT": "adam"}
+    assert clip_to_space(own, space) == {"LR": 0.001, "WIDTH": 32, "OPT": "adam"}  # absolute: moved into range
