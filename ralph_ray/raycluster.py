@@ -55,7 +55,10 @@ def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None
     if ray.is_initialized():
         return
     if cluster.mode is ClusterMode.local:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
+        # address="local": always a fresh instance; without it ray.init() joins any cluster `ray start` left on
+        # this machine (its /tmp/ray/ray_current_cluster), which is cluster=address's job, never local's.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=True,
+                 logging_level="ERROR")
         return
     join(cluster)
 
