@@ -33,6 +33,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     best = board[0] if board else None
     seed_id = next((v for v, row in variants.items() if row.get("status") == "seed"), None)
     kept = [i for i in interventions if i["outcome"] == "kept"]
+    seed_row = _one(con, sql.LEADERBOARD_ROW, [run_id, seed_id]) if seed_id else {}
     lines = [
         f"# ralph_ray report: run {run_id}",
         "",
@@ -42,8 +43,8 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"(exit code {last.get('exit_code', '-')}): {last.get('rationale', '')}",
         f"- best variant: {best['variant_id'] if best else '-'}, selection {_f(best and best['selection_score'])}, "
         f"test {_f(best and best['test_score'])}",
-        f"- seed variant: {seed_id or '-'}, selection {_f(_score_of(board, seed_id, 'selection_score'))}, "
-        f"test {_f(_score_of(board, seed_id, 'test_score'))}",
+        f"- seed variant: {seed_id or '-'}, selection {_f(seed_row.get('selection_score'))}, test {_f(seed_row.get('test_score'))} "
+        "(its best knob sample in cycle 1)",
         "",
         "## Cost",
         "",
@@ -124,10 +125,6 @@ def _all(con: Any, query: str, params: list[Any]) -> list[dict[str, Any]]:
 def _one(con: Any, query: str, params: list[Any]) -> dict[str, Any]:
     rows = _all(con, query, params)
     return rows[0] if rows else {}
-
-
-def _score_of(board: list[dict[str, Any]], variant_id: str | None, key: str) -> float | None:
-    return next((row[key] for row in board if row["variant_id"] == variant_id), None)
 
 
 def _names(interventions: str | None) -> str:

@@ -133,6 +133,7 @@ order by r.started_at desc
 # Queries (parameterised with ?)
 
 LEADERBOARD_FOR_RUN = "select * from leaderboard where run_id = ? order by rank limit ?"
+LEADERBOARD_ROW = "select * from leaderboard where run_id = ? and variant_id = ?"
 TRIALS_FOR_RUN = "select * from trials where run_id = ? order by cycle, trial_id"
 TRIALS_FOR_CYCLE = "select * from trials where run_id = ? and cycle = ? order by trial_id"
 TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ? group by status order by status"

@@ -219,7 +219,7 @@ def write_node_info(work: Path, data_dir: Path, restored: bool, env: dict[str, s
         "node_id": _node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
         "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")),
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-        "data_dir": str(data_dir), "work_dir": str(work), "restored_checkpoint": restored,
+        "data_dir": str(data_dir), "work_dir": str(work), "restored_checkpoint": restored, "started_at": time.time(),
     }
     (work / NODE_FILE).write_text(json.dumps(info, indent=2))
 
