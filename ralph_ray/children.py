@@ -145,6 +145,9 @@ def _one_child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recom
         except AgentError as err:
             reason = f"coder: {err}"
             break
+        except Exception as err:  # noqa: BLE001 - a coder backend's own bug rejects this child, never the campaign
+            reason = f"coder crashed: {type(err).__name__}: {err}"
+            break
         interventions, rationale = draft.interventions or interventions, draft.rationale or rationale
         try:
             breeder.gate.check(workdir, view.files_dir)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ralph_ray.knobs import read_knobs
+from ralph_ray.knobs import parse, read_knobs
 from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.trials import PublicData, TrialFailed, TrialSpec, kill_group, prepare_workdir, start_trainer, tail_reports
 from ralph_ray.variants import variant_files
@@ -101,7 +101,7 @@ def check_parses(child: Path) -> dict[str, str]:
         name = str(path.relative_to(child))
         source = path.read_text(errors="replace")
         try:
-            ast.parse(source, filename=name)
+            parse(source, filename=name)
         except SyntaxError as err:
             raise GateError(f"{name} does not parse: {err.msg} at line {err.lineno}") from None
         sources[name] = source
@@ -113,7 +113,7 @@ def check_required_calls(source: str, entry: str) -> None:
     if not source:
         raise GateError(f"{entry} is missing")
     called = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
             called.add(f"{node.func.value.id}.{node.func.attr}")
     missing = [name for name in REQUIRED_CALLS if name not in called]

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 import ast
+import threading
 from typing import Any
+
+# CPython 3.11's AST constructor is not thread-safe ("AST constructor recursion depth mismatch" when two
+# threads parse at once), and children are written and gated in a thread pool: every parse goes through here.
+_PARSE_LOCK = threading.Lock()
+
+
+def parse(source: str, filename: str = "<unknown>") -> ast.Module:
+    """ast.parse, serialised across threads."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
 
 
 class KnobError(ValueError):
@@ -32,12 +43,12 @@ def rewrite_knobs(source: str, overrides: dict[str, Any]) -> str:
         start, end = _char_offset(line, value.col_offset), _char_offset(line, value.end_col_offset)  # type: ignore[arg-type]
         lines[value.lineno - 1] = line[:start] + text + line[end:]
     result = "".join(lines)
-    ast.parse(result)  # the rewrite must keep the file valid
+    parse(result)  # the rewrite must keep the file valid
     return result
 
 
 def _knob_nodes(source: str) -> dict[str, ast.Assign]:
-    tree = ast.parse(source)
+    tree = parse(source)
     found: dict[str, ast.Assign] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):

@@ -79,3 +79,13 @@ def test_relative_search_space_and_first_points():
     own = {"LR": 0.0001, "WIDTH": 64, "OPT": "adam"}
     assert clip_to_space(own, space, relative=True) == {"LR": 1.0, "WIDTH": 1.0, "OPT": "adam"}
     assert clip_to_space(own, space) == {"LR": 0.001, "WIDTH": 32, "OPT": "adam"}  # absolute: moved into range
+
+
+def test_parsing_from_many_threads_at_once():
+    # CPython 3.11's AST constructor breaks when threads parse concurrently; children are gated in a pool.
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = "LR = 0.1  # lr\n" + "\n".join(f"def f{i}(x):\n    return [[x for _ in range(3)] for _ in range({i})]" for i in range(300))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda _: read_knobs(source), range(64)))
+    assert all(r == {"LR": 0.1} for r in results)

@@ -19,7 +19,7 @@ import yaml
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
-from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
+from ralph_ray.knobs import KnobError, parse, read_knobs, rewrite_knobs
 
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 
@@ -317,7 +317,7 @@ def apply(intervention: Intervention, source: str) -> str:
     if result == source:
         raise NotApplicable(f"{name}: changes nothing (knobs already at their limits)")
     try:
-        ast.parse(result)
+        parse(result)
     except SyntaxError as error:
         raise NotApplicable(f"{name}: the edits do not fit this trainer (invalid Python at line {error.lineno}: {error.msg})") from error
     return result
@@ -355,7 +355,7 @@ def _add_knobs(intervention: Intervention, source: str) -> str:
 def _knob_block_end(source: str) -> int | None:
     """Line number (1-based) of the last knob in the first run of knob lines (only comments between them)."""
     lines = source.splitlines()
-    knobs = [node for node in ast.parse(source).body if _is_knob(node)]
+    knobs = [node for node in parse(source).body if _is_knob(node)]
     if not knobs:
         return None
     end = knobs[0].end_lineno or knobs[0].lineno
