@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -142,15 +144,23 @@ SCENARIOS = {"multinode": multinode, "node_loss": node_loss}
 
 
 def launch(name: str, out: Path, timeout_s: float = 240) -> dict[str, Any]:
-    """Run a scenario in a fresh process (own process group, killed whole on timeout); its result.json."""
+    """Run a scenario in a fresh process (own process group, killed whole on timeout); its result.json.
+
+    The cluster gets a Ray temp dir of its own (RAY_TMPDIR, short: socket paths live under it), so its
+    session files and its address file (ray_current_cluster) never meet another Ray on this machine.
+    """
+    tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp}
     proc = subprocess.Popen([sys.executable, __file__, name, str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+                            start_new_session=True, env=env)
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         raise AssertionError(f"scenario {name} ran past {timeout_s}s:\n{output[-4000:]}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert proc.returncode == 0, f"scenario {name} failed:\n{output[-6000:]}"
     return json.loads((out / "result.json").read_text())
 

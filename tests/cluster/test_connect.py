@@ -65,7 +65,7 @@ def token_head() -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
     head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                             f"--temp-dir={temp}", "--block"], env=env, start_new_session=True,
+                             f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp}", "--block"], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 90

@@ -5,11 +5,11 @@ safety net the on-prem file asks for: `ray down` runs `ray stop` on the head, an
 `ray stop` cannot touch anyone else's Ray (the test session's, other tests'). The file's own start commands
 never run `ray stop`. What the test changes in the file, and why: the head's address (127.0.0.1), the user
 and key, a proxy command (sshd listens on a free port, not 22), a free GCS port instead of 6379, the machine's
-venv instead of a `pip install` (no network here), and no dashboard (another Ray on this machine may hold
-its port).
+venv instead of a `pip install` (no network here), and no dashboard and a free dashboard-agent port (another
+Ray on this machine may hold the default ones).
 
-Needs root (a user, an sshd) and `openssh-server` and `rsync` (installed with apt-get if missing; CI:
-`apt-get install -y openssh-server rsync`). Skips only when those cannot be had.
+Needs root (a user, an sshd) and `openssh-server`, `rsync` and `procps` (installed with apt-get if missing;
+CI: `apt-get install -y openssh-server rsync procps`). Skips only when those cannot be had.
 """
 
 from __future__ import annotations
@@ -61,10 +61,12 @@ def free_port() -> int:
 
 
 def ensure_packages() -> None:
-    """openssh-server and rsync, from apt if missing; skip (with the reason) when they cannot be installed."""
+    """openssh-server, rsync (file mounts) and procps (pgrep in the start commands, ps), from apt if missing;
+    skip (with the reason) only when they cannot be installed."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the test makes a user and runs an sshd")
-    missing = [pkg for pkg, present in (("openssh-server", SSHD.exists()), ("rsync", shutil.which("rsync") is not None)) if not present]
+    wanted = (("openssh-server", SSHD.exists()), ("rsync", shutil.which("rsync") is not None), ("procps", shutil.which("pgrep") is not None))
+    missing = [pkg for pkg, present in wanted if not present]
     if not missing:
         return
     if not shutil.which("apt-get"):
@@ -119,12 +121,12 @@ def loopback_machine() -> Iterator[dict]:
     root = Path(tempfile.mkdtemp(prefix="rp", dir="/tmp"))  # short: Ray's socket paths live under the user's RAY_TMPDIR
     root.chmod(0o755)
     user, home = f"ralphup{os.getpid()}", root / "home"
-    sshd, granted = None, []
+    sshd, granted, uid = None, [], None
     try:
         granted = grant_traverse(Path(sys.executable))  # the user runs this machine's venv (ray, torch, ralph_ray)
         sh("useradd", "-M", "-d", str(home), "-s", "/bin/bash", user)
-        sh("usermod", "-p", "*", user)  # no password, but not locked: key logins work
         uid = int(sh("id", "-u", user).stdout)
+        sh("usermod", "-p", "*", user)  # no password, but not locked: key logins work
         home.mkdir()
         (home / "t").mkdir()
         (home / ".bashrc").write_text(  # what the on-prem file's setup writes, pointing at this machine's venv
@@ -149,13 +151,13 @@ def loopback_machine() -> Iterator[dict]:
         if sshd is not None:
             sshd.kill()
             sshd.wait()
-        if (root / "home").exists():
-            for pid in user_pids(int(sh("id", "-u", user).stdout)):  # anything our user still runs (all of it ours)
+        if uid is not None:
+            for pid in user_pids(uid):  # anything our user still runs (all of it ours)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
-                    pass
-        subprocess.run(["userdel", user], capture_output=True)
+                    continue  # gone meanwhile
+            subprocess.run(["userdel", user], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
         for folder, mode in granted:
             folder.chmod(mode)
@@ -172,7 +174,7 @@ def onprem_yaml(machine: dict, gcs_port: int) -> Path:
     config["min_workers"] = config["max_workers"] = 0
     config["file_mounts"] = {"~/ralph_ray": str(PROJECT_ROOT)}
     config["setup_commands"] = ["python -c 'import ray, torch, sklearn'"]
-    extra = " --num-cpus=2 --include-dashboard=false"
+    extra = f" --num-cpus=2 --include-dashboard=false --dashboard-agent-listen-port={free_port()}"
     config["head_start_ray_commands"] = [c.replace("6379", str(gcs_port)) + extra for c in config["head_start_ray_commands"]]
     path = root / "cluster.yaml"
     path.write_text(yaml.safe_dump(config))
