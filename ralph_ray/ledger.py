@@ -21,11 +21,11 @@ from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.tasks.base import Labels
-from ralph_ray.trials import FAILED_KEY
+from ralph_ray.trials import FAILED_KEY, HELD_KEY
 
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
-_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, "variant"}
+_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, "variant"}
 # The reason of trials cut short by a stop of the whole cycle: a resumed cycle runs them again.
 STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"
 
@@ -89,6 +89,12 @@ class TrialLedger(Callback):
         epoch = result.get("epoch")
         if epoch is None:
             return
+        for record in json.loads(result.get(HELD_KEY) or "[]"):  # epochs past the last rung, sent at the end
+            self._epoch_metrics(trial, record)
+        self._epoch_metrics(trial, result)
+
+    def _epoch_metrics(self, trial: Trial, result: dict[str, Any]) -> None:
+        epoch = result["epoch"]
         metrics = {k: float(v) for k, v in result.items() if k not in _TUNE_KEYS and k not in _SKIP_KEYS and k != "epoch" and _is_number(v)}
         epochs = self.epochs.setdefault(trial.trial_id, {})
         # A retried trial (its node was lost) reports again from its checkpoint's epoch, or from 1 without one:

@@ -36,6 +36,7 @@ from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
 from ralph_ray.tasks.base import sha256_file
 
 POLL_S = 0.05
+HELD_KEY = "held_epochs"  # epochs held back past the last rung, sent (as JSON) with the final report
 STOPPED_BY_TUNE = "stopped"
 # The result key that ends a trial the trainer itself failed (crash, NaN, timeout...): such a failure is final,
 # so it ends the trial as a result, not an exception, which Tune would retry (FailureConfig is for lost nodes).
@@ -322,12 +323,14 @@ def tail_reports(proc: subprocess.Popen[bytes], work: Path, spec: TrialSpec, rep
     tail = JsonLinesTail(work / "metrics.jsonl")
     deadline = time.monotonic() + spec.timeout_s
     last: dict[str, Any] | None = None
+    held: list[dict[str, Any]] = []
     while True:
         exited = proc.poll() is not None  # read the lines after checking, so none written before exit is missed
         for record in tail.read_new():
             check_finite(record)
-            held = spec.hold_from_epoch is not None and _epoch(record) >= spec.hold_from_epoch
-            if not held:
+            if spec.hold_from_epoch is not None and _epoch(record) >= spec.hold_from_epoch:
+                held.append(record)
+            else:
                 report(record)
             last = record
         if exited:
@@ -343,6 +346,8 @@ def tail_reports(proc: subprocess.Popen[bytes], work: Path, spec: TrialSpec, rep
         raise TrialFailed(f"train.py exited with code {proc.returncode}: {_last_error_line(work)}")
     if last is None:
         raise TrialFailed("train.py exited without reporting an epoch: call harness.report(epoch=..., ...) each epoch")
+    if len(held) > 1:  # the held epochs before the last ride along, so the curve keeps every epoch
+        return {**last, HELD_KEY: json.dumps(held[:-1])}
     return last
 
 

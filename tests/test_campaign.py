@@ -139,3 +139,17 @@ def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config
     con = open_reader(outcome.kb_root)
     kb_failed = con.execute("select reason from trials where run_id = ? and status = 'failed' order by reason", ["scripted"]).fetchall()
     assert [row[0] for row in kb_failed] == reasons
+
+
+@pytest.mark.slow
+def test_epochs_past_the_last_rung_keep_their_curve(ray_session, tiny_config, tmp_path: Path):
+    # A child may train past scheduler.max_t (longer_training): those reports wait for the predictions
+    # (so ASHA cannot stop a finished trial) and still reach the curves, each epoch once.
+    from ralph_ray.campaign import run
+
+    cfg = tiny_config("run_id=long", "safeguards.max_cycles=1", "search.num_samples=2", "scheduler=fifo", "scheduler.max_t=3",
+                      "scheduler.grace_period=1", "search.space.EPOCHS.values=[5]")
+    outcome = run(cfg)
+    con = open_reader(outcome.kb_root)
+    rows = con.execute("select trial_id, list(epoch order by epoch) from curves where run_id = 'long' and status = 'completed' group by trial_id").fetchall()
+    assert len(rows) == 2 and all(epochs == [1, 2, 3, 4, 5] for _, epochs in rows)

@@ -185,6 +185,8 @@ def test_reports_from_the_last_rung_are_held_for_the_predictions(tmp_path: Path)
     finally:
         kill_group(proc)
     assert [r["epoch"] for r in seen] == [1, 2]
+    # The last epoch comes back with the earlier held ones, so the curve keeps every epoch.
+    assert json.loads(last.pop("held_epochs")) == [{"epoch": 3, "val_acc": 0.3}]
     assert last == {"epoch": 4, "val_acc": 0.4}
 
 
