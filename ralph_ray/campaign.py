@@ -103,7 +103,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
 
     kb = KnowledgeBase(kb_root)
     kb.init()
-    first = kb.reader().execute("select started_at from runs where run_id = ?", [run_id]).fetchone() if resuming else None
+    first = kb.reader().execute(sql.RUN_STARTED_AT, [run_id]).fetchone() if resuming else None
     run_row = {"run_id": run_id, "experiment": cfg.experiment, "task": cfg.task.name, "run_dir": str(run_dir),
                "config": json.dumps(asdict(cfg), default=str), "started_at": first[0] if first else now()}
     kb.put("runs", [{**run_row, "status": "running", "cycle": state.cycle, "phase": state.phase.value}], run_id)
@@ -133,6 +133,7 @@ class Campaign:
         self.run_row = run_row
         self.run_id = state.run_id
         self.records: list[TrialRecord] = []
+        self._views: dict[tuple[int, str], ParentView] = {}
         self.mark = time.monotonic()
         self.analyst, self.coder = make_agents(cfg, self.run_id)
         data_dir = run_dir / "data"
@@ -194,7 +195,7 @@ class Campaign:
             self._advance(Phase.train)
             return
         con = self.kb.reader()
-        parents_of = {row[0]: row[1] for row in con.execute("select variant_id, parent_id from variants where run_id = ?", [self.run_id]).fetchall()}
+        parents_of = {row[0]: row[1] for row in con.execute(sql.VARIANT_PARENTS, [self.run_id]).fetchall()}
         ranked = [Candidate(v, float(score), json.loads(knobs or "{}"), branch_of(v, parents_of))
                   for v, score, knobs, _ in con.execute(sql.VARIANT_SCORES, [self.run_id]).fetchall()]
         picks = select_parents(ranked, self.cfg.population.parents, self.cfg.population.explore,
@@ -218,7 +219,7 @@ class Campaign:
             view = self._view(parent)
             if self.analyst is None:
                 continue
-            analysis, usage = analyse(self._breeder(), view, effects)
+            analysis, usage = analyse(self.analyst, view, effects, self._log)
             usage_rows.append(self._usage_row("analyst", parent.variant_id, usage))
             notes.append(f"## parent {parent.variant_id} (selection {parent.selection_score:.4f})\n\n"
                          f"diagnoses: {', '.join(d.value for d in analysis.diagnoses) or '-'}\n\n{analysis.summary}\n")
@@ -236,20 +237,25 @@ class Campaign:
         return [InterventionEffect(i, d, int(n), m, w) for i, d, n, m, w in rows]
 
     def _view(self, parent: Candidate) -> ParentView:
-        """What the agents may know of a parent: its code (best knobs baked in), trials, curves, lineage."""
+        """What the agents may know of a parent: its code (best knobs baked in), trials, curves, lineage.
+
+        Built once per parent and cycle (analyse and write both read it); a resumed process builds it again.
+        """
+        key = (self.state.cycle, parent.variant_id)
+        if key not in self._views:
+            self._views[key] = self._build_view(parent)
+        return self._views[key]
+
+    def _build_view(self, parent: Candidate) -> ParentView:
         baked = bake(self.run_dir / "variants" / parent.variant_id / "files", parent.best_knobs,
                      self.cycle_dir / "parents" / parent.variant_id)
         con = self.kb.reader()
-        trials = []
-        for trial_id, status, reason, knobs, score in con.execute(
-                "select trial_id, status, reason, knobs, selection_score from trials where run_id = ? and variant_id = ? order by trial_id",
-                [self.run_id, parent.variant_id]).fetchall():
-            curve = [EpochPoint(*row) for row in con.execute(
-                "select epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds from curves where run_id = ? and trial_id = ? order by epoch",
-                [self.run_id, trial_id]).fetchall()]
-            trials.append(TrialSummary(trial_id, status, reason, json.loads(knobs or "{}"), score, curve))
-        variants = {v: (p, json.loads(i or "[]")) for v, p, i in con.execute(
-            "select variant_id, parent_id, interventions from variants where run_id = ?", [self.run_id]).fetchall()}
+        curves: dict[str, list[EpochPoint]] = {}
+        for trial_id, *point in con.execute(sql.VARIANT_CURVES, [self.run_id, parent.variant_id]).fetchall():
+            curves.setdefault(trial_id, []).append(EpochPoint(*point))
+        trials = [TrialSummary(trial_id, status, reason, json.loads(knobs or "{}"), score, curves.get(trial_id, []))
+                  for trial_id, status, reason, knobs, score in con.execute(sql.VARIANT_TRIALS, [self.run_id, parent.variant_id]).fetchall()]
+        variants = {v: (p, json.loads(i or "[]")) for v, p, i in con.execute(sql.VARIANT_PARENTS, [self.run_id]).fetchall()}
         lineage, node = [], parent.variant_id
         for _ in range(len(variants)):
             parent_id, done = variants.get(node, (None, []))
@@ -264,11 +270,14 @@ class Campaign:
     # -- write + validate -----------------------------------------------------------------------
 
     def _breeder(self) -> Breeder:
-        known = frozenset(row[0] for row in self.kb.reader().execute("select variant_id from variants where run_id = ?", [self.run_id]).fetchall())
+        known = frozenset(row[0] for row in self.kb.reader().execute(sql.VARIANT_PARENTS, [self.run_id]).fetchall())
         budget = self.cfg.safeguards.tokens_per_cycle
-        return Breeder(self.analyst, self.coder, self.gate, self.run_dir / "variants", self.cycle_dir,
+        return Breeder(self.coder, self.gate, self.run_dir / "variants", self.cycle_dir,
                        self.cfg.population.children_per_parent, self.cfg.agent.max_retries, self.cfg.agent.concurrency,
-                       known, budget, lambda line: self.console.print(line, highlight=False))
+                       known, budget, self._log)
+
+    def _log(self, line: str) -> None:
+        self.console.print(line, highlight=False)
 
     def write(self) -> None:
         """Children of every parent (written by the coder, checked by the gate), or knob children for agent=none."""
@@ -317,8 +326,7 @@ class Campaign:
         cycle = self.state.cycle
         per_child = self.cfg.population.trials_per_child * (self.cfg.population.children_per_parent if self.coder is None else 1)
         planned = self.cfg.search.num_samples if cycle == 1 else len(runnable) * per_child
-        done = self.kb.reader().execute("select variant_id from trials where run_id = ? and cycle = ? and reason is distinct from ?",
-                                        [self.run_id, cycle, STOPPED_WITH_CYCLE]).fetchall()
+        done = self.kb.reader().execute(sql.CYCLE_TRIALS_DONE, [self.run_id, cycle, STOPPED_WITH_CYCLE]).fetchall()
         tried = {row[0] for row in done}
         remaining = planned - len(done)  # resume: finished trials stay, only the rest run
         if not runnable or remaining <= 0 or stop_requested(self.run_dir):
@@ -365,7 +373,7 @@ class Campaign:
         children = self._children()
         con = self.kb.reader()
         scores = {v: (s, t) for v, s, _, t in con.execute(sql.VARIANT_SCORES, [self.run_id]).fetchall()}
-        cycle_trials = con.execute("select variant_id, status from trials where run_id = ? and cycle = ?", [self.run_id, self.state.cycle]).fetchall()
+        cycle_trials = con.execute(sql.CYCLE_TRIALS, [self.run_id, self.state.cycle]).fetchall()
         rows = []
         for child in children:
             child_score = scores.get(child.variant_id, (None, None))[0]

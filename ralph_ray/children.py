@@ -54,7 +54,6 @@ class Child:
 class Breeder:
     """Everything the children step needs, decided by the orchestrator."""
 
-    analyst: Analyst | None
     coder: Coder | None
     gate: Gate
     variants_root: Path
@@ -81,14 +80,13 @@ def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "tra
     return out
 
 
-def analyse(breeder: Breeder, view: ParentView, effects: list[InterventionEffect]) -> tuple[Analysis, Usage]:
+def analyse(analyst: Analyst, view: ParentView, effects: list[InterventionEffect], log: Callable[[str], None]) -> tuple[Analysis, Usage]:
     """The analyst's reading of one parent; an analyst failure becomes an empty analysis with the reason."""
     usage = Usage()
-    assert breeder.analyst is not None
     try:
-        return breeder.analyst.analyse(view, effects, usage), usage
+        return analyst.analyse(view, effects, usage), usage
     except AgentError as err:
-        breeder.log(f"  analyst failed on {view.variant_id}: {err}")
+        log(f"  analyst failed on {view.variant_id}: {err}")
         return Analysis(view.variant_id, [], f"analyst failed: {err}", []), usage
 
 

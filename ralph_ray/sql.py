@@ -135,10 +135,8 @@ order by r.started_at desc
 LEADERBOARD_FOR_RUN = "select * from leaderboard where run_id = ? order by rank limit ?"
 LEADERBOARD_ROW = "select * from leaderboard where run_id = ? and variant_id = ?"
 TRIALS_FOR_RUN = "select * from trials where run_id = ? order by cycle, trial_id"
-TRIALS_FOR_CYCLE = "select * from trials where run_id = ? and cycle = ? order by trial_id"
 TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ? group by status order by status"
 CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order by epoch"
-CURVES_FOR_VARIANT = "select * from curves where run_id = ? and variant_id = ? order by trial_id, epoch"
 RUN = "select * from runs where run_id = ?"
 RUN_CONFIG = "select config from runs where run_id = ?"
 EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run_id = ?"
@@ -154,6 +152,21 @@ from trials where run_id = ? and status = 'completed' group by variant_id
 order by selection_score desc
 """
 VARIANTS_FOR_RUN = "select * from variants where run_id = ? order by cycle, variant_id"
+
+# The orchestrator's reads (it is the only writer; these read back what earlier phases recorded).
+RUN_STARTED_AT = "select started_at from runs where run_id = ?"
+VARIANT_PARENTS = "select variant_id, parent_id, interventions from variants where run_id = ?"
+VARIANT_TRIALS = """
+select trial_id, status, reason, knobs, selection_score from trials where run_id = ? and variant_id = ? order by trial_id
+"""
+# One query for every curve of a variant (the analyst reads them all), grouped by trial on the engine side.
+VARIANT_CURVES = """
+select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds
+from curves where run_id = ? and variant_id = ? order by trial_id, epoch
+"""
+# Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.
+CYCLE_TRIALS_DONE = "select variant_id from trials where run_id = ? and cycle = ? and reason is distinct from ?"
+CYCLE_TRIALS = "select variant_id, status from trials where run_id = ? and cycle = ?"
 EFFECTS_FOR_TASK = """
 select intervention, diagnosis, n, mean_delta, win_rate from intervention_effects where task = ?
 """

@@ -7,7 +7,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import pid_alive

@@ -9,7 +9,6 @@ whatever it changed. Its tokens cannot be counted, so they are estimated (4 char
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import signal

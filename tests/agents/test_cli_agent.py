@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from conftest import pid_alive
 from llm_server import parent, workdir  # noqa: F401 - fixtures
 
 from ralph_ray.agents.base import AgentConfigError, AgentError, Diagnosis, ParentView, Recommendation, Usage
@@ -103,9 +103,9 @@ def test_timeout_kills_the_whole_process_group(scripted_agent: Path, tmp_path: P
     assert time.monotonic() - start < 8
     helper = int((scripted_agent / "helper.pid").read_text())
     deadline = time.monotonic() + 5
-    while _alive(helper) and time.monotonic() < deadline:
+    while pid_alive(helper) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(helper)
+    assert not pid_alive(helper)
 
 
 @pytest.mark.parametrize("mode, message", [("fail", "exited with code 3: model overloaded, try later"),
@@ -143,10 +143,3 @@ def test_generic_template_needs_a_command():
         load_template(AgentConfig(backend=AgentBackend.cli, cli_template="generic"))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
