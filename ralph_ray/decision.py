@@ -1,6 +1,7 @@
-"""The decision engine: after each cycle, continue or stop, with the rule that fired and its rationale.
+"""The decision rules: after each cycle, continue or stop (with the rule that fired and its rationale), and
+whether a child is kept, discarded or crashed. `improved` is the one owner of "improved by min_delta".
 
-Rules are checked in a fixed order (a manual stop wins over everything, a met target over any budget),
+Stop rules are checked in a fixed order (a manual stop wins over everything, a met target over any budget),
 and every cycle's decision is written to decision.json and the knowledge base.
 """
 
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from ralph_ray.config import SafeguardsConfig
 from ralph_ray.exit_codes import ExitCode
+from ralph_ray.variants import VariantStatus
 
 
 class StopReason(str, enum.Enum):
@@ -73,11 +75,38 @@ class Decision:
         return {**asdict(self), "reason": self.reason.value, "decision": "stop" if self.stop else "continue"}
 
 
+def improved(new: float | None, old: float | None, min_delta: float, *, beyond: bool = False) -> bool:
+    """Whether `new` improves on `old` by min_delta; a missing `new` never does, anything beats a missing `old`.
+
+    The campaign's best must rise strictly and by at least min_delta (the plateau rule, agent=hybrid's stall);
+    a child must beat its parent by more than min_delta (`beyond`). The two differ only for a gain of exactly
+    min_delta > 0, and each keeps the meaning it has always had.
+    """
+    if new is None:
+        return False
+    if old is None:
+        return True
+    return new > old + min_delta if beyond else (new > old and new >= old + min_delta)
+
+
+def child_verdict(trials: int, failed: int, score: float | None, parent_score: float | None, min_delta: float,
+                  reason: str | None) -> tuple[VariantStatus, str | None]:
+    """A trained child's status and reason: crashed if every trial failed, kept if it beat its parent, else discarded.
+
+    `trials` and `failed` count the child's trials this cycle; `reason` is the one it carries so far.
+    """
+    if trials and failed == trials:
+        return VariantStatus.crashed, "every trial failed"
+    if improved(score, parent_score, min_delta, beyond=True):
+        return VariantStatus.kept, reason
+    return VariantStatus.discarded, reason or ("not trained (stopped)" if not trials else None)
+
+
 def plateau_length(best_by_cycle: list[float | None], min_delta: float) -> int:
     """Cycles since the best last rose (strictly, and by at least min_delta) over the best before it."""
     since, reference = 0, None
     for value in best_by_cycle:
-        if value is not None and (reference is None or (value > reference and value >= reference + min_delta)):
+        if improved(value, reference, min_delta):
             reference, since = value, 0
         else:
             since += 1

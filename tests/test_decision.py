@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ralph_ray.config import SafeguardsConfig
-from ralph_ray.decision import CycleFacts, StopReason, decide, plateau_length
+from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide, improved, plateau_length
+from ralph_ray.variants import VariantStatus
 
 
 def facts(**overrides) -> CycleFacts:
@@ -19,6 +20,25 @@ def test_plateau_length_counts_cycles_since_a_real_rise():
     assert plateau_length([0.9, 0.95, 0.953], 0.002) == 0
     assert plateau_length([None, 0.9], 0.002) == 0
     assert plateau_length([0.9, None, 0.9], 0.0) == 2  # a missing cycle and an equal best are no rise
+
+
+def test_improved_by_min_delta_rises_by_at_least_it_and_beyond_by_more():
+    assert improved(0.95, None, 0.01) and not improved(None, 0.9, 0.01) and not improved(None, None, 0.0)
+    assert improved(0.75, 0.5, 0.25) and not improved(0.75, 0.5, 0.25, beyond=True)  # a gain of exactly min_delta
+    assert improved(0.76, 0.5, 0.25, beyond=True) and not improved(0.74, 0.5, 0.25)
+    assert not improved(0.9, 0.9, 0.0) and not improved(0.9, 0.9, 0.0, beyond=True)  # an equal score is no gain
+
+
+@pytest.mark.parametrize("trials, failed, score, parent, reason, expected", [
+    (2, 2, None, 0.9, None, (VariantStatus.crashed, "every trial failed")),
+    (2, 1, 0.95, 0.9, None, (VariantStatus.kept, None)),
+    (1, 0, 0.95, None, None, (VariantStatus.kept, None)),  # the seed's knob child has no parent score to beat
+    (2, 0, 0.905, 0.9, None, (VariantStatus.discarded, None)),  # not by more than min_delta=0.01
+    (0, 0, None, 0.9, None, (VariantStatus.discarded, "not trained (stopped)")),
+    (0, 0, None, 0.9, "earlier reason", (VariantStatus.discarded, "earlier reason")),
+])
+def test_child_verdict(trials, failed, score, parent, reason, expected):
+    assert child_verdict(trials, failed, score, parent, 0.01, reason) == expected
 
 
 @pytest.mark.parametrize("overrides, guards, reason, code", [

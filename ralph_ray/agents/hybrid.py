@@ -17,6 +17,7 @@ import duckdb
 
 from ralph_ray import sql
 from ralph_ray.agents.base import Analysis, Analyst, Coder, Draft, InterventionEffect, ParentView, Recommendation, Usage
+from ralph_ray.decision import improved
 from ralph_ray.kb import open_reader
 from ralph_ray.variants import VariantStatus
 
@@ -49,10 +50,10 @@ def replay(best_by_cycle: list[float | None], outcomes: dict[int, list[str]], st
     side, since, streak, reference = Side.heuristic, 0, 0, None
     why = "the heuristic writes children until the campaign stalls"
     for cycle, best in enumerate(best_by_cycle, start=1):
-        improved = best is not None and (reference is None or (best > reference and best >= reference + min_delta))
-        if improved:
+        rose = improved(best, reference, min_delta)
+        if rose:
             reference = best
-        since = 0 if improved else since + 1
+        since = 0 if rose else since + 1
         if side is Side.llm:
             statuses = outcomes.get(cycle, [])
             if not statuses:
