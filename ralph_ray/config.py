@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.knobs import is_knob_name
 
 CONF_DIR = PROJECT_ROOT / "conf"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -432,7 +433,7 @@ def _check_cluster(cfg: Config) -> None:
 
 def _check_space(name: str, space: KnobSpace) -> None:
     key = f"search.space.{name}"
-    if not name.isupper():
+    if not is_knob_name(name):
         raise ConfigError(key, f"{name!r} is not an UPPER_CASE knob", "name the trainer's module-level constant, e.g. LR")
     if space.type is SpaceKind.choice:
         if not space.values:

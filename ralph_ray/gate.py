@@ -4,7 +4,6 @@ harness calls and the searched knobs, and survives a smoke run on a sliver of th
 from __future__ import annotations
 
 import ast
-import fnmatch
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -15,10 +14,9 @@ import numpy as np
 from ralph_ray.knobs import parse, read_knobs
 from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.trials import PublicData, TrialFailed, TrialSpec, kill_group, prepare_workdir, start_trainer, tail_reports
-from ralph_ray.variants import variant_files
+from ralph_ray.variants import MUTABLE, is_mutable, variant_files
 
 REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
-MUTABLE = ("*.py",)  # a child may change Python files; anything else in the trainer folder is frozen
 SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
 SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
 
@@ -81,7 +79,7 @@ def check_frozen_files(child: Path, parent: Path) -> None:
     mine = {str(p.relative_to(child)): p for p in variant_files(child)}
     theirs = {str(p.relative_to(parent)): p for p in variant_files(parent)}
     for name in sorted(set(mine) | set(theirs)):
-        if any(fnmatch.fnmatch(Path(name).name, pattern) for pattern in MUTABLE):
+        if is_mutable(name):
             continue
         if name not in mine:
             raise GateError(f"removed frozen file {name}: only {', '.join(MUTABLE)} files may change")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import threading
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 # CPython 3.11's AST constructor is not thread-safe ("AST constructor recursion depth mismatch" when two
 # threads parse at once), and children are written and gated in a thread pool: every parse goes through here.
@@ -47,15 +47,25 @@ def rewrite_knobs(source: str, overrides: dict[str, Any]) -> str:
     return result
 
 
+def is_knob_name(name: str) -> bool:
+    """A knob's name: an UPPER_CASE identifier (`LR`, `EPOCHS`, `WIDTH_2`)."""
+    return name.isidentifier() and name.isupper()
+
+
+def is_knob(node: ast.stmt) -> TypeGuard[ast.Assign]:
+    """The one rule for what a knob is: a module-level `NAME = <literal>` whose name is UPPER_CASE."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+        return False
+    return is_knob_name(node.targets[0].id) and _is_literal(node.value)
+
+
+def knob_nodes(tree: ast.Module) -> dict[str, ast.Assign]:
+    """The knob statements of a parsed module by name, in file order."""
+    return {cast(ast.Name, node.targets[0]).id: node for node in tree.body if is_knob(node)}
+
+
 def _knob_nodes(source: str) -> dict[str, ast.Assign]:
-    tree = parse(source)
-    found: dict[str, ast.Assign] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-            if name.isupper() and _is_literal(node.value):
-                found[name] = node
-    return found
+    return knob_nodes(parse(source))
 
 
 def _is_literal(node: ast.expr) -> bool:
@@ -87,7 +97,7 @@ def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: frozens
     on the variant's own value (ints stay ints, at least 1), so an agent's knob change is searched around, not undone."""
     knobs: dict[str, Any] = {}
     for name, value in config.items():
-        if not name.isupper():
+        if not is_knob_name(name):
             continue
         base = own.get(name)
         if name in relative and isinstance(base, (int, float)) and not isinstance(base, bool):

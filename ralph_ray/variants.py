@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import difflib
 import enum
+import fnmatch
 import hashlib
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 # Files that are not part of a variant's code.
 IGNORED = ("__pycache__", "*.pyc", "metrics.jsonl", "predictions.npz", "*.log")
+# The files an agent may change (by file name); anything else in a trainer folder is frozen.
+MUTABLE = ("*.py",)
 
 
 class VariantStatus(str, enum.Enum):
@@ -59,6 +62,16 @@ def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) ->
 def variant_files(folder: Path) -> list[Path]:
     """The files that make up a variant (caches and run outputs skipped)."""
     return _files(folder)
+
+
+def is_mutable(name: str | PurePath) -> bool:
+    """True for a file an agent may change (`name` relative to the variant folder); every other file is frozen."""
+    return any(fnmatch.fnmatch(PurePath(name).name, pattern) for pattern in MUTABLE)
+
+
+def mutable_names(folder: Path) -> list[str]:
+    """The files of a variant folder an agent may change (relative paths, sorted)."""
+    return sorted(str(p.relative_to(folder)) for p in _files(folder) if is_mutable(p.name))
 
 
 def _files(folder: Path) -> list[Path]:

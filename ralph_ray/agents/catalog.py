@@ -19,7 +19,7 @@ import yaml
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
-from ralph_ray.knobs import KnobError, parse, read_knobs, rewrite_knobs
+from ralph_ray.knobs import KnobError, is_knob_name, knob_nodes, parse, read_knobs, rewrite_knobs
 
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 
@@ -28,7 +28,6 @@ _ENTRY_FIELDS = {
     "name", "description", "answers", "repeatable", "prior",
     "applies_if", "skip_if", "knobs", "add_knobs", "edits",
 }
-_KNOB_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
 
@@ -242,7 +241,7 @@ def _parse_knob_edits(raw: Any, fail: Fail) -> tuple[KnobEdit, ...]:
     edits = []
     for knob, spec in raw.items():
         field = f"knobs.{knob}"
-        if not isinstance(knob, str) or not _KNOB_NAME.match(knob):
+        if not isinstance(knob, str) or not is_knob_name(knob):
             raise fail(field, "knob names are UPPER_CASE")
         if not isinstance(spec, dict):
             raise fail(field, "expected a mapping like {mul: 0.5}")
@@ -272,7 +271,7 @@ def _parse_new_knob(raw: Any, fail: Fail) -> NewKnob:
     if not isinstance(raw, dict) or set(raw) - {"name", "value", "comment"}:
         raise fail("add_knobs", f"each item is {{name, value, comment}}, got {raw!r}")
     name, comment = raw.get("name"), raw.get("comment")
-    if not isinstance(name, str) or not _KNOB_NAME.match(name):
+    if not isinstance(name, str) or not is_knob_name(name):
         raise fail("add_knobs", f"knob name {name!r} must be UPPER_CASE")
     if "value" not in raw:
         raise fail("add_knobs", f"knob {name} needs a value")
@@ -355,7 +354,7 @@ def _add_knobs(intervention: Intervention, source: str) -> str:
 def _knob_block_end(source: str) -> int | None:
     """Line number (1-based) of the last knob in the first run of knob lines (only comments between them)."""
     lines = source.splitlines()
-    knobs = [node for node in parse(source).body if _is_knob(node)]
+    knobs = list(knob_nodes(parse(source)).values())
     if not knobs:
         return None
     end = knobs[0].end_lineno or knobs[0].lineno
@@ -365,19 +364,6 @@ def _knob_block_end(source: str) -> int | None:
             break  # a blank line or code ends the block (e.g. cifar10's CIFAR_MEAN constants)
         end = node.end_lineno or node.lineno
     return end
-
-
-def _is_knob(node: ast.stmt) -> bool:
-    """The same rule as `ralph_ray.knobs`: a module-level UPPER_CASE name bound to a literal."""
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-        return False
-    if not node.targets[0].id.isupper():
-        return False
-    try:
-        ast.literal_eval(node.value)
-    except ValueError:
-        return False
-    return True
 
 
 def _apply_text_edit(name: str, edit: TextEdit, source: str) -> str:

@@ -25,7 +25,7 @@ from ralph_ray.agents import prompts
 from ralph_ray.agents.base import AgentConfigError, AgentError, Draft, ParentView, Recommendation, Usage
 from ralph_ray.config import AgentConfig
 from ralph_ray.trials import SECRET_ENV
-from ralph_ray.variants import unified_diff
+from ralph_ray.variants import mutable_names, unified_diff
 
 TEMPLATES_DIR = PROJECT_ROOT / "agents" / "cli"
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a command past its time limit
@@ -102,7 +102,7 @@ class CliCoder:
 
     def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
         """Run the command once; the edit it leaves in `workdir` is the child."""
-        files = prompts.mutable_names(workdir)
+        files = mutable_names(workdir)
         refused = f"## Your last attempt was refused\n\nThe validation gate said: {feedback}\nAvoid that this time." if feedback else ""
         prompt = prompts.render("cli", program=parent.program.strip(), recommendation=prompts.show_recommendation(recommendation),
                                 feedback=refused, mutable=", ".join(files))

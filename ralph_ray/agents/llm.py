@@ -27,6 +27,7 @@ from ralph_ray.agents.base import (AgentConfigError, AgentError, Analysis, Diagn
                                    Recommendation, Usage)
 from ralph_ray.agents.patching import PatchFailed, apply_diff, extract_diff, require_git
 from ralph_ray.config import AgentConfig
+from ralph_ray.variants import mutable_names
 
 PREFLIGHT_TIMEOUT_S = 15.0
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -152,7 +153,7 @@ class LLMCoder:
             messages = previous + [{"role": "user", "content": f"The engine applied that diff, but the validation gate refused the result: "
                                                                f"{feedback}\nWrite a new diff, against the original files shown first, that fixes this."}]
         else:
-            system = prompts.render("coder", program=parent.program.strip(), mutable=", ".join(prompts.mutable_names(workdir)))
+            system = prompts.render("coder", program=parent.program.strip(), mutable=", ".join(mutable_names(workdir)))
             task = f"## The change to make\n\n{prompts.show_recommendation(recommendation)}\n\n## The files\n\n{prompts.show_files(workdir)}"
             if feedback is not None:  # the conversation is gone (e.g. a resumed campaign): the gate's verdict still helps
                 task += f"\n\n## An earlier attempt was refused by the validation gate\n\n{feedback}"

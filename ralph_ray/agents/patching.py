@@ -6,7 +6,6 @@ touches a frozen file or a path outside the work dir is refused outright with an
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import shutil
@@ -14,7 +13,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 from ralph_ray.agents.base import AgentConfigError, AgentError
-from ralph_ray.gate import MUTABLE
+from ralph_ray.variants import MUTABLE, is_mutable
 
 GIT_TIMEOUT_S = 30.0
 _FENCE = re.compile(r"```[ \t]*(?:diff|patch|udiff)[^\n]*\n(.*?)(?:\n```|\Z)", re.DOTALL)
@@ -67,7 +66,7 @@ def check_paths(workdir: Path, paths: list[str]) -> None:
         target = (root / name).resolve()
         if PurePosixPath(name).is_absolute() or ".." in PurePosixPath(name).parts or not target.is_relative_to(root):
             raise AgentError(f"diff refused: it touches {name!r}, outside the trainer folder")
-        if not any(fnmatch.fnmatch(PurePosixPath(name).name, pattern) for pattern in MUTABLE):
+        if not is_mutable(PurePosixPath(name)):
             raise AgentError(f"diff refused: it edits frozen file {name!r}; only {', '.join(MUTABLE)} files may change")
 
 

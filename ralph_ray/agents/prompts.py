@@ -6,15 +6,13 @@ The data (code, curves, lineage, measured effects) is formatted here, the same w
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 from pathlib import Path
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import AgentConfigError, Diagnosis, InterventionEffect, ParentView, Recommendation, TrialSummary
-from ralph_ray.gate import MUTABLE
-from ralph_ray.variants import variant_files
+from ralph_ray.variants import mutable_names
 
 PROMPTS_DIR = PROJECT_ROOT / "agents" / "prompts"
 MAX_TRIALS_SHOWN = 6  # the best trials of a parent, by selection score
@@ -39,12 +37,6 @@ def render(name: str, **values: str) -> str:
 def diagnoses_list() -> str:
     """The diagnosis values an analyst may use, for the prompt."""
     return ", ".join(d.value for d in Diagnosis)
-
-
-def mutable_names(folder: Path) -> list[str]:
-    """The files of a variant folder an agent may change (relative paths, sorted)."""
-    return sorted(str(p.relative_to(folder)) for p in variant_files(folder)
-                  if any(fnmatch.fnmatch(p.name, pattern) for pattern in MUTABLE))
 
 
 def show_files(folder: Path) -> str:
