@@ -213,7 +213,7 @@ class ClusterMode(enum.Enum):
     address = "address"
 
 
-AUTH_MODES = ("disabled", "token")
+AUTH_MODES = ("token", "disabled")
 
 
 @dataclass
@@ -222,9 +222,10 @@ class ClusterConfig:
 
     mode: ClusterMode = ClusterMode.local
     address: Optional[str] = None  # mode=address: auto (a cluster this machine belongs to), host:port; null: $RAY_ADDRESS
-    # RAY_AUTH_MODE for this driver; the head and every worker must run with the same mode (and, for token,
-    # the same token). null: the environment's RAY_AUTH_MODE, else disabled.
-    auth_mode: Optional[str] = None
+    # RAY_AUTH_MODE for this driver (it overrides the environment's): token, Ray's own generated secret, so nobody
+    # who merely reaches Ray's ports can run code; the head and every worker run with the same mode and token.
+    # disabled is the explicit opt-out, shown in the run's config, its report and the app.
+    auth_mode: str = "token"
     connect_timeout_s: float = 15.0  # how long joining a cluster may take before it is reported unreachable
 
 
@@ -422,9 +423,9 @@ def _check_cluster(cfg: Config) -> None:
     if cluster.address is not None and cluster.address.startswith("ray://"):
         raise ConfigError("cluster.address", "Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base writer",
                           "run the campaign on a cluster node (`ray attach cluster.yaml`, or `ray exec`) with cluster.address=auto")
-    if cluster.auth_mode is not None and cluster.auth_mode not in AUTH_MODES:
-        raise ConfigError("cluster.auth_mode", f"must be one of {', '.join(AUTH_MODES)} or null, got {cluster.auth_mode!r}",
-                          "set cluster.auth_mode to the RAY_AUTH_MODE the cluster was started with")
+    if cluster.auth_mode not in AUTH_MODES:
+        raise ConfigError("cluster.auth_mode", f"must be one of {', '.join(AUTH_MODES)}, got {cluster.auth_mode!r}",
+                          "leave cluster.auth_mode=token (the default), or set disabled to join a cluster started without auth")
     _positive("cluster.connect_timeout_s", cluster.connect_timeout_s)
     storage = cfg.paths.storage
     if storage is not None and "://" in storage and not storage.split("://", 1)[0].replace("+", "").isalnum():

@@ -5,17 +5,18 @@
 and its trials anywhere: code and public data travel inside the trial spec through the object store,
 predictions come back in the last result, checkpoints go through Tune's storage (`paths.storage`).
 
-Auth: Ray 2.60 writes ~/.ray/auth_token on a first `ray.init()` and from then on a head started without an
-explicit mode demands tokens, so every process (driver, head, workers) must run with the same RAY_AUTH_MODE.
-We set it explicitly: `cluster.auth_mode`, else the environment's, else `disabled` (cluster.yaml starts the
-head and workers with the same). With `token`, every process also needs the cluster's token
-(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token).
+Auth: Ray's ports listen on every interface (a local Ray's too), and whoever joins a Ray can run code on every
+node, so every process runs with RAY_AUTH_MODE=token (`cluster.auth_mode`, default token; it overrides the
+environment's). Local mode uses Ray's generated token, ~/.ray/auth_token, created here (mode 600) if missing;
+joining a cluster needs that cluster's token on this machine (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+~/.ray/auth_token), checked before anything starts. `cluster.auth_mode=disabled` is the explicit opt-out.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,9 +25,10 @@ from typing import Iterator
 from ralph_ray.config import ClusterConfig, ClusterMode, Config
 
 # Usage stats would try the network. The old console reporter honours `verbose=0`; the new one prints its own
-# tables over ours.
-RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AIR_NEW_OUTPUT": "0"}
+# tables over ours. Processes that only call set_ray_env() (benchmarks, test helpers) get token auth too.
+RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AIR_NEW_OUTPUT": "0"}
 DEFAULT_PORT = 6379
+DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"  # where Ray itself looks (and `ray get-auth-token` writes)
 # Ray's own knob for how long a joining process retries the head (about one try per second).
 _CONNECT_WINDOW_ENV = "RAY_gcs_server_port_wait_time_s"
 
@@ -37,30 +39,67 @@ class ClusterError(RuntimeError):
 
 def set_ray_env(auth_mode: str | None = None) -> None:
     """Set the auth mode and usage stats explicitly: `auth_mode` if given, else a user's own values, else ours."""
+    before = os.environ.get("RAY_AUTH_MODE")
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
-    if auth_mode is not None and os.environ["RAY_AUTH_MODE"] != auth_mode:
+    if auth_mode is not None:
         os.environ["RAY_AUTH_MODE"] = auth_mode
-        raylet = sys.modules.get("ray._raylet")
-        if raylet is not None:  # Ray read the mode when it was imported: refresh it, as Ray does when it turns tokens on
-            raylet.Config.initialize("")
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None and os.environ["RAY_AUTH_MODE"] != before:
+        raylet.Config.initialize("")  # Ray read the mode when it was imported: refresh it, as Ray does when it turns tokens on
 
 
 def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None) -> None:
     """Start a local Ray, or join the configured cluster, unless this process is already connected (tests share one)."""
     cluster = cluster or ClusterConfig()
-    set_ray_env(cluster.auth_mode)
     import ray
 
     if ray.is_initialized():
-        return
+        return  # the mode this process's Ray runs with stays: switching it now would cut this driver off
+    set_ray_env(cluster.auth_mode)
+    if cluster.auth_mode == "disabled":
+        print("warning: Ray runs without authentication (cluster.auth_mode=disabled): anyone who reaches its ports can "
+              "run code as you", file=sys.stderr)
     if cluster.mode is ClusterMode.local:
+        if cluster.auth_mode == "token":
+            ensure_local_token()
         # address="local": always a fresh instance; without it ray.init() joins any cluster `ray start` left on
         # this machine (its /tmp/ray/ray_current_cluster), which is cluster=address's job, never local's.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=True,
                  logging_level="ERROR")
         return
     join(cluster)
+
+
+def ensure_local_token() -> None:
+    """A token for a local Ray: the user's own (env or ~/.ray/auth_token), else a new one from Ray's generator.
+
+    Ray would write one itself, readable by everyone (mode 644); created here with O_EXCL it is this user's
+    only (600), and two campaigns starting at once cannot each write a different one. A looser existing
+    file is tightened.
+    """
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+    DEFAULT_TOKEN_PATH.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(DEFAULT_TOKEN_PATH, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        private_token_file(DEFAULT_TOKEN_PATH)
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write(generate_new_authentication_token())
+
+
+def private_token_file(path: Path) -> None:
+    """Make a token file readable by its owner only (a token others can read lets them run code on the cluster)."""
+    try:
+        info = path.stat()
+        if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
+            path.chmod(0o600)
+    except OSError:
+        return  # gone or not ours: Ray reports a missing token itself
 
 
 def join(cluster: ClusterConfig) -> None:
@@ -75,9 +114,11 @@ def join(cluster: ClusterConfig) -> None:
         raise ClusterError(f"{address}: Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base "
                            "writer; run the campaign on a cluster node (`ray attach cluster.yaml`) with cluster.address=auto")
     mode = os.environ["RAY_AUTH_MODE"]
-    if mode == "token" and not _token_available():
-        raise ClusterError("RAY_AUTH_MODE=token but this machine has no token: copy the cluster's ~/.ray/auth_token here, "
-                           "or export RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH)")
+    if mode == "token" and not token_available():
+        raise ClusterError("cluster.auth_mode=token but this machine has no Ray token: copy the cluster's token here "
+                           "(the ~/.ray/auth_token of the machine that ran `ray up`, or `ray get-auth-token` on the head) into "
+                           "~/.ray/auth_token with mode 600, or point RAY_AUTH_TOKEN_PATH at it; for a cluster started without "
+                           "auth, opt out explicitly with cluster.auth_mode=disabled")
     if address != "auto":
         probe(address, cluster.connect_timeout_s)
     try:
@@ -111,9 +152,9 @@ def explain(address: str, mode: str, err: BaseException) -> str:
     """A one-paragraph reason for a failed join, from Ray's exception chain (no traceback)."""
     text = _chain_text(err)
     if "InvalidAuthToken" in text or "AuthenticationError" in text or "Unauthenticated" in text:
-        return (f"the Ray cluster at {address} refused this driver's authentication (RAY_AUTH_MODE={mode} here): start the "
-                "driver, the head and every worker with the same RAY_AUTH_MODE (cluster.auth_mode=disabled|token); with "
-                "token, give every process the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)")
+        return (f"the Ray cluster at {address} refused this driver's authentication (RAY_AUTH_MODE={mode} here): with "
+                "cluster.auth_mode=token (the default), this machine needs the cluster's own token in ~/.ray/auth_token "
+                "(or RAY_AUTH_TOKEN_PATH); a cluster started without auth needs cluster.auth_mode=disabled")
     if "version mismatch" in text.lower():
         return f"the Ray cluster at {address} runs another Ray or Python version: install the same versions here ({_first_line(text)})"
     if "Could not find any running Ray instance" in text:
@@ -145,9 +186,18 @@ def checkpoint_interval(cfg: Config) -> float | None:
     return cfg.safeguards.checkpoint_every_s
 
 
-def _token_available() -> bool:
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(path or Path.home() / ".ray" / "auth_token").exists()
+def token_available() -> bool:
+    """True where this process would present a token (Ray's order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, the default file)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or DEFAULT_TOKEN_PATH).expanduser()
+    try:
+        if not path.read_text().strip():
+            return False
+    except OSError:
+        return False
+    private_token_file(path)
+    return True
 
 
 @contextmanager

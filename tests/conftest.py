@@ -10,7 +10,9 @@ import pytest
 from ralph_ray.config import Config, load_config
 from ralph_ray.raycluster import ensure_ray, set_ray_env
 
-set_ray_env()
+# Token auth, as a campaign runs by default (whatever the caller's shell exports): the shared Ray below and every
+# subprocess the tests start inherit it.
+set_ray_env("token")
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,6 @@
-"""cluster.yaml (AWS) and cluster-onprem.yaml (Ray's local provider) pass Ray's own cluster-config validator."""
+"""cluster.yaml (AWS) and cluster-onprem.yaml (Ray's local provider) pass Ray's own cluster-config validator and
+run every node with token auth: the user's token mounted on each node (mode 600), head and workers started
+with RAY_AUTH_MODE=token, no `disabled` anywhere."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from ralph_ray import PROJECT_ROOT
 
+FILES = ("cluster.yaml", "cluster-onprem.yaml")
+TOKEN = "~/.ray/auth_token"
+
 
 def load(name: str) -> dict:
     config = prepare_config(yaml.safe_load((PROJECT_ROOT / name).read_text()))
@@ -17,7 +22,7 @@ def load(name: str) -> dict:
     return config
 
 
-def test_aws_cluster_yaml_is_valid_with_gpu_workers_and_one_auth_mode():
+def test_aws_cluster_yaml_is_valid_with_gpu_workers():
     config = load("cluster.yaml")
     worker = config["available_node_types"]["gpu_worker"]
     assert worker["node_config"]["InstanceType"].startswith("g") and worker["resources"]["GPU"] >= 1
@@ -25,9 +30,23 @@ def test_aws_cluster_yaml_is_valid_with_gpu_workers_and_one_auth_mode():
     assert "~/ralph_ray" in config["file_mounts"]
     setup = " ".join(config["setup_commands"])
     assert "pip install -q torch" in setup and "pip install -q -e ." in setup
-    for commands in (config["head_start_ray_commands"], config["worker_start_ray_commands"]):
-        assert any("RAY_AUTH_MODE=disabled" in c and "ray start" in c for c in commands)
-    assert "RAY_AUTH_MODE=disabled" in setup  # written to ~/.bashrc: `ray attach` shells and the driver agree too
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_node_gets_the_users_token_privately_and_runs_ray_with_token_auth(name: str):
+    config = load(name)
+    assert config["file_mounts"][TOKEN] == TOKEN  # the token of the machine running `ray up`, at Ray's default path
+    setup = config["setup_commands"]
+    chmod = next((i for i, c in enumerate(setup) if "chmod 600 ~/.ray/auth_token" in c), None)
+    assert chmod is not None, "the mounted token must be made private (600) on every node"
+    assert "chmod 700 ~/.ray" in setup[chmod]
+    # ~/.bashrc: `ray attach` shells, `ray exec` and the campaign (cluster.auth_mode=token) agree with the nodes.
+    assert any("export RAY_AUTH_MODE=token" in c and ">> ~/.bashrc" in c for c in setup)
+    for kind in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in config[kind] if "ray start" in c]
+        assert starts and all("RAY_AUTH_MODE=token" in c.split("ray start")[0] for c in starts), kind
+    assert "disabled" not in (PROJECT_ROOT / name).read_text()
+    assert "get-auth-token --generate" in (PROJECT_ROOT / name).read_text()  # how to make the token before `ray up`
 
 
 @pytest.mark.parametrize("kind", ["head_start_ray_commands", "worker_start_ray_commands"])
@@ -38,4 +57,3 @@ def test_onprem_cluster_yaml_is_valid_and_never_runs_a_bare_ray_stop(kind: str):
     commands = config[kind]
     assert commands and any("ray start" in c for c in commands)
     assert not [c for c in commands if re.search(r"\bray stop\b", c)], "ray stop would stop every Ray of the user on the machine"
-    assert "RAY_AUTH_MODE=disabled" in " ".join(config["setup_commands"])

@@ -1,5 +1,6 @@
 """Joining a cluster (cluster=address) through the CLI: the config group, clear exit-2 errors for an
-unreachable, refusing or misnamed cluster (no traceback, no run recorded), and token auth that agrees."""
+unreachable, refusing or misnamed cluster or a missing token (no traceback, no run recorded), and token auth
+that agrees."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from ralph_ray.config import ClusterMode, ConfigError, load_config
 
-TOKEN = "0123456789abcdef0123456789abcdef"
+TOKEN = "0123456789abcdef" * 4
 
 
 def free_port() -> int:
@@ -43,6 +44,24 @@ def test_cluster_group_selects_local_or_address():
         load_config(["cluster=address", "cluster.address=ray://head:10001"])
     with pytest.raises(ConfigError, match="cluster.auth_mode"):
         load_config(["cluster=address", "cluster.auth_mode=tokens"])
+    assert load_config(["cluster=address"]).cluster.auth_mode == "token" == load_config([]).cluster.auth_mode
+    assert load_config(["cluster.auth_mode=disabled"]).cluster.auth_mode == "disabled"
+
+
+def test_a_machine_without_the_clusters_token_exits_2_before_anything_starts(tmp_path: Path):
+    start = time.monotonic()
+    home = tmp_path / "home"  # a machine with no ~/.ray/auth_token, and no token in the environment
+    home.mkdir()
+    with socket.socket() as held:  # nothing is contacted: the token check comes first
+        held.bind(("127.0.0.1", 0))
+        result = cli(tmp_path, "cluster=address", f"cluster.address=127.0.0.1:{held.getsockname()[1]}", "run_id=tokenless",
+                     HOME=str(home), RAY_AUTH_MODE="disabled")
+    assert result.returncode == 2, result.stderr
+    assert "cluster.auth_mode=token but this machine has no Ray token" in result.stderr
+    assert "~/.ray/auth_token with mode 600" in result.stderr and "cluster.auth_mode=disabled" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "runs" / "tokenless").exists() and not (home / ".ray").exists()
+    assert time.monotonic() - start < 60
 
 
 def test_unreachable_cluster_exits_2_naming_the_fix_before_a_run_exists(tmp_path: Path):
@@ -50,7 +69,7 @@ def test_unreachable_cluster_exits_2_naming_the_fix_before_a_run_exists(tmp_path
     with socket.socket() as held:  # bound, not listening: refused, and no other process can take the port meanwhile
         held.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{held.getsockname()[1]}"
-        result = cli(tmp_path, "cluster=address", f"cluster.address={address}", "run_id=nowhere", RAY_AUTH_MODE="disabled")
+        result = cli(tmp_path, "cluster=address", f"cluster.address={address}", "run_id=nowhere", RAY_AUTH_TOKEN=TOKEN)
     assert result.returncode == 2, result.stderr
     assert "cannot reach the Ray head at 127.0.0.1" in result.stderr and "ray start --head" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
@@ -85,19 +104,26 @@ def token_head() -> Iterator[str]:
 
 
 def test_auth_mode_mismatch_exits_2_and_matching_token_mode_joins(token_head: str, tmp_path: Path):
+    # The explicit opt-out against a token cluster, then a token that is not the cluster's: both refused.
     refused = cli(tmp_path, "cluster=address", f"cluster.address={token_head}", "cluster.connect_timeout_s=5", "run_id=refused",
-                  RAY_AUTH_MODE="disabled")
+                  "cluster.auth_mode=disabled")
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "refused this driver's authentication (RAY_AUTH_MODE=disabled here)" in refused.stderr
-    assert "Traceback" not in refused.stderr + refused.stdout
-    assert not (tmp_path / "runs" / "refused").exists()
+    wrong = cli(tmp_path, "cluster=address", f"cluster.address={token_head}", "cluster.connect_timeout_s=5", "run_id=wrong",
+                RAY_AUTH_TOKEN="f" * 64)
+    assert wrong.returncode == 2, wrong.stderr[-2000:]
+    assert "refused this driver's authentication (RAY_AUTH_MODE=token here)" in wrong.stderr
+    assert "the cluster's own token" in wrong.stderr
+    for result in (refused, wrong):
+        assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "runs" / "refused").exists() and not (tmp_path / "runs" / "wrong").exists()
 
-    # The same mode and token everywhere: the driver joins (ensure_ray, as the CLI calls it).
+    # The cluster's token here: the driver joins with the default cluster.auth_mode=token, whatever the shell exports.
     joined = subprocess.run([sys.executable, "-c", f"""
 import ray
 from ralph_ray.config import load_config
 from ralph_ray.raycluster import ensure_ray
-cfg = load_config(["cluster=address", "cluster.address={token_head}", "cluster.auth_mode=token"])
+cfg = load_config(["cluster=address", "cluster.address={token_head}"])
 ensure_ray(cluster=cfg.cluster)
 print(len([n for n in ray.nodes() if n["Alive"]]), ray.cluster_resources().get("CPU"))
 """], env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": TOKEN}, capture_output=True, text=True, timeout=120)
