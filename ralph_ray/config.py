@@ -174,10 +174,33 @@ class AgentConfig:
     llm_fail_children: int = 3  # LLM children rejected or crashed in a row before the heuristic takes back over
 
 
+class PopulationMode(enum.Enum):
+    """How a campaign's generations run: overlapping in one Tune run (async), or one barrier cycle each."""
+
+    asynchronous = "async"
+    generations = "generations"
+
+
+@dataclass
+class TrialConfig:
+    """What every trial gets: an equal training-time budget (null: the trainer's own EPOCHS)."""
+
+    budget_s: Optional[float] = None  # seconds of training per trial; the trainer sees it as harness.time_left()
+    grace_s: float = 10.0  # past budget_s + grace_s the engine stops the trial (start-up, last epoch, predictions)
+
+
 @dataclass
 class PopulationConfig:
     """How each cycle branches: parents x children, and the knob samples each child gets."""
 
+    # async: one Tune run per campaign, children bred in the background while every slot trains (a child's
+    # generation is its parent's + 1); generations: the barrier loop, one Tune run per cycle.
+    mode: str = PopulationMode.generations.value  # a string: `async` is no Python name for an enum member
+
+    @property
+    def run_mode(self) -> PopulationMode:
+        """`mode` as its enum (validated at load)."""
+        return PopulationMode(self.mode)
     parents: int = 2
     children_per_parent: int = 3
     trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
@@ -242,6 +265,7 @@ class Config:
     safeguards: SafeguardsConfig = field(default_factory=SafeguardsConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
     population: PopulationConfig = field(default_factory=PopulationConfig)
+    trial: TrialConfig = field(default_factory=TrialConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -346,6 +370,13 @@ def validate(cfg: Config) -> None:
     _positive("population.parents", cfg.population.parents)
     _positive("population.children_per_parent", cfg.population.children_per_parent)
     _positive("population.trials_per_child", cfg.population.trials_per_child)
+    if cfg.population.mode not in {m.value for m in PopulationMode}:
+        raise ConfigError("population.mode", f"must be async or generations, got {cfg.population.mode!r}",
+                          "set population.mode=async (one Tune run) or population.mode=generations (barrier cycles)")
+    if cfg.trial.budget_s is not None:
+        _positive("trial.budget_s", cfg.trial.budget_s)
+    if cfg.trial.grace_s < 0:
+        raise ConfigError("trial.grace_s", f"must be >= 0, got {cfg.trial.grace_s}", "set trial.grace_s=10")
     if not 0.0 <= cfg.population.explore <= 1.0:
         raise ConfigError("population.explore", f"must be in [0, 1], got {cfg.population.explore}", "set population.explore=0.2")
     if cfg.agent.max_retries < 0:

@@ -1,4 +1,5 @@
-"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, device, checkpoint).
+"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, device, checkpoint,
+time budget).
 
 It stays free of Ray and of the engine's heavy imports so a trial's subprocess starts fast and a
 trainer also runs by hand (`python train.py`) against data prepared with `python -m ralph_ray.prepare`.
@@ -13,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -24,8 +26,14 @@ ENV_SEED = "RALPH_SEED"
 ENV_DEVICE = "RALPH_DEVICE"
 ENV_CHECKPOINT_DIR = "RALPH_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_S = "RALPH_CHECKPOINT_EVERY_S"
+ENV_BUDGET_S = "RALPH_BUDGET_S"  # the trial's time budget in seconds (unset: none, train for EPOCHS)
 CHECKPOINT_FILE = "checkpoint.pt"
+TRAIN_SECONDS = "train_seconds"  # the key every report carries: ASHA's time attribute under a time budget
 _last_save = -math.inf  # monotonic time of this process's last checkpoint
+# The budget's clock starts when the trainer imports this module: Python's and torch's start-up are not
+# training time (the engine's grace margin covers them).
+_CLOCK_START = time.monotonic()
+_epoch_s = 0.0  # the longest epoch so far (as `epochs()` measured it): what the next one is expected to take
 
 PUBLIC_FILES = ("train_x.npy", "train_y.npy", "selection_x.npy", "test_x.npy", "meta.json")
 
@@ -85,10 +93,68 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# -----------------------------------------------------------------------------
+# Time budget (trial.budget_s): every trial trains for the same seconds, so a kept change is better code,
+# not more compute. Without a budget these fall back to the trainer's fixed EPOCHS.
+
+
+def budget_s() -> float | None:
+    """This trial's training-time budget in seconds, or None (no budget: train for the fixed EPOCHS)."""
+    value = os.environ.get(ENV_BUDGET_S)
+    return float(value) if value else None
+
+
+def train_seconds() -> float:
+    """Seconds of training so far (since the trainer imported the harness)."""
+    return time.monotonic() - _CLOCK_START
+
+
+def time_left() -> float:
+    """Seconds left before the deadline (may be negative past it); math.inf without a budget."""
+    budget = budget_s()
+    return math.inf if budget is None else budget - train_seconds()
+
+
+def progress(step: int, total_steps: int) -> float:
+    """How far through its schedule training is, in [0, 1]: by time under a budget, else step / total_steps.
+
+    A schedule written against it (learning rate, averaging, augmentation strength) fits whatever length
+    training gets: `lr = peak * schedule(harness.progress(step, total_steps))`.
+    """
+    budget = budget_s()
+    done = train_seconds() / budget if budget is not None else step / max(1, total_steps)
+    return min(1.0, max(0.0, done))
+
+
+def epochs(limit: int) -> Iterator[int]:
+    """Epoch numbers 1, 2, ...: up to `limit` without a budget; with one, as many as end before the deadline.
+
+    It times the epochs itself (the time between two steps of the loop) and starts another only while the
+    time left exceeds the longest epoch so far, so a trainer that loops over it stops on time.
+    """
+    global _epoch_s
+    epoch = 0
+    while True:
+        if budget_s() is None:
+            if epoch >= limit:
+                return
+        elif epoch > 0 and time_left() < _epoch_s:
+            return
+        began = time.monotonic()
+        epoch += 1
+        yield epoch
+        _epoch_s = max(_epoch_s, time.monotonic() - began)
+
+
 def report(**metrics: float) -> None:
-    """Report one epoch's metrics (must include `epoch`) as a JSON line the trial driver tails."""
+    """Report one epoch's metrics (must include `epoch`) as a JSON line the trial driver tails.
+
+    Each report also carries `train_seconds` (unless given): the training time so far, which ASHA's rungs
+    count under a time budget and which the knowledge base shows as each score's cost.
+    """
     if "epoch" not in metrics:
         raise ValueError("report() needs epoch=<int>: ASHA's time attribute is the epoch")
+    metrics.setdefault(TRAIN_SECONDS, round(train_seconds(), 3))
     record = {key: _plain(value) for key, value in metrics.items()}
     line = json.dumps(record, allow_nan=True)
     path = Path(os.environ.get(ENV_METRICS_FILE, "metrics.jsonl"))

@@ -1,7 +1,8 @@
 """Seed trainer for digits: a small, plain CNN on scikit-learn's 8x8 digits.
 
 An honest baseline on purpose (no batch norm, no augmentation, a short fixed schedule) so a campaign
-can visibly improve it. One epoch takes well under a second on one CPU core.
+can visibly improve it. One epoch takes well under a second on one CPU core. Under a time budget
+(trial.budget_s) it trains until the deadline instead of for EPOCHS (its learning rate is constant).
 Run by hand: `python -m ralph_ray.prepare` then `RALPH_DATA_DIR=... python train.py`.
 """
 
@@ -20,7 +21,7 @@ LR = 0.05  # SGD learning rate
 MOMENTUM = 0.9  # SGD momentum
 WEIGHT_DECAY = 0.0  # L2 penalty
 BATCH_SIZE = 64  # examples per step
-EPOCHS = 12  # passes over the train split
+EPOCHS = 12  # passes over the train split (ignored under a time budget)
 WIDTH = 16  # channels of the first conv layer
 DROPOUT = 0.0  # dropout before the classifier
 VAL_FRACTION = 0.15  # share of train carved out for per-epoch validation
@@ -100,7 +101,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     first_epoch = resume(model, optimizer)
 
-    for epoch in range(1, EPOCHS + 1):
+    for epoch in harness.epochs(EPOCHS):
         if epoch < first_epoch:
             continue  # trained before this trial was retried on another node
         start = time.perf_counter()

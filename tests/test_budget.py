@@ -1,0 +1,56 @@
+"""The equal time budget on the trainer side: the harness's clock, and the seeds training until their deadline."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ralph_ray import PROJECT_ROOT, harness
+from ralph_ray.knobs import rewrite_knobs
+from ralph_ray.tasks.base import write_public
+from ralph_ray.tasks.digits import prepare
+
+
+def test_no_budget_keeps_the_fixed_epochs(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(harness.ENV_BUDGET_S, raising=False)
+    assert harness.budget_s() is None and harness.time_left() == math.inf
+    assert list(harness.epochs(3)) == [1, 2, 3]
+    assert harness.progress(25, 100) == 0.25
+
+
+def test_budget_ends_epochs_before_the_deadline(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(harness.ENV_BUDGET_S, str(harness.train_seconds() + 0.6))
+    seen = []
+    for epoch in harness.epochs(1):  # the limit counts for nothing under a budget
+        seen.append(epoch)
+        time.sleep(0.1)
+    assert len(seen) >= 4 and harness.time_left() > -0.15  # the last epoch ended before (or right at) the deadline
+    assert 0.7 < harness.progress(1, 1000) <= 1.0  # by time, not by step
+
+
+def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
+    splits = prepare(0, 0.2, 0.2)
+    write_public(splits, tmp_path / "data", "digits")
+    work = tmp_path / "work"
+    work.mkdir()
+    source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    (work / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 1}))
+    env = {**os.environ, harness.ENV_DATA_DIR: str(tmp_path / "data"), harness.ENV_METRICS_FILE: str(work / "m.jsonl"),
+           harness.ENV_PREDICTIONS_FILE: str(work / "p.npz"), "OMP_NUM_THREADS": "1", harness.ENV_BUDGET_S: "3"}
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    wall = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in (work / "m.jsonl").read_text().splitlines()]
+    assert len(records) > 1  # EPOCHS=1 is ignored: it trains until the deadline
+    assert all(harness.TRAIN_SECONDS in r for r in records)
+    assert records[-1][harness.TRAIN_SECONDS] <= 3.0
+    assert wall < 3.0 + 10.0  # within budget + the default grace (trial.grace_s), start-up included
+    assert (work / "p.npz").exists()
