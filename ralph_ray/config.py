@@ -15,7 +15,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.knobs import is_knob_name
+from ralph_ray.tasks import TASKS
 
 CONF_DIR = PROJECT_ROOT / "conf"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -278,9 +280,6 @@ class Config:
         return path if path.is_absolute() else PROJECT_ROOT / path
 
 
-KNOWN_TASKS = ("digits", "cifar10")
-
-
 def load_config(overrides: list[str] | None = None) -> Config:
     """Compose conf/ with Hydra overrides into a validated `Config`; raises ConfigError on any problem."""
     from hydra import compose, initialize_config_dir
@@ -329,8 +328,8 @@ def to_config(raw: Any) -> Config:
 
 def validate(cfg: Config) -> None:
     """Check values a type cannot express: signs, ranges, known names, required data roots."""
-    if cfg.task.name not in KNOWN_TASKS:
-        raise ConfigError("task.name", f"unknown task {cfg.task.name!r}", f"use one of {', '.join(KNOWN_TASKS)}")
+    if cfg.task.name not in TASKS:
+        raise ConfigError("task.name", f"unknown task {cfg.task.name!r}", f"use one of {', '.join(TASKS)}")
     if not (cfg.trainer_dir() / "train.py").exists():
         raise ConfigError("task.trainer", f"{cfg.trainer_dir()}/train.py does not exist", "point task.trainer at a folder holding train.py")
     for key, value in (("task.selection_fraction", cfg.task.selection_fraction), ("task.test_fraction", cfg.task.test_fraction)):
@@ -383,7 +382,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("agent.max_retries", f"must be >= 0, got {cfg.agent.max_retries}", "set agent.max_retries=2")
     _positive("agent.concurrency", cfg.agent.concurrency)
     if cfg.agent.exploration < 0:
-        raise ConfigError("agent.exploration", f"must be >= 0, got {cfg.agent.exploration}", "set agent.exploration=1.0")
+        raise ConfigError("agent.exploration", f"must be >= 0, got {cfg.agent.exploration}",
+                          f"set agent.exploration={AgentConfig.exploration} (the default)")
     _check_llm_agent(cfg)
     _positive("resources.cpu", cfg.resources.cpu)
     if cfg.resources.gpu < 0:
@@ -391,8 +391,10 @@ def validate(cfg: Config) -> None:
     if cfg.resources.ray_num_cpus is not None:
         _positive("resources.ray_num_cpus", cfg.resources.ray_num_cpus)
     _check_cluster(cfg)
-    if cfg.task.name == "cifar10" and not cfg.data.root:
-        raise ConfigError("data.root", "cifar10 needs a data root", "pass data.root=/path/to/cifar (the folder holding or to hold cifar-10-batches-py)")
+    data_root = TASKS[cfg.task.name].data_root
+    if data_root is not None and not cfg.data.root:
+        raise ConfigError("data.root", f"{cfg.task.name} needs a data root",
+                          f"pass data.root=/path/to/{cfg.task.name} ({data_root})")
 
 
 def _check_llm_agent(cfg: Config) -> None:
@@ -420,13 +422,10 @@ def _check_llm_agent(cfg: Config) -> None:
                               "the plateau rule would stop the campaign before the LLM takes over",
                               "lower agent.stall_cycles or raise safeguards.plateau_cycles")
     if llm_side is AgentBackend.cli:
-        template = PROJECT_ROOT / "agents" / "cli" / f"{agent.cli_template}.yaml"
-        known = ", ".join(sorted(p.stem for p in template.parent.glob("*.yaml")))
-        if agent.cli_command is None and not template.exists():
-            raise ConfigError("agent.cli_template", f"no template {template}", f"use one of {known}, or set agent.cli_command")
-        if agent.cli_command is None and not (OmegaConf.load(template).get("command")):
-            raise ConfigError("agent.cli_command", f"template {agent.cli_template} has no command of its own",
-                              f"set agent.cli_command='my-agent {{prompt_file}}', or agent.cli_template to one of {known}")
+        try:
+            load_template(agent.cli_template, agent.cli_command)
+        except TemplateError as err:
+            raise ConfigError(err.key, err.problem, err.fix) from None
     uses_endpoint = llm_side is AgentBackend.openai or agent.analyst is AgentBackend.openai
     if backend in (AgentBackend.none, AgentBackend.heuristic) or not uses_endpoint:
         return

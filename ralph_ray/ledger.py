@@ -7,7 +7,6 @@ leave the driver. Rows are handed to a sink as soon as a trial ends, so a crash 
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 import time
@@ -20,6 +19,7 @@ from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
+from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
 from ralph_ray.trials import FAILED_KEY, HELD_KEY
 
@@ -28,14 +28,6 @@ _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "expe
 _SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, "variant"}
 # The reason of trials cut short by a stop of the whole cycle: a resumed cycle runs them again.
 STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"
-
-
-class TrialStatus(str, enum.Enum):
-    """How a trial ended."""
-
-    completed = "completed"
-    stopped_early = "stopped_early"
-    failed = "failed"
 
 
 @dataclass

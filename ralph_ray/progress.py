@@ -11,7 +11,8 @@ from rich.table import Table
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-from ralph_ray.ledger import TrialRecord, TrialStatus
+from ralph_ray.ledger import TrialRecord
+from ralph_ray.statuses import TrialStatus
 
 
 class LiveProgress(Callback):

@@ -57,6 +57,9 @@ def test_overrides_apply():
         (["+search.space.lr={type: uniform, low: 0, high: 1}"], "search.space.lr", "UPPER_CASE"),
         (["search.space.LR.low=1", "search.space.LR.high=0.1"], "search.space.LR.low", "range"),
         (["resources.gpu=-1"], "resources.gpu", "resources.gpu"),
+        (["agent.exploration=-1"], "agent.exploration", "agent.exploration=0.01"),
+        (["agent=cli"], "agent.cli_command", "agent.cli_command="),
+        (["agent=cli", "agent.cli_template=nope"], "agent.cli_template", "claude"),
     ],
 )
 def test_bad_config_names_key_and_fix(overrides, key, fix_words):
@@ -86,3 +89,14 @@ def test_cli_cfg_prints_composed_config(tmp_path: Path):
     )
     assert result.returncode == 0
     assert "num_samples: 5" in result.stdout
+
+
+def test_the_task_registry_is_the_list_of_tasks():
+    # config validates task.name against ralph_ray.tasks.TASKS, the registry prepare_splits dispatches through.
+    from ralph_ray.tasks import TASKS
+
+    for name, task in TASKS.items():
+        cfg = load_config([f"task.name={name}"] + (["data.root=/nowhere"] if task.data_root else []))
+        assert cfg.task.name == name
+    with pytest.raises(ConfigError, match=", ".join(TASKS)):
+        load_config(["task.name=mnist"])

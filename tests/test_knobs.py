@@ -89,3 +89,22 @@ def test_parsing_from_many_threads_at_once():
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(lambda _: read_knobs(source), range(64)))
     assert all(r == {"LR": 0.1} for r in results)
+
+
+def test_one_rule_says_what_a_knob_is():
+    # knobs.is_knob_name is the rule the config's search space and the intervention catalog apply too.
+    from ralph_ray.agents.catalog import _parse_knob_edits
+    from ralph_ray.config import ConfigError, load_config
+    from ralph_ray.knobs import is_knob_name
+
+    assert [n for n in ("LR", "WIDTH_2", "lr", "Lr", "LR-X", "2LR") if is_knob_name(n)] == ["LR", "WIDTH_2"]
+    assert all(is_knob_name(name) for name in read_knobs(SOURCE))
+    with pytest.raises(ConfigError, match="UPPER_CASE"):
+        load_config(["+search.space.Lr={type: uniform, low: 0.01, high: 0.1}"])
+
+    def fail(field: str, message: str) -> ValueError:
+        return ValueError(f"{field}: {message}")
+
+    with pytest.raises(ValueError, match="UPPER_CASE"):
+        _parse_knob_edits({"Lr": {"mul": 2}}, fail)
+    assert _parse_knob_edits({"WIDTH_2": {"mul": 2}}, fail)[0].knob == "WIDTH_2"

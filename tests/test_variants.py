@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ralph_ray.variants import content_hash, snapshot, unified_diff
+import pytest
+
+from ralph_ray.variants import content_hash, is_mutable, mutable_names, snapshot, unified_diff
 
 
 def make(folder: Path, text: str) -> Path:
@@ -45,3 +47,24 @@ def test_unified_diff_names_files_and_lines(tmp_path: Path):
     assert "-LR = 0.1" in diff and "+LR = 0.05" in diff
     assert "+++ b/extra.py" in diff and "program.md" not in diff
     assert unified_diff(old, old) == ""
+
+
+def test_one_rule_says_which_files_an_agent_may_change(tmp_path: Path):
+    # variants.is_mutable is the rule the gate and the LLM coder's patch check apply too.
+    from ralph_ray.agents.base import AgentError
+    from ralph_ray.agents.patching import check_paths
+    from ralph_ray.gate import GateError, check_frozen_files
+
+    parent = make(tmp_path / "parent", "LR = 0.1\n")
+    (parent / "model.py").write_text("W = 1\n")
+    assert mutable_names(parent) == ["model.py", "train.py"]
+    assert is_mutable("sub/net.py") and not is_mutable("program.md")
+    child = make(tmp_path / "child", "LR = 0.2\n")
+    (child / "model.py").write_text("W = 2\n")
+    check_frozen_files(child, parent)
+    check_paths(child, ["train.py", "model.py"])
+    (child / "program.md").write_text("new rules\n")
+    with pytest.raises(GateError, match="frozen file program.md"):
+        check_frozen_files(child, parent)
+    with pytest.raises(AgentError, match="frozen file 'program.md'"):
+        check_paths(child, ["program.md"])

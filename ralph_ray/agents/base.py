@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ralph_ray.statuses import TrialStatus
+
 
 class Diagnosis(str, enum.Enum):
     """What the analyst reads in a parent's curves."""
@@ -51,11 +53,14 @@ class TrialSummary:
     """One finished trial of a parent: its knobs, how it ended, its curve."""
 
     trial_id: str
-    status: str  # completed | stopped_early | failed
+    status: TrialStatus  # a KB row's plain string is turned into the enum
     reason: str | None
     knobs: dict[str, Any]
     selection_score: float | None
     curve: list[EpochPoint]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", TrialStatus(self.status))
 
 
 @dataclass(frozen=True)

@@ -15,48 +15,26 @@ import signal
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from ralph_ray import PROJECT_ROOT
+from ralph_ray import cli_templates
 from ralph_ray.agents import prompts
 from ralph_ray.agents.base import AgentConfigError, AgentError, Draft, ParentView, Recommendation, Usage
+from ralph_ray.cli_templates import CliTemplate, TemplateError
 from ralph_ray.config import AgentConfig
 from ralph_ray.trials import SECRET_ENV
 from ralph_ray.variants import mutable_names, unified_diff
 
-TEMPLATES_DIR = PROJECT_ROOT / "agents" / "cli"
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a command past its time limit
 TAIL_CHARS = 1500  # of the command's output, in an error message
 
 
-@dataclass(frozen=True)
-class CliTemplate:
-    """How to call one coding agent: its command line, extra arguments for a model, the secrets it may see."""
-
-    name: str
-    command: str
-    model_args: str | None
-    env: tuple[str, ...]
-
-
 def load_template(cfg: AgentConfig) -> CliTemplate:
-    """The configured template, with agent.cli_command (when set) replacing its command."""
-    path = TEMPLATES_DIR / f"{cfg.cli_template}.yaml"
+    """The configured template (`cli_templates.load_template`), its errors as the campaign's AgentConfigError."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        known = ", ".join(sorted(p.stem for p in TEMPLATES_DIR.glob("*.yaml")))
-        raise AgentConfigError(f"no CLI template {path}\n  fix: set agent.cli_template to one of {known}, or set agent.cli_command") from None
-    except yaml.YAMLError as err:
-        raise AgentConfigError(f"{path} is not valid YAML: {err}") from None
-    command = cfg.cli_command or data.get("command")
-    if not command:
-        raise AgentConfigError(f"template {cfg.cli_template} has no command\n"
-                               "  fix: set agent.cli_command='my-agent {prompt_file}' or agent.cli_template=claude|codex|aider|opencode")
-    return CliTemplate(cfg.cli_template, " ".join(str(command).split()), data.get("model_args"), tuple(data.get("env") or ()))
+        return cli_templates.load_template(cfg.cli_template, cfg.cli_command)
+    except TemplateError as err:
+        raise AgentConfigError(str(err)) from None
 
 
 def command_line(template: CliTemplate, values: dict[str, str], files: list[str], model: str | None) -> list[str]:

@@ -33,7 +33,9 @@ from ralph_ray.agents.base import (
     Usage,
 )
 from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply, load_catalog
+from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
+from ralph_ray.statuses import TrialStatus
 
 TRAINER = "train.py"
 
@@ -103,7 +105,7 @@ class Finding:
 
 def best_trial(trials: list[TrialSummary]) -> TrialSummary | None:
     """The completed trial with the best selection score (else the best stopped-early one) with a curve."""
-    for status in ("completed", "stopped_early"):
+    for status in (TrialStatus.completed, TrialStatus.stopped_early):
         pool = [t for t in trials if t.status == status and t.curve]
         if pool:
             return max(pool, key=lambda t: -math.inf if t.selection_score is None else t.selection_score)
@@ -115,7 +117,7 @@ def diagnose(trials: list[TrialSummary], knobs: dict[str, Any]) -> list[Finding]
     best = best_trial(trials)
     from_curve = _curve_findings(best.curve, {**knobs, **best.knobs}) if best is not None else []
     findings = _failure_findings(trials) + from_curve
-    diverged = sum(bool(t.status == "failed" and DIVERGED_REASON.search(t.reason or "")) for t in trials)
+    diverged = sum(bool(t.status is TrialStatus.failed and DIVERGED_REASON.search(t.reason or "")) for t in trials)
     if any(f.diagnosis is Diagnosis.divergence for f in from_curve) or (diverged and diverged >= DIVERGED_SHARE * len(trials)):
         # A run that blows up says nothing trustworthy about over- or underfitting: fix that first.
         # (A minority of diverged trials is the sampler probing a large LR; the best curve still counts.)
@@ -135,7 +137,7 @@ def _first_per_diagnosis(findings: list[Finding]) -> list[Finding]:
 
 
 def _failure_findings(trials: list[TrialSummary]) -> list[Finding]:
-    failed = [t for t in trials if t.status == "failed" and t.reason]
+    failed = [t for t in trials if t.status is TrialStatus.failed and t.reason]
     findings = []
     diverged = [t for t in failed if DIVERGED_REASON.search(t.reason or "")]
     if diverged:
@@ -297,7 +299,7 @@ def _best_candidate(
 class HeuristicAnalyst:
     """Diagnoses a parent's curves and ranks applicable catalog interventions by measured effect."""
 
-    def __init__(self, seed: int = 0, exploration: float = 1.0, catalog: Catalog | None = None) -> None:
+    def __init__(self, seed: int = 0, exploration: float = AgentConfig.exploration, catalog: Catalog | None = None) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
         self.seed = seed
@@ -458,7 +460,7 @@ def _summary(parent: ParentView, findings: list[Finding], ranked: list[Recommend
 
 def _curve_lines(trials: list[TrialSummary]) -> list[str]:
     best = best_trial(trials)
-    statuses = ", ".join(f"{sum(t.status == s for t in trials)} {s}" for s in sorted({t.status for t in trials}))
+    statuses = ", ".join(f"{sum(t.status is s for t in trials)} {s.value}" for s in sorted({t.status for t in trials}))
     lines = [f"Trials: {len(trials)} ({statuses or 'none'})."]
     if best is None:
         return lines + ["No trial reported a curve."]
@@ -466,11 +468,11 @@ def _curve_lines(trials: list[TrialSummary]) -> list[str]:
     acc = _series(best.curve, "val_acc")
     peak = f"; best val_acc {max(acc, key=lambda ev: ev[1])[1]:.4f} at epoch {max(acc, key=lambda ev: ev[1])[0]}" if acc else ""
     lines.append(
-        f"Best trial `{best.trial_id}` ({best.status}, {len(best.curve)} epochs): final "
+        f"Best trial `{best.trial_id}` ({best.status.value}, {len(best.curve)} epochs): final "
         + ", ".join(f"{m} {_fmt(getattr(last, m))}" for m in ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds"))
         + peak + "."
     )
-    failed = [t for t in trials if t.status == "failed"]
+    failed = [t for t in trials if t.status is TrialStatus.failed]
     if failed:
         lines.append(f"Failed: {len(failed)} (first: {failed[0].reason or 'no reason recorded'}).")
     return lines

@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -15,6 +16,36 @@ from ralph_ray.harness import PUBLIC_FILES
 
 class DataError(RuntimeError):
     """A dataset is missing or corrupt; the message says how to fix it."""
+
+
+# What preparing a task reads from the config. Protocols, not the config's classes: config imports the task
+# registry to validate task names, so the tasks must not import config.
+class TaskSettings(Protocol):
+    """Which task and how to split it (`config.TaskConfig` is one)."""
+
+    name: str
+    split_seed: int
+    selection_fraction: float
+    test_fraction: float
+
+
+class DataSource(Protocol):
+    """Where a dataset that does not ship with the code lives, and how to fetch it (`config.DataConfig` is one)."""
+
+    root: str | None
+    download: bool
+    url: str
+    md5: str
+
+
+class Experiment(Protocol):
+    """The parts of a config a task's preparation reads (`config.Config` is one)."""
+
+    @property
+    def task(self) -> TaskSettings: ...
+
+    @property
+    def data(self) -> DataSource: ...
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ralph_ray.config import DataConfig
-from ralph_ray.tasks.base import DataError, Splits, stratified_split
+from ralph_ray.tasks.base import DataError, DataSource, Splits, stratified_split
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 
 
-def prepare(data: DataConfig, split_seed: int, selection_fraction: float) -> Splits:
+def prepare(data: DataSource, split_seed: int, selection_fraction: float) -> Splits:
     """Train minus a stratified selection part / selection / the official test batch, as uint8 NHWC."""
     folder = locate(data)
     train_x, train_y = _load_batches(folder, TRAIN_BATCHES)
@@ -33,7 +32,7 @@ def prepare(data: DataConfig, split_seed: int, selection_fraction: float) -> Spl
     )
 
 
-def locate(data: DataConfig) -> Path:
+def locate(data: DataSource) -> Path:
     """The batches folder: under data.root, or data.root itself; downloaded first if allowed."""
     root = Path(str(data.root)).expanduser()
     for folder in (root / FOLDER, root):

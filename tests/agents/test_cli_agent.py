@@ -13,7 +13,8 @@ from conftest import pid_alive
 from llm_server import parent, workdir  # noqa: F401 - fixtures
 
 from ralph_ray.agents.base import AgentConfigError, AgentError, Diagnosis, ParentView, Recommendation, Usage
-from ralph_ray.agents.cli import TEMPLATES_DIR, CliCoder, command_line, load_template
+from ralph_ray.agents.cli import CliCoder, command_line, load_template
+from ralph_ray.cli_templates import TEMPLATES_DIR
 from ralph_ray.config import AgentBackend, AgentConfig
 
 REC = Recommendation("add_dropout", Diagnosis.overfitting, "the classifier overfits", 0.9, "set DROPOUT = 0.25")
