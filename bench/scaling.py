@@ -29,10 +29,11 @@ from ralph_ray import harness
 from ralph_ray.config import load_config
 from ralph_ray.ledger import TrialLedger, TrialRecord
 from ralph_ray.raycluster import driver_node_id, ensure_ray
+from ralph_ray.runner import Limits
 from ralph_ray.search import SearchPlan, run_search
 from ralph_ray.tasks.base import sha256_file, write_public
 from ralph_ray.tasks.digits import prepare
-from ralph_ray.trials import PublicData, TrialSpec
+from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec
 
 NODES = (1, 2, 4)
 TRIALS, EPOCHS, SLEEP = 32, 4, 0.5  # 32 trials of 4 epochs x 0.5 s of waiting
@@ -59,10 +60,9 @@ def timed_search(root: Path, nodes: int, count: int, name: str) -> tuple[float, 
                        f"+search.space={{SLEEP: {{type: choice, values: [{SLEEP}]}}}}", "safeguards.trial_timeout_s=120"])
     splits = prepare(0, 0.2, 0.2)
     hashes = write_public(splits, root / "data", "digits")
-    spec = TrialSpec(variants={"waiter": {"train.py": textwrap.dedent(WAITER).encode()}}, trials_root=str(root / "runs" / name / "trials"),
-                     data=PublicData({n: (root / "data" / n).read_bytes() for n in hashes}, hashes),
-                     harness_sha256=sha256_file(Path(harness.__file__)), timeout_s=120, output_limit_bytes=1 << 20, threads=1,
-                     hold_from_epoch=EPOCHS, driver_node_id=driver_node_id())
+    spec = TrialSpec(Code({"waiter": {"train.py": textwrap.dedent(WAITER).encode()}}, sha256_file(Path(harness.__file__))),
+                     PublicData({n: (root / "data" / n).read_bytes() for n in hashes}, hashes), Limits(120, 1 << 20),
+                     str(root / "runs" / name / "trials"), Schedule(hold_from_epoch=EPOCHS), driver_node_id=driver_node_id())
     records: list[TrialRecord] = []
     ledger = TrialLedger(name, 1, splits.labels(), spec.trials_root, 0, "val_acc", lambda record, rows: records.append(record))
     start = time.perf_counter()

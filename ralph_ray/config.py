@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.knobs import is_knob_name
+from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS
 
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -434,8 +435,6 @@ def _check_llm_agent(cfg: Config) -> None:
                           "set agent.base_url=https://api.openai.com/v1 (or your vLLM/Ollama/llama.cpp server, ending in /v1)")
     if not agent.model:
         raise ConfigError("agent.model", "no model named", "set agent.model=<a model the endpoint serves>")
-    from ralph_ray.trials import SECRET_ENV
-
     if agent.api_key_env and not SECRET_ENV.search(agent.api_key_env):
         raise ConfigError("agent.api_key_env", f"{agent.api_key_env!r} does not look like a secret's name, so trainer code and CLI agents "
                           "would see it", "keep the key in a variable whose name contains KEY, TOKEN or SECRET (e.g. GLM_API_KEY)")

@@ -13,12 +13,14 @@ import numpy as np
 
 from ralph_ray.knobs import parse, read_knobs
 from ralph_ray.tasks.base import Splits, write_public
-from ralph_ray.trials import PublicData, TrialFailed, TrialSpec, kill_group, prepare_workdir, start_trainer, tail_reports
+from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.variants import MUTABLE, is_mutable, variant_files
+from ralph_ray.workdir import prepare_workdir
 
 REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
 SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
 SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
+SMOKE_OUTPUT_BYTES = 10 * 1024 * 1024  # stdout and stderr of a smoke run
 
 
 class GateError(ValueError):
@@ -48,15 +50,9 @@ class Gate:
         try:
             knobs = {k: v for k, v in SMOKE_KNOBS.items() if k in read_knobs((child / self.entry).read_text())}
             prepare_workdir(child, work, knobs, entry=self.entry)
-            spec = TrialSpec(variants={}, trials_root=str(work.parent), data=PublicData({}, {}), harness_sha256="",
-                             timeout_s=self.timeout_s, output_limit_bytes=10 * 1024 * 1024, threads=1, entry=self.entry)
-            proc = start_trainer(work, spec, self.smoke_data)
-            try:
-                tail_reports(proc, work, spec, lambda record: None)
-            except TrialFailed as err:
-                raise GateError(f"smoke run failed: {err}") from None
-            finally:
-                kill_group(proc)
+            outcome = run(Trainer(work, self.smoke_data, self.entry), Limits(self.timeout_s, SMOKE_OUTPUT_BYTES))
+            if outcome.status is not Status.finished:
+                raise GateError(f"smoke run failed: {outcome.reason}")
             check_smoke_predictions(work / "predictions.npz", self.smoke_data)
         finally:
             shutil.rmtree(work, ignore_errors=True)

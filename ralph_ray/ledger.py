@@ -154,7 +154,7 @@ def failure_reason(trial: Trial) -> str:
         text = str(cause).strip() or type(cause).__name__
     else:
         text = trial.error_file and _last_line_of(trial.error_file) or "unknown error"
-    for prefix in ("ralph_ray.trials.TrialFailed: ", "TrialFailed: "):
+    for prefix in ("ralph_ray.runner.TrialFailed: ", "TrialFailed: "):
         text = text.split(prefix)[-1]
     return text.strip().splitlines()[-1][:500] if text.strip() else "unknown error"
 

@@ -1,9 +1,8 @@
-"""The trial driver: one Tune trial = the variant's train.py in its own work dir and process group.
+"""The Tune trainable: one trial = one variant's train.py, run by the Ray-free `runner` in the trial's work dir.
 
-It writes the variant's files (shipped in the spec), rewrites the sampled knobs, runs `train.py` as a
-subprocess, tails its JSON-lines reports into `ray.tune.report`, enforces the timeout and output limit,
-fails fast on NaN/inf, sends the predictions back to the driver (which holds the labels and scores them),
-and always kills the whole process group in `finally` (which is what makes `reuse_actors` safe).
+This adapter adds what only Tune needs: the variant and knobs from the trial's config, the work dir on this node,
+the GPUs Ray gave the trial, epoch reports (with checkpoints) forwarded to `tune.report`, Tune's stop request,
+and the predictions sent back to the driver (which holds the labels and scores them).
 
 On a cluster it assumes no shared filesystem: the spec carries code and data, the data is cached per node,
 a trial on another node than the driver's works in a node-local folder, and the trainer's checkpoint goes to
@@ -12,96 +11,76 @@ Tune's storage with the epoch report, so a trial retried after its node was lost
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import json
-import math
 import os
-import re
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ralph_ray import harness
-from ralph_ray.knobs import KnobError, resolve_knobs, rewrite_knobs
+from ralph_ray import harness, runner
+from ralph_ray.datacache import PublicData, check_frozen, materialise_data
+from ralph_ray.knobs import resolve_knobs
+from ralph_ray.runner import CHECKPOINT_DIR, Limits, Status, Trainer, TrialFailed
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
-from ralph_ray.tasks.base import sha256_file
+from ralph_ray.workdir import read_files, set_knobs, write_variant
 
-POLL_S = 0.05
+__all__ = ["Code", "PublicData", "Schedule", "TrialSpec", "TrialFailed", "read_files", "run_trial"]  # names others import
+
 HELD_KEY = "held_epochs"  # epochs held back past the last rung, sent (as JSON) with the final report
-STOPPED_BY_TUNE = "stopped"
 # The result key that ends a trial the trainer itself failed (crash, NaN, timeout...): such a failure is final,
 # so it ends the trial as a result, not an exception, which Tune would retry (FailureConfig is for lost nodes).
 FAILED_KEY = "trial_failed"
-CHECKPOINT_DIR = "checkpoint"  # in the work dir: RALPH_CHECKPOINT_DIR of the trainer
 NODE_FILE = "node.json"  # in the work dir: where the trial ran (node, GPUs, data cache), for people and tests
 ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials from a driver on another node
 
-# Loaded once in the parent: the forked child must not import or dlopen before exec.
-try:
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):  # not Linux
-    _PRCTL = None
-_PR_SET_PDEATHSIG = 1
 
+@dataclass(frozen=True)
+class Code:
+    """What the trials of one Tune run execute: every variant's files, their own knobs, and the harness they import."""
 
-class TrialFailed(RuntimeError):
-    """A trial that cannot finish: the message is the reason recorded in the knowledge base."""
+    variants: dict[str, dict[str, bytes]]  # variant id -> relative path -> file bytes
+    harness_sha256: str
+    entry: str = "train.py"
+    own_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant id -> its knob values
+    # A relative search samples these knobs as factors on each variant's own values (knobs.resolve_knobs).
+    relative: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
-class PublicData:
-    """The public split files (bytes) and their hashes: shipped through the object store to any node."""
+class Schedule:
+    """How a trial talks to Tune: the ranking metric, the epochs held for the last rung, checkpoints."""
 
-    files: dict[str, bytes]
-    hashes: dict[str, str]
-
-    @property
-    def key(self) -> str:
-        """One name for this exact content (the node-local cache folder)."""
-        return hashlib.sha256(json.dumps(self.hashes, sort_keys=True).encode()).hexdigest()[:16]
+    # The ranking metric and its direction: a failed trial reports the worst value with its reason.
+    metric: str = "val_acc"
+    mode: str = "max"
+    # Reports from this epoch on are held back and sent with the predictions: ASHA's last rung would
+    # otherwise stop a fully trained trial between its last epoch and its predictions.
+    hold_from_epoch: int | None = None
+    # The trainer checkpoints at most this often (seconds; 0: every epoch) and each new checkpoint goes to
+    # Tune's storage with its epoch's report; None: no checkpoints (see raycluster.checkpoint_interval).
+    checkpoint_every_s: float | None = None
 
 
 @dataclass(frozen=True)
 class TrialSpec:
     """Everything a trial needs besides its config; shipped once through the object store.
 
-    The code of every variant in the cycle and the public data travel inside it, so a trial runs on any
-    node without a shared filesystem. Selection/test labels are not here: the driver scores predictions.
+    Code and public data travel inside it, so a trial runs on any node without a shared filesystem.
+    Selection/test labels are not here: the driver scores predictions.
     """
 
-    variants: dict[str, dict[str, bytes]]  # variant id -> relative path -> file bytes
-    trials_root: str
+    code: Code
     data: PublicData
-    harness_sha256: str
-    timeout_s: float
-    output_limit_bytes: int
-    threads: int
+    limits: Limits
+    trials_root: str  # the driver's node keeps work dirs here (see `work_dir`)
+    schedule: Schedule = Schedule()
     seed: int = 0
-    entry: str = "train.py"
     env: dict[str, str] = field(default_factory=dict)
-    # Reports from this epoch on are held back and sent with the predictions: ASHA's last rung would
-    # otherwise stop a fully trained trial between its last epoch and its predictions.
-    hold_from_epoch: int | None = None
-    # A relative search samples these knobs as factors on each variant's own values (knobs.resolve_knobs).
-    relative: frozenset[str] = frozenset()
-    own_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant id -> its knob values
-    # The ranking metric and its direction: a failed trial reports the worst value with its reason.
-    metric: str = "val_acc"
-    mode: str = "max"
-    # The trainer checkpoints at most this often (seconds; 0: every epoch) and each new checkpoint goes to
-    # Tune's storage with its epoch's report; None: no checkpoints (see raycluster.checkpoint_interval).
-    checkpoint_every_s: float | None = None
-    # The driver's Ray node: its trials work under trials_root, trials elsewhere in a node-local folder.
-    driver_node_id: str | None = None
+    driver_node_id: str | None = None  # trials on other nodes work in a node-local folder
 
 
 def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
@@ -114,36 +93,40 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
     except TrialFailed as err:
         # Final: Tune retries exceptions (max_failures), which must spend retries on lost nodes, not on a
         # trainer that would crash, diverge or hang again. The ledger records the reason.
-        tune.report({spec.metric: float("-inf") if spec.mode == "max" else float("inf"), FAILED_KEY: str(err)})
+        worst = float("-inf") if spec.schedule.mode == "max" else float("inf")
+        tune.report({spec.schedule.metric: worst, FAILED_KEY: str(err)})
 
 
 def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     from ray import tune
 
+    code = spec.code
     data_dir = materialise_data(spec.data)
-    check_frozen({str(data_dir / name): digest for name, digest in spec.data.hashes.items()} | {harness.__file__: spec.harness_sha256})
+    frozen = {str(data_dir / name): digest for name, digest in spec.data.hashes.items()}
+    check_frozen(frozen | {harness.__file__: code.harness_sha256})
     variant = str(config.get("variant", ""))
-    if variant not in spec.variants:
-        raise TrialFailed(f"unknown variant {variant!r} (this cycle runs {', '.join(spec.variants)})")
-    knobs = resolve_knobs(config, spec.own_knobs.get(variant, {}), spec.relative)
-    write_variant(spec.variants[variant], work)
-    set_knobs(work, knobs, entry=spec.entry)
+    if variant not in code.variants:
+        raise TrialFailed(f"unknown variant {variant!r} (this cycle runs {', '.join(code.variants)})")
+    write_variant(code.variants[variant], work)
+    set_knobs(work, resolve_knobs(config, code.own_knobs.get(variant, {}), code.relative), entry=code.entry)
     restored = restore_checkpoint(tune.get_checkpoint(), work / CHECKPOINT_DIR)
-    spec = replace(spec, env={**spec.env, **gpu_env()})
-    write_node_info(work, data_dir, restored, spec.env)
-    proc = start_trainer(work, spec, data_dir)
-    try:
-        forward = tune.report if spec.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
-        last = tail_reports(proc, work, spec, forward)
-        if last is None:
-            return  # Tune stopped the trial (ASHA or a stop rule)
-        predictions = work / "predictions.npz"
-        if not predictions.exists():
-            raise TrialFailed(f"train.py finished without writing {predictions.name}: call harness.save_predictions(selection=..., test=...)")
-        # The driver scores these against labels that never leave it.
-        tune.report({**last, PREDICTIONS_KEY: encode_predictions(predictions)})
-    finally:
-        kill_group(proc)
+    env = {**spec.env, **gpu_env()}
+    write_node_info(work, data_dir, restored, env)
+    trainer = Trainer(work, data_dir, code.entry, spec.seed, env, spec.schedule.checkpoint_every_s)
+    every_epoch = tune.report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
+    outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested)
+    if outcome.status is Status.stopped:
+        return  # Tune stopped the trial (ASHA or a stop rule)
+    if outcome.status is Status.failed or outcome.last is None:
+        raise TrialFailed(outcome.reason or "train.py failed")
+    if outcome.predictions is None:
+        raise TrialFailed(f"train.py finished without writing {runner.PREDICTIONS_FILE}: "
+                          "call harness.save_predictions(selection=..., test=...)")
+    final = dict(outcome.last)
+    if outcome.held:  # the held epochs before the last ride along, so the curve keeps every epoch
+        final[HELD_KEY] = json.dumps(outcome.held)
+    # The driver scores these against labels that never leave it.
+    tune.report({**final, PREDICTIONS_KEY: encode_predictions(outcome.predictions)})
 
 
 def work_dir(spec: TrialSpec, trial_id: str) -> Path:
@@ -225,180 +208,6 @@ def write_node_info(work: Path, data_dir: Path, restored: bool, env: dict[str, s
     (work / NODE_FILE).write_text(json.dumps(info, indent=2))
 
 
-def materialise_data(data: PublicData) -> Path:
-    """Write the public files once per node into a local cache (atomically) and return the folder."""
-    root = Path(os.environ.get("RALPH_CACHE_DIR", Path(tempfile.gettempdir()) / "ralph_ray_data")) / data.key
-    if all((root / name).exists() for name in data.files):
-        return root
-    tmp = root.with_name(f".{root.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    for name, content in data.files.items():
-        (tmp / name).write_bytes(content)
-    try:
-        os.replace(tmp, root)
-    except OSError:  # another trial on this node got there first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root
-
-
-def check_frozen(frozen: dict[str, str]) -> None:
-    """Refuse to run if any frozen file (data, harness) differs from its hash at campaign start."""
-    for path, expected in frozen.items():
-        if not Path(path).exists():
-            raise TrialFailed(f"frozen file {path} is missing")
-        if sha256_file(Path(path)) != expected:
-            raise TrialFailed(f"frozen file {path} changed since the campaign started")
-
-
-def write_variant(files: dict[str, bytes], work: Path) -> None:
-    """Write a variant's files into a clean trial work dir."""
-    if work.exists():
-        shutil.rmtree(work)  # a retried trial starts from a clean copy
-    for relative, content in files.items():
-        target = work / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    work.mkdir(parents=True, exist_ok=True)
-
-
-def set_knobs(work: Path, knobs: dict[str, Any], entry: str = "train.py") -> None:
-    """Write the sampled knobs into the trial's copy of the code (so its exact code is kept) and knobs.json."""
-    source = (work / entry).read_text()
-    try:
-        (work / entry).write_text(rewrite_knobs(source, knobs))
-    except (KnobError, SyntaxError) as err:
-        raise TrialFailed(f"cannot set knobs {sorted(knobs)}: {err}") from None
-    (work / "knobs.json").write_text(json.dumps(knobs, indent=2, sort_keys=True, default=str))
-
-
-def prepare_workdir(trainer_dir: Path, work: Path, knobs: dict[str, Any], entry: str = "train.py") -> None:
-    """Copy a trainer folder into a work dir and write the knobs into its code (hand runs, the gate)."""
-    write_variant(read_files(trainer_dir), work)
-    set_knobs(work, knobs, entry=entry)
-
-
-def read_files(folder: Path) -> dict[str, bytes]:
-    """A folder's files (relative path -> bytes), skipping caches and run outputs."""
-    from ralph_ray.variants import variant_files
-
-    return {str(path.relative_to(folder)): path.read_bytes() for path in variant_files(folder)}
-
-
-# Variables whose names look like credentials never reach trainer code (agents write it; an API key must not leak).
-SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
-
-
-def start_trainer(work: Path, spec: TrialSpec, data_dir: Path) -> subprocess.Popen[bytes]:
-    """Start train.py in its own process group, with its threads capped, its output to files, and no secrets."""
-    threads = str(max(1, spec.threads))
-    env = {
-        **{name: value for name, value in os.environ.items() if not SECRET_ENV.search(name)},
-        **spec.env,
-        harness.ENV_DATA_DIR: str(data_dir),
-        harness.ENV_METRICS_FILE: str(work / "metrics.jsonl"),
-        harness.ENV_PREDICTIONS_FILE: str(work / "predictions.npz"),
-        harness.ENV_SEED: str(spec.seed),
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        "PYTHONUNBUFFERED": "1",
-    }
-    if spec.checkpoint_every_s is not None:
-        env[harness.ENV_CHECKPOINT_DIR] = str(work / CHECKPOINT_DIR)
-        env[harness.ENV_CHECKPOINT_EVERY_S] = str(spec.checkpoint_every_s)
-    with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
-        return subprocess.Popen(
-            [sys.executable, spec.entry],
-            cwd=work,
-            env=env,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # own process group: one killpg reaches every child
-            preexec_fn=_die_with_parent,
-        )
-
-
-def tail_reports(proc: subprocess.Popen[bytes], work: Path, spec: TrialSpec, report: Any) -> dict[str, Any] | None:
-    """Forward each epoch line to Tune until train.py exits; None if Tune asked the trial to stop."""
-    tail = JsonLinesTail(work / "metrics.jsonl")
-    deadline = time.monotonic() + spec.timeout_s
-    last: dict[str, Any] | None = None
-    held: list[dict[str, Any]] = []
-    while True:
-        exited = proc.poll() is not None  # read the lines after checking, so none written before exit is missed
-        for record in tail.read_new():
-            check_finite(record)
-            if spec.hold_from_epoch is not None and _epoch(record) >= spec.hold_from_epoch:
-                held.append(record)
-            else:
-                report(record)
-            last = record
-        if exited:
-            break
-        if _stop_requested():
-            return None
-        if time.monotonic() > deadline:
-            raise TrialFailed(f"timeout: train.py ran past safeguards.trial_timeout_s={spec.timeout_s:g}s")
-        if _output_bytes(work) > spec.output_limit_bytes:
-            raise TrialFailed(f"output limit: train.py wrote more than {spec.output_limit_bytes} bytes to stdout/stderr")
-        time.sleep(POLL_S)
-    if proc.returncode != 0:
-        raise TrialFailed(f"train.py exited with code {proc.returncode}: {_last_error_line(work)}")
-    if last is None:
-        raise TrialFailed("train.py exited without reporting an epoch: call harness.report(epoch=..., ...) each epoch")
-    if len(held) > 1:  # the held epochs before the last ride along, so the curve keeps every epoch
-        return {**last, HELD_KEY: json.dumps(held[:-1])}
-    return last
-
-
-class JsonLinesTail:
-    """Reads whole JSON lines appended to a file since the last call."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.partial = b""
-
-    def read_new(self) -> list[dict[str, Any]]:
-        """Complete records written since the previous call (a half-written line waits)."""
-        if not self.path.exists():
-            return []
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read()
-        self.offset += len(chunk)
-        data = self.partial + chunk
-        *lines, self.partial = data.split(b"\n")
-        records = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                raise TrialFailed(f"metrics.jsonl holds a line that is not JSON: {line[:120]!r}") from None
-            if not isinstance(record, dict) or "epoch" not in record:
-                raise TrialFailed(f"metrics.jsonl record without an epoch: {line[:120]!r}")
-            records.append(record)
-        return records
-
-
-def check_finite(record: dict[str, Any]) -> None:
-    """Fail fast on NaN/inf: a diverged run only wastes the slot."""
-    for key, value in record.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise TrialFailed(f"non-finite {key}={value} at epoch {record.get('epoch')}")
-
-
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the trial's whole process group and reap the trainer."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
-    proc.wait()
-
-
 def _node_id() -> str:
     import ray
 
@@ -411,11 +220,6 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return stat.st_ino, stat.st_mtime_ns, stat.st_size
-
-
-def _epoch(record: dict[str, Any]) -> float:
-    value = record.get("epoch")
-    return float(value) if isinstance(value, (int, float)) else float("-inf")
 
 
 def _stop_requested() -> bool:
@@ -431,18 +235,3 @@ def _stop_requested() -> bool:
     session = get_session()
     event = getattr(session, "stop_event", None)
     return bool(event is not None and event.is_set())
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL if the Ray worker thread that started it goes away."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def _output_bytes(work: Path) -> int:
-    return sum((work / name).stat().st_size for name in ("stdout.log", "stderr.log") if (work / name).exists())
-
-
-def _last_error_line(work: Path) -> str:
-    lines = [line for line in (work / "stderr.log").read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip()[:500] if lines else "no stderr"

@@ -22,7 +22,7 @@ from ralph_ray.agents import prompts
 from ralph_ray.agents.base import AgentConfigError, AgentError, Draft, ParentView, Recommendation, Usage
 from ralph_ray.cli_templates import CliTemplate, TemplateError
 from ralph_ray.config import AgentConfig
-from ralph_ray.trials import SECRET_ENV
+from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.variants import mutable_names, unified_diff
 
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a command past its time limit

@@ -1,0 +1,105 @@
+"""Every engine module imports on its own, and the package's import graph (lazy imports included) has no cycle.
+
+The graph is static (`ast`): an import anywhere in a module, at module level or inside a function, is an edge,
+and importing `a.b.c` also imports the packages `a.b` and `a` (their `__init__` runs first), so those are edges
+too. A lazy import hides a cycle from Python, not from this test.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+
+PACKAGE = "ralph_ray"
+ROOT = PROJECT_ROOT / PACKAGE
+
+
+def module_name(path: Path) -> str:
+    """The dotted name of a module file of the package."""
+    parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def imported(name: str, path: Path) -> set[str]:
+    """The package's modules that importing `name` runs, by any import statement anywhere in its file."""
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            targets.add(source)
+            targets.update(f"{source}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    edges = set()
+    for target in targets:
+        parts = target.split(".")
+        for depth in range(1, len(parts) + 1):  # a.b.c runs a/__init__ and a/b/__init__ first
+            candidate = ".".join(parts[:depth])
+            if candidate in MODULES:
+                edges.add(candidate)
+    own_packages = {".".join(name.split(".")[:depth]) for depth in range(1, name.count(".") + 1)}
+    return edges - own_packages - {name, PACKAGE}  # a module's own packages are loaded before it, not by it
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports."""
+    return {name: imported(name, path) for name, path in MODULES.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path a -> ... -> a, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_graph_sees_lazy_and_package_imports(tmp_path: Path):
+    # The checker itself: a lazy import inside a function and the package __init__ of a target are edges.
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert f"{PACKAGE}.config" not in import_graph()[f"{PACKAGE}.harness"]
+    lazy = {target for target in import_graph()[f"{PACKAGE}.campaign"]}
+    assert f"{PACKAGE}.search" in lazy  # imported inside a method
+
+
+def test_the_package_import_graph_has_no_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_imports_on_its_own(name: str):
+    # A fresh interpreter per module: an import that only works after some other module ran first fails here.
+    done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"`import {name}` in a fresh interpreter failed:\n{done.stderr[-2000:]}"
