@@ -2,6 +2,9 @@
 
     streamlit run app/leaderboard.py                       # the KB at ./kb (or $RALPH_KB)
     streamlit run app/leaderboard.py -- --kb path/to/kb    # any KB root (`paths.kb` of a campaign)
+
+It listens on 127.0.0.1 only (app/.streamlit/config.toml); `--server.address 0.0.0.0` exposes it on purpose
+(access.py: a banner on every page, and Stop asks for a shared secret). Nothing it serves loads from elsewhere.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ if APP_DIR not in sys.path:
 
 import streamlit as st  # noqa: E402
 
+import access  # noqa: E402
 import shell  # noqa: E402
 
-st.set_page_config(page_title="ralph_ray leaderboard", page_icon=":material/science:", layout="wide")
+# A local file: a material or emoji icon makes the browser fetch the favicon from a CDN.
+st.set_page_config(page_title="ralph_ray leaderboard", page_icon=str(Path(APP_DIR) / "favicon.png"), layout="wide")
+access.banner()
 navigation = st.navigation([
     st.Page("views/board.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
     st.Page("views/lineage.py", title="Lineage", icon=":material/account_tree:"),

@@ -45,6 +45,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"test {_f(best and best['test_score'])}",
         f"- seed variant: {seed_id or '-'}, selection {_f(seed_row.get('selection_score'))}, test {_f(seed_row.get('test_score'))} "
         "(its best knob sample in cycle 1)",
+        f"- Ray auth: {_auth(config)}",
         "",
         "## Cost",
         "",
@@ -125,6 +126,14 @@ def _all(con: Any, query: str, params: list[Any]) -> list[dict[str, Any]]:
 def _one(con: Any, query: str, params: list[Any]) -> dict[str, Any]:
     rows = _all(con, query, params)
     return rows[0] if rows else {}
+
+
+def _auth(config: dict[str, Any]) -> str:
+    """The run's Ray auth mode; the explicit opt-out in bold with what it means."""
+    mode = (config.get("cluster") or {}).get("auth_mode")
+    if mode == "disabled":
+        return "**disabled** (cluster.auth_mode=disabled: anyone who reached the campaign's Ray ports could run code)"
+    return f"{mode} (every Ray process needed the token)" if mode == "token" else "not recorded"
 
 
 def _names(interventions: str | None) -> str:

@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same loads() from the toml package Streamlit depends on
+    import toml as tomllib  # type: ignore[no-redef]
 
 import pytest
 
@@ -60,3 +69,49 @@ def pid_alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat")
     return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+GCS_PROBE = """
+import sys
+from ray._raylet import GcsClient
+try:
+    nodes = GcsClient(address=sys.argv[1]).get_all_node_info(timeout=10)
+except Exception as err:
+    print(f"refused: {type(err).__name__}: {err}")
+else:
+    print(f"answered: {len(nodes)} nodes")
+"""
+
+
+def gcs_probe(address: str, **env: str) -> subprocess.Popen[str]:
+    """Ask a Ray GCS for its nodes from a fresh process, as a stranger would: RAY_AUTH_* only from `env`.
+
+    Prints `answered: N nodes` or `refused: <error>`; `.communicate()` it. Loopback addresses only."""
+    assert address.startswith("127.0.0.1:"), "tests never connect to a non-loopback address"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    return subprocess.Popen([sys.executable, "-c", GCS_PROBE, address], env={**base, "RAY_USAGE_STATS_ENABLED": "0", **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+APP_CONFIG = Path(__file__).resolve().parents[1] / "app" / ".streamlit" / "config.toml"
+
+
+@pytest.fixture()
+def streamlit_options() -> Iterator[Callable[..., None]]:
+    """Pages run in-process (AppTest) read no config file: set the options `streamlit run` reads from
+    app/.streamlit/config.toml (localhost only, ...); the fixture's value sets more (`"server.address", "0.0.0.0"`).
+    Everything is put back afterwards."""
+    from streamlit import config
+
+    before: dict[str, Any] = {}
+
+    def set_option(key: str, value: Any) -> None:
+        before.setdefault(key, config.get_option(key))
+        config.set_option(key, value)
+
+    for section, values in tomllib.loads(APP_CONFIG.read_text()).items():
+        for name, value in values.items():
+            set_option(f"{section}.{name}", value)
+    yield set_option
+    for key, value in before.items():
+        config.set_option(key, value)

@@ -7,6 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 import figures
+import access
 import kbdata
 import shell
 from ralph_ray import sql
@@ -40,6 +41,7 @@ def body(run: shell.Campaign) -> None:
 
     st.subheader("Budgets")
     for item in figures.budgets(run.config, spent, elapsed, int(cycle)):
+    access.show_ray_auth(run.config)
         if item.share is None:
             st.markdown(f"**{item.name}**: {item.text()}")
         else:
@@ -69,6 +71,9 @@ def stop_button(run: shell.Campaign) -> None:
         return
     if stop_file.exists():
         st.warning(f"Stop requested ({_read(stop_file) or 'by hand'}): the campaign records what it has and stops at its next check.")
+        return
+    allowed = access.stop_permission(run.run_id)  # exposed: the shared secret first
+    if allowed is None:
         return
     if st.button("Stop the campaign", type="primary", icon=":material/stop_circle:", key="stop",
                  help=f"writes {stop_file}; the current cycle ends cleanly and is recorded"):

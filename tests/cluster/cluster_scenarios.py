@@ -26,9 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ralph_ray.raycluster import set_ray_env
+from ralph_ray.raycluster import ensure_local_token, set_ray_env
 
-set_ray_env()
+set_ray_env("token")  # the cluster's nodes and the campaign's driver (cluster.auth_mode=token) share ~/.ray/auth_token
+ensure_local_token()
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
@@ -150,7 +151,7 @@ def launch(name: str, out: Path, timeout_s: float = 240) -> dict[str, Any]:
     session files and its address file (ray_current_cluster) never meet another Ray on this machine.
     """
     tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp}
     proc = subprocess.Popen([sys.executable, __file__, name, str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env=env)
     try:

@@ -6,7 +6,10 @@ safety net the on-prem file asks for: `ray down` runs `ray stop` on the head, an
 never run `ray stop`. What the test changes in the file, and why: the head's address (127.0.0.1), the user
 and key, a proxy command (sshd listens on a free port, not 22), a free GCS port instead of 6379, the machine's
 venv instead of a `pip install` (no network here), and no dashboard and a free dashboard-agent port (another
-Ray on this machine may hold the default ones).
+Ray on this machine may hold the default ones). Auth runs as the file says: the file's token mount (its source
+a token made for the test instead of this machine's own), its setup commands for the token, RAY_AUTH_MODE=token
+in the start commands and ~/.bashrc; the test checks the mounted token is private and that Ray refuses
+a client without it.
 
 Needs root (a user, an sshd) and `openssh-server`, `rsync` and `procps` (installed with apt-get if missing;
 CI: `apt-get install -y openssh-server rsync procps`). Skips only when those cannot be had.
@@ -15,6 +18,7 @@ CI: `apt-get install -y openssh-server rsync procps`). Skips only when those can
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,10 +33,12 @@ from typing import Iterator
 import pytest
 import yaml
 
+from conftest import gcs_probe
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.kb import open_reader
 
 SSHD = Path("/usr/sbin/sshd")
+TOKEN_MOUNT = "~/.ray/auth_token"
 VENV_BIN = Path(sys.executable).parent
 RELAY = '''
 import socket, sys, threading
@@ -131,7 +137,7 @@ def loopback_machine() -> Iterator[dict]:
         (home / "t").mkdir()
         (home / ".bashrc").write_text(  # what the on-prem file's setup writes, pointing at this machine's venv
             f"# ralph_ray cluster env\nexport PATH={VENV_BIN}:$PATH\n"
-            f"export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 RAY_TMPDIR={home / 't'}\n")
+            f"export RAY_AUTH_MODE=token RAY_USAGE_STATS_ENABLED=0 RAY_TMPDIR={home / 't'}\n")
         sh("chown", "-R", f"{user}:{user}", str(home))
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "id"))
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host"))
@@ -146,7 +152,10 @@ def loopback_machine() -> Iterator[dict]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
         wait_for_port(port, sshd, "sshd")
         (root / "relay.py").write_text(RELAY)
-        yield {"root": root, "user": user, "uid": uid, "home": home, "port": port}
+        token = secrets.token_hex(32)  # the cluster's token, on "this machine" (the one running `ray up`)
+        (root / "auth_token").write_text(token)
+        (root / "auth_token").chmod(0o600)
+        yield {"root": root, "user": user, "uid": uid, "home": home, "port": port, "token": token}
     finally:
         if sshd is not None:
             sshd.kill()
@@ -172,8 +181,11 @@ def onprem_yaml(machine: dict, gcs_port: int) -> Path:
     config["auth"] = {"ssh_user": machine["user"], "ssh_private_key": str(root / "id"),
                       "ssh_proxy_command": f"{sys.executable} {root / 'relay.py'} 127.0.0.1 {machine['port']}"}
     config["min_workers"] = config["max_workers"] = 0
-    config["file_mounts"] = {"~/ralph_ray": str(PROJECT_ROOT)}
-    config["setup_commands"] = ["python -c 'import ray, torch, sklearn'"]
+    assert config["file_mounts"][TOKEN_MOUNT] == TOKEN_MOUNT
+    config["file_mounts"] = {"~/ralph_ray": str(PROJECT_ROOT), TOKEN_MOUNT: str(root / "auth_token")}
+    token_setup = [c for c in config["setup_commands"] if "auth_token" in c]
+    assert token_setup, "the file's setup makes the mounted token private"
+    config["setup_commands"] = [*token_setup, "python -c 'import ray, torch, sklearn'"]
     extra = f" --num-cpus=2 --include-dashboard=false --dashboard-agent-listen-port={free_port()}"
     config["head_start_ray_commands"] = [c.replace("6379", str(gcs_port)) + extra for c in config["head_start_ray_commands"]]
     path = root / "cluster.yaml"
@@ -187,7 +199,7 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
     config = onprem_yaml(machine, gcs_port)
     ray_cli = str(VENV_BIN / "ray")
     # The launcher's own files (cluster state, config cache) go to the test's folder too.
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(machine["root"]),
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(machine["root"]),
            "TMPDIR": str(machine["root"])}
 
     def ray(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -199,6 +211,18 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
     try:
         assert (machine["home"] / "ralph_ray" / "pyproject.toml").exists()  # the project, rsynced over ssh
         assert not (machine["home"] / "ralph_ray" / ".venv").exists()  # ... without what .gitignore lists
+        mounted = machine["home"] / ".ray" / "auth_token"
+        assert mounted.read_text() == machine["token"]
+        assert stat.S_IMODE(mounted.stat().st_mode) == 0o600 and stat.S_IMODE(mounted.parent.stat().st_mode) == 0o700
+        assert mounted.stat().st_uid == machine["uid"]
+        # The head demands the token: a client without it, or with another, is refused; with it, it is answered.
+        gcs = f"127.0.0.1:{gcs_port}"
+        probes = [gcs_probe(gcs, RAY_AUTH_MODE="disabled"), gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
+                  gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=machine["token"])]
+        without, wrong, right = (p.communicate(timeout=60)[0] for p in probes)
+        assert without.startswith("refused") and "InvalidAuthToken" in without, without
+        assert wrong.startswith("refused") and "InvalidAuthToken" in wrong, wrong
+        assert right.startswith("answered: 1 nodes"), right
         campaign = ("cd ~/ralph_ray && python -m ralph_ray cluster=address cluster.address=127.0.0.1:{port} run_id=onprem "
                     "agent=none safeguards.max_cycles=1 search.num_samples=2 search.max_concurrent=2 scheduler=fifo "
                     "scheduler.max_t=1 scheduler.grace_period=1 '+search.space.EPOCHS={{type: choice, values: [1]}}'").format(port=gcs_port)
@@ -215,6 +239,9 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
     assert con.execute("select count(*) from runs where run_id = 'onprem' and status = 'finished'").fetchone() == (1,)
     work = machine["home"] / "ralph_ray" / "runs" / "onprem" / "cycle_0001" / "trials"
     assert all(path.stat().st_uid == machine["uid"] for path in work.iterdir())  # trials ran as the cluster's user
+    token = machine["token"].encode()
+    written = [p for folder in ("runs", "kb") for p in (machine["home"] / "ralph_ray" / folder).rglob("*") if p.is_file()]
+    assert written and not [p for p in written if token in p.read_bytes()], "the token leaked into a file the campaign wrote"
 
     # ray down stopped this cluster's Ray (the user's processes) and nothing else: this process's peers live on.
     deadline = time.monotonic() + 30
