@@ -10,11 +10,13 @@ from typing import Any
 import altair as alt
 import pandas as pd
 
-# How each variant status looks in the lineage graph: (shape, border style, border colour).
+# How each variant status the KB records looks in the lineage graph: (shape, border style, border colour).
+# The keys are the values of `ralph_ray.variants.VariantStatus` (tests/app checks they agree; the app imports no
+# engine module to learn them).
 STATUS_STYLE = {
     "seed": ("doubleoctagon", "filled,bold", "#1f2937"),
-    "kept": ("box", "filled,rounded,bold", "#166534"),
     "candidate": ("box", "filled,rounded", "#2563eb"),
+    "kept": ("box", "filled,rounded,bold", "#166534"),
     "discarded": ("box", "filled,rounded,dashed", "#6b7280"),
     "rejected": ("box", "filled,dashed", "#b91c1c"),
     "crashed": ("octagon", "filled,dashed", "#b91c1c"),

@@ -1,5 +1,8 @@
 """The app's only door to the knowledge base: cached, read-only queries from `ralph_ray.sql`.
 
+Everything a page shows comes from here; the app imports nothing else of the engine but `ralph_ray.kb` (the
+reader), `ralph_ray.sql` and `ralph_ray.control` (the Stop button).
+
 One snapshot per KB root (`snapshot.Snapshot`: the KB's own views over a compacted private copy of its
 Parquet parts, refreshed incrementally; never a file lock, never half a part), shared by every browser
 session; results cached for `TTL_S` seconds so a page's widgets and every open tab share one read.
@@ -16,7 +19,6 @@ import streamlit as st
 
 from ralph_ray import sql
 from ralph_ray.kb import PARQUET_DIR
-from ralph_ray.state import CampaignState
 from snapshot import Snapshot
 
 TTL_S = 2
@@ -53,20 +55,7 @@ def runs(kb_root: str) -> pd.DataFrame:
     return frame(kb_root, sql.APP_RUNS)
 
 
-@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
-def run_state(run_dir: str) -> dict[str, Any] | None:
-    """The run dir's state.json as the orchestrator last saved it; None if it is gone or unreadable."""
-    try:
-        state = CampaignState.load(Path(run_dir))
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    return {**state.__dict__, "phase": state.phase.value, "status": state.status.value}
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False, max_entries=64)
-def read_text(path: str) -> str | None:
-    """A run-dir file's text (analysis.md, ...), None when it is not there."""
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return None
+def cycle(kb_root: str, run_id: str, number: int) -> dict[str, Any]:
+    """A cycle's `cycles` row ({} before it is recorded); `cycle_dir` and `analysis` are absent in older KBs."""
+    found = frame(kb_root, sql.APP_CYCLE, (run_id, number))
+    return {k: (None if pd.isna(v) else v) for k, v in found.iloc[0].items()} if not found.empty else {}

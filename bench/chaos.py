@@ -38,6 +38,7 @@ os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rb", dir="/tmp"))
 
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from ralph_ray import sql  # noqa: E402
 from ralph_ray.campaign import run  # noqa: E402
 from ralph_ray.config import load_config  # noqa: E402
 from ralph_ray.kb import open_reader  # noqa: E402
@@ -158,14 +159,14 @@ def chaos_run(root: Path, p: float) -> dict[str, Any]:
 
     con = open_reader(out / "kb")
     run_id = f"chaos-p{p}"
-    rows = con.execute("select trial_id, status, epochs, reason from trials where run_id = ?", [run_id]).fetchall()
+    rows = con.execute(sql.BENCH_TRIAL_ENDS, [run_id]).fetchall()
     started = {a["trial_id"] for a in attempts}
     recorded = {r[0] for r in rows}
     # A trial ends as completed, stopped early by ASHA, or failed by its own trainer (a child that diverges):
     # all finished. Lost to the faults: a trial whose retries ran out (Tune's error: its actor or node died).
     lost = [r for r in rows if r[1] == "failed" and FAULT.search(r[3] or "")]
     finished = [r for r in rows if r not in lost]
-    epoch_rows = con.execute("select trial_id, epoch, metric, count(*) from epochs where run_id = ? group by all", [run_id]).fetchall()
+    epoch_rows = con.execute(sql.BENCH_EPOCH_ROWS, [run_id]).fetchall()
     # Reported epochs: every one below max_t, then the last (the trial driver holds the rest for the predictions).
     seen = {(t, e) for t, e, _, _ in epoch_rows}
     missing_epochs = sum(1 for trial_id, _, epochs, _ in rows for e in set(range(1, min(epochs, MAX_T - 1) + 1)) | {epochs}

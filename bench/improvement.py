@@ -17,6 +17,7 @@ from pathlib import Path
 
 from _common import RESULTS, config, rows, save
 
+from ralph_ray import sql
 from ralph_ray.campaign import run
 from ralph_ray.kb import open_reader
 
@@ -29,12 +30,12 @@ def campaign(root: Path, seed: int, extra: list[str]) -> dict[str, object]:
     outcome = run(config(root, f"improve{seed}", "safeguards.max_cycles=5", f"agent.seed={seed}", f"search.seed={seed}", *extra))
     minutes = (time.perf_counter() - start) / 60
     con = open_reader(outcome.kb_root)
-    board = rows(con, "select * from leaderboard where run_id = ? order by rank", [outcome.run_id])
+    board = rows(con, sql.BENCH_LEADERBOARD, [outcome.run_id])
     seed_row = next(r for r in board if r["status"] == "seed")
-    effects = rows(con, "select * from interventions where run_id = ?", [outcome.run_id])
+    effects = rows(con, sql.INTERVENTIONS_FOR_RUN, [outcome.run_id])
     return {
         "run_id": outcome.run_id, "stop_reason": outcome.stop_reason, "minutes": round(minutes, 2),
-        "cycles": con.execute("select max(cycle) from decisions where run_id = ?", [outcome.run_id]).fetchone()[0],
+        "cycles": con.execute(sql.BENCH_CYCLES_DECIDED, [outcome.run_id]).fetchone()[0],
         "best_variant": board[0]["variant_id"], "best_selection": board[0]["selection_score"], "best_test": board[0]["test_score"],
         "best_interventions": board[0]["interventions"],
         "seed_cycle1_selection": seed_row["selection_score"], "seed_cycle1_test": seed_row["test_score"],

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from _common import config, rows, save
 
+from ralph_ray import sql
 from ralph_ray.campaign import run
 from ralph_ray.kb import open_reader
 
@@ -30,8 +31,8 @@ def one(root: Path, name: str, overrides: list[str], seed: int) -> dict[str, flo
     """One budgeted campaign: best selection and minutes to TARGET (None if never)."""
     outcome = run(config(root, name, *FREE, f"agent.seed={seed}", f"search.seed={seed}", *overrides))
     con = open_reader(outcome.kb_root)
-    timeline = rows(con, "select selection_score, written_at from trials where run_id = ? order by written_at", [outcome.run_id])
-    started = con.execute("select min(started_at) from runs where run_id = ?", [outcome.run_id]).fetchone()[0]
+    timeline = rows(con, sql.TRIAL_TIMELINE, [outcome.run_id])
+    started = con.execute(sql.RUN_STARTED_AT, [outcome.run_id]).fetchone()[0]
     reached = next((t["written_at"] for t in timeline if (t["selection_score"] or 0) >= TARGET), None)
     return {"best": outcome.best_selection_score,
             "minutes_to_target": round((reached - started).total_seconds() / 60, 2) if reached else None}

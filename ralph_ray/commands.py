@@ -11,7 +11,8 @@ from rich.table import Table
 from ralph_ray import sql
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.kb import open_reader
-from ralph_ray.state import CampaignState, request_stop
+from ralph_ray.control import request_stop
+from ralph_ray.state import CampaignState
 
 COMMANDS = ("status", "stop", "report")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]

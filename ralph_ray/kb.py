@@ -162,13 +162,12 @@ class KnowledgeBase:
             return
         con = duckdb.connect()
         try:
-            path = str(db).replace("'", "''")
-            con.execute(f"attach '{path}' as kb (storage_version '{STORAGE_VERSION}')")
+            con.execute(sql.attach_kb_file(db, STORAGE_VERSION))
             for statement in statements:
                 con.execute(statement)
-            con.execute("create or replace table kb.kb_meta (fingerprint varchar)")
-            con.execute("insert into kb.kb_meta values (?)", [fingerprint])
-            con.execute("detach kb")
+            con.execute(sql.CREATE_KB_META)
+            con.execute(sql.INSERT_KB_META, [fingerprint])
+            con.execute(sql.DETACH_KB_FILE)
         finally:
             con.close()
 
@@ -181,9 +180,9 @@ def connect_views(parquet_root: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def open_reader(kb_root: Path) -> duckdb.DuckDBPyConnection:
-    """A reader over an existing KB root; a clear error when there is none yet."""
-    parquet = kb_root.resolve() / PARQUET_DIR
+def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
+    """A reader over an existing KB root (a path or a str); a clear error when there is none yet."""
+    parquet = Path(kb_root).resolve() / PARQUET_DIR
     if not (parquet / "trials" / "_schema.parquet").exists():
         raise FileNotFoundError(f"no knowledge base at {kb_root}: run a campaign first (python -m ralph_ray paths.kb={kb_root})")
     return connect_views(parquet)
@@ -195,7 +194,7 @@ def _stored_fingerprint(db: Path) -> str | None:
     except duckdb.Error:
         return None
     try:
-        row = con.execute("select fingerprint from kb_meta").fetchone()
+        row = con.execute(sql.KB_META_FINGERPRINT).fetchone()
         return row[0] if row else None
     except duckdb.Error:
         return None

@@ -1,7 +1,8 @@
-"""Every SQL statement of the project: the view definitions over Parquet, and the parameterised queries.
+"""Every SQL statement of the engine, the app and the benchmarks: the views over Parquet, the KB file's
+bookkeeping, and the parameterised queries.
 
-The engine, the app and the tests share these. Views are the only DDL; the file paths inside them are
-literals because DuckDB does not take parameters in DDL (`parquet_glob` quotes them).
+The engine, the app and the benchmarks share these (tests may state their own checks). DDL takes no parameters
+in DuckDB, so the file paths in views and in ATTACH are quoted literals (`parquet_glob`, `attach_kb_file`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,24 @@ EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_
 
 def parquet_glob(root: Path, table: str) -> str:
     """A quoted SQL string literal for one table's Parquet parts (absolute, so any cwd works)."""
-    path = str((root / table / "*.parquet").resolve()).replace("'", "''")
-    return f"'{path}'"
+    return _quoted(str((root / table / "*.parquet").resolve()))
+
+
+def _quoted(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+# The kb.duckdb file: views attached under the schema `kb`, and a fingerprint of them (rewritten only when stale).
+CREATE_KB_META = "create or replace table kb.kb_meta (fingerprint varchar)"
+INSERT_KB_META = "insert into kb.kb_meta values (?)"
+DETACH_KB_FILE = "detach kb"
+KB_META_FINGERPRINT = "select fingerprint from kb_meta"
+
+
+def attach_kb_file(db: Path, storage_version: str) -> str:
+    """ATTACH the kb.duckdb file as `kb`, written in a storage version older duckdb shells read."""
+    return f"attach {_quoted(str(db))} as kb (storage_version {_quoted(storage_version)})"
 
 
 def view_statements(parquet_root: Path, schema: str | None = None) -> list[str]:
@@ -200,6 +217,8 @@ from lineage l left join variants v on v.run_id = l.run_id and v.variant_id = l.
 where l.run_id = ? order by l.cycle, l.variant_id
 """
 APP_CURVES = "select * from curves where run_id = ? and list_contains(?, variant_id) order by trial_id, epoch"
+# A cycle's row: `select *` because a KB written before cycles had cycle_dir and analysis lacks those columns.
+APP_CYCLE = "select * from cycles where run_id = ? and cycle = ?"
 APP_EFFECTS = "select * from intervention_effects order by task, mean_delta desc nulls last, intervention"
 # How much evidence the effects table rests on.
 APP_EFFECTS_SCOPE = "select count(distinct run_id) as campaigns, count(distinct task) as tasks, count(*) as tried from interventions"
@@ -207,3 +226,12 @@ APP_EFFECTS_SCOPE = "select count(distinct run_id) as campaigns, count(distinct 
 # no progress bar on the server's terminal when the first read of a large KB takes seconds.
 APP_READ_PARTS = "select * from read_parquet(?, union_by_name = true, filename = '_part')"
 APP_READER_SETUP = "set enable_progress_bar = false"
+
+# ---------------------------------------------------------------------------------------------
+# benchmark queries (bench/*.py; read-only, parameterised with ?)
+
+BENCH_LEADERBOARD = "select * from leaderboard where run_id = ? order by rank"
+BENCH_CYCLES_DECIDED = "select max(cycle) from decisions where run_id = ?"
+# What each trial of a chaos run ended as, and how many rows each of its epochs' metrics has (1 unless doubled).
+BENCH_TRIAL_ENDS = "select trial_id, status, epochs, reason from trials where run_id = ?"
+BENCH_EPOCH_ROWS = "select trial_id, epoch, metric, count(*) from epochs where run_id = ? group by all"

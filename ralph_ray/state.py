@@ -8,9 +8,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ralph_ray.control import STOP_FILE, stop_requested  # noqa: F401 - re-exported for campaign and search
 from ralph_ray.kb import now
-
-STOP_FILE = "STOP"
 
 
 class Phase(str, enum.Enum):
@@ -68,15 +67,3 @@ class CampaignState:
         interrupted = data.get("interrupted")
         return cls(**{**data, "phase": Phase(data["phase"]), "status": RunStatus(data["status"]),
                       "interrupted": Phase(interrupted) if interrupted else None})
-
-
-def request_stop(run_dir: Path, why: str = "requested") -> Path:
-    """Ask a running campaign to stop cleanly at the next check (the CLI's and the app's stop)."""
-    path = run_dir / STOP_FILE
-    path.write_text(f"{now().isoformat()} {why}\n")
-    return path
-
-
-def stop_requested(run_dir: Path) -> bool:
-    """True once a STOP file exists in the run dir."""
-    return (run_dir / STOP_FILE).exists()

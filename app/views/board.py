@@ -8,9 +8,8 @@ import figures
 import kbdata
 import shell
 from ralph_ray import sql
-from ralph_ray.variants import VariantStatus
 
-STATUSES = [s.value for s in VariantStatus]
+STATUSES = list(figures.STATUS_STYLE)  # every variant status the KB records
 COLUMNS = {
     "rank": st.column_config.NumberColumn("rank", width="small"),
     "variant_id": st.column_config.TextColumn("variant"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 import streamlit as st
@@ -10,15 +11,27 @@ import figures
 import kbdata
 import shell
 from ralph_ray import sql
-from ralph_ray.variants import unified_diff
 
 
 @st.cache_data(ttl=60, show_spinner=False, max_entries=128)
 def diff_against(old_dir: str, new_dir: str) -> str | None:
-    """The unified diff of two variant folders (content-hashed, so immutable); None when either folder is gone."""
-    if not (Path(old_dir).is_dir() and Path(new_dir).is_dir()):
+    """The unified diff of two variant folders (`files_dir` in the KB: content-hashed, so immutable, and holding
+    the variant's files only); None when either folder is gone."""
+    old, new = Path(old_dir), Path(new_dir)
+    if not (old.is_dir() and new.is_dir()):
         return None
-    return unified_diff(Path(old_dir), Path(new_dir))
+    before, after = _texts(old), _texts(new)
+    chunks: list[str] = []
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) != after.get(name):
+            chunks.extend(difflib.unified_diff(before.get(name, []), after.get(name, []), f"a/{name}", f"b/{name}"))
+    return "".join(line if line.endswith("\n") else line + "\n" for line in chunks)
+
+
+def _texts(folder: Path) -> dict[str, list[str]]:
+    """Every file of a variant folder as lines, by relative path."""
+    return {str(p.relative_to(folder)): p.read_text(errors="replace").splitlines(keepends=True)
+            for p in folder.rglob("*") if p.is_file()}
 
 
 def parent_section(analysis: str, parent_id: str | None) -> str | None:
@@ -77,11 +90,12 @@ def body(run: shell.Campaign) -> None:
     st.markdown("**Agent's rationale**")
     st.markdown(picked.get("rationale") or "_none recorded_")
     cycle = picked.get("cycle")
-    path = Path(run.run_dir) / f"cycle_{int(cycle):04d}" / "analysis.md" if cycle is not None else None
-    analysis = kbdata.read_text(str(path)) if path else None
-    st.markdown(f"**Analysis** (`{path}`)" if path else "**Analysis**")
+    facts = kbdata.cycle(run.kb_root, run.run_id, int(cycle)) if cycle is not None else {}
+    analysis, cycle_dir = facts.get("analysis"), facts.get("cycle_dir")
+    st.markdown(f"**Analysis** (`{cycle_dir}/analysis.md`)" if cycle_dir else "**Analysis**")
     if analysis is None:
-        st.caption("No analysis file for this variant's cycle (cycle 1 is the seed's knob search; or the run dir is gone).")
+        st.caption("No analysis recorded for this variant's cycle (cycle 1 is the seed's knob search; "
+                   "or the campaign was recorded before the KB kept analyses).")
     else:
         section = parent_section(analysis, parent and parent["variant_id"])
         with st.container(border=True):

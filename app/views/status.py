@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 import figures
@@ -11,20 +12,23 @@ import access
 import kbdata
 import shell
 from ralph_ray import sql
-from ralph_ray.state import STOP_FILE, request_stop
+from ralph_ray.control import STOP_FILE, request_stop
 
 DECISION_COLUMNS = ["cycle", "decision", "reason", "rationale", "best_selection_score", "best_variant_id", "elapsed_s", "tokens", "cost", "exit_code"]
 
 
 def body(run: shell.Campaign) -> None:
-    state = kbdata.run_state(run.run_dir) or {}
     spent = figures.records(kbdata.frame(run.kb_root, sql.BUDGET_FOR_RUN, (run.run_id,)))
     spent = spent[0] if spent else {}
     decisions = kbdata.frame(run.kb_root, sql.DECISIONS_FOR_RUN, (run.run_id,))
     last = figures.records(decisions.tail(1))[0] if not decisions.empty else {}
-    cycle = state.get("cycle") or run.cycle or spent.get("cycles") or 0
-    phase = state.get("phase") or run.phase or ("done" if run.status == "finished" else "-")
-    elapsed = float(state.get("elapsed_s") or last.get("elapsed_s") or 0.0)
+    # Where the campaign is: its `runs` row, which the orchestrator rewrites at every phase.
+    cycle = run.cycle or spent.get("cycles") or 0
+    phase = run.phase or ("done" if run.status == "finished" else "-")
+    elapsed = float(last.get("elapsed_s") or 0.0)  # campaign time across resumes, as of the last decision
+    since = last.get("written_at") or run.started_at
+    if run.running and since is not None:  # plus the time since, which the next decision will count
+        elapsed += max(0.0, (pd.Timestamp.now(tz="UTC") - pd.Timestamp(since)).total_seconds())
 
     cols = st.columns(4)
     cols[0].metric("status", run.status)
@@ -47,8 +51,7 @@ def body(run: shell.Campaign) -> None:
         else:
             st.progress(item.share, text=f"**{item.name}**: {item.text()}")
     counts = kbdata.frame(run.kb_root, sql.TRIAL_STATUS_COUNTS, (run.run_id,))
-    st.caption("trials: " + (", ".join(f"{r['n']} {r['status']}" for r in figures.records(counts)) or "none finished yet")
-               + (f" · state.json saved {state['updated_at']}" if state.get("updated_at") else " · state.json not readable"))
+    st.caption("trials: " + (", ".join(f"{r['n']} {r['status']}" for r in figures.records(counts)) or "none finished yet"))
 
     st.subheader("Decisions")
     if decisions.empty:
@@ -58,9 +61,6 @@ def body(run: shell.Campaign) -> None:
                      column_config={"best_selection_score": st.column_config.NumberColumn("best", format="%.4f"),
                                     "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f"),
                                     "rationale": st.column_config.TextColumn("rationale", width="large")})
-    if state:
-        with st.expander("state.json"):
-            st.json(state)
 
 
 def stop_button(run: shell.Campaign) -> None:

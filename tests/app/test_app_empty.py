@@ -80,3 +80,10 @@ def test_budgets_compare_spending_with_the_safeguards():
     rows = {b.name: b for b in figures.budgets(config, {"tokens": 50, "cost": 0.0, "trial_hours": 0.5}, 150.0, 2)}
     assert rows["cycles"].share == 0.5 and rows["campaign time"].share == 1.0
     assert rows["agent tokens"].share is None and rows["agent tokens"].text() == "50 tokens (no limit)"
+
+
+def test_the_app_knows_every_variant_status():
+    # The board's status filter and the lineage styles list the statuses without importing the engine.
+    from ralph_ray.variants import VariantStatus
+
+    assert list(figures.STATUS_STYLE) == [s.value for s in VariantStatus]

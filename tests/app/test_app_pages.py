@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import streamlit as st
 from app_support import ENTRY, PAGES, Tiny, copy_run_dir, kb_with_run, open_page, texts, tiny_fixture  # noqa: F401 (the `tiny` fixture)
 
 from ralph_ray import sql
-from ralph_ray.kb import KnowledgeBase, open_reader
+from ralph_ray.kb import SCHEMAS as KB_SCHEMAS
+from ralph_ray.kb import KnowledgeBase, now, open_reader
 
 BOARD_COLUMNS = ["variant_id", "parent_id", "status", "selection_score", "test_score", "completed", "stopped_early", "failed", "rank"]
 
@@ -160,7 +162,8 @@ def test_a_running_campaign_shows_new_trials_on_the_next_refresh(tmp_path: Path)
     assert list(at.dataframe[0].value["variant_id"]) == ["v1"]
 
 
-def test_the_app_imports_neither_ray_nor_the_orchestrator(tiny: Tiny):
+def test_the_app_reaches_the_engine_only_through_the_kb_reader_and_control(tiny: Tiny):
+    # Every page, in a fresh interpreter: no Ray, and of the engine only the KB reader, its SQL and the stop control.
     script = textwrap.dedent(f"""
         import sys
         from streamlit.testing.v1 import AppTest
@@ -169,8 +172,56 @@ def test_the_app_imports_neither_ray_nor_the_orchestrator(tiny: Tiny):
             at.session_state["kb_root"] = {str(tiny.kb_root)!r}
             at.switch_page(page).run()
             assert not at.exception, (page, at.exception)
-        print(sorted(m for m in sys.modules if m == "ray" or m.startswith("ray.") or m == "ralph_ray.campaign"))
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("ray", "ralph_ray")))
     """)
     out = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    loaded = json.loads(out.stdout.strip().splitlines()[-1].replace("'", '"'))
+    assert set(loaded) <= {"ralph_ray", "ralph_ray.kb", "ralph_ray.sql", "ralph_ray.control"}, loaded
+
+
+def seed_and_child(tmp_path: Path, old_kb: bool) -> Path:
+    """A KB with a seed and one child (their folders on disk) and cycle 2's row; `old_kb`: cycles without
+    cycle_dir and analysis, as a KB written before they existed."""
+    kb_root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(kb_root)
+    for name, lr in (("seed", 0.1), ("kid", 0.2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.py").write_text(f"LR = {lr}  # learning rate\nEPOCHS = 3\n")
+    kb.put("variants", [
+        {"run_id": "r1", "variant_id": "seed", "parent_id": None, "cycle": 1, "status": "seed", "files_dir": str(tmp_path / "seed")},
+        {"run_id": "r1", "variant_id": "kid", "parent_id": "seed", "cycle": 2, "status": "kept", "files_dir": str(tmp_path / "kid"),
+         "interventions": '["raise_lr"]', "rationale": "it learns too slowly"},
+    ], "r1-variants")
+    kb.append("trials", [{"run_id": "r1", "cycle": c, "trial_id": f"t{c}", "variant_id": v, "status": "completed",
+                          "selection_score": score, "seconds": 1.0, "epochs": 3} for c, v, score in ((1, "seed", 0.9), (2, "kid", 0.95))], "r1-t")
+    cycle = {"run_id": "r1", "cycle": 2, "trials": 1, "best_selection_score": 0.95, "phase": "decide"}
+    if old_kb:
+        schema = pa.schema([f for f in KB_SCHEMAS["cycles"] if f.name not in ("cycle_dir", "analysis")])
+        pq.write_table(schema.empty_table(), kb.parquet / "cycles" / "_schema.parquet")
+        pq.write_table(pa.Table.from_pylist([cycle | {"written_at": now()}], schema), kb.parquet / "cycles" / "r1-2.parquet")
+    else:
+        kb.put("cycles", [cycle | {"cycle_dir": str(tmp_path / "runs" / "r1" / "cycle_0002"),
+                                   "analysis": "# Cycle 2\n\n## parent seed\n\nunderfitting: raise the LR\n"}], "r1-2")
+    return kb_root
+
+
+def test_diff_page_reads_the_analysis_from_the_kb_and_diffs_against_the_seed(tmp_path: Path):
+    at = open_page(seed_and_child(tmp_path, old_kb=False), "views/diff.py")
+    assert at.selectbox(key="diff_variant").value == "kid"
+    assert any("-LR = 0.1" in c.value and "+LR = 0.2" in c.value for c in at.code)
+    shown = texts(at)
+    assert "underfitting: raise the LR" in shown and "cycle_0002/analysis.md" in shown
+
+
+def test_diff_page_renders_a_kb_from_before_the_analysis_column(tmp_path: Path):
+    at = open_page(seed_and_child(tmp_path, old_kb=True), "views/diff.py")
+    assert any("+LR = 0.2" in c.value for c in at.code)
+    assert "No analysis recorded" in texts(at)
+
+
+def test_status_page_reads_where_a_running_campaign_is_from_the_kb(tmp_path: Path):
+    # No state.json anywhere: the runs row says the cycle and the phase.
+    at = open_page(kb_with_run(tmp_path, "running", cycle=2, phase="analyse"), "views/status.py")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["status"] == "running" and metrics["cycle"] == "2 / 3" and metrics["phase"] == "analyse"
