@@ -65,11 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     from ralph_ray.raycluster import ClusterError, ensure_ray
     from ralph_ray.tasks.base import DataError
 
+    from ralph_ray.sandbox import SandboxError, check
+
     try:
+        check(cfg.sandbox.policy())  # before Ray starts: no sandbox, no campaign (unless sandbox=none)
         if cfg.cluster.mode is ClusterMode.address:
             ensure_ray(cluster=cfg.cluster)  # an unreachable or refusing cluster stops here, before a run is recorded
         return int(run(cfg).exit_code)
-    except (DataError, CampaignError, AgentConfigError, ClusterError) as error:
+    except (DataError, CampaignError, AgentConfigError, ClusterError, SandboxError) as error:
         err.print("[red]error:[/] ", end="")
         err.print(str(error), markup=False, highlight=False)  # server messages may hold [brackets]
         return ExitCode.safeguard_or_config

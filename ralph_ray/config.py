@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.knobs import is_knob_name
+from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS
 
@@ -193,6 +194,22 @@ class TrialConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """How agent-written code runs (conf/sandbox/bwrap.yaml; `sandbox=none` is the explicit opt-out)."""
+
+    mode: SandboxMode = SandboxMode.bwrap  # bwrap: bubblewrap isolation; none: a plain subprocess (limits stay)
+    memory_mb: int = Policy.memory_mb  # per trial, smoke run or CLI agent: a cgroup where one can be made, else RLIMIT_AS
+    processes: int = Policy.processes  # processes + threads (cgroup pids.max; else RLIMIT_NPROC)
+    file_size_mb: int = Policy.file_size_mb  # largest file a run may write (RLIMIT_FSIZE)
+    output_mb: int = 50  # stdout + stderr of one run; past it the rest is dropped with a marker and the trial fails
+    network: bool = False  # trials reach no network unless this is on (CLI agents always have it: their API)
+
+    def policy(self, hidden: tuple[str, ...] = ()) -> Policy:
+        """The runtime policy, with paths that must stay hidden from the run (data.root, runs, kb)."""
+        return Policy(self.mode, self.memory_mb, self.processes, self.file_size_mb, self.network, hidden)
+
+
+@dataclass
 class PopulationConfig:
     """How each cycle branches: parents x children, and the knob samples each child gets."""
 
@@ -269,6 +286,7 @@ class Config:
     target: TargetConfig = field(default_factory=TargetConfig)
     population: PopulationConfig = field(default_factory=PopulationConfig)
     trial: TrialConfig = field(default_factory=TrialConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
@@ -392,6 +410,8 @@ def validate(cfg: Config) -> None:
     if cfg.resources.ray_num_cpus is not None:
         _positive("resources.ray_num_cpus", cfg.resources.ray_num_cpus)
     _check_cluster(cfg)
+    for key in ("memory_mb", "processes", "file_size_mb", "output_mb"):
+        _positive(f"sandbox.{key}", getattr(cfg.sandbox, key))
     data_root = TASKS[cfg.task.name].data_root
     if data_root is not None and not cfg.data.root:
         raise ConfigError("data.root", f"{cfg.task.name} needs a data root",
@@ -475,6 +495,12 @@ def _check_space(name: str, space: KnobSpace) -> None:
         raise ConfigError(f"{key}.low", f"low={space.low} must be below high={space.high}", "swap or widen the range")
     if space.type is SpaceKind.loguniform and space.low <= 0:
         raise ConfigError(f"{key}.low", "a loguniform range must be positive", "use a low above 0")
+
+
+def sandbox_policy(cfg: Config) -> Policy:
+    """The sandbox policy of a campaign's runs: its config, with the campaign's own folders and raw data hidden."""
+    local = [cfg.data.root, cfg.paths.runs, cfg.paths.kb, cfg.paths.storage]
+    return cfg.sandbox.policy(tuple(str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p))
 
 
 def _positive(key: str, value: float) -> None:

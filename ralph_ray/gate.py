@@ -4,6 +4,7 @@ harness calls and the searched knobs, and survives a smoke run on a sliver of th
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import numpy as np
 from ralph_ray.knobs import parse, read_knobs
 from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.runner import Limits, Status, Trainer, run
+from ralph_ray.sandbox import Policy
 from ralph_ray.variants import MUTABLE, is_mutable, variant_files
 from ralph_ray.workdir import prepare_workdir
 
@@ -21,6 +23,9 @@ REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictio
 SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
 SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
 SMOKE_OUTPUT_BYTES = 10 * 1024 * 1024  # stdout and stderr of a smoke run
+PACKAGE = "ralph_ray"
+ABSOLUTE_PATH = re.compile(r"^(~|/[\w.-])[\w./~-]*$")  # "/etc/passwd", "~/data": not "/", not "a/b", not "x / y"
+PARENT_DIR = re.compile(r"(^|[/\\])\.\.([/\\]|$)")  # "../kb", "a/../../b"
 
 
 class GateError(ValueError):
@@ -35,11 +40,14 @@ class Gate:
     searched_knobs: tuple[str, ...]
     timeout_s: float
     entry: str = "train.py"
+    sandbox: Policy = Policy()  # the smoke run runs in the same sandbox as the trials
+    output_bytes: int = SMOKE_OUTPUT_BYTES
 
     def check(self, child: Path, parent: Path) -> None:
         """Raise GateError naming the first problem; return quietly when the child may run."""
         check_frozen_files(child, parent)
         sources = check_parses(child)
+        check_reach(sources)
         check_required_calls(sources.get(self.entry, ""), self.entry)
         check_knobs(sources[self.entry], self.searched_knobs)
         self.smoke(child)
@@ -50,7 +58,8 @@ class Gate:
         try:
             knobs = {k: v for k, v in SMOKE_KNOBS.items() if k in read_knobs((child / self.entry).read_text())}
             prepare_workdir(child, work, knobs, entry=self.entry)
-            outcome = run(Trainer(work, self.smoke_data, self.entry), Limits(self.timeout_s, SMOKE_OUTPUT_BYTES))
+            limits = Limits(self.timeout_s, self.output_bytes, sandbox=self.sandbox)
+            outcome = run(Trainer(work, self.smoke_data, self.entry), limits)
             if outcome.status is not Status.finished:
                 raise GateError(f"smoke run failed: {outcome.reason}")
             check_smoke_predictions(work / "predictions.npz", self.smoke_data)
@@ -100,6 +109,45 @@ def check_parses(child: Path) -> dict[str, str]:
             raise GateError(f"{name} does not parse: {err.msg} at line {err.lineno}") from None
         sources[name] = source
     return sources
+
+
+def check_reach(sources: dict[str, str]) -> None:
+    """A fast first line beside the sandbox: no engine module but the harness, no path outside the work dir."""
+    for name, source in sources.items():
+        tree = parse(source, filename=name)
+        for node, what in _reaches(tree):
+            raise GateError(f"{name} line {node.lineno}: {what}")
+
+
+def _reaches(tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    """Engine imports other than ralph_ray.harness, and string literals naming absolute paths or '..'."""
+    found: list[tuple[ast.AST, str]] = []
+    engine = "imports {}: of the engine a trainer may import only ralph_ray.harness (its data, reports and predictions)"
+    path = ("names the path {!r}: a trainer reads and writes only in its work dir (relative paths) and reads its data "
+            "through harness.load_data()")
+    skip = {id(node.body[0].value) for node in ast.walk(tree)  # docstrings
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node, engine.format(a.name)) for a in node.names if _is_engine(a.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == PACKAGE:
+                found += [(node, engine.format(f"{PACKAGE}.{a.name}")) for a in node.names if a.name != "harness"]
+            elif _is_engine(node.module):
+                found.append((node, engine.format(node.module)))
+        elif isinstance(node, ast.JoinedStr):
+            skip.update(id(part) for part in node.values[1:])  # only an f-string's start can make it absolute
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            if _is_engine(node.value):
+                found.append((node, engine.format(node.value)))
+            elif ABSOLUTE_PATH.match(node.value) or PARENT_DIR.search(node.value):
+                found.append((node, path.format(node.value)))
+    return sorted(found, key=lambda item: getattr(item[0], "lineno", 0))
+
+
+def _is_engine(module: str) -> bool:
+    return (module == PACKAGE or module.startswith(f"{PACKAGE}.")) and module != f"{PACKAGE}.harness"
 
 
 def check_required_calls(source: str, entry: str) -> None:

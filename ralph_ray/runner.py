@@ -1,9 +1,12 @@
 """The trial runner, free of Ray: start a trainer in its work dir, tail its reports, enforce its limits, return how it ended.
 
 A trainer is `train.py` in a work dir that already holds its code and knobs (see `workdir`). The runner starts
-it as a subprocess in its own process group with secrets stripped from its environment, hands each epoch's
-JSON-lines report to a callback, fails fast on NaN/inf, a timeout or too much output, and always kills the
-whole process group before it returns. Tune's trainable (`trials`) and the gate's smoke run both call `run`.
+it inside the sandbox (`sandbox`: its work dir, the public data and the harness, nothing else; memory, process
+and file-size limits) in its own process group with secrets stripped from its environment, hands each epoch's
+JSON-lines report to a callback, fails fast on NaN/inf, a timeout or too much output (stdout and stderr are
+capped; the rest is dropped with a marker), names the breach behind a failure, and always kills the whole
+process group (and whatever is left in its cgroups) before it returns. Tune's trainable (`trials`) and the
+gate's smoke run both call `run`.
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import IO, Any, Callable, Mapping
 
 from ralph_ray import harness
+from ralph_ray.sandbox import Breach, Jail, Policy, View, classify
 from ralph_ray.secretenv import public_env
 
 POLL_S = 0.05
 OUTPUT_LIMIT_BYTES = 50 * 1024 * 1024  # a trial's stdout and stderr together
+OUTPUT_MARKER = "\n[ralph_ray: output past the limit of {limit} bytes (stdout and stderr together) was dropped]\n"
 CHECKPOINT_DIR = "checkpoint"  # in the work dir: RALPH_CHECKPOINT_DIR of the trainer
 METRICS_FILE = "metrics.jsonl"
 PREDICTIONS_FILE = "predictions.npz"
@@ -49,16 +55,17 @@ class Status(str, enum.Enum):
 
     finished = "finished"  # exited 0 after reporting at least one epoch
     stopped = "stopped"  # the caller asked it to stop (ASHA, a stop rule)
-    failed = "failed"  # crash, NaN/inf, timeout, output limit, bad report
+    failed = "failed"  # crash, NaN/inf, a breach of the sandbox's limits (timeout, output, memory...), bad report
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one trainer may spend."""
+    """What one trainer may spend and reach."""
 
     timeout_s: float
     output_bytes: int = OUTPUT_LIMIT_BYTES
     threads: int = 1  # OMP/MKL threads
+    sandbox: Policy = Policy()  # isolation, memory, processes, file size, network
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,8 @@ class Outcome:
     """How a run ended: its status, the reason of a failure, its last report and the epochs held back."""
 
     status: Status
-    reason: str | None = None
+    reason: str | None = None  # a breach's reason starts with the breach's name ("memory: ...")
+    breach: Breach | None = None
     last: Record | None = None
     held: list[Record] = field(default_factory=list)  # held-back epochs before the last one (see `run`)
     predictions: Path | None = None  # the trainer's predictions file, when it wrote one
@@ -92,15 +100,28 @@ def run(trainer: Trainer, limits: Limits, on_epoch: Callable[[Record], None] = l
     Held reports come back in the outcome instead (the last one as `last`, the earlier ones as `held`): ASHA's
     last rung would otherwise stop a fully trained trial between its last epoch and its predictions.
     """
-    proc = start(trainer, limits)
+    running = start(trainer, limits)
     try:
-        return tail(proc, trainer, limits, on_epoch, hold_from_epoch, should_stop)
+        return tail(running, trainer, limits, on_epoch, hold_from_epoch, should_stop)
     finally:
-        kill_group(proc)
+        running.stop()
 
 
-def start(trainer: Trainer, limits: Limits) -> subprocess.Popen[bytes]:
-    """Start the trainer in its own process group, with its threads capped, its output to files, and no secrets."""
+class Running:
+    """A started trainer: its process, its sandbox and its capped output."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], jail: Jail, output: CappedOutput) -> None:
+        self.proc, self.jail, self.output = proc, jail, output
+
+    def stop(self) -> None:
+        """Kill the process group and whatever is left in the sandbox's cgroups; flush the logs."""
+        kill_group(self.proc)
+        self.jail.close()
+        self.output.join()
+
+
+def start(trainer: Trainer, limits: Limits) -> Running:
+    """Start the trainer in its sandbox and own process group, threads capped, output capped to files, no secrets."""
     work = trainer.work
     threads = str(max(1, limits.threads))
     env = {
@@ -117,23 +138,33 @@ def start(trainer: Trainer, limits: Limits) -> subprocess.Popen[bytes]:
     if trainer.checkpoint_every_s is not None:
         env[harness.ENV_CHECKPOINT_DIR] = str(work / CHECKPOINT_DIR)
         env[harness.ENV_CHECKPOINT_EVERY_S] = str(trainer.checkpoint_every_s)
-    with (work / "stdout.log").open("wb") as out, (work / "stderr.log").open("wb") as err:
-        return subprocess.Popen(
-            [sys.executable, trainer.entry],
+    jail = Jail(limits.sandbox, View(writable=(work,), readable=(trainer.data_dir,)))
+
+    def enter() -> None:  # in the child, before exec
+        _die_with_parent()
+        jail.enter()
+
+    try:
+        proc = subprocess.Popen(
+            jail.command([sys.executable, trainer.entry], cwd=work),
             cwd=work,
-            env=env,
-            stdout=out,
-            stderr=err,
+            env=jail.env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # own process group: one killpg reaches every child
-            preexec_fn=_die_with_parent,
+            preexec_fn=enter,
         )
+    except BaseException:
+        jail.close()
+        raise
+    return Running(proc, jail, CappedOutput(proc, work, limits.output_bytes))
 
 
-def tail(proc: subprocess.Popen[bytes], trainer: Trainer, limits: Limits, on_epoch: Callable[[Record], None],
+def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[[Record], None],
          hold_from_epoch: int | None = None, should_stop: Callable[[], bool] = lambda: False) -> Outcome:
     """Follow a started trainer until it exits, fails a limit, or `should_stop` says so."""
-    work = trainer.work
+    work, proc = trainer.work, running.proc
     reports = JsonLinesTail(work / METRICS_FILE)
     deadline = time.monotonic() + limits.timeout_s
     last: Record | None = None
@@ -153,19 +184,80 @@ def tail(proc: subprocess.Popen[bytes], trainer: Trainer, limits: Limits, on_epo
             if should_stop():
                 return Outcome(Status.stopped, last=last)
             if time.monotonic() > deadline:
-                raise TrialFailed(f"timeout: train.py ran past safeguards.trial_timeout_s={limits.timeout_s:g}s")
-            if _output_bytes(work) > limits.output_bytes:
-                raise TrialFailed(f"output limit: train.py wrote more than {limits.output_bytes} bytes to stdout/stderr")
+                raise Breached(Breach.timeout, f"train.py ran past safeguards.trial_timeout_s={limits.timeout_s:g}s")
+            if running.output.exceeded:
+                raise Breached(Breach.output, f"train.py wrote more than {limits.output_bytes} bytes to stdout/stderr "
+                                              "(sandbox.output_mb; the rest was dropped)")
             time.sleep(POLL_S)
         if proc.returncode != 0:
-            raise TrialFailed(f"train.py exited with code {proc.returncode}: {_last_error_line(work)}")
+            running.output.join()
+            breach = classify(proc.returncode, _stderr_tail(work), running.jail, work)
+            said = f"train.py exited with code {proc.returncode}: {_last_error_line(work)}"
+            if breach is None:
+                raise TrialFailed(said)
+            raise Breached(breach, f"{_BREACH_TEXT[breach].format(policy=limits.sandbox)}; {said}")
         if last is None:
             raise TrialFailed("train.py exited without reporting an epoch: call harness.report(epoch=..., ...) each epoch")
+    except Breached as err:
+        return Outcome(Status.failed, str(err), last=last, breach=err.breach)
     except TrialFailed as err:
         return Outcome(Status.failed, str(err), last=last)
     predictions = work / PREDICTIONS_FILE
     return Outcome(Status.finished, last=last, held=held[:-1] if len(held) > 1 else [],
                    predictions=predictions if predictions.exists() else None)
+
+
+class Breached(TrialFailed):
+    """A failure that is a breach of the sandbox or its limits; the reason starts with the breach's name."""
+
+    def __init__(self, breach: Breach, detail: str) -> None:
+        super().__init__(f"{breach.value}: {detail}")
+        self.breach = breach
+
+
+_BREACH_TEXT = {
+    Breach.memory: "train.py reached the memory limit (sandbox.memory_mb={policy.memory_mb})",
+    Breach.processes: "train.py reached the process limit (sandbox.processes={policy.processes})",
+    Breach.output: "train.py wrote a file larger than sandbox.file_size_mb={policy.file_size_mb}",
+    Breach.network: "train.py tried to reach the network (sandbox.network is off)",
+    Breach.forbidden_path: "train.py reached for a path outside its work dir, the public data and the harness",
+    Breach.timeout: "train.py ran out of time",
+}
+
+
+class CappedOutput:
+    """Copies the trainer's stdout and stderr to files, together at most `limit` bytes; the rest is dropped with a marker."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], work: Path, limit: int) -> None:
+        self.limit, self.written, self.exceeded = limit, 0, False
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._copy, args=(stream, work / name), daemon=True)
+                         for stream, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))]
+        for thread in self._threads:
+            thread.start()
+
+    def _copy(self, stream: IO[bytes] | None, path: Path) -> None:
+        if stream is None:
+            return
+        with stream, path.open("wb") as out:
+            while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+                with self._lock:
+                    room = self.limit - self.written
+                    keep = chunk[: max(0, room)]
+                    self.written += len(keep)
+                    dropping = len(keep) < len(chunk) and not self.exceeded
+                    self.exceeded = self.exceeded or len(keep) < len(chunk)
+                if keep:
+                    out.write(keep)
+                    out.flush()
+                if dropping:
+                    out.write(OUTPUT_MARKER.format(limit=self.limit).encode())
+                    out.flush()
+
+    def join(self, timeout: float = 2.0) -> None:
+        """Wait (briefly: a leftover child may hold the pipes) until both streams are copied."""
+        for thread in self._threads:
+            thread.join(timeout)
 
 
 class JsonLinesTail:
@@ -227,10 +319,15 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-def _output_bytes(work: Path) -> int:
-    return sum((work / name).stat().st_size for name in ("stdout.log", "stderr.log") if (work / name).exists())
+def _stderr_tail(work: Path, size: int = 4096) -> str:
+    path = work / "stderr.log"
+    if not path.exists():
+        return ""
+    with path.open("rb") as handle:
+        handle.seek(max(0, path.stat().st_size - size))
+        return handle.read().decode(errors="replace")
 
 
 def _last_error_line(work: Path) -> str:
-    lines = [line for line in (work / "stderr.log").read_text(errors="replace").splitlines() if line.strip()]
+    lines = [line for line in _stderr_tail(work).splitlines() if line.strip() and not line.startswith("[ralph_ray:")]
     return lines[-1].strip()[:500] if lines else "no stderr"

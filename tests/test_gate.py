@@ -66,3 +66,18 @@ def test_a_symlink_out_of_the_variant_is_refused(gate: Gate, tmp_path: Path):
     (child / "labels.py").symlink_to("/etc/hostname")
     with pytest.raises(GateError, match="symlink"):
         gate.check(child, parent)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("from ralph_ray.tasks.digits import prepare\n", "imports ralph_ray.tasks.digits"),
+    ("import ralph_ray.kb\n", "imports ralph_ray.kb"),
+    ("from ralph_ray import harness, scoring\n", "imports ralph_ray.scoring"),
+    ("LABELS = __import__('importlib').import_module('ralph_ray.tasks')\n", "imports ralph_ray.tasks"),
+    ("KB = open('/work/main/kb/kb.duckdb', 'rb')\n", "names the path '/work/main/kb/kb.duckdb'"),
+    ("RUNS = '../../../runs'\n", "names the path '../../../runs'"),
+])
+def test_reaching_past_the_work_dir_is_refused_before_the_smoke_run(gate: Gate, tmp_path: Path, line: str, message: str):
+    # The AST check is the fast first line beside the sandbox: the child never starts.
+    child, parent = child_of_seed(tmp_path, lambda s: s.replace("def main() -> None:", line + "\n\ndef main() -> None:"))
+    with pytest.raises(GateError, match=f"train.py line \\d+: {message}"):
+        gate.check(child, parent)

@@ -1,4 +1,7 @@
-"""The Ray-free trial runner with real subprocesses: reports, predictions, NaN, timeout, output flood, crashes."""
+"""The Ray-free trial runner with real subprocesses: reports, predictions, NaN, timeout, output flood, crashes.
+
+The runner's own logic runs here without bubblewrap (host pids stay visible to the test); tests/test_sandbox.py
+runs hostile trainers inside it."""
 
 from __future__ import annotations
 
@@ -14,8 +17,10 @@ import pytest
 
 from conftest import pid_alive
 from ralph_ray.runner import JsonLinesTail, Limits, Status, Trainer, TrialFailed, run
+from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.workdir import prepare_workdir
 
+PLAIN = Policy(SandboxMode.none)  # the limits (cgroups, rlimits) without the isolation
 HEADER = "import os, sys, time, json, subprocess\nimport numpy as np\nfrom ralph_ray import harness\nSLEEP = 0.0  # seconds\n"
 
 
@@ -47,7 +52,7 @@ def test_two_epochs_and_predictions(tmp_path: Path):
         harness.save_predictions(selection=np.array([1, 2]), test=np.array([3]))
     """)
     seen: list[dict] = []
-    outcome = run(job, Limits(timeout_s=30), seen.append)
+    outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30), seen.append)
     assert outcome.status is Status.finished and outcome.reason is None
     assert [r["epoch"] for r in seen] == [1, 2]
     assert metrics(outcome.last) == {"epoch": 2, "val_acc": 0.2, "train_loss": 0.5}
@@ -57,14 +62,14 @@ def test_two_epochs_and_predictions(tmp_path: Path):
 
 
 def test_no_predictions_is_left_to_the_caller(tmp_path: Path):
-    outcome = run(trainer(tmp_path, "harness.report(epoch=1, val_acc=0.5)\n"), Limits(timeout_s=30))
+    outcome = run(trainer(tmp_path, "harness.report(epoch=1, val_acc=0.5)\n"), Limits(sandbox=PLAIN, timeout_s=30))
     assert outcome.status is Status.finished and outcome.predictions is None
 
 
 def test_knobs_are_rewritten_in_the_trial_copy(tmp_path: Path):
     job = trainer(tmp_path, "harness.report(epoch=1, slept=SLEEP)\n", knobs={"SLEEP": 0.25})
     seen: list[dict] = []
-    run(job, Limits(timeout_s=30), seen.append)
+    run(job, Limits(sandbox=PLAIN, timeout_s=30), seen.append)
     assert "SLEEP = 0.25  # seconds" in (job.work / "train.py").read_text()
     assert json.loads((job.work / "knobs.json").read_text()) == {"SLEEP": 0.25}
     assert seen[0]["slept"] == 0.25
@@ -77,7 +82,7 @@ def test_nan_fails_fast(tmp_path: Path):
         time.sleep(60)
     """)
     start = time.monotonic()
-    outcome = run(job, Limits(timeout_s=30))
+    outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30))
     assert outcome.status is Status.failed and "non-finite val_loss" in (outcome.reason or "")
     assert time.monotonic() - start < 30
 
@@ -89,7 +94,7 @@ def test_timeout_fails_and_leaves_no_child(tmp_path: Path):
         harness.report(epoch=1, val_acc=0.1)
         time.sleep(120)
     """)
-    outcome = run(job, Limits(timeout_s=3))
+    outcome = run(job, Limits(sandbox=PLAIN, timeout_s=3))
     assert outcome.status is Status.failed and (outcome.reason or "").startswith("timeout")
     assert metrics(outcome.last) == {"epoch": 1, "val_acc": 0.1}
     child = int((job.work / "child.pid").read_text())
@@ -105,18 +110,18 @@ def test_output_flood_is_stopped(tmp_path: Path):
             print("x" * 1024, flush=True)
         time.sleep(60)
     """)
-    outcome = run(job, Limits(timeout_s=30, output_bytes=1 << 20))
-    assert outcome.status is Status.failed and "output limit" in (outcome.reason or "")
+    outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30, output_bytes=1 << 20))
+    assert outcome.status is Status.failed and (outcome.reason or "").startswith("output:")
 
 
 def test_crash_reports_the_last_stderr_line(tmp_path: Path):
-    outcome = run(trainer(tmp_path, "raise ValueError('broken model')\n"), Limits(timeout_s=30))
+    outcome = run(trainer(tmp_path, "raise ValueError('broken model')\n"), Limits(sandbox=PLAIN, timeout_s=30))
     assert outcome.status is Status.failed
     assert "exited with code 1: ValueError: broken model" in (outcome.reason or "")
 
 
 def test_no_epoch_reported_is_a_failure(tmp_path: Path):
-    outcome = run(trainer(tmp_path, "print('trained silently')\n"), Limits(timeout_s=30))
+    outcome = run(trainer(tmp_path, "print('trained silently')\n"), Limits(sandbox=PLAIN, timeout_s=30))
     assert outcome.status is Status.failed and "without reporting an epoch" in (outcome.reason or "")
 
 
@@ -127,7 +132,7 @@ def test_a_stop_request_ends_the_run(tmp_path: Path):
     """)
     seen: list[dict] = []
     start = time.monotonic()
-    outcome = run(job, Limits(timeout_s=60), seen.append, should_stop=lambda: bool(seen))
+    outcome = run(job, Limits(sandbox=PLAIN, timeout_s=60), seen.append, should_stop=lambda: bool(seen))
     assert outcome.status is Status.stopped and time.monotonic() - start < 30
 
 
@@ -138,7 +143,7 @@ def test_reports_from_the_last_rung_are_held_for_the_predictions(tmp_path: Path)
             harness.report(epoch=e, val_acc=e / 10)
     """)
     seen: list[dict] = []
-    outcome = run(job, Limits(timeout_s=30), seen.append, hold_from_epoch=3)
+    outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30), seen.append, hold_from_epoch=3)
     assert [r["epoch"] for r in seen] == [1, 2]
     assert [metrics(r) for r in outcome.held] == [{"epoch": 3, "val_acc": 0.3}]  # the earlier held epochs ride along with the last
     assert metrics(outcome.last) == {"epoch": 4, "val_acc": 0.4}

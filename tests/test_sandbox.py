@@ -1,0 +1,214 @@
+"""The sandbox against a corpus of hostile trainers (tests/hostile/): each breach contained, named, and no process left.
+
+Every trainer runs through the real runner inside bubblewrap with small limits (512 MiB, 64 processes, 1 MiB of
+output, a few seconds) on the real digits public data. The tests skip only where bubblewrap cannot run here.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray import sandbox as sb
+from ralph_ray.runner import Limits, Status, Trainer, run
+from ralph_ray.sandbox import Breach, Jail, Policy, SandboxError, SandboxMode, View
+from ralph_ray.tasks.base import write_public
+from ralph_ray.tasks.digits import prepare
+from ralph_ray.workdir import write_variant
+
+HOSTILE = Path(__file__).parent / "hostile"
+missing = sb.available()
+needs_bwrap = pytest.mark.skipif(missing is not None, reason=f"bubblewrap cannot run here: {missing}")
+POLICY = Policy(SandboxMode.bwrap, memory_mb=512, processes=64, file_size_mb=64)
+
+
+@pytest.fixture(scope="module")
+def public(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("public")
+    write_public(prepare(0, 0.2, 0.2), folder, "digits")
+    return folder
+
+
+def hostile_run(tmp_path: Path, public: Path, name: str, policy: Policy = POLICY, timeout_s: float = 60, **fill: object):
+    """Run tests/hostile/<name>.py as a trial's train.py; returns (outcome, work dir)."""
+    source = (HOSTILE / f"{name}.py").read_text()
+    for key, value in fill.items():
+        source = source.replace("{" + key.upper() + "}", str(value))
+    work = tmp_path / "trials" / name
+    write_variant({"train.py": source.encode()}, work)
+    outcome = run(Trainer(work, public), Limits(timeout_s, output_bytes=1 << 20, sandbox=policy))
+    assert not survivors(work), f"processes of {name} outlived its run: {survivors(work)}"
+    return outcome, work
+
+
+def survivors(work: Path) -> list[int]:
+    """Processes (anywhere on the machine) whose environment names this work dir."""
+    marker = f"={work}/".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def assert_breach(outcome, breach: Breach) -> None:
+    assert outcome.status is Status.failed, outcome
+    assert outcome.breach is breach, outcome.reason
+    assert (outcome.reason or "").startswith(f"{breach.value}: "), outcome.reason
+
+
+@needs_bwrap
+def test_endless_loop_times_out(tmp_path: Path, public: Path):
+    outcome, _ = hostile_run(tmp_path, public, "endless_loop", timeout_s=5)
+    assert_breach(outcome, Breach.timeout)
+
+
+@needs_bwrap
+def test_memory_bomb_is_stopped_at_the_limit(tmp_path: Path, public: Path):
+    outcome, work = hostile_run(tmp_path, public, "memory_bomb")
+    assert_breach(outcome, Breach.memory)
+    assert "unhindered" not in (work / "stdout.log").read_text()
+
+
+@needs_bwrap
+def test_memory_bomb_without_a_cgroup_meets_the_rlimit(tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch):
+    # Where no cgroup can be made (cgroup v2 without delegation, a container), RLIMIT_AS holds memory instead.
+    monkeypatch.setattr(sb, "_make_cgroup", lambda *args: None)
+    outcome, work = hostile_run(tmp_path, public, "memory_bomb", policy=Policy(SandboxMode.bwrap, memory_mb=1024))
+    assert_breach(outcome, Breach.memory)
+    assert "unhindered" not in (work / "stdout.log").read_text()
+
+
+@needs_bwrap
+def test_fork_bomb_is_refused_at_the_process_limit(tmp_path: Path, public: Path):
+    outcome, work = hostile_run(tmp_path, public, "fork_bomb")
+    assert_breach(outcome, Breach.processes)
+    assert "unhindered" not in (work / "stdout.log").read_text()
+
+
+@needs_bwrap
+def test_output_flood_is_capped_with_a_marker(tmp_path: Path, public: Path):
+    outcome, work = hostile_run(tmp_path, public, "output_flood")
+    assert_breach(outcome, Breach.output)
+    log = (work / "stdout.log").read_bytes()
+    assert len(log) < (1 << 20) + 1024 and log.rstrip().endswith(b"was dropped]")
+
+
+@needs_bwrap
+def test_labels_through_the_engine_are_unreachable(tmp_path: Path, public: Path):
+    outcome, work = hostile_run(tmp_path, public, "labels_engine")
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "No module named 'ralph_ray.tasks'" in outcome.reason
+    assert not (work / "predictions.npz").exists()
+
+
+@needs_bwrap
+def test_the_raw_dataset_is_unreachable(tmp_path: Path, public: Path):
+    outcome, work = hostile_run(tmp_path, public, "labels_raw")
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "digits" in outcome.reason and not (work / "predictions.npz").exists()
+
+
+@needs_bwrap
+def test_the_knowledge_base_is_unreachable(tmp_path: Path, public: Path):
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    (kb / "leaderboard.parquet").write_text("every variant's test score")
+    outcome, work = hostile_run(tmp_path, public, "labels_kb", target=kb)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "leaderboard" not in (work / "stdout.log").read_text()
+
+
+def site_packages() -> Path:
+    return Path(next(p for p in sys.path if p.endswith("site-packages")))
+
+
+@needs_bwrap
+@pytest.mark.parametrize("where", ["run dir", "kb", "project", "site-packages"])
+def test_writing_outside_the_work_dir_is_refused(tmp_path: Path, public: Path, where: str):
+    folder = {"run dir": tmp_path / "runs" / "r1", "kb": tmp_path / "kb", "project": PROJECT_ROOT,
+              "site-packages": site_packages()}[where]
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"planted-{tmp_path.name}.txt"
+    outcome, _ = hostile_run(tmp_path, public, "write_outside", target=target)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert not target.exists()
+
+
+@needs_bwrap
+def test_no_network_not_even_loopback(tmp_path: Path, public: Path):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.5)
+        outcome, _ = hostile_run(tmp_path, public, "network", port=server.getsockname()[1])
+        assert_breach(outcome, Breach.network)
+        with pytest.raises(socket.timeout):
+            server.accept()  # nobody came
+
+
+@needs_bwrap
+def test_nan_and_exit_codes_fail_without_a_breach(tmp_path: Path, public: Path):
+    outcome, _ = hostile_run(tmp_path, public, "nan")
+    assert outcome.status is Status.failed and outcome.breach is None and "non-finite val_loss" in outcome.reason
+    outcome, _ = hostile_run(tmp_path, public, "exit_code")
+    assert outcome.status is Status.failed and outcome.breach is None
+    assert "exited with code 1: giving up" in outcome.reason
+
+
+@needs_bwrap
+def test_a_trial_sees_its_work_dir_the_data_and_the_harness_only(tmp_path: Path, public: Path):
+    probe = f"""
+import json, os, sys
+import ralph_ray
+from ralph_ray import harness
+seen = {{"engine": list(ralph_ray.__path__), "data": sorted(os.listdir(harness.data_dir())), "tmp": os.listdir("/tmp"),
+        "project": os.path.exists({str(PROJECT_ROOT / "ralph_ray")!r}), "home": os.path.exists({str(Path.home() / ".ray")!r})}}
+json.dump(seen, open("seen.json", "w"))
+harness.report(epoch=1, val_acc=0.1)
+"""
+    work = tmp_path / "probe"
+    write_variant({"train.py": probe.encode()}, work)
+    outcome = run(Trainer(work, public), Limits(60, sandbox=POLICY))
+    assert outcome.status is Status.finished, outcome.reason
+    seen = json.loads((work / "seen.json").read_text())
+    assert seen["engine"] == [str(sb.LIB_INSIDE / "ralph_ray")]
+    # /tmp is private: empty but for the mount points of the work dir and the data when they live under /tmp.
+    expected_tmp = {p.resolve().relative_to("/tmp").parts[0] for p in (work, public) if p.resolve().is_relative_to("/tmp")}
+    assert seen["data"] == sorted(p.name for p in public.iterdir()) and set(seen["tmp"]) == expected_tmp
+    assert not seen["project"] and not seen["home"]
+
+
+def test_a_missing_bwrap_names_the_fix(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sb._bwrap_problem.cache_clear()
+    try:
+        with pytest.raises(SandboxError, match="apt-get install bubblewrap.*sandbox=none"):
+            sb.check(Policy(SandboxMode.bwrap))
+        sb.check(Policy(SandboxMode.none))  # the explicit opt-out needs nothing
+    finally:
+        monkeypatch.undo()
+        sb._bwrap_problem.cache_clear()
+
+
+def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path):
+    jail = Jail(Policy(hidden=(str(tmp_path / "data_root"),)), View(writable=(tmp_path,)))
+    try:
+        line = " ".join(jail.command(["python", "train.py"], tmp_path))
+    finally:
+        jail.close()
+    assert f"--bind {tmp_path} {tmp_path}" in line and "--unshare-all" in line and "--share-net" not in line
+    assert f" {PROJECT_ROOT} " not in line.replace(f"{PROJECT_ROOT}/.venv", "")  # only the venv, if it lives there
+    sklearn_data = next((h for h in jail.hidden_paths() if h.name == "data" and "sklearn" in h.parts), None)
+    if sklearn_data is not None and any(sklearn_data.is_relative_to(p) for p in sb.python_dirs()):
+        assert f"--tmpfs {sklearn_data}" in line
