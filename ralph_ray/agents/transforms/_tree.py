@@ -1,0 +1,631 @@
+"""What a transform needs to know about a trainer: its idioms located in the libcst tree, and a batch of edits.
+
+`Trainer` finds, once per source, the places PyTorch trainers are written around however they are spelled:
+the optimizer (`torch.optim.<Any>(...)` bound to some name), its `.step()`, the `.backward()` of the loss,
+the batch loop (the loop around the step) and the epoch loop around it, the model (whose `.parameters()`
+the optimizer gets), the loss call (`F.cross_entropy(...)`, a `nn.CrossEntropyLoss()` criterion), the
+forward call, the layers (`nn.Conv2d`/`nn.Linear` in `__init__` or inside `nn.Sequential(...)`) and the knobs.
+Each lookup raises `NotApplicable` naming what it did not find. `Edits` collects replacements and statement
+insertions keyed by the original nodes and applies them in one pass, keeping comments and layout.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import contextvars
+import functools
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import libcst as cst
+
+from ralph_ray.knobs import read_knobs
+
+
+class NotApplicable(Exception):
+    """An intervention cannot apply to this trainer; the message says which idiom is missing or already there."""
+
+
+class Found(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by `Edits.apply` in a dry run: the transform found every idiom it needs (nothing is rendered)."""
+
+
+_DRY_RUN = contextvars.ContextVar("transforms_dry_run", default=False)
+
+
+@contextlib.contextmanager
+def dry_run() -> Iterator[None]:
+    """Within this block transforms only check that they apply: rendering the edited tree is the slow part."""
+    token = _DRY_RUN.set(True)
+    try:
+        yield
+    finally:
+        _DRY_RUN.reset(token)
+
+
+@functools.lru_cache(maxsize=16)
+def analyse(source: str) -> Trainer:
+    """The analysed trainer for a source, shared by the transforms (they only read it; edits are kept apart)."""
+    return Trainer(source)
+
+
+OPTIMIZER = re.compile(r"^(torch\.)?optim\.[A-Z]\w*$")
+# (edge_of_chaos_loss is the curriculum's weighted cross-entropy: later transforms treat it as the loss)
+CROSS_ENTROPY_FN = re.compile(r"^(((torch\.)?(nn\.)?functional\.|F\.)?cross_entropy|edge_of_chaos_loss)$")
+CROSS_ENTROPY_CLS = re.compile(r"^((torch\.)?nn\.)?CrossEntropyLoss$")
+CONV = re.compile(r"^((torch\.)?nn\.)?Conv2d$")
+LINEAR = re.compile(r"^((torch\.)?nn\.)?Linear$")
+SEQUENTIAL = re.compile(r"^((torch\.)?nn\.)?Sequential$")
+NO_GRAD = re.compile(r"^torch\.(no_grad|inference_mode)$")
+# Module-level helpers the transforms add (their layers and calls are not the trainer's own).
+HELPERS = frozenset({"SelfModel", "DreamReplay", "gradfilter_ema", "edge_of_chaos_loss", "shift_images", "flip_images"})
+# Call names that mean "evaluate or predict with this model" (its argument becomes the EMA model).
+EVAL_CALL = re.compile(r"eval|predict|infer|accuracy|score|test", re.IGNORECASE)
+
+
+def dotted(node: cst.CSTNode) -> str | None:
+    """`torch.optim.SGD` for the expression torch.optim.SGD; None for anything that is not a dotted name."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+def call_name(node: cst.CSTNode) -> str | None:
+    """The dotted name a call calls, or None."""
+    return dotted(node.func) if isinstance(node, cst.Call) else None
+
+
+def code(node: cst.CSTNode) -> str:
+    """The source text of one node."""
+    return cst.Module([]).code_for_node(node)
+
+
+def statement(text: str) -> cst.BaseStatement:
+    """One statement parsed from text (indentation comes from where it is inserted)."""
+    return cst.parse_statement(text if text.endswith("\n") else text + "\n")
+
+
+def expression(text: str) -> cst.BaseExpression:
+    """One expression parsed from text."""
+    return cst.parse_expression(text)
+
+
+def single_expr_call(stmt: cst.CSTNode) -> cst.Call | None:
+    """The call of a statement line that is just `something(...)`."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr):
+        value = stmt.body[0].value
+        return value if isinstance(value, cst.Call) else None
+    return None
+
+
+def assign_target(stmt: cst.CSTNode) -> str | None:
+    """The name a statement line `name = ...` binds (one plain target), else None."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        small = stmt.body[0]
+        if isinstance(small, cst.Assign) and len(small.targets) == 1:
+            return dotted(small.targets[0].target)
+        if isinstance(small, cst.AnnAssign) and small.value is not None:
+            return dotted(small.target)
+    return None
+
+
+def assign_value(stmt: cst.CSTNode) -> cst.BaseExpression | None:
+    """The value of a statement line `name = value`."""
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], (cst.Assign, cst.AnnAssign)):
+        return stmt.body[0].value
+    return None
+
+
+def kwarg(call: cst.Call, name: str) -> cst.Arg | None:
+    """The keyword argument `name=` of a call."""
+    return next((a for a in call.args if a.keyword is not None and a.keyword.value == name), None)
+
+
+def positional(call: cst.Call) -> list[cst.Arg]:
+    """The positional arguments of a call."""
+    return [a for a in call.args if a.keyword is None and not a.star]
+
+
+def with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
+    """The call with `name=value` added (or replaced), formatted like the call's other arguments."""
+    new = cst.Arg(keyword=cst.Name(name), value=expression(value), equal=cst.AssignEqual(
+        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+    args = [a for a in call.args if not (a.keyword is not None and a.keyword.value == name)]
+    if args:
+        last = args[-1]
+        if last.comma is cst.MaybeSentinel.DEFAULT or isinstance(last.comma, cst.MaybeSentinel):
+            args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, new])
+
+
+@dataclass
+class Layer:
+    """One nn.Conv2d / nn.Linear construction: where it is built and how the model reaches it."""
+
+    call: cst.Call
+    kind: str  # conv | linear
+    attribute: str | None  # `self.<attribute> = nn.Linear(...)` in a module's __init__, else None
+    sequential: cst.Call | None  # the nn.Sequential(...) call it is an element of, else None
+
+
+class Trainer:
+    """A trainer's source and the idioms found in it (each lookup raises NotApplicable when absent)."""
+
+    def __init__(self, source: str) -> None:
+        try:
+            self.module = cst.parse_module(source)
+        except cst.ParserSyntaxError as error:
+            raise NotApplicable(f"the trainer does not parse: {error.message}") from error
+        self.source = source
+        self.parents: dict[int, cst.CSTNode] = {}
+        self.nodes: list[cst.CSTNode] = []  # in source order (pre-order)
+        self.spans: dict[int, tuple[int, int]] = {}  # node -> [first, last) positions of its subtree in `nodes`
+        self.module.visit(_Indexer(self.parents, self.nodes, self.spans))
+        # the lookups below filter these two lists many times per transform: built once
+        self.call_nodes = [(n, call_name(n) or "") for n in self.nodes if isinstance(n, cst.Call)]
+        self.lines = [n for n in self.nodes if isinstance(n, cst.SimpleStatementLine)]
+
+    # -- generic tree queries --------------------------------------------------------
+
+    def order(self, node: cst.CSTNode) -> int:
+        """The node's position in source order."""
+        return self.spans[id(node)][0]
+
+    def within(self, container: cst.CSTNode) -> list[cst.CSTNode]:
+        """The nodes of `container`'s subtree (itself first), in source order."""
+        first, last = self.spans[id(container)]
+        return self.nodes[first:last]
+
+    def parent(self, node: cst.CSTNode) -> cst.CSTNode | None:
+        """The node's parent in the tree."""
+        return self.parents.get(id(node))
+
+    def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+        """Parents up to the module, nearest first."""
+        current = self.parent(node)
+        while current is not None:
+            yield current
+            current = self.parent(current)
+
+    def inside(self, node: cst.CSTNode, container: cst.CSTNode) -> bool:
+        """Whether `node` lies within `container`."""
+        first, last = self.spans[id(container)]
+        return first <= self.spans[id(node)][0] < last
+
+    def statement_of(self, node: cst.CSTNode) -> cst.BaseStatement:
+        """The statement (a line or a compound statement) that holds `node`."""
+        for current in (node, *self.ancestors(node)):
+            if isinstance(current, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                return current
+        raise NotApplicable("internal: a node outside any statement")
+
+    def top_statement(self, node: cst.CSTNode) -> cst.BaseStatement:
+        """The module-level statement that holds `node` (where a helper function goes before)."""
+        top = node
+        for current in self.ancestors(node):
+            if isinstance(current, cst.Module):
+                return top  # type: ignore[return-value]
+            top = current
+        return top  # type: ignore[return-value]
+
+    def calls(self, pattern: re.Pattern[str] | None = None, within: cst.CSTNode | None = None) -> list[cst.Call]:
+        """Calls in source order whose dotted name matches `pattern`, optionally within one node."""
+        found = [n for n, name in self.call_nodes if pattern is None or pattern.match(name)]
+        return found if within is None else [n for n in found if self.inside(n, within)]
+
+    def statements(self, within: cst.CSTNode) -> list[cst.SimpleStatementLine]:
+        """Statement lines within a node, in source order."""
+        return [n for n in self.lines if self.inside(n, within)]
+
+    def has(self, pattern: str) -> bool:
+        """Whether the source text matches a regex (for "already applied" checks)."""
+        return re.search(pattern, self.source, re.MULTILINE) is not None
+
+    # -- the optimisation step ------------------------------------------------------------
+
+    def optimizer_call(self) -> cst.Call:
+        """The `torch.optim.<Optimizer>(...)` construction."""
+        calls = self.calls(OPTIMIZER)
+        if not calls:
+            raise NotApplicable("no `torch.optim.<Optimizer>(...)` construction found")
+        return calls[0]
+
+    def optimizer_name(self) -> str:
+        """The name the optimizer is bound to (`optimizer`, `opt`, ...)."""
+        stmt = self.statement_of(self.optimizer_call())
+        name = assign_target(stmt)
+        if name is None or assign_value(stmt) is not self.optimizer_call():
+            raise NotApplicable("the optimizer is not bound to a name (`opt = torch.optim.X(...)`)")
+        return name
+
+    def optimizer_statement(self) -> cst.SimpleStatementLine:
+        """The line that builds the optimizer."""
+        self.optimizer_name()
+        return self.statement_of(self.optimizer_call())  # type: ignore[return-value]
+
+    def step_statements(self) -> list[cst.SimpleStatementLine]:
+        """The `<optimizer>.step()` lines."""
+        name = self.optimizer_name()
+        found = [s for s in self.lines if (c := single_expr_call(s)) is not None and call_name(c) == f"{name}.step"]
+        if not found:
+            raise NotApplicable(f"no `{name}.step()` line found")
+        return found  # type: ignore[return-value]
+
+    def step_statement(self) -> cst.SimpleStatementLine:
+        """The training step's `<optimizer>.step()` line (the first one, inside the batch loop)."""
+        return self.step_statements()[0]
+
+    def backward_statement(self) -> cst.SimpleStatementLine:
+        """The `<loss>.backward()` line of the training step."""
+        batch = self.batch_loop()
+        for stmt in self.statements(batch):
+            call = single_expr_call(stmt)
+            if call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "backward":
+                return stmt
+        raise NotApplicable("no `loss.backward()` line in the batch loop")
+
+    def loss_name(self) -> str:
+        """The name whose `.backward()` is called."""
+        call = single_expr_call(self.backward_statement())
+        assert call is not None and isinstance(call.func, cst.Attribute)
+        name = dotted(call.func.value)
+        if name is None:
+            raise NotApplicable("the backward call is not on a named loss (`loss.backward()`)")
+        return name
+
+    def batch_loop(self) -> cst.For:
+        """The loop around the optimizer step."""
+        step = self.step_statement()
+        loop = next((a for a in self.ancestors(step) if isinstance(a, (cst.For, cst.While))), None)
+        if not isinstance(loop, cst.For):
+            raise NotApplicable("the optimizer step is not inside a `for` loop over batches")
+        return loop
+
+    def epoch_loop(self) -> cst.For:
+        """The loop around the batch loop."""
+        loop = next((a for a in self.ancestors(self.batch_loop()) if isinstance(a, (cst.For, cst.While))), None)
+        if not isinstance(loop, cst.For):
+            raise NotApplicable("no `for` loop over epochs around the batch loop")
+        return loop
+
+    # -- the model and the loss -----------------------------------------------------------
+
+    def model_name(self) -> str:
+        """The model whose `.parameters()` the optimizer gets (an nn.Module): read in the optimizer call, else in
+        the parameter groups built before it (`[p for n, p in model.named_parameters() if ...]`)."""
+        optimizer = self.optimizer_call()
+        scope = next((a for a in self.ancestors(optimizer) if isinstance(a, cst.FunctionDef)), self.module)
+        inside = self.within(optimizer)
+        earlier = [n for n in self.within(scope) if self.order(n) < self.order(optimizer)]
+        for node in inside + earlier[::-1]:
+            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                if node.func.attr.value in ("parameters", "named_parameters"):
+                    name = dotted(node.func.value)
+                    if name is not None:
+                        return name
+        raise NotApplicable("the optimizer is not built from `<model>.parameters()` (no nn.Module model found)")
+
+    def forward_call(self) -> cst.Call:
+        """The model's forward call in the batch loop (`model(x)`)."""
+        name = self.model_name()
+        for call in self.calls(within=self.batch_loop()):
+            if call_name(call) == name and positional(call):
+                return call
+        raise NotApplicable(f"no `{name}(...)` forward call in the batch loop")
+
+    def forward_input(self) -> cst.BaseExpression:
+        """The batch the model is fed: `x` of `model(x)`; for a functional model, the last argument of the call
+        that produces the loss's logits (`forward(params, x)`)."""
+        try:
+            return positional(self.forward_call())[0].value
+        except NotApplicable:
+            logits = positional(self.loss_call())[0].value
+            if isinstance(logits, cst.Call) and positional(logits):
+                return positional(logits)[-1].value
+            raise
+
+    def parameters_code(self) -> str:
+        """The trainable parameters: `model.parameters()`, or the list a functional trainer hands the optimizer."""
+        try:
+            return f"{self.model_name()}.parameters()"
+        except NotApplicable:
+            args = positional(self.optimizer_call())
+            if args and isinstance(args[0].value, cst.Name):
+                return args[0].value.value
+            raise
+
+    def criteria(self) -> set[str]:
+        """Names bound to a `nn.CrossEntropyLoss(...)` criterion."""
+        names = set()
+        for call in self.calls(CROSS_ENTROPY_CLS):
+            target = assign_target(self.statement_of(call))
+            if target is not None and assign_value(self.statement_of(call)) is call:
+                names.add(target)
+        return names
+
+    def loss_call(self) -> cst.Call:
+        """The cross-entropy call that computes the loss that is back-propagated."""
+        name, backward = self.loss_name(), self.backward_statement()
+        criteria = self.criteria()
+        lines = [s for s in self.statements(self.batch_loop()) if assign_target(s) == name and _before(self, s, backward)]
+        if not lines:
+            raise NotApplicable(f"no `{name} = ...` line before `{name}.backward()`")
+        for call in self.calls(within=lines[-1]):
+            called = call_name(call) or ""
+            direct = isinstance(call.func, cst.Call) and CROSS_ENTROPY_CLS.match(call_name(call.func) or "")
+            if CROSS_ENTROPY_FN.match(called) or called in criteria or direct:
+                if len(positional(call)) >= 2:
+                    return call
+        raise NotApplicable(f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)")
+
+    def loss_reduction_mean(self) -> None:
+        """NotApplicable when the loss is summed (batch-sized gradients: fixed clips and weights misfit)."""
+        call = self.loss_call()
+        reduction = kwarg(call, "reduction")
+        if reduction is not None:
+            raise NotApplicable(f"the loss uses reduction={code(reduction.value)}, not the mean")
+        criterion = call_name(call)
+        for ctor in self.calls(CROSS_ENTROPY_CLS):
+            if assign_target(self.statement_of(ctor)) == criterion and kwarg(ctor, "reduction") is not None:
+                raise NotApplicable("the criterion is built with a reduction other than the mean")
+
+    def layers(self) -> list[Layer]:
+        """nn.Conv2d / nn.Linear constructions, in source order."""
+        found = []
+        for call in self.calls():
+            name = call_name(call) or ""
+            kind = "conv" if CONV.match(name) else "linear" if LINEAR.match(name) else None
+            if kind is None or self._in_helper(call):
+                continue
+            parent = self.parent(self.parent(call) or call)  # call -> Arg/Element -> container
+            sequential = parent if isinstance(parent, cst.Call) and SEQUENTIAL.match(call_name(parent) or "") else None
+            stmt = self.statement_of(call)
+            target = assign_target(stmt) if assign_value(stmt) is call else None
+            attribute = target.removeprefix("self.") if target and target.startswith("self.") else None
+            found.append(Layer(call, kind, attribute, sequential))
+        return found
+
+    def _in_helper(self, node: cst.CSTNode) -> bool:
+        """Whether a node lies in a helper a transform added (the self-model's head is no layer of the model)."""
+        return any(isinstance(a, (cst.ClassDef, cst.FunctionDef)) and a.name.value in HELPERS for a in self.ancestors(node))
+
+    def sets_lr_by_hand(self) -> bool:
+        """Whether the trainer assigns `group["lr"] = ...` itself (a second schedule would fight it)."""
+        return self.has(r"""\[["']lr["']\]\s*=[^=]""")
+
+    # -- knobs ------------------------------------------------------------------------
+
+    def knobs(self) -> dict[str, Any]:
+        """The trainer's knobs and values."""
+        if not hasattr(self, "_knobs"):
+            self._knobs = read_knobs(self.source)
+        return dict(self._knobs)
+
+    def knob_like(self, pattern: str) -> str | None:
+        """The first knob whose name matches a regex."""
+        return next((k for k in self.knobs() if re.fullmatch(pattern, k)), None)
+
+
+def _before(trainer: Trainer, a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    return trainer.order(a) < trainer.order(b)
+
+
+class _Indexer(cst.CSTVisitor):
+    """Records every node in source order and each node's parent."""
+
+    def __init__(self, parents: dict[int, cst.CSTNode], nodes: list[cst.CSTNode], spans: dict[int, tuple[int, int]]) -> None:
+        super().__init__()
+        self.parents, self.nodes, self.spans = parents, nodes, spans
+        self.stack: list[tuple[cst.CSTNode, int]] = []
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.stack:
+            self.parents[id(node)] = self.stack[-1][0]
+        self.stack.append((node, len(self.nodes)))
+        self.nodes.append(node)
+        return True
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        node, first = self.stack.pop()
+        self.spans[id(node)] = (first, len(self.nodes))
+
+
+# -----------------------------------------------------------------------------
+# Edits
+
+
+@dataclass
+class Edits:
+    """Replacements and insertions keyed by original nodes, applied in one pass; then new knobs and knob values."""
+
+    trainer: Trainer
+    replace: dict[int, Callable[[cst.CSTNode], cst.CSTNode]] = field(default_factory=dict)
+    before: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
+    new_knobs: list[tuple[str, Any, str]] = field(default_factory=list)
+    set_knobs: dict[str, Any] = field(default_factory=dict)
+    sequential: dict[int, list[tuple[int, bool, str]]] = field(default_factory=dict)  # nn.Sequential insertions
+
+    def sub(self, node: cst.CSTNode, new: cst.CSTNode | Callable[[Any], cst.CSTNode]) -> None:
+        """Replace `node` (with a node, or a function of its already-edited version)."""
+        previous = self.replace.get(id(node))
+        fn = new if callable(new) else (lambda _old, _new=new: _new)
+        self.replace[id(node)] = fn if previous is None else (lambda old, _p=previous, _f=fn: _f(_p(old)))
+
+    def insert_before(self, anchor: cst.CSTNode, *lines: str | cst.BaseStatement) -> None:
+        """Statements before `anchor` (a statement), in its block."""
+        self.before.setdefault(id(anchor), []).extend(_stmts(lines))
+
+    def insert_after(self, anchor: cst.CSTNode, *lines: str | cst.BaseStatement) -> None:
+        """Statements after `anchor` (a statement), in its block."""
+        self.after.setdefault(id(anchor), []).extend(_stmts(lines))
+
+    def helper(self, text: str) -> None:
+        """A module-level helper (function or class) placed before the top-level statement holding the training."""
+        anchor = self.trainer.top_statement(self.trainer.epoch_loop())
+        body = cst.parse_module(text.strip() + "\n").body
+        spaced = [body[0].with_changes(leading_lines=[cst.EmptyLine()] * 2), *body[1:]]
+        self.before.setdefault(id(anchor), []).extend(spaced)
+
+    def knob(self, name: str, value: Any, comment: str) -> None:
+        """A new knob at the end of the trainer's knob block."""
+        if name in self.trainer.knobs():
+            raise NotApplicable(f"the trainer already has a knob {name}")
+        self.new_knobs.append((name, value, comment))
+
+    def apply(self) -> str:
+        """The edited source (checked to parse, knobs still module-level literals); `Found` in a dry run."""
+        if not (self.replace or self.before or self.after or self.new_knobs or self.set_knobs):
+            raise NotApplicable("the edit changes nothing")
+        if _DRY_RUN.get():
+            raise Found
+        module = self.trainer.module.visit(_Apply(self))
+        if self.new_knobs:
+            module = _add_knobs(module, self.new_knobs)
+        result = module.code
+        if self.set_knobs:
+            from ralph_ray.knobs import rewrite_knobs
+
+            result = rewrite_knobs(result, self.set_knobs)
+        if result == self.trainer.source:
+            raise NotApplicable("the edit changes nothing")
+        try:
+            ast.parse(result)
+        except SyntaxError as error:  # a transform bug, but the coder reports it as a reason, not a crash
+            raise NotApplicable(f"the edit does not fit this trainer (line {error.lineno}: {error.msg})") from error
+        return result
+
+
+def _stmts(lines: tuple[str | cst.BaseStatement, ...]) -> list[cst.BaseStatement]:
+    return [statement(line) if isinstance(line, str) else line for line in lines]
+
+
+class _Apply(cst.CSTTransformer):
+    def __init__(self, edits: Edits) -> None:
+        super().__init__()
+        self.edits = edits
+
+    def on_leave(self, original_node: cst.CSTNode, updated_node: cst.CSTNode) -> Any:
+        key = id(original_node)
+        if key in self.edits.replace:
+            updated_node = self.edits.replace[key](updated_node)
+        before, after = self.edits.before.get(key, []), self.edits.after.get(key, [])
+        if before or after:
+            helper = bool(before) and isinstance(before[0], (cst.FunctionDef, cst.ClassDef))
+            if before and not helper and isinstance(updated_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+                # comments above the anchor stay above the first inserted line
+                first = before[0].with_changes(leading_lines=[*updated_node.leading_lines, *before[0].leading_lines])
+                updated_node = updated_node.with_changes(leading_lines=[])
+                before = [first, *before[1:]]
+            # (a helper goes above the anchor's banner comment, at the end of the section before it)
+            return cst.FlattenSentinel([*before, updated_node, *after])
+        return updated_node
+
+
+def _is_knob(stmt: cst.CSTNode) -> bool:
+    name = assign_target(stmt)
+    if name is None or not name.isupper() or "." in name:
+        return False
+    try:
+        ast.literal_eval(code(assign_value(stmt)))  # type: ignore[arg-type]
+    except (ValueError, SyntaxError):
+        return False
+    return True
+
+
+def _add_knobs(module: cst.Module, knobs: list[tuple[str, Any, str]]) -> cst.Module:
+    """Insert knob lines after the last knob of the first run of knobs (a blank line or code ends the run)."""
+    body = list(module.body)
+    first = next((i for i, s in enumerate(body) if _is_knob(s)), None)
+    if first is None:
+        raise NotApplicable("the trainer has no knob block (UPPER_CASE constants) to add a knob to")
+    end = first
+    for i in range(first + 1, len(body)):
+        blank = any(line.comment is None for line in body[i].leading_lines)
+        if not _is_knob(body[i]) or blank:
+            break
+        end = i
+    lines = [statement(f"{name} = {value!r}  # {comment}") for name, value, comment in knobs]
+    return module.with_changes(body=[*body[: end + 1], *lines, *body[end + 1:]])
+
+
+# -----------------------------------------------------------------------------
+# Layers
+
+
+def layer_size(call: cst.Call, index: int, keyword: str) -> cst.BaseExpression | None:
+    """A layer's size argument: positional `index`, or `keyword=` (in_features/out_channels ...)."""
+    args = positional(call)
+    if len(args) > index:
+        return args[index].value
+    arg = kwarg(call, keyword)
+    return arg.value if arg is not None else None
+
+
+def size_code(layer: Layer, which: str) -> str:
+    """The source of a layer's input (`which="in"`) or output size expression."""
+    index = 0 if which == "in" else 1
+    keyword = {("conv", "in"): "in_channels", ("conv", "out"): "out_channels",
+               ("linear", "in"): "in_features", ("linear", "out"): "out_features"}[(layer.kind, which)]
+    value = layer_size(layer.call, index, keyword)
+    if value is None:
+        raise NotApplicable(f"cannot read the {which} size of `{code(layer.call)}`")
+    return code(value)
+
+
+def classifier(layers: list[Layer]) -> Layer:
+    """The final nn.Linear (the classifier head)."""
+    linears = [layer for layer in layers if layer.kind == "linear"]
+    if not linears:
+        raise NotApplicable("the model has no nn.Linear classifier")
+    return linears[-1]
+
+
+def sequential_insert(edits: Edits, seq: cst.Call, element: cst.Call, text: str, before: bool = False) -> None:
+    """Insert the expression `text` as an element of an nn.Sequential(...) call, next to `element`."""
+    index = next(i for i, a in enumerate(seq.args) if a.value is element)
+    pending = edits.sequential.setdefault(id(seq), [])
+    if not pending:  # one replacement per Sequential applies all its insertions, from the last position back
+        edits.sub(seq, lambda updated: _insert_elements(updated, pending))
+    pending.append((index, before, text))
+
+
+def _insert_elements(call: cst.Call, inserts: list[tuple[int, bool, str]]) -> cst.Call:
+    args = list(call.args)
+    for index, before, text in sorted(inserts, key=lambda item: (item[0], not item[1]), reverse=True):
+        anchor = args[index]
+        # the new element's comma carries the line break and indent to the next element: copy a neighbour's
+        neighbour = args[index - 1] if before and index > 0 else anchor
+        comma = neighbour.comma if isinstance(neighbour.comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        new = cst.Arg(value=expression(text), comma=comma)
+        if not before and not isinstance(anchor.comma, cst.Comma):
+            args[index] = anchor.with_changes(comma=comma)
+            new = new.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        args.insert(index if before else index + 1, new)
+    return call.with_changes(args=args)
+
+
+def attribute_calls(trainer: Trainer, attribute: str) -> list[cst.Call]:
+    """Calls `self.<attribute>(x)` (a layer used in forward)."""
+    return [c for c in trainer.calls() if call_name(c) == f"self.{attribute}" and positional(c)]
+
+
+def wrap_first_arg(edits: Edits, call: cst.Call, template: str) -> None:
+    """Replace a call's first positional argument X by `template` with `{}` standing for X."""
+    arg = positional(call)[0]
+    edits.sub(arg.value, lambda old: expression(template.format(code(old))))
+
+
+def free_name(trainer: Trainer, name: str) -> str:
+    """`name`, or `name_2`... if the source already uses it."""
+    candidate, n = name, 1
+    while re.search(rf"\b{candidate}\b", trainer.source):
+        n += 1
+        candidate = f"{name}_{n}"
+    return candidate

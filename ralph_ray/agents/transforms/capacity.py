@@ -1,0 +1,83 @@
+"""Capacity: wider layers where widths are literals, one more hidden layer before the classifier."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ralph_ray.agents.transforms._registry import register
+from ralph_ray.agents.transforms._tree import (
+    CONV,
+    LINEAR,
+    Edits,
+    NotApplicable,
+    Trainer,
+    analyse,
+    call_name,
+    classifier,
+    code,
+    expression,
+    layer_size,
+    size_code,
+)
+
+NORM_CALL = r"^((torch\.)?nn\.)?(BatchNorm[12]d|LayerNorm)$"
+WIDTH_KNOB = r"(WIDTH|HIDDEN|CHANNELS|DIM|N_HIDDEN|HIDDEN_SIZE)\w*"
+
+
+@register("widen_layers", "capacity")
+def widen_layers(source: str) -> str:
+    """Double the literal hidden widths (out sizes of non-final conv/linear layers) and the sizes that follow them."""
+    trainer = analyse(source)
+    knob = trainer.knob_like(WIDTH_KNOB)
+    if knob is not None:
+        raise NotApplicable(f"the width is the knob {knob} (the `widen` knob move doubles it)")
+    layers = trainer.layers()
+    if len(layers) < 2:
+        raise NotApplicable("fewer than two conv/linear layers: no hidden width to widen")
+    head = classifier(layers)
+    sized = [c for c in trainer.calls() if CONV.match(call_name(c) or "") or LINEAR.match(call_name(c) or "")
+             or re.match(NORM_CALL, call_name(c) or "")]
+    edits, previous, changed = Edits(trainer), None, 0
+    for call in sized:
+        is_layer = not re.match(NORM_CALL, call_name(call) or "")
+        first = layer_size(call, 0, "in_features")
+        if previous is not None and first is not None:
+            changed += _double_leading(edits, first, previous)
+        if not is_layer:
+            continue
+        out = layer_size(call, 1, "out_features")
+        if call is head.call or not isinstance(out, cst.Integer):
+            previous = None
+            continue
+        previous = out.evaluated_value
+        edits.sub(out, cst.Integer(str(2 * previous)))
+        changed += 1
+    if not changed:
+        raise NotApplicable("no literal hidden width in the conv/linear layers (sizes come from variables)")
+    return edits.apply()
+
+
+def _double_leading(edits: Edits, node: cst.BaseExpression, old: int) -> int:
+    """Double the literal `old` at the left of `old`, `old * 4 * 4`: the input size following a widened layer."""
+    while isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+        node = node.left
+    if isinstance(node, cst.Integer) and node.evaluated_value == old:
+        edits.sub(node, cst.Integer(str(2 * old)))
+        return 1
+    return 0
+
+
+@register("deepen", "capacity")
+def deepen(source: str) -> str:
+    """One more hidden layer (Linear + ReLU, as wide as the classifier's input) before the classifier."""
+    trainer = analyse(source)
+    head = classifier(trainer.layers())
+    if head.sequential is None and head.attribute is None:
+        raise NotApplicable("the classifier is not built in `__init__` or `nn.Sequential`")
+    width = size_code(head, "in")
+    edits = Edits(trainer)
+    edits.sub(head.call, lambda old: expression(
+        f"torch.nn.Sequential(torch.nn.Linear({width}, {width}), torch.nn.ReLU(), {code(old)})"))
+    return edits.apply()

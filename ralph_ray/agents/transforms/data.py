@@ -1,0 +1,81 @@
+"""Input augmentation on image batches: random shifts and flips, applied to the batch the model is fed."""
+
+from __future__ import annotations
+
+from ralph_ray.agents.transforms._registry import register
+from ralph_ray.agents.transforms._tree import (
+    Edits,
+    NotApplicable,
+    Trainer,
+    analyse,
+    code,
+    expression,
+)
+
+# Both helpers take images (N, C, H, W) or flattened square images (N, H*W), as MLP trainers feed them.
+SHIFT_HELPER = '''
+def shift_images(x: torch.Tensor) -> torch.Tensor:
+    """Translate an AUGMENT_PROB share of the images by up to SHIFT pixels (zero padded), batched."""
+    flat = x.dim() == 2
+    if flat:
+        side = int(round(x.shape[1] ** 0.5))
+        if side * side != x.shape[1]:
+            raise ValueError(f"shift_images: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
+        x = x.view(len(x), 1, side, side)
+    if x.dim() != 4:
+        raise ValueError(f"shift_images: expected images (N, C, H, W), got shape {tuple(x.shape)}")
+    size = x.shape[-1]
+    padded = torch.nn.functional.pad(x, (SHIFT,) * 4)
+    offsets = torch.randint(0, 2 * SHIFT + 1, (2, len(x)), device=x.device)
+    out = torch.empty_like(x)
+    for dy in range(2 * SHIFT + 1):
+        for dx in range(2 * SHIFT + 1):
+            mask = (offsets[0] == dy) & (offsets[1] == dx)
+            out[mask] = padded[mask, :, dy : dy + size, dx : dx + size]
+    shifted = torch.rand(len(x), device=x.device) < AUGMENT_PROB
+    out = torch.where(shifted.view(-1, 1, 1, 1), out, x)
+    return out.flatten(1) if flat else out
+'''
+
+FLIP_HELPER = '''
+def flip_images(x: torch.Tensor) -> torch.Tensor:
+    """Mirror a FLIP_PROB share of the images left to right, batched."""
+    flat = x.dim() == 2
+    if flat:
+        side = int(round(x.shape[1] ** 0.5))
+        if side * side != x.shape[1]:
+            raise ValueError(f"flip_images: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
+        x = x.view(len(x), 1, side, side)
+    if x.dim() != 4:
+        raise ValueError(f"flip_images: expected images (N, C, H, W), got shape {tuple(x.shape)}")
+    flipped = torch.rand(len(x), device=x.device) < FLIP_PROB
+    out = torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x)
+    return out.flatten(1) if flat else out
+'''
+
+
+@register("shift_augmentation", "data")
+def shift_augmentation(source: str) -> str:
+    """Shift a random AUGMENT_PROB share of each training batch by up to SHIFT pixels (fresh draws every batch)."""
+    trainer = analyse(source)
+    if trainer.has(r"def (augment|shift_images)\(|RandomCrop|RandomAffine|TRANSLATE\b|\bSHIFT\b"):
+        raise NotApplicable("the trainer already shifts its images")
+    batch, edits = trainer.forward_input(), Edits(trainer)
+    edits.knob("SHIFT", 1, "max random translation in pixels (training augmentation)")
+    edits.knob("AUGMENT_PROB", 0.5, "share of training images shifted")
+    edits.helper(SHIFT_HELPER)
+    edits.sub(batch, lambda old: expression(f"shift_images({code(old)})"))
+    return edits.apply()
+
+
+@register("flip_augmentation", "data")
+def flip_augmentation(source: str) -> str:
+    """Mirror a random FLIP_PROB share of each training batch (natural images; digits and letters change meaning)."""
+    trainer = analyse(source)
+    if trainer.has(r"def flip_images\(|\.flip\(3\)|RandomHorizontalFlip|hflip"):
+        raise NotApplicable("the trainer already flips its images")
+    batch, edits = trainer.forward_input(), Edits(trainer)
+    edits.knob("FLIP_PROB", 0.5, "share of training images mirrored left to right")
+    edits.helper(FLIP_HELPER)
+    edits.sub(batch, lambda old: expression(f"flip_images({code(old)})"))
+    return edits.apply()

@@ -1,0 +1,187 @@
+"""The Forge seed's techniques: Grokfast, an edge-of-chaos curriculum, hard-example ("dream") replay, a self-model head.
+
+Each is an intervention like any other, so the knowledge base measures its effect per diagnosis.
+"""
+
+from __future__ import annotations
+
+from ralph_ray.agents.transforms._registry import register
+from ralph_ray.agents.transforms._tree import (
+    CROSS_ENTROPY_FN,
+    Edits,
+    NotApplicable,
+    Trainer,
+    analyse,
+    call_name,
+    code,
+    expression,
+    free_name,
+    kwarg,
+    positional,
+)
+
+GROKFAST_HELPER = '''
+def gradfilter_ema(model: torch.nn.Module, grads: dict | None) -> dict:
+    """Grokfast-EMA (Lee et al. 2024): add GROKFAST_LAMB x (an EMA of the gradients) to the gradients; returns the EMA."""
+    params = {n: p for n, p in model.named_parameters() if p.grad is not None}
+    if grads is None:
+        grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    for n, p in params.items():
+        grads[n] = grads[n] * GROKFAST_ALPHA + p.grad.detach() * (1 - GROKFAST_ALPHA)
+        p.grad.add_(grads[n], alpha=GROKFAST_LAMB)
+    return grads
+'''
+
+EDGE_HELPER = '''
+def edge_of_chaos_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy weighted towards the examples at the edge of what the model can do (p(correct) near 1/2):
+    easy examples (p near 1) and hopeless ones (p near 0) teach little; EDGE_MIX sets how far the weights lean."""
+    losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none", label_smoothing=label_smoothing)
+    p = logits.detach().float().softmax(1).gather(1, targets.view(-1, 1)).squeeze(1)
+    weight = (1 - EDGE_MIX) + EDGE_MIX * 4 * p * (1 - p)
+    return (weight * losses).sum() / weight.sum()
+'''
+
+REPLAY_HELPER = '''
+class DreamReplay:
+    """Hard-example replay: keep each batch's most-missed REPLAY_SHARE, train on them again after the epoch."""
+
+    def __init__(self) -> None:
+        self.x: list[torch.Tensor] = []
+        self.y: list[torch.Tensor] = []
+        self.batch_size = 1
+
+    def observe(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Remember the examples of this batch the model misses most (by their loss)."""
+        with torch.no_grad():
+            losses = torch.nn.functional.cross_entropy(model(x).float(), y, reduction="none")
+        hard = losses.topk(max(1, int(len(y) * REPLAY_SHARE))).indices
+        self.x.append(x[hard].detach())
+        self.y.append(y[hard].detach())
+        self.batch_size = max(self.batch_size, len(y))
+
+    def dream(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """One pass over the remembered examples, shuffled, in batches of the training batch size."""
+        if not self.y:
+            return
+        x, y = torch.cat(self.x), torch.cat(self.y)
+        self.x, self.y = [], []
+        order = torch.randperm(len(y), device=y.device)
+        for i in range(0, len(y), self.batch_size):
+            idx = order[i : i + self.batch_size]
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+'''
+
+SELF_MODEL_HELPER = '''
+class SelfModel(torch.nn.Module):
+    """A self-model: a head on the classifier's input that predicts the model's own per-example loss.
+
+    Used only in training (its loss shapes the features); predictions come from the model alone.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        if not linears:
+            raise ValueError("SelfModel: the model has no nn.Linear classifier to read features from")
+        device = next(model.parameters()).device
+        self.head = torch.nn.Linear(linears[-1].in_features, 1).to(device)
+        self.features: torch.Tensor | None = None
+        self.logits: torch.Tensor | None = None
+        linears[-1].register_forward_pre_hook(self._keep_features)
+        model.register_forward_hook(self._keep_logits)
+
+    def _keep_features(self, module: torch.nn.Module, inputs: tuple) -> None:
+        self.features = inputs[0]
+
+    def _keep_logits(self, module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        self.logits = output
+
+    def aux_loss(self, targets: torch.Tensor) -> torch.Tensor:
+        """How far the head's guess of the last forward's per-example losses is from the real ones (MSE)."""
+        assert self.features is not None and self.logits is not None, "call the model before aux_loss"
+        own = torch.nn.functional.cross_entropy(self.logits.detach().float(), targets, reduction="none")
+        guess = self.head(self.features.float()).squeeze(1)
+        return torch.nn.functional.mse_loss(guess, own)
+'''
+
+
+@register("grokfast_filter", "forge")
+def grokfast_filter(source: str) -> str:
+    """Grokfast-EMA: amplify the slow part of the gradients after every backward pass."""
+    trainer = analyse(source)
+    if trainer.has(r"gradfilter_ema|GROKFAST"):
+        raise NotApplicable("the trainer already filters gradients (Grokfast)")
+    if trainer.has(r"BatchNorm"):
+        # measured on digits: with BatchNorm the amplified slow gradient destabilised training (0.96-0.97 vs 0.99)
+        raise NotApplicable("the model uses BatchNorm, with which Grokfast destabilised training on digits")
+    model, edits = trainer.model_name(), Edits(trainer)
+    grads = free_name(trainer, "grokfast_grads")
+    edits.knob("GROKFAST_ALPHA", 0.98, "Grokfast EMA decay of the slow gradient")
+    edits.knob("GROKFAST_LAMB", 2.0, "Grokfast amplification of the slow gradient")
+    edits.helper(GROKFAST_HELPER)
+    edits.insert_before(trainer.epoch_loop(), f"{grads} = None  # Grokfast: the running EMA of the gradients")
+    edits.insert_after(trainer.backward_statement(), f"{grads} = gradfilter_ema({model}, {grads})")
+    return edits.apply()
+
+
+@register("edge_of_chaos_curriculum", "forge")
+def edge_of_chaos_curriculum(source: str) -> str:
+    """Weight each example's loss by how near the edge of the model's ability it is (p(correct) near 1/2)."""
+    trainer = analyse(source)
+    if trainer.has(r"edge_of_chaos_loss"):
+        raise NotApplicable("the trainer already weights examples by difficulty")
+    call = trainer.loss_call()
+    trainer.loss_reduction_mean()
+    logits, targets = (code(a.value) for a in positional(call)[:2])
+    smoothing = kwarg(call, "label_smoothing")
+    extra = f", label_smoothing={code(smoothing.value)}" if smoothing is not None and CROSS_ENTROPY_FN.match(call_name(call) or "") else ""
+    edits = Edits(trainer)
+    edits.knob("EDGE_MIX", 0.5, "how far the curriculum leans the loss towards examples at p(correct) ~ 1/2")
+    edits.helper(EDGE_HELPER)
+    edits.sub(call, expression(f"edge_of_chaos_loss({logits}, {targets}{extra})"))
+    return edits.apply()
+
+
+@register("hard_example_replay", "forge")
+def hard_example_replay(source: str) -> str:
+    """Replay ("dream") the most-missed examples of the epoch once more between epochs."""
+    trainer = analyse(source)
+    if trainer.has(r"DreamReplay"):
+        raise NotApplicable("the trainer already replays hard examples")
+    model, optimizer = trainer.model_name(), trainer.optimizer_name()
+    inputs = code(positional(trainer.forward_call())[0].value)
+    targets = code(positional(trainer.loss_call())[1].value)
+    edits = Edits(trainer)
+    replay = free_name(trainer, "dream_replay")
+    edits.knob("REPLAY_SHARE", 0.1, "share of each batch (its most-missed examples) replayed after the epoch")
+    edits.helper(REPLAY_HELPER)
+    edits.insert_before(trainer.epoch_loop(), f"{replay} = DreamReplay()")
+    edits.insert_after(trainer.step_statement(), f"{replay}.observe({model}, {inputs}, {targets})")
+    edits.insert_after(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # between epochs")
+    return edits.apply()
+
+
+@register("self_model_head", "forge")
+def self_model_head(source: str) -> str:
+    """An auxiliary head that predicts the model's own per-example loss, trained with the model (training only)."""
+    trainer = analyse(source)
+    if trainer.has(r"SelfModel"):
+        raise NotApplicable("the trainer already has a self-model head")
+    classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
+    if not classifier_layers:
+        raise NotApplicable("the model has no nn.Linear classifier to read features from")
+    model, optimizer, loss = trainer.model_name(), trainer.optimizer_name(), trainer.loss_name()
+    targets = code(positional(trainer.loss_call())[1].value)
+    loss_line = trainer.statement_of(trainer.loss_call())
+    edits = Edits(trainer)
+    head = free_name(trainer, "self_model")
+    edits.knob("SELF_MODEL_WEIGHT", 0.1, "weight of the self-model's loss-prediction loss")
+    edits.helper(SELF_MODEL_HELPER)
+    edits.insert_after(trainer.optimizer_statement(), f"{head} = SelfModel({model})",
+                       f'{optimizer}.add_param_group({{"params": {head}.head.parameters()}})')
+    edits.insert_after(loss_line, f"{loss} = {loss} + SELF_MODEL_WEIGHT * {head}.aux_loss({targets})")
+    return edits.apply()

@@ -1,0 +1,58 @@
+"""Norm layers: BatchNorm after every conv and hidden linear layer, wherever the layers are built."""
+
+from __future__ import annotations
+
+from ralph_ray.agents.transforms._registry import register
+from ralph_ray.agents.transforms._tree import (
+    Edits,
+    NotApplicable,
+    Trainer,
+    analyse,
+    attribute_calls,
+    classifier,
+    code,
+    expression,
+    sequential_insert,
+    size_code,
+    statement,
+    wrap_first_arg,
+)
+
+
+@register("batchnorm", "norm")
+def batchnorm(source: str) -> str:
+    """BatchNorm2d after each nn.Conv2d, BatchNorm1d after each hidden nn.Linear, and (for conv nets) a
+    parameter-free BatchNorm1d on the classifier's input: centred head inputs keep SGD on the head stable."""
+    trainer = analyse(source)
+    if trainer.has(r"BatchNorm|LayerNorm|GroupNorm"):
+        raise NotApplicable("the model already has normalisation layers")
+    layers = [layer for layer in trainer.layers() if layer.attribute or layer.sequential]
+    if not layers:
+        raise NotApplicable("no nn.Conv2d / nn.Linear layers built in `__init__` or `nn.Sequential` (functional model?)")
+    head = classifier(layers)
+    # the head's input gets centred only where conv features feed it directly (many positive unit-scale inputs)
+    convs = layers.index(head) > 0 and layers[layers.index(head) - 1].kind == "conv"
+    edits = Edits(trainer)
+    for layer in layers:
+        if layer is head:
+            if not convs:
+                continue
+            norm, before = f"torch.nn.BatchNorm1d({size_code(layer, 'in')}, affine=False)", True
+        elif layer.kind == "conv":
+            norm, before = f"torch.nn.BatchNorm2d({size_code(layer, 'out')})", False
+        else:
+            norm, before = f"torch.nn.BatchNorm1d({size_code(layer, 'out')})", False
+        if layer.sequential is not None:
+            sequential_insert(edits, layer.sequential, layer.call, norm, before=before)
+            continue
+        name = f"bn_{layer.attribute}"
+        edits.insert_after(trainer.statement_of(layer.call), statement(f"self.{name} = {norm}"))
+        calls = attribute_calls(trainer, layer.attribute or "")
+        if not calls:
+            raise NotApplicable(f"`self.{layer.attribute}` is built but never called as `self.{layer.attribute}(x)`")
+        for call in calls:
+            if before:
+                wrap_first_arg(edits, call, f"self.{name}({{}})")
+            else:
+                edits.sub(call, lambda old, _n=name: expression(f"self.{_n}({code(old)})"))
+    return edits.apply()

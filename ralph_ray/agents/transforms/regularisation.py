@@ -1,0 +1,140 @@
+"""Regularisation: dropout before the classifier, label smoothing, weight decay, AdamW."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from ralph_ray.agents.transforms._registry import register
+from ralph_ray.agents.transforms._tree import (
+    CROSS_ENTROPY_FN,
+    Edits,
+    NotApplicable,
+    Trainer,
+    analyse,
+    attribute_calls,
+    call_name,
+    classifier,
+    code,
+    dotted,
+    expression,
+    free_name,
+    kwarg,
+    positional,
+    sequential_insert,
+    statement,
+    with_kwarg,
+    wrap_first_arg,
+)
+
+ADAMW_LR = 0.003
+ADAMW_WEIGHT_DECAY = 0.05
+
+
+@register("add_dropout", "regularisation")
+def add_dropout(source: str) -> str:
+    """nn.Dropout(DROPOUT) on the classifier's input, in nn.Sequential or a module's forward."""
+    trainer = analyse(source)
+    if trainer.has(r"Dropout|\bdropout\("):
+        raise NotApplicable("the model already has dropout (the `dropout` knob move tunes it)")
+    head = classifier([layer for layer in trainer.layers() if layer.attribute or layer.sequential])
+    edits = Edits(trainer)
+    knob = free_name(trainer, "DROPOUT")
+    edits.knob(knob, 0.2, "dropout on the classifier's input")
+    if head.sequential is not None:
+        sequential_insert(edits, head.sequential, head.call, f"torch.nn.Dropout({knob})", before=True)
+    else:
+        name = free_name(trainer, f"drop_{head.attribute}")
+        edits.insert_after(trainer.statement_of(head.call), statement(f"self.{name} = torch.nn.Dropout({knob})"))
+        calls = attribute_calls(trainer, head.attribute or "")
+        if not calls:
+            raise NotApplicable(f"the classifier `self.{head.attribute}` is never called as `self.{head.attribute}(x)`")
+        for call in calls:
+            wrap_first_arg(edits, call, f"self.{name}({{}})")
+    return edits.apply()
+
+
+@register("label_smoothing", "regularisation")
+def label_smoothing(source: str) -> str:
+    """Train against labels smoothed by LABEL_SMOOTHING (the training loss only; evaluation is untouched)."""
+    trainer = analyse(source)
+    call = trainer.loss_call()
+    if kwarg(call, "label_smoothing") is not None or "LABEL_SMOOTHING" in trainer.knobs():
+        raise NotApplicable("the training loss already smooths labels")
+    edits = Edits(trainer)
+    edits.knob("LABEL_SMOOTHING", 0.1, "cross-entropy label smoothing of the training loss")
+    if CROSS_ENTROPY_FN.match(call_name(call) or "") or isinstance(call.func, cst.Call):
+        edits.sub(call, lambda old: with_kwarg(old, "label_smoothing", "LABEL_SMOOTHING"))
+    else:  # a criterion object shared with evaluation: the training line gets its own smoothed call
+        args = ", ".join(code(a.value) for a in positional(call)[:2])
+        edits.sub(call, expression(f"torch.nn.functional.cross_entropy({args}, label_smoothing=LABEL_SMOOTHING)"))
+    return edits.apply()
+
+
+@register("add_weight_decay", "regularisation")
+def add_weight_decay(source: str) -> str:
+    """Give an optimizer without weight decay `weight_decay=WEIGHT_DECAY` (5e-4), a knob from then on."""
+    trainer = analyse(source)
+    call = trainer.optimizer_call()
+    current = kwarg(call, "weight_decay")
+    if current is not None:
+        value = code(current.value)
+        if value in trainer.knobs():
+            raise NotApplicable(f"weight decay is already the knob {value} (the `weight_decay` knob move tunes it)")
+        if not re.fullmatch(r"0(\.0*)?", value):
+            raise NotApplicable(f"the optimizer already has weight_decay={value}")
+    if any(isinstance(a.value, (cst.List, cst.ListComp)) for a in positional(call)[:1]) and trainer.has(r"[\"']weight_decay[\"']"):
+        raise NotApplicable("the parameter groups set their own weight_decay")
+    edits = Edits(trainer)
+    knob = free_name(trainer, "WEIGHT_DECAY")
+    edits.knob(knob, 0.0005, "L2 weight decay of the optimizer")
+    edits.sub(call, lambda old: with_kwarg(old, "weight_decay", knob))
+    return edits.apply()
+
+
+@register("adamw_optimizer", "regularisation")
+def adamw_optimizer(source: str) -> str:
+    """Switch any other torch.optim optimizer to AdamW (lr 3e-3, decoupled weight decay 0.05, momentum -> beta1)."""
+    trainer = analyse(source)
+    call = trainer.optimizer_call()
+    name = (call_name(call) or "").rsplit(".", 1)[-1]
+    if name in ("Adam", "AdamW", "NAdam", "RAdam"):
+        raise NotApplicable(f"the optimizer is already {name}")
+    params = positional(call)
+    if not params:
+        raise NotApplicable("the optimizer gets its parameters by keyword")
+    if isinstance(params[0].value, (cst.List, cst.Dict, cst.ListComp)):
+        raise NotApplicable("the optimizer has parameter groups with their own settings (tuned by hand)")
+    knobs, edits = trainer.knobs(), Edits(trainer)
+    args = [code(params[0].value)]
+    args.append("lr=" + _setting(trainer, edits, call, "lr", ADAMW_LR, knobs))
+    momentum = kwarg(call, "momentum")
+    if momentum is not None and code(momentum.value) in knobs:
+        args.append(f"betas=({code(momentum.value)}, 0.999)")
+    decay = kwarg(call, "weight_decay")
+    if decay is None:
+        knob = free_name(trainer, "WEIGHT_DECAY")
+        edits.knob(knob, ADAMW_WEIGHT_DECAY, "decoupled weight decay (AdamW)")
+        args.append(f"weight_decay={knob}")
+    else:
+        args.append("weight_decay=" + _setting(trainer, edits, call, "weight_decay", ADAMW_WEIGHT_DECAY, knobs))
+    edits.sub(call, expression(f"torch.optim.AdamW({', '.join(args)})"))
+    result = edits.apply()
+    # the knobs' comments name the optimizer they belong to
+    return re.sub(r"^([A-Z_]+ = [^#\n]*#.*)\bSGD\b", r"\1AdamW", result, flags=re.MULTILINE)
+
+
+def _setting(trainer: Trainer, edits: Edits, call: cst.Call, key: str, value: float, knobs: dict) -> str:
+    """The AdamW argument for `key`: the same knob set to `value`, or the literal."""
+    arg = kwarg(call, key)
+    if arg is None:
+        return repr(value)
+    text = code(arg.value)
+    if text in knobs:
+        edits.set_knobs[text] = value
+        return text
+    if dotted(arg.value) is None and not isinstance(arg.value, (cst.Integer, cst.Float)):
+        raise NotApplicable(f"the optimizer's {key} is computed (`{text}`), not a knob or a number")
+    return repr(value)
+

@@ -1,0 +1,128 @@
+"""The training step: gradient clipping, an EMA of the weights for evaluation, mixed precision, channels-last."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ralph_ray.agents.transforms._registry import register
+from ralph_ray.agents.transforms._tree import (
+    EVAL_CALL,
+    NO_GRAD,
+    Edits,
+    NotApplicable,
+    Trainer,
+    analyse,
+    assign_target,
+    call_name,
+    dotted,
+    free_name,
+    statement,
+)
+
+
+@register("gradient_clipping", "step")
+def gradient_clipping(source: str) -> str:
+    """Clip the global gradient norm to GRAD_CLIP before each optimizer step."""
+    trainer = analyse(source)
+    if trainer.has(r"clip_grad"):
+        raise NotApplicable("the trainer already clips gradients")
+    trainer.loss_reduction_mean()  # a summed loss has batch-sized gradient norms that a fixed clip throttles
+    params, edits = trainer.parameters_code(), Edits(trainer)
+    edits.knob("GRAD_CLIP", 2.0, "max global gradient norm per step")
+    edits.insert_before(trainer.step_statement(), f"torch.nn.utils.clip_grad_norm_({params}, GRAD_CLIP)")
+    return edits.apply()
+
+
+@register("ema_weights", "step")
+def ema_weights(source: str) -> str:
+    """Keep an EMA of the weights (and BatchNorm buffers) and evaluate and predict with it."""
+    trainer = analyse(source)
+    if trainer.has(r"AveragedModel|\bema\b"):
+        raise NotApplicable("the trainer already averages its weights")
+    model, edits = trainer.model_name(), Edits(trainer)
+    ema = free_name(trainer, "ema")
+    scope = _scope(trainer, trainer.epoch_loop())
+    batch = trainer.batch_loop()
+    swapped = 0
+    for node in trainer.nodes:
+        if not isinstance(node, cst.Call) or _scope(trainer, node) is not scope or trainer.inside(node, batch):
+            continue
+        name = call_name(node) or ""
+        if name == f"{model}.eval" or (name == model and _under_no_grad(trainer, node)):
+            edits.sub(node.func, cst.parse_expression(name.replace(model, ema, 1)))
+            swapped += 1
+        elif EVAL_CALL.search(name.rsplit(".", 1)[-1]):  # evaluate(model, ...), predict(model, ...)
+            for arg in node.args:
+                if dotted(arg.value) == model:
+                    edits.sub(arg.value, cst.Name(ema))
+                    swapped += 1
+    if not swapped:
+        raise NotApplicable(f"no evaluation of `{model}` found (evaluate({model}, ...) or {model}(x) under torch.no_grad())")
+    edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
+    edits.insert_after(
+        trainer.optimizer_statement(),
+        f"{ema} = torch.optim.swa_utils.AveragedModel({model}, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn"
+        f"(EMA_DECAY), use_buffers=True)",
+    )
+    edits.insert_after(trainer.step_statement(), f"{ema}.update_parameters({model})")
+    return edits.apply()
+
+
+@register("mixed_precision", "step")
+def mixed_precision(source: str) -> str:
+    """Run the forward pass and loss under bfloat16 autocast on a GPU (a no-op on CPU)."""
+    trainer = analyse(source)
+    if trainer.has(r"autocast"):
+        raise NotApplicable("the trainer already uses autocast")
+    loss, backward = trainer.loss_name(), trainer.backward_statement()
+    forward = trainer.forward_input()
+    body = trainer.parent(backward)
+    if not isinstance(body, cst.IndentedBlock):
+        raise NotApplicable("the backward call is not in an indented block")
+    lines = list(body.body)
+    end = lines.index(backward)
+    loss_line = max((i for i in range(end) if assign_target(lines[i]) == loss), default=None)
+    start = next((i for i in range(end) if trainer.inside(forward, lines[i])), None)
+    if loss_line is None or start is None or start > loss_line:
+        raise NotApplicable(f"the forward call and `{loss} = ...` are not lines of the block holding `{loss}.backward()`")
+    wrap = cst.ensure_type(statement(
+        'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n    pass\n'),
+        cst.With)
+    inner = [s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(lines[start : loss_line + 1])]
+    block = wrap.with_changes(body=wrap.body.with_changes(body=inner), leading_lines=lines[start].leading_lines)
+    edits = Edits(trainer)
+    edits.sub(lines[start], block)
+    for stmt in lines[start + 1 : loss_line + 1]:
+        edits.sub(stmt, lambda _old: cst.RemovalSentinel.REMOVE)
+    return edits.apply()
+
+
+@register("channels_last", "step")
+def channels_last(source: str) -> str:
+    """Store a conv net's weights channels-last (faster convolutions on GPUs with tensor cores)."""
+    trainer = analyse(source)
+    if trainer.has(r"channels_last"):
+        raise NotApplicable("the trainer already uses channels_last")
+    if not any(layer.kind == "conv" for layer in trainer.layers()):
+        raise NotApplicable("the model has no nn.Conv2d layers")
+    model = trainer.model_name()
+    optimizer = trainer.optimizer_statement()
+    built = [s for s in trainer.statements(trainer.module) 
+             if assign_target(s) == model and trainer.order(s) < trainer.order(optimizer)]
+    if not built:
+        raise NotApplicable(f"no `{model} = ...` line before the optimizer")
+    edits = Edits(trainer)
+    edits.insert_after(built[-1], f"{model} = {model}.to(memory_format=torch.channels_last)")
+    return edits.apply()
+
+
+def _scope(trainer: Trainer, node: cst.CSTNode) -> cst.CSTNode:
+    """The function (or module) a node's code runs in."""
+    return next((a for a in trainer.ancestors(node) if isinstance(a, cst.FunctionDef)), trainer.module)
+
+
+def _under_no_grad(trainer: Trainer, node: cst.CSTNode) -> bool:
+    for ancestor in trainer.ancestors(node):
+        if isinstance(ancestor, cst.With) and any(NO_GRAD.match(call_name(i.item) or "") for i in ancestor.items):
+            return True
+    return False
