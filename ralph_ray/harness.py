@@ -30,9 +30,11 @@ ENV_BUDGET_S = "RALPH_BUDGET_S"  # the trial's time budget in seconds (unset: no
 CHECKPOINT_FILE = "checkpoint.pt"
 TRAIN_SECONDS = "train_seconds"  # the key every report carries: ASHA's time attribute under a time budget
 _last_save = -math.inf  # monotonic time of this process's last checkpoint
-# The budget's clock starts when the trainer imports this module: Python's and torch's start-up are not
-# training time (the engine's grace margin covers them).
+# The budget's clock starts when training starts: the first step of `epochs()` (or, for a trainer that does not
+# loop over it, the import of this module). Start-up (Python, torch's lazy imports, data, model) is not training
+# time; the engine's grace margin covers it, and its own limit counts from the process start.
 _CLOCK_START = time.monotonic()
+_clock_started = False
 _epoch_s = 0.0  # the longest epoch so far (as `epochs()` measured it): what the next one is expected to take
 
 PUBLIC_FILES = ("train_x.npy", "train_y.npy", "selection_x.npy", "test_x.npy", "meta.json")
@@ -105,7 +107,7 @@ def budget_s() -> float | None:
 
 
 def train_seconds() -> float:
-    """Seconds of training so far (since the trainer imported the harness)."""
+    """Seconds of training so far (since `epochs()` began, or since the harness was imported)."""
     return time.monotonic() - _CLOCK_START
 
 
@@ -132,7 +134,9 @@ def epochs(limit: int) -> Iterator[int]:
     It times the epochs itself (the time between two steps of the loop) and starts another only while the
     time left exceeds the longest epoch so far, so a trainer that loops over it stops on time.
     """
-    global _epoch_s
+    global _epoch_s, _CLOCK_START, _clock_started
+    if not _clock_started:
+        _CLOCK_START, _clock_started = time.monotonic(), True
     epoch = 0
     while True:
         if budget_s() is None:

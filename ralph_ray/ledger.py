@@ -21,11 +21,11 @@ from ralph_ray.knobs import resolve_knobs
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
-from ralph_ray.trials import FAILED_KEY, HELD_KEY
+from ralph_ray.trials import FAILED_KEY, HELD_KEY, STOPPED_KEY
 
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
-_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, "variant"}
+_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, STOPPED_KEY, "variant"}
 # The reason of trials cut short by a stop of the whole cycle: a resumed cycle runs them again.
 STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"
 
@@ -103,7 +103,7 @@ class TrialLedger(Callback):
             return
         encoded = (trial.last_result or {}).get(PREDICTIONS_KEY)
         if encoded is None:
-            self._finish(trial, TrialStatus.stopped_early, None)
+            self._finish(trial, TrialStatus.stopped_early, (trial.last_result or {}).get(STOPPED_KEY))  # ASHA, budget
             return
         try:
             scores = score_encoded(str(encoded), self.labels)

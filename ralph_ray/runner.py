@@ -66,6 +66,10 @@ class Limits:
     output_bytes: int = OUTPUT_LIMIT_BYTES
     threads: int = 1  # OMP/MKL threads
     sandbox: Policy = Policy()  # isolation, memory, processes, file size, network
+    # An equal time budget (trial.budget_s): the trainer sees it as harness.time_left(); past budget_s + grace_s
+    # it is stopped (not failed), reason BUDGET_REASON, and its reported epochs stand.
+    budget_s: float | None = None
+    grace_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,7 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
     work, proc = trainer.work, running.proc
     reports = JsonLinesTail(work / METRICS_FILE)
     deadline = time.monotonic() + limits.timeout_s
+    overrun = None if limits.budget_s is None else time.monotonic() + limits.budget_s + limits.grace_s
     last: Record | None = None
     held: list[Record] = []
     try:
@@ -183,6 +188,8 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
                 break
             if should_stop():
                 return Outcome(Status.stopped, last=last)
+            if overrun is not None and time.monotonic() > overrun:
+                return Outcome(Status.stopped, budget_reason(limits), last=last, held=held[:-1] if len(held) > 1 else [])
             if time.monotonic() > deadline:
                 raise Breached(Breach.timeout, f"train.py ran past safeguards.trial_timeout_s={limits.timeout_s:g}s")
             if running.output.exceeded:
@@ -205,6 +212,14 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
     predictions = work / PREDICTIONS_FILE
     return Outcome(Status.finished, last=last, held=held[:-1] if len(held) > 1 else [],
                    predictions=predictions if predictions.exists() else None)
+
+
+BUDGET_REASON = "budget"  # the reason of a trainer stopped past its time budget (its first word)
+
+
+def budget_reason(limits: Limits) -> str:
+    """Why a trainer was stopped at its time budget."""
+    return f"{BUDGET_REASON}: train.py ran past trial.budget_s={limits.budget_s:g}s + trial.grace_s={limits.grace_s:g}s"
 
 
 class Breached(TrialFailed):

@@ -34,6 +34,9 @@ HELD_KEY = "held_epochs"  # epochs held back past the last rung, sent (as JSON) 
 # The result key that ends a trial the trainer itself failed (crash, NaN, timeout...): such a failure is final,
 # so it ends the trial as a result, not an exception, which Tune would retry (FailureConfig is for lost nodes).
 FAILED_KEY = "trial_failed"
+# The result key of a trial the runner stopped past its time budget: recorded as stopped early with this reason,
+# its reported epochs (the curve, its last validation metric) kept; unscored, as it wrote no predictions.
+STOPPED_KEY = "trial_stopped"
 NODE_FILE = "node.json"  # in the work dir: where the trial ran (node, GPUs, data cache), for people and tests
 ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials from a driver on another node
 
@@ -115,6 +118,10 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     trainer = Trainer(work, data_dir, code.entry, spec.seed, env, spec.schedule.checkpoint_every_s)
     every_epoch = tune.report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
     outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested)
+    if outcome.status is Status.stopped and outcome.reason and outcome.last is not None:  # past its time budget
+        final = {**outcome.last, STOPPED_KEY: outcome.reason}
+        tune.report({**final, HELD_KEY: json.dumps(outcome.held)} if outcome.held else final)
+        return
     if outcome.status is Status.stopped:
         return  # Tune stopped the trial (ASHA or a stop rule)
     if outcome.status is Status.failed or outcome.last is None:

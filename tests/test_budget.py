@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ralph_ray import PROJECT_ROOT, harness
+from ralph_ray.config import TrialConfig
 from ralph_ray.knobs import rewrite_knobs
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
@@ -41,7 +42,7 @@ def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
     work = tmp_path / "work"
     work.mkdir()
     source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
-    (work / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 1}))
+    (work / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 1, "WIDTH": 4, "BATCH_SIZE": 256}))  # quick epochs
     env = {**os.environ, harness.ENV_DATA_DIR: str(tmp_path / "data"), harness.ENV_METRICS_FILE: str(work / "m.jsonl"),
            harness.ENV_PREDICTIONS_FILE: str(work / "p.npz"), "OMP_NUM_THREADS": "1", harness.ENV_BUDGET_S: "3"}
     started = time.monotonic()
@@ -52,5 +53,53 @@ def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
     assert len(records) > 1  # EPOCHS=1 is ignored: it trains until the deadline
     assert all(harness.TRAIN_SECONDS in r for r in records)
     assert records[-1][harness.TRAIN_SECONDS] <= 3.0
-    assert wall < 3.0 + 10.0  # within budget + the default grace (trial.grace_s), start-up included
+    assert wall < 3.0 + TrialConfig.grace_s  # within budget + the default grace margin, start-up included
     assert (work / "p.npz").exists()
+
+
+# -- the runner's side: a trainer that keeps to its budget, and one that ignores it ------------------------------
+
+def _trainer(tmp_path: Path, body: str) -> "Trainer":
+    from ralph_ray.runner import Trainer
+    from ralph_ray.workdir import prepare_workdir
+
+    folder = tmp_path / "variant"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.py").write_text("import time\nimport numpy as np\nfrom ralph_ray import harness\n" + body)
+    work = tmp_path / "trials" / "t1"
+    prepare_workdir(folder, work, {})
+    return Trainer(work, tmp_path / "data", env={harness.ENV_BUDGET_S: "3"})
+
+
+def test_runner_lets_a_trainer_on_budget_finish(tmp_path: Path):
+    from ralph_ray.runner import Limits, Status, run
+    from ralph_ray.sandbox import Policy, SandboxMode
+
+    job = _trainer(tmp_path, """
+for epoch in harness.epochs(1):
+    time.sleep(0.4)
+    harness.report(epoch=epoch, val_acc=0.5)
+harness.save_predictions(selection=np.array([1]), test=np.array([2]))
+""")
+    started = time.monotonic()
+    outcome = run(job, Limits(timeout_s=60, sandbox=Policy(SandboxMode.none), budget_s=3, grace_s=5))
+    assert outcome.status is Status.finished and outcome.predictions is not None
+    assert time.monotonic() - started < 3 + 5
+    assert outcome.last is not None and outcome.last["epoch"] >= 5 and outcome.last[harness.TRAIN_SECONDS] <= 3
+
+
+def test_runner_stops_a_trainer_that_ignores_its_budget(tmp_path: Path):
+    from ralph_ray.runner import BUDGET_REASON, Limits, Status, run
+    from ralph_ray.sandbox import Policy, SandboxMode
+
+    job = _trainer(tmp_path, """
+for epoch in range(1, 1000):  # ignores harness.time_left()
+    time.sleep(0.3)
+    harness.report(epoch=epoch, val_acc=epoch / 1000)
+""")
+    seen: list[dict] = []
+    started = time.monotonic()
+    outcome = run(job, Limits(timeout_s=60, sandbox=Policy(SandboxMode.none), budget_s=1, grace_s=1), seen.append)
+    assert time.monotonic() - started < 1 + 1 + 2  # stopped at budget + grace (plus a poll and the kill)
+    assert outcome.status is Status.stopped and outcome.reason.startswith(BUDGET_REASON)
+    assert outcome.last is not None and outcome.last == seen[-1] and outcome.last["epoch"] >= 3  # its epochs stand
