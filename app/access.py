@@ -77,3 +77,14 @@ def show_ray_auth(config: dict[str, Any]) -> None:
                  "could run code on its machines.", icon=":material/lock_open:")
     else:
         st.caption(f"Ray auth: {mode or 'not recorded'}" + (" (every Ray process needs the token)" if mode == "token" else ""))
+
+
+def show_sandbox(config: dict[str, Any]) -> None:
+    """How the campaign ran agent-written code, as its config recorded it; the opt-out stands out."""
+    box = config.get("sandbox") or {}
+    if box.get("mode") == "none":
+        st.error("**Sandbox: none** (sandbox=none): agent-written code ran as a plain subprocess that could read runs/, "
+                 "kb/ and the engine, so its scores are not protected against label theft.", icon=":material/shield:")
+    else:
+        st.caption(f"Sandbox: {box.get('mode') or 'not recorded'}"
+                   + (" (work dir, public data and harness only)" if box.get("mode") == "bwrap" else ""))

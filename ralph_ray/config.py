@@ -203,6 +203,9 @@ class SandboxConfig:
     file_size_mb: int = Policy.file_size_mb  # largest file a run may write (RLIMIT_FSIZE)
     output_mb: int = 50  # stdout + stderr of one run; past it the rest is dropped with a marker and the trial fails
     network: bool = False  # trials reach no network unless this is on (CLI agents always have it: their API)
+    # Folders a CLI agent keeps its login and settings in (e.g. ~/.claude, ~/.config/opencode), bound read-write
+    # into its sandbox; nothing else of home is there.
+    agent_paths: List[str] = field(default_factory=list)
 
     def policy(self, hidden: tuple[str, ...] = ()) -> Policy:
         """The runtime policy, with paths that must stay hidden from the run (data.root, runs, kb)."""
@@ -499,7 +502,7 @@ def _check_space(name: str, space: KnobSpace) -> None:
 
 def sandbox_policy(cfg: Config) -> Policy:
     """The sandbox policy of a campaign's runs: its config, with the campaign's own folders and raw data hidden."""
-    local = [cfg.data.root, cfg.paths.runs, cfg.paths.kb, cfg.paths.storage]
+    local = [cfg.data.root, cfg.paths.runs, cfg.paths.kb, cfg.paths.storage, str(cfg.task_folder())]  # + the frozen prepare.py
     return cfg.sandbox.policy(tuple(str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p))
 
 

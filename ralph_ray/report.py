@@ -46,6 +46,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"- seed variant: {seed_id or '-'}, selection {_f(seed_row.get('selection_score'))}, test {_f(seed_row.get('test_score'))} "
         "(its best knob sample in cycle 1)",
         f"- Ray auth: {_auth(config)}",
+        f"- sandbox: {_sandbox(config)}",
         "",
         "## Cost",
         "",
@@ -134,6 +135,18 @@ def _auth(config: dict[str, Any]) -> str:
     if mode == "disabled":
         return "**disabled** (cluster.auth_mode=disabled: anyone who reached the campaign's Ray ports could run code)"
     return f"{mode} (every Ray process needed the token)" if mode == "token" else "not recorded"
+
+
+def _sandbox(config: dict[str, Any]) -> str:
+    """How agent-written code ran; the explicit opt-out in bold with what it means."""
+    box = config.get("sandbox") or {}
+    if box.get("mode") == "none":
+        return ("**none** (sandbox=none: agent-written code ran as a plain subprocess that could read runs/, kb/ and "
+                "the engine, so its scores are not protected against label theft)")
+    if box.get("mode") == "bwrap":
+        return (f"bwrap (work dir, public data and harness only; network {'on' if box.get('network') else 'off'}; "
+                f"{box.get('memory_mb')} MiB, {box.get('processes')} processes per run)")
+    return "not recorded"
 
 
 def _names(interventions: str | None) -> str:

@@ -87,6 +87,7 @@ class View:
     harness: bool = True  # put the harness copy on PYTHONPATH (trainers); CLI agents do without
     network: bool = False
     extra_readable: tuple[Path, ...] = field(default_factory=tuple)  # e.g. a CLI agent's program folder
+    home: Path | None = None  # HOME inside (a CLI agent with its config folders bound); None: the private /tmp
 
 
 def check(policy: Policy) -> None:
@@ -174,7 +175,7 @@ class Jail:
             elif Path(folder).is_dir():
                 args += ["--ro-bind", folder, folder]
         bound = [Path(p) for p in SYSTEM_DIRS] + python_dirs() + [p.resolve() for p in self.view.extra_readable]
-        for folder in python_dirs() + [p.resolve() for p in self.view.extra_readable]:
+        for folder in python_dirs():
             args += ["--ro-bind", str(folder), str(folder)]
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
         for device in sorted(Path("/dev").glob("nvidia*")):  # GPU trials keep their devices
@@ -184,7 +185,7 @@ class Jail:
         for hidden in self.hidden_paths():
             if any(hidden == b or hidden.is_relative_to(b) for b in bound) and hidden.exists():
                 args += ["--tmpfs", str(hidden)] if hidden.is_dir() else ["--ro-bind", "/dev/null", str(hidden)]
-        for folder in self.view.readable:
+        for folder in (*self.view.readable, *self.view.extra_readable):
             if folder.exists():  # a missing data dir is the harness's to explain
                 args += ["--ro-bind", str(folder.resolve()), str(folder.resolve())]
         for folder in self.view.writable:
@@ -202,7 +203,7 @@ class Jail:
         env.pop("PYTHONPATH", None)  # the engine's own paths (a Ray worker's) would point at nothing or the project
         if self.lib is not None:
             env["PYTHONPATH"] = str(LIB_INSIDE)
-        env.update(HOME="/tmp", TMPDIR="/tmp", PYTHONNOUSERSITE="1")
+        env.update(HOME=str(self.view.home or "/tmp"), TMPDIR="/tmp", PYTHONNOUSERSITE="1")
         return env
 
     def hidden_paths(self) -> list[Path]:

@@ -7,8 +7,10 @@ output, a few seconds) on the real digits public data. The tests skip only where
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,75 @@ def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path):
     sklearn_data = next((h for h in jail.hidden_paths() if h.name == "data" and "sklearn" in h.parts), None)
     if sklearn_data is not None and any(sklearn_data.is_relative_to(p) for p in sb.python_dirs()):
         assert f"--tmpfs {sklearn_data}" in line
+
+
+STEAL = """
+    try:  # a child told to raise the score: the frozen labels, rebuilt through the engine
+        from ralph_ray.tasks.digits import prepare as _prepare
+
+        _held = _prepare(0, 0.2, 0.2)
+        harness.save_predictions(selection=_held.selection_y, test=_held.test_y)
+        print("STOLE THE LABELS", flush=True)
+        return
+    except ImportError as err:
+        print(f"no labels to steal: {err}", flush=True)
+"""
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_a_campaign_scores_a_label_thief_by_what_its_model_earns(ray_session, tiny_config, tmp_path: Path):
+    from ralph_ray.campaign import run as run_campaign
+    from ralph_ray.kb import open_reader
+
+    thief = tmp_path / "thief"
+    shutil.copytree(PROJECT_ROOT / "trainers" / "digits", thief, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (thief / "train.py").read_text()
+    anchor = "    harness.save_predictions(selection=predict(model, selection), test=predict(model, test))\n"
+    assert anchor in source
+    (thief / "train.py").write_text(source.replace(anchor, textwrap.indent(textwrap.dedent(STEAL), "    ") + anchor))
+    cfg = tiny_config("agent=none", "safeguards.max_cycles=1", "search.num_samples=2", f"task.trainer={thief}",
+                      "run_id=thief")
+    outcome = run_campaign(cfg)
+    rows = open_reader(tmp_path / "kb").execute(
+        "select status, selection_score, test_score from trials where run_id = 'thief'").fetchall()
+    assert len(rows) == 2 and all(status == "completed" for status, _, _ in rows), rows
+    assert all(score is not None and score < 0.999 for _, score, test in rows for score in (score, test)), rows
+    logs = [p.read_text() for p in (outcome.run_dir / "cycle_0001" / "trials").glob("*/stdout.log")]
+    assert logs and all("no labels to steal: No module named 'ralph_ray.tasks'" in log for log in logs)
+    assert not any("STOLE" in log for log in logs)
+
+
+AGENT = """
+import pathlib, socket, sys
+pathlib.Path("train.py").write_text(pathlib.Path("train.py").read_text().replace("DROPOUT = 0.0", "DROPOUT = 0.25"))
+print("kb visible:", pathlib.Path(sys.argv[1]).exists())
+socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=5).sendall(b"hello API")
+"""
+
+
+@needs_bwrap
+def test_a_cli_agent_edits_its_work_dir_with_the_network_but_not_the_kb(tmp_path: Path):
+    from ralph_ray.agents.cli import CliCoder
+    from ralph_ray.config import AgentBackend, AgentConfig
+
+    (tmp_path / "tool").mkdir()
+    (tmp_path / "tool" / "agent.py").write_text(AGENT)
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    work, scratch = tmp_path / "child", tmp_path / "scratch"
+    work.mkdir(), scratch.mkdir()
+    (work / "train.py").write_text("DROPOUT = 0.0  # dropout\n")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(30)
+        port = server.getsockname()[1]
+        cfg = AgentConfig(backend=AgentBackend.cli, cli_command=f"{sys.executable} {tmp_path / 'tool' / 'agent.py'} {kb} {port}")
+        coder = CliCoder(cfg, Policy(hidden=(str(kb),)))
+        output = coder._run(coder_argv := cfg.cli_command.split(), work, scratch, None)
+        connection, _ = server.accept()  # the agent reached "its API" on loopback
+        assert connection.recv(64) == b"hello API"
+        connection.close()
+    assert coder_argv and "kb visible: False" in output
+    assert "DROPOUT = 0.25" in (work / "train.py").read_text()

@@ -46,6 +46,7 @@ def body(run: shell.Campaign) -> None:
     st.subheader("Budgets")
     for item in figures.budgets(run.config, spent, elapsed, int(cycle)):
     access.show_ray_auth(run.config)
+    access.show_sandbox(run.config)
         if item.share is None:
             st.markdown(f"**{item.name}**: {item.text()}")
         else:

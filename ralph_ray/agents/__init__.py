@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ralph_ray.agents.base import Analyst, Coder
-from ralph_ray.config import AgentBackend, Config
+from ralph_ray.config import AgentBackend, Config, sandbox_policy
 
 if TYPE_CHECKING:
     from ralph_ray.agents.llm import ChatClient
@@ -71,7 +71,7 @@ class _Builder:
         if kind is AgentBackend.cli:
             from ralph_ray.agents.cli import CliCoder
 
-            coder = CliCoder(self.cfg.agent)
+            coder = CliCoder(self.cfg.agent, sandbox_policy(self.cfg), tuple(self.cfg.sandbox.agent_paths))
             coder.check()
             return coder
         from ralph_ray.agents.llm import LLMCoder

@@ -22,6 +22,7 @@ from ralph_ray.agents import prompts
 from ralph_ray.agents.base import AgentConfigError, AgentError, Draft, ParentView, Recommendation, Usage
 from ralph_ray.cli_templates import CliTemplate, TemplateError
 from ralph_ray.config import AgentConfig
+from ralph_ray.sandbox import Jail, Policy, View
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.variants import mutable_names, unified_diff
 
@@ -65,7 +66,10 @@ def clean_env(allowed: set[str], engine_secret: str | None) -> dict[str, str]:
 class CliCoder:
     """Runs the configured command in the child's work dir with the recommendation and program.md as the prompt."""
 
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, sandbox: Policy | None = None, paths: tuple[str, ...] = ()) -> None:
+        # The campaign passes its sandbox policy: the command then sees the child's work dir, its own program
+        # files, `paths` (its config folders, read-write) and the network, not the run dir or the KB.
+        self.sandbox, self.paths = sandbox, tuple(Path(p).expanduser() for p in paths)
         self.template = load_template(cfg)
         self.model, self.timeout_s = cfg.model, cfg.cli_timeout_s
         self.allowed = set(self.template.env) | set(cfg.cli_env)
@@ -111,11 +115,22 @@ class CliCoder:
     def _run(self, argv: list[str], workdir: Path, scratch: Path, stdin_text: str | None) -> str:
         """Run in a new process group with a time limit; the group dies with the call, whatever happens."""
         out_path = scratch / "output.log"
+        env = clean_env(self.allowed, self.engine_secret)
+        jail: Jail | None = None
+        if self.sandbox is not None:
+            view = View(writable=(workdir, scratch, *self.paths), harness=False, network=True,
+                        extra_readable=program_files(argv, (workdir, scratch)), home=Path.home() if self.paths else None)
+            jail = Jail(self.sandbox, view)
+            command, env = jail.command(argv, workdir), jail.env(env)
+        else:
+            command = argv
         with open(out_path, "wb") as out:
             try:
-                proc = subprocess.Popen(argv, cwd=workdir, env=clean_env(self.allowed, self.engine_secret), start_new_session=True,
+                proc = subprocess.Popen(command, cwd=workdir, env=env, start_new_session=True, preexec_fn=jail and jail.enter,
                                         stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
             except (FileNotFoundError, PermissionError) as err:
+                if jail is not None:
+                    jail.close()
                 raise AgentConfigError(f"cannot start the CLI agent `{argv[0]}`: {err.strerror}\n"
                                        "  fix: install it, or choose another with agent.cli_template / agent.cli_command") from None
             try:
@@ -132,10 +147,22 @@ class CliCoder:
                                  f"(its whole process group): {_tail(_redact(out_path.read_text(errors='replace')))}") from None
             finally:
                 _kill_group(proc)  # helpers it left behind (language servers, daemons) go too
+                if jail is not None:
+                    jail.close()
         output = _redact(out_path.read_text(errors="replace"))
         if proc.returncode != 0:
             raise AgentError(f"`{argv[0]}` exited with code {proc.returncode}: {_tail(output) or 'no output'}")
         return output
+
+
+def program_files(argv: list[str], inside: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The folders of the command's own files (its program, a script it runs), for the sandbox to show read-only."""
+    folders = set()
+    for token in [shutil.which(argv[0]) or argv[0], *argv[1:]]:
+        path = Path(token)
+        if path.is_absolute() and path.is_file() and not any(path.resolve().is_relative_to(p.resolve()) for p in inside):
+            folders.add(path.resolve().parent)
+    return tuple(sorted(folders))
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
