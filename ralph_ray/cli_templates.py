@@ -50,9 +50,10 @@ def load_template(name: str, command: str | None = None) -> CliTemplate:
     except yaml.YAMLError as err:
         raise TemplateError("agent.cli_template", f"{path} is not valid YAML: {err}", f"repair {path}") from None
     if not isinstance(data, dict):
-        raise TemplateError("agent.cli_template", f"{path} is not a mapping", "give it command, model_args and env keys")
+        raise TemplateError("agent.cli_template", f"{path} is not a mapping", "give it command, model_args, env")
     line = command or data.get("command")
     if not line:
         raise TemplateError("agent.cli_command", f"template {name} has no command of its own",
-                            f"set agent.cli_command='my-agent {{prompt_file}}', or agent.cli_template to one of {known}")
+                            f"set agent.cli_command='my-agent {{prompt_file}}', or agent.cli_template to one of "
+                            f"{known}")
     return CliTemplate(name, " ".join(str(line).split()), data.get("model_args"), tuple(data.get("env") or ()))

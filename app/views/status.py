@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-import figures
 import access
+import figures
 import kbdata
 import shell
 from ralph_ray import sql
@@ -41,18 +41,19 @@ def body(run: shell.Campaign) -> None:
     if not run.running:
         why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
         (st.error if run.status == "crashed" else st.success)(why + (f"\n\n{last['rationale']}" if last.get("rationale") else ""))
+    access.show_ray_auth(run.config)
+    access.show_sandbox(run.config)
     stop_button(run)
 
     st.subheader("Budgets")
     for item in figures.budgets(run.config, spent, elapsed, int(cycle)):
-    access.show_ray_auth(run.config)
-    access.show_sandbox(run.config)
         if item.share is None:
             st.markdown(f"**{item.name}**: {item.text()}")
         else:
             st.progress(item.share, text=f"**{item.name}**: {item.text()}")
     counts = kbdata.frame(run.kb_root, sql.TRIAL_STATUS_COUNTS, (run.run_id,))
-    st.caption("trials: " + (", ".join(f"{r['n']} {r['status']}" for r in figures.records(counts)) or "none finished yet"))
+    finished = ", ".join(f"{r['n']} {r['status']}" for r in figures.records(counts))
+    st.caption("trials: " + (finished or "none finished yet"))
 
     st.subheader("Decisions")
     if decisions.empty:
@@ -78,6 +79,9 @@ def stop_button(run: shell.Campaign) -> None:
         return
     if st.button("Stop the campaign", type="primary", icon=":material/stop_circle:", key="stop",
                  help=f"writes {stop_file}; the current cycle ends cleanly and is recorded"):
+        if not allowed():
+            st.error("Wrong shared secret: nothing was stopped.")
+            return
         if not run_dir.is_dir():
             st.error(f"The run dir `{run_dir}` is not reachable from here: stop the campaign where it runs, with "
                      f"`python -m ralph_ray stop {run.run_id} --runs DIR`.")

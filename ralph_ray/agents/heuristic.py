@@ -299,7 +299,8 @@ def _best_candidate(
 class HeuristicAnalyst:
     """Diagnoses a parent's curves and ranks applicable catalog interventions by measured effect."""
 
-    def __init__(self, seed: int = 0, exploration: float = AgentConfig.exploration, catalog: Catalog | None = None) -> None:
+    def __init__(self, seed: int = 0, exploration: float = AgentConfig.exploration,
+                 catalog: Catalog | None = None) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
         self.seed = seed

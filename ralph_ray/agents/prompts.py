@@ -75,7 +75,8 @@ def _show_trials(trials: list[TrialSummary]) -> str:
     out = []
     for trial in ranked[:MAX_TRIALS_SHOWN]:
         score = "-" if trial.selection_score is None else f"{trial.selection_score:.4f}"
-        head = f"### {trial.trial_id}: {trial.status.value}, selection {score}" + (f" ({trial.reason})" if trial.reason else "")
+        reason = f" ({trial.reason})" if trial.reason else ""
+        head = f"### {trial.trial_id}: {trial.status.value}, selection {score}{reason}"
         out.append(f"{head}\n\nknobs: {json.dumps(trial.knobs, sort_keys=True)}\n\n{_show_curve(trial)}")
     if len(ranked) > MAX_TRIALS_SHOWN:
         out.append(f"({len(ranked) - MAX_TRIALS_SHOWN} more trials not shown)")

@@ -188,18 +188,20 @@ def seed_and_child(tmp_path: Path, old_kb: bool) -> Path:
     for name, lr in (("seed", 0.1), ("kid", 0.2)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "train.py").write_text(f"LR = {lr}  # learning rate\nEPOCHS = 3\n")
-    kb.put("variants", [
-        {"run_id": "r1", "variant_id": "seed", "parent_id": None, "cycle": 1, "status": "seed", "files_dir": str(tmp_path / "seed")},
-        {"run_id": "r1", "variant_id": "kid", "parent_id": "seed", "cycle": 2, "status": "kept", "files_dir": str(tmp_path / "kid"),
-         "interventions": '["raise_lr"]', "rationale": "it learns too slowly"},
-    ], "r1-variants")
+    seed = {"run_id": "r1", "variant_id": "seed", "parent_id": None, "cycle": 1, "status": "seed",
+            "files_dir": str(tmp_path / "seed")}
+    kid = {"run_id": "r1", "variant_id": "kid", "parent_id": "seed", "cycle": 2, "status": "kept",
+           "files_dir": str(tmp_path / "kid"), "interventions": '["raise_lr"]', "rationale": "it learns too slowly"}
+    kb.put("variants", [seed, kid], "r1-variants")
     kb.append("trials", [{"run_id": "r1", "cycle": c, "trial_id": f"t{c}", "variant_id": v, "status": "completed",
-                          "selection_score": score, "seconds": 1.0, "epochs": 3} for c, v, score in ((1, "seed", 0.9), (2, "kid", 0.95))], "r1-t")
+                          "selection_score": score, "seconds": 1.0, "epochs": 3}
+                         for c, v, score in ((1, "seed", 0.9), (2, "kid", 0.95))], "r1-t")
     cycle = {"run_id": "r1", "cycle": 2, "trials": 1, "best_selection_score": 0.95, "phase": "decide"}
     if old_kb:
         schema = pa.schema([f for f in KB_SCHEMAS["cycles"] if f.name not in ("cycle_dir", "analysis")])
         pq.write_table(schema.empty_table(), kb.parquet / "cycles" / "_schema.parquet")
-        pq.write_table(pa.Table.from_pylist([cycle | {"written_at": now()}], schema), kb.parquet / "cycles" / "r1-2.parquet")
+        old_part = pa.Table.from_pylist([cycle | {"written_at": now()}], schema)
+        pq.write_table(old_part, kb.parquet / "cycles" / "r1-2.parquet")
     else:
         kb.put("cycles", [cycle | {"cycle_dir": str(tmp_path / "runs" / "r1" / "cycle_0002"),
                                    "analysis": "# Cycle 2\n\n## parent seed\n\nunderfitting: raise the LR\n"}], "r1-2")
