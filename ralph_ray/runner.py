@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 from ralph_ray import harness
-from ralph_ray.sandbox import Breach, Jail, Policy, View, classify
+from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, View, classify
 from ralph_ray.secretenv import public_env
 
 POLL_S = 0.05
@@ -104,7 +104,10 @@ def run(trainer: Trainer, limits: Limits, on_epoch: Callable[[Record], None] = l
     Held reports come back in the outcome instead (the last one as `last`, the earlier ones as `held`): ASHA's
     last rung would otherwise stop a fully trained trial between its last epoch and its predictions.
     """
-    running = start(trainer, limits)
+    try:
+        running = start(trainer, limits)
+    except TrialFailed as err:  # the sandbox could not start on this node: final, not a lost node to retry
+        return Outcome(Status.failed, str(err))
     try:
         return tail(running, trainer, limits, on_epoch, hold_from_epoch, should_stop)
     finally:
@@ -159,6 +162,9 @@ def start(trainer: Trainer, limits: Limits) -> Running:
             start_new_session=True,  # own process group: one killpg reaches every child
             preexec_fn=enter,
         )
+    except OSError as err:  # bwrap missing on this node (the driver checked its own)
+        jail.close()
+        raise TrialFailed(f"cannot start train.py in the sandbox on this node: {err}; fix: {INSTALL_FIX}") from None
     except BaseException:
         jail.close()
         raise

@@ -286,3 +286,13 @@ def test_a_cli_agent_edits_its_work_dir_with_the_network_but_not_the_kb(tmp_path
         connection.close()
     assert coder_argv and "kb visible: False" in output
     assert "DROPOUT = 0.25" in (work / "train.py").read_text()
+
+
+def test_a_node_without_bwrap_fails_the_trial_with_the_fix(tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch):
+    # The driver checks its own machine; a worker node without bubblewrap fails its trials (final, not retried).
+    monkeypatch.setattr(sb, "BWRAP", "/nonexistent/bwrap")
+    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    work = tmp_path / "work"
+    write_variant({"train.py": b"print('never runs')\n"}, work)
+    outcome = run(Trainer(work, public), Limits(30, sandbox=Policy(SandboxMode.bwrap)))
+    assert outcome.status is Status.failed and "apt-get install bubblewrap" in (outcome.reason or "")
