@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.ok
 
     from ralph_ray.agents.base import AgentConfigError
-    from ralph_ray.campaign import CampaignError, run
+    from ralph_ray.campaign import run
     from ralph_ray.config import ClusterMode
     from ralph_ray.raycluster import ClusterError, ensure_ray
+    from ralph_ray.rundir import CampaignError
     from ralph_ray.tasks.base import DataError
 
     from ralph_ray.sandbox import SandboxError, check

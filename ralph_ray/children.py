@@ -1,4 +1,5 @@
-"""Growing a cycle's children: analyse each parent, ask the coder for edits, pass each through the gate.
+"""Growing a cycle's children: the seed, analyse each parent, ask the coder for edits (or make knob children),
+pass each through the gate, and once trained give each its verdict (the rule is decision.child_verdict).
 
 A gate failure goes back to the coder with the error for a bounded number of retries; then the child is
 recorded as rejected with its reason. Nothing a bad child does stops the campaign: every agent or gate
@@ -11,11 +12,12 @@ import json
 import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ralph_ray.agents.base import AgentError, Analysis, Analyst, Coder, Diagnosis, InterventionEffect, ParentView, Recommendation, Usage
+from ralph_ray.decision import child_verdict
 from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
 from ralph_ray.population import Candidate
@@ -78,6 +80,94 @@ def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "tra
     except KnobError:
         pass  # a knob the parent's code cannot take keeps the code's own value
     return out
+
+
+def seed_child(trainer_dir: Path, variants_root: Path) -> Child:
+    """Cycle 1's only child: the seed trainer as given, the root of every lineage."""
+    seed = snapshot(trainer_dir, variants_root)
+    (seed.files_dir.parent / "diff.patch").write_text("")
+    knobs = read_knobs((seed.files_dir / "train.py").read_text())
+    return Child(seed.variant_id, "", seed.files_dir, [], Diagnosis.healthy.value, "the seed trainer",
+                 VariantStatus.seed, None, "", knobs, None)
+
+
+def analysis_note(parent: Candidate, analysis: Analysis) -> str:
+    """One parent's section of the cycle's analysis.md."""
+    diagnoses = ", ".join(d.value for d in analysis.diagnoses) or "-"
+    return (f"## parent {parent.variant_id} (selection {parent.selection_score:.4f})\n\n"
+            f"diagnoses: {diagnoses}\n\n{analysis.summary}\n")
+
+
+def analysis_json(analysis: Analysis) -> dict[str, Any]:
+    """One parent's entry of recommendations.json (the write phase, resumed or not, reads it back)."""
+    return {"diagnoses": [d.value for d in analysis.diagnoses], "summary": analysis.summary,
+            "recommendations": [{**asdict(r), "diagnosis": r.diagnosis.value} for r in analysis.recommendations]}
+
+
+def analysis_from_json(variant_id: str, entry: dict[str, Any] | None) -> Analysis:
+    """Inverse of analysis_json; no entry (no analyst ran) is an empty analysis."""
+    entry = entry or {"diagnoses": [], "summary": "", "recommendations": []}
+    return Analysis(variant_id, [Diagnosis(d) for d in entry["diagnoses"]], entry["summary"],
+                    [Recommendation(**{**r, "diagnosis": Diagnosis(r["diagnosis"])}) for r in entry["recommendations"]])
+
+
+def analyse_parents(analyst: Analyst | None, parents: list[Candidate], view: Callable[[Candidate], ParentView],
+                    effects: list[InterventionEffect], shown: int, log: Callable[[str], None],
+                    ) -> tuple[list[str], dict[str, Any], list[tuple[str, Usage]]]:
+    """Every parent diagnosed: its analysis.md section, its recommendations.json entry, and what each call cost.
+
+    Each parent's view is built even without an analyst (agent=none): it bakes the knob children's code.
+    `shown`: how many of a parent's top recommendations the log names (the children it will get).
+    """
+    notes: list[str] = []
+    recs: dict[str, Any] = {}
+    spent: list[tuple[str, Usage]] = []
+    for parent in parents:
+        parent_view = view(parent)
+        if analyst is None:
+            continue
+        analysis, usage = analyse(analyst, parent_view, effects, log)
+        spent.append((parent.variant_id, usage))
+        notes.append(analysis_note(parent, analysis))
+        recs[parent.variant_id] = analysis_json(analysis)
+        top = ", ".join(r.intervention for r in analysis.recommendations[:shown])
+        diagnoses = ", ".join(recs[parent.variant_id]["diagnoses"]) or "-"
+        log(f"  {parent.variant_id}: {diagnoses} -> {top or 'no recommendation'}")
+    return notes, recs, spent
+
+
+def grow(breeder: Breeder, parents: list[Candidate], view: Callable[[Candidate], ParentView], recs: dict[str, Any],
+         baked: Callable[[str], Path]) -> tuple[list[Child], list[tuple[str, Usage]]]:
+    """Every parent's children: bred from its recommendations, or (no coder) its knob child from `baked(parent id)`.
+
+    Also returns what the attempts that produced no child cost, per parent (budgets count them).
+    """
+    children: list[Child] = []
+    wasted: list[tuple[str, Usage]] = []
+    for parent in parents:
+        if breeder.coder is None:
+            children.append(knob_child(parent, baked(parent.variant_id), breeder.variants_root))
+            breeder.log(f"  child {children[-1].variant_id} of {parent.variant_id}: knob search "
+                        f"(best knobs {parent.best_knobs})")
+            continue
+        analysis = analysis_from_json(parent.variant_id, recs.get(parent.variant_id))
+        grown, spent = breed(breeder, parent, view(parent), analysis)
+        children.extend(grown)
+        if spent.calls:  # attempts that only reproduced a known variant still cost tokens
+            wasted.append((f"{parent.variant_id}:duplicates", spent))
+    passed = sum(c.status is VariantStatus.candidate for c in children)
+    breeder.log(f"  validate: {passed} of {len(children)} children passed the gate")
+    return children, wasted
+
+
+def judge(children: list[Child], scores: dict[str, tuple[float, float | None]], trials: dict[str, tuple[int, int]],
+          min_delta: float) -> None:
+    """Give each candidate its verdict (decision.child_verdict) from its best score and its (run, failed) trials."""
+    for child in children:
+        if child.status is VariantStatus.candidate:
+            score = scores.get(child.variant_id, (None, None))[0]
+            child.status, child.reason = child_verdict(*trials.get(child.variant_id, (0, 0)), score, child.parent_score,
+                                                       min_delta, child.reason)
 
 
 def analyse(analyst: Analyst, view: ParentView, effects: list[InterventionEffect], log: Callable[[str], None]) -> tuple[Analysis, Usage]:

@@ -102,6 +102,13 @@ def child_verdict(trials: int, failed: int, score: float | None, parent_score: f
     return VariantStatus.discarded, reason or ("not trained (stopped)" if not trials else None)
 
 
+def gate_fail_streak(streak: int, asked: list[VariantStatus], coder: bool) -> int:
+    """Cycles in a row in which children were asked of a coder and the gate rejected every one of them."""
+    if coder and asked and all(status is VariantStatus.rejected for status in asked):
+        return streak + 1
+    return 0 if asked else streak  # a cycle that asked for no child leaves the streak as it was
+
+
 def plateau_length(best_by_cycle: list[float | None], min_delta: float) -> int:
     """Cycles since the best last rose (strictly, and by at least min_delta) over the best before it."""
     since, reference = 0, None
@@ -142,3 +149,15 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
     left = guards.max_cycles - facts.cycle
     return Decision(facts.cycle, False, StopReason.none, int(ExitCode.ok),
                     f"continue: best {best}, {stale} cycle(s) without improvement, {left} cycle(s) left", best)
+
+
+def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig) -> str:
+    """What a decision read against its limits, for the console: cycles, time, tokens, the plateau rule."""
+
+    def budget(used: object, limit: object) -> str:
+        return f"{used}/{limit}" if limit is not None else f"{used}"
+
+    time = budget(round(facts.elapsed_s), guards.campaign_time_s)
+    tokens = budget(facts.tokens_campaign, guards.tokens_per_campaign)
+    return (f"budgets: cycle {decision.cycle}/{guards.max_cycles}, time {time}s, tokens {tokens}, "
+            f"plateau rule {guards.plateau_cycles} cycles")

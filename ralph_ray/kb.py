@@ -38,6 +38,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("run_id", pa.string()), ("cycle", pa.int32()), ("started_at", TS), ("finished_at", TS),
         ("trials", pa.int32()), ("best_selection_score", pa.float64()), ("written_at", TS),
         ("parents", pa.string()), ("children", pa.int32()), ("rejected", pa.int32()), ("phase", pa.string()),
+        ("cycle_dir", pa.string()), ("analysis", pa.string()),  # the cycle's folder and its analysis.md text
     ]),
     "variants": pa.schema([
         ("run_id", pa.string()), ("variant_id", pa.string()), ("parent_id", pa.string()),

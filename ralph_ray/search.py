@@ -3,20 +3,34 @@
 All of a cycle's children run in the same Tune run, with the variant as one more categorical parameter, so
 ASHA compares code variants against each other, not only knob settings. Each child's own knob values are
 enqueued first (Optuna's warm start), so every child is tried exactly as its coder wrote it.
+
+`run_cycle` is the one call the orchestrator makes: it builds the trial spec, the ledger (frozen scoring, KB
+rows), the stopper (STOP file, campaign deadline) and the live progress view, and runs the Tune run.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
+from rich.console import Console
 
-from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind
-from ralph_ray.trials import TrialSpec, run_trial
+from ralph_ray import harness
+from ralph_ray.children import Child
+from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
+from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
+from ralph_ray.progress import LiveProgress
+from ralph_ray.raycluster import checkpoint_interval, driver_node_id
+from ralph_ray.state import stop_requested
+from ralph_ray.tasks.base import Labels, sha256_file
+from ralph_ray.runner import Limits
+from ralph_ray.sandbox import MIB
+from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec, read_files, run_trial
 
 
 def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float = 2.0) -> dict[str, Any]:
@@ -170,3 +184,71 @@ def run_search(cfg: Config, spec: TrialSpec, plan: SearchPlan, storage: Path, na
         ),
     )
     return tuner.fit()
+
+
+class StopRequest(tune.Stopper):
+    """Ends every trial of the run when a STOP file appears or the campaign's time runs out."""
+
+    def __init__(self, run_dir: str, deadline: float | None) -> None:
+        self.run_dir, self.deadline = run_dir, deadline
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return stop_requested(Path(self.run_dir)) or (self.deadline is not None and time.time() > self.deadline)
+
+
+def planned_trials(cfg: Config, cycle: int, children: int, coder: bool) -> int:
+    """How many trials a cycle runs: the seed's knob search, or trials per child (agent=none: per knob child)."""
+    if cycle == 1:
+        return cfg.search.num_samples
+    return children * cfg.population.trials_per_child * (1 if coder else cfg.population.children_per_parent)
+
+
+def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: PublicData, relative: bool) -> TrialSpec:
+    """Everything the trials of `children` need besides their config (code, data, limits), shipped once."""
+    code = Code({c.variant_id: read_files(c.files_dir) for c in children}, sha256_file(Path(harness.__file__)),
+                own_knobs={c.variant_id: c.own_knobs for c in children},
+                relative=relative_knobs(cfg.search.space) if relative else frozenset())
+    return TrialSpec(
+        code, data, Limits(cfg.safeguards.trial_timeout_s, cfg.sandbox.output_mb * MIB, max(1, int(cfg.resources.cpu)),
+                           sandbox_policy(cfg)),
+        str(trials_root), Schedule(cfg.search.metric, cfg.search.mode, cfg.scheduler.max_t, checkpoint_interval(cfg)),
+        seed=cfg.search.seed, driver_node_id=driver_node_id(),
+    )
+
+
+def run_cycle(cfg: Config, run_id: str, cycle: int, cycle_dir: Path, run_dir: Path, children: list[Child],
+              done: list[str], coder: bool, data: PublicData, labels: Labels, sink: Sink, console: Console,
+              deadline: float | None, say: Callable[[str], None]) -> bool:
+    """Run what is left of a cycle's trials of `children` in one Tune run; True when a stop or the deadline cut it short.
+
+    `done` holds the variant of each trial already recorded (a resumed cycle runs only the rest); each trial's
+    rows reach `sink` as it ends; `say` shows what the run will do (or why nothing runs).
+    """
+    planned = planned_trials(cfg, cycle, len(children), coder)
+    remaining = planned - len(done)  # resume: finished trials stay, only the rest run
+    if not children or remaining <= 0 or stop_requested(run_dir):
+        say(f"{len(done)} of {planned} trials already recorded" if children else "nothing to run")
+        return False
+    say(f"{remaining} trials over {len(children)} variant(s), {cfg.search.max_concurrent} at a time, scheduler "
+        f"{cfg.scheduler.name.value}" + (f" (resumed: {len(done)} already recorded)" if done else ""))
+    relative = cfg.search.relative and cycle > 1  # the seed's cycle searches the configured ranges
+    tried = set(done)
+    points = [{"variant": c.variant_id, **clip_to_space(c.own_knobs, cfg.search.space, relative)}
+              for c in children if c.variant_id not in tried]
+    plan = SearchPlan([c.variant_id for c in children], points[:remaining], remaining,
+                      cfg.search.seed + 7919 * cycle + len(done), relative)
+    spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
+    progress = LiveProgress(console, f"cycle {cycle}", remaining)
+
+    def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
+        sink(trial, epoch_rows)
+        progress.record(trial)
+
+    ledger = TrialLedger(run_id, cycle, labels, spec.trials_root, spec.seed, cfg.search.metric, record, spec.code.relative,
+                         spec.code.own_knobs)
+    stopper = StopRequest(str(run_dir), deadline)
+    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], stopper)
+    return stopper.stop_all()

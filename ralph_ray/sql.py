@@ -183,7 +183,11 @@ from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.
 CYCLE_TRIALS_DONE = "select variant_id from trials where run_id = ? and cycle = ? and reason is distinct from ?"
-CYCLE_TRIALS = "select variant_id, status from trials where run_id = ? and cycle = ?"
+# Per variant of a cycle: trials run, and how many failed (a child whose every trial failed crashed).
+CYCLE_TRIAL_COUNTS = """
+select variant_id, count(*), count(*) filter (where status = 'failed') from trials where run_id = ? and cycle = ?
+group by variant_id
+"""
 EFFECTS_FOR_TASK = """
 select intervention, diagnosis, n, mean_delta, win_rate from intervention_effects where task = ?
 """

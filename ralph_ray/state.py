@@ -60,6 +60,21 @@ class CampaignState:
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, run_dir / "state.json")
 
+    def note_cycle(self, best: tuple[str, float] | None, best_trial_id: str | None, gate_fail_streak: int) -> None:
+        """What the record phase learnt: the best variant and trial so far, and the gate's failure streak."""
+        self.best_variant_id, self.best_selection_score = best or (None, None)
+        self.best_trial_id, self.gate_fail_streak = best_trial_id, gate_fail_streak
+        self.best_by_cycle = self.best_by_cycle[: self.cycle - 1] + [self.best_selection_score]
+
+    def conclude(self, stop: bool, reason: str, exit_code: int) -> Phase:
+        """Apply a cycle's decision: a stop finishes the run with its reason and exit code, else the next cycle
+        starts. Returns the phase to go on with."""
+        if not stop:
+            self.cycle += 1
+            return Phase.select
+        self.stop_reason, self.exit_code, self.status = reason, exit_code, RunStatus.finished
+        return Phase.done
+
     @classmethod
     def load(cls, run_dir: Path) -> CampaignState:
         """Read a run's state.json."""
@@ -67,3 +82,18 @@ class CampaignState:
         interrupted = data.get("interrupted")
         return cls(**{**data, "phase": Phase(data["phase"]), "status": RunStatus(data["status"]),
                       "interrupted": Phase(interrupted) if interrupted else None})
+
+
+def open_state(run_dir: Path, run_id: str, resuming: bool) -> CampaignState:
+    """A new run's state, or a resumed run's, set to go on; saved before it is returned."""
+    if not resuming:
+        state = CampaignState(run_id=run_id)
+    else:
+        state = CampaignState.load(run_dir)
+        (run_dir / STOP_FILE).unlink(missing_ok=True)  # a resume is the user's wish to go on
+        if state.phase is Phase.done:
+            # Re-enter the phase a stop cut short, or re-decide under the (possibly raised) limits.
+            state.phase, state.interrupted = state.interrupted or Phase.decide, None
+        state.status = RunStatus.running
+    state.save(run_dir)
+    return state

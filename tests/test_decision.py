@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ralph_ray.config import SafeguardsConfig
-from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide, improved, plateau_length
+from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide, gate_fail_streak, improved, plateau_length
 from ralph_ray.variants import VariantStatus
 
 
@@ -39,6 +39,14 @@ def test_improved_by_min_delta_rises_by_at_least_it_and_beyond_by_more():
 ])
 def test_child_verdict(trials, failed, score, parent, reason, expected):
     assert child_verdict(trials, failed, score, parent, 0.01, reason) == expected
+
+
+def test_gate_fail_streak_grows_only_when_a_coder_got_every_child_rejected():
+    rejected, kept = VariantStatus.rejected, VariantStatus.kept
+    assert gate_fail_streak(1, [rejected, rejected], coder=True) == 2
+    assert gate_fail_streak(1, [rejected, kept], coder=True) == 0
+    assert gate_fail_streak(1, [], coder=True) == 1  # no child asked for: the streak stands
+    assert gate_fail_streak(1, [rejected], coder=False) == 0  # agent=none: knob children are never gated away
 
 
 @pytest.mark.parametrize("overrides, guards, reason, code", [

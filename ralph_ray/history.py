@@ -1,0 +1,123 @@
+"""A campaign's history as the knowledge base records it: what the orchestrator reads back between phases.
+
+Plain functions over a KB reader connection (`KnowledgeBase.reader()`) and a run id, so they serve a cycle, a
+single completed trial or a single child alike. Read-only: rows are made in `records` and written by the
+orchestrator; every query lives in `sql`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import duckdb
+
+from ralph_ray import sql
+from ralph_ray.agents.base import EpochPoint, InterventionEffect, ParentView, TrialSummary
+from ralph_ray.children import bake
+from ralph_ray.decision import CycleFacts
+from ralph_ray.population import Candidate, branch_of
+from ralph_ray.state import CampaignState
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What the agents spent: tokens in one cycle, tokens and cost over the campaign."""
+
+    tokens_cycle: int
+    tokens_campaign: int
+    cost_campaign: float
+
+
+def started_at(con: duckdb.DuckDBPyConnection, run_id: str) -> datetime | None:
+    """When the run was first started (a resume keeps it), or None for a new run."""
+    row = con.execute(sql.RUN_STARTED_AT, [run_id]).fetchone()
+    return row[0] if row else None
+
+
+def variant_scores(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, tuple[float, float | None]]:
+    """Each variant with a completed trial: (best selection score, that trial's test score)."""
+    return {v: (score, test) for v, score, _, test in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()}
+
+
+def ranked(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Candidate]:
+    """The parent candidates, best first: variants with a completed trial, their best knobs and branch."""
+    parents = {row[0]: row[1] for row in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
+    return [Candidate(v, float(score), json.loads(knobs or "{}"), branch_of(v, parents))
+            for v, score, knobs, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()]
+
+
+def known_variants(con: duckdb.DuckDBPyConnection, run_id: str) -> frozenset[str]:
+    """Every variant id recorded in this run (a child identical to one of them is no new child)."""
+    return frozenset(row[0] for row in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall())
+
+
+def lineage(variants: dict[str, tuple[str | None, list[str]]], variant_id: str) -> list[str]:
+    """The interventions from the seed down to `variant_id`, oldest first (`variants`: id -> (parent, own))."""
+    chain: list[str] = []
+    node = variant_id
+    for _ in range(len(variants)):  # bounded: a malformed KB with a loop cannot hang the walk
+        parent_id, done = variants.get(node, (None, []))
+        chain = list(done) + chain
+        if not parent_id:
+            break
+        node = parent_id
+    return chain
+
+
+def parent_view(con: duckdb.DuckDBPyConnection, run_id: str, parent: Candidate, variants_root: Path, baked: Path,
+                trainer_dir: Path) -> ParentView:
+    """What the agents may know of a parent: its code with its best knobs baked in (written to `baked`), its trials
+    and curves, the interventions of its lineage, and the task's program.md."""
+    files_dir = bake(variants_root / parent.variant_id / "files", parent.best_knobs, baked)
+    program = trainer_dir / "program.md"
+    curves: dict[str, list[EpochPoint]] = {}
+    for trial_id, *point in con.execute(sql.VARIANT_CURVES, [run_id, parent.variant_id]).fetchall():
+        curves.setdefault(trial_id, []).append(EpochPoint(*point))
+    trials = [TrialSummary(trial_id, status, reason, json.loads(knobs or "{}"), score, curves.get(trial_id, []))
+              for trial_id, status, reason, knobs, score
+              in con.execute(sql.VARIANT_TRIALS, [run_id, parent.variant_id]).fetchall()]
+    variants = {v: (p, json.loads(i or "[]")) for v, p, i in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
+    own = variants.get(parent.variant_id, (None, []))[1]
+    return ParentView(parent.variant_id, files_dir, parent.selection_score, trials, own,
+                      lineage(variants, parent.variant_id), program.read_text() if program.exists() else "")
+
+
+def effects(con: duckdb.DuckDBPyConnection, task: str) -> list[InterventionEffect]:
+    """Measured effects of interventions on this task, across every campaign in the KB."""
+    rows = con.execute(sql.EFFECTS_FOR_TASK, [task]).fetchall()
+    return [InterventionEffect(i, d, int(n), m, w) for i, d, n, m, w in rows]
+
+
+def trials_done(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int, rerun_reason: str) -> list[str]:
+    """The variant of each trial of a cycle that counts as done; trials ended with `rerun_reason` run again."""
+    return [row[0] for row in con.execute(sql.CYCLE_TRIALS_DONE, [run_id, cycle, rerun_reason]).fetchall()]
+
+
+def trial_counts(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> dict[str, tuple[int, int]]:
+    """Per variant of a cycle: (trials recorded, trials failed)."""
+    rows = con.execute(sql.CYCLE_TRIAL_COUNTS, [run_id, cycle]).fetchall()
+    return {v: (int(n), int(failed)) for v, n, failed in rows}
+
+
+def spend(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> Spend:
+    """The agents' tokens this cycle and tokens and cost over the campaign."""
+    tokens_cycle, _ = con.execute(sql.USAGE_FOR_CYCLE, [run_id, cycle]).fetchone()
+    _, tokens, cost, _ = con.execute(sql.USAGE_FOR_RUN, [run_id]).fetchone()
+    return Spend(int(tokens_cycle), int(tokens), float(cost))
+
+
+def cycle_facts(con: duckdb.DuckDBPyConnection, state: CampaignState, target: float | None, elapsed_s: float,
+                manual_stop: bool) -> CycleFacts:
+    """What the decision engine reads after a cycle: the state's bests and gate streak, and the agents' spend."""
+    spent = spend(con, state.run_id, state.cycle)
+    return CycleFacts(state.cycle, list(state.best_by_cycle), target, spent.tokens_cycle, spent.tokens_campaign,
+                      spent.cost_campaign, state.gate_fail_streak, elapsed_s, manual_stop)
+
+
+def best_trial(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    """The completed trial with the best selection score so far."""
+    row = con.execute(sql.BEST_TRIAL, [run_id]).fetchone()
+    return row[0] if row else None

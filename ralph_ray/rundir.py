@@ -1,0 +1,126 @@
+"""A run dir: its id, opening it for a new or resumed campaign, and the files each cycle's phases leave there
+for the next phase (and for a resume).
+
+    <runs>/<run_id>/ state.json  config.yaml  data/  data_smoke/  variants/<id>/
+        cycle_0001/ parents.json  analysis.md  recommendations.json  children.json  decision.json
+                    parents/<id>/ (a parent's code, best knobs baked in)  drafts/  trials/  tune/
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from ralph_ray.children import Child
+from ralph_ray.config import Config
+from ralph_ray.gate import write_smoke_data
+from ralph_ray.population import Candidate
+from ralph_ray.state import CampaignState, open_state
+from ralph_ray.tasks.base import Splits, write_public
+from ralph_ray.trials import PublicData
+
+ANALYSIS_FILE = "analysis.md"
+RECOMMENDATIONS_FILE = "recommendations.json"
+
+
+class CampaignError(RuntimeError):
+    """A campaign that cannot start or resume (e.g. its run dir is taken); the message names the fix."""
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC timestamp plus a random suffix."""
+    return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def locate(cfg: Config) -> tuple[str, Path]:
+    """The run's id and folder: the run to resume, or a new one (a resume needs its state; a new run must not take
+    an existing run's folder)."""
+    resuming = cfg.resume is not None
+    run_id = cfg.resume or cfg.run_id or new_run_id()
+    run_dir = Path(cfg.paths.runs).resolve() / run_id
+    if resuming and not (run_dir / "state.json").exists():
+        raise CampaignError(f"cannot resume {run_id}: no {run_dir / 'state.json'} (check the run id and paths.runs)")
+    if not resuming and (run_dir / "state.json").exists():
+        raise CampaignError(f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, "
+                            "or pick another run_id")
+    return run_id, run_dir
+
+
+def open_run(cfg: Config, run_dir: Path, resuming: bool) -> CampaignState:
+    """Make the run dir, write the config it runs with, and return its state, saved and set to go on."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    return open_state(run_dir, run_dir.name, resuming)
+
+
+def write_data(splits: Splits, run_dir: Path, task: str) -> tuple[PublicData, Path]:
+    """The run's public data for trials (data/, also shipped in memory) and the gate's smoke data (data_smoke/)."""
+    data_dir = run_dir / "data"
+    hashes = write_public(splits, data_dir, task)
+    data = PublicData({name: (data_dir / name).read_bytes() for name in hashes}, hashes)
+    return data, write_smoke_data(splits, run_dir / "data_smoke", task)
+
+
+def cycle_dir(run_dir: Path, cycle: int) -> Path:
+    """The folder of one cycle of a run."""
+    return run_dir / f"cycle_{cycle:04d}"
+
+
+@dataclass(frozen=True)
+class CycleFiles:
+    """One cycle's folder: what select, analyse, write and decide leave there, read back by later phases."""
+
+    run_dir: Path
+    cycle: int
+
+    @property
+    def path(self) -> Path:
+        """The cycle's folder (made on first use)."""
+        path = cycle_dir(self.run_dir, self.cycle)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def baked(self, variant_id: str) -> Path:
+        """Where a parent's code lies with its best trial's knobs written in."""
+        return self.path / "parents" / variant_id
+
+    def save_parents(self, parents: list[Candidate]) -> None:
+        """The parents select chose."""
+        (self.path / "parents.json").write_text(json.dumps([asdict(p) for p in parents], indent=2, default=str))
+
+    def parents(self) -> list[Candidate]:
+        """The parents select chose."""
+        return [Candidate(**p) for p in json.loads((self.path / "parents.json").read_text())]
+
+    def save_analysis(self, notes: list[str], recommendations: dict[str, Any]) -> None:
+        """The analyst's notes (analysis.md) and its recommendations per parent (recommendations.json)."""
+        (self.path / ANALYSIS_FILE).write_text(f"# cycle {self.cycle}: analysis\n\n" + "\n".join(notes))
+        (self.path / RECOMMENDATIONS_FILE).write_text(json.dumps(recommendations, indent=2))
+
+    def analysis(self) -> str:
+        """The text of analysis.md ('' for a cycle without one, such as the seed's)."""
+        path = self.path / ANALYSIS_FILE
+        return path.read_text() if path.exists() else ""
+
+    def recommendations(self) -> dict[str, Any]:
+        """recommendations.json: parent id -> its analysis entry (see children.analysis_json)."""
+        return json.loads((self.path / RECOMMENDATIONS_FILE).read_text() or "{}")
+
+    def save_children(self, children: list[Child]) -> None:
+        """The cycle's children as they stand (write saves them, record saves their verdicts)."""
+        (self.path / "children.json").write_text(json.dumps([c.as_json() for c in children], indent=2, default=str))
+
+    def children(self) -> list[Child]:
+        """The cycle's children (none before write)."""
+        path = self.path / "children.json"
+        return [Child.from_json(c) for c in json.loads(path.read_text())] if path.exists() else []
+
+    def save_decision(self, data: dict[str, Any]) -> None:
+        """decision.json."""
+        (self.path / "decision.json").write_text(json.dumps(data, indent=2))
