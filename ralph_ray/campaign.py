@@ -22,7 +22,7 @@ from ralph_ray import history, records
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
-from ralph_ray.config import Config, sandbox_policy
+from ralph_ray.config import Config, PopulationMode, sandbox_policy
 from ralph_ray.decision import budgets_line, decide, gate_fail_streak
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
@@ -30,9 +30,9 @@ from ralph_ray.kb import KnowledgeBase
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.population import Candidate, select_parents
 from ralph_ray.raycluster import ensure_ray
-from ralph_ray.sandbox import MIB, announce
 from ralph_ray.report import write_report
 from ralph_ray.rundir import CycleFiles, locate, open_run, write_data
+from ralph_ray.sandbox import MIB, announce
 from ralph_ray.search import run_cycle
 from ralph_ray.state import CampaignState, Phase, RunStatus, stop_requested
 from ralph_ray.tasks import prepare_splits
@@ -56,16 +56,13 @@ class Outcome:
 
 def run(cfg: Config, console: Console | None = None) -> Outcome:
     """Run (or, with cfg.resume, continue) a campaign until a stop rule fires."""
-    console = console or Console(soft_wrap=True)
-    resuming, kb_root = cfg.resume is not None, Path(cfg.paths.kb).resolve()
-    run_id, run_dir = locate(cfg)
+    console, kb_root = console or Console(soft_wrap=True), Path(cfg.paths.kb).resolve()
+    run_id, run_dir, resuming = locate(cfg)
     # The sandbox first, then the data: either missing stops here, before a run is recorded or Ray starts.
     announce(sandbox_policy(cfg), console.print)
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
     splits = prepare_splits(cfg)
-    state = open_run(cfg, run_dir, resuming)
-    if resuming:
-        console.print(f"[bold]resume[/] run [cyan]{run_id}[/] at cycle {state.cycle}, phase {state.phase.value}")
+    state = open_run(cfg, run_dir, resuming, console.print)
     console.print(f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value})\n"
                   f"  run dir: {run_dir}\n  knowledge base: {kb_root}")
     kb = KnowledgeBase(kb_root)
@@ -73,7 +70,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     base = records.run_row(cfg, run_id, run_dir, history.started_at(kb.reader(), run_id) if resuming else None)
     kb.put("runs", [records.run_status(base, RunStatus.running, state)], run_id)
     try:
-        outcome = Campaign(cfg, console, run_dir, kb, state, splits, base).loop()
+        outcome = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base).loop()
     except BaseException as err:
         state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)
@@ -82,6 +79,15 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
     console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
     return outcome
+
+
+def campaign_class(cfg: Config) -> type[Campaign]:
+    """The barrier loop (population.mode=generations), or one Tune run for the campaign (async: asyncrun)."""
+    if cfg.population.run_mode is PopulationMode.asynchronous:
+        from ralph_ray.asyncrun import AsyncCampaign  # it builds on Campaign
+
+        return AsyncCampaign
+    return Campaign
 
 
 class Campaign:
@@ -249,5 +255,5 @@ class Campaign:
         self.kb.put(table, rows, records.part(self.run_id, self.state.cycle, *suffix))
 
     def _put_variants(self, children: list[Child], phase: str, scores: dict[str, Any] | None = None) -> None:
-        rows = records.variant_rows(self.run_id, self.state.cycle, children, self.cfg.agent.backend.value, scores)
+        rows = records.variant_rows(self.run_id, self.state.cycle, children, self.cfg.agent, scores)
         self._put("variants", rows, phase)

@@ -52,14 +52,14 @@ def run_status(base: Row, status: RunStatus, state: CampaignState, stop_reason: 
     return {**base, "status": status.value, **ended, "cycle": state.cycle, "phase": state.phase.value}
 
 
-def variant_rows(run_id: str, cycle: int, children: list[Child], backend: str,
+def variant_rows(run_id: str, cycle: int, children: list[Child], agent: AgentConfig,
                  scores: dict[str, tuple[float, float | None]] | None = None) -> list[Row]:
     """Variant rows (the newest row per variant wins in the view); a child identical to its parent is no new variant."""
     return [{"run_id": run_id, "variant_id": c.variant_id, "parent_id": c.parent_id or None, "cycle": cycle,
              "files_dir": str(c.files_dir), "diff": c.diff, "status": c.status.value,
              "interventions": json.dumps(c.interventions), "diagnosis": c.diagnosis, "rationale": c.rationale,
              "reason": c.reason, "parent_score": c.parent_score,
-             "selection_score": (scores or {}).get(c.variant_id, (None, None))[0], "backend": backend}
+             "selection_score": (scores or {}).get(c.variant_id, (None, None))[0], "backend": agent.backend.value}
             for c in children if c.variant_id != c.parent_id]
 
 

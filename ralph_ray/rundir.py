@@ -13,7 +13,7 @@ import secrets
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -38,9 +38,9 @@ def new_run_id() -> str:
     return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
-def locate(cfg: Config) -> tuple[str, Path]:
-    """The run's id and folder: the run to resume, or a new one (a resume needs its state; a new run must not take
-    an existing run's folder)."""
+def locate(cfg: Config) -> tuple[str, Path, bool]:
+    """The run's id, its folder and whether it resumes (a resume needs its state; a new run must not take an
+    existing run's folder)."""
     resuming = cfg.resume is not None
     run_id = cfg.resume or cfg.run_id or new_run_id()
     run_dir = Path(cfg.paths.runs).resolve() / run_id
@@ -49,14 +49,17 @@ def locate(cfg: Config) -> tuple[str, Path]:
     if not resuming and (run_dir / "state.json").exists():
         raise CampaignError(f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, "
                             "or pick another run_id")
-    return run_id, run_dir
+    return run_id, run_dir, resuming
 
 
-def open_run(cfg: Config, run_dir: Path, resuming: bool) -> CampaignState:
+def open_run(cfg: Config, run_dir: Path, resuming: bool, say: Callable[[str], None]) -> CampaignState:
     """Make the run dir, write the config it runs with, and return its state, saved and set to go on."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    return open_state(run_dir, run_dir.name, resuming)
+    state = open_state(run_dir, run_dir.name, resuming)
+    if resuming:
+        say(f"[bold]resume[/] run [cyan]{state.run_id}[/] at cycle {state.cycle}, phase {state.phase.value}")
+    return state
 
 
 def write_data(splits: Splits, run_dir: Path, task: str) -> tuple[PublicData, Path]:

@@ -27,7 +27,7 @@ def test_rows_fit_their_tables_and_read_back(tmp_path: Path):
     children = [child("k", VariantStatus.kept), child("r", VariantStatus.rejected), child("p", VariantStatus.candidate),
                 child("s", VariantStatus.seed, parent="", interventions=())]
     scores = {"k": (0.95, 0.94)}
-    kb.put("variants", records.variant_rows("r1", 2, children, "heuristic", scores), records.part("r1", 2, "record"))
+    kb.put("variants", records.variant_rows("r1", 2, children, agent, scores), records.part("r1", 2, "record"))
     kb.put("agent_usage", records.usage_rows("r1", 2, "coder", [("k", Usage(1, 1_000_000, 100_000, 2.0))], agent),
            records.part("r1", 2, "coder"))
     kb.put("interventions", records.effect_rows("r1", "digits", 2, children, scores), records.part("r1", 2))
