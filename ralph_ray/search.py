@@ -112,9 +112,16 @@ def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace], relative: 
 
 
 def scheduler(cfg: Config) -> TrialScheduler:
-    """ASHA over epochs, or FIFO (every trial to the end) for baselines."""
+    """ASHA over epochs (over training seconds under trial.budget_s), or FIFO (every trial to the end) for baselines."""
     if cfg.scheduler.name is SchedulerKind.fifo:
         return FIFOScheduler()
+    budget = cfg.trial.budget_s
+    if budget is not None:
+        # The same rungs as a share of training: grace_period / max_t of the budget, then x reduction_factor. max_t
+        # past any report (train_seconds stays below the budget) so a trainer that used its budget ends on its own.
+        return ASHAScheduler(time_attr=harness.TRAIN_SECONDS, max_t=2 * budget,
+                             grace_period=budget * cfg.scheduler.grace_period / cfg.scheduler.max_t,
+                             reduction_factor=cfg.scheduler.reduction_factor)
     return ASHAScheduler(
         time_attr="epoch",
         # ASHA stops any trial that reaches max_t, which would race the trial's final scoring report;
@@ -211,11 +218,15 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
     code = Code({c.variant_id: read_files(c.files_dir) for c in children}, sha256_file(Path(harness.__file__)),
                 own_knobs={c.variant_id: c.own_knobs for c in children},
                 relative=relative_knobs(cfg.search.space) if relative else frozenset())
+    budget = cfg.trial.budget_s  # the trainer's deadline (harness.time_left) and the runner's stop past it + grace
     return TrialSpec(
         code, data, Limits(cfg.safeguards.trial_timeout_s, cfg.sandbox.output_mb * MIB, max(1, int(cfg.resources.cpu)),
-                           sandbox_policy(cfg)),
-        str(trials_root), Schedule(cfg.search.metric, cfg.search.mode, cfg.scheduler.max_t, checkpoint_interval(cfg)),
-        seed=cfg.search.seed, driver_node_id=driver_node_id(),
+                           sandbox_policy(cfg), budget, cfg.trial.grace_s),
+        # Under a budget ASHA counts seconds, not epochs: no epoch is held back for its last rung.
+        str(trials_root), Schedule(cfg.search.metric, cfg.search.mode, cfg.scheduler.max_t if budget is None else None,
+                                   checkpoint_interval(cfg)),
+        seed=cfg.search.seed, env={} if budget is None else {harness.ENV_BUDGET_S: str(budget)},
+        driver_node_id=driver_node_id(),
     )
 
 

@@ -239,3 +239,29 @@ BENCH_CYCLES_DECIDED = "select max(cycle) from decisions where run_id = ?"
 # What each trial of a chaos run ended as, and how many rows each of its epochs' metrics has (1 unless doubled).
 BENCH_TRIAL_ENDS = "select trial_id, status, epochs, reason from trials where run_id = ?"
 BENCH_EPOCH_ROWS = "select trial_id, epoch, metric, count(*) from epochs where run_id = ? group by all"
+
+# ---------------------------------------------------------------------------------------------
+# The asynchronous campaign's reads (asyncrun: rebuilding the population from the KB on resume)
+
+ASYNC_VARIANTS = """
+select variant_id, parent_id, cycle, status, files_dir, diff, interventions, diagnosis, rationale, reason, parent_score
+from variants where run_id = ? order by written_at, variant_id
+"""
+# Trials that count: those the end of a run cut short (reason ?) run again.
+ASYNC_TRIALS = """
+select trial_id, variant_id, status, knobs, selection_score from trials
+where run_id = ? and reason is distinct from ? order by written_at
+"""
+TRIALS_PER_CYCLE = "select cycle, count(*) from trials where run_id = ? group by cycle order by cycle"
+
+# The clock benchmarks (bench/clock_*.py): how busy the slots were, and the campaign's wall time.
+RUN_SPAN = "select epoch(started_at), epoch(finished_at) from runs where run_id = ?"
+TRIAL_SPANS = """
+select epoch(written_at) - seconds as started, epoch(written_at) as ended, seconds, status, reason, selection_score,
+       test_score, variant_id, cycle, trial_id
+from trials where run_id = ? order by started
+"""
+# Each trial's training seconds (its last report's train_seconds): the cost of its score under a time budget.
+TRAIN_SECONDS_PER_TRIAL = """
+select trial_id, max(value) from epochs where run_id = ? and metric = 'train_seconds' group by trial_id
+"""

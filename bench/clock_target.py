@@ -1,0 +1,50 @@
+"""Time to a target selection score on digits: asynchronous vs generations, 3 campaign seeds each.
+
+    python bench/clock_target.py [TARGET] [CAP_S]
+
+Each campaign stops at the target (target.selection_score) or at CAP_S seconds (safeguards.campaign_time_s).
+Reported: seconds from the run's start to the first trial at or above the target, per seed (None: not within CAP_S).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from _clock import measure
+from _common import config, save
+
+from ralph_ray.campaign import run
+
+TARGET = float(sys.argv[1]) if len(sys.argv) > 1 else 0.98
+CAP_S = int(sys.argv[2]) if len(sys.argv) > 2 else 150
+SEEDS = (0, 1, 2)
+
+
+def main() -> None:
+    root = Path(tempfile.mkdtemp(prefix="bench-target-"))
+    figures: dict[str, list] = {}
+    for mode in ("generations", "async"):
+        figures[mode] = []
+        for seed in SEEDS:
+            outcome = run(config(root, f"{mode}-s{seed}", "safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000",
+                                 f"safeguards.campaign_time_s={CAP_S}", f"target.selection_score={TARGET}",
+                                 f"agent.seed={seed}", f"search.seed={seed}", f"population.mode={mode}"))
+            figures[mode].append(measure(outcome, mode, 2, TARGET))
+    lines = [f"digits, heuristic agent, time to selection >= {TARGET} (cap {CAP_S}s), campaign seeds {SEEDS}:",
+             "| mode | seconds to target per seed | mean of those reached | utilisation |", "| --- | --- | --- | --- |"]
+    for mode, runs in figures.items():
+        times = [f.seconds_to_target for f in runs]
+        reached = [t for t in times if t is not None]
+        mean = f"{statistics.mean(reached):.0f} s ({len(reached)}/3)" if reached else "never"
+        lines.append(f"| {mode} | {', '.join('-' if t is None else f'{t:.0f}' for t in times)} | **{mean}** | "
+                     f"{statistics.mean(f.utilisation for f in runs):.2f} |")
+    save("clock_target", {"target": TARGET, "cap_s": CAP_S, **{m: [asdict(f) for f in r] for m, r in figures.items()}},
+         lines)
+
+
+if __name__ == "__main__":
+    main()

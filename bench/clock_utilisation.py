@@ -1,0 +1,58 @@
+"""Slot utilisation and best test score at an equal wall budget: asynchronous vs generations, on digits.
+
+    python bench/clock_utilisation.py [heuristic|llm] [BUDGET_S]
+
+`heuristic`: the offline agent. `llm`: agent=openai against a loopback server that answers every call after
+20 s (tests/agents/slow_llm.py), as a hosted model would. Each mode runs the default digits experiment (2 slots)
+for the same campaign time (safeguards.campaign_time_s) with no other stop rule. Utilisation = the trials'
+seconds / (slots x the campaign's wall time, Ray's start and the report included). Goal: >= 0.95 (async).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from _clock import measure
+from _common import config, save
+
+from ralph_ray.campaign import run
+
+AGENT = sys.argv[1] if len(sys.argv) > 1 else "heuristic"
+BUDGET_S = int(sys.argv[2]) if len(sys.argv) > 2 else 180
+SLOTS = 2
+FREE = ["safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000", f"safeguards.campaign_time_s={BUDGET_S}",
+        f"search.max_concurrent={SLOTS}"]
+
+
+def main() -> None:
+    root = Path(tempfile.mkdtemp(prefix="bench-clock-"))
+    agent: list[str] = []
+    llm = None
+    if AGENT == "llm":
+        from slow_llm import SlowLLM
+
+        llm = SlowLLM(delay_s=20.0)
+        agent = llm.overrides()
+    figures = {}
+    try:
+        for mode in ("generations", "async"):
+            outcome = run(config(root, f"{AGENT}-{mode}", *FREE, f"population.mode={mode}", *agent))
+            figures[mode] = measure(outcome, mode, SLOTS)
+    finally:
+        if llm is not None:
+            llm.close()
+    name = f"clock_utilisation_{AGENT}"
+    lines = [f"digits, agent {AGENT}{' (20 s per call)' if llm else ''}, {SLOTS} slots, equal wall budget {BUDGET_S}s:",
+             "| mode | utilisation (campaign wall) | busy within the trials' span | trials | trial s | wall s | "
+             "best selection | its test |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for f in figures.values():
+        lines.append(f"| {f.mode} | **{f.utilisation:.2f}** | {f.busy_in_span:.2f} | {f.trials} | {f.trial_s} | {f.wall_s} | "
+                     f"{f.best_selection or 0:.4f} | {f.best_test or 0:.4f} |")
+    save(name, {"agent": AGENT, "budget_s": BUDGET_S, "slots": SLOTS, **{m: asdict(f) for m, f in figures.items()}}, lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+"""The asynchronous campaign (population.mode=async): one Tune run per campaign, every slot kept busy.
+
+The searcher is the population (`popsearch.Pool`): each free slot gets a gated child from the queue, or a knob
+sample of a promising variant. A background thread (`breeder.BackgroundBreeder`) analyses, writes and gates
+children meanwhile, from parents chosen as the population stands. Every finished trial is recorded in the KB at
+once, told to its variant's Optuna study, and followed by a check of the decision engine (target, budgets,
+manual stop, plateau, max_cycles), which ends the run at once when it says stop.
+
+Generations: a child's generation is its parent's + 1 (the seed is 1) and is written to the KB's `cycle`
+columns, so the KB, the report and the app show generations as they show cycles. The decision engine counts
+*closed generations*: the seed's knob search closes generation 1, and each further `parents x
+children_per_parent` children judged close one more, so `safeguards.max_cycles` bounds the children bred
+(no child beyond generation max_cycles, and (max_cycles - 1) x parents x children_per_parent in all) and the
+plateau rule counts closed generations without a gain.
+
+Resume: the KB is the truth. A resumed campaign rebuilds the pool from it (members, their studies through
+Optuna's `add_trial`, the queue = gated children with trials still to run) and starts a new Tune run; trials
+that were running when the driver died run again, and a child being written then is bred again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from ralph_ray import history, records, sql
+from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
+from ralph_ray.campaign import Campaign, Outcome
+from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, seed_child
+from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.faults import kill_point
+from ralph_ray.knobs import read_knobs
+from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
+from ralph_ray.popsearch import Member, Pool, PoolSettings, PopulationSearcher, member_code, run_member_trial
+from ralph_ray.population import Candidate
+from ralph_ray.search import scheduler, storage_path, trial_spec
+from ralph_ray.state import Phase, RunStatus, stop_requested
+from ralph_ray.statuses import TrialStatus
+from ralph_ray.variants import VariantStatus
+
+class AsyncCampaign(Campaign):
+    """One Tune run whose searcher is the population; children are bred in the background."""
+
+    def loop(self) -> Outcome:
+        """Run the campaign until the decision engine stops it; returns how it ended."""
+        cfg = self.cfg
+        pop = cfg.population
+        self.per_generation = pop.parents * pop.children_per_parent
+        self.kb_lock = threading.Lock()  # the sink (Tune's thread) and the breeder both write parts
+        self.children: dict[str, Child] = {}  # every bred child in breed order, rejected ones too
+        self.judged: set[str] = set()
+        self.decision: Decision | None = None
+        self.stop_now = False
+        self._usage_parts = 0  # agent_usage parts written by this process (the spend cache's key)
+        self._spent: tuple[tuple[int, int], history.Spend] | None = None
+        self.pool = Pool(PoolSettings(cfg.search.space, cfg.search.relative_span, pop.parents, pop.explore,
+                                      pop.one_per_lineage, cfg.search.seed))
+        bred = self._rebuild()
+        self.state.phase = Phase.train
+        self._save_state()
+        plan = BreedingPlan(ahead=max(1, cfg.search.max_concurrent), children_budget=(cfg.safeguards.max_cycles - 1)
+                            * self.per_generation, max_generation=cfg.safeguards.max_cycles, parents=pop.parents,
+                            explore=pop.explore, one_per_lineage=pop.one_per_lineage,
+                            seed=cfg.agent.seed * 1000 + len(self.children))
+        self.breeder = BackgroundBreeder(self.pool, plan, bred, self._grow, self._log)
+        self.breeder.start()
+        try:
+            self._check()  # a resumed campaign may already be done (e.g. raised limits not reached)
+            if not self.stop_now:
+                self._tune()
+        finally:
+            self.breeder.stop()
+            self.pool.close()
+            self.breeder.join(timeout=600)
+        if self.breeder.error is not None:
+            raise self.breeder.error
+        if self.decision is None or not self.decision.stop:
+            self._check(final=True)
+        self._close_generations()
+        state = self.state
+        code = ExitCode(state.exit_code if state.exit_code is not None else ExitCode.ok)
+        return Outcome(self.run_id, self.run_dir, self.kb.root, code, state.stop_reason or "", state.best_variant_id,
+                       state.best_selection_score, self.trials)
+
+    # -- the Tune run ----------------------------------------------------------------------------
+
+    def _tune(self) -> None:
+        cfg = self.cfg
+        root = self.run_dir / "async"
+        tune_dir = root / "tune"
+        session = len(list(tune_dir.glob("session_*"))) + 1 if tune_dir.exists() else 1
+        spec = trial_spec(cfg, [], root / "trials", self.data, relative=False)  # code comes with each trial's config
+        ledger = TrialLedger(self.run_id, 0, self.labels, spec.trials_root, spec.seed, cfg.search.metric,
+                             self._sink)
+        trainable = tune.with_resources(tune.with_parameters(run_member_trial, spec=spec),
+                                        {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu})
+        tuner = tune.Tuner(
+            trainable,
+            tune_config=tune.TuneConfig(
+                metric=cfg.search.metric, mode=cfg.search.mode,
+                search_alg=PopulationSearcher(self.pool, cfg.search.metric, cfg.search.mode),
+                scheduler=scheduler(cfg), num_samples=-1, max_concurrent_trials=cfg.search.max_concurrent,
+                reuse_actors=cfg.search.reuse_actors, trial_dirname_creator=lambda trial: trial.trial_id,
+            ),
+            run_config=tune.RunConfig(
+                name=f"session_{session:02d}", storage_path=storage_path(cfg, tune_dir),
+                callbacks=[ledger, _KillDuringTrial()], stop=_StopNow(self), verbose=0,
+                failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            ),
+        )
+        self.console.print(f"[bold magenta]async[/] one Tune run, {cfg.search.max_concurrent} slots; children bred in "
+                           f"the background (agent {cfg.agent.backend.value})")
+        tuner.fit()
+
+    def _sink(self, trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
+        """A trial ended: record it at once, tell the pool, judge its child when done, ask the decision engine."""
+        member = self.pool.members.get(trial.variant_id)
+        trial.cycle = member.generation if member else 1
+        tag = records.trial_part(self.run_id, trial.cycle, trial.trial_id)
+        with self.kb_lock:
+            self.kb.append("epochs", epoch_rows, tag)
+            self.kb.append("trials", [trial.row()], tag)  # after its epochs: a visible trial always has its curve
+        self.trials.append(trial)
+        kill_point("after_completion")
+        score = f"{trial.selection_score:.4f}" if trial.selection_score is not None else "-"
+        self._log(f"  trial {trial.trial_id} gen {trial.cycle} {trial.variant_id}: {trial.status.value} {score} "
+                  f"({trial.seconds:.1f}s){' ' + trial.reason if trial.reason else ''}")
+        if trial.reason == STOPPED_WITH_CYCLE:
+            return  # cut short by the end of the run: a resume runs it again
+        member = self.pool.finish(trial)
+        if member is not None and member.judged and member.variant_id in self.children:
+            self._judge(member)
+        self._check()
+
+    # -- breeding (the breeder's thread) ---------------------------------------------------------
+
+    def _grow(self, parent: Candidate, generation: int) -> list[Child]:
+        """Children of one parent (analysed, written, gated), recorded in the KB before they are queued."""
+        cfg = self.cfg
+        folder = self.run_dir / "generations" / f"gen_{generation:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        con = self.kb.reader()
+        baked = folder / "parents" / f"{parent.variant_id}-{time.time_ns()}"
+        variants_root = self.run_dir / "variants"
+        usage: list[tuple[str, Any]] = []
+        if self.coder is None:
+            view = history.parent_view(con, self.run_id, parent, variants_root, baked, cfg.trainer_dir())
+            children = [knob_child(parent, view.files_dir, variants_root)]
+        else:
+            view = history.parent_view(con, self.run_id, parent, variants_root, baked, cfg.trainer_dir())
+            if self.analyst is not None:
+                analysis, spent = analyse(self.analyst, view, history.effects(con, cfg.task.name), self._log)
+                usage.append((parent.variant_id, spent))
+            else:
+                from ralph_ray.agents.base import Analysis
+
+                analysis = Analysis(parent.variant_id, [], "", [])
+            with (folder / "analysis.md").open("a") as notes:
+                notes.write(analysis_note(parent, analysis) + "\n")
+            known = history.known_variants(con, self.run_id) | frozenset(self.children)
+            breeder = Breeder(self.coder, self.gate, variants_root, folder, cfg.population.children_per_parent,
+                              cfg.agent.max_retries, cfg.agent.concurrency, known, cfg.safeguards.tokens_per_cycle,
+                              self._log)
+            children, wasted = breed(breeder, parent, view, analysis)
+            usage += [(c.variant_id, c.usage) for c in children if c.usage.calls]
+            if wasted.calls:
+                usage.append((f"{parent.variant_id}:duplicates", wasted))
+        children = [c for c in children if c.variant_id not in self.children and c.variant_id != c.parent_id]
+        with self.kb_lock:
+            rows = records.variant_rows(self.run_id, generation, children, cfg.agent)
+            self.kb.put("variants", rows, records.part(self.run_id, generation, "bred", parent.variant_id,
+                                                       str(time.time_ns())))
+            self.kb.put("agent_usage", [records.usage_row(self.run_id, generation, "coder" if v != parent.variant_id
+                                                          else "analyst", v, u, cfg.agent) for v, u in usage],
+                        records.part(self.run_id, generation, "usage", parent.variant_id, str(time.time_ns())))
+            self._usage_parts += 1
+        kill_point("child_written")
+        for child in children:
+            self.children[child.variant_id] = child
+            if child.status is VariantStatus.candidate:
+                self.pool.add(self._member(child, generation))
+            else:
+                self.judged.add(child.variant_id)  # rejected at the gate: judged without a trial
+        return children
+
+    def _member(self, child: Child, generation: int, started: int = 0) -> Member:
+        seed = child.status is VariantStatus.seed
+        wanted = self.cfg.search.num_samples if seed else self.cfg.population.trials_per_child
+        return Member(child.variant_id, child.parent_id or None, generation, member_code(child.files_dir),
+                      dict(child.own_knobs), relative=self.cfg.search.relative and not seed, wanted=wanted,
+                      parent_score=child.parent_score, started=started)
+
+    # -- verdicts, decisions ---------------------------------------------------------------------
+
+    def _judge(self, member: Member) -> None:
+        """A child's trials are all in: kept, discarded or crashed against its parent, with its interventions."""
+        child = self.children[member.variant_id]
+        if child.variant_id in self.judged or child.status is not VariantStatus.candidate:
+            return
+        child.status, child.reason = child_verdict(member.finished, member.failed, member.best, child.parent_score,
+                                                   self.cfg.safeguards.min_delta, child.reason)
+        self.judged.add(child.variant_id)
+        scores = {child.variant_id: (member.best, None)} if member.best is not None else {}
+        with self.kb_lock:
+            self.kb.put("variants", records.variant_rows(self.run_id, member.generation, [child], self.cfg.agent,
+                                                         scores),
+                        records.part(self.run_id, member.generation, "judged", child.variant_id))
+            self.kb.put("interventions", records.intervention_rows(self.run_id, self.cfg.task.name, member.generation,
+                                                                   child, member.best),
+                        records.part(self.run_id, member.generation, "effects", child.variant_id))
+        self._log(f"  child {child.variant_id} (gen {member.generation}, +{' + '.join(child.interventions)}): "
+                  f"{child.status.value}")
+
+    def _closed(self) -> int:
+        """Generations closed so far: the seed's knob search, then one per `parents x children_per_parent` judged."""
+        seeds = [m for m in self.pool.members.values() if m.generation == 1]
+        if not seeds or any(not m.judged for m in seeds):
+            return 0
+        limit = self.cfg.safeguards.max_cycles
+        if self.breeder.done and len(self.judged) >= len(self.children):
+            return limit  # every child the campaign may breed has been judged
+        return min(limit, 1 + len(self.judged) // self.per_generation)
+
+    def _check(self, final: bool = False) -> None:
+        """Ask the decision engine; on stop, end the run at once (the searcher closes, running trials stop)."""
+        if self.stop_now:
+            return
+        state, cfg = self.state, self.cfg
+        closed = self._closed()
+        best = self.pool.best()
+        state.best_variant_id, state.best_selection_score = (best.variant_id, best.best) if best else (None, None)
+        advanced = closed > len(state.best_by_cycle)
+        while len(state.best_by_cycle) < closed:
+            state.best_by_cycle.append(state.best_selection_score)
+        manual = stop_requested(self.run_dir)
+        if closed == 0 and not (final or manual or self._time_spent()):
+            return  # the seed's knob search is still running: nothing to judge the campaign by yet
+        bests = state.best_by_cycle[:-1] + [state.best_selection_score] if state.best_by_cycle else [state.best_selection_score]
+        spent = self._spend(max(1, closed))
+        state.gate_fail_streak = self._gate_streak()
+        facts = CycleFacts(max(1, closed), bests, cfg.target_score(), spent.tokens_cycle, spent.tokens_campaign,
+                           spent.cost_campaign, state.gate_fail_streak, self._elapsed(), manual)
+        decision = decide(facts, cfg.safeguards)
+        if decision.reason is StopReason.no_trial_completed and not final and closed == 0:
+            return
+        kill_point("decision")
+        if decision.stop or advanced or final:
+            self._record_decision(decision, facts)
+        state.cycle = max(1, closed)
+        if decision.stop:
+            state.stop_reason, state.exit_code, state.status = decision.reason.value, decision.exit_code, RunStatus.finished
+            state.phase = Phase.done
+            self.stop_now = True
+            self.pool.close()
+            self.breeder.stop()
+        self._save_state()
+
+    def _record_decision(self, decision: Decision, facts: CycleFacts) -> None:
+        self.decision = decision
+        data = records.decision_json(decision, facts, self.state.best_variant_id)
+        folder = self.run_dir / "generations" / f"gen_{decision.cycle:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "decision.json").write_text(json.dumps(data, indent=2))
+        with self.kb_lock:
+            self.kb.put("decisions", [records.decision_row(self.run_id, decision, facts, self.state.best_variant_id)],
+                        records.part(self.run_id, decision.cycle))
+        self.console.print(f"[bold magenta]generation {decision.cycle}[/] [bold]decide[/] {data['decision']} "
+                           f"({decision.reason.value}): {decision.rationale}")
+        self.console.print(f"  {budgets_line(decision, facts, self.cfg.safeguards)}")
+
+    def _spend(self, generation: int) -> history.Spend:
+        """The agents' spend, read from the KB only when the breeder has written usage since (a KB read costs ~0.2 s
+        on Tune's thread, between one trial's end and the next one's start)."""
+        key = (self._usage_parts, generation)
+        if self._spent is None or self._spent[0] != key:
+            self._spent = (key, history.spend(self.kb.reader(), self.run_id, generation))
+        return self._spent[1]
+
+    def _gate_streak(self) -> int:
+        """Generations' worth of children in a row, most recent last, that the gate rejected every one of."""
+        if self.coder is None:
+            return 0
+        trailing = 0
+        for child in reversed(list(self.children.values())):
+            if child.status is not VariantStatus.rejected:
+                break
+            trailing += 1
+        return trailing // self.per_generation
+
+    def _close_generations(self) -> None:
+        """A cycles row per generation (trials, best so far, children, rejected) and one KB part per table."""
+        con = self.kb.reader()
+        counts = {int(g): int(n) for g, n in con.execute(sql.TRIALS_PER_CYCLE, [self.run_id]).fetchall()}
+        best: float | None = None
+        rows = []
+        for generation in sorted(set(counts) | {m.generation for m in self.pool.members.values()}):
+            members = [m for m in self.pool.members.values() if m.generation <= generation and m.best is not None]
+            best = max((m.best for m in members if m.best is not None), default=best)
+            asked = [c for c in self.children.values() if self._generation_of(c) == generation]
+            folder = self.run_dir / "generations" / f"gen_{generation:04d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            analysis = (folder / "analysis.md").read_text() if (folder / "analysis.md").exists() else ""
+            rows.append(records.cycle_row(self.run_id, generation, counts.get(generation, 0), best, asked, folder,
+                                          analysis))
+        with self.kb_lock:
+            self.kb.put("cycles", rows, records.part(self.run_id, 0, "generations"))
+            for generation in counts:  # one part per generation instead of one per trial: readers pay per file
+                self.kb.compact("epochs", records.trial_parts(self.run_id, generation),
+                                records.part(self.run_id, generation, "compacted"))
+                self.kb.compact("trials", records.trial_parts(self.run_id, generation),
+                                records.part(self.run_id, generation, "compacted"))
+
+    def _generation_of(self, child: Child) -> int:
+        member = self.pool.members.get(child.variant_id)
+        if member is not None:
+            return member.generation
+        parent = self.pool.members.get(child.parent_id)
+        return parent.generation + 1 if parent else 2
+
+    # -- state and resume ------------------------------------------------------------------------
+
+    def _elapsed(self) -> float:
+        return self.state.elapsed_s + (time.monotonic() - self.mark)
+
+    def _time_spent(self) -> bool:
+        limit = self.cfg.safeguards.campaign_time_s
+        return limit is not None and self._elapsed() >= limit
+
+    def _save_state(self) -> None:
+        now = time.monotonic()
+        self.state.elapsed_s += now - self.mark
+        self.mark = now
+        self.state.save(self.run_dir)
+        with self.kb_lock:
+            self.kb.put("runs", [records.run_status(self.run_row, RunStatus.running, self.state)], self.run_id)
+
+    def _rebuild(self) -> int:
+        """The pool as the KB records it (the seed on a fresh start); returns how many children were bred."""
+        con = self.kb.reader()
+        rows = con.execute(sql.ASYNC_VARIANTS, [self.run_id]).fetchall()
+        if not rows:
+            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants")
+            self.kb.put("variants", records.variant_rows(self.run_id, 1, [seed], self.cfg.agent),
+                        records.part(self.run_id, 1, "seed"))
+            self.pool.add(self._member(seed, 1))
+            self._log(f"  seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
+            return 0
+        trials = con.execute(sql.ASYNC_TRIALS, [self.run_id, STOPPED_WITH_CYCLE]).fetchall()
+        for (variant_id, parent_id, generation, status, files_dir, diff, interventions, diagnosis, rationale, reason,
+             parent_score) in rows:
+            files = Path(files_dir)
+            status = VariantStatus(status)
+            own = read_knobs((files / "train.py").read_text()) if (files / "train.py").exists() else {}
+            child = Child(variant_id, parent_id or "", files, json.loads(interventions or "[]"), diagnosis or "",
+                          rationale or "", status, reason, diff or "", own, parent_score)
+            if status is not VariantStatus.seed:
+                self.children[variant_id] = child
+            if status is VariantStatus.rejected:
+                self.judged.add(variant_id)
+                continue
+            mine = [t for t in trials if t[1] == variant_id]
+            member = self._member(child, int(generation), started=len(mine))
+            member.finished = len(mine)
+            member.failed = sum(t[2] == TrialStatus.failed.value for t in mine)
+            self.pool.add(member)
+            for _, _, trial_status, knobs, score in mine:
+                self.pool.warm_start(variant_id, json.loads(knobs or "{}"), score, TrialStatus(trial_status))
+                if trial_status == TrialStatus.completed.value and score is not None and (member.best is None
+                                                                                          or score > member.best):
+                    member.best, member.best_knobs = float(score), json.loads(knobs or "{}")
+            if status not in (VariantStatus.candidate, VariantStatus.seed):
+                self.judged.add(variant_id)
+            elif member.judged and status is VariantStatus.candidate:
+                self._judge(member)  # its last trial was recorded, its verdict not yet
+        queued = self.pool.queued()
+        self._log(f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "
+                  f"{len(self.children)} children ({queued} waiting for a slot)")
+        return len(self.children)
+
+
+class _StopNow(tune.Stopper):
+    """Ends the whole run when the decision engine said stop, a STOP file appeared or the campaign's time ran out."""
+
+    def __init__(self, campaign: AsyncCampaign) -> None:
+        self.campaign = campaign
+
+    def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        c = self.campaign
+        return c.stop_now or stop_requested(c.run_dir) or c._time_spent()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # Tune pickles its run config; the campaign lives only in this driver
+
+
+class _KillDuringTrial(tune.Callback):
+    """The test hook's `trial_running` point: a trial has reported an epoch and is still running."""
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict[str, Any], **info: Any) -> None:
+        kill_point("trial_running")
+

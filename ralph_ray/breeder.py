@@ -1,0 +1,117 @@
+"""The background breeder: a thread that keeps the pool's queue of gated children topped up.
+
+It runs beside the Tune run, off the critical path: whenever fewer than `ahead` gated children wait for a slot,
+it picks a parent from the population as it stands (the best so far, exploration, one per lineage, as
+`population.select_parents` does; among the picks the one with the fewest children yet), has it analysed,
+written and gated (`grow`, which uses children.py and the agents), and queues the children, whose generation
+is the parent's + 1. One parent is bred at a time (the agents' own concurrency applies inside), and the gate's
+smoke runs use one thread, so the breeder takes little CPU from the trials.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from ralph_ray.children import Child
+from ralph_ray.popsearch import Pool
+from ralph_ray.population import Candidate, select_parents
+
+# Parent picks in a row that produced no child (every idea a duplicate of a known variant) before it gives up.
+EMPTY_PICKS_LIMIT = 4
+
+
+@dataclass(frozen=True)
+class BreedingPlan:
+    """How much to breed and from whom."""
+
+    ahead: int  # gated children to keep waiting for a slot
+    children_budget: int  # children (rejected ones included) the campaign may breed in all
+    max_generation: int  # no child beyond this generation (safeguards.max_cycles reads as generations)
+    parents: int
+    explore: float
+    one_per_lineage: bool
+    seed: int
+
+
+class BackgroundBreeder(threading.Thread):
+    """Keeps `pool`'s queue topped up with children from `grow(parent, generation)` until told to stop."""
+
+    def __init__(self, pool: Pool, plan: BreedingPlan, bred: int, grow: Callable[[Candidate, int], list[Child]],
+                 log: Callable[[str], None]) -> None:
+        super().__init__(name="ralph-breeder", daemon=True)
+        self.pool, self.plan, self.grow, self.log = pool, plan, grow, log
+        self.bred = bred  # children bred so far (a resumed campaign counts those in the KB)
+        self.busy = False  # a parent is being analysed, written or gated right now
+        self.done = False  # nothing more to breed (budget spent, or no new idea): set once, never cleared
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+        self._rng = random.Random(plan.seed)
+        self._empty = 0
+        self._picks: dict[str, int] = {}  # parent id -> times picked (starts from the children it already has)
+
+    def stop(self) -> None:
+        """Ask the thread to end after the parent in hand (its children are still queued and recorded)."""
+        self._halt.set()
+        with self.pool.changed:
+            self.pool.changed.notify_all()
+
+    def idle(self) -> bool:
+        """True when no breeding is under way and none will start (done, stopped or failed)."""
+        return not self.busy and (self.done or self._halt.is_set() or self.error is not None)
+
+    def run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                parent = self._next_parent()
+                if parent is None:
+                    return
+                children = self.grow(parent, self._generation(parent) + 1)
+                with self.pool.changed:
+                    self.bred += len(children)
+                    self.busy = False
+                    self._empty = 0 if children else self._empty + 1
+                    if self._empty >= EMPTY_PICKS_LIMIT:
+                        self.log(f"  breeder: {self._empty} parent picks in a row gave no new child; breeding ends")
+                        self.done = True
+                    self.pool.changed.notify_all()
+        except BaseException as err:  # noqa: BLE001 - the driver reads it and ends the campaign with the cause
+            self.error = err
+        finally:
+            with self.pool.changed:
+                self.busy = False
+                self.pool.changed.notify_all()
+
+    def _next_parent(self) -> Candidate | None:
+        """Wait until a child is wanted and a parent is eligible; None once breeding is over."""
+        with self.pool.changed:
+            while not self._halt.is_set() and not self.done:
+                if self.bred >= self.plan.children_budget:
+                    self.done = True
+                    break
+                if self.pool.queued() < self.plan.ahead:
+                    parent = self._choose()
+                    if parent is not None:
+                        self.busy = True
+                        return parent
+                self.pool.changed.wait(timeout=1.0)
+            self.pool.changed.notify_all()
+            return None
+
+    def _choose(self) -> Candidate | None:
+        plan = self.plan
+        ranked = self.pool.ranked(below_generation=plan.max_generation)
+        picks = select_parents(ranked, plan.parents, plan.explore, plan.one_per_lineage, self._rng)
+        if not picks:
+            return None
+        # Spread children over the would-be parents as a barrier cycle would: the least bred from goes next.
+        for p in picks:
+            self._picks.setdefault(p.variant_id, self.pool.children_of.get(p.variant_id, 0))
+        choice = min(picks, key=lambda p: self._picks[p.variant_id])
+        self._picks[choice.variant_id] += 1
+        return choice
+
+    def _generation(self, parent: Candidate) -> int:
+        return self.pool.members[parent.variant_id].generation

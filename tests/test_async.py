@@ -1,0 +1,156 @@
+"""The asynchronous campaign end to end on real parts: generations in the KB, slots kept busy by a slow LLM agent,
+the equal time budget, and SIGKILL of the driver at named points then resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.campaign import Outcome, run
+from ralph_ray.config import load_config
+from ralph_ray.faults import ENV_KILL_AT
+from ralph_ray.kb import open_reader
+from ralph_ray.ledger import STOPPED_WITH_CYCLE
+
+sys.path.insert(0, str(Path(__file__).parent / "agents"))
+from slow_llm import SlowLLM  # noqa: E402
+
+TINY = ["population.mode=async", "search.num_samples=2", "search.max_concurrent=2", "scheduler.max_t=2",
+        "scheduler.grace_period=1", "safeguards.trial_timeout_s=180", "+search.space.EPOCHS={type: choice, values: [2]}",
+        "population.trials_per_child=1", "population.parents=1"]
+
+
+def tiny(tmp: Path, *overrides: str):
+    return load_config([f"paths.runs={tmp / 'runs'}", f"paths.kb={tmp / 'kb'}", *TINY, *overrides])
+
+
+def rows(con: duckdb.DuckDBPyConnection, query: str, params: list) -> list[dict]:
+    cursor = con.execute(query, params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor.fetchall()]
+
+
+@pytest.fixture(scope="module")
+def three_generations(ray_session, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    tmp = tmp_path_factory.mktemp("async")
+    return run(tiny(tmp, "run_id=gens", "safeguards.max_cycles=3", "population.children_per_parent=2"))
+
+
+def test_generations_are_written_as_cycles(three_generations: Outcome):
+    assert three_generations.exit_code == 0 and three_generations.stop_reason == "max_cycles"
+    con = open_reader(three_generations.kb_root)
+    variants = {v["variant_id"]: v for v in rows(con, "select * from variants where run_id = ?", ["gens"])}
+    seed = [v for v in variants.values() if v["status"] == "seed"]
+    assert len(seed) == 1 and seed[0]["cycle"] == 1
+    children = [v for v in variants.values() if v["status"] != "seed"]
+    assert len(children) == 2 * 2  # (max_cycles - 1) x parents x children_per_parent
+    for child in children:
+        assert child["cycle"] == variants[child["parent_id"]]["cycle"] + 1  # a child's generation: its parent's + 1
+        assert child["status"] in ("kept", "discarded", "crashed", "rejected")  # every child judged
+    trials = rows(con, "select * from trials where run_id = ?", ["gens"])
+    assert all(t["cycle"] == variants[t["variant_id"]]["cycle"] for t in trials)
+    assert len({t["trial_id"] for t in trials}) == len(trials)
+    decisions = rows(con, "select cycle, reason from decisions where run_id = ? order by cycle", ["gens"])
+    assert decisions[-1] == {"cycle": 3, "reason": "max_cycles"}
+    cycles = rows(con, "select cycle, trials from cycles where run_id = ? order by cycle", ["gens"])
+    assert [c["cycle"] for c in cycles] == sorted({v["cycle"] for v in variants.values()})
+    sessions = list((three_generations.run_dir / "async" / "tune").glob("session_*"))
+    assert len(sessions) == 1  # one Tune run for the whole campaign
+    assert (three_generations.run_dir / "report" / "final_report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_slow_agent_leaves_no_slot_idle(ray_session, tmp_path: Path):
+    """Each LLM call takes 6 s (12 s or more per child); between trials no slot waits longer than a trial start."""
+    llm = SlowLLM(delay_s=6.0)
+    try:
+        outcome = run(tiny(tmp_path, "run_id=slow", "safeguards.max_cycles=2", "population.children_per_parent=2",
+                           *llm.overrides()))
+    finally:
+        llm.close()
+    assert outcome.stop_reason == "max_cycles"
+    con = open_reader(outcome.kb_root)
+    trials = rows(con, """select epoch(written_at) - seconds as start, epoch(written_at) as end, reason, variant_id
+                          from trials where run_id = ? order by start""", ["slow"])
+    children = con.execute("select count(*) from variants where run_id = ? and status <> 'seed'", ["slow"]).fetchone()[0]
+    assert children == 2 and len(llm.requests) >= 3  # the children came from the slow agent
+    # Walk the timeline of the campaign's trials: wherever fewer than 2 trials ran, that gap must be short.
+    edges = sorted([(t["start"], 1) for t in trials] + [(t["end"], -1) for t in trials])
+    running, since, gaps = 0, None, []
+    last_end = max(t["end"] for t in trials if t["reason"] != STOPPED_WITH_CYCLE)
+    for moment, step in edges:
+        if since is not None and running < 2 and moment <= last_end:
+            gaps.append(moment - since)
+        running += step
+        since = moment
+    assert max(gaps) < 6.0, f"a slot idled {max(gaps):.1f}s while the agent wrote children (gaps: {gaps})"
+
+
+@pytest.mark.slow
+def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
+    """The seed given a 3-s budget finishes on time; a trainer that ignores it is stopped, its epochs recorded."""
+    seed = run(tiny(tmp_path, "run_id=budget", "agent=none", "safeguards.max_cycles=1", "trial.budget_s=3"))
+    con = open_reader(seed.kb_root)
+    trials = rows(con, "select trial_id, status, seconds, epochs from trials where run_id = ? and reason is distinct from ?",
+                  ["budget", STOPPED_WITH_CYCLE])
+    assert trials and all(t["status"] == "completed" and t["seconds"] < 3 + 30 for t in trials)
+    curve = rows(con, "select epoch, value from epochs where run_id = ? and metric = 'train_seconds' order by epoch",
+                 ["budget"])
+    assert curve and max(c["value"] for c in curve) <= 3.0  # ASHA's time attribute: training seconds
+
+    greedy = tmp_path / "greedy"
+    greedy.mkdir()
+    source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    (greedy / "train.py").write_text(source.replace("for epoch in harness.epochs(EPOCHS):", "for epoch in range(1, 10**6):"))
+    (greedy / "program.md").write_text("a trainer that ignores its deadline\n")
+    outcome = run(tiny(tmp_path, "run_id=greedy", "agent=none", "safeguards.max_cycles=1", "trial.budget_s=2",
+                       "trial.grace_s=20", f"task.trainer={greedy}", "search.num_samples=1", "search.max_concurrent=1"))
+    con = open_reader(outcome.kb_root)
+    stopped = rows(con, """select status, reason, epochs, val_metric, seconds from trials where run_id = ?
+                           and reason is distinct from ?""", ["greedy", STOPPED_WITH_CYCLE])
+    assert len(stopped) == 1 and stopped[0]["status"] == "stopped_early" and stopped[0]["reason"].startswith("budget")
+    assert stopped[0]["epochs"] >= 1 and stopped[0]["val_metric"] is not None  # its last reported epoch counts
+    assert stopped[0]["seconds"] < 2 + 20 + 15  # stopped at budget + grace (plus Tune's start and the kill)
+
+
+KILL_ARGS = [*TINY, "safeguards.max_cycles=2", "population.children_per_parent=2", "resources.ray_num_cpus=2",
+             "agent.concurrency=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["child_written", "queue_empty", "trial_running", "after_completion", "decision"])
+def test_sigkill_at_any_point_then_resume_loses_and_duplicates_nothing(point: str, tmp_path: Path):
+    paths = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", ENV_KILL_AT: point}
+    killed = subprocess.run([sys.executable, "-m", "ralph_ray", "run_id=k", *paths, *KILL_ARGS], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=400, start_new_session=True)
+    assert killed.returncode == -signal.SIGKILL, f"never reached {point}: {killed.stdout[-1500:]}{killed.stderr[-1500:]}"
+    state = json.loads((tmp_path / "runs" / "k" / "state.json").read_text())
+    assert state["status"] == "running"
+
+    env.pop(ENV_KILL_AT)
+    resumed = subprocess.run([sys.executable, "-m", "ralph_ray", "resume=k", *paths], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=400, start_new_session=True)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+
+    parts = str(tmp_path / "kb" / "parquet" / "trials" / "*.parquet")
+    raw = duckdb.sql(f"select trial_id, count(*) as n from read_parquet('{parts}') group by trial_id").fetchall()
+    assert raw and all(n == 1 for _, n in raw)  # every trial recorded exactly once
+    con = open_reader(tmp_path / "kb")
+    children = rows(con, "select variant_id, status from variants where run_id = 'k' and status <> 'seed'", [])
+    assert len(children) == 2  # the whole budget of children, none lost, none bred twice
+    trained = dict(con.execute("""select variant_id, count(*) from trials where run_id = 'k' and reason is distinct
+                                  from ? group by variant_id""", [STOPPED_WITH_CYCLE]).fetchall())
+    for child in children:
+        assert child["status"] in ("kept", "discarded", "crashed", "rejected")
+        assert child["status"] == "rejected" or trained.get(child["variant_id"], 0) >= 1  # every gated child trained
+    decision = con.execute("select reason from decisions where run_id = 'k' order by cycle desc limit 1").fetchone()
+    assert decision == ("max_cycles",)

@@ -1,0 +1,123 @@
+"""The population searcher on real Optuna studies (no Tune run): queue first, then knob samples of promising
+variants; finished trials told to their study; a pool rebuilt from recorded trials; FINISHED once closed."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from ray.tune.search import Searcher
+
+from ralph_ray.config import KnobSpace, SpaceKind
+from ralph_ray.ledger import TrialRecord
+from ralph_ray.popsearch import CODE_KEY, Member, Pool, PoolSettings, PopulationSearcher, decode_code, encode_code
+from ralph_ray.statuses import TrialStatus
+
+SPACE = {"LR": KnobSpace(SpaceKind.loguniform, 0.001, 0.3), "WIDTH": KnobSpace(SpaceKind.choice, values=[8, 16, 32])}
+OWN = {"LR": 0.05, "WIDTH": 16}
+
+
+def pool(**overrides) -> Pool:
+    settings = dict(space=SPACE, relative_span=2.0, parents=2, explore=0.0, one_per_lineage=True, seed=0)
+    return Pool(PoolSettings(**{**settings, **overrides}))
+
+
+def member(variant: str, parent: str | None, generation: int, wanted: int = 1, own: dict | None = None) -> Member:
+    return Member(variant, parent, generation, encode_code({"train.py": f"# {variant}\n".encode()}), dict(own or OWN),
+                  relative=generation > 1, wanted=wanted)
+
+
+def finish(p: Pool, trial_id: str, config: dict, score: float | None, status=TrialStatus.completed) -> None:
+    knobs = {k: v for k, v in config.items() if k.isupper()}
+    p.finish(TrialRecord("run", 1, trial_id, config["variant"], status, None, json.dumps(knobs), 0, 2, None, score,
+                         None, 1.0, "w"))
+
+
+def test_the_seed_runs_its_own_knobs_first_then_samples_and_its_code_travels():
+    p = pool()
+    p.add(member("seed", None, 1, wanted=3))
+    first = p.suggest("t1")
+    assert first["variant"] == "seed" and {k: first[k] for k in OWN} == OWN  # as its author wrote it
+    assert decode_code(first[CODE_KEY]) == {"train.py": b"# seed\n"}
+    second = p.suggest("t2")
+    assert second["variant"] == "seed" and 0.001 <= second["LR"] <= 0.3 and second["WIDTH"] in (8, 16, 32)
+    assert p.queued() == 1  # one of the seed's three planned trials is still to start
+
+
+def test_gated_children_go_before_the_seeds_remaining_samples():
+    p = pool()
+    p.add(member("seed", None, 1, wanted=4))
+    assert p.suggest("t1")["variant"] == "seed"
+    p.add(member("child", "seed", 2, wanted=1))
+    assert [p.suggest(f"t{i}")["variant"] for i in (2, 3, 4)] == ["child", "seed", "seed"]
+
+
+def test_a_queued_child_takes_the_next_slot_before_any_knob_sample():
+    p = pool()
+    p.add(member("seed", None, 1))
+    finish(p, "t1", p.suggest("t1"), 0.9)
+    assert p.queued() == 0 and p.suggest("t2")["variant"] == "seed"  # nothing queued: a knob sample of the best
+    p.add(member("child", "seed", 2, wanted=2, own={"LR": 0.1, "WIDTH": 32}))
+    picked = p.suggest("t3")
+    assert picked["variant"] == "child" and picked["LR"] == pytest.approx(0.1) and picked["WIDTH"] == 32
+    relative = p.suggest("t4")  # a child's knobs are searched as factors around its own values
+    assert relative["variant"] == "child" and 0.05 - 1e-9 <= relative["LR"] <= 0.2 + 1e-9
+    assert p.children_of == {"seed": 1}
+
+
+def test_finished_trials_update_the_population_and_are_told_to_their_study():
+    p = pool()
+    p.add(member("seed", None, 1, wanted=2))
+    a, b = p.suggest("t1"), p.suggest("t2")
+    finish(p, "t1", a, 0.91)
+    finish(p, "t2", b, None, TrialStatus.stopped_early)
+    seed = p.members["seed"]
+    assert (seed.finished, seed.failed, seed.best) == (2, 0, 0.91) and seed.judged
+    states = [t.state.name for t in p.studies["seed"].trials]
+    assert states == ["COMPLETE", "PRUNED"]
+    assert [c.variant_id for c in p.ranked()] == ["seed"]
+
+
+def test_knob_samples_go_to_would_be_parents_only():
+    p = pool(parents=2)
+    for name, gen in (("seed", 1), ("a", 2), ("b", 2), ("c", 2)):
+        p.add(member(name, None if gen == 1 else "seed", gen))
+    scores = {"seed": 0.90, "a": 0.95, "b": 0.80, "c": 0.70}
+    for i in range(4):
+        config = p.suggest(f"own{i}")
+        finish(p, f"own{i}", config, scores[config["variant"]])
+    picked = {p.suggest(f"s{i}")["variant"] for i in range(12)}
+    assert picked <= {"a", "seed"} and "a" in picked  # the best, and one per lineage after it
+
+
+def test_a_rebuilt_pool_warm_starts_its_studies_from_recorded_trials():
+    p = pool()
+    p.add(member("child", "seed", 2, wanted=1, own={"LR": 0.1, "WIDTH": 16}), queued=False)
+    p.warm_start("child", {"LR": 0.2, "WIDTH": 16}, 0.93, TrialStatus.completed)
+    p.warm_start("child", {"LR": 0.05, "WIDTH": 16}, None, TrialStatus.failed)
+    trials = p.studies["child"].trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"]
+    assert trials[0].params["LR"] == pytest.approx(2.0) and trials[0].value == 0.93  # stored as the factor it was
+
+
+def test_closing_finishes_the_search_and_an_empty_pool_asks_later():
+    p = pool()
+    searcher = PopulationSearcher(p, "val_acc", "max")
+    assert searcher.suggest("t0") is None  # no member yet: nothing now, ask again later
+    p.add(member("seed", None, 1))
+    assert searcher.suggest("t1")["variant"] == "seed"
+    p.close()
+    assert searcher.suggest("t2") == Searcher.FINISHED
+
+
+def test_selection_is_stable_under_a_seeded_rng():
+    picks = []
+    for _ in range(2):
+        p = pool(explore=0.5)
+        p.rng = random.Random(7)
+        for name, gen in (("seed", 1), ("a", 2), ("b", 2)):
+            p.add(member(name, None if gen == 1 else "seed", gen))
+            finish(p, f"own-{name}", p.suggest(f"own-{name}"), {"seed": 0.9, "a": 0.92, "b": 0.85}[name])
+        picks.append([p.suggest(f"s{i}")["variant"] for i in range(6)])
+    assert picks[0] == picks[1]
