@@ -12,11 +12,14 @@ from ralph_ray.exit_codes import ExitCode
 USAGE = """usage: python -m ralph_ray [+experiment=NAME] [key=value ...] [--cfg]
        python -m ralph_ray resume=RUN_ID [key=value ...]
        python -m ralph_ray status [RUN_ID] | stop RUN_ID | report RUN_ID   (also: ralph-ray ...)
+       python -m ralph_ray init NAME --template classification|regression|lm   (a task folder of your own)
 
 Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU).
   python -m ralph_ray +experiment=cifar10 data.root=/path/to/cifar
   python -m ralph_ray population.parents=1 population.children_per_parent=1   # the serial Ralph loop
   python -m ralph_ray agent=none                                               # knob search only
+  python -m ralph_ray task=diabetes                                            # a regression task (MSE, lower is better)
+  python -m ralph_ray task=./my_task                                           # your own task folder (see init)
   python -m ralph_ray resume=RUN_ID safeguards.max_cycles=8                     # continue after a crash or stop
   python -m ralph_ray cluster=address paths.storage=s3://bucket/ralph           # on a Ray cluster's head (ray up cluster.yaml)
   --cfg   print the composed config and exit
@@ -35,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.ok
     from ralph_ray.commands import COMMANDS
 
+    if argv and argv[0] == "init":
+        from ralph_ray import scaffold
+
+        return scaffold.main(argv[1:])
     if argv and argv[0] in COMMANDS:
         from ralph_ray import commands
 

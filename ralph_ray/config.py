@@ -20,6 +20,7 @@ from ralph_ray.knobs import is_knob_name
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS
+from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 
 CONF_DIR = PROJECT_ROOT / "conf"
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -62,13 +63,17 @@ class KnobSpace:
 
 @dataclass
 class TaskConfig:
-    """Which frozen task and which seed trainer."""
+    """Which task: its folder (frozen prepare.py, train.py, program.md, task.yaml) and how its data is split."""
 
     name: str = "digits"
-    trainer: str = "trainers/digits"  # relative to the project root, or absolute
+    trainer: str = "trainers/digits"  # the task folder, relative to the project root or absolute (task=./path sets it)
     split_seed: int = 0
     selection_fraction: float = 0.2
     test_fraction: float = 0.2
+    # Read from the task's prepare.py (METRIC) when the config is validated; recorded so reports and the app know
+    # how to read a score. Scores are stored oriented (higher is better): a min metric's score is -value.
+    metric: Optional[str] = None
+    direction: Optional[str] = None
 
 
 @dataclass
@@ -130,7 +135,8 @@ class SafeguardsConfig:
 
 @dataclass
 class TargetConfig:
-    """The campaign's goal on the frozen selection score (null: no target, run until another rule stops it)."""
+    """The campaign's goal on the frozen selection metric, in the metric's own units and direction (e.g. an MSE to get
+    below for a min metric); null: no target, run until another rule stops it."""
 
     selection_score: Optional[float] = None
 
@@ -301,6 +307,18 @@ class Config:
         path = Path(self.task.trainer)
         return path if path.is_absolute() else PROJECT_ROOT / path
 
+    def task_folder(self) -> Path:
+        """The task's folder: the seed trainer's folder, which also holds the frozen prepare.py and task.yaml."""
+        return self.trainer_dir()
+
+    def target_score(self) -> float | None:
+        """The target as the engine compares scores (higher is better): the metric's target times its sign."""
+        target = self.target.selection_score
+        if target is None:
+            return None
+        return -target if self.task.direction == "min" else target
+
+
 
 def load_config(overrides: list[str] | None = None) -> Config:
     """Compose conf/ with Hydra overrides into a validated `Config`; raises ConfigError on any problem."""
@@ -309,12 +327,45 @@ def load_config(overrides: list[str] | None = None) -> Config:
     from omegaconf.errors import ConfigKeyError
 
     overrides = list(overrides or [])
+    folder = _task_path(overrides)
+    composed = [o for o in overrides if not (folder is not None and o.startswith("task="))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            raw = compose(config_name="config", overrides=overrides)
+            raw = compose(config_name="config", overrides=composed)
     except (HydraException, ConfigKeyError) as err:
         raise _override_error(err) from None
-    return to_config(raw)
+    OmegaConf.set_struct(raw, False)
+    if folder is not None:
+        raw.task.name, raw.task.trainer = folder.name, str(folder)
+    return to_config(_with_task_yaml(raw, composed))
+
+
+def _task_path(overrides: list[str]) -> Path | None:
+    """The folder of `task=<value with a path separator>` (e.g. task=./my_task), resolved; None for task=<name>."""
+    values = [o.split("=", 1)[1] for o in overrides if o.startswith("task=")]
+    if not values or not any(sep in values[-1] for sep in ("/", os.sep)) and not values[-1].startswith((".", "~")):
+        return None
+    return Path(values[-1]).expanduser().resolve()
+
+
+def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
+    """The composed config with the task folder's task.yaml merged in, then the user's key=value overrides again.
+
+    So a task brings its own search space and defaults (task.yaml wins over conf/ groups), and an override on the
+    command line still wins over the task.
+    """
+    trainer = Path(str(raw.task.trainer)).expanduser()
+    task_yaml = (trainer if trainer.is_absolute() else PROJECT_ROOT / trainer) / "task.yaml"
+    if not task_yaml.is_file():
+        return raw  # a folder without task.yaml is reported by validation, with the fix
+    try:
+        merged = OmegaConf.merge(raw, OmegaConf.load(task_yaml))
+        plain = [o.lstrip("+") for o in overrides
+                 if "=" in o and not o.startswith("~") and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir()]
+        return OmegaConf.merge(merged, OmegaConf.from_dotlist(plain)) if plain else merged
+    except OmegaConfBaseException as err:
+        raise ConfigError("task", f"{task_yaml}: {_first_line(err)}",
+                          "task.yaml holds config keys at the top level (search:, task:, scheduler:, ...), as conf/ does") from None
 
 
 def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
@@ -350,10 +401,7 @@ def to_config(raw: Any) -> Config:
 
 def validate(cfg: Config) -> None:
     """Check values a type cannot express: signs, ranges, known names, required data roots."""
-    if cfg.task.name not in TASKS:
-        raise ConfigError("task.name", f"unknown task {cfg.task.name!r}", f"use one of {', '.join(TASKS)}")
-    if not (cfg.trainer_dir() / "train.py").exists():
-        raise ConfigError("task.trainer", f"{cfg.trainer_dir()}/train.py does not exist", "point task.trainer at a folder holding train.py")
+    task = _check_task(cfg)
     for key, value in (("task.selection_fraction", cfg.task.selection_fraction), ("task.test_fraction", cfg.task.test_fraction)):
         if not 0.0 < value < 0.5:
             raise ConfigError(key, f"must be in (0, 0.5), got {value}", f"set {key}=0.2")
@@ -386,8 +434,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError("safeguards.checkpoint_every_s", f"must be >= 0, got {cfg.safeguards.checkpoint_every_s}", "set safeguards.checkpoint_every_s=0 (every epoch)")
     if cfg.safeguards.min_delta < 0:
         raise ConfigError("safeguards.min_delta", f"must be >= 0, got {cfg.safeguards.min_delta}", "set safeguards.min_delta=0.002")
-    if cfg.target.selection_score is not None and not 0.0 < cfg.target.selection_score <= 1.0:
-        raise ConfigError("target.selection_score", f"must be in (0, 1], got {cfg.target.selection_score}", "set target.selection_score=0.99 or null")
+    if cfg.target.selection_score is not None and task.metric.name in FRACTION_METRICS and not 0.0 < cfg.target.selection_score <= 1.0:
+        raise ConfigError("target.selection_score", f"{task.metric.name} is in (0, 1], got {cfg.target.selection_score}",
+                          "set target.selection_score=0.99 or null")
     _positive("population.parents", cfg.population.parents)
     _positive("population.children_per_parent", cfg.population.children_per_parent)
     _positive("population.trials_per_child", cfg.population.trials_per_child)
@@ -415,10 +464,37 @@ def validate(cfg: Config) -> None:
     _check_cluster(cfg)
     for key in ("memory_mb", "processes", "file_size_mb", "output_mb"):
         _positive(f"sandbox.{key}", getattr(cfg.sandbox, key))
-    data_root = TASKS[cfg.task.name].data_root
-    if data_root is not None and not cfg.data.root:
+    if task.data_root is not None and not cfg.data.root:
         raise ConfigError("data.root", f"{cfg.task.name} needs a data root",
-                          f"pass data.root=/path/to/{cfg.task.name} ({data_root})")
+                          f"pass data.root=/path/to/{cfg.task.name} ({task.data_root})")
+
+
+# Metrics whose values are fractions in [0, 1] (a target outside (0, 1] is a mistake).
+FRACTION_METRICS = ("accuracy", "macro_f1")
+
+
+def _check_task(cfg: Config) -> TaskFolder:
+    """Load the task folder (every part there, a METRIC with a direction) and record its metric in cfg.task."""
+    folder = cfg.task_folder().expanduser().resolve()
+    shipped = {ref.folder.resolve(): name for name, ref in TASKS.items()}
+    if folder in shipped and cfg.task.name not in TASKS:
+        raise ConfigError("task.name", f"unknown task {cfg.task.name!r}",
+                          f"use one of {', '.join(TASKS)}, or a task folder of your own: task=./path/to/folder")
+    try:
+        task = load_task(folder)
+    except TaskError as err:
+        raise ConfigError("task", err.problem, err.fix) from None
+    for key, declared in (("metric", task.metric.name), ("direction", task.metric.direction.value)):
+        given = getattr(cfg.task, key)
+        if given is not None and given != declared:
+            raise ConfigError(f"task.{key}", f"{given!r} differs from {declared!r}, which {folder}/prepare.py declares",
+                              f"drop task.{key}: the task's METRIC decides it")
+        setattr(cfg.task, key, declared)
+    if cfg.search.metric in (task.metric.name, f"val_{task.metric.name}") and cfg.search.mode != task.metric.direction.value:
+        raise ConfigError("search.mode", f"search.metric={cfg.search.metric} is the task's {task.metric.name}, better when "
+                          f"{'higher' if task.metric.direction.value == 'max' else 'lower'}, but search.mode={cfg.search.mode}",
+                          f"set search.mode={task.metric.direction.value} (in the task's task.yaml)")
+    return task
 
 
 def _check_llm_agent(cfg: Config) -> None:

@@ -170,13 +170,22 @@ def report(**metrics: float) -> None:
 
 
 def save_predictions(selection: np.ndarray, test: np.ndarray) -> None:
-    """Write class predictions for the selection and test inputs; the engine scores them."""
-    selection = np.asarray(selection).astype(np.int64).reshape(-1)
-    test = np.asarray(test).astype(np.int64).reshape(-1)
+    """Write predictions for the selection and test inputs (class ids, or values for a regression task); the engine
+    scores them with the task's frozen metric."""
+    selection, test = _predictions(selection), _predictions(test)
     path = Path(os.environ.get(ENV_PREDICTIONS_FILE, "predictions.npz"))
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, selection=selection, test=test)
     os.replace(tmp, path)
+
+
+def _predictions(values: np.ndarray) -> np.ndarray:
+    """Class ids as int64 (N,), real values as float64 (one per input, or one row per input)."""
+    array = np.asarray(values)
+    if np.issubdtype(array.dtype, np.integer) or array.dtype == bool:
+        return array.astype(np.int64).reshape(-1)
+    array = array.astype(np.float64)
+    return array.reshape(-1) if array.ndim > 1 and array.shape[1:] == (1,) * (array.ndim - 1) else array
 
 
 def save_checkpoint(state: dict) -> None:

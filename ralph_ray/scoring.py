@@ -1,4 +1,8 @@
-"""Frozen scoring: the engine, never the trainer, turns predictions into selection and test scores."""
+"""Frozen scoring: the engine, never the trainer, turns predictions into selection and test scores.
+
+The one place a metric's direction is applied: a score is `metric.oriented(value)` (higher is better), so every rule
+downstream (verdict, plateau, target, parent choice, the KB's leaderboard) compares scores one way.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ralph_ray.tasks.base import Labels, accuracy
+from ralph_ray.tasks.base import Labels
 
 
 # The key of a trial's last result that carries its predictions back to the driver.
@@ -22,7 +26,7 @@ class ScoringError(ValueError):
 
 @dataclass(frozen=True)
 class Scores:
-    """A finished trial's frozen scores (higher is better)."""
+    """A finished trial's frozen scores, oriented: higher is better (for a min metric, the metric's value negated)."""
 
     selection: float
     test: float
@@ -50,13 +54,17 @@ def score_encoded(text: str, labels: Labels) -> Scores:
 
 
 def _score(npz: bytes, labels: Labels, name: str) -> Scores:
-    """The frozen metric on an npz holding `selection` and `test` class predictions."""
+    """The task's frozen metric on an npz holding `selection` and `test` predictions, as oriented scores."""
     try:
         with np.load(io.BytesIO(npz)) as saved:
             selection, test = saved["selection"], saved["test"]
     except (OSError, ValueError, KeyError) as err:
         raise ScoringError(f"unreadable {name}: {err}") from None
     try:
-        return Scores(selection=accuracy(selection, labels.selection), test=accuracy(test, labels.test))
-    except ValueError as err:
+        metric = labels.metric
+        return Scores(selection=metric.oriented(metric.score(selection, labels.selection)),
+                      test=metric.oriented(metric.score(test, labels.test)))
+    except Exception as err:  # noqa: BLE001 - a task's own score function may raise anything: the trial is unscored
+        if not isinstance(err, ValueError):
+            raise ScoringError(f"{name}: the task's score function failed ({type(err).__name__}: {err})") from None
         raise ScoringError(f"{name}: {err}") from None

@@ -12,6 +12,8 @@ from pathlib import Path, PurePath
 
 # Files that are not part of a variant's code.
 IGNORED = ("__pycache__", "*.pyc", "metrics.jsonl", "predictions.npz", "*.log")
+# A task folder's frozen parts (tasks.folder.FROZEN_PARTS), at its top level: they stay on the driver, never in a variant.
+TASK_FILES = ("prepare.py", "task.yaml")
 # The files an agent may change (by file name); anything else in a trainer folder is frozen.
 MUTABLE = ("*.py",)
 
@@ -54,7 +56,7 @@ def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) ->
     if not files_dir.exists():
         tmp = files_dir.with_name("files.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(*IGNORED))
+        shutil.copytree(source, tmp, ignore=_ignore_at(source))
         tmp.rename(files_dir)
     return Variant(variant_id=variant_id, parent_id=parent_id, files_dir=files_dir)
 
@@ -78,9 +80,21 @@ def _files(folder: Path) -> list[Path]:
     skip = shutil.ignore_patterns(*IGNORED)
     found = []
     for path in folder.rglob("*"):
-        if path.is_file() and not any(skip(str(path.parent), [part]) for part in path.relative_to(folder).parts):
+        relative = path.relative_to(folder)
+        if path.is_file() and str(relative) not in TASK_FILES and not any(skip(str(path.parent), [part]) for part in relative.parts):
             found.append(path)
     return found
+
+
+def _ignore_at(root: Path):  # noqa: ANN202 - shutil's ignore callable
+    """copytree's ignore: caches and run outputs anywhere, the task's frozen files at the top level."""
+    skip = shutil.ignore_patterns(*IGNORED)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        top = {n for n in names if n in TASK_FILES} if Path(folder) == root else set()
+        return set(skip(folder, names)) | top
+
+    return ignore
 
 
 def unified_diff(old_dir: Path, new_dir: Path) -> str:

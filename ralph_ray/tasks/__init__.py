@@ -1,50 +1,78 @@
-"""Frozen tasks and their one registry: each prepares train / selection / test splits; the engine keeps selection
-and test labels.
+"""Tasks are folders (see `ralph_ray.tasks.folder`); this is the list of the ones shipped with the project.
 
-`TASKS` is the list of tasks: config validates `task.name` against it and `prepare_splits` dispatches through it.
-This package imports no config (config imports it), so the registry adds no import cycle.
+`TASKS` maps each shipped task's name to its folder under `trainers/` (any folder there with a prepare.py);
+`task=<name>` picks one, `task=./path` any folder anywhere. The engine holds no task-specific code: a task's
+splits and metric come from its own frozen prepare.py, loaded on the driver only. This package imports no
+config (config imports it), so the registry adds no import cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
-from ralph_ray.tasks.base import DataError, DataSource, Experiment, Labels, Splits, TaskSettings
+import numpy as np
 
-__all__ = ["TASKS", "DataError", "Labels", "Splits", "Task", "prepare_splits"]
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.tasks.base import DataError, Experiment, Labels, Metric, Splits
+from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
+
+__all__ = ["TASKS", "DataError", "Labels", "Metric", "Splits", "TaskError", "TaskRef", "prepare_splits", "prepare_task"]
+
+SHIPPED = PROJECT_ROOT / "trainers"
 
 
 @dataclass(frozen=True)
-class Task:
-    """A shipped task: how its splits are prepared, and what `data.root` must hold (None: it needs no data root)."""
+class TaskRef:
+    """A shipped task: its name and folder; the folder's prepare.py loads on first use."""
 
     name: str
-    prepare: Callable[[TaskSettings, DataSource], Splits]
-    data_root: str | None = None
+    folder: Path
+
+    def load(self) -> TaskFolder:
+        """The loaded task (its metric, its frozen preparation)."""
+        return load_task(self.folder)
+
+    @property
+    def data_root(self) -> str | None:
+        """What `data.root` must hold (None: the task needs no data root)."""
+        return self.load().data_root
 
 
-def _digits(task: TaskSettings, data: DataSource) -> Splits:
-    from ralph_ray.tasks import digits  # scikit-learn loads only when the task runs
-
-    return digits.prepare(task.split_seed, task.selection_fraction, task.test_fraction)
+TASKS: dict[str, TaskRef] = {p.parent.name: TaskRef(p.parent.name, p.parent) for p in sorted(SHIPPED.glob("*/prepare.py"))}
 
 
-def _cifar10(task: TaskSettings, data: DataSource) -> Splits:
-    from ralph_ray.tasks import cifar10
-
-    return cifar10.prepare(data, task.split_seed, task.selection_fraction)
-
-
-TASKS: dict[str, Task] = {task.name: task for task in (
-    Task("digits", _digits),
-    Task("cifar10", _cifar10, data_root="the folder holding or to hold cifar-10-batches-py"),
-)}
+def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
+    """Run a task's frozen prepare and check what it returned; raises DataError with the fix when it fails."""
+    where = folder.path / "prepare.py"
+    try:
+        splits = folder.prepare(cfg.task, cfg.data)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's prepare: one clear error, not a traceback from deep inside
+        raise DataError(f"{where}: prepare() failed ({type(err).__name__}: {err})\n"
+                        f"  fix: check prepare() by hand: python -c \"import runpy; runpy.run_path('{where}')\"") from None
+    if not isinstance(splits, Splits):
+        raise DataError(f"{where}: prepare() returned {type(splits).__name__}, not ralph_ray.tasks.base.Splits\n"
+                        "  fix: return Splits(train_x, train_y, selection_x, selection_y, test_x, test_y, num_classes)")
+    for split in ("train", "selection", "test"):
+        x, y = getattr(splits, f"{split}_x"), getattr(splits, f"{split}_y")
+        if len(x) != len(y) or len(x) == 0:
+            raise DataError(f"{where}: the {split} split has {len(x)} inputs and {len(y)} labels/targets\n"
+                            "  fix: return as many labels/targets as inputs, at least one of each")
+    if folder.metric.kind.value == "classification" and (splits.num_classes < 2 or not np.issubdtype(
+            np.asarray(splits.selection_y).dtype, np.integer)):
+        raise DataError(f"{where}: metric {folder.metric.name} scores classes, but num_classes={splits.num_classes} "
+                        f"and the labels are {np.asarray(splits.selection_y).dtype}\n"
+                        "  fix: return integer class labels and num_classes >= 2, or declare a regression/custom METRIC")
+    return dataclasses.replace(splits, metric=folder.metric)
 
 
 def prepare_splits(cfg: Experiment) -> Splits:
-    """The task's deterministic splits (raises DataError with the fix when data is missing)."""
-    task = TASKS.get(cfg.task.name)
-    if task is None:
-        raise ValueError(f"unknown task {cfg.task.name!r}")  # config validation names the fix first
-    return task.prepare(cfg.task, cfg.data)
+    """The task's deterministic splits, with its metric (raises DataError with the fix when data is missing)."""
+    try:
+        folder = load_task(cfg.task_folder())
+    except TaskError as err:
+        raise DataError(str(err)) from None  # config validation names the fix first; this is the late path
+    return prepare_task(folder, cfg)

@@ -1,13 +1,20 @@
-"""The frozen side of a task: splits, the metric, and the public files a trial may read."""
+"""The frozen side of a task: splits, the metric (with its direction), and the public files a trial may read.
+
+This is the API a task folder's `prepare.py` uses (`Splits`, `stratified_split`, `DataError`); it runs on the
+driver only. Scores are compared one way everywhere: `Metric.oriented` turns a metric value into a score where
+higher is better (a sign, as Ray's ASHA does), so a `min` metric such as MSE is stored and ranked as -MSE.
+"""
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,10 +54,144 @@ class Experiment(Protocol):
     @property
     def data(self) -> DataSource: ...
 
+    def task_folder(self) -> Path:
+        """The task's folder (prepare.py, train.py, program.md, task.yaml)."""
+        ...
+
+
+class Direction(str, enum.Enum):
+    """Whether a higher (max) or a lower (min) metric value is better."""
+
+    max = "max"
+    min = "min"
+
+
+class MetricKind(str, enum.Enum):
+    """What predictions a metric scores: class ids, real values, or anything the task's own `score` reads."""
+
+    classification = "classification"
+    regression = "regression"
+    custom = "custom"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A task's frozen metric: its name, direction and kind, and the function that scores predictions."""
+
+    name: str
+    direction: Direction
+    kind: MetricKind
+    fn: Callable[[np.ndarray, np.ndarray], float] = field(repr=False, compare=False)
+
+    @property
+    def sign(self) -> float:
+        """+1 for a max metric, -1 for a min metric: `sign * value` is a score where higher is better."""
+        return 1.0 if self.direction is Direction.max else -1.0
+
+    def oriented(self, value: float) -> float:
+        """The engine's score of a metric value (higher is better); applied twice it gives the value back."""
+        return self.sign * value
+
+    def score(self, predictions: np.ndarray, targets: np.ndarray) -> float:
+        """The metric value of predictions against the engine-held targets (raises ValueError if they do not fit)."""
+        predictions = _fit(np.asarray(predictions), targets, self.kind)
+        value = float(self.fn(predictions, targets))
+        if not np.isfinite(value):
+            raise ValueError(f"{self.name} is {value}: the predictions hold NaN or inf")
+        return value
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of correct class predictions (higher is better)."""
+    predictions = np.asarray(predictions).reshape(-1)
+    if predictions.shape != labels.shape:
+        raise ValueError(f"expected {labels.shape[0]} predictions, got {predictions.shape[0]}")
+    return float((predictions == labels).mean())
+
+
+def _macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(labels, predictions, average="macro"))
+
+
+def _mse(predictions: np.ndarray, targets: np.ndarray) -> float:
+    from sklearn.metrics import mean_squared_error
+
+    return float(mean_squared_error(targets, predictions))
+
+
+def _mae(predictions: np.ndarray, targets: np.ndarray) -> float:
+    from sklearn.metrics import mean_absolute_error
+
+    return float(mean_absolute_error(targets, predictions))
+
+
+# The built-in metrics a task names in its METRIC; any other name needs the task's own `score` (kind custom).
+BUILTIN: dict[str, tuple[MetricKind, Direction, Callable[[np.ndarray, np.ndarray], float]]] = {
+    "accuracy": (MetricKind.classification, Direction.max, accuracy),
+    "macro_f1": (MetricKind.classification, Direction.max, _macro_f1),
+    "mse": (MetricKind.regression, Direction.min, _mse),
+    "mae": (MetricKind.regression, Direction.min, _mae),
+}
+ACCURACY = Metric("accuracy", Direction.max, MetricKind.classification, accuracy)
+
+
+class MetricError(ValueError):
+    """A task's METRIC declaration the engine cannot use; the message says how to fix it."""
+
+
+def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], float] | None) -> Metric:
+    """The Metric a prepare.py declares: `METRIC = {"name": ..., "direction": "max" | "min"}` (+ optional `kind`).
+
+    A built-in name (accuracy, macro_f1, mse, mae) brings its function and kind, and the declared direction must
+    match it; any other name is scored by the task's own frozen `score(predictions, targets) -> float`.
+    """
+    example = 'METRIC = {"name": "mse", "direction": "min"}'
+    if not isinstance(declaration, Mapping) or not isinstance(declaration.get("name"), str):
+        raise MetricError(f"METRIC must be a dict with a name and a direction, e.g. {example}")
+    name, direction = declaration["name"], declaration.get("direction")
+    if direction not in ("max", "min"):
+        raise MetricError(f"METRIC {name!r} has direction {direction!r}: say whether higher or lower is better, "
+                          f'METRIC = {{"name": {name!r}, "direction": "max"}} (or "min")')
+    if name in BUILTIN and score is None:
+        kind, implied, fn = BUILTIN[name]
+        if Direction(direction) is not implied:
+            better = "higher" if implied is Direction.max else "lower"
+            raise MetricError(f'METRIC {name!r} is better when {better}: set "direction": "{implied.value}"')
+        return Metric(name, implied, kind, fn)
+    if score is None:
+        raise MetricError(f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): define "
+                          "`def score(predictions, targets) -> float` in prepare.py, or name a built-in metric")
+    kind = declaration.get("kind", MetricKind.custom.value)
+    if kind not in {k.value for k in MetricKind}:
+        raise MetricError(f"METRIC kind {kind!r} is unknown: use one of {', '.join(k.value for k in MetricKind)}")
+    return Metric(name, Direction(direction), MetricKind(kind), score)
+
+
+def _fit(predictions: np.ndarray, targets: np.ndarray, kind: MetricKind) -> np.ndarray:
+    """Predictions shaped and typed for the metric's kind, or ValueError saying what the trainer got wrong."""
+    if predictions.ndim == 0 or len(predictions) != len(targets):
+        got = 0 if predictions.ndim == 0 else len(predictions)
+        raise ValueError(f"expected {len(targets)} predictions, got {got}")
+    if kind is MetricKind.custom:
+        return predictions
+    if predictions.ndim > 1 and predictions.shape[1:] == (1,) * (predictions.ndim - 1):
+        predictions = predictions.reshape(-1)
+    if kind is MetricKind.classification:
+        if predictions.ndim != 1 or not (np.issubdtype(predictions.dtype, np.integer) or predictions.dtype == bool):
+            raise ValueError(f"a classification metric scores one class id per input (integers, shape (N,)); got "
+                             f"{predictions.dtype} of shape {predictions.shape}: save the argmax of the logits")
+        return predictions
+    if predictions.shape != targets.shape or not np.issubdtype(predictions.dtype, np.number):
+        raise ValueError(f"a regression metric scores numbers shaped like the targets {targets.shape}; got "
+                         f"{predictions.dtype} of shape {predictions.shape}")
+    return predictions.astype(np.float64)
+
 
 @dataclass(frozen=True)
 class Splits:
-    """All three splits. Selection and test labels never leave the engine."""
+    """All three splits and the task's metric. Selection and test labels/targets never leave the engine."""
 
     train_x: np.ndarray
     train_y: np.ndarray
@@ -58,27 +199,29 @@ class Splits:
     selection_y: np.ndarray
     test_x: np.ndarray
     test_y: np.ndarray
-    num_classes: int
+    num_classes: int = 0  # 0 for a task without classes (regression, language modelling)
+    metric: Metric = ACCURACY
 
     def labels(self) -> Labels:
-        """The engine-side labels used for frozen scoring."""
-        return Labels(selection=self.selection_y.astype(np.int64), test=self.test_y.astype(np.int64))
+        """The engine-side labels or targets used for frozen scoring, with the metric that scores against them."""
+        return Labels(selection=target_array(self.selection_y, self.metric), test=target_array(self.test_y, self.metric),
+                      metric=self.metric)
 
 
 @dataclass(frozen=True)
 class Labels:
-    """Selection and test labels, kept by the engine to score predictions."""
+    """Selection and test labels (or targets), kept by the engine to score predictions, and the metric."""
 
     selection: np.ndarray
     test: np.ndarray
+    metric: Metric = ACCURACY
 
 
-def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """The frozen metric: fraction of correct class predictions (higher is better)."""
-    predictions = np.asarray(predictions).reshape(-1)
-    if predictions.shape != labels.shape:
-        raise ValueError(f"expected {labels.shape[0]} predictions, got {predictions.shape[0]}")
-    return float((predictions == labels).mean())
+def target_array(values: np.ndarray, metric: Metric) -> np.ndarray:
+    """Labels as int64 class ids for a classification metric; other targets as they are."""
+    if metric.kind is MetricKind.classification:
+        return np.asarray(values).astype(np.int64)
+    return np.asarray(values)
 
 
 def stratified_split(
@@ -98,12 +241,20 @@ def stratified_split(
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
+def random_split(n: int, fractions: tuple[float, ...], seed: int) -> list[np.ndarray]:
+    """Split range(n) at random (for targets without classes); the rest goes to the first part."""
+    order = np.random.default_rng(seed).permutation(n)
+    counts = [int(round(f * n)) for f in fractions]
+    edges = np.cumsum([n - sum(counts), *counts])[:-1]
+    return [np.sort(part) for part in np.split(order, edges)]
+
+
 def write_public(splits: Splits, out_dir: Path, task: str) -> dict[str, str]:
     """Write what a trial may read (no selection/test labels) and return each file's sha256."""
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {
         "train_x.npy": splits.train_x,
-        "train_y.npy": splits.train_y.astype(np.int64),
+        "train_y.npy": target_array(splits.train_y, splits.metric),
         "selection_x.npy": splits.selection_x,
         "test_x.npy": splits.test_x,
     }
@@ -112,6 +263,7 @@ def write_public(splits: Splits, out_dir: Path, task: str) -> dict[str, str]:
     meta = {
         "task": task,
         "num_classes": splits.num_classes,
+        "metric": {"name": splits.metric.name, "direction": splits.metric.direction.value, "kind": splits.metric.kind.value},
         "shapes": {name: list(array.shape) for name, array in arrays.items()},
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -17,7 +17,11 @@ import pytest
 
 from ralph_ray.config import DataConfig
 from ralph_ray.tasks.base import DataError
-from ralph_ray.tasks.cifar10 import FOLDER, TEST_BATCH, TRAIN_BATCHES, prepare
+from ralph_ray.tasks import TASKS
+from ralph_ray.tasks.folder import prepare_module
+
+_cifar10 = prepare_module(TASKS["cifar10"].folder)
+FOLDER, TEST_BATCH, TRAIN_BATCHES, prepare = _cifar10.FOLDER, _cifar10.TEST_BATCH, _cifar10.TRAIN_BATCHES, _cifar10.split
 
 PER_BATCH = 20
 

@@ -1,4 +1,6 @@
-"""CIFAR-10 from the standard python-pickle batches; downloaded and md5-checked when absent."""
+"""Frozen: the cifar10 task's splits and metric. CIFAR-10 from the standard python-pickle batches under data.root,
+downloaded and md5-checked when absent. Runs on the driver only.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ralph_ray.tasks.base import DataError, DataSource, Splits, stratified_split
+from ralph_ray.tasks.base import DataError, DataSource, Splits, TaskSettings, stratified_split
 
+METRIC = {"name": "accuracy", "direction": "max"}  # selection accuracy, higher is better
+DATA_ROOT = "the folder holding or to hold cifar-10-batches-py"  # what data.root must point at
 FOLDER = "cifar-10-batches-py"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 
 
-def prepare(data: DataSource, split_seed: int, selection_fraction: float) -> Splits:
+def prepare(settings: TaskSettings, data: DataSource) -> Splits:
+    """The task's splits from the config (task.split_seed, task.selection_fraction; the test split is fixed)."""
+    return split(data, settings.split_seed, settings.selection_fraction)
+
+
+def split(data: DataSource, split_seed: int, selection_fraction: float) -> Splits:
     """Train minus a stratified selection part / selection / the official test batch, as uint8 NHWC."""
     folder = locate(data)
     train_x, train_y = _load_batches(folder, TRAIN_BATCHES)

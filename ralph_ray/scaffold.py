@@ -1,0 +1,67 @@
+"""`python -m ralph_ray init NAME --template classification|regression|lm`: write a runnable task folder."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.tasks.folder import PARTS
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+TEMPLATES = tuple(sorted(p.name for p in TEMPLATES_DIR.iterdir() if (p / "prepare.py").is_file()))
+
+
+class ScaffoldError(ValueError):
+    """A folder `init` will not write; the message says what to do instead."""
+
+
+def init_task(folder: Path, template: str) -> Path:
+    """Copy a template's parts into a new (or empty) folder; returns the folder."""
+    if template not in TEMPLATES:
+        raise ScaffoldError(f"unknown template {template!r}: use one of {', '.join(TEMPLATES)}")
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ScaffoldError(f"{folder} exists and is not empty: pick a new name, or delete it first")
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in PARTS:
+        text = (TEMPLATES_DIR / template / name).read_text()
+        (folder / name).write_text(text.replace("./<this folder>", _shown(folder)))
+    return folder
+
+
+def main(argv: list[str]) -> int:
+    """Parse `init` arguments, write the folder, print what to run next; exit 2 with the fix on a problem."""
+    parser = argparse.ArgumentParser(prog="python -m ralph_ray init", description=__doc__)
+    parser.add_argument("name", help="the task folder to create (a name in the current directory, or a path)")
+    parser.add_argument("--template", choices=TEMPLATES, default="classification", help="what kind of task")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # argparse has printed the usage and the problem
+        return ExitCode.ok if stop.code == 0 else ExitCode.safeguard_or_config
+    folder = Path(args.name).expanduser()
+    try:
+        init_task(folder, args.template)
+    except ScaffoldError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return ExitCode.safeguard_or_config
+    shown = _shown(folder)
+    print(f"wrote {folder.resolve()}/ ({args.template} template):")
+    for name, what in PARTS.items():
+        print(f"  {name:<11} {what}")
+    print("next:\n"
+          f"  1. put your data in {shown}/prepare.py (load) and your model in {shown}/train.py (Net)\n"
+          f"  2. check it by hand: python -m ralph_ray.prepare task={shown}   (then the lines it prints)\n"
+          f"  3. improve it:       python -m ralph_ray task={shown}")
+    return ExitCode.ok
+
+
+def _shown(folder: Path) -> str:
+    """How to name the folder on a command line: a path with a separator (task=./name), so it reads as a folder."""
+    text = str(folder)
+    return text if folder.is_absolute() or text.startswith((".", "~")) else f"./{text}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

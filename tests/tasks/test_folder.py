@@ -1,0 +1,92 @@
+"""Tasks as folders: task=<name> and task=./path load the same way, with their metric; a folder that lacks a part,
+a metric without a direction or a failing prepare stop with exit 2 and the fix; frozen parts never reach a trial."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.config import ConfigError, load_config, sandbox_policy
+from ralph_ray.tasks import TASKS, prepare_splits
+from ralph_ray.variants import snapshot
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_shipped_tasks_are_folders_with_their_metric():
+    assert {"digits", "cifar10", "diabetes"} <= set(TASKS)
+    assert all(ref.folder.parent == PROJECT_ROOT / "trainers" for ref in TASKS.values())
+    assert not (PROJECT_ROOT / "ralph_ray" / "tasks" / "cifar10.py").exists()  # no task code in the engine
+    digits, diabetes = load_config(["task=digits"]), load_config(["task=diabetes"])
+    assert (digits.task.metric, digits.task.direction) == ("accuracy", "max")
+    assert (diabetes.task.metric, diabetes.task.direction) == ("mse", "min")
+    assert (diabetes.search.metric, diabetes.search.mode) == ("val_loss", "min")  # from trainers/diabetes/task.yaml
+
+
+def test_a_path_loads_the_same_task_as_its_name():
+    by_name, by_path = load_config([]), load_config(["task=./trainers/digits"])
+    assert by_path.task.name == "digits" and Path(by_path.task.trainer) == PROJECT_ROOT / "trainers" / "digits"
+    assert by_path.search == by_name.search and by_path.task.metric == by_name.task.metric
+    # the command line still wins over the task's task.yaml
+    assert load_config(["task=./trainers/digits", "search.num_samples=3"]).search.num_samples == 3
+    splits = prepare_splits(by_path)
+    assert splits.metric.name == "accuracy" and len(splits.selection_y) == len(prepare_splits(by_name).selection_y)
+
+
+def test_diabetes_splits_hold_real_valued_targets():
+    splits = prepare_splits(load_config(["task=diabetes"]))
+    assert splits.train_x.shape[1] == 10 and splits.num_classes == 0
+    assert splits.selection_y.dtype == np.float64 and len(splits.train_y) + len(splits.selection_y) + len(splits.test_y) == 442
+    assert splits.labels().selection.dtype == np.float64  # not truncated to class ids
+
+
+def _copy_task(tmp_path: Path, name: str = "my_task") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(PROJECT_ROOT / "trainers" / "diabetes", folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
+
+def test_a_folder_missing_a_part_exits_2_naming_it(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    (folder / "program.md").unlink()
+    with pytest.raises(ConfigError, match="lacks program.md"):
+        load_config([f"task={folder}"])
+    done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
+    assert done.returncode == 2 and "lacks program.md" in done.stderr and "fix:" in done.stderr
+    done = _cli("ralph_ray", "task=./nowhere", cwd=tmp_path)
+    assert done.returncode == 2 and "does not exist" in done.stderr and "init" in done.stderr
+
+
+def test_a_metric_without_a_direction_exits_2(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    prepare = folder / "prepare.py"
+    prepare.write_text(prepare.read_text().replace('METRIC = {"name": "mse", "direction": "min"}', 'METRIC = {"name": "mse"}'))
+    done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
+    assert done.returncode == 2 and "direction" in done.stderr and '"min"' in done.stderr
+
+
+def test_a_prepare_that_fails_exits_2_with_its_error(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    prepare = folder / "prepare.py"
+    prepare.write_text(prepare.read_text().replace("bunch = load_diabetes()", "bunch = load_diabetes(); 1 / 0"))
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=tmp_path)
+    assert done.returncode == 2 and "prepare() failed (ZeroDivisionError" in done.stderr and "fix:" in done.stderr
+    prepare.write_text("import not_a_module_anywhere\n")
+    done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
+    assert done.returncode == 2 and "failed to import (ModuleNotFoundError" in done.stderr
+
+
+def test_frozen_parts_never_reach_a_variant_and_the_folder_is_hidden_from_trials(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    seed = snapshot(folder, tmp_path / "variants")
+    assert sorted(p.name for p in seed.files_dir.iterdir()) == ["program.md", "train.py"]
+    cfg = load_config([f"task={folder}"])
+    assert str(folder.resolve()) in sandbox_policy(cfg).hidden

@@ -1,0 +1,104 @@
+"""Seed trainer for diabetes: a small MLP regressor on scikit-learn's diabetes data (MSE, lower is better).
+
+A plain baseline on purpose (one hidden layer, constant learning rate, a short schedule) so a campaign can
+visibly lower its error. An epoch takes milliseconds on one CPU core.
+Run by hand: `python -m ralph_ray.prepare task=diabetes` then `RALPH_DATA_DIR=... python train.py`.
+"""
+
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ralph_ray import harness
+
+# -----------------------------------------------------------------------------
+# Knobs (the engine rewrites these constants in each trial's copy)
+LR = 0.01  # Adam learning rate
+WEIGHT_DECAY = 0.0  # L2 penalty
+BATCH_SIZE = 32  # rows per step
+EPOCHS = 20  # passes over the train split (ignored under a time budget)
+WIDTH = 16  # hidden units
+VAL_FRACTION = 0.15  # share of train carved out for per-epoch validation
+
+# -----------------------------------------------------------------------------
+# Model
+
+
+class Net(nn.Module):
+    """One hidden ReLU layer, one output."""
+
+    def __init__(self, features: int, width: int) -> None:
+        super().__init__()
+        self.hidden = nn.Linear(features, width)
+        self.out = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.relu(self.hidden(x))).squeeze(-1)
+
+
+# -----------------------------------------------------------------------------
+# Helpers
+
+
+def grad_norm(model: nn.Module) -> float:
+    """Global L2 norm of the current gradients."""
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return torch.stack(norms).norm().item() if norms else 0.0
+
+
+# -----------------------------------------------------------------------------
+# Training
+
+
+def main() -> None:
+    seed = harness.seed()
+    torch.manual_seed(seed)
+    data = harness.load_data()
+    x_all = torch.tensor(np.asarray(data.train_x), dtype=torch.float32)
+    y_all = torch.tensor(np.asarray(data.train_y), dtype=torch.float32)
+    perm = torch.randperm(len(x_all), generator=torch.Generator().manual_seed(seed))
+    n_val = int(len(x_all) * VAL_FRACTION)
+    x_val, y_val = x_all[perm[:n_val]], y_all[perm[:n_val]]
+    x_train, y_train = x_all[perm[n_val:]], y_all[perm[n_val:]]
+    mean, std = y_train.mean(), y_train.std()  # the model predicts standardised targets
+
+    model = Net(x_all.shape[1], WIDTH)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+
+    for epoch in harness.epochs(EPOCHS):
+        start = time.perf_counter()
+        model.train()
+        order = torch.randperm(len(x_train))
+        total_loss, norm_sum, steps = 0.0, 0.0, 0
+        for i in range(0, len(order), BATCH_SIZE):
+            idx = order[i : i + BATCH_SIZE]
+            loss = F.mse_loss(model(x_train[idx]), (y_train[idx] - mean) / std)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            norm_sum += grad_norm(model)
+            optimizer.step()
+            total_loss += loss.item()
+            steps += 1
+        model.eval()
+        with torch.no_grad():
+            val_loss = F.mse_loss(model(x_val) * std + mean, y_val).item()  # MSE in the original units
+        harness.report(
+            epoch=epoch,
+            train_loss=total_loss / steps,
+            val_loss=val_loss,
+            lr=optimizer.param_groups[0]["lr"],
+            grad_norm=norm_sum / steps,
+            epoch_seconds=time.perf_counter() - start,
+        )
+
+    model.eval()
+    with torch.no_grad():
+        predict = lambda x: (model(torch.tensor(np.asarray(x), dtype=torch.float32)) * std + mean).numpy()  # noqa: E731
+        harness.save_predictions(selection=predict(data.selection_x), test=predict(data.test_x))
+
+
+if __name__ == "__main__":
+    main()
