@@ -221,6 +221,57 @@ def load_checkpoint() -> dict | None:
     return torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
 
 
+# Telemetry probes: a plateau is val_acc not beating its earlier best by PLATEAU_DELTA over PLATEAU_EPOCHS epochs
+# (the heuristic analyst's own window and threshold, so the flag and its diagnosis agree).
+PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
+PLATEAU_EPOCHS = 3
+PLATEAU_DELTA = 0.002
+_probe_state: dict[int, dict] = {}  # per model (by id): the previous weights, the val_acc history
+
+
+def probes(model: object, train_loss: float, val_loss: float, val_acc: float | None = None) -> dict[str, float]:
+    """Telemetry for one epoch, to spread into the report: `harness.report(epoch=..., **harness.probes(model, ...))`.
+
+    gen_gap: val_loss - train_loss. weight_norm: L2 norm of all parameters. update_norm: L2 norm of their change
+    since the last call (update_ratio: relative to weight_norm; a collapse means training has stopped moving).
+    eff_rank: effective rank (exp of the entropy of the normalised singular values) of the largest weight matrix;
+    it falls as a layer collapses onto few directions. plateau: 1.0 when val_acc has stalled (see PLATEAU_EPOCHS).
+    `model` is an nn.Module or a list of parameter tensors (a functional trainer's weights). Costs one copy of the
+    weights and one SVD per epoch.
+    """
+    import torch
+
+    tensors = model.parameters() if hasattr(model, "parameters") else model  # type: ignore[union-attr]
+    params = [p.detach() for p in tensors]  # type: ignore[union-attr]
+    flat = torch.cat([p.reshape(-1).float() for p in params]) if params else torch.zeros(1)
+    state = _probe_state.setdefault(id(model), {"previous": None, "acc": []})
+    weight_norm = float(flat.norm())
+    previous = state["previous"]
+    update = float((flat - previous).norm()) if previous is not None and previous.shape == flat.shape else math.nan
+    state["previous"] = flat.clone()
+    out = {"gen_gap": float(val_loss) - float(train_loss), "weight_norm": weight_norm, "update_norm": update,
+           "update_ratio": update / weight_norm if weight_norm > 0 else math.nan, "eff_rank": _effective_rank(params)}
+    if val_acc is not None:
+        history = state["acc"]
+        history.append(float(val_acc))
+        recent, earlier = history[-PLATEAU_EPOCHS:], history[:-PLATEAU_EPOCHS]
+        stalled = bool(earlier) and max(recent) < max(earlier) + PLATEAU_DELTA
+        out["plateau"] = 1.0 if stalled else 0.0
+    return {k: v for k, v in out.items() if not (isinstance(v, float) and math.isnan(v))}
+
+
+def _effective_rank(params: list) -> float:
+    """exp(entropy of the normalised singular values) of the largest 2-D (or conv, flattened) weight."""
+    import torch
+
+    matrices = [p.reshape(p.shape[0], -1).float() for p in params if p.dim() >= 2]
+    if not matrices:
+        return math.nan
+    singular = torch.linalg.svdvals(max(matrices, key=lambda m: m.numel()))
+    share = singular / singular.sum().clamp_min(1e-12)
+    return float(torch.exp(-(share * share.clamp_min(1e-12).log()).sum()))
+
+
 def _checkpoint_dir() -> Path | None:
     value = os.environ.get(ENV_CHECKPOINT_DIR)
     return Path(value) if value else None

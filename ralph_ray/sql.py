@@ -15,6 +15,8 @@ TABLES = ("runs", "cycles", "variants", "trials", "epochs", "interventions", "de
 LATEST = {"runs": "run_id", "variants": "run_id, variant_id", "cycles": "run_id, cycle", "decisions": "run_id, cycle"}
 
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds")
+# harness.probes: pivoted into the curves view too, after the metrics every trainer reports (agents.base.EpochPoint's order)
+PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
 
 
 def parquet_glob(root: Path, table: str) -> str:
@@ -83,7 +85,7 @@ order by selection_score desc nulls last, test_score desc nulls last
 def _curves(p: str) -> str:
     # Long per-epoch metrics pivoted to the columns the analyst and the app read. Inner join: epochs of a
     # trial whose row was never written (the driver died in between) are not part of the record.
-    columns = ",\n       ".join(f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS)
+    columns = ",\n       ".join(f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS + PROBE_METRICS)
     return f"""
 select e.run_id, e.trial_id, any_value(t.variant_id) as variant_id, any_value(t.cycle) as cycle,
        any_value(t.status) as status, e.epoch,
@@ -178,7 +180,8 @@ select trial_id, status, reason, knobs, selection_score from trials where run_id
 """
 # One query for every curve of a variant (the analyst reads them all), grouped by trial on the engine side.
 VARIANT_CURVES = """
-select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds
+select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds,
+       gen_gap, weight_norm, update_norm, update_ratio, eff_rank, plateau
 from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.

@@ -46,6 +46,13 @@ class EpochPoint:
     lr: float | None = None
     grad_norm: float | None = None
     epoch_seconds: float | None = None
+    # telemetry probes (`harness.probes`), where the trainer reports them
+    gen_gap: float | None = None  # val_loss - train_loss
+    weight_norm: float | None = None
+    update_norm: float | None = None  # how far the weights moved this epoch
+    update_ratio: float | None = None  # update_norm / weight_norm
+    eff_rank: float | None = None  # effective rank of the largest weight matrix
+    plateau: float | None = None  # 1.0 when val_acc has stalled
 
 
 @dataclass(frozen=True)

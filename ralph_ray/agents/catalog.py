@@ -1,13 +1,15 @@
 """The intervention catalog: named knob and code edits, loaded from `agents/interventions.yaml`.
 
 The catalog is data, not code: each entry says which diagnoses it answers, how it moves knobs, which
-knobs it adds, and which regex edits it makes to `train.py`. `apply` turns one entry into edited
-source, or raises `NotApplicable` when the trainer lacks what the entry needs or already has it.
+knobs it adds, and which code transform (`ralph_ray.agents.transforms`, over the syntax tree) or regex
+edits it makes to `train.py`. `apply` turns one entry into edited source, or raises `NotApplicable` with
+the reason when the trainer lacks what the entry needs or already has it.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ import yaml
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
+from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable, apply_transform, check_transform
 from ralph_ray.knobs import KnobError, is_knob_name, knob_nodes, parse, read_knobs, rewrite_knobs
 
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
@@ -26,14 +29,11 @@ CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 KNOB_OPS = ("set", "mul", "add")
 _ENTRY_FIELDS = {
     "name", "description", "answers", "repeatable", "prior",
-    "applies_if", "skip_if", "knobs", "add_knobs", "edits",
+    "applies_if", "skip_if", "knobs", "add_knobs", "edits", "transform",
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
 
-
-class NotApplicable(Exception):
-    """An intervention cannot apply to this trainer (anchor or knob missing, or already applied)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,7 @@ class Intervention:
     knobs: tuple[KnobEdit, ...] = ()
     add_knobs: tuple[NewKnob, ...] = ()
     edits: tuple[TextEdit, ...] = ()
+    transform: str | None = None  # a registered syntax-tree transform, applied after the knob and text edits
 
 
 @dataclass(frozen=True)
@@ -200,10 +201,19 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
         knobs=_parse_knob_edits(raw.get("knobs"), fail),
         add_knobs=tuple(_parse_new_knob(k, fail) for k in _as_list(raw.get("add_knobs"), "add_knobs", fail)),
         edits=tuple(_parse_text_edit(e, fail) for e in _as_list(raw.get("edits"), "edits", fail)),
+        transform=_parse_transform(raw.get("transform"), fail),
     )
-    if not (intervention.knobs or intervention.add_knobs or intervention.edits):
-        raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits")
+    if not (intervention.knobs or intervention.add_knobs or intervention.edits or intervention.transform):
+        raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits, transform")
     return intervention
+
+
+def _parse_transform(raw: Any, fail: Fail) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or raw not in TRANSFORMS:
+        raise fail("transform", f"{raw!r} is not a transform (known: {', '.join(sorted(TRANSFORMS))})")
+    return raw
 
 
 def _as_list(value: Any, field: str, fail: Fail) -> list[Any]:
@@ -300,8 +310,25 @@ def _parse_text_edit(raw: Any, fail: Fail) -> TextEdit:
 # Applying
 
 
-def apply(intervention: Intervention, source: str) -> str:
-    """The source with `intervention` applied; NotApplicable (with the reason) when it cannot apply."""
+def check(intervention: Intervention, source: str) -> None:
+    """Return when `intervention` applies to `source`, NotApplicable (with the reason) otherwise.
+
+    The same decision as `apply`, faster: a transform only finds its idioms (rendering the edited tree is the slow
+    part, and the analyst checks every entry against every parent).
+    """
+    if intervention.transform is None:
+        apply(intervention, source)
+        return
+    if intervention.knobs or intervention.add_knobs or intervention.edits:
+        source = apply(dataclasses.replace(intervention, transform=None), source)
+    _regex_gates(intervention, source)
+    try:
+        check_transform(intervention.transform, source)
+    except NotApplicable as reason:
+        raise NotApplicable(f"{intervention.name}: {reason}") from None
+
+
+def _regex_gates(intervention: Intervention, source: str) -> None:
     name = intervention.name
     for pattern in intervention.applies_if:
         if not re.search(pattern, source, re.MULTILINE):
@@ -309,10 +336,21 @@ def apply(intervention: Intervention, source: str) -> str:
     for pattern in intervention.skip_if:
         if re.search(pattern, source, re.MULTILINE):
             raise NotApplicable(f"{name}: already applied or conflicting (/{pattern}/ is present)")
+
+
+def apply(intervention: Intervention, source: str) -> str:
+    """The source with `intervention` applied; NotApplicable (with the reason) when it cannot apply."""
+    name = intervention.name
+    _regex_gates(intervention, source)
     result = _apply_knob_edits(intervention, source)
     result = _add_knobs(intervention, result)
     for edit in intervention.edits:
         result = _apply_text_edit(name, edit, result)
+    if intervention.transform is not None:
+        try:
+            result = apply_transform(intervention.transform, result)
+        except NotApplicable as reason:
+            raise NotApplicable(f"{name}: {reason}") from None
     if result == source:
         raise NotApplicable(f"{name}: changes nothing (knobs already at their limits)")
     try:

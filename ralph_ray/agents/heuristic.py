@@ -32,7 +32,7 @@ from ralph_ray.agents.base import (
     TrialSummary,
     Usage,
 )
-from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply, load_catalog
+from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply, check, load_catalog
 from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
 from ralph_ray.statuses import TrialStatus
@@ -75,6 +75,13 @@ GRAD_SPIKE_RATIO = 10.0
 # Seconds per epoch above this: trials cost more than a cycle's budget comfortably holds (digits
 # runs ~0.05 s per epoch, cifar10 on a GPU well under 5 s).
 TOO_SLOW_EPOCH_SECONDS = 5.0
+# Telemetry probes (harness.probes), where a trainer reports them: the generalisation gap (val_loss - train_loss)
+# growing by more than GAP_RISE nats over the window, ending at its widest, reads as overfitting (it moves before
+# val_loss turns up); the relative update norm ending below UPDATE_COLLAPSE of its peak while the plateau probe
+# is set reads as a plateau whose steps have stopped moving the weights (a spent schedule, a dead learning rate).
+GAP_RISE = 0.05
+UPDATE_COLLAPSE = 0.05
+PROBES = ("gen_gap", "update_ratio", "eff_rank", "plateau")  # shown in the analysis when reported
 # Failure reasons (as the trial driver words them) that mean divergence or slowness.
 DIVERGED_REASON = re.compile(r"non-finite|\bnan\b|\binf\b|diverg|overflow", re.IGNORECASE)
 TIMEOUT_REASON = re.compile(r"timeout|timed out", re.IGNORECASE)
@@ -154,7 +161,7 @@ def _series(curve: list[EpochPoint], metric: str) -> list[tuple[int, float]]:
 
 
 def _curve_findings(curve: list[EpochPoint], knobs: dict[str, Any]) -> list[Finding]:
-    checks = (_divergence, _overfitting, _underfitting, _progress, _too_slow)
+    checks = (_divergence, _overfitting, _gap_widening, _underfitting, _update_collapse, _progress, _too_slow)
     return [finding for check in checks if (finding := check(curve, knobs)) is not None]
 
 
@@ -193,6 +200,31 @@ def _overfitting(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | No
         )
     if train_end is not None and train_end > 0 and end / train_end > OVERFIT_GAP_RATIO and end - train_end > OVERFIT_MIN_GAP:
         return Finding(Diagnosis.overfitting, f"final val_loss {end:.4g} is {end / train_end:.1f}x train_loss {train_end:.4g}")
+    return None
+
+
+def _gap_widening(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    """Overfitting read from the gap probe: val_loss - train_loss widening over the window, widest at the end."""
+    gap = _series(curve, "gen_gap")
+    if len(gap) <= WINDOW:
+        return None
+    (start_epoch, before), (end_epoch, end) = gap[-1 - WINDOW], gap[-1]
+    if end - before > GAP_RISE and end >= max(v for _, v in gap):
+        return Finding(Diagnosis.overfitting, f"gap widening: gen_gap (val_loss - train_loss) grew from {before:.3g} "
+                       f"(epoch {start_epoch}) to {end:.3g} (epoch {end_epoch})")
+    return None
+
+
+def _update_collapse(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
+    """A plateau read from the probes: the plateau flag is set and the weights have almost stopped moving."""
+    ratios, flags = _series(curve, "update_ratio"), _series(curve, "plateau")
+    if len(ratios) <= WINDOW or not flags or flags[-1][1] < 1:
+        return None
+    peak_epoch, peak = max(ratios, key=lambda ev: ev[1])
+    end_epoch, end = ratios[-1]
+    if peak > 0 and end < UPDATE_COLLAPSE * peak:
+        return Finding(Diagnosis.plateau, f"update norm collapsed: update_ratio {end:.2g} at epoch {end_epoch} vs "
+                       f"{peak:.2g} at epoch {peak_epoch}, and the plateau probe is set")
     return None
 
 
@@ -328,7 +360,7 @@ class HeuristicAnalyst:
                 skipped[intervention.name] = "already in the lineage"
                 continue
             try:
-                apply(intervention, source)
+                check(intervention, source)
             except NotApplicable as reason:
                 skipped[intervention.name] = str(reason).removeprefix(f"{intervention.name}: ")
                 continue
@@ -471,6 +503,7 @@ def _curve_lines(trials: list[TrialSummary]) -> list[str]:
     lines.append(
         f"Best trial `{best.trial_id}` ({best.status.value}, {len(best.curve)} epochs): final "
         + ", ".join(f"{m} {_fmt(getattr(last, m))}" for m in ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds"))
+        + "".join(f", {m} {_fmt(getattr(last, m))}" for m in PROBES if getattr(last, m) is not None)
         + peak + "."
     )
     failed = [t for t in trials if t.status is TrialStatus.failed]

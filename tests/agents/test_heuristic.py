@@ -218,7 +218,7 @@ def test_lineage_and_applied_code_are_skipped_but_repeatable_stay(tmp_path: Path
     assert "batchnorm" not in order and "grokfast_filter" not in order  # in the lineage; conflicts with BatchNorm
     assert "lower_lr" in order  # repeatable
     assert "`batchnorm`: already in the lineage" in analysis.summary
-    assert "`grokfast_filter`: already applied or conflicting" in analysis.summary
+    assert "`grokfast_filter`: the model uses BatchNorm" in analysis.summary  # the transform's own reason
 
 
 def test_falls_back_to_healthy_answers_when_the_diagnosis_has_few(tmp_path: Path):
@@ -277,7 +277,7 @@ def test_coder_cannot_fix_rejected_code(tmp_path: Path):
 def test_coder_reports_why_an_intervention_does_not_apply(tmp_path: Path):
     work = workdir_copy(tmp_path)
     (work / "train.py").write_text(apply(CATALOG.get("batchnorm"), SEED_TRAINER.read_text()))
-    with pytest.raises(AgentError, match="cannot apply batchnorm.*already applied"):
+    with pytest.raises(AgentError, match="cannot apply batchnorm.*already has normalisation layers"):
         HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("batchnorm"), work, None, Usage())
     with pytest.raises(AgentError, match="no intervention 'teleport'"):
         HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("teleport"), work, None, Usage())

@@ -167,9 +167,13 @@ class Trainer:
         self.nodes: list[cst.CSTNode] = []  # in source order (pre-order)
         self.spans: dict[int, tuple[int, int]] = {}  # node -> [first, last) positions of its subtree in `nodes`
         self.module.visit(_Indexer(self.parents, self.nodes, self.spans))
-        # the lookups below filter these two lists many times per transform: built once
-        self.call_nodes = [(n, call_name(n) or "") for n in self.nodes if isinstance(n, cst.Call)]
-        self.lines = [n for n in self.nodes if isinstance(n, cst.SimpleStatementLine)]
+        # The lookups filter these two lists many times per transform: built once, without the helpers earlier
+        # transforms added (DreamReplay's own `optimizer.step()` is not the training step).
+        helpers = [self.spans[id(n)] for n in self.module.body if isinstance(n, (cst.ClassDef, cst.FunctionDef))
+                   and n.name.value in HELPERS]
+        own = [n for n in self.nodes if not any(first <= self.spans[id(n)][0] < last for first, last in helpers)]
+        self.call_nodes = [(n, call_name(n) or "") for n in own if isinstance(n, cst.Call)]
+        self.lines = [n for n in own if isinstance(n, cst.SimpleStatementLine)]
 
     # -- generic tree queries --------------------------------------------------------
 
@@ -356,11 +360,11 @@ class Trainer:
         lines = [s for s in self.statements(self.batch_loop()) if assign_target(s) == name and _before(self, s, backward)]
         if not lines:
             raise NotApplicable(f"no `{name} = ...` line before `{name}.backward()`")
-        for call in self.calls(within=lines[-1]):
-            called = call_name(call) or ""
-            direct = isinstance(call.func, cst.Call) and CROSS_ENTROPY_CLS.match(call_name(call.func) or "")
-            if CROSS_ENTROPY_FN.match(called) or called in criteria or direct:
-                if len(positional(call)) >= 2:
+        for line in reversed(lines):  # the nearest line that computes it (`loss = loss + aux` lines come after)
+            for call in self.calls(within=line):
+                called = call_name(call) or ""
+                direct = isinstance(call.func, cst.Call) and CROSS_ENTROPY_CLS.match(call_name(call.func) or "")
+                if (CROSS_ENTROPY_FN.match(called) or called in criteria or direct) and len(positional(call)) >= 2:
                     return call
         raise NotApplicable(f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)")
 
