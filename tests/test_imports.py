@@ -103,3 +103,59 @@ def test_every_module_imports_on_its_own(name: str):
     # A fresh interpreter per module: an import that only works after some other module ran first fails here.
     done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"`import {name}` in a fresh interpreter failed:\n{done.stderr[-2000:]}"
+
+
+def third_party_roots(name: str) -> set[str]:
+    """Top-level packages outside this one that a module imports anywhere in its file (lazy imports included)."""
+    roots = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots - {PACKAGE}
+
+
+def reach(graph: dict[str, set[str]], name: str) -> set[str]:
+    """Every module of the package that importing `name` may run, itself included."""
+    seen, stack = {name}, [name]
+    while stack:
+        for nxt in graph.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
+# The boundaries docs/architecture.md promises: module -> package modules it must not reach, even lazily.
+MUST_NOT_REACH = {
+    "harness": {"*"},  # the trainer's only engine import: copied alone into the sandbox
+    "runner": {"kb", "campaign", "asyncrun", "search", "trials"},
+    "sandbox": {"kb", "campaign", "asyncrun", "search", "trials"},
+    "workdir": {"kb", "campaign", "asyncrun", "search", "trials"},
+    "gate": {"kb", "campaign", "asyncrun", "search", "trials"},
+    "tasks.base": {"config"},
+    "tasks.folder": {"config"},
+    "scoring": {"config"},
+    "decision": {"kb"},
+    "population": {"kb", "config"},
+}
+# Modules that must run without Ray installed (nothing they reach imports ray).
+RAY_FREE = ("harness", "runner", "sandbox", "workdir", "gate", "tasks", "scoring", "kb", "sql", "history", "records",
+            "decision", "population", "agents", "children", "control", "state", "report")
+
+
+@pytest.mark.parametrize("name", sorted(MUST_NOT_REACH))
+def test_layer_boundaries_hold(name: str):
+    graph = import_graph()
+    reached = {module.removeprefix(f"{PACKAGE}.") for module in reach(graph, f"{PACKAGE}.{name}")} - {name}
+    forbidden = MUST_NOT_REACH[name]
+    bad = reached if "*" in forbidden else reached & forbidden
+    assert not bad, f"{name} reaches {sorted(bad)}, which docs/architecture.md says it must not"
+
+
+@pytest.mark.parametrize("name", RAY_FREE)
+def test_ray_free_modules_never_import_ray(name: str):
+    graph = import_graph()
+    with_ray = sorted(m for m in reach(graph, f"{PACKAGE}.{name}") if "ray" in third_party_roots(m))
+    assert not with_ray, f"{name} reaches {with_ray}, which import ray"
