@@ -103,3 +103,15 @@ for epoch in range(1, 1000):  # ignores harness.time_left()
     assert time.monotonic() - started < 1 + 1 + 2  # stopped at budget + grace (plus a poll and the kill)
     assert outcome.status is Status.stopped and outcome.reason.startswith(BUDGET_REASON)
     assert outcome.last is not None and outcome.last == seen[-1] and outcome.last["epoch"] >= 3  # its epochs stand
+
+
+def test_config_names_the_fix_for_a_bad_mode_or_budget():
+    from ralph_ray.config import ConfigError, PopulationMode, load_config
+
+    cfg = load_config(["population.mode=async", "trial.budget_s=30"])
+    assert cfg.population.run_mode is PopulationMode.asynchronous and cfg.trial.budget_s == 30
+    assert load_config([]).population.run_mode is PopulationMode.generations and load_config([]).trial.budget_s is None
+    with pytest.raises(ConfigError, match="population.mode=async"):
+        load_config(["population.mode=barrier"])
+    with pytest.raises(ConfigError, match="trial.budget_s"):
+        load_config(["trial.budget_s=-1"])
