@@ -134,8 +134,8 @@ def main() -> None:
         figures["comparison"] = compare(trainers, args.seeds, args.cycles)
         figures["comparison_ran"] = {"trainers": trainers, "campaign_seeds": args.seeds, "cycles": args.cycles,
                                      "reduced": not full}
-        lines += ["", f"Offline agent vs knob search ({'full' if full else 'REDUCED'}: trainers {', '.join(trainers)}; "
-                      f"campaign seeds {args.seeds}; {args.cycles} cycles):", ""]
+        lines += ["", (f"Offline agent vs knob search ({'full' if full else 'REDUCED'}: trainers {', '.join(trainers)}; "
+                       f"campaign seeds {args.seeds}; {args.cycles} cycles):"), ""]
         for trainer, result in figures["comparison"].items():  # type: ignore[union-attr]
             s = result["summary"]
             lines.append(f"- {trainer}: heuristic best test {s['heuristic']['best_test_mean']} vs agent=none "

@@ -360,14 +360,26 @@ def apply(intervention: Intervention, source: str) -> str:
     return result
 
 
+# Other spellings of the catalog's knob names in users' trainers: a knob move uses the trainer's own (first found).
+KNOB_ALIASES = {
+    "LR": ("LEARNING_RATE", "BASE_LR"),
+    "EPOCHS": ("NUM_EPOCHS", "N_EPOCHS", "MAX_EPOCHS"),
+    "BATCH_SIZE": ("BATCH", "BS"),
+    "WIDTH": ("HIDDEN", "HIDDEN_SIZE", "CHANNELS"),
+    "WEIGHT_DECAY": ("WD",),
+}
+
+
 def _apply_knob_edits(intervention: Intervention, source: str) -> str:
     if not intervention.knobs:
         return source
     current = read_knobs(source)
-    missing = [edit.knob for edit in intervention.knobs if edit.knob not in current]
+    named = {edit.knob: next((k for k in (edit.knob, *KNOB_ALIASES.get(edit.knob, ())) if k in current), None)
+             for edit in intervention.knobs}
+    missing = [knob for knob, found in named.items() if found is None]
     if missing:
         raise NotApplicable(f"{intervention.name}: the trainer has no knob {', '.join(missing)}")
-    overrides = {edit.knob: edit.new_value(current[edit.knob]) for edit in intervention.knobs}
+    overrides = {named[edit.knob]: edit.new_value(current[named[edit.knob]]) for edit in intervention.knobs}
     try:
         return rewrite_knobs(source, overrides)
     except KnobError as error:

@@ -158,6 +158,14 @@ def test_knob_only_entries_apply_to_cifar10_and_structural_ones_skip():
     assert not applies["batchnorm"] and not applies["augmentation"] and not applies["label_smoothing"]
 
 
+def test_knob_moves_find_the_trainers_own_spelling():
+    functional = (PROJECT_ROOT / "tests" / "fixtures" / "trainers" / "functional_mlp" / "train.py").read_text()
+    assert read_knobs(apply(CATALOG.get("lower_lr"), functional))["LEARNING_RATE"] == 0.05
+    assert read_knobs(apply(CATALOG.get("widen"), functional))["HIDDEN"] == 256
+    flat = (PROJECT_ROOT / "tests" / "fixtures" / "trainers" / "sequential_flat" / "train.py").read_text()
+    assert read_knobs(apply(CATALOG.get("smaller_batch"), flat))["BATCH"] == 16
+
+
 def test_added_knobs_join_the_knob_block():
     source = apply(CATALOG.get("grokfast_filter"), DIGITS)
     knobs = read_knobs(source)

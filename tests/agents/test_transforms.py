@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 
 from ralph_ray import PROJECT_ROOT
-from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable, applicability, apply_transform
+from ralph_ray.agents.transforms import (
+    TRANSFORMS,
+    NotApplicable,
+    applicability,
+    apply_transform,
+)
 from ralph_ray.gate import Gate, write_smoke_data
 from ralph_ray.knobs import read_knobs
 from ralph_ray.tasks.digits import prepare

@@ -29,7 +29,7 @@ class NotApplicable(Exception):
     """An intervention cannot apply to this trainer; the message says which idiom is missing or already there."""
 
 
-class Found(Exception):  # noqa: N818 - a signal, not an error
+class Found(Exception):
     """Raised by `Edits.apply` in a dry run: the transform found every idiom it needs (nothing is rendered)."""
 
 
@@ -308,11 +308,11 @@ class Trainer:
         inside = self.within(optimizer)
         earlier = [n for n in self.within(scope) if self.order(n) < self.order(optimizer)]
         for node in inside + earlier[::-1]:
-            if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-                if node.func.attr.value in ("parameters", "named_parameters"):
-                    name = dotted(node.func.value)
-                    if name is not None:
-                        return name
+            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+                    and node.func.attr.value in ("parameters", "named_parameters")):
+                name = dotted(node.func.value)
+                if name is not None:
+                    return name
         raise NotApplicable("the optimizer is not built from `<model>.parameters()` (no nn.Module model found)")
 
     def forward_call(self) -> cst.Call:

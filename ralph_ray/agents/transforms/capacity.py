@@ -12,7 +12,6 @@ from ralph_ray.agents.transforms._tree import (
     LINEAR,
     Edits,
     NotApplicable,
-    Trainer,
     analyse,
     call_name,
     classifier,

@@ -10,7 +10,6 @@ from ralph_ray.agents.transforms._tree import (
     CROSS_ENTROPY_FN,
     Edits,
     NotApplicable,
-    Trainer,
     analyse,
     call_name,
     code,

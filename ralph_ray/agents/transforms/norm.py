@@ -6,7 +6,6 @@ from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
     Edits,
     NotApplicable,
-    Trainer,
     analyse,
     attribute_calls,
     classifier,
