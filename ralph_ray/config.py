@@ -196,7 +196,7 @@ class TrialConfig:
     """What every trial gets: an equal training-time budget (null: the trainer's own EPOCHS)."""
 
     budget_s: Optional[float] = None  # seconds of training per trial; the trainer sees it as harness.time_left()
-    grace_s: float = 30.0  # past budget_s + grace_s the engine stops the trial (start-up, last epoch, predictions)
+    grace_s: float = 10.0  # past budget_s + grace_s of training the engine stops the trial (last epoch, predictions)
 
 
 @dataclass

@@ -66,10 +66,10 @@ class Limits:
     output_bytes: int = OUTPUT_LIMIT_BYTES
     threads: int = 1  # OMP/MKL threads
     sandbox: Policy = Policy()  # isolation, memory, processes, file size, network
-    # An equal time budget (trial.budget_s): the trainer sees it as harness.time_left(); past budget_s + grace_s
-    # it is stopped (not failed), reason BUDGET_REASON, and its reported epochs stand.
+    # An equal time budget (trial.budget_s): the trainer sees it as harness.time_left(); past budget_s + grace_s of
+    # training (from the start its first report gives) it is stopped, not failed (BUDGET_REASON); its epochs stand.
     budget_s: float | None = None
-    grace_s: float = 30.0
+    grace_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,9 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
     work, proc = trainer.work, running.proc
     reports = JsonLinesTail(work / METRICS_FILE)
     deadline = time.monotonic() + limits.timeout_s
-    overrun = None if limits.budget_s is None else time.monotonic() + limits.budget_s + limits.grace_s
+    # The time budget runs on the trainer's training clock (start-up is not training time): anchored at its first
+    # report, which says how long it has trained; before that, only the timeout guards the trial.
+    overrun: float | None = None
     last: Record | None = None
     held: list[Record] = []
     try:
@@ -185,6 +187,10 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
             exited = proc.poll() is not None  # read the lines after checking, so none written before exit is missed
             for record in reports.read_new():
                 check_finite(record)
+                if limits.budget_s is not None and overrun is None:
+                    trained = record.get(harness.TRAIN_SECONDS)
+                    trained = float(trained) if isinstance(trained, (int, float)) else 0.0
+                    overrun = time.monotonic() - trained + limits.budget_s + limits.grace_s
                 if hold_from_epoch is not None and _epoch(record) >= hold_from_epoch:
                     held.append(record)
                 else:

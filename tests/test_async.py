@@ -101,7 +101,8 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     con = open_reader(seed.kb_root)
     trials = rows(con, "select trial_id, status, seconds, epochs from trials where run_id = ? and reason is distinct from ?",
                   ["budget", STOPPED_WITH_CYCLE])
-    assert trials and all(t["status"] == "completed" and t["seconds"] < 3 + 30 for t in trials)
+    assert trials and all(t["status"] in ("completed", "stopped_early") for t in trials)  # ASHA may stop one
+    assert any(t["status"] == "completed" for t in trials)  # a trainer on budget ends on its own, scored
     curve = rows(con, "select epoch, value from epochs where run_id = ? and metric = 'train_seconds' order by epoch",
                  ["budget"])
     assert curve and max(c["value"] for c in curve) <= 3.0  # ASHA's time attribute: training seconds
@@ -118,7 +119,9 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
                            and reason is distinct from ?""", ["greedy", STOPPED_WITH_CYCLE])
     assert len(stopped) == 1 and stopped[0]["status"] == "stopped_early" and stopped[0]["reason"].startswith("budget")
     assert stopped[0]["epochs"] >= 1 and stopped[0]["val_metric"] is not None  # its last reported epoch counts
-    assert stopped[0]["seconds"] < 2 + 20 + 15  # stopped at budget + grace (plus Tune's start and the kill)
+    seconds = con.execute("""select max(value) from epochs e join trials t using (run_id, trial_id) where run_id = ?
+                             and metric = 'train_seconds' and t.reason like 'budget%'""", ["greedy"]).fetchone()[0]
+    assert seconds < 2 + 20 + 1  # stopped at budget + grace of training (plus a poll)
 
 
 KILL_ARGS = [*TINY, "safeguards.max_cycles=2", "population.children_per_parent=2", "resources.ray_num_cpus=2",
