@@ -359,7 +359,10 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
     if not task_yaml.is_file():
         return raw  # a folder without task.yaml is reported by validation, with the fix
     try:
-        merged = OmegaConf.merge(raw, OmegaConf.load(task_yaml))
+        own = OmegaConf.load(task_yaml)
+        if OmegaConf.select(own, "search.space") is not None:
+            raw.search.space = {}  # the task's knobs replace the default group's, not join them
+        merged = OmegaConf.merge(raw, own)
         plain = [o.lstrip("+") for o in overrides
                  if "=" in o and not o.startswith("~") and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir()]
         return OmegaConf.merge(merged, OmegaConf.from_dotlist(plain)) if plain else merged

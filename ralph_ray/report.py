@@ -29,6 +29,11 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
 
     config = json.loads(run.get("config") or "{}") if run else {}
     target = (config.get("target") or {}).get("selection_score")
+    task = config.get("task") or {}
+    # Scores are stored oriented (higher is better); a min metric's are -value: shown here as the metric's values.
+    sign = -1.0 if task.get("direction") == "min" else 1.0
+    value = lambda score: None if score is None else sign * score  # noqa: E731
+    metric = f"{task.get('metric') or 'accuracy'}, {'lower' if sign < 0 else 'higher'} is better"
     last = decisions[-1] if decisions else {}
     best = board[0] if board else None
     seed_id = next((v for v, row in variants.items() if row.get("status") == "seed"), None)
@@ -38,12 +43,13 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"# ralph_ray report: run {run_id}",
         "",
         f"- experiment: {run.get('experiment') if run else '?'} (task {run.get('task') if run else '?'})",
-        f"- target (selection score): {target if target is not None else 'none'}",
+        f"- metric: {metric}",
+        f"- target (selection {task.get('metric') or 'score'}): {target if target is not None else 'none'}",
         f"- outcome: {last.get('decision', 'running')} after cycle {last.get('cycle', '-')}, reason **{last.get('reason', '-')}** "
         f"(exit code {last.get('exit_code', '-')}): {last.get('rationale', '')}",
-        f"- best variant: {best['variant_id'] if best else '-'}, selection {_f(best and best['selection_score'])}, "
-        f"test {_f(best and best['test_score'])}",
-        f"- seed variant: {seed_id or '-'}, selection {_f(seed_row.get('selection_score'))}, test {_f(seed_row.get('test_score'))} "
+        f"- best variant: {best['variant_id'] if best else '-'}, selection {_f(best and value(best['selection_score']))}, "
+        f"test {_f(best and value(best['test_score']))}",
+        f"- seed variant: {seed_id or '-'}, selection {_f(value(seed_row.get('selection_score')))}, test {_f(value(seed_row.get('test_score')))} "
         "(its best knob sample in cycle 1)",
         f"- Ray auth: {_auth(config)}",
         f"- sandbox: {_sandbox(config)}",
@@ -64,12 +70,12 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     ]
     for row in board:
         lines.append(f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | {row['status']} | "
-                     f"{_f(row['selection_score'])} | {_f(row['test_score'])} | {row['completed']}/{row['stopped_early']}/{row['failed']} |")
-    lines += ["", "## Interventions", "", "| cycle | variant | intervention | diagnosis | parent | child | delta | outcome |",
+                     f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {row['completed']}/{row['stopped_early']}/{row['failed']} |")
+    lines += ["", "## Interventions", "", "| cycle | variant | intervention | diagnosis | parent | child | gain (+ is better) | outcome |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in interventions:
-        lines.append(f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | {_f(row['parent_score'])} | "
-                     f"{_f(row['child_score'])} | {_f(row['delta'])} | {row['outcome']} |")
+        lines.append(f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | {_f(value(row['parent_score']))} | "
+                     f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |")
     lines += ["", "## Decisions", ""]
     lines += [f"- cycle {d['cycle']}: {d['decision']} ({d['reason']}): {d['rationale']}" for d in decisions]
     lines += ["", "## Best variant vs the seed", ""]
@@ -110,7 +116,7 @@ def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
     else:
         ax.text(0.5, 0.5, "no completed trial yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since the first trial ended")
-    ax.set_ylabel("selection score")
+    ax.set_ylabel("selection score (higher is better; a min metric as -value)")
     ax.set_title("campaign progress")
     ax.grid(alpha=0.3)
     fig.tight_layout()
