@@ -41,8 +41,11 @@ class Campaign:
 
     @property
     def target(self) -> float | None:
-        """The campaign's target selection score (None: no target)."""
-        return (self.config.get("target") or {}).get("selection_score")
+        """The campaign's target as a selection score (None: no target): oriented like the KB's scores, so a min
+        metric's target (an MSE to get below) is -value, as its scores are."""
+        target = (self.config.get("target") or {}).get("selection_score")
+        minimise = (self.config.get("task") or {}).get("direction") == "min"
+        return -target if target is not None and minimise else target
 
 
 def kb_root() -> str:
