@@ -22,6 +22,10 @@ STATUS_STYLE = {
     "crashed": ("octagon", "filled,dashed", "#b91c1c"),
 }
 NO_SCORE_FILL = "#f3f4f6"
+# How a trial ended: the values of `ralph_ray.statuses.TrialStatus` (tests/app checks they agree).
+TRIAL_STATUSES = ["completed", "stopped_early", "failed"]
+# Distinct hues for variants (Streamlit's default palette gives neighbours near-identical blues).
+VARIANT_COLORS = alt.Scale(scheme="tableau20")
 # the last six are harness.probes telemetry: offered only where a trainer reports them
 CURVE_METRICS = ("val_acc", "val_loss", "train_loss", "lr", "grad_norm", "epoch_seconds",
                  "gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
@@ -36,6 +40,43 @@ def interventions(text: Any) -> list[str]:
     except json.JSONDecodeError:
         return [text]
     return [str(n) for n in names] if isinstance(names, list) else [str(names)]
+
+
+def why(rec: dict[str, Any]) -> str | None:
+    """Why a variant stands where it does: its recorded reason, else how its trials ended when none completed."""
+    if rec.get("reason"):
+        return str(rec["reason"])
+    if "completed" not in rec or rec.get("completed") or not rec.get("trials"):
+        return None  # no trial counts to tell (a lineage row), or it did complete one
+    counts = (("stopped_early", "stopped early"), ("failed", "failed"))
+    ended = [f"{int(rec.get(k) or 0)} {label}" for k, label in counts if rec.get(k)]
+    return "no trial completed: " + ", ".join(ended) + " (see Trials)"
+
+
+def half_width(sd: Any, n: Any, level: float = 0.95) -> float | None:
+    """Half the width of Student's t interval for a mean of `n` values with sample sd `sd` (None below n = 2)."""
+    if n is None or pd.isna(n) or int(n) < 2 or sd is None or pd.isna(sd):
+        return None
+    from scipy.stats import t  # only where an interval is drawn
+
+    return float(t.ppf(0.5 + level / 2, int(n) - 1) * float(sd) / math.sqrt(int(n)))
+
+
+def spread_text(mean: Any, sd: Any, n: Any) -> str:
+    """'mean ± half-width (n=…, 95% t)', or 'n=1, no interval'."""
+    width = half_width(sd, n)
+    if width is None:
+        return f"n={int(n or 0)}, no interval"
+    return f"{mean:.4f} ± {width:.4f} (n={int(n)}, 95% t)"
+
+
+def path_text(path: Any) -> str:
+    """The lineage view's path (`[] > ["batchnorm"] > …`, JSON lists) as `seed > batchnorm > …`."""
+    if not isinstance(path, str) or not path:
+        return "none"
+    steps = [", ".join(interventions(step)) or ("seed" if i == 0 else "knobs")
+             for i, step in enumerate(path.split(" > "))]
+    return " > ".join(steps)
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -98,20 +139,35 @@ def curves_chart(curves: pd.DataFrame, metric: str) -> alt.LayerChart:
     base = alt.Chart(data).encode(
         x=alt.X("epoch:Q", title="epoch", axis=alt.Axis(tickMinStep=1)),
         y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)),
-        color=alt.Color("variant:N", title="variant"),
+        color=alt.Color("variant:N", title="variant", scale=VARIANT_COLORS),
         tooltip=["variant", "trial_id", "status", "epoch", alt.Tooltip(f"{metric}:Q", format=".4f")],
     )
     lines = base.mark_line(point=alt.OverlayMarkDef(size=18)).encode(
         detail="trial_id:N",
         strokeDash=alt.StrokeDash("stopped early:N", title="stopped early",
-                                  scale=alt.Scale(domain=[False, True], range=[[1, 0], [5, 4]])),
+                                  scale=alt.Scale(domain=[False, True], range=[[1, 0], [5, 4]]),
+                                  legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=2)),  # lines, not dots
     )
     last = data.sort_values("epoch").groupby("trial_id").tail(1)
     stops = alt.Chart(last[last["stopped early"]]).mark_point(shape="cross", size=120, filled=True).encode(
-        x="epoch:Q", y=f"{metric}:Q", color=alt.Color("variant:N"),
+        x="epoch:Q", y=f"{metric}:Q", color=alt.Color("variant:N", scale=VARIANT_COLORS),
         tooltip=["variant", "trial_id", alt.Tooltip("epoch:Q", title="stopped at epoch"), alt.Tooltip(f"{metric}:Q", format=".4f")],
     )
     return alt.layer(lines, stops).properties(height=340)
+
+
+def compare_chart(curves: pd.DataFrame, metric: str) -> alt.Chart:
+    """Per-epoch `metric` of trials from several campaigns: one colour per (campaign, variant), one line per trial."""
+    data = curves[["run_id", "trial_id", "variant_id", "status", "epoch", metric]].dropna(subset=[metric]).copy()
+    data["variant"] = data["run_id"] + " · " + data["variant_id"].map(short)
+    data["trial"] = data["run_id"] + "/" + data["trial_id"]
+    return alt.Chart(data).mark_line(point=alt.OverlayMarkDef(size=18)).encode(
+        x=alt.X("epoch:Q", title="epoch", axis=alt.Axis(tickMinStep=1)),
+        y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)),
+        color=alt.Color("variant:N", title="campaign · variant", scale=VARIANT_COLORS),
+        detail="trial:N",
+        tooltip=["variant", "trial_id", "status", "epoch", alt.Tooltip(f"{metric}:Q", format=".4f")],
+    ).properties(height=340)
 
 
 def progress_frame(timeline: pd.DataFrame) -> pd.DataFrame:
@@ -162,7 +218,8 @@ def effects_chart(effects: pd.DataFrame) -> alt.LayerChart:
     """Mean delta per intervention with its 95% interval (the interventions table, drawn)."""
     data = effects.dropna(subset=["mean_delta"]).assign(label=lambda d: d["intervention"] + " | " + d["diagnosis"].fillna("-"))
     y = alt.Y("label:N", sort=alt.EncodingSortField("mean_delta", order="descending"), title=None, axis=alt.Axis(labelLimit=320))
-    rules = alt.Chart(data).mark_rule().encode(y=y, x=alt.X("ci_low:Q", title="delta in selection score (95% interval)"), x2="ci_high:Q")
+    rules = alt.Chart(data).mark_rule().encode(
+        y=y, x=alt.X("ci_low:Q", title="delta in selection score (95% Student-t interval)"), x2="ci_high:Q")
     points = alt.Chart(data).mark_point(filled=True, size=70).encode(
         y=y, x="mean_delta:Q", color=alt.Color("task:N"),
         tooltip=["task", "intervention", "diagnosis", "n", alt.Tooltip("mean_delta:Q", format="+.4f"), alt.Tooltip("win_rate:Q", format=".0%")])

@@ -59,3 +59,8 @@ def cycle(kb_root: str, run_id: str, number: int) -> dict[str, Any]:
     """A cycle's `cycles` row ({} before it is recorded); `cycle_dir` and `analysis` are absent in older KBs."""
     found = frame(kb_root, sql.APP_CYCLE, (run_id, number))
     return {k: (None if pd.isna(v) else v) for k, v in found.iloc[0].items()} if not found.empty else {}
+
+
+def damaged(kb_root: str) -> dict[Path, str]:
+    """The KB's parts the snapshot could not read (left out of every page until they change), and why."""
+    return dict(_snapshot(kb_root).damaged)

@@ -28,7 +28,10 @@ access.banner()
 navigation = st.navigation([
     st.Page("views/board.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
     st.Page("views/lineage.py", title="Lineage", icon=":material/account_tree:"),
+    st.Page("views/trials.py", title="Trials", icon=":material/table_rows:"),
+    st.Page("views/knobs.py", title="Knobs", icon=":material/tune:"),
     st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
+    st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
     st.Page("views/diff.py", title="Diff", icon=":material/difference:"),
     st.Page("views/interventions.py", title="Interventions", icon=":material/science:"),
     st.Page("views/status.py", title="Status and budgets", icon=":material/monitor_heart:"),

@@ -13,8 +13,12 @@ import streamlit as st
 
 import figures
 import kbdata
+from ralph_ray import sql
 
 REFRESH_S = 3  # while a campaign runs, each page redraws itself this often
+# A campaign that says "running" but has written nothing for this long (at least; a trial may run up to its
+# timeout before its row lands) is shown as stopped unexpectedly: its driver was killed or its machine lost.
+STALE_S = float(os.environ.get("RALPH_APP_STALE_S", "300"))
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,30 @@ class Campaign:
     cycle: int | None
     phase: str | None
     config: dict[str, Any]
+    quiet_s: float | None = None  # seconds since the campaign last wrote to the KB
+
+    @property
+    def live(self) -> bool:
+        """True while the runs row says running (pages keep redrawing: a quiet campaign may come back)."""
+        return self.status == "running"
+
+    @property
+    def stale(self) -> bool:
+        """Says running, but silent past `stale_after_s`: its driver is gone (killed, machine lost)."""
+        return self.live and self.quiet_s is not None and self.quiet_s > self.stale_after_s
+
+    @property
+    def stale_after_s(self) -> float:
+        """How long a running campaign may be silent: STALE_S, or longer where one trial may take longer."""
+        trial = self.config.get("trial") or {}
+        longest = max(float((self.config.get("safeguards") or {}).get("trial_timeout_s") or 0),
+                      float(trial.get("budget_s") or 0) + float(trial.get("grace_s") or 0))
+        return max(STALE_S, longest + 60.0)
 
     @property
     def running(self) -> bool:
-        """True while the orchestrator has not finished or crashed."""
-        return self.status == "running"
+        """True while the orchestrator runs: the runs row says so and it still writes."""
+        return self.live and not self.stale
 
     @property
     def target(self) -> float | None:
@@ -86,9 +109,13 @@ def campaign() -> Campaign | None:
         return None
     picked = runs[runs["run_id"] == st.session_state.get("run_id")]
     rec = figures.records((picked if not picked.empty else runs).head(1))[0]
+    quiet = None
+    if rec.get("status") == "running":
+        quiet = figures.records(kbdata.frame(root, sql.APP_LAST_WRITE, (rec["run_id"],)))[0]["quiet_s"]
     return Campaign(root, rec["run_id"], rec.get("experiment") or "?", rec.get("task") or "?", rec.get("status") or "?",
                     rec.get("stop_reason"), rec.get("run_dir") or "", rec.get("started_at"), rec.get("finished_at"),
-                    None if rec.get("cycle") is None else int(rec["cycle"]), rec.get("phase"), json.loads(rec.get("config") or "{}"))
+                    None if rec.get("cycle") is None else int(rec["cycle"]), rec.get("phase"),
+                    json.loads(rec.get("config") or "{}"), None if quiet is None else float(quiet))
 
 
 def page(title: str, body: Callable[[Campaign], None]) -> None:
@@ -98,13 +125,14 @@ def page(title: str, body: Callable[[Campaign], None]) -> None:
     if run is None:
         empty_kb(kb_root())
         return
-    running = run.running
+    running = run.live
 
     @st.fragment(run_every=REFRESH_S if running else None)
     def live() -> None:
         current = campaign()
-        if current is None or current.run_id != run.run_id or current.running != running:
+        if current is None or current.run_id != run.run_id or current.live != running:
             st.rerun()  # it just finished or crashed (or vanished): redraw everything once, with or without the timer
+        damaged(current.kb_root)
         banner(current)
         body(current)
 
@@ -129,10 +157,23 @@ def empty_kb(root: str) -> None:
     poll()
 
 
+def damaged(root: str) -> None:
+    """Name every part of the KB that could not be read: the pages show the rest."""
+    for path, why in kbdata.damaged(root).items():
+        st.warning(f"Skipped a damaged part of the knowledge base: `{path}` ({why}). Everything else is shown; move "
+                   "the file aside to silence this.", icon=":material/broken_image:")
+
+
 def banner(run: Campaign) -> None:
-    """One line on the campaign's state; a crashed campaign says how to resume."""
+    """One line on the campaign's state; a crashed or silent campaign says how to resume."""
     where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
-    if run.status == "crashed":
+    if run.stale:
+        st.error(f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but it has "
+                 f"written nothing for {run.quiet_s:,.0f} s (more than {run.stale_after_s:,.0f} s), so its driver was "
+                 f"killed or its machine lost. Continue it with "
+                 f"`python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+                 icon=":material/heart_broken:")
+    elif run.status == "crashed":
         st.error(f"Campaign `{run.run_id}` crashed: {run.stop_reason or 'no reason recorded'}.\n\n"
                  f"Its run dir is `{run.run_dir}`; continue it with `python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
                  icon=":material/error:")

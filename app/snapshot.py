@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ralph_ray import sql
-from ralph_ray.kb import PARQUET_DIR, connect_views
+from ralph_ray.kb import PARQUET_DIR, SCHEMAS, connect_views
 
 PART_COLUMN = "_part"  # which part a row came from (dropped in the snapshot's files)
 MAX_DELTAS = 16  # new rows go to small delta files; past this many, a table is rewritten as one file
@@ -43,6 +43,7 @@ class Snapshot:
         self._rows: dict[str, pa.Table] = {}
         self._files: dict[str, list[Path]] = {}
         self._written = 0
+        self.damaged: dict[Path, str] = {}  # parts that could not be read (left out until they change), and why
         # Queries and refreshes take turns: a refresh may delete files a query would otherwise be reading.
         self._lock = threading.Lock()
         self._checked = float("-inf")
@@ -83,7 +84,7 @@ class Snapshot:
             if table in self._rows and not fresh and not stale:
                 return
             try:
-                new = self._reader.sql(sql.APP_READ_PARTS, params=[[str(folder / n) for n in fresh]]).to_arrow_table() if fresh else None
+                new = self._read(folder, fresh)
                 break
             except duckdb.IOException:
                 continue  # a part was replaced between the listing and the read: list again
@@ -94,7 +95,10 @@ class Snapshot:
             rows = rows.filter(pc.invert(pc.is_in(rows[PART_COLUMN], value_set=pa.array([str(folder / n) for n in stale]))))
         if new is not None:
             rows = new if rows is None else pa.concat_tables([rows, new], promote_options="permissive")
-        assert rows is not None
+        if rows is None:  # every part of the table is damaged: an empty table of its columns
+            rows = SCHEMAS[table].empty_table().append_column(PART_COLUMN, pa.array([], pa.string()))
+        for path in [p for p in self.damaged if p.parent == folder and p.name not in parts]:
+            del self.damaged[path]  # moved aside
         self._rows[table], self._seen[table] = rows, parts
         files = self._files.setdefault(table, [])
         if stale or not files or len(files) > MAX_DELTAS:
@@ -103,6 +107,27 @@ class Snapshot:
                 path.unlink()
         elif new is not None:
             files.append(self._write(table, new))  # appended parts only: a small delta file
+
+    def _read(self, folder: Path, names: list[str]) -> pa.Table | None:
+        """The rows of these parts (None for none); a damaged part is left out and named in `damaged`."""
+        if not names:
+            return None
+        try:
+            return self._reader.sql(sql.APP_READ_PARTS, params=[[str(folder / n) for n in names]]).to_arrow_table()
+        except duckdb.IOException:
+            raise
+        except duckdb.Error:
+            pass  # one of them is damaged (truncated, not Parquet): read them one by one to find it
+        tables = []
+        for name in names:
+            try:
+                tables.append(self._reader.sql(sql.APP_READ_PARTS, params=[[str(folder / name)]]).to_arrow_table())
+                self.damaged.pop(folder / name, None)
+            except duckdb.IOException:
+                raise
+            except duckdb.Error as err:
+                self.damaged[folder / name] = str(err).splitlines()[0][:200]
+        return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
     def _write(self, table: str, rows: pa.Table) -> Path:
         out = self.folder / table

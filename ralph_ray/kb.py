@@ -11,6 +11,8 @@ import json
 import os
 import time
 import uuid
+import warnings
+from collections.abc import Collection
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -173,20 +175,50 @@ class KnowledgeBase:
             con.close()
 
 
-def connect_views(parquet_root: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with every KB view over the Parquet parts under `parquet_root`."""
+class DamagedPartWarning(UserWarning):
+    """A Parquet part of the KB could not be read and was left out of the views."""
+
+
+def connect_views(parquet_root: Path, skip: Collection[Path] = ()) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with every KB view over the Parquet parts under `parquet_root` (but `skip`)."""
     con = duckdb.connect()
-    for statement in sql.view_statements(parquet_root):
+    for statement in sql.view_statements(parquet_root, skip=skip):
         con.execute(statement)
     return con
 
 
 def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
-    """A reader over an existing KB root (a path or a str); a clear error when there is none yet."""
+    """A reader over an existing KB root (a path or a str); a clear error when there is none yet.
+
+    A damaged part (truncated, not Parquet) is left out with a `DamagedPartWarning` naming it, so one bad file
+    never hides the rest of the KB; kb.duckdb is not needed (the views live in memory).
+    """
     parquet = Path(kb_root).resolve() / PARQUET_DIR
     if not (parquet / "trials" / "_schema.parquet").exists():
         raise FileNotFoundError(f"no knowledge base at {kb_root}: run a campaign first (python -m ralph_ray paths.kb={kb_root})")
-    return connect_views(parquet)
+    try:
+        con = connect_views(parquet)  # binding the views reads the parts' schemas: a damaged one fails here
+        con.execute(sql.PROBE_TABLES).fetchall()  # or here, where every part's footer is opened (not mid-page)
+        return con
+    except duckdb.InvalidInputException:
+        pass
+    damaged = damaged_parts(parquet)
+    for path, why in damaged.items():
+        warnings.warn(f"skipped a damaged part of the knowledge base: {path} ({why}); move it aside to silence "
+                      "this (the other parts are read as usual)", DamagedPartWarning, stacklevel=2)
+    return connect_views(parquet, skip=damaged)
+
+
+def damaged_parts(parquet_root: Path) -> dict[Path, str]:
+    """Every part under `parquet_root` whose Parquet footer cannot be read, with the reason."""
+    damaged: dict[Path, str] = {}
+    for table in sql.TABLES:
+        for path in sorted((parquet_root / table).glob("*.parquet")):
+            try:
+                pq.read_metadata(path)
+            except (OSError, pa.ArrowException) as err:
+                damaged[path] = str(err).splitlines()[0][:200]
+    return damaged
 
 
 def _stored_fingerprint(db: Path) -> str | None:

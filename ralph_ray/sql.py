@@ -7,6 +7,7 @@ in DuckDB, so the file paths in views and in ATTACH are quoted literals (`parque
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 # Base tables: one Parquet folder each, append-only. Tables listed in LATEST keep the newest row per key
@@ -41,12 +42,20 @@ def attach_kb_file(db: Path, storage_version: str) -> str:
     return f"attach {_quoted(str(db))} as kb (storage_version {_quoted(storage_version)})"
 
 
-def view_statements(parquet_root: Path, schema: str | None = None) -> list[str]:
-    """CREATE VIEW statements for the base tables and the derived views, in dependency order."""
+def view_statements(parquet_root: Path, schema: str | None = None, skip: Collection[Path] = ()) -> list[str]:
+    """CREATE VIEW statements for the base tables and the derived views, in dependency order.
+
+    `skip`: damaged parts to leave out (a table with one is read from the list of its other parts).
+    """
     p = f"{schema}." if schema else ""
     statements = []
+    skipped = {Path(path).resolve() for path in skip}
     for table in TABLES:
-        source = f"read_parquet({parquet_glob(parquet_root, table)}, union_by_name = true)"
+        files = parquet_glob(parquet_root, table)
+        if any(path.parent.name == table for path in skipped):
+            kept = sorted(path.resolve() for path in (parquet_root / table).glob("*.parquet"))
+            files = "[" + ", ".join(_quoted(str(path)) for path in kept if path not in skipped) + "]"
+        source = f"read_parquet({files}, union_by_name = true)"
         if table in LATEST:
             body = f"select * from {source} qualify row_number() over (partition by {LATEST[table]} order by written_at desc) = 1"
         elif table == "trials":
@@ -118,12 +127,13 @@ order by v.run_id, v.cycle, l.selection_score desc nulls last
 
 
 def _intervention_effects(p: str) -> str:
-    # Measured effects across every campaign in this KB: mean delta with a normal 95% interval, win rate.
+    # Measured effects across every campaign in this KB: mean delta with a normal 95% interval (none below n = 2; the
+    # app draws Student's t from sd_delta and n), win rate.
     return f"""
 select task, intervention, diagnosis, count(delta) as n, count(*) as tried,
-       avg(delta) as mean_delta,
-       avg(delta) - 1.96 * coalesce(stddev_samp(delta), 0) / sqrt(greatest(count(delta), 1)) as ci_low,
-       avg(delta) + 1.96 * coalesce(stddev_samp(delta), 0) / sqrt(greatest(count(delta), 1)) as ci_high,
+       avg(delta) as mean_delta, stddev_samp(delta) as sd_delta,
+       avg(delta) - 1.96 * stddev_samp(delta) / sqrt(count(delta)) as ci_low,
+       avg(delta) + 1.96 * stddev_samp(delta) / sqrt(count(delta)) as ci_high,
        avg(case when delta > 0 then 1.0 else 0.0 end) filter (where delta is not null) as win_rate,
        count(*) filter (where outcome = 'kept') as kept,
        count(*) filter (where outcome = 'rejected') as rejected
@@ -147,6 +157,9 @@ from {p}runs r
 order by r.started_at desc
 """
 
+
+# Opens every part's footer once (count(*) reads only metadata): a damaged part fails here, so readers skip it.
+PROBE_TABLES = "select " + ", ".join(f"(select count(*) from {table})" for table in TABLES)
 
 # ---------------------------------------------------------------------------------------------
 # Queries (parameterised with ?)
@@ -218,12 +231,51 @@ select run_id, experiment, task, status, stop_reason, run_dir, started_at, finis
 from runs order by started_at desc nulls last, run_id desc
 """
 APP_LEADERBOARD = "select * from leaderboard where run_id = ? order by rank, variant_id"
+# The leaderboard with each variant's recorded reason (why it was discarded, rejected or crashed).
+APP_BOARD = """
+select l.*, v.reason from leaderboard l left join variants v on v.run_id = l.run_id and v.variant_id = l.variant_id
+where l.run_id = ? order by l.rank, l.variant_id
+"""
+# Every trial of a campaign with what the Trials and Knobs pages show (knobs as recorded: a JSON object).
+APP_TRIALS = """
+select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
+       t.selection_score, t.test_score, t.seconds, t.work_dir, t.written_at, v.status as variant_status
+from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
+where t.run_id = ? order by t.written_at, t.trial_id
+"""
+# Every scored variant of every campaign in the KB, for the Compare page's pickers.
+APP_COMPARABLE = """
+select l.run_id, l.variant_id, l.status, l.selection_score, l.test_score, l.rank, r.experiment, r.task, r.started_at
+from leaderboard l join runs r on r.run_id = l.run_id
+where l.selection_score is not null order by r.started_at desc nulls last, l.run_id, l.rank
+"""
+# The curves of chosen (run, variant) pairs, across campaigns: `?` is a list of 'run_id/variant_id' keys.
+APP_CURVES_ACROSS = """
+select * from curves where list_contains(?, run_id || '/' || variant_id) order by run_id, trial_id, epoch
+"""
+# Replicates: a variant's completed trials that share their knobs (seeds apart), with their spread.
+APP_REPLICATES = """
+select variant_id, knobs, count(selection_score) as n, avg(selection_score) as mean, stddev_samp(selection_score) as sd
+from trials where run_id = ? and status = 'completed' group by variant_id, knobs having count(selection_score) > 1
+"""
 APP_LINEAGE = """
 select l.*, v.rationale, v.files_dir, v.diff
 from lineage l left join variants v on v.run_id = l.run_id and v.variant_id = l.variant_id
 where l.run_id = ? order by l.cycle, l.variant_id
 """
 APP_CURVES = "select * from curves where run_id = ? and list_contains(?, variant_id) order by trial_id, epoch"
+# The newest row a campaign wrote anywhere (its sign of life), and the seconds since, by the KB's clock of UTC.
+APP_LAST_WRITE = """
+with written as (
+    select written_at from runs where run_id = $1
+    union all select written_at from cycles where run_id = $1
+    union all select written_at from variants where run_id = $1
+    union all select written_at from trials where run_id = $1
+    union all select written_at from decisions where run_id = $1
+    union all select written_at from agent_usage where run_id = $1
+)
+select max(written_at) as last_write, epoch(now()) - epoch(max(written_at)) as quiet_s from written
+"""
 # A cycle's row: `select *` because a KB written before cycles had cycle_dir and analysis lacks those columns.
 APP_CYCLE = "select * from cycles where run_id = ? and cycle = ?"
 APP_EFFECTS = "select * from intervention_effects order by task, mean_delta desc nulls last, intervention"

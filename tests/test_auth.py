@@ -209,6 +209,7 @@ def test_on_localhost_no_banner_stop_needs_no_secret_and_the_auth_mode_shows(str
     assert "exposed" not in shown(at) and "Ray auth: token" in shown(at)
     assert SECRET_FIELD not in [t.key for t in at.text_input] and at.button(key="stop")
     at.button(key="stop").click().run()
+    at.button(key="stop_confirm").click().run()  # Stop asks for confirmation first
     assert (tmp_path / "runs" / "r1" / "STOP").exists()
 
 
@@ -235,7 +236,9 @@ def test_exposed_the_stop_button_asks_for_the_shared_secret(streamlit_options, t
     stop_file = tmp_path / "runs" / "r1" / "STOP"
     at.text_input(key=SECRET_FIELD).input("guess").run()
     at.button(key="stop").click().run()
+    at.button(key="stop_confirm").click().run()  # Stop asks for confirmation first
     assert any("Wrong shared secret" in e.value for e in at.error) and not stop_file.exists()
     at.text_input(key=SECRET_FIELD).input("s3cret-for-the-test").run()
     at.button(key="stop").click().run()
+    at.button(key="stop_confirm").click().run()
     assert stop_file.exists()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 import figures
 import kbdata
+import knobstats
 import shell
 from ralph_ray import sql
 
@@ -23,17 +25,23 @@ COLUMNS = {
     "stopped_early": st.column_config.NumberColumn("stopped early", width="small", help="stopped by ASHA"),
     "failed": st.column_config.NumberColumn("failed", width="small"),
     "trial_hours": st.column_config.NumberColumn("trial-hours", format="%.3f"),
+    "spread": st.column_config.TextColumn("replicates", help="the best knobs' repeated trials (other seeds): mean ± "
+                                          "95% Student-t interval"),
+    "reason": st.column_config.TextColumn("why", help="the variant's recorded reason, else how its trials ended"),
     "best_trial_id": st.column_config.TextColumn("best trial"),
-    "best_knobs": st.column_config.TextColumn("best knobs"),
 }
+LEAD = ["rank", "variant_id", "selection_score", "test_score", "spread"]  # then the best trial's knobs, then the rest
 
 
 def body(run: shell.Campaign) -> None:
-    board = kbdata.frame(run.kb_root, sql.APP_LEADERBOARD, (run.run_id,))
+    board = kbdata.frame(run.kb_root, sql.APP_BOARD, (run.run_id,))
     if board.empty:
         shell.no_trials_yet(run, "finished trial")
         return
-    board = board.assign(interventions=board["interventions"].map(figures.interventions))
+    board = board.assign(interventions=board["interventions"].map(figures.interventions),
+                         reason=[figures.why(r) for r in figures.records(board)])
+    board = with_spread(board, kbdata.frame(run.kb_root, sql.APP_REPLICATES, (run.run_id,)))
+    board, knobs = knobstats.with_knobs(board, "best_knobs")
     best = figures.records(board.head(1))[0]
     cols = st.columns(5)
     target = run.target
@@ -52,9 +60,40 @@ def body(run: shell.Campaign) -> None:
     shown = board[board["status"].isin(chosen) | (board["status"].isna() & (len(chosen) == len(STATUSES)))]
     if floor is not None:
         shown = shown[shown["selection_score"] >= floor]
-    st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS, placeholder="-")
-    st.caption(f"{len(shown)} of {len(board)} variants. Variants without a trial (rejected by the gate) are on the Lineage page.")
+    order = LEAD + knobs + [c for c in COLUMNS if c not in LEAD]
+    config = COLUMNS | {k: st.column_config.NumberColumn(k, format="%.4g", help="the best trial's knob")
+                        if knobstats.is_numeric(board[k]) else st.column_config.TextColumn(k) for k in knobs}
+    st.dataframe(shown, width="stretch", hide_index=True, column_order=order, column_config=config, placeholder="-")
+    st.caption(f"{len(shown)} of {len(board)} variants; the best trial's knobs ({', '.join(knobs) or 'none'}) follow "
+               "its scores. Variants without a trial (rejected by the gate) are on the Lineage page; every trial is on "
+               "Trials.")
     st.altair_chart(figures.score_chart(shown, target), width="stretch")
+    tie = within_noise(board)
+    if tie:
+        st.caption(tie)
+
+
+def with_spread(board: pd.DataFrame, replicates: pd.DataFrame) -> pd.DataFrame:
+    """The board with its best knobs' replicate spread (`spread` text, `half_width`); None where never repeated."""
+    found = {(r["variant_id"], r["knobs"]): r for r in figures.records(replicates)}
+    spread, width = [], []
+    for rec in figures.records(board):
+        rep = found.get((rec["variant_id"], rec["best_knobs"]))
+        spread.append(None if rep is None else figures.spread_text(rep["mean"], rep["sd"], rep["n"]))
+        width.append(None if rep is None else figures.half_width(rep["sd"], rep["n"]))
+    return board.assign(spread=spread, half_width=width)
+
+
+def within_noise(board: pd.DataFrame) -> str | None:
+    """A note when the first two ranks differ by less than the leader's replicate interval."""
+    top = figures.records(board.dropna(subset=["selection_score"]).head(2))
+    if len(top) < 2 or top[0].get("half_width") is None:
+        return None
+    gap = top[0]["selection_score"] - top[1]["selection_score"]
+    if abs(gap) >= top[0]["half_width"]:
+        return None
+    return (f"Ranks 1 and 2 are within noise: {abs(gap):.4f} apart, less than the leader's ±{top[0]['half_width']:.4f} "
+            "(95% t interval of its replicates).")
 
 
 shell.page("Leaderboard", body)

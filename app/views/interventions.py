@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 import figures
@@ -14,9 +15,10 @@ COLUMNS = {
     "intervention": st.column_config.TextColumn("intervention"),
     "diagnosis": st.column_config.TextColumn("diagnosis", help="what the analyst saw in the parent"),
     "mean_delta": st.column_config.NumberColumn("mean delta", format="%+.4f", help="child minus parent selection score"),
-    "ci_low": st.column_config.NumberColumn("95% low", format="%+.4f"),
-    "ci_high": st.column_config.NumberColumn("95% high", format="%+.4f"),
-    "n": st.column_config.NumberColumn("measured", help="children with a score"),
+    "n": st.column_config.NumberColumn("n", help="children with a score (measured effects)"),
+    "ci_low": st.column_config.NumberColumn("95% low", format="%+.4f", help="Student's t interval of the mean"),
+    "ci_high": st.column_config.NumberColumn("95% high", format="%+.4f", help="Student's t interval of the mean"),
+    "interval": st.column_config.TextColumn("interval", help="mean ± half-width (n, 95% Student t); none at n = 1"),
     "tried": st.column_config.NumberColumn("tried"),
     "win_rate": st.column_config.ProgressColumn("win rate", format="percent", min_value=0.0, max_value=1.0),
     "kept": st.column_config.NumberColumn("kept"),
@@ -39,10 +41,21 @@ def body(run: shell.Campaign) -> None:
     diagnoses = sorted(effects["diagnosis"].dropna().unique())
     picked = right.multiselect("diagnosis", diagnoses, default=diagnoses, key="effects_diagnosis")
     shown = effects if task == "all" else effects[effects["task"] == task]
-    shown = shown[shown["diagnosis"].isin(picked) | shown["diagnosis"].isna()]
+    shown = with_t_intervals(shown[shown["diagnosis"].isin(picked) | shown["diagnosis"].isna()])
     st.dataframe(shown, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS, placeholder="-")
     if not shown.dropna(subset=["mean_delta"]).empty:
         st.altair_chart(figures.effects_chart(shown), width="stretch")
+
+
+def with_t_intervals(effects: pd.DataFrame) -> pd.DataFrame:
+    """The effects with Student's t 95% intervals of the mean delta (none at n = 1: one child shows no spread)."""
+    rows = figures.records(effects)
+    widths = [figures.half_width(r["sd_delta"], r["n"]) for r in rows]
+    return effects.assign(
+        ci_low=[None if w is None else r["mean_delta"] - w for r, w in zip(rows, widths, strict=True)],
+        ci_high=[None if w is None else r["mean_delta"] + w for r, w in zip(rows, widths, strict=True)],
+        interval=[None if r["mean_delta"] is None else figures.spread_text(r["mean_delta"], r["sd_delta"], r["n"])
+                  for r in rows])
 
 
 shell.page("Interventions", body)

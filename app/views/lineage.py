@@ -43,9 +43,9 @@ def details(rec: dict) -> None:
     facts = {
         "variant": rec["variant_id"], "parent": rec.get("parent_id") or "none (the seed)",
         "interventions": ", ".join(figures.interventions(rec.get("interventions"))) or "none",
-        "diagnosis": rec.get("diagnosis") or "none", "reason": rec.get("reason") or "none",
+        "diagnosis": rec.get("diagnosis") or "none", "reason": figures.why(rec) or "none",
         "trials": str(int(rec.get("trials") or 0)),
-        "path from the seed": rec.get("path") or "none",
+        "path from the seed": figures.path_text(rec.get("path")),
     }
     st.table(pd.DataFrame({"value": list(facts.values())}, index=list(facts)))
     st.markdown("**Rationale**")

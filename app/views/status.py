@@ -31,14 +31,16 @@ def body(run: shell.Campaign) -> None:
         elapsed += max(0.0, (pd.Timestamp.now(tz="UTC") - pd.Timestamp(since)).total_seconds())
 
     cols = st.columns(4)
-    cols[0].metric("status", run.status)
+    cols[0].metric("status", "stale" if run.stale else run.status)
     cols[1].metric("cycle", f"{cycle} / {(run.config.get('safeguards') or {}).get('max_cycles', '?')}")
     cols[2].metric("phase", phase)
-    best = spent.get("best_selection_score")
+    # The Leaderboard's best (its first row), not the last decision's: the same number on both pages mid-cycle.
+    top = figures.records(kbdata.frame(run.kb_root, sql.APP_LEADERBOARD, (run.run_id,)).head(1))
+    best = top[0]["selection_score"] if top else None
     cols[3].metric("best selection score", figures.score_text(best),
                    None if best is None or run.target is None else f"{best - run.target:+.4f} vs target {run.target:.4f}")
 
-    if not run.running:
+    if not run.live:
         why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
         (st.error if run.status == "crashed" else st.success)(why + (f"\n\n{last['rationale']}" if last.get("rationale") else ""))
     access.show_ray_auth(run.config)
@@ -78,7 +80,18 @@ def stop_button(run: shell.Campaign) -> None:
     if allowed is None:
         return
     if st.button("Stop the campaign", type="primary", icon=":material/stop_circle:", key="stop",
-                 help=f"writes {stop_file}; the current cycle ends cleanly and is recorded"):
+                 help=f"asks first; then writes {stop_file}; the current cycle ends cleanly and is recorded"):
+        st.session_state.stop_asked = run.run_id
+    if st.session_state.get("stop_asked") != run.run_id:
+        return
+    st.warning(f"Stop campaign `{run.run_id}`? It finishes recording its current cycle and exits; you can resume it "
+               f"later with `python -m ralph_ray resume={run.run_id}`.")
+    yes, no = st.columns(2)
+    if no.button("Cancel", key="stop_cancel"):
+        st.session_state.stop_asked = None
+        st.rerun(scope="fragment")
+    if yes.button("Yes, stop it", type="primary", key="stop_confirm"):
+        st.session_state.stop_asked = None
         if not allowed():
             st.error("Wrong shared secret: nothing was stopped.")
             return

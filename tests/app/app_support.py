@@ -17,7 +17,8 @@ from ralph_ray import PROJECT_ROOT
 from ralph_ray.kb import KnowledgeBase, now
 
 ENTRY = PROJECT_ROOT / "app" / "leaderboard.py"
-PAGES = ("views/board.py", "views/lineage.py", "views/curves.py", "views/diff.py", "views/interventions.py", "views/status.py")
+PAGES = ("views/board.py", "views/trials.py", "views/knobs.py", "views/lineage.py", "views/curves.py", "views/compare.py",
+         "views/diff.py", "views/interventions.py", "views/status.py")
 RUN_ID = "app-tiny"
 AGENT = "heuristic"
 

@@ -87,3 +87,14 @@ def test_the_app_knows_every_variant_status():
     from ralph_ray.variants import VariantStatus
 
     assert list(figures.STATUS_STYLE) == [s.value for s in VariantStatus]
+
+
+def test_the_app_knows_every_trial_status():
+    # The Trials page's status filter lists the statuses without importing the engine.
+    from ralph_ray.statuses import TrialStatus
+
+    assert figures.TRIAL_STATUSES == [s.value for s in TrialStatus]
+
+
+def test_the_lineage_path_reads_as_interventions():
+    assert figures.path_text('[] > ["batchnorm"] > []') == "seed > batchnorm > knobs"

@@ -141,6 +141,8 @@ def test_stop_button_writes_the_stop_file(tiny: Tiny, tmp_path: Path):
     at = open_page(kb_root, "views/status.py")
     assert "running" in texts(at)
     at.button(key="stop").click().run()
+    assert not (run_dir / "STOP").exists() and "Stop campaign `r1`?" in texts(at)  # it asks first
+    at.button(key="stop_confirm").click().run()
     assert not at.exception
     assert (run_dir / "STOP").read_text().strip().endswith("app")
     assert (tiny.run_dir / "STOP").exists() is False

@@ -1,0 +1,142 @@
+"""Trials: every trial of the campaign with its knobs as columns; pick one for its reason, stderr tail and code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+import figures
+import kbdata
+import knobstats
+import shell
+from ralph_ray import sql
+
+STATUSES = figures.TRIAL_STATUSES
+TAIL_BYTES = 4096
+COLUMNS = {
+    "trial_id": st.column_config.TextColumn("trial"),
+    "variant_id": st.column_config.TextColumn("variant"),
+    "cycle": st.column_config.NumberColumn("cycle", width="small"),
+    "status": st.column_config.TextColumn("status"),
+    "reason": st.column_config.TextColumn("reason", help="why it stopped or failed, as the engine recorded it"),
+    "epochs": st.column_config.NumberColumn("epochs", width="small"),
+    "selection_score": st.column_config.NumberColumn("selection", format="%.4f"),
+    "test_score": st.column_config.NumberColumn("test", format="%.4f"),
+    "val_metric": st.column_config.NumberColumn(
+        "last val", format="%.4f", help="the trainer's last reported validation metric"
+    ),
+    "seconds": st.column_config.NumberColumn("seconds", format="%.1f"),
+    "seed": st.column_config.NumberColumn("seed", width="small"),
+    "work_dir": st.column_config.TextColumn("work dir", help="on the node that ran the driver"),
+}
+
+
+def body(run: shell.Campaign) -> None:
+    trials = kbdata.frame(run.kb_root, sql.APP_TRIALS, (run.run_id,))
+    if trials.empty:
+        shell.no_trials_yet(run, "trial")
+        return
+    table, knobs = knobstats.with_knobs(trials, "knobs")
+    left, right = st.columns([2, 3])
+    chosen = left.multiselect("status", STATUSES, default=STATUSES, key="trials_status")
+    variants = sorted(table["variant_id"].dropna().unique())
+    picked = right.multiselect(
+        "variants", variants, default=[], key="trials_variants", format_func=figures.short, placeholder="all variants"
+    )
+    shown = table[table["status"].isin(chosen) | ~table["status"].isin(STATUSES)]
+    if picked:
+        shown = shown[shown["variant_id"].isin(picked)]
+    order = list(COLUMNS)[:4] + knobs + list(COLUMNS)[4:]  # the knobs right after the status: visible without scrolling
+    config = COLUMNS | {
+        k: st.column_config.NumberColumn(k, format="%.4g")
+        if knobstats.is_numeric(table[k])
+        else st.column_config.TextColumn(k)
+        for k in knobs
+    }
+    event = st.dataframe(
+        shown,
+        width="stretch",
+        hide_index=True,
+        column_order=order,
+        column_config=config,
+        placeholder="-",
+        on_select="rerun",
+        selection_mode="single-row",
+        key="trials_table",
+    )
+    st.caption(
+        f"{len(shown)} of {len(table)} trials; {len(knobs)} knob(s) as columns. Click a row (or pick below) for its "
+        "stderr and its train.py as run; the table's toolbar searches and downloads it as CSV."
+    )
+    st.download_button(
+        "Download as CSV",
+        shown[[c for c in order if c in shown]].to_csv(index=False),
+        file_name=f"{run.run_id}-trials.csv",
+        mime="text/csv",
+        key="trials_csv",
+        icon=":material/download:",
+    )
+
+    ids = list(shown["trial_id"])
+    if not ids:
+        return
+    rows = event.selection.rows if event is not None else []
+    clicked = ids[rows[0]] if rows and rows[0] < len(ids) else None
+    if clicked != st.session_state.get("trials_clicked"):  # a new click in the table picks the trial below
+        st.session_state.trials_clicked = clicked
+        if clicked is not None:
+            st.session_state.trials_pick = clicked
+    failed = [t for t in ids if t in set(shown.loc[shown["status"] == "failed", "trial_id"])]
+    if st.session_state.get("trials_pick") not in ids:
+        st.session_state.trials_pick = (failed or ids)[0]  # a failure first: that is what one comes here for
+    trial = st.selectbox("trial", ids, key="trials_pick")
+    details(figures.records(shown[shown["trial_id"] == trial])[0], knobs)
+
+
+def details(rec: dict, knobs: list[str]) -> None:
+    """One trial: how it ended and why, its knobs, its stderr tail and its train.py as run (from its work dir)."""
+    st.subheader(f"Trial `{rec['trial_id']}`")
+    st.markdown(
+        f"**{rec.get('status') or '-'}** after {rec.get('epochs') or 0} epoch(s), {rec.get('seconds') or 0:.1f} s · "
+        f"variant `{rec.get('variant_id')}` ({rec.get('variant_status') or '-'}) · reason: "
+        f"{rec.get('reason') or 'none recorded'}"
+    )
+    if knobs:
+        st.caption("knobs: " + ", ".join(f"`{k} = {rec.get(k)}`" for k in knobs if rec.get(k) is not None))
+    work = rec.get("work_dir")
+    if not work:
+        st.info("No work dir recorded for this trial.")
+        return
+    st.caption(f"work dir: `{work}`")
+    folder = Path(work)
+    if not folder.is_dir():
+        st.info(
+            f"The work dir `{work}` is not on this machine (it stays on the node that ran the trial, "
+            "or was cleaned up)."
+        )
+        return
+    stderr, code = _tail(folder / "stderr.log"), _read(folder / "train.py")
+    st.markdown("**stderr (tail)**")
+    st.code(stderr if stderr is not None else "(no stderr.log)", language="text")
+    with st.expander("train.py as run (knobs written in)", expanded=False):
+        st.code(code if code is not None else "(no train.py in the work dir)", language="python")
+
+
+def _tail(path: Path) -> str | None:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            return f.read().decode(errors="replace") or "(empty)"
+    except OSError:
+        return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+shell.page("Trials", body)

@@ -1,0 +1,160 @@
+"""What the app and `status` show when things go wrong: a damaged KB part, a missing kb.duckdb, a dead driver."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from app_support import PAGES, Tiny, kb_with_run, open_page, texts, tiny_fixture  # noqa: F401 (the `tiny` fixture)
+from rich.console import Console
+
+from ralph_ray import commands
+from ralph_ray.kb import DB_FILE, DamagedPartWarning, KnowledgeBase, now, open_reader
+
+
+def two_campaigns(tmp_path: Path) -> tuple[Path, Path]:
+    """A KB with campaigns r1 (intact) and r2; returns the root and r2's trials part."""
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    kb.append(
+        "runs",
+        [
+            {
+                "run_id": "r2",
+                "experiment": "digits",
+                "task": "digits",
+                "status": "finished",
+                "started_at": now() - timedelta(hours=1),
+                "config": "{}",
+            }
+        ],
+        "r2",
+    )
+    kb.append(
+        "trials",
+        [
+            {
+                "run_id": "r1",
+                "cycle": 1,
+                "trial_id": "t1",
+                "variant_id": "v1",
+                "status": "completed",
+                "selection_score": 0.91,
+                "seconds": 1.0,
+                "epochs": 2,
+                "knobs": '{"LR": 0.1}',
+            }
+        ],
+        "r1-t",
+    )
+    bad = kb.append(
+        "trials",
+        [
+            {
+                "run_id": "r2",
+                "cycle": 1,
+                "trial_id": "t1",
+                "variant_id": "w1",
+                "status": "completed",
+                "selection_score": 0.5,
+                "seconds": 1.0,
+                "epochs": 2,
+            }
+        ],
+        "r2-t",
+    )
+    assert bad is not None
+    return root, bad
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_the_intact_campaigns_past_a_truncated_part(tmp_path: Path, page: str):
+    root, bad = two_campaigns(tmp_path)
+    truncate(bad)
+    (root / DB_FILE).unlink()  # readers never need the shell's file
+    at = open_page(root, page, run_id="r1")
+    shown = texts(at)
+    assert f"Skipped a damaged part of the knowledge base: `{bad}`" in shown
+    assert "Traceback" not in shown and "InvalidInput" not in shown
+    if page == "views/board.py":
+        assert list(at.dataframe[0].value["variant_id"]) == ["v1"]
+
+
+def test_the_reader_skips_a_damaged_part_with_a_warning_naming_it(tmp_path: Path):
+    root, bad = two_campaigns(tmp_path)
+    truncate(bad)
+    with pytest.warns(DamagedPartWarning, match=bad.name):
+        con = open_reader(root)
+    assert con.execute("select run_id, variant_id from leaderboard").fetchall() == [("r1", "v1")]
+
+
+def test_status_command_survives_a_damaged_part(tiny: Tiny, tmp_path: Path):
+    kb_root = Path(shutil.copytree(tiny.kb_root, tmp_path / "kb"))
+    runs = tmp_path / "runs"
+    shutil.copytree(tiny.run_dir, runs / tiny.run_id)
+    part = min((kb_root / "parquet" / "decisions").glob("[!_]*.parquet"))
+    truncate(part)
+    (kb_root / DB_FILE).unlink()
+    out = io.StringIO()
+    with pytest.warns(DamagedPartWarning, match=part.name):
+        code = commands.main(
+            ["status", tiny.run_id, "--runs", str(runs), "--kb", str(kb_root)], Console(file=out, width=200)
+        )
+    assert code == 0
+    assert "leaderboard" in out.getvalue()
+
+
+def test_a_running_campaign_that_stopped_writing_is_shown_stale_without_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    stale_at = now() - timedelta(minutes=30)
+    root = kb_with_run(tmp_path, "running", written_at=stale_at, started_at=stale_at)
+    at = open_page(root, "views/status.py")
+    assert "stopped unexpectedly" in texts(at) and "resume=r1" in texts(at)
+    assert {m.label: m.value for m in at.metric}["status"] == "stale"
+    assert not at.button  # nobody left to stop
+
+
+def test_a_running_campaign_that_writes_is_live_with_stop(tmp_path: Path):
+    at = open_page(kb_with_run(tmp_path, "running"), "views/status.py")
+    assert "stopped unexpectedly" not in texts(at)
+    assert at.button(key="stop")
+
+
+def test_status_best_is_the_leaderboards_best_mid_cycle(tmp_path: Path):
+    # A trial scored after the last decision: the Status page shows it as the Leaderboard does.
+    root = kb_with_run(tmp_path, "running", cycle=2, phase="train")
+    kb = KnowledgeBase(root)
+    kb.append(
+        "decisions",
+        [{"run_id": "r1", "cycle": 1, "decision": "continue", "best_selection_score": 0.9610, "elapsed_s": 5.0}],
+        "r1-d1",
+    )
+    kb.append(
+        "trials",
+        [
+            {
+                "run_id": "r1",
+                "cycle": c,
+                "trial_id": f"t{c}",
+                "variant_id": f"v{c}",
+                "status": "completed",
+                "selection_score": s,
+                "seconds": 1.0,
+                "epochs": 2,
+            }
+            for c, s in ((1, 0.9610), (2, 0.9889))
+        ],
+        "r1-t",
+    )
+    status = {m.label: m.value for m in open_page(root, "views/status.py").metric}
+    board = {m.label: m.value for m in open_page(root).metric}
+    assert status["best selection score"] == board["best selection score"] == "0.9889"

@@ -1,0 +1,160 @@
+"""Knobs, failures, comparison and noise as the pages show them, over KBs written with the real writer."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from app_support import kb_with_run, open_page, texts
+
+from ralph_ray.kb import KnowledgeBase, now
+
+LRS = (0.001, 0.01, 0.1, 0.3, 0.5, 1.0)
+
+
+def trial(run_id: str, n: int, variant: str, score: float | None, **extra) -> dict:
+    return {
+        "run_id": run_id,
+        "cycle": 1 if variant == "seed" else 2,
+        "trial_id": f"t{n}",
+        "variant_id": variant,
+        "status": "completed" if score is not None else "failed",
+        "selection_score": score,
+        "test_score": score,
+        "seconds": 1.0,
+        "epochs": 3,
+        **extra,
+    }
+
+
+def insight_kb(tmp_path: Path) -> Path:
+    """Campaign r1: a seed and a child, six knob samples whose score follows LR (WIDTH is noise), a failed trial
+    with its work dir, three replicates of the child's best knobs; campaign r2 (older) with its own curves."""
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    kb.append(
+        "runs",
+        [
+            {
+                "run_id": "r2",
+                "experiment": "digits",
+                "task": "digits",
+                "status": "finished",
+                "started_at": now() - timedelta(days=1),
+                "config": "{}",
+            }
+        ],
+        "r2",
+    )
+    kb.put(
+        "variants",
+        [
+            {"run_id": "r1", "variant_id": "seed", "cycle": 1, "status": "seed"},
+            {"run_id": "r1", "variant_id": "kid", "parent_id": "seed", "cycle": 2, "status": "kept"},
+            {"run_id": "r1", "variant_id": "dud", "parent_id": "seed", "cycle": 2, "status": "discarded"},
+        ],
+        "r1-v",
+    )
+    work = tmp_path / "trials" / "t9"
+    work.mkdir(parents=True)
+    (work / "stderr.log").write_text("Traceback (most recent call last):\nRuntimeError: CUDA out of memory\n")
+    (work / "train.py").write_text("LR = 0.5  # learning rate\n")
+    rows = [
+        trial("r1", i, "seed", 0.8 + 0.1 * (i / len(LRS)), knobs=json.dumps({"LR": lr, "WIDTH": 16 + (i % 2) * 16}))
+        for i, lr in enumerate(LRS)
+    ]
+    best = json.dumps({"LR": 0.2, "WIDTH": 32})
+    rows += [trial("r1", 10 + i, "kid", s, knobs=best, seed=i) for i, s in enumerate((0.95, 0.96, 0.97))]
+    rows += [
+        trial(
+            "r1",
+            9,
+            "dud",
+            None,
+            knobs=json.dumps({"LR": 0.5, "WIDTH": 16}),
+            reason="exit 1: RuntimeError: CUDA out of memory",
+            work_dir=str(work),
+        )
+    ]
+    kb.append("trials", rows, "r1-t")
+    kb.append("trials", [trial("r2", 1, "old", 0.9, knobs='{"LR": 0.1}')], "r2-t")
+    kb.append(
+        "epochs",
+        [
+            {"run_id": r, "trial_id": t, "epoch": e, "metric": "val_acc", "value": 0.5 + e / 10}
+            for r, t in (("r1", "t10"), ("r2", "t1"))
+            for e in (1, 2, 3)
+        ],
+        "e",
+    )
+    kb.append(
+        "interventions",
+        [
+            {
+                "run_id": "r1",
+                "task": "digits",
+                "cycle": 2,
+                "variant_id": f"k{i}",
+                "intervention": name,
+                "diagnosis": "underfitting",
+                "delta": d,
+                "outcome": "kept",
+            }
+            for i, (name, d) in enumerate((("once", 0.01), ("thrice", 0.01), ("thrice", 0.02), ("thrice", 0.03)))
+        ],
+        "i",
+    )
+    return root
+
+
+def test_leaderboard_shows_the_best_knobs_as_columns_the_why_and_replicates(tmp_path: Path):
+    at = open_page(insight_kb(tmp_path))
+    board = at.dataframe[0].value
+    kid = board[board["variant_id"] == "kid"].iloc[0]
+    assert kid["LR"] == 0.2 and kid["WIDTH"] == 32
+    assert kid["spread"].startswith("0.9600 ± 0.0248 (n=3")  # t(0.975, 2) = 4.303 x 0.01 / sqrt(3)
+    dud = board[board["variant_id"] == "dud"].iloc[0]
+    assert dud["reason"] == "no trial completed: 1 failed (see Trials)"
+
+
+def test_trials_page_lists_every_trial_with_knobs_and_opens_a_failure(tmp_path: Path):
+    at = open_page(insight_kb(tmp_path), "views/trials.py")
+    table = at.dataframe[0].value
+    assert len(table) == 10 and {"LR", "WIDTH", "reason", "work_dir"} <= set(table.columns)
+    assert at.selectbox(key="trials_pick").value == "t9"  # the failure first
+    shown = texts(at)
+    assert "CUDA out of memory" in shown and "exit 1" in shown
+    assert any("RuntimeError: CUDA out of memory" in c.value for c in at.code)  # its stderr tail
+    assert any("LR = 0.5" in c.value for c in at.code)  # its train.py as run
+    at.multiselect(key="trials_status").set_value(["failed"]).run()
+    assert list(at.dataframe[0].value["trial_id"]) == ["t9"]
+    assert at.get("download_button")
+
+
+def test_knobs_page_ranks_the_knob_that_moves_the_score_first(tmp_path: Path):
+    at = open_page(insight_kb(tmp_path), "views/knobs.py", knobs_scope="seed")
+    bars = pa.ipc.open_stream(at.get("vega_lite_chart")[0].proto.datasets[0].data.data).read_all().to_pylist()
+    ranked = sorted(bars, key=lambda b: -b["importance"])
+    assert ranked[0]["parameter"] == "LR"
+    assert "fANOVA" in texts(at)
+    parallel = pa.ipc.open_stream(at.get("vega_lite_chart")[1].proto.datasets[0].data.data).read_all()
+    assert set(parallel.column("knob").to_pylist()) == {"LR", "WIDTH"} and parallel.num_rows == 2 * len(LRS)
+    assert len(at.get("vega_lite_chart")) == 3  # importance, parallel coordinates, slices
+
+
+def test_compare_page_overlays_two_campaigns_best_variants(tmp_path: Path):
+    at = open_page(insight_kb(tmp_path), "views/compare.py", run_id="r1")
+    assert at.multiselect(key="compare_pick").value == ["r1/kid", "r2/old"]
+    lines = pa.ipc.open_stream(at.get("vega_lite_chart")[0].proto.datasets[0].data.data).read_all()
+    assert set(lines.column("run_id").to_pylist()) == {"r1", "r2"}
+
+
+def test_interventions_page_uses_student_t_and_no_interval_at_n_1(tmp_path: Path):
+    at = open_page(insight_kb(tmp_path), "views/interventions.py")
+    shown = {r["intervention"]: r for r in at.dataframe[0].value.to_dict("records")}
+    assert shown["once"]["interval"] == "n=1, no interval"
+    assert shown["once"]["ci_low"] != shown["once"]["ci_low"]  # NaN: no zero-width interval
+    assert shown["thrice"]["ci_high"] - shown["thrice"]["mean_delta"] == pytest.approx(4.3027 * 0.01 / 3**0.5, rel=1e-3)
