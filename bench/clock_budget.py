@@ -52,7 +52,8 @@ def main() -> None:
                          "gain_test": best[6] - seed_best[6], "ideal_wall_s": ideal, "seed_train_s": seed_train,
                          "best_train_s": best_train}
         lines.append(f"| {mode} | {seed_best[5]:.4f} / {seed_best[6]:.4f} | {best[5]:.4f} / {best[6]:.4f} | "
-                     f"**{best[6] - seed_best[6]:+.4f}** | {seed_train:.1f} / {best_train:.1f} | {f.trials} | {f.wall_s} | "
+                     f"**{best[6] - seed_best[6]:+.4f}** | {seed_train:.1f} / {best_train:.1f} | {f.trials} | "
+                     f"{f.wall_s} | "
                      f"{ideal:.0f} |")
     save("clock_budget", {"budget_s": BUDGET_S, "slots": SLOTS, **figures}, lines)
 

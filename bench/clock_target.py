@@ -30,7 +30,8 @@ def main() -> None:
     for mode in ("generations", "async"):
         figures[mode] = []
         for seed in SEEDS:
-            outcome = run(config(root, f"{mode}-s{seed}", "safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000",
+            outcome = run(config(root, f"{mode}-s{seed}", "safeguards.max_cycles=1000",
+                                 "safeguards.plateau_cycles=1000",
                                  f"safeguards.campaign_time_s={CAP_S}", f"target.selection_score={TARGET}",
                                  f"agent.seed={seed}", f"search.seed={seed}", f"population.mode={mode}"))
             figures[mode].append(measure(outcome, mode, 2, TARGET))

@@ -3,8 +3,9 @@
     python bench/clock_utilisation.py [heuristic|llm] [BUDGET_S]
 
 `heuristic`: the offline agent. `llm`: agent=openai against a loopback server that answers every call after
-20 s (tests/agents/slow_llm.py), as a hosted model would. Each mode runs the default digits experiment (2 slots)
-for the same campaign time (safeguards.campaign_time_s) with no other stop rule. Utilisation = the trials'
+20 s (tests/agents/slow_llm.py), as a hosted model would. Each mode runs the digits experiment (2 slots, the seed's
+knob search trimmed to 4 trials) for the same campaign time (safeguards.campaign_time_s) with no other stop rule.
+Utilisation = the trials'
 seconds / (slots x the campaign's wall time, Ray's start and the report included). Goal: >= 0.95 (async).
 """
 
@@ -23,8 +24,9 @@ from ralph_ray.campaign import run
 AGENT = sys.argv[1] if len(sys.argv) > 1 else "heuristic"
 BUDGET_S = int(sys.argv[2]) if len(sys.argv) > 2 else 180
 SLOTS = 2
+# The seed's knob search trimmed to 4 trials so that a few minutes reach the agents on a 2-core machine.
 FREE = ["safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000", f"safeguards.campaign_time_s={BUDGET_S}",
-        f"search.max_concurrent={SLOTS}"]
+        f"search.max_concurrent={SLOTS}", "search.num_samples=4"]
 
 
 def main() -> None:
@@ -49,9 +51,11 @@ def main() -> None:
              "| mode | utilisation (campaign wall) | busy within the trials' span | trials | trial s | wall s | "
              "best selection | its test |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for f in figures.values():
-        lines.append(f"| {f.mode} | **{f.utilisation:.2f}** | {f.busy_in_span:.2f} | {f.trials} | {f.trial_s} | {f.wall_s} | "
+        lines.append(f"| {f.mode} | **{f.utilisation:.2f}** | {f.busy_in_span:.2f} | {f.trials} | {f.trial_s} | "
+                     f"{f.wall_s} | "
                      f"{f.best_selection or 0:.4f} | {f.best_test or 0:.4f} |")
-    save(name, {"agent": AGENT, "budget_s": BUDGET_S, "slots": SLOTS, **{m: asdict(f) for m, f in figures.items()}}, lines)
+    figures_json = {m: asdict(f) for m, f in figures.items()}
+    save(name, {"agent": AGENT, "budget_s": BUDGET_S, "slots": SLOTS, **figures_json}, lines)
 
 
 if __name__ == "__main__":

@@ -242,7 +242,9 @@ class AsyncCampaign(Campaign):
         manual = stop_requested(self.run_dir)
         if closed == 0 and not (final or manual or self._time_spent()):
             return  # the seed's knob search is still running: nothing to judge the campaign by yet
-        bests = state.best_by_cycle[:-1] + [state.best_selection_score] if state.best_by_cycle else [state.best_selection_score]
+        # The closed generations' bests, the last one replaced by the best now (a gain counts at once, a partial
+        # generation never counts as one without a gain).
+        bests = state.best_by_cycle[:-1] + [state.best_selection_score]
         spent = self._spend(max(1, closed))
         state.gate_fail_streak = self._gate_streak()
         facts = CycleFacts(max(1, closed), bests, cfg.target_score(), spent.tokens_cycle, spent.tokens_campaign,
@@ -255,7 +257,8 @@ class AsyncCampaign(Campaign):
             self._record_decision(decision, facts)
         state.cycle = max(1, closed)
         if decision.stop:
-            state.stop_reason, state.exit_code, state.status = decision.reason.value, decision.exit_code, RunStatus.finished
+            state.stop_reason, state.exit_code = decision.reason.value, decision.exit_code
+            state.status = RunStatus.finished
             state.phase = Phase.done
             self.stop_now = True
             self.pool.close()

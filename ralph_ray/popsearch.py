@@ -176,7 +176,8 @@ class Pool:
             member.finished += 1
             member.failed += record.status is TrialStatus.failed
             score = record.selection_score
-            if record.status is TrialStatus.completed and score is not None and (member.best is None or score > member.best):
+            better = score is not None and (member.best is None or score > member.best)
+            if record.status is TrialStatus.completed and better:
                 member.best, member.best_knobs = score, json.loads(record.knobs or "{}")
             if entry is not None:
                 study = self._study(member)

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).parent / "agents"))
 from slow_llm import SlowLLM  # noqa: E402
 
 TINY = ["population.mode=async", "search.num_samples=2", "search.max_concurrent=2", "scheduler.max_t=2",
-        "scheduler.grace_period=1", "safeguards.trial_timeout_s=180", "+search.space.EPOCHS={type: choice, values: [2]}",
+        "scheduler.grace_period=1", "safeguards.trial_timeout_s=180",
+        "+search.space.EPOCHS={type: choice, values: [2]}",
         "population.trials_per_child=1", "population.parents=1"]
 
 
@@ -80,7 +81,8 @@ def test_a_slow_agent_leaves_no_slot_idle(ray_session, tmp_path: Path):
     con = open_reader(outcome.kb_root)
     trials = rows(con, """select epoch(written_at) - seconds as start, epoch(written_at) as end, reason, variant_id
                           from trials where run_id = ? order by start""", ["slow"])
-    children = con.execute("select count(*) from variants where run_id = ? and status <> 'seed'", ["slow"]).fetchone()[0]
+    children = con.execute("select count(*) from variants where run_id = ? and status <> 'seed'",
+                           ["slow"]).fetchone()[0]
     assert children == 2 and len(llm.requests) >= 3  # the children came from the slow agent
     # Walk the timeline of the campaign's trials: wherever fewer than 2 trials ran, that gap must be short.
     edges = sorted([(t["start"], 1) for t in trials] + [(t["end"], -1) for t in trials])
@@ -99,8 +101,8 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     """The seed given a 3-s budget finishes on time; a trainer that ignores it is stopped, its epochs recorded."""
     seed = run(tiny(tmp_path, "run_id=budget", "agent=none", "safeguards.max_cycles=1", "trial.budget_s=3"))
     con = open_reader(seed.kb_root)
-    trials = rows(con, "select trial_id, status, seconds, epochs from trials where run_id = ? and reason is distinct from ?",
-                  ["budget", STOPPED_WITH_CYCLE])
+    trials = rows(con, """select trial_id, status, seconds, epochs from trials where run_id = ?
+                          and reason is distinct from ?""", ["budget", STOPPED_WITH_CYCLE])
     assert trials and all(t["status"] in ("completed", "stopped_early") for t in trials)  # ASHA may stop one
     assert any(t["status"] == "completed" for t in trials)  # a trainer on budget ends on its own, scored
     curve = rows(con, "select epoch, value from epochs where run_id = ? and metric = 'train_seconds' order by epoch",
@@ -110,7 +112,8 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     greedy = tmp_path / "greedy"
     greedy.mkdir()
     source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
-    (greedy / "train.py").write_text(source.replace("for epoch in harness.epochs(EPOCHS):", "for epoch in range(1, 10**6):"))
+    ignoring = source.replace("for epoch in harness.epochs(EPOCHS):", "for epoch in range(1, 10**6):")
+    (greedy / "train.py").write_text(ignoring)
     (greedy / "program.md").write_text("a trainer that ignores its deadline\n")
     outcome = run(tiny(tmp_path, "run_id=greedy", "agent=none", "safeguards.max_cycles=1", "trial.budget_s=2",
                        "trial.grace_s=20", f"task.trainer={greedy}", "search.num_samples=1", "search.max_concurrent=1"))
@@ -135,7 +138,8 @@ def test_sigkill_at_any_point_then_resume_loses_and_duplicates_nothing(point: st
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", ENV_KILL_AT: point}
     killed = subprocess.run([sys.executable, "-m", "ralph_ray", "run_id=k", *paths, *KILL_ARGS], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=400, start_new_session=True)
-    assert killed.returncode == -signal.SIGKILL, f"never reached {point}: {killed.stdout[-1500:]}{killed.stderr[-1500:]}"
+    why = f"never reached {point}: {killed.stdout[-1500:]}{killed.stderr[-1500:]}"
+    assert killed.returncode == -signal.SIGKILL, why
     state = json.loads((tmp_path / "runs" / "k" / "state.json").read_text())
     assert state["status"] == "running"
 

@@ -15,6 +15,8 @@ import pytest
 from ralph_ray import PROJECT_ROOT, harness
 from ralph_ray.config import TrialConfig
 from ralph_ray.knobs import rewrite_knobs
+from ralph_ray.runner import Trainer
+from ralph_ray.workdir import prepare_workdir
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
 
@@ -46,7 +48,8 @@ def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
     env = {**os.environ, harness.ENV_DATA_DIR: str(tmp_path / "data"), harness.ENV_METRICS_FILE: str(work / "m.jsonl"),
            harness.ENV_PREDICTIONS_FILE: str(work / "p.npz"), "OMP_NUM_THREADS": "1", harness.ENV_BUDGET_S: "3"}
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True,
+                            timeout=120)
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (work / "m.jsonl").read_text().splitlines()]
@@ -59,9 +62,7 @@ def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
 
 # -- the runner's side: a trainer that keeps to its budget, and one that ignores it ------------------------------
 
-def _trainer(tmp_path: Path, body: str) -> "Trainer":
-    from ralph_ray.runner import Trainer
-    from ralph_ray.workdir import prepare_workdir
+def _trainer(tmp_path: Path, body: str) -> Trainer:
 
     folder = tmp_path / "variant"
     folder.mkdir(parents=True, exist_ok=True)
