@@ -341,11 +341,18 @@ def load_config(overrides: list[str] | None = None) -> Config:
 
 
 def _task_path(overrides: list[str]) -> Path | None:
-    """The folder of `task=<value with a path separator>` (e.g. task=./my_task), resolved; None for task=<name>."""
+    """The folder of `task=<value with a path separator>` (e.g. task=./my_task), resolved; None for task=<name>.
+
+    A bare name that is no shipped task but a folder here (task=my_task) is a folder too.
+    """
     values = [o.split("=", 1)[1] for o in overrides if o.startswith("task=")]
-    if not values or not any(sep in values[-1] for sep in ("/", os.sep)) and not values[-1].startswith((".", "~")):
+    if not values:
         return None
-    return Path(values[-1]).expanduser().resolve()
+    value = values[-1]
+    is_path = any(sep in value for sep in ("/", os.sep)) or value.startswith((".", "~"))
+    if not is_path and ((CONF_DIR / "task" / f"{value}.yaml").exists() or not Path(value).is_dir()):
+        return None
+    return Path(value).expanduser().resolve()
 
 
 def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:

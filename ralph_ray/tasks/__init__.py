@@ -40,7 +40,9 @@ class TaskRef:
         return self.load().data_root
 
 
-TASKS: dict[str, TaskRef] = {p.parent.name: TaskRef(p.parent.name, p.parent) for p in sorted(SHIPPED.glob("*/prepare.py"))}
+TASKS: dict[str, TaskRef] = {
+    p.parent.name: TaskRef(p.parent.name, p.parent) for p in sorted(SHIPPED.glob("*/prepare.py"))
+}
 
 
 def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
@@ -52,7 +54,8 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
         raise
     except Exception as err:  # noqa: BLE001 - the user's prepare: one clear error, not a traceback from deep inside
         raise DataError(f"{where}: prepare() failed ({type(err).__name__}: {err})\n"
-                        f"  fix: check prepare() by hand: python -c \"import runpy; runpy.run_path('{where}')\"") from None
+                        f"  fix: check prepare() by hand: "
+                        f"python -c \"import runpy; runpy.run_path('{where}')\"") from None
     if not isinstance(splits, Splits):
         raise DataError(f"{where}: prepare() returned {type(splits).__name__}, not ralph_ray.tasks.base.Splits\n"
                         "  fix: return Splits(train_x, train_y, selection_x, selection_y, test_x, test_y, num_classes)")
@@ -65,7 +68,8 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
             np.asarray(splits.selection_y).dtype, np.integer)):
         raise DataError(f"{where}: metric {folder.metric.name} scores classes, but num_classes={splits.num_classes} "
                         f"and the labels are {np.asarray(splits.selection_y).dtype}\n"
-                        "  fix: return integer class labels and num_classes >= 2, or declare a regression/custom METRIC")
+                        "  fix: return integer class labels and num_classes >= 2, "
+                        "or declare a regression/custom METRIC")
     return dataclasses.replace(splits, metric=folder.metric)
 
 

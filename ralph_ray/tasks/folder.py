@@ -59,7 +59,8 @@ def check_parts(path: Path) -> None:
     if missing:
         listing = "; ".join(f"{name} ({PARTS[name]})" for name in missing)
         raise TaskError(f"task folder {path} lacks {listing}",
-                        f"add {' and '.join(missing)} (`python -m ralph_ray init NAME --template ...` writes a complete folder)")
+                        f"add {' and '.join(missing)} "
+                        "(`python -m ralph_ray init NAME --template ...` writes a complete folder)")
 
 
 def load_task(path: Path) -> TaskFolder:
@@ -103,7 +104,8 @@ def _load(folder: str, digest: str) -> TaskFolder:
         except MetricError as err:
             raise TaskError(f"{path / 'prepare.py'}: {err}", "declare the metric in prepare.py as shown") from None
         data_root: Any = getattr(module, "DATA_ROOT", None)
-        _LOADED[key] = TaskFolder(path.name, path, metric, None if data_root is None else str(data_root), prepare, digest)
+        root = None if data_root is None else str(data_root)
+        _LOADED[key] = TaskFolder(path.name, path, metric, root, prepare, digest)
     return _LOADED[key]
 
 

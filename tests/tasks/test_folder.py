@@ -90,3 +90,21 @@ def test_frozen_parts_never_reach_a_variant_and_the_folder_is_hidden_from_trials
     assert sorted(p.name for p in seed.files_dir.iterdir()) == ["program.md", "train.py"]
     cfg = load_config([f"task={folder}"])
     assert str(folder.resolve()) in sandbox_policy(cfg).hidden
+
+
+def test_the_lm_task_scores_a_next_byte_that_no_input_holds():
+    cfg = load_config(["task=lm"])
+    assert (cfg.task.metric, cfg.task.direction, cfg.search.mode) == ("bits_per_byte", "min", "min")
+    splits = prepare_splits(cfg)
+    labels = splits.labels()
+    width = splits.selection_x.shape[1]
+    # rows are held-out text cut as [context | next byte]: the scored byte sits between two contexts, in neither
+    text = np.concatenate([splits.selection_x, labels.selection[:, None]], axis=1).reshape(-1)
+    assert np.array_equal(text[width :: width + 1], labels.selection)
+    uniform = splits.metric.score(np.zeros((len(labels.selection), 256)), labels.selection)
+    assert uniform == pytest.approx(8.0)  # a model that knows nothing: 8 bits per byte
+    copy_last = np.full((len(labels.selection), 256), -30.0)
+    copy_last[np.arange(len(copy_last)), splits.selection_x[:, -1]] = 30.0  # "the next byte repeats the last one"
+    assert splits.metric.score(copy_last, labels.selection) > 8.0  # copying from the input earns what it is worth
+    with pytest.raises(ValueError, match=r"\(N, 256\)"):
+        splits.metric.score(np.zeros(len(labels.selection)), labels.selection)

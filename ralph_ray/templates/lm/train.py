@@ -1,4 +1,5 @@
-"""Seed trainer: a small byte-level language model (an MLP over the last few bytes, as in Bengio et al. 2003). The engine's agents edit this file; the knobs are searched.
+"""Seed trainer: a small byte-level language model (an MLP over the last few bytes, as in Bengio et al. 2003).
+The engine's agents edit this file; the knobs are searched.
 
 YOUR MODEL GOES HERE: replace `Net` (a transformer, an RNN...). Keep the harness calls: load_data(), report()
 once per epoch, save_predictions() at the end with next-byte logits (N, 256) for each selection/test context.
