@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ralph_ray import history, records
+from ralph_ray import environment, history, records, tracking
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
@@ -60,6 +60,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     run_id, run_dir, resuming = locate(cfg)
     # The sandbox first, then the data: either missing stops here, before a run is recorded or Ray starts.
     announce(sandbox_policy(cfg), console.print)
+    tracking.check(cfg.tracking)
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
     splits = prepare_splits(cfg)
     state = open_run(cfg, run_dir, resuming, console.print)
@@ -68,6 +69,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     kb = KnowledgeBase(kb_root)
     kb.init()
     base = records.run_row(cfg, run_id, run_dir, history.started_at(kb.reader(), run_id) if resuming else None)
+    base["environment"] = environment.record(run_dir)  # also <run_dir>/env.json; a resume records where it resumed
     kb.put("runs", [records.run_status(base, RunStatus.running, state)], run_id)
     try:
         outcome = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base).loop()
@@ -78,6 +80,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         raise
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
     console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
+    tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
     return outcome
 
 

@@ -1,4 +1,4 @@
-"""The small console commands beside `run`: status, stop and report of a campaign."""
+"""The small console commands beside `run`: status, stop, report, export and track of a campaign."""
 
 from __future__ import annotations
 
@@ -14,16 +14,21 @@ from ralph_ray.kb import open_reader
 from ralph_ray.control import request_stop
 from ralph_ray.state import CampaignState
 
-COMMANDS = ("status", "stop", "report")
+COMMANDS = ("status", "stop", "report", "export", "track")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
+       ralph-ray export RUN_ID [VARIANT] [--out DIR] | track RUN_ID [mlflow] [tensorboard] [--mlflow-uri URI]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
+  export   the best (or named) variant as a self-contained bundle (default <runs>/<run_id>/export/<variant>)
+  track    publish a recorded campaign to MLflow and/or TensorBoard (default: both; under <runs>/<run_id>/tracking)
 """
 
 
 def main(argv: list[str], console: Console) -> int:
     """Dispatch `status`, `stop` or `report`; returns an exit code."""
+    if argv[0] in ("export", "track"):
+        return _publish(argv, console)
     args, runs, kb = _options(argv)
     command, rest = args[0], args[1:]
     if command != "status" and not rest:
@@ -75,6 +80,45 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
                       f"{selection:.4f}" if selection is not None else "-", f"{test:.4f}" if test is not None else "-", str(row[10]))
     console.print(table)
     return ExitCode.ok
+
+
+def _publish(argv: list[str], console: Console) -> int:
+    """`export RUN_ID [VARIANT] [--out DIR]` and `track RUN_ID [mlflow] [tensorboard] [--mlflow-uri URI]`."""
+    from ralph_ray.rundir import CampaignError
+
+    argv, out = _take(argv, "--out")
+    argv, uri = _take(argv, "--mlflow-uri")
+    args, _runs, kb = _options(argv)
+    command, rest = args[0], args[1:]
+    if not rest:
+        console.print(f"[red]error:[/] `{command}` needs a run id\n{USAGE}", highlight=False)
+        return ExitCode.safeguard_or_config
+    try:
+        if command == "export":
+            from ralph_ray.export import export
+
+            bundle = export(kb.resolve(), rest[0], rest[1] if len(rest) > 1 else None, Path(out) if out else None)
+            console.print(f"exported {bundle} (run it: python {bundle / 'reproduce.py'})")
+            return ExitCode.ok
+        from ralph_ray import tracking
+        from ralph_ray.kb import open_reader
+
+        record = tracking.load(open_reader(kb), rest[0])
+        for name, where in tracking.publish(record, rest[1:] or ["mlflow", "tensorboard"], uri).items():
+            console.print(f"{name}: {where}")
+    except (CampaignError, FileNotFoundError) as err:
+        console.print("[red]error:[/] ", end="")
+        console.print(str(err), markup=False, highlight=False)
+        return ExitCode.safeguard_or_config
+    return ExitCode.ok
+
+
+def _take(argv: list[str], flag: str) -> tuple[list[str], str | None]:
+    """`argv` without `flag VALUE`, and the value (None when absent)."""
+    if flag not in argv or argv.index(flag) + 1 >= len(argv):
+        return argv, None
+    i = argv.index(flag)
+    return argv[:i] + argv[i + 2:], argv[i + 1]
 
 
 def _options(argv: list[str]) -> tuple[list[str], Path, Path]:

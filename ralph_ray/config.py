@@ -258,6 +258,19 @@ class PathsConfig:
     storage: Optional[str] = None
 
 
+@dataclass
+class TrackingConfig:
+    """Experiment trackers a campaign is published to when it ends (ralph_ray.tracking): tracking=mlflow|tensorboard."""
+
+    mlflow: bool = False
+    tensorboard: bool = False
+    mlflow_uri: Optional[str] = None  # null: an offline SQLite store under <run_dir>/tracking/mlflow/
+
+    def trackers(self) -> list[str]:
+        """The names of the trackers switched on."""
+        return [name for name in ("mlflow", "tensorboard") if getattr(self, name)]
+
+
 class ClusterMode(enum.Enum):
     """Where Ray runs: started in this process (one machine), or a running cluster joined by address."""
 
@@ -300,6 +313,7 @@ class Config:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     resume: Optional[str] = None  # a run id to continue (python -m ralph_ray resume=<run_id>)
 
     def trainer_dir(self) -> Path:

@@ -35,6 +35,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("status", pa.string()), ("stop_reason", pa.string()), ("run_dir", pa.string()),
         ("config", pa.string()), ("started_at", TS), ("finished_at", TS), ("written_at", TS),
         ("cycle", pa.int32()), ("phase", pa.string()),
+        ("environment", pa.string()),  # environment.capture() as JSON: versions, git commit, hardware (also env.json)
     ]),
     "cycles": pa.schema([
         ("run_id", pa.string()), ("cycle", pa.int32()), ("started_at", TS), ("finished_at", TS),

@@ -320,3 +320,12 @@ from trials where run_id = ? order by started
 TRAIN_SECONDS_PER_TRIAL = """
 select trial_id, max(value) from epochs where run_id = ? and metric = 'train_seconds' group by trial_id
 """
+# ---------------------------------------------------------------------------------------------
+# Trackers and export (tracking.py, export.py): a campaign's whole record, read once.
+EPOCHS_FOR_RUN = "select trial_id, epoch, metric, value from epochs where run_id = ? order by trial_id, epoch, metric"
+VARIANT_LINEAGE = APP_LINEAGE  # each variant with its lineage path, scores, files and diff
+# A variant's completed trials at its best knobs (seeds apart): the spread its exported score is quoted with.
+EXPORT_REPLICATES = """
+select selection_score, test_score from trials
+where run_id = ? and variant_id = ? and knobs = ? and status = 'completed' and selection_score is not null
+"""

@@ -1,0 +1,254 @@
+"""`python -m ralph_ray export RUN_ID [VARIANT] [--out DIR]`: the best (or a named) variant as a self-contained bundle.
+
+The bundle holds the variant's trainer with its best trial's knobs written in, its `program.md`, the diff against
+the seed, its scores (with the spread over replicates where there are any), the knobs, the lineage with each
+step's interventions, the run's config and environment, the best trial's checkpoint where one was kept, a model
+card, and `reproduce.py`, which prepares the task's data, trains the variant by hand and scores it as the
+campaign did (ralph_ray must be importable: the trainer's helper and the frozen scoring live there).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ralph_ray import sql
+from ralph_ray.environment import ENV_FILE
+from ralph_ray.kb import open_reader
+from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.rundir import CampaignError
+from ralph_ray.tracking import readable_path
+from ralph_ray.variants import unified_diff
+
+TRAINER = "trainer"  # the bundle's folder with the trainer's files
+TRAIN_FILE = "train.py"
+REPRODUCE = '''"""Train this exported variant by hand and score it as the campaign did: python reproduce.py [--seed N].
+
+Needs ralph_ray importable (pip install -e <the ralph_ray checkout>): the trainer imports its small helper
+(ralph_ray.harness), the data comes from the task's frozen preparation, and the scores from the frozen metric.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ralph_ray import harness
+from ralph_ray.config import to_config
+from ralph_ray.scoring import score_predictions
+from ralph_ray.tasks import prepare_splits
+from ralph_ray.tasks.base import write_public
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seed", type=int, default=json.loads((HERE / "scores.json").read_text())["seed"])
+    parser.add_argument("--work", type=Path, default=HERE / "work", help="where the data and predictions go")
+    args = parser.parse_args()
+    cfg = to_config(OmegaConf.load(HERE / "config.yaml"))
+    splits = prepare_splits(cfg)  # the same frozen splits as the campaign (same task, data config and seed)
+    data, work = args.work / "data", args.work
+    write_public(splits, data, cfg.task.name)
+    threads = str(max(1, int(cfg.resources.cpu)))
+    env = {**os.environ, harness.ENV_DATA_DIR: str(data), harness.ENV_SEED: str(args.seed),
+           harness.ENV_METRICS_FILE: str(work / "metrics.jsonl"),
+           harness.ENV_PREDICTIONS_FILE: str(work / "predictions.npz"),
+           "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if cfg.trial.budget_s is not None:
+        env[harness.ENV_BUDGET_S] = str(cfg.trial.budget_s)
+    subprocess.run([sys.executable, "train.py"], cwd=HERE / "trainer", env=env, check=True)
+    scores = score_predictions(work / "predictions.npz", splits.labels())
+    recorded = json.loads((HERE / "scores.json").read_text())
+    print(json.dumps({"selection_score": scores.selection, "test_score": scores.test,
+                      "recorded_selection_score": recorded["selection_score"],
+                      "recorded_test_score": recorded["test_score"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+class ExportError(CampaignError):
+    """A run or variant that cannot be exported; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One variant on the way from the seed to the exported one."""
+
+    variant_id: str
+    parent_id: str | None
+    cycle: int
+    status: str | None
+    interventions: list[str]
+    diagnosis: str | None
+    rationale: str | None
+    selection_score: float | None
+    files_dir: Path
+
+
+def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path | None = None) -> Path:
+    """Write the bundle of `variant_id` (default: the run's best by selection score) and return its folder."""
+    con = open_reader(kb_root)
+    run = con.execute(sql.RUN, [run_id]).fetchdf()
+    if run.empty:
+        raise ExportError(f"no campaign {run_id} in the knowledge base {kb_root}: check the run id "
+                          "(`python -m ralph_ray status`) and --kb")
+    run_dir = Path(str(run.iloc[0]["run_dir"]))
+    board = (con.execute(sql.LEADERBOARD_ROW, [run_id, variant_id]) if variant_id
+             else con.execute(sql.LEADERBOARD_FOR_RUN, [run_id, 1])).fetchdf()
+    if board.empty or board.iloc[0]["selection_score"] is None or math.isnan(board.iloc[0]["selection_score"]):
+        raise ExportError(f"no scored variant {variant_id or '(best)'} in run {run_id}: pick one from "
+                          f"`python -m ralph_ray status {run_id}` (it needs a completed trial)")
+    best = board.iloc[0]
+    chain = _lineage(con, run_id, str(best["variant_id"]))
+    variant, seed = chain[-1], chain[0]
+    out = (out or run_dir / "export" / variant.variant_id).resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    trainer = out / TRAINER
+    shutil.copytree(variant.files_dir, trainer)
+    knobs = json.loads(best["best_knobs"] or "{}")
+    train = trainer / TRAIN_FILE
+    present = read_knobs(train.read_text())
+    train.write_text(rewrite_knobs(train.read_text(), {k: v for k, v in knobs.items() if k in present}))
+    (out / "diff_vs_seed.patch").write_text(unified_diff(seed.files_dir, trainer))
+    trial = _trial(con, run_id, str(best["best_trial_id"]))
+    scores = _scores(con, run_id, variant.variant_id, str(best["best_knobs"]), best, trial)
+    _write_json(out / "scores.json", scores)
+    _write_json(out / "knobs.json", knobs)
+    _write_json(out / "lineage.json", [_step_json(s) for s in chain])
+    for name in ("config.yaml", ENV_FILE):
+        if (run_dir / name).exists():
+            shutil.copy2(run_dir / name, out / name)
+    checkpoint = Path(trial["work_dir"]) / "checkpoint"
+    if trial["work_dir"] and checkpoint.is_dir():
+        shutil.copytree(checkpoint, out / "checkpoint")
+    (out / "reproduce.py").write_text(REPRODUCE)
+    (out / "README.md").write_text(_card(run, chain, knobs, scores, (out / "checkpoint").exists()))
+    return out
+
+
+def _lineage(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str) -> list[Step]:
+    """The variants from the seed down to `variant_id`, in that order."""
+    rows = {r.variant_id: r for r in con.execute(sql.VARIANT_LINEAGE, [run_id]).fetchdf().itertuples()}
+    chain: list[Step] = []
+    current: str | None = variant_id
+    while current is not None and current in rows and len(chain) < 10_000:
+        r = rows[current]
+        chain.append(Step(r.variant_id, _text(r.parent_id), int(r.cycle), _text(r.status),
+                          json.loads(r.interventions or "[]"), _text(r.diagnosis), _text(r.rationale),
+                          _float(r.selection_score), Path(str(r.files_dir))))
+        current = _text(r.parent_id)
+    if not chain:
+        raise ExportError(f"variant {variant_id} has no record in run {run_id}: is the KB complete?")
+    return chain[::-1]
+
+
+def _trial(con: duckdb.DuckDBPyConnection, run_id: str, trial_id: str) -> dict[str, Any]:
+    trials = con.execute(sql.TRIALS_FOR_RUN, [run_id]).fetchdf()
+    row = trials[trials["trial_id"] == trial_id]
+    return {} if row.empty else row.iloc[0].to_dict()
+
+
+def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, knobs: str, best: Any,
+            trial: dict[str, Any]) -> dict[str, Any]:
+    """The recorded scores of the best trial, and the replicates' mean with a normal 95% interval where n >= 2."""
+    replicates = con.execute(sql.EXPORT_REPLICATES, [run_id, variant_id, knobs]).fetchall()
+    spread: dict[str, Any] = {"n": len(replicates)}
+    for i, name in enumerate(("selection", "test")):
+        values = [float(r[i]) for r in replicates if r[i] is not None]
+        if len(values) >= 2:
+            mean, sd = statistics.fmean(values), statistics.stdev(values)
+            half = 1.96 * sd / math.sqrt(len(values))
+            spread[name] = {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
+    return {"variant_id": variant_id, "trial_id": str(best["best_trial_id"]),
+            "selection_score": _float(best["selection_score"]), "test_score": _float(best["test_score"]),
+            "seed": int(trial.get("seed", 0)), "epochs": int(trial.get("epochs", 0)),
+            "trials_of_variant": int(best["trials"]), "replicates_at_these_knobs": spread,
+            "scores_are_oriented": "higher is better (a min metric's value is negated)"}
+
+
+def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
+    """The bundle's README: what it is, how it scored, how it came to be, how to run it."""
+    r, v = run.iloc[0], chain[-1]
+    path = readable_path(" > ".join(json.dumps(s.interventions) for s in chain))
+    rep = scores["replicates_at_these_knobs"]
+    spread = (f"mean {rep['selection']['mean']:.4f}, 95% CI [{rep['selection']['ci95'][0]:.4f}, "
+              f"{rep['selection']['ci95'][1]:.4f}] over {rep['n']} replicates" if "selection" in rep
+              else "one trial at these knobs: no interval")
+    steps = "\n".join(f"| {s.cycle} | `{s.variant_id}` | {' + '.join(s.interventions) or 'seed'} | "
+                      f"{s.diagnosis or '-'} | {'-' if s.selection_score is None else f'{s.selection_score:.4f}'} |"
+                      for s in chain)
+    extra = ", `checkpoint/` (the best trial's)" if checkpoint else ""
+    knob_lines = "\n".join(f"- `{k} = {v!r}`" for k, v in knobs.items())
+    return f"""# Variant {v.variant_id} of campaign {r['run_id']} ({r['experiment']}, task {r['task']})
+
+Exported by `python -m ralph_ray export`. Path from the seed: **{path}**.
+
+## Scores (frozen evaluation, higher is better)
+
+- selection: {scores['selection_score']:.4f} (best trial `{scores['trial_id']}`; {spread})
+- test: {'-' if scores['test_score'] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select)
+
+## Knobs written into `trainer/train.py`
+
+{knob_lines or '- (none)'}
+
+## Lineage
+
+| cycle | variant | interventions | diagnosis | selection |
+| --- | --- | --- | --- | --- |
+{steps}
+
+## Files
+
+- `trainer/`: the variant's files (`train.py` with the knobs above, `program.md`)
+- `diff_vs_seed.patch`: everything that differs from the seed trainer, knobs included
+- `scores.json`, `knobs.json`, `lineage.json` (with each step's rationale), `config.yaml` (the campaign's config),
+  `env.json` (Python, packages, git commit, hardware it ran on){extra}
+
+## Run it
+
+```
+pip install -e /path/to/ralph_ray      # the trainer's helper and the frozen data preparation and metric
+python reproduce.py                    # prepares the data under work/, trains, prints selection/test scores
+```
+
+Or by hand: `python -m ralph_ray.prepare` with the campaign's task and data settings, then
+`RALPH_DATA_DIR=<printed dir> python trainer/train.py` (predictions go to `predictions.npz`).
+Scores reproduce within the noise of one training run (seed {scores['seed']}; GPU kernels are not bit-exact).
+"""
+
+
+def _step_json(s: Step) -> dict[str, Any]:
+    return {"variant_id": s.variant_id, "parent_id": s.parent_id, "cycle": s.cycle, "status": s.status,
+            "interventions": s.interventions, "diagnosis": s.diagnosis, "rationale": s.rationale,
+            "selection_score": s.selection_score}
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)

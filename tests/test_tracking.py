@@ -1,0 +1,156 @@
+"""Trackers, the environment record and export, read back from one real two-cycle campaign.
+
+One campaign serves the three (tracking, environment, export): each needs a finished run with a child variant,
+and a campaign costs a minute of CPU. The trackers' output is read with each library's own reader (MlflowClient,
+TensorBoard's EventAccumulator); the exported bundle is run by hand (reproduce.py) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from ralph_ray import commands, sandbox, sql
+from ralph_ray.campaign import Outcome, run
+from ralph_ray.config import TrackingConfig, load_config
+from ralph_ray.environment import ENV_FILE, PROJECT_ROOT
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.kb import open_reader
+from ralph_ray.tracking import KIND_TAG, RUN_TAG, TrackingError, default_mlflow_uri, load, publish, readable_path
+
+RUN_ID = "tracked"
+
+
+@pytest.fixture(scope="module")
+def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    """Two cycles (the seed, then one child), two trials each, published to MLflow and TensorBoard."""
+    root = tmp_path_factory.mktemp("tracked")
+    overrides = [f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={RUN_ID}",
+                 "safeguards.max_cycles=2", "search.num_samples=2", "search.max_concurrent=2", "scheduler.max_t=3",
+                 "+search.space.EPOCHS={type: choice, values: [3]}", "population.parents=1",
+                 "population.children_per_parent=1", "tracking=[mlflow,tensorboard]"]
+    if sandbox.available() is not None:
+        overrides.append("sandbox=none")
+    outcome = run(load_config(overrides), Console(quiet=True))
+    assert outcome.best_variant_id is not None
+    return outcome
+
+
+def _mlflow_runs(outcome: Outcome) -> tuple[Any, list[Any]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=default_mlflow_uri(outcome.run_dir))
+    experiment = client.get_experiment_by_name("ralph_ray/digits")
+    return client, client.search_runs([experiment.experiment_id], f"tags.`{RUN_TAG}` = '{RUN_ID}'")
+
+
+def _kb_trials(outcome: Outcome) -> list[dict[str, Any]]:
+    return open_reader(outcome.kb_root).execute(sql.TRIALS_FOR_RUN, [RUN_ID]).fetchdf().to_dict("records")
+
+
+def test_mlflow_holds_the_campaign_its_variants_and_trials(campaign: Outcome) -> None:
+    client, runs = _mlflow_runs(campaign)
+    kinds = {kind: [r for r in runs if r.data.tags[KIND_TAG] == kind] for kind in ("campaign", "variant", "trial")}
+    trials = _kb_trials(campaign)
+    assert len(kinds["campaign"]) == 1 and len(kinds["trial"]) == len(trials) == 4
+    camp = kinds["campaign"][0]
+    artifacts = {a.path for a in client.list_artifacts(camp.info.run_id)}
+    assert {"config.json", ENV_FILE, "report"} <= artifacts
+    assert "report/final_report.md" in {a.path for a in client.list_artifacts(camp.info.run_id, "report")}
+    assert camp.data.metrics["selection_score"] == pytest.approx(campaign.best_selection_score)
+    # Each variant: nested under the campaign, its lineage and status as tags, a child's diff as an artifact.
+    variants = {r.data.tags["variant_id"]: r for r in kinds["variant"]}
+    child = next(r for r in variants.values() if r.data.tags.get("parent_id"))
+    assert child.data.tags["mlflow.parentRunId"] == camp.info.run_id
+    assert child.data.tags["lineage"].startswith("seed > ") and "[" not in child.data.tags["lineage"]
+    diff = client.download_artifacts(child.info.run_id, "diff.patch")
+    assert Path(diff).read_text().startswith("--- a/")
+    # Each trial: under its variant, knobs as params, per-epoch metrics by epoch, the frozen scores.
+    by_id = {r.data.tags["trial_id"]: r for r in kinds["trial"]}
+    for row in trials:
+        logged = by_id[row["trial_id"]]
+        assert logged.data.tags["mlflow.parentRunId"] == variants[row["variant_id"]].info.run_id
+        assert {k: json.loads(v) for k, v in logged.data.params.items() if k != "seed"} == json.loads(row["knobs"])
+        if row["status"] == "completed":
+            assert logged.data.metrics["selection_score"] == pytest.approx(row["selection_score"])
+        history = client.get_metric_history(logged.info.run_id, "val_acc")
+        assert [m.step for m in history] == list(range(1, row["epochs"] + 1))
+
+
+def test_tensorboard_event_files_hold_curves_hparams_and_text(campaign: Outcome) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    root = campaign.run_dir / "tracking" / "tensorboard" / RUN_ID
+    con = open_reader(campaign.kb_root)
+    for row in _kb_trials(campaign):
+        events = EventAccumulator(str(root / "trials" / row["trial_id"]))
+        events.Reload()
+        curve = [(e.step, e.value) for e in events.Scalars("val_acc")]
+        recorded = con.execute("select epoch, value from epochs where run_id = ? and trial_id = ? and metric = ? "
+                               "order by epoch", [RUN_ID, row["trial_id"], "val_acc"]).fetchall()
+        assert curve == [(epoch, pytest.approx(value)) for epoch, value in recorded]
+        if row["status"] == "completed":
+            assert events.Scalars("final/selection_score")[-1].value == pytest.approx(row["selection_score"])
+    text = EventAccumulator(str(root / "campaign"))
+    text.Reload()
+    tags = text.Tags()["tensors"]
+    assert "config/text_summary" in tags and any(t.startswith("variant/") for t in tags)
+
+
+def test_the_environment_is_recorded_in_the_run_dir_and_the_kb(campaign: Outcome) -> None:
+    env = json.loads((campaign.run_dir / ENV_FILE).read_text())
+    assert env["python"] == sys.version.split()[0] and {"ray", "torch", "duckdb"} <= set(env["packages"])
+    if (PROJECT_ROOT / ".git").exists():  # HEAD may have moved on since the campaign started: an ancestor of it
+        ancestor = ["git", "-C", str(PROJECT_ROOT), "merge-base", "--is-ancestor", env["git"]["commit"], "HEAD"]
+        assert subprocess.run(ancestor).returncode == 0 and isinstance(env["git"]["dirty"], bool)
+    stored = open_reader(campaign.kb_root).execute("select environment from runs where run_id = ?", [RUN_ID]).fetchone()
+    assert json.loads(stored[0]) == env
+
+
+def test_track_republishes_without_duplicating_runs(campaign: Outcome) -> None:
+    before = len(_mlflow_runs(campaign)[1])
+    code = commands.main(["track", RUN_ID, "mlflow", "--kb", str(campaign.kb_root)], Console(quiet=True))
+    assert code == ExitCode.ok and len(_mlflow_runs(campaign)[1]) == before
+    record = load(open_reader(campaign.kb_root), RUN_ID)
+    with pytest.raises(TrackingError, match="tracking=mlflow"):
+        publish(record, ["wandb"])
+    assert TrackingConfig(mlflow=True, tensorboard=True).trackers() == ["mlflow", "tensorboard"]
+
+
+def test_readable_lineage_path() -> None:
+    assert readable_path('[] > ["batchnorm"] > ["raise_lr", "mixup"]') == "seed > batchnorm > raise_lr + mixup"
+    assert readable_path(None) is None
+
+
+def test_export_bundle_runs_standalone_and_reproduces_the_score(campaign: Outcome, tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    done = subprocess.run([sys.executable, "-m", "ralph_ray", "export", RUN_ID, "--kb", str(campaign.kb_root),
+                           "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    scores = json.loads((out / "scores.json").read_text())
+    assert scores["variant_id"] == campaign.best_variant_id
+    knobs = json.loads((out / "knobs.json").read_text())
+    train = (out / "trainer" / "train.py").read_text()
+    assert all(f"{name} = {value!r}" in train for name, value in knobs.items())
+    assert "--- a/train.py" in (out / "diff_vs_seed.patch").read_text()
+    lineage = json.loads((out / "lineage.json").read_text())
+    assert lineage[0]["parent_id"] is None and lineage[-1]["variant_id"] == campaign.best_variant_id
+    assert {"README.md", "config.yaml", ENV_FILE, "reproduce.py"} <= {p.name for p in out.iterdir()}
+    # By hand, from another folder: its own data prep, training and frozen scoring.
+    ran = subprocess.run([sys.executable, str(out / "reproduce.py"), "--work", str(tmp_path / "work")],
+                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    result = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert result["selection_score"] == pytest.approx(scores["selection_score"], abs=0.03)
+
+
+def test_export_of_an_unknown_variant_names_the_fix(campaign: Outcome, capsys: pytest.CaptureFixture[str]) -> None:
+    code = commands.main(["export", RUN_ID, "nope", "--kb", str(campaign.kb_root)], Console())
+    assert code == ExitCode.safeguard_or_config
+    assert "python -m ralph_ray status" in capsys.readouterr().out
