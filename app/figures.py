@@ -224,7 +224,7 @@ def effects_chart(effects: pd.DataFrame) -> alt.LayerChart:
         y=y, x="mean_delta:Q", color=alt.Color("task:N"),
         tooltip=["task", "intervention", "diagnosis", "n", alt.Tooltip("mean_delta:Q", format="+.4f"), alt.Tooltip("win_rate:Q", format=".0%")])
     zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#9ca3af").encode(x="x:Q")
-    return alt.layer(zero, rules, points).properties(height=max(120, 26 * len(data)))
+    return alt.layer(zero, rules, points).properties(height=alt.Step(26))  # a fixed band per row: never squashed
 
 
 @dataclass(frozen=True)

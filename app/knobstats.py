@@ -100,7 +100,7 @@ def importance_chart(found: dict[str, float]) -> alt.Chart:
             y=alt.Y("parameter:N", sort="-x", title=None),
             tooltip=["parameter", alt.Tooltip("importance:Q", format=".3f")],
         )
-        .properties(height=max(80, 28 * len(data)))
+        .properties(height=alt.Step(28))  # a fixed band per parameter: never squashed
     )
 
 
