@@ -266,8 +266,16 @@ def _child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recommend
                   rationale, status, reason, diff, own, parent.selection_score, attempts, usage)
     (files_dir.parent / "meta.json").write_text(json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str))
     verdict = "ok" if status is VariantStatus.candidate else f"REJECTED ({reason})"
-    breeder.log(f"  child {variant_id} of {parent.variant_id}: {' + '.join(interventions)} [{child.diagnosis}] -> {verdict}\n      why: {rationale}")
+    # One line per child; the full rationale is in the variant's meta.json, the KB (variants.rationale) and the app.
+    breeder.log(f"  child {variant_id} of {parent.variant_id}: {' + '.join(interventions)} [{child.diagnosis}] -> {verdict}"
+                f"; why: {one_line(rationale)}")
     return child
+
+
+def one_line(text: str, width: int = 100) -> str:
+    """The first sentence of `text` on one line, cut to `width` characters."""
+    first = " ".join(text.split()).split(". ")[0]
+    return first if len(first) <= width else first[: width - 3].rstrip() + "..."
 
 
 def knob_child(parent: Candidate, baked: Path, variants_root: Path) -> Child:

@@ -9,6 +9,7 @@ for the next phase (and for a resume).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -43,6 +44,8 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
     existing run's folder)."""
     resuming = cfg.resume is not None
     run_id = cfg.resume or cfg.run_id or new_run_id()
+    for key, folder in (("paths.runs", cfg.paths.runs), ("paths.kb", cfg.paths.kb)):
+        ensure_writable(key, Path(folder))
     run_dir = Path(cfg.paths.runs).resolve() / run_id
     if resuming and not (run_dir / "state.json").exists():
         raise CampaignError(f"cannot resume {run_id}: no {run_dir / 'state.json'} (check the run id and paths.runs)")
@@ -50,6 +53,18 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
         raise CampaignError(f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, "
                             "or pick another run_id")
     return run_id, run_dir, resuming
+
+
+def ensure_writable(key: str, folder: Path) -> None:
+    """Make `folder` (a config key's) or stop with the key and the fix: a campaign writes there from its first step."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CampaignError(f"{key}={folder} cannot be created ({err.strerror}): point {key} at a folder you can "
+                            f"write, e.g. {key}=./{folder.name or 'runs'}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CampaignError(f"{key}={folder} is not writable: point {key} at a folder you can write, "
+                            "or fix its permissions")
 
 
 def open_run(cfg: Config, run_dir: Path, resuming: bool, say: Callable[[str], None]) -> CampaignState:
