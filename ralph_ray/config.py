@@ -351,6 +351,8 @@ def load_config(overrides: list[str] | None = None) -> Config:
     OmegaConf.set_struct(raw, False)
     if folder is not None:
         raw.task.name, raw.task.trainer = folder.name, str(folder)
+    if not any(o.lstrip("+").startswith("experiment=") for o in composed):
+        raw.experiment = raw.task.name  # task=diabetes without an experiment file is the diabetes experiment
     return to_config(_with_task_yaml(raw, composed))
 
 
