@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,13 @@ def path_text(path: Any) -> str:
     steps = [", ".join(interventions(step)) or ("seed" if i == 0 else "knobs")
              for i, step in enumerate(path.split(" > "))]
     return " > ".join(steps)
+
+
+def round_floats(text: Any, digits: int = 4) -> Any:
+    """Long floats in a recorded text (`best 0.9637883008356546`) at `digits` decimals; other values unchanged."""
+    if not isinstance(text, str):
+        return text
+    return re.sub(r"(?<![\w.])(-?\d+\.\d{%d})\d+" % (digits + 1), lambda m: f"{float(m.group(0)):.{digits}f}", text)
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:

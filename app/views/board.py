@@ -61,6 +61,8 @@ def body(run: shell.Campaign) -> None:
     if floor is not None:
         shown = shown[shown["selection_score"] >= floor]
     order = LEAD + knobs + [c for c in COLUMNS if c not in LEAD]
+    if board["spread"].isna().all():
+        order.remove("spread")  # no knobs were repeated with other seeds: no column of dashes
     config = COLUMNS | {k: st.column_config.NumberColumn(k, format="%.4g", help="the best trial's knob")
                         if knobstats.is_numeric(board[k]) else st.column_config.TextColumn(k) for k in knobs}
     st.dataframe(shown, width="stretch", hide_index=True, column_order=order, column_config=config, placeholder="-")

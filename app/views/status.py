@@ -21,6 +21,8 @@ def body(run: shell.Campaign) -> None:
     spent = figures.records(kbdata.frame(run.kb_root, sql.BUDGET_FOR_RUN, (run.run_id,)))
     spent = spent[0] if spent else {}
     decisions = kbdata.frame(run.kb_root, sql.DECISIONS_FOR_RUN, (run.run_id,))
+    if not decisions.empty:  # the engine's rationales carry raw floats: shown at 4 decimals
+        decisions = decisions.assign(rationale=decisions["rationale"].map(figures.round_floats))
     last = figures.records(decisions.tail(1))[0] if not decisions.empty else {}
     # Where the campaign is: its `runs` row, which the orchestrator rewrites at every phase.
     cycle = run.cycle or spent.get("cycles") or 0
