@@ -158,3 +158,12 @@ def test_status_best_is_the_leaderboards_best_mid_cycle(tmp_path: Path):
     status = {m.label: m.value for m in open_page(root, "views/status.py").metric}
     board = {m.label: m.value for m in open_page(root).metric}
     assert status["best selection score"] == board["best selection score"] == "0.9889"
+
+
+def test_a_quiet_campaign_whose_trials_may_take_longer_is_not_stale(tmp_path: Path):
+    # 30 minutes without a row is normal where one trial may run for an hour (its row lands when it ends).
+    quiet_since = now() - timedelta(minutes=30)
+    config = '{"safeguards": {"max_cycles": 3, "trial_timeout_s": 3600}}'
+    root = kb_with_run(tmp_path, "running", written_at=quiet_since, started_at=quiet_since, config=config)
+    at = open_page(root, "views/status.py")
+    assert "stopped unexpectedly" not in texts(at) and at.button(key="stop")
