@@ -18,12 +18,13 @@ from typing import Any
 
 from rich.console import Console
 
-from ralph_ray import environment, history, records, tracking
+from ralph_ray import environment, history, records, timeline, tracking
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
 from ralph_ray.config import Config, PopulationMode, sandbox_policy
 from ralph_ray.decision import budgets_line, decide, gate_fail_streak
+from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
 from ralph_ray.kb import KnowledgeBase
@@ -66,7 +67,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value})\n"
                   f"  run dir: {run_dir}\n  knowledge base: {kb_root}")
-    kb = KnowledgeBase(kb_root)
+    kb = EventedKB(kb_root, run_dir)  # a KnowledgeBase that also writes <run_dir>/events.jsonl
     kb.init()
     base = records.run_row(cfg, run_id, run_dir, history.started_at(kb.reader(), run_id) if resuming else None)
     base["environment"] = environment.record(run_dir)  # also <run_dir>/env.json; a resume records where it resumed
@@ -80,6 +81,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         raise
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
     console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
+    console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
     tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
     return outcome
 

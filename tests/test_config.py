@@ -100,3 +100,9 @@ def test_the_task_registry_is_the_list_of_tasks():
         assert cfg.task.name == name
     with pytest.raises(ConfigError, match=", ".join(TASKS)):
         load_config(["task.name=mnist"])
+
+
+def test_an_unknown_group_option_names_the_group_and_its_options() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(["agent=gpt"])
+    assert "at `agent`" in str(caught.value) and "agent=cli, heuristic, hybrid, none, openai" in str(caught.value)

@@ -1,8 +1,8 @@
-"""Trackers, the environment record and export, read back from one real two-cycle campaign.
+"""Trackers, the environment record, export and the timeline, read back from one real two-cycle campaign.
 
-One campaign serves the three (tracking, environment, export): each needs a finished run with a child variant,
-and a campaign costs a minute of CPU. The trackers' output is read with each library's own reader (MlflowClient,
-TensorBoard's EventAccumulator); the exported bundle is run by hand (reproduce.py) in a subprocess.
+One campaign serves the four (tracking, environment, export, timeline): each needs a finished run with a child
+variant, and a campaign costs a minute of CPU. The trackers' output is read with each library's own reader
+(MlflowClient, TensorBoard's EventAccumulator); the exported bundle is run by hand (reproduce.py) in a subprocess.
 """
 
 from __future__ import annotations
@@ -154,3 +154,36 @@ def test_export_of_an_unknown_variant_names_the_fix(campaign: Outcome, capsys: p
     code = commands.main(["export", RUN_ID, "nope", "--kb", str(campaign.kb_root)], Console())
     assert code == ExitCode.safeguard_or_config
     assert "python -m ralph_ray status" in capsys.readouterr().out
+
+
+def test_timeline_is_a_valid_trace_of_every_trial_on_non_overlapping_slots(campaign: Outcome) -> None:
+    from ralph_ray.timeline import TIMELINE_FILE
+
+    data = json.loads((campaign.run_dir / TIMELINE_FILE).read_text())
+    events = data["traceEvents"]
+    # The Trace Event Format's object form: every event has a phase and a pid; complete events a ts and a dur in us.
+    assert all(e["ph"] in ("X", "M") and isinstance(e["pid"], int) for e in events)
+    spans = [e for e in events if e["ph"] == "X"]
+    assert sorted(e["args"]["trial_id"] for e in spans) == sorted(r["trial_id"] for r in _kb_trials(campaign))
+    assert all(isinstance(e["ts"], int) and e["ts"] >= 0 and isinstance(e["dur"], int) and e["dur"] > 0 for e in spans)
+    named = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {e["tid"] for e in spans} == named
+    for slot in named:  # a slot runs one trial at a time
+        row = sorted((e["ts"], e["ts"] + e["dur"]) for e in spans if e["tid"] == slot)
+        assert all(end <= start + 1 for (_, end), (start, _) in zip(row, row[1:]))  # 1 us: rounding
+
+
+def test_events_follow_phases_verdicts_trial_ends_and_the_decision(campaign: Outcome) -> None:
+    from ralph_ray.events import EVENTS_FILE
+
+    events = [json.loads(line) for line in (campaign.run_dir / EVENTS_FILE).read_text().splitlines()]
+    assert all(e["run_id"] == RUN_ID and e["ts"] for e in events)
+    phases = [(e["cycle"], e["phase"]) for e in events if e["event"] == "phase"]
+    assert (1, "train") in phases and (2, "write") in phases and phases[-1][1] == "done"
+    ends = [e for e in events if e["event"] == "trial_end"]
+    assert sorted(e["trial_id"] for e in ends) == sorted(r["trial_id"] for r in _kb_trials(campaign))
+    child = [e for e in events if e["event"] == "variant" and e["parent_id"]]
+    assert child and child[0]["status"] in ("candidate", "rejected")  # the gate's verdict, then the judgement
+    decisions = [e for e in events if e["event"] == "decision"]
+    assert [d["decision"] for d in decisions] == ["continue", "stop"]
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)

@@ -1,0 +1,70 @@
+"""`<run_dir>/events.jsonl`: a campaign's events, one JSON object a line, for other tools to follow (`tail -f`).
+
+Every step of a campaign leaves its outcome in the KB, so the events are taken where the rows are written: a
+KnowledgeBase that also appends a line per phase change (the runs row), gate verdict and judgement (variants),
+trial end (trials), recorded cycle and decision. Both campaign modes (barrier and async) write through it.
+Each line has `ts` (UTC, ISO 8601), `event` and `run_id`; the rest are the row's fields that matter to a follower.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ralph_ray.kb import KnowledgeBase
+
+EVENTS_FILE = "events.jsonl"
+# table -> (event name, the row's fields a follower reads)
+_FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "runs": ("phase", ("status", "cycle", "phase", "stop_reason")),
+    "variants": ("variant", ("variant_id", "parent_id", "cycle", "status", "reason", "interventions",
+                             "selection_score")),
+    "trials": ("trial_end", ("trial_id", "variant_id", "cycle", "status", "reason", "epochs", "selection_score",
+                             "test_score", "seconds")),
+    "cycles": ("cycle", ("cycle", "trials", "best_selection_score", "children", "rejected")),
+    "decisions": ("decision", ("cycle", "decision", "reason", "exit_code", "rationale", "best_selection_score",
+                               "best_variant_id")),
+}
+
+
+class EventedKB(KnowledgeBase):
+    """A KnowledgeBase that also appends each written row's event to `<run_dir>/events.jsonl`."""
+
+    def __init__(self, root: Path, run_dir: Path) -> None:
+        super().__init__(root)
+        self.events_path = run_dir / EVENTS_FILE
+        self._lock = threading.Lock()  # the async campaign writes from Tune's callbacks and its own loop
+        self._seen: dict[tuple[str, str], tuple[Any, ...]] = {}  # a re-written row emits only when it changed
+
+    def put(self, table: str, rows: Sequence[dict[str, Any]], name: str) -> Path | None:
+        """Write the part, then its events."""
+        path = super().put(table, rows, name)
+        self._emit(table, rows)
+        return path
+
+    def append(self, table: str, rows: Sequence[dict[str, Any]], tag: str) -> Path | None:
+        """Append the part, then its events."""
+        path = super().append(table, rows, tag)
+        self._emit(table, rows)
+        return path
+
+    def _emit(self, table: str, rows: Sequence[dict[str, Any]]) -> None:
+        if table not in _FIELDS:
+            return
+        event, fields = _FIELDS[table]
+        lines = []
+        for row in rows:
+            data = {f: row.get(f) for f in fields if f in row}
+            key = (table, str(row.get("variant_id") or row.get("trial_id") or row.get("cycle") or row.get("run_id")))
+            if self._seen.get(key) == tuple(data.values()):
+                continue
+            self._seen[key] = tuple(data.values())
+            stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+            lines.append(json.dumps({"ts": stamp, "event": event, "run_id": row.get("run_id"), **data}, default=str))
+        if lines:
+            with self._lock, self.events_path.open("a") as out:
+                out.write("\n".join(lines) + "\n")
