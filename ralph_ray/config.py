@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -624,6 +625,11 @@ def _override_error(err: Exception) -> ConfigError:
     fix = "check the key against conf/ (`python -m ralph_ray --cfg` prints the composed config); add new keys with +key=value only where the schema has them"
     if "Could not find" in text or "not found in" in text.lower():
         fix = "choose an option that exists under conf/<group>/ (e.g. +experiment=cifar10)"
+        missing = re.search(r"Could not find '([\w-]+)/([^']+)'", text)
+        if missing:  # an unknown option of a group (agent=gpt): name the group and its options
+            key = missing.group(1)
+            options = sorted(p.stem for p in (PROJECT_ROOT / "conf" / key).glob("*.yaml"))
+            fix = f"choose one of {key}={', '.join(options)} (files in conf/{key}/)"
     return ConfigError(key, _first_line(err), fix)
 
 
