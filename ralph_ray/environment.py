@@ -42,6 +42,18 @@ def record(run_dir: Path) -> str:
     return text
 
 
+def summary(text: str | None) -> str:
+    """One line for the report: interpreter, torch, Ray, host, GPUs and the project's commit (from the JSON record)."""
+    if not text:
+        return "not recorded"
+    env = json.loads(text)
+    pkgs, git = env.get("packages", {}), env.get("git") or {}
+    gpus = ", ".join(f"{g['name']} ({g['memory_mib']} MiB)" for g in env.get("gpus", [])) or "no GPU"
+    commit = f"{git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "not a git checkout"
+    return (f"Python {env.get('python')}, torch {pkgs.get('torch', '-')}, ray {pkgs.get('ray', '-')} on "
+            f"{env.get('hostname')} ({env.get('cpus')} CPUs, {gpus}); ralph_ray at {commit} (env.json)")
+
+
 def packages(names: tuple[str, ...] = STACK) -> dict[str, str]:
     """Installed versions of the stack's packages (absent ones left out)."""
     found = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ralph_ray import sql
+from ralph_ray.environment import summary
 from ralph_ray.kb import open_reader
 from ralph_ray.variants import unified_diff
 
@@ -53,6 +54,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         "(its best knob sample in cycle 1)",
         f"- Ray auth: {_auth(config)}",
         f"- sandbox: {_sandbox(config)}",
+        f"- environment: {summary(run.get('environment') if run else None)}",
         "",
         "## Cost",
         "",

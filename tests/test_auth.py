@@ -24,7 +24,7 @@ import pytest
 from rich.console import Console
 from streamlit.testing.v1 import AppTest
 
-from conftest import gcs_probe
+from procs import gcs_probe
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.campaign import Outcome, run
 from ralph_ray.config import load_config

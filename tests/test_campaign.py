@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import pid_alive
+from procs import pid_alive
 from ralph_ray.__main__ import main
 from ralph_ray.harness import PUBLIC_FILES
 from ralph_ray.kb import open_reader

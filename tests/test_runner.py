@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import pid_alive
+from procs import pid_alive
 from ralph_ray.runner import JsonLinesTail, Limits, Status, Trainer, TrialFailed, run
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.workdir import prepare_workdir

@@ -111,6 +111,8 @@ def test_the_environment_is_recorded_in_the_run_dir_and_the_kb(campaign: Outcome
         assert subprocess.run(ancestor).returncode == 0 and isinstance(env["git"]["dirty"], bool)
     stored = open_reader(campaign.kb_root).execute("select environment from runs where run_id = ?", [RUN_ID]).fetchone()
     assert json.loads(stored[0]) == env
+    report = (campaign.run_dir / "report" / "final_report.md").read_text()
+    assert f"- environment: Python {env['python']}, torch {env['packages']['torch']}" in report
 
 
 def test_track_republishes_without_duplicating_runs(campaign: Outcome) -> None:

@@ -2,8 +2,8 @@
 
 The server speaks the wire protocol (GET /v1/models, POST /v1/chat/completions) and answers each chat call
 with the next reply of a per-test script, so the LLM backend is tested end to end through the real SDK.
-Test modules import the fixtures by name (`from llm_server import llm_server, parent, workdir`): a
-conftest.py here would shadow tests/conftest.py for `from conftest import ...`.
+Test modules import the fixtures by name (`from llm_server import llm_server, parent, workdir`):
+a conftest.py here would shadow tests/conftest.py; shared helpers live in tests/procs.py.
 """
 
 from __future__ import annotations

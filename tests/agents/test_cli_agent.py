@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import pid_alive
+from procs import pid_alive
 from llm_server import parent, workdir  # noqa: F401 - fixtures
 
 from ralph_ray.agents.base import AgentConfigError, AgentError, Diagnosis, ParentView, Recommendation, Usage

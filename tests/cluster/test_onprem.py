@@ -33,7 +33,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from conftest import gcs_probe
+from procs import gcs_probe
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.kb import open_reader
 
