@@ -30,11 +30,11 @@ from ray import tune
 
 from ralph_ray import history, records, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
-from ralph_ray.campaign import Campaign, Outcome
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, seed_child
 from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import kill_point
+from ralph_ray.generations import Campaign, Outcome
 from ralph_ray.knobs import read_knobs
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
 from ralph_ray.popsearch import Member, Pool, PoolSettings, PopulationSearcher, member_code, run_member_trial
@@ -43,6 +43,7 @@ from ralph_ray.search import scheduler, storage_path, trial_spec
 from ralph_ray.state import Phase, RunStatus, stop_requested
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.variants import VariantStatus
+
 
 class AsyncCampaign(Campaign):
     """One Tune run whose searcher is the population; children are bred in the background."""

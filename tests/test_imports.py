@@ -89,8 +89,8 @@ def test_the_graph_sees_lazy_and_package_imports(tmp_path: Path):
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert f"{PACKAGE}.config" not in import_graph()[f"{PACKAGE}.harness"]
-    lazy = {target for target in import_graph()[f"{PACKAGE}.campaign"]}
-    assert f"{PACKAGE}.search" in lazy  # imported inside a method
+    lazy = import_graph()[f"{PACKAGE}.__main__"]
+    assert f"{PACKAGE}.scaffold" in lazy  # imported inside a function
 
 
 def test_the_package_import_graph_has_no_cycle():
@@ -130,10 +130,10 @@ def reach(graph: dict[str, set[str]], name: str) -> set[str]:
 # The boundaries docs/architecture.md promises: module -> package modules it must not reach, even lazily.
 MUST_NOT_REACH = {
     "harness": {"*"},  # the trainer's only engine import: copied alone into the sandbox
-    "runner": {"kb", "campaign", "asyncrun", "search", "trials"},
-    "sandbox": {"kb", "campaign", "asyncrun", "search", "trials"},
-    "workdir": {"kb", "campaign", "asyncrun", "search", "trials"},
-    "gate": {"kb", "campaign", "asyncrun", "search", "trials"},
+    "runner": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
+    "sandbox": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
+    "workdir": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
+    "gate": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
     "tasks.base": {"config"},
     "tasks.folder": {"config"},
     "scoring": {"config"},

@@ -1,0 +1,221 @@
+"""The barrier loop (population.mode=generations): each cycle runs its phases in order, saving state after each.
+
+    cycle 1:   the seed trainer, knob search only (the baseline every child is measured against)
+    cycle n>1: select (history, population) -> analyse, write + gate (children) -> train (search.run_cycle)
+               -> record (decision.child_verdict, records) -> decide (history, decision)
+
+Every phase reads its inputs from the run dir (rundir) or the KB (history) and leaves its outputs there before
+`state.json` moves on, so a campaign killed at any point resumes at the phase it was in (`resume=<run_id>`).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ralph_ray import history, records
+from ralph_ray.agents import make_agents
+from ralph_ray.agents.base import ParentView
+from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
+from ralph_ray.config import Config, sandbox_policy
+from ralph_ray.decision import budgets_line, decide, gate_fail_streak
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.gate import Gate
+from ralph_ray.kb import KnowledgeBase
+from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
+from ralph_ray.population import Candidate, select_parents
+from ralph_ray.raycluster import ensure_ray
+from ralph_ray.rundir import CycleFiles, write_data
+from ralph_ray.sandbox import MIB
+from ralph_ray.search import run_cycle
+from ralph_ray.state import CampaignState, Phase, RunStatus, stop_requested
+from ralph_ray.tasks.base import Splits
+from ralph_ray.variants import VariantStatus
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a campaign ended."""
+
+    run_id: str
+    run_dir: Path
+    kb_root: Path
+    exit_code: ExitCode
+    stop_reason: str
+    best_variant_id: str | None
+    best_selection_score: float | None
+    records: list[TrialRecord]
+
+
+class Campaign:
+    """Runs the phases of each cycle in order, saving state after each."""
+
+    def __init__(self, cfg: Config, console: Console, run_dir: Path, kb: KnowledgeBase, state: CampaignState,
+                 splits: Splits, run_row: dict[str, Any]) -> None:
+        self.cfg, self.console, self.run_dir, self.kb, self.state = cfg, console, run_dir, kb, state
+        self.run_row, self.run_id, self.labels = run_row, state.run_id, splits.labels()
+        self.trials: list[TrialRecord] = []
+        self._views: dict[tuple[int, str], ParentView] = {}
+        self.mark = time.monotonic()
+        self.analyst, self.coder = make_agents(cfg, self.run_id)
+        self.data, smoke_data = write_data(splits, run_dir, cfg.task.name)
+        self.gate = Gate(smoke_data, tuple(cfg.search.space), cfg.safeguards.smoke_timeout_s,
+                         sandbox=sandbox_policy(cfg), output_bytes=cfg.sandbox.output_mb * MIB)
+        ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
+
+    def loop(self) -> Outcome:
+        """Run phases until the decision engine stops the campaign."""
+        steps = {Phase.select: self.select, Phase.analyse: self.analyse, Phase.write: self.write,
+                 Phase.train: self.train, Phase.record: self.record, Phase.decide: self.decide}
+        while self.state.phase is not Phase.done:
+            phase = self.state.phase
+            if phase in (Phase.select, Phase.analyse, Phase.write) and stop_requested(self.run_dir):
+                self.state.interrupted = phase
+                self._advance(Phase.record)  # a manual stop ends the cycle cleanly: record what exists, decide
+                continue
+            steps[phase]()
+        state = self.state
+        return Outcome(self.run_id, self.run_dir, self.kb.root, ExitCode(state.exit_code or ExitCode.ok),
+                       state.stop_reason or "", state.best_variant_id, state.best_selection_score, self.trials)
+
+    @property
+    def files(self) -> CycleFiles:
+        """This cycle's folder and the files its phases leave there."""
+        return CycleFiles(self.run_dir, self.state.cycle)
+
+    def _advance(self, phase: Phase) -> None:
+        now = time.monotonic()
+        self.state.elapsed_s += now - self.mark
+        self.mark = now
+        self.state.phase = phase
+        self.state.save(self.run_dir)
+        # The runs row carries the live cycle and phase (the app's status page reads it); one part per run, replaced.
+        self.kb.put("runs", [records.run_status(self.run_row, RunStatus.running, self.state)], self.run_id)
+
+    def _phase(self, name: str, detail: str = "") -> None:
+        self.console.print(f"[bold magenta]cycle {self.state.cycle}[/] [bold]{name}[/] {detail}")
+
+    def _log(self, line: str) -> None:
+        self.console.print(line, highlight=False)
+
+    def select(self) -> None:
+        """Cycle 1: the seed. Later: the top variants so far, with exploration."""
+        if self.state.cycle == 1:
+            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants")
+            self.files.save_children([seed])
+            self._put_variants([seed], "write")
+            self._phase("select", f"seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
+            self._advance(Phase.train)
+            return
+        pop, rng = self.cfg.population, random.Random(self.cfg.agent.seed * 1000 + self.state.cycle)
+        picks = select_parents(history.ranked(self.kb.reader(), self.run_id), pop.parents, pop.explore,
+                               pop.one_per_lineage, rng)
+        self.files.save_parents(picks)
+        names = ", ".join(f"{p.variant_id} ({p.selection_score:.4f})" for p in picks)
+        self._phase("select", names or "no parent: nothing has completed")
+        self._advance(Phase.analyse)
+
+    def analyse(self) -> None:
+        """Each parent, as its best trial ran it, diagnosed by the analyst."""
+        parents = self.files.parents()
+        self._phase("analyse", f"{len(parents)} parent(s), agent {self.cfg.agent.backend.value}")
+        effects = history.effects(self.kb.reader(), self.cfg.task.name)
+        notes, recs, spent = analyse_parents(self.analyst, parents, self._view, effects,
+                                             self.cfg.population.children_per_parent, self._log)
+        self.files.save_analysis(notes, recs)
+        self._put("agent_usage", records.usage_rows(self.run_id, self.state.cycle, "analyst", spent, self.cfg.agent),
+                  "analyst")
+        self._advance(Phase.write)
+
+    def write(self) -> None:
+        """Children of every parent (written by the coder, checked by the gate), or knob children for agent=none."""
+        pop, agent, files = self.cfg.population, self.cfg.agent, self.files
+        self._phase("write children", f"{pop.children_per_parent} per parent -> validate (gate, "
+                                      f"{agent.max_retries} retries)")
+        breeder = Breeder(self.coder, self.gate, self.run_dir / "variants", files.path, pop.children_per_parent,
+                          agent.max_retries, agent.concurrency, history.known_variants(self.kb.reader(), self.run_id),
+                          self.cfg.safeguards.tokens_per_cycle, self._log)
+        children, wasted = grow(breeder, files.parents(), self._view, files.recommendations(), files.baked)
+        files.save_children(children)
+        self._put_variants(children, "write")
+        spent = [(c.variant_id, c.usage) for c in children if c.usage.calls] + wasted
+        self._put("agent_usage", records.usage_rows(self.run_id, self.state.cycle, "coder", spent, self.cfg.agent),
+                  "coder")
+        self._advance(Phase.train)
+
+    def train(self) -> None:
+        """One Tune run: every passing child x knob samples; each trial's rows reach the KB as it ends."""
+        runnable = [c for c in self.files.children() if c.status in (VariantStatus.candidate, VariantStatus.seed)]
+        done = history.trials_done(self.kb.reader(), self.run_id, self.state.cycle, STOPPED_WITH_CYCLE)
+        limit, elapsed = self.cfg.safeguards.campaign_time_s, self.state.elapsed_s + (time.monotonic() - self.mark)
+        deadline = None if limit is None else time.time() + max(1.0, limit - elapsed)
+        if run_cycle(self.cfg, self.run_id, self.state.cycle, self.files.path, self.run_dir, runnable, done,
+                     self.coder is not None, self.data, self.labels, self._sink, self.console, deadline,
+                     lambda detail: self._phase("train", detail)):
+            self.state.interrupted = Phase.train  # a resume runs the trials this stop cut short
+        self._advance(Phase.record)
+
+    def _sink(self, trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
+        tag = records.trial_part(self.run_id, trial.cycle, trial.trial_id)
+        self.kb.append("epochs", epoch_rows, tag)
+        self.kb.append("trials", [trial.row()], tag)  # after its epochs: a visible trial always has its curve
+        self.trials.append(trial)
+
+    def record(self) -> None:
+        """Judge each child against its parent; write variant statuses, intervention effects, the cycle row."""
+        files, cycle, state, con = self.files, self.state.cycle, self.state, self.kb.reader()
+        children = files.children()
+        scores, counts = history.variant_scores(con, self.run_id), history.trial_counts(con, self.run_id, cycle)
+        judge(children, scores, counts, self.cfg.safeguards.min_delta)
+        prefix, merged = records.trial_parts(self.run_id, cycle), records.part(self.run_id, cycle, "compacted")
+        for table in ("epochs", "trials"):  # one part per cycle instead of one per trial: readers pay per file
+            self.kb.compact(table, prefix, merged)
+        files.save_children(children)
+        self._put_variants(children, "record", scores)
+        self._put("interventions", records.effect_rows(self.run_id, self.cfg.task.name, cycle, children, scores))
+        best = max(((v, s) for v, (s, _) in scores.items()), key=lambda item: item[1], default=None)
+        asked = [c for c in children if c.status is not VariantStatus.seed and c.variant_id != c.parent_id]
+        state.note_cycle(best, history.best_trial(con, self.run_id),
+                         gate_fail_streak(state.gate_fail_streak, [c.status for c in asked], self.coder is not None))
+        self._put("cycles", [records.cycle_row(self.run_id, cycle, sum(n for n, _ in counts.values()),
+                                               state.best_selection_score, asked, files.path, files.analysis())])
+        kept = [f"{c.variant_id} (+{' + '.join(c.interventions)})" for c in children if c.status is VariantStatus.kept]
+        best_text = f"{state.best_selection_score:.4f} ({state.best_variant_id})" if best else "-"
+        self._phase("record", f"best so far {best_text}; kept: {', '.join(kept) or 'none'}")
+        state.phase = Phase.decide
+        state.save(self.run_dir)
+
+    def decide(self) -> None:
+        """Continue or stop; the decision and its rationale go to decision.json and the KB."""
+        state, guards = self.state, self.cfg.safeguards
+        facts = history.cycle_facts(self.kb.reader(), state, self.cfg.target_score(),
+                                    state.elapsed_s + (time.monotonic() - self.mark), stop_requested(self.run_dir))
+        decision = decide(facts, guards)
+        data = records.decision_json(decision, facts, state.best_variant_id)
+        self.files.save_decision(data)
+        self._put("decisions", [records.decision_row(self.run_id, decision, facts, state.best_variant_id)])
+        colour = "green" if decision.exit_code == ExitCode.ok else "yellow"  # a planned end, or a safeguard fired
+        self._phase("decide", f"[{colour}]{data['decision']}[/] ({decision.reason.value}): {decision.rationale}")
+        self.console.print(f"  {budgets_line(decision, facts, guards)}")
+        self._advance(state.conclude(decision.stop, decision.reason.value, decision.exit_code))
+
+    def _view(self, parent: Candidate) -> ParentView:
+        """A parent as the agents see it, built once per cycle (analyse and write share it; a resume rebuilds it)."""
+        key = (self.state.cycle, parent.variant_id)
+        if key not in self._views:
+            self._views[key] = history.parent_view(self.kb.reader(), self.run_id, parent, self.run_dir / "variants",
+                                                   self.files.baked(parent.variant_id), self.cfg.trainer_dir())
+        return self._views[key]
+
+    def _put(self, table: str, rows: list[dict[str, Any]], *suffix: str) -> None:
+        """Write this cycle's part of `table` (named by records.part: a resume replaces it)."""
+        self.kb.put(table, rows, records.part(self.run_id, self.state.cycle, *suffix))
+
+    def _put_variants(self, children: list[Child], phase: str, scores: dict[str, Any] | None = None) -> None:
+        rows = records.variant_rows(self.run_id, self.state.cycle, children, self.cfg.agent, scores)
+        self._put("variants", rows, phase)
