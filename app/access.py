@@ -47,10 +47,12 @@ def banner() -> None:
     if not exposed():
         return
     where = bound_address() or "every interface"
-    st.warning(f"**This app is exposed** (listening on {where}): anyone who reaches it sees every variant's code and "
-               "results, with no login. The Stop button asks for the shared secret. To keep it on this machine, start it "
-               "without `--server.address` and reach it through an SSH tunnel (README: Ports and access).",
-               icon=":material/public:")
+    st.warning(
+        f"**This app is exposed** (listening on {where}): anyone who reaches it sees every variant's code and "
+        "results, with no login. The Stop button asks for the shared secret. To keep it on this machine, start it "
+        "without `--server.address` and reach it through an SSH tunnel (README: Ports and access).",
+        icon=":material/public:",
+    )
 
 
 def stop_permission(run_id: str) -> Callable[[], bool] | None:
@@ -60,12 +62,18 @@ def stop_permission(run_id: str) -> Callable[[], bool] | None:
         return lambda: True
     secret = shared_secret()
     if secret is None:
-        st.info(f"This app is exposed and has no shared secret, so it cannot stop campaigns: set ${SECRET_ENV} (or "
-                f"`{SECRET_KEY}` in .streamlit/secrets.toml) where the app runs, or stop it where the campaign runs: "
-                f"`python -m ralph_ray stop {run_id}`.")
+        st.info(
+            f"This app is exposed and has no shared secret, so it cannot stop campaigns: set ${SECRET_ENV} (or "
+            f"`{SECRET_KEY}` in .streamlit/secrets.toml) where the app runs, or stop it where the campaign runs: "
+            f"`python -m ralph_ray stop {run_id}`."
+        )
         return None
-    given = st.text_input("Shared secret", type="password", key="stop_secret_given",
-                          help=f"${SECRET_ENV} or `{SECRET_KEY}` in .streamlit/secrets.toml where the app runs")
+    given = st.text_input(
+        "Shared secret",
+        type="password",
+        key="stop_secret_given",
+        help=f"${SECRET_ENV} or `{SECRET_KEY}` in .streamlit/secrets.toml where the app runs",
+    )
     return lambda: hmac.compare_digest(given.encode(), secret.encode())
 
 
@@ -73,18 +81,28 @@ def show_ray_auth(config: dict[str, Any]) -> None:
     """The campaign's Ray auth mode, as its config recorded it; the opt-out stands out."""
     mode = (config.get("cluster") or {}).get("auth_mode")
     if mode == "disabled":
-        st.error("**Ray auth: disabled** (cluster.auth_mode=disabled): anyone who reached this campaign's Ray ports "
-                 "could run code on its machines.", icon=":material/lock_open:")
+        st.error(
+            "**Ray auth: disabled** (cluster.auth_mode=disabled): anyone who reached this campaign's Ray ports "
+            "could run code on its machines.",
+            icon=":material/lock_open:",
+        )
     else:
-        st.caption(f"Ray auth: {mode or 'not recorded'}" + (" (every Ray process needs the token)" if mode == "token" else ""))
+        st.caption(
+            f"Ray auth: {mode or 'not recorded'}" + (" (every Ray process needs the token)" if mode == "token" else "")
+        )
 
 
 def show_sandbox(config: dict[str, Any]) -> None:
     """How the campaign ran agent-written code, as its config recorded it; the opt-out stands out."""
     box = config.get("sandbox") or {}
     if box.get("mode") == "none":
-        st.error("**Sandbox: none** (sandbox=none): agent-written code ran as a plain subprocess that could read runs/, "
-                 "kb/ and the engine, so its scores are not protected against label theft.", icon=":material/shield:")
+        st.error(
+            "**Sandbox: none** (sandbox=none): agent-written code ran as a plain subprocess that could read runs/, "
+            "kb/ and the engine, so its scores are not protected against label theft.",
+            icon=":material/shield:",
+        )
     else:
-        st.caption(f"Sandbox: {box.get('mode') or 'not recorded'}"
-                   + (" (work dir, public data and harness only)" if box.get("mode") == "bwrap" else ""))
+        st.caption(
+            f"Sandbox: {box.get('mode') or 'not recorded'}"
+            + (" (work dir, public data and harness only)" if box.get("mode") == "bwrap" else "")
+        )

@@ -28,8 +28,20 @@ TRIAL_STATUSES = ["completed", "stopped_early", "failed"]
 # Distinct hues for variants (Streamlit's default palette gives neighbours near-identical blues).
 VARIANT_COLORS = alt.Scale(scheme="tableau20")
 # the last six are harness.probes telemetry: offered only where a trainer reports them
-CURVE_METRICS = ("val_acc", "val_loss", "train_loss", "lr", "grad_norm", "epoch_seconds",
-                 "gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
+CURVE_METRICS = (
+    "val_acc",
+    "val_loss",
+    "train_loss",
+    "lr",
+    "grad_norm",
+    "epoch_seconds",
+    "gen_gap",
+    "weight_norm",
+    "update_norm",
+    "update_ratio",
+    "eff_rank",
+    "plateau",
+)
 
 
 def interventions(text: Any) -> list[str]:
@@ -75,8 +87,9 @@ def path_text(path: Any) -> str:
     """The lineage view's path (`[] > ["batchnorm"] > …`, JSON lists) as `seed > batchnorm > …`."""
     if not isinstance(path, str) or not path:
         return "none"
-    steps = [", ".join(interventions(step)) or ("seed" if i == 0 else "knobs")
-             for i, step in enumerate(path.split(" > "))]
+    steps = [
+        ", ".join(interventions(step)) or ("seed" if i == 0 else "knobs") for i, step in enumerate(path.split(" > "))
+    ]
     return " > ".join(steps)
 
 
@@ -84,12 +97,15 @@ def round_floats(text: Any, digits: int = 4) -> Any:
     """Long floats in a recorded text (`best 0.9637883008356546`) at `digits` decimals; other values unchanged."""
     if not isinstance(text, str):
         return text
-    return re.sub(r"(?<![\w.])(-?\d+\.\d{%d})\d+" % (digits + 1), lambda m: f"{float(m.group(0)):.{digits}f}", text)
+    return re.sub(rf"(?<![\w.])(-?\d+\.\d{{{digits + 1}}})\d+", lambda m: f"{float(m.group(0)):.{digits}f}", text)
 
 
 def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Rows as dicts, NaN and NaT as None (so a page asks `is None`)."""
-    return [{k: (None if not isinstance(v, (list, dict)) and pd.isna(v) else v) for k, v in rec.items()} for rec in frame.to_dict("records")]
+    return [
+        {k: (None if not isinstance(v, (list, dict)) and pd.isna(v) else v) for k, v in rec.items()}
+        for rec in frame.to_dict("records")
+    ]
 
 
 def short(variant_id: Any) -> str:
@@ -118,8 +134,13 @@ def lineage_dot(lineage: pd.DataFrame, best_id: str | None = None) -> str:
     """A DOT digraph of one run's variants: fill = selection score, shape/border = status, edge = interventions."""
     scores = [s for s in lineage["selection_score"] if s is not None and not pd.isna(s)]
     low, high = (min(scores), max(scores)) if scores else (0.0, 1.0)
-    lines = ["digraph lineage {", "  rankdir=LR;", "  ranksep=0.35; nodesep=0.12;", '  node [fontname="Helvetica", fontsize=10];',
-             '  edge [fontname="Helvetica", fontsize=9, color="#4b5563"];']
+    lines = [
+        "digraph lineage {",
+        "  rankdir=LR;",
+        "  ranksep=0.35; nodesep=0.12;",
+        '  node [fontname="Helvetica", fontsize=10];',
+        '  edge [fontname="Helvetica", fontsize=9, color="#4b5563"];',
+    ]
     known = set(lineage["variant_id"])
     for rec in lineage.to_dict("records"):
         status = rec.get("status") or "candidate"
@@ -127,9 +148,11 @@ def lineage_dot(lineage: pd.DataFrame, best_id: str | None = None) -> str:
         label = f"{short(rec['variant_id'])}\n{status} · {score_text(rec.get('selection_score'))}"
         width = 3 if rec["variant_id"] == best_id else 1.2
         tooltip = f"cycle {rec.get('cycle')}: {', '.join(interventions(rec.get('interventions'))) or 'seed'}"
-        lines.append(f"  {_quote(rec['variant_id'])} [label={_quote(label)}, shape={shape}, style={_quote(style)}, "
-                     f"fillcolor={_quote(_fill(rec.get('selection_score'), low, high))}, color={_quote(border)}, "
-                     f"penwidth={width}, tooltip={_quote(tooltip)}];")
+        lines.append(
+            f"  {_quote(rec['variant_id'])} [label={_quote(label)}, shape={shape}, style={_quote(style)}, "
+            f"fillcolor={_quote(_fill(rec.get('selection_score'), low, high))}, color={_quote(border)}, "
+            f"penwidth={width}, tooltip={_quote(tooltip)}];"
+        )
     for rec in lineage.to_dict("records"):
         parent = rec.get("parent_id")
         if isinstance(parent, str) and parent in known and parent != rec["variant_id"]:
@@ -152,14 +175,28 @@ def curves_chart(curves: pd.DataFrame, metric: str) -> alt.LayerChart:
     )
     lines = base.mark_line(point=alt.OverlayMarkDef(size=18)).encode(
         detail="trial_id:N",
-        strokeDash=alt.StrokeDash("stopped early:N", title="stopped early",
-                                  scale=alt.Scale(domain=[False, True], range=[[1, 0], [5, 4]]),
-                                  legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=2)),  # lines, not dots
+        strokeDash=alt.StrokeDash(
+            "stopped early:N",
+            title="stopped early",
+            scale=alt.Scale(domain=[False, True], range=[[1, 0], [5, 4]]),
+            legend=alt.Legend(symbolType="stroke", symbolStrokeWidth=2),
+        ),  # lines, not dots
     )
     last = data.sort_values("epoch").groupby("trial_id").tail(1)
-    stops = alt.Chart(last[last["stopped early"]]).mark_point(shape="cross", size=120, filled=True).encode(
-        x="epoch:Q", y=f"{metric}:Q", color=alt.Color("variant:N", scale=VARIANT_COLORS),
-        tooltip=["variant", "trial_id", alt.Tooltip("epoch:Q", title="stopped at epoch"), alt.Tooltip(f"{metric}:Q", format=".4f")],
+    stops = (
+        alt.Chart(last[last["stopped early"]])
+        .mark_point(shape="cross", size=120, filled=True)
+        .encode(
+            x="epoch:Q",
+            y=f"{metric}:Q",
+            color=alt.Color("variant:N", scale=VARIANT_COLORS),
+            tooltip=[
+                "variant",
+                "trial_id",
+                alt.Tooltip("epoch:Q", title="stopped at epoch"),
+                alt.Tooltip(f"{metric}:Q", format=".4f"),
+            ],
+        )
     )
     return alt.layer(lines, stops).properties(height=340)
 
@@ -169,13 +206,18 @@ def compare_chart(curves: pd.DataFrame, metric: str) -> alt.Chart:
     data = curves[["run_id", "trial_id", "variant_id", "status", "epoch", metric]].dropna(subset=[metric]).copy()
     data["variant"] = data["run_id"] + " · " + data["variant_id"].map(short)
     data["trial"] = data["run_id"] + "/" + data["trial_id"]
-    return alt.Chart(data).mark_line(point=alt.OverlayMarkDef(size=18)).encode(
-        x=alt.X("epoch:Q", title="epoch", axis=alt.Axis(tickMinStep=1)),
-        y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)),
-        color=alt.Color("variant:N", title="campaign · variant", scale=VARIANT_COLORS),
-        detail="trial:N",
-        tooltip=["variant", "trial_id", "status", "epoch", alt.Tooltip(f"{metric}:Q", format=".4f")],
-    ).properties(height=340)
+    return (
+        alt.Chart(data)
+        .mark_line(point=alt.OverlayMarkDef(size=18))
+        .encode(
+            x=alt.X("epoch:Q", title="epoch", axis=alt.Axis(tickMinStep=1)),
+            y=alt.Y(f"{metric}:Q", title=metric, scale=alt.Scale(zero=False)),
+            color=alt.Color("variant:N", title="campaign · variant", scale=VARIANT_COLORS),
+            detail="trial:N",
+            tooltip=["variant", "trial_id", "status", "epoch", alt.Tooltip(f"{metric}:Q", format=".4f")],
+        )
+        .properties(height=340)
+    )
 
 
 def progress_frame(timeline: pd.DataFrame) -> pd.DataFrame:
@@ -193,44 +235,96 @@ def progress_chart(timeline: pd.DataFrame, target: float | None) -> alt.LayerCha
     unscored = data[data["selection_score"].isna()].assign(y=floor)
     x = alt.X("written_at:T", title="time")
     layers = [
-        alt.Chart(scored).mark_circle(size=50, opacity=0.75).encode(
-            x=x, y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
-            color=alt.Color("status:N"), tooltip=["trial_id", "variant_id", "cycle", "status", alt.Tooltip("selection_score:Q", format=".4f")]),
-        alt.Chart(unscored).mark_tick(thickness=2, size=12).encode(
-            x=x, y="y:Q", color=alt.Color("status:N"), tooltip=["trial_id", "variant_id", "cycle", "status"]),
-        alt.Chart(data.dropna(subset=["running best"])).mark_line(interpolate="step-after", color="#111827").encode(
-            x=x, y="running best:Q", tooltip=[alt.Tooltip("running best:Q", format=".4f")]),
+        alt.Chart(scored)
+        .mark_circle(size=50, opacity=0.75)
+        .encode(
+            x=x,
+            y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
+            color=alt.Color("status:N"),
+            tooltip=["trial_id", "variant_id", "cycle", "status", alt.Tooltip("selection_score:Q", format=".4f")],
+        ),
+        alt.Chart(unscored)
+        .mark_tick(thickness=2, size=12)
+        .encode(x=x, y="y:Q", color=alt.Color("status:N"), tooltip=["trial_id", "variant_id", "cycle", "status"]),
+        alt.Chart(data.dropna(subset=["running best"]))
+        .mark_line(interpolate="step-after", color="#111827")
+        .encode(x=x, y="running best:Q", tooltip=[alt.Tooltip("running best:Q", format=".4f")]),
     ]
     if target is not None:
-        layers.append(alt.Chart(pd.DataFrame({"target": [target]})).mark_rule(strokeDash=[6, 4], color="#dc2626").encode(y="target:Q"))
+        layers.append(
+            alt.Chart(pd.DataFrame({"target": [target]}))
+            .mark_rule(strokeDash=[6, 4], color="#dc2626")
+            .encode(y="target:Q")
+        )
     return alt.layer(*layers).properties(height=320)
 
 
 def score_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
     """Each variant's best selection score (best first), with the campaign's target as a dashed rule."""
     data = board.dropna(subset=["selection_score"]).assign(variant=lambda d: d["variant_id"].map(short))
-    points = alt.Chart(data).mark_circle(size=90, opacity=0.9).encode(
-        x=alt.X("variant:N", sort=alt.EncodingSortField("selection_score", order="descending"), title="variant (best first)",
-                axis=alt.Axis(labelAngle=-45)),
-        y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
-        color=alt.Color("status:N"), tooltip=["variant_id", "status", alt.Tooltip("selection_score:Q", format=".4f"),
-                                              alt.Tooltip("test_score:Q", format=".4f")])
+    points = (
+        alt.Chart(data)
+        .mark_circle(size=90, opacity=0.9)
+        .encode(
+            x=alt.X(
+                "variant:N",
+                sort=alt.EncodingSortField("selection_score", order="descending"),
+                title="variant (best first)",
+                axis=alt.Axis(labelAngle=-45),
+            ),
+            y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
+            color=alt.Color("status:N"),
+            tooltip=[
+                "variant_id",
+                "status",
+                alt.Tooltip("selection_score:Q", format=".4f"),
+                alt.Tooltip("test_score:Q", format=".4f"),
+            ],
+        )
+    )
     layers = [points]
     if target is not None:
-        layers.append(alt.Chart(pd.DataFrame({"target": [target]})).mark_rule(strokeDash=[6, 4], color="#dc2626", size=2)
-                      .encode(y="target:Q", tooltip=[alt.Tooltip("target:Q", title="target")]))
+        layers.append(
+            alt.Chart(pd.DataFrame({"target": [target]}))
+            .mark_rule(strokeDash=[6, 4], color="#dc2626", size=2)
+            .encode(y="target:Q", tooltip=[alt.Tooltip("target:Q", title="target")])
+        )
     return alt.layer(*layers).properties(height=260)
 
 
 def effects_chart(effects: pd.DataFrame) -> alt.LayerChart:
     """Mean delta per intervention with its 95% interval (the interventions table, drawn)."""
-    data = effects.dropna(subset=["mean_delta"]).assign(label=lambda d: d["intervention"] + " | " + d["diagnosis"].fillna("-"))
-    y = alt.Y("label:N", sort=alt.EncodingSortField("mean_delta", order="descending"), title=None, axis=alt.Axis(labelLimit=320))
-    rules = alt.Chart(data).mark_rule().encode(
-        y=y, x=alt.X("ci_low:Q", title="delta in selection score (95% Student-t interval)"), x2="ci_high:Q")
-    points = alt.Chart(data).mark_point(filled=True, size=70).encode(
-        y=y, x="mean_delta:Q", color=alt.Color("task:N"),
-        tooltip=["task", "intervention", "diagnosis", "n", alt.Tooltip("mean_delta:Q", format="+.4f"), alt.Tooltip("win_rate:Q", format=".0%")])
+    data = effects.dropna(subset=["mean_delta"]).assign(
+        label=lambda d: d["intervention"] + " | " + d["diagnosis"].fillna("-")
+    )
+    y = alt.Y(
+        "label:N",
+        sort=alt.EncodingSortField("mean_delta", order="descending"),
+        title=None,
+        axis=alt.Axis(labelLimit=320),
+    )
+    rules = (
+        alt.Chart(data)
+        .mark_rule()
+        .encode(y=y, x=alt.X("ci_low:Q", title="delta in selection score (95% Student-t interval)"), x2="ci_high:Q")
+    )
+    points = (
+        alt.Chart(data)
+        .mark_point(filled=True, size=70)
+        .encode(
+            y=y,
+            x="mean_delta:Q",
+            color=alt.Color("task:N"),
+            tooltip=[
+                "task",
+                "intervention",
+                "diagnosis",
+                "n",
+                alt.Tooltip("mean_delta:Q", format="+.4f"),
+                alt.Tooltip("win_rate:Q", format=".0%"),
+            ],
+        )
+    )
     zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#9ca3af").encode(x="x:Q")
     return alt.layer(zero, rules, points).properties(height=alt.Step(26))  # a fixed band per row: never squashed
 
@@ -252,7 +346,11 @@ class Budget:
     def text(self) -> str:
         """'used / limit unit', or 'used unit (no limit)'."""
         fmt = (lambda v: f"{v:,.0f}") if self.unit in ("s", "tokens", "cycles") else (lambda v: f"{v:,.4g}")
-        return f"{fmt(self.used)} / {fmt(self.limit)} {self.unit}" if self.limit else f"{fmt(self.used)} {self.unit} (no limit)"
+        return (
+            f"{fmt(self.used)} / {fmt(self.limit)} {self.unit}"
+            if self.limit
+            else f"{fmt(self.used)} {self.unit} (no limit)"
+        )
 
 
 def budgets(config: dict[str, Any], spent: dict[str, Any], elapsed_s: float, cycle: int) -> list[Budget]:

@@ -16,10 +16,10 @@ from typing import Any
 
 import pandas as pd
 import streamlit as st
+from snapshot import Snapshot
 
 from ralph_ray import sql
 from ralph_ray.kb import PARQUET_DIR
-from snapshot import Snapshot
 
 TTL_S = 2
 DEFAULT_KB = "kb"

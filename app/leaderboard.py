@@ -17,24 +17,25 @@ APP_DIR = str(Path(__file__).resolve().parent)
 if APP_DIR not in sys.path:
     sys.path.insert(0, APP_DIR)
 
-import streamlit as st  # noqa: E402
-
 import access  # noqa: E402
 import shell  # noqa: E402
+import streamlit as st  # noqa: E402
 
 # A local file: a material or emoji icon makes the browser fetch the favicon from a CDN.
 st.set_page_config(page_title="ralph_ray leaderboard", page_icon=str(Path(APP_DIR) / "favicon.png"), layout="wide")
 access.banner()
-navigation = st.navigation([
-    st.Page("views/board.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
-    st.Page("views/lineage.py", title="Lineage", icon=":material/account_tree:"),
-    st.Page("views/trials.py", title="Trials", icon=":material/table_rows:"),
-    st.Page("views/knobs.py", title="Knobs", icon=":material/tune:"),
-    st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
-    st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
-    st.Page("views/diff.py", title="Diff", icon=":material/difference:"),
-    st.Page("views/interventions.py", title="Interventions", icon=":material/science:"),
-    st.Page("views/status.py", title="Status and budgets", icon=":material/monitor_heart:"),
-])
+navigation = st.navigation(
+    [
+        st.Page("views/board.py", title="Leaderboard", icon=":material/leaderboard:", default=True),
+        st.Page("views/lineage.py", title="Lineage", icon=":material/account_tree:"),
+        st.Page("views/trials.py", title="Trials", icon=":material/table_rows:"),
+        st.Page("views/knobs.py", title="Knobs", icon=":material/tune:"),
+        st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
+        st.Page("views/compare.py", title="Compare", icon=":material/compare_arrows:"),
+        st.Page("views/diff.py", title="Diff", icon=":material/difference:"),
+        st.Page("views/interventions.py", title="Interventions", icon=":material/science:"),
+        st.Page("views/status.py", title="Status and budgets", icon=":material/monitor_heart:"),
+    ]
+)
 shell.sidebar()
 navigation.run()

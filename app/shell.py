@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import streamlit as st
-
 import figures
 import kbdata
+import streamlit as st
+
 from ralph_ray import sql
 
 REFRESH_S = 3  # while a campaign runs, each page redraws itself this often
@@ -53,8 +53,10 @@ class Campaign:
     def stale_after_s(self) -> float:
         """How long a running campaign may be silent: STALE_S, or longer where one trial may take longer."""
         trial = self.config.get("trial") or {}
-        longest = max(float((self.config.get("safeguards") or {}).get("trial_timeout_s") or 0),
-                      float(trial.get("budget_s") or 0) + float(trial.get("grace_s") or 0))
+        longest = max(
+            float((self.config.get("safeguards") or {}).get("trial_timeout_s") or 0),
+            float(trial.get("budget_s") or 0) + float(trial.get("grace_s") or 0),
+        )
         return max(STALE_S, longest + 60.0)
 
     @property
@@ -82,7 +84,9 @@ def sidebar() -> None:
     """The KB path and the campaign picker (newest first); their values live in st.session_state."""
     root = kb_root()
     with st.sidebar:
-        st.text_input("Knowledge base", key="kb_root", help="A KB root (`paths.kb` of a campaign): `-- --kb PATH` or $RALPH_KB")
+        st.text_input(
+            "Knowledge base", key="kb_root", help="A KB root (`paths.kb` of a campaign): `-- --kb PATH` or $RALPH_KB"
+        )
         if not kbdata.kb_exists(root):
             return
         runs = kbdata.runs(root)
@@ -94,9 +98,13 @@ def sidebar() -> None:
         # Plain run ids as the options: the binding writes the shown text to the URL (`?run_id=<id>`).
         picked = st.selectbox("Campaign", ids, key="run_id", bind="query-params", help="newest first")
         rec = figures.records(runs[runs["run_id"] == picked])[0]
-        started = f"started {rec['started_at']:%Y-%m-%d %H:%M} UTC" if rec["started_at"] is not None else "start unknown"
-        st.caption(f"{rec['experiment']} · {rec['status']} · {started}  \n"
-                   f"{len(ids)} campaign(s) in this KB · refreshes every {REFRESH_S} s while one runs")
+        started = (
+            f"started {rec['started_at']:%Y-%m-%d %H:%M} UTC" if rec["started_at"] is not None else "start unknown"
+        )
+        st.caption(
+            f"{rec['experiment']} · {rec['status']} · {started}  \n"
+            f"{len(ids)} campaign(s) in this KB · refreshes every {REFRESH_S} s while one runs"
+        )
 
 
 def campaign() -> Campaign | None:
@@ -112,10 +120,21 @@ def campaign() -> Campaign | None:
     quiet = None
     if rec.get("status") == "running":
         quiet = figures.records(kbdata.frame(root, sql.APP_LAST_WRITE, (rec["run_id"],)))[0]["quiet_s"]
-    return Campaign(root, rec["run_id"], rec.get("experiment") or "?", rec.get("task") or "?", rec.get("status") or "?",
-                    rec.get("stop_reason"), rec.get("run_dir") or "", rec.get("started_at"), rec.get("finished_at"),
-                    None if rec.get("cycle") is None else int(rec["cycle"]), rec.get("phase"),
-                    json.loads(rec.get("config") or "{}"), None if quiet is None else float(quiet))
+    return Campaign(
+        root,
+        rec["run_id"],
+        rec.get("experiment") or "?",
+        rec.get("task") or "?",
+        rec.get("status") or "?",
+        rec.get("stop_reason"),
+        rec.get("run_dir") or "",
+        rec.get("started_at"),
+        rec.get("finished_at"),
+        None if rec.get("cycle") is None else int(rec["cycle"]),
+        rec.get("phase"),
+        json.loads(rec.get("config") or "{}"),
+        None if quiet is None else float(quiet),
+    )
 
 
 def page(title: str, body: Callable[[Campaign], None]) -> None:
@@ -142,12 +161,17 @@ def page(title: str, body: Callable[[Campaign], None]) -> None:
 def empty_kb(root: str) -> None:
     """No KB at all, or a KB without a campaign: say what to run, and come alive when one appears."""
     if not kbdata.kb_exists(root):
-        st.info(f"No knowledge base at `{root}` yet.\n\n"
-                f"Start a campaign that writes there: `python -m ralph_ray paths.kb={root}`, or point the app at an "
-                "existing one: `streamlit run app/leaderboard.py -- --kb PATH` (or set `RALPH_KB`).", icon=":material/database:")
+        st.info(
+            f"No knowledge base at `{root}` yet.\n\n"
+            f"Start a campaign that writes there: `python -m ralph_ray paths.kb={root}`, or point the app at an "
+            "existing one: `streamlit run app/leaderboard.py -- --kb PATH` (or set `RALPH_KB`).",
+            icon=":material/database:",
+        )
     else:
-        st.info(f"The knowledge base at `{root}` holds no campaign yet: run `python -m ralph_ray paths.kb={root}`.",
-                icon=":material/hourglass_empty:")
+        st.info(
+            f"The knowledge base at `{root}` holds no campaign yet: run `python -m ralph_ray paths.kb={root}`.",
+            icon=":material/hourglass_empty:",
+        )
 
     @st.fragment(run_every=REFRESH_S)
     def poll() -> None:
@@ -160,23 +184,30 @@ def empty_kb(root: str) -> None:
 def damaged(root: str) -> None:
     """Name every part of the KB that could not be read: the pages show the rest."""
     for path, why in kbdata.damaged(root).items():
-        st.warning(f"Skipped a damaged part of the knowledge base: `{path}` ({why}). Everything else is shown; move "
-                   "the file aside to silence this.", icon=":material/broken_image:")
+        st.warning(
+            f"Skipped a damaged part of the knowledge base: `{path}` ({why}). Everything else is shown; move "
+            "the file aside to silence this.",
+            icon=":material/broken_image:",
+        )
 
 
 def banner(run: Campaign) -> None:
     """One line on the campaign's state; a crashed or silent campaign says how to resume."""
     where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
     if run.stale:
-        st.error(f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but it has "
-                 f"written nothing for {run.quiet_s:,.0f} s (more than {run.stale_after_s:,.0f} s), so its driver was "
-                 f"killed or its machine lost. Continue it with "
-                 f"`python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
-                 icon=":material/heart_broken:")
+        st.error(
+            f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but it has "
+            f"written nothing for {run.quiet_s:,.0f} s (more than {run.stale_after_s:,.0f} s), so its driver was "
+            f"killed or its machine lost. Continue it with "
+            f"`python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+            icon=":material/heart_broken:",
+        )
     elif run.status == "crashed":
-        st.error(f"Campaign `{run.run_id}` crashed: {run.stop_reason or 'no reason recorded'}.\n\n"
-                 f"Its run dir is `{run.run_dir}`; continue it with `python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
-                 icon=":material/error:")
+        st.error(
+            f"Campaign `{run.run_id}` crashed: {run.stop_reason or 'no reason recorded'}.\n\n"
+            f"Its run dir is `{run.run_dir}`; continue it with `python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+            icon=":material/error:",
+        )
     elif run.running:
         st.caption(f":green-badge[:material/sync: running] `{run.run_id}` · {run.experiment} · {where} · live")
     else:
@@ -188,8 +219,13 @@ def no_trials_yet(run: Campaign, what: str) -> None:
     if run.status == "crashed":
         st.warning(f"No {what}: the campaign crashed before any trial finished. Fix the cause above, then resume it.")
     elif run.running:
-        st.info(f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase {run.phase or 'select'}); "
-                f"finished trials appear here within {REFRESH_S} s.", icon=":material/hourglass_top:")
+        st.info(
+            f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase {run.phase or 'select'}); "
+            f"finished trials appear here within {REFRESH_S} s.",
+            icon=":material/hourglass_top:",
+        )
     else:
-        st.info(f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) before any trial finished. "
-                f"Start another with `python -m ralph_ray paths.kb={run.kb_root}`.")
+        st.info(
+            f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) before any trial finished. "
+            f"Start another with `python -m ralph_ray paths.kb={run.kb_root}`."
+        )

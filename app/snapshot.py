@@ -76,8 +76,11 @@ class Snapshot:
     def _refresh_table(self, table: str) -> None:
         folder = self.source / table
         for _ in range(READ_TRIES):
-            parts = {entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size)
-                     for entry in os.scandir(folder) if entry.name.endswith(".parquet") and not entry.name.startswith(".")}
+            parts = {
+                entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size)
+                for entry in os.scandir(folder)
+                if entry.name.endswith(".parquet") and not entry.name.startswith(".")
+            }
             seen = self._seen.get(table, {})
             fresh = [name for name, signature in parts.items() if seen.get(name) != signature]
             stale = [name for name in seen if parts.get(name) != seen[name]]  # replaced or removed since
@@ -92,7 +95,9 @@ class Snapshot:
             return  # still changing: take it in at the next refresh
         rows = self._rows.get(table)
         if rows is not None and stale:
-            rows = rows.filter(pc.invert(pc.is_in(rows[PART_COLUMN], value_set=pa.array([str(folder / n) for n in stale]))))
+            rows = rows.filter(
+                pc.invert(pc.is_in(rows[PART_COLUMN], value_set=pa.array([str(folder / n) for n in stale])))
+            )
         if new is not None:
             rows = new if rows is None else pa.concat_tables([rows, new], promote_options="permissive")
         if rows is None:  # every part of the table is damaged: an empty table of its columns

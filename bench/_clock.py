@@ -41,7 +41,14 @@ def measure(outcome: Outcome, mode: str, slots: int, target: float | None = None
     reached = min((row[1] for row in scored if target is not None and row[5] >= target), default=None)
     counted = [row for row in spans if row[4] != STOPPED_WITH_CYCLE]
     span = max(row[1] for row in spans) - min(row[0] for row in spans)
-    return Figures(mode, round(wall, 1), round(trial_s, 1), round(trial_s / (slots * wall), 3),
-                   round(trial_s / (slots * span), 3), len(counted),
-                   best[5] if best else None, best[6] if best else None,
-                   round(reached - started, 1) if reached is not None else None)
+    return Figures(
+        mode,
+        round(wall, 1),
+        round(trial_s, 1),
+        round(trial_s / (slots * wall), 3),
+        round(trial_s / (slots * span), 3),
+        len(counted),
+        best[5] if best else None,
+        best[6] if best else None,
+        round(reached - started, 1) if reached is not None else None,
+    )

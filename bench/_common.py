@@ -16,7 +16,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def config(root: Path, name: str, *overrides: str) -> Config:
     """A config whose runs and KB live under `root` (one cycle unless the overrides say otherwise)."""
-    return load_config([f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={name}", "safeguards.max_cycles=1", *overrides])
+    return load_config(
+        [
+            f"paths.runs={root / 'runs'}",
+            f"paths.kb={root / 'kb'}",
+            f"run_id={name}",
+            "safeguards.max_cycles=1",
+            *overrides,
+        ]
+    )
 
 
 def fixed_knobs(cfg: Config, **knobs: object) -> Config:
@@ -28,8 +36,10 @@ def fixed_knobs(cfg: Config, **knobs: object) -> Config:
 def save(name: str, figures: dict, lines: list[str]) -> None:
     """Write bench/results/<name>.json and .md with the machine and versions."""
     meta = {
-        "date": time.strftime("%Y-%m-%d"), "command": f"python bench/{name}.py",
-        "machine": f"{platform.machine()}, 2 CPU cores, no GPU", "python": sys.version.split()[0],
+        "date": time.strftime("%Y-%m-%d"),
+        "command": f"python bench/{name}.py",
+        "machine": f"{platform.machine()}, 2 CPU cores, no GPU",
+        "python": sys.version.split()[0],
         **{pkg: version(pkg) for pkg in ("ray", "optuna", "torch", "duckdb")},
     }
     RESULTS.mkdir(exist_ok=True)

@@ -31,13 +31,35 @@ from _common import save  # noqa: E402
 from ralph_ray.kb import KnowledgeBase, now  # noqa: E402
 
 ENTRY = Path(__file__).resolve().parent.parent / "app" / "leaderboard.py"
-PAGES = ("views/board.py", "views/lineage.py", "views/curves.py", "views/diff.py", "views/interventions.py", "views/status.py")
+PAGES = (
+    "views/board.py",
+    "views/lineage.py",
+    "views/curves.py",
+    "views/diff.py",
+    "views/interventions.py",
+    "views/status.py",
+)
 GOAL_S = 2.0
 CAMPAIGNS, CYCLES = 50, 10  # 500 cycles; trials per cycle = trials / 500 (20 for 10,000)
 PARENTS, CHILDREN = 2, 5
 EPOCHS = 10
-INTERVENTIONS = ("lower_lr", "raise_lr", "cosine_lr_schedule", "lr_warmup", "adamw_optimizer", "weight_decay", "dropout",
-                 "label_smoothing", "augmentation", "batchnorm", "widen", "deepen", "longer_training", "ema_weights", "gradient_clipping")
+INTERVENTIONS = (
+    "lower_lr",
+    "raise_lr",
+    "cosine_lr_schedule",
+    "lr_warmup",
+    "adamw_optimizer",
+    "weight_decay",
+    "dropout",
+    "label_smoothing",
+    "augmentation",
+    "batchnorm",
+    "widen",
+    "deepen",
+    "longer_training",
+    "ema_weights",
+    "gradient_clipping",
+)
 DIAGNOSES = ("underfitting", "overfitting", "plateau", "undertrained", "healthy")
 DIFF = """--- a/train.py
 +++ b/train.py
@@ -92,15 +114,42 @@ def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, in
     clock = now() - timedelta(days=30)
     for c in range(CAMPAIGNS):
         run_id = run_name(c)
-        config = {"experiment": "digits", "task": {"name": "digits"}, "target": {"selection_score": 0.99},
-                  "safeguards": {"max_cycles": CYCLES, "campaign_time_s": 3600, "tokens_per_campaign": 200_000, "cost_per_campaign": 5.0},
-                  "population": {"parents": PARENTS, "children_per_parent": CHILDREN}}
-        run = {"run_id": run_id, "experiment": "digits", "task": "digits", "run_dir": str(root.parent / "runs" / run_id),
-               "config": json.dumps(config), "started_at": clock}
+        config = {
+            "experiment": "digits",
+            "task": {"name": "digits"},
+            "target": {"selection_score": 0.99},
+            "safeguards": {
+                "max_cycles": CYCLES,
+                "campaign_time_s": 3600,
+                "tokens_per_campaign": 200_000,
+                "cost_per_campaign": 5.0,
+            },
+            "population": {"parents": PARENTS, "children_per_parent": CHILDREN},
+        }
+        run = {
+            "run_id": run_id,
+            "experiment": "digits",
+            "task": "digits",
+            "run_dir": str(root.parent / "runs" / run_id),
+            "config": json.dumps(config),
+            "started_at": clock,
+        }
         seed_id = f"{rng.getrandbits(48):012x}"
         scores = {seed_id: 0.90 + rng.random() * 0.03}
-        variants = [{"run_id": run_id, "variant_id": seed_id, "parent_id": None, "cycle": 1, "status": "seed", "interventions": "[]",
-                     "diagnosis": "healthy", "rationale": "the seed trainer", "files_dir": f"/gone/{seed_id}/files", "diff": ""}]
+        variants = [
+            {
+                "run_id": run_id,
+                "variant_id": seed_id,
+                "parent_id": None,
+                "cycle": 1,
+                "status": "seed",
+                "interventions": "[]",
+                "diagnosis": "healthy",
+                "rationale": "the seed trainer",
+                "files_dir": f"/gone/{seed_id}/files",
+                "diff": "",
+            }
+        ]
         elapsed = 0.0
         for cycle in range(1, CYCLES + 1):
             tag = f"{run_id}-c{cycle:04d}"
@@ -110,12 +159,23 @@ def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, in
                 for _ in range(CHILDREN):
                     vid, name = f"{rng.getrandbits(48):012x}", rng.choice(INTERVENTIONS)
                     rejected = rng.random() < 0.1
-                    children.append({"run_id": run_id, "variant_id": vid, "parent_id": parent, "cycle": cycle,
-                                     "status": "rejected" if rejected else "candidate", "interventions": json.dumps([name]),
-                                     "diagnosis": rng.choice(DIAGNOSES), "parent_score": scores[parent], "backend": "heuristic",
-                                     "rationale": f"{name}: the parent's curves suggest it (measured effect so far +0.00{rng.randint(1, 9)})",
-                                     "reason": "gate: smoke run failed" if rejected else None, "files_dir": f"/gone/{vid}/files",
-                                     "diff": DIFF.format(old=0.05, new=round(0.05 * rng.choice((0.5, 2.0)), 4))})
+                    children.append(
+                        {
+                            "run_id": run_id,
+                            "variant_id": vid,
+                            "parent_id": parent,
+                            "cycle": cycle,
+                            "status": "rejected" if rejected else "candidate",
+                            "interventions": json.dumps([name]),
+                            "diagnosis": rng.choice(DIAGNOSES),
+                            "parent_score": scores[parent],
+                            "backend": "heuristic",
+                            "rationale": f"{name}: the parent's curves suggest it (measured effect so far +0.00{rng.randint(1, 9)})",
+                            "reason": "gate: smoke run failed" if rejected else None,
+                            "files_dir": f"/gone/{vid}/files",
+                            "diff": DIFF.format(old=0.05, new=round(0.05 * rng.choice((0.5, 2.0)), 4)),
+                        }
+                    )
             runnable = [v["variant_id"] for v in children if v["status"] == "candidate"] or parents
             for phase in ("analyse", "write", "train", "record", "decide", "select"):
                 writer.run_row(tag, {**run, "status": "running", "cycle": cycle, "phase": phase})
@@ -128,16 +188,41 @@ def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, in
                 score = min(0.999, base + rng.gauss(0.002, 0.01)) if status == "completed" else None
                 trial_id = f"{rng.getrandbits(32):08x}"
                 clock += timedelta(seconds=rng.uniform(2, 10))
-                epochs = [{"run_id": run_id, "trial_id": trial_id, "epoch": e, "metric": m, "value": v}
-                          for e in range(1, n + 1)
-                          for m, v in (("val_acc", base * (1 - 0.5 ** e)), ("val_loss", 2.3 * 0.7 ** e), ("train_loss", 2.3 * 0.65 ** e),
-                                       ("lr", 0.05), ("grad_norm", 1 + rng.random()), ("epoch_seconds", 0.2 + rng.random() / 10))]
-                writer.trial(f"{tag}-{trial_id}", {
-                    "run_id": run_id, "cycle": cycle, "trial_id": trial_id, "variant_id": vid, "status": status,
-                    "reason": "nan loss" if status == "failed" else None, "seed": t,
-                    "knobs": json.dumps({"LR": round(rng.uniform(0.003, 0.3), 5), "BATCH_SIZE": rng.choice((32, 64, 128))}),
-                    "epochs": n, "val_metric": base, "selection_score": score, "test_score": None if score is None else score - 0.01,
-                    "seconds": n * 0.3, "work_dir": f"/gone/{trial_id}", "written_at": clock}, epochs)
+                epochs = [
+                    {"run_id": run_id, "trial_id": trial_id, "epoch": e, "metric": m, "value": v}
+                    for e in range(1, n + 1)
+                    for m, v in (
+                        ("val_acc", base * (1 - 0.5**e)),
+                        ("val_loss", 2.3 * 0.7**e),
+                        ("train_loss", 2.3 * 0.65**e),
+                        ("lr", 0.05),
+                        ("grad_norm", 1 + rng.random()),
+                        ("epoch_seconds", 0.2 + rng.random() / 10),
+                    )
+                ]
+                writer.trial(
+                    f"{tag}-{trial_id}",
+                    {
+                        "run_id": run_id,
+                        "cycle": cycle,
+                        "trial_id": trial_id,
+                        "variant_id": vid,
+                        "status": status,
+                        "reason": "nan loss" if status == "failed" else None,
+                        "seed": t,
+                        "knobs": json.dumps(
+                            {"LR": round(rng.uniform(0.003, 0.3), 5), "BATCH_SIZE": rng.choice((32, 64, 128))}
+                        ),
+                        "epochs": n,
+                        "val_metric": base,
+                        "selection_score": score,
+                        "test_score": None if score is None else score - 0.01,
+                        "seconds": n * 0.3,
+                        "work_dir": f"/gone/{trial_id}",
+                        "written_at": clock,
+                    },
+                    epochs,
+                )
                 if score is not None:
                     scores[vid] = max(scores.get(vid, 0.0), score)
             for child in children:
@@ -146,26 +231,88 @@ def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, in
                     child["selection_score"] = got
                     child["status"] = "kept" if got is not None and got > child["parent_score"] + 0.002 else "discarded"
             kb.put("variants", children, f"{tag}-record")
-            kb.put("interventions", [{"run_id": run_id, "task": "digits", "cycle": cycle, "variant_id": v["variant_id"], "parent_id": v["parent_id"],
-                                      "intervention": json.loads(v["interventions"])[0], "diagnosis": v["diagnosis"],
-                                      "parent_score": v["parent_score"], "child_score": v.get("selection_score"),
-                                      "delta": None if v.get("selection_score") is None else v["selection_score"] - v["parent_score"],
-                                      "outcome": v["status"]} for v in children], tag)
-            kb.put("agent_usage", [{"run_id": run_id, "cycle": cycle, "role": "coder", "backend": "heuristic", "variant_id": v["variant_id"],
-                                    "calls": 1, "tokens_in": 0, "tokens_out": 0, "seconds": 0.01, "cost": 0.0, "estimated": False}
-                                   for v in children], tag)
+            kb.put(
+                "interventions",
+                [
+                    {
+                        "run_id": run_id,
+                        "task": "digits",
+                        "cycle": cycle,
+                        "variant_id": v["variant_id"],
+                        "parent_id": v["parent_id"],
+                        "intervention": json.loads(v["interventions"])[0],
+                        "diagnosis": v["diagnosis"],
+                        "parent_score": v["parent_score"],
+                        "child_score": v.get("selection_score"),
+                        "delta": None if v.get("selection_score") is None else v["selection_score"] - v["parent_score"],
+                        "outcome": v["status"],
+                    }
+                    for v in children
+                ],
+                tag,
+            )
+            kb.put(
+                "agent_usage",
+                [
+                    {
+                        "run_id": run_id,
+                        "cycle": cycle,
+                        "role": "coder",
+                        "backend": "heuristic",
+                        "variant_id": v["variant_id"],
+                        "calls": 1,
+                        "tokens_in": 0,
+                        "tokens_out": 0,
+                        "seconds": 0.01,
+                        "cost": 0.0,
+                        "estimated": False,
+                    }
+                    for v in children
+                ],
+                tag,
+            )
             best = max(scores.values())
-            kb.put("cycles", [{"run_id": run_id, "cycle": cycle, "trials": per_cycle, "best_selection_score": best, "phase": "decide",
-                               "children": len(children), "rejected": sum(v["status"] == "rejected" for v in children)}], tag)
+            kb.put(
+                "cycles",
+                [
+                    {
+                        "run_id": run_id,
+                        "cycle": cycle,
+                        "trials": per_cycle,
+                        "best_selection_score": best,
+                        "phase": "decide",
+                        "children": len(children),
+                        "rejected": sum(v["status"] == "rejected" for v in children),
+                    }
+                ],
+                tag,
+            )
             elapsed += per_cycle * 3.0
             last = cycle == CYCLES
-            kb.put("decisions", [{"run_id": run_id, "cycle": cycle, "decision": "stop" if last else "continue",
-                                  "reason": "max_cycles" if last else "none", "exit_code": 0, "best_selection_score": best,
-                                  "rationale": f"cycle {cycle} of safeguards.max_cycles={CYCLES}" if last else "continue", "elapsed_s": elapsed,
-                                  "tokens": 0, "cost": 0.0}], tag)
+            kb.put(
+                "decisions",
+                [
+                    {
+                        "run_id": run_id,
+                        "cycle": cycle,
+                        "decision": "stop" if last else "continue",
+                        "reason": "max_cycles" if last else "none",
+                        "exit_code": 0,
+                        "best_selection_score": best,
+                        "rationale": f"cycle {cycle} of safeguards.max_cycles={CYCLES}" if last else "continue",
+                        "elapsed_s": elapsed,
+                        "tokens": 0,
+                        "cost": 0.0,
+                    }
+                ],
+                tag,
+            )
             writer.flush(tag)
         kb.append("runs", [{**run, "status": "finished", "stop_reason": "max_cycles", "finished_at": clock}], run_id)
-    return {table: len(list((root / "parquet" / table).glob("*.parquet"))) for table in ("runs", "variants", "trials", "epochs")}
+    return {
+        table: len(list((root / "parquet" / table).glob("*.parquet")))
+        for table in ("runs", "variants", "trials", "epochs")
+    }
 
 
 def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
@@ -187,15 +334,35 @@ def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
         if at.exception:
             raise RuntimeError(f"{page}: {at.exception[0].value}")
         trial_id = f"live{n:04d}"
-        kb.append("epochs", [{"run_id": run_id, "trial_id": trial_id, "epoch": 1, "metric": "val_acc", "value": 0.5}], f"{run_id}-{trial_id}")
-        kb.append("trials", [{"run_id": run_id, "cycle": CYCLES, "trial_id": trial_id, "variant_id": "live", "status": "stopped_early",
-                              "epochs": 1, "seconds": 0.3}], f"{run_id}-{trial_id}")
+        kb.append(
+            "epochs",
+            [{"run_id": run_id, "trial_id": trial_id, "epoch": 1, "metric": "val_acc", "value": 0.5}],
+            f"{run_id}-{trial_id}",
+        )
+        kb.append(
+            "trials",
+            [
+                {
+                    "run_id": run_id,
+                    "cycle": CYCLES,
+                    "trial_id": trial_id,
+                    "variant_id": "live",
+                    "status": "stopped_early",
+                    "epochs": 1,
+                    "seconds": 0.3,
+                }
+            ],
+            f"{run_id}-{trial_id}",
+        )
         time.sleep(1.1)  # past the snapshot's look-again interval, as between two live refreshes
         st.cache_data.clear()  # the query cache's TTL has run out
         start = time.perf_counter()
         at.run()
         out[page] = {"first_s": round(first, 3), "refresh_s": round(time.perf_counter() - start, 3)}
-        print(f"  {page:24s} first {first:6.2f} s ({first / GOAL_S:.2f} x goal)  live refresh {out[page]['refresh_s']:.2f} s", flush=True)
+        print(
+            f"  {page:24s} first {first:6.2f} s ({first / GOAL_S:.2f} x goal)  live refresh {out[page]['refresh_s']:.2f} s",
+            flush=True,
+        )
     return out
 
 
@@ -205,8 +372,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="build the KBs here and keep them (default: a temp dir, removed)")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="app_render-"))
-    figures: dict[str, Any] = {"trials": args.trials, "goal_s": GOAL_S, "streamlit": version("streamlit"),
-                               "load_average_before": [round(x, 2) for x in os.getloadavg()], "layouts": {}}
+    figures: dict[str, Any] = {
+        "trials": args.trials,
+        "goal_s": GOAL_S,
+        "streamlit": version("streamlit"),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "layouts": {},
+    }
     try:
         for layout, compact in (("per_trial_parts", False), ("compacted_per_cycle", True)):
             kb_root = root / layout / "kb"
@@ -215,20 +387,40 @@ def main() -> None:
             print(f"{layout}: built in {time.perf_counter() - start:.1f} s, parts {parts}", flush=True)
             pages = time_pages(kb_root)
             worst = max(p["first_s"] for p in pages.values())
-            figures["layouts"][layout] = {"parts": parts, "pages": pages, "worst_first_s": worst, "ratio_to_goal": round(worst / GOAL_S, 2)}
+            figures["layouts"][layout] = {
+                "parts": parts,
+                "pages": pages,
+                "worst_first_s": worst,
+                "ratio_to_goal": round(worst / GOAL_S, 2),
+            }
     finally:
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
     figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    lines = [f"# first render of each app page, KB of {args.trials:,} trials ({CAMPAIGNS} campaigns x {CYCLES} cycles, "
-             f"~{EPOCHS} epochs per completed trial); goal <= {GOAL_S} s", "",
-             f"load average (1, 5, 15 min) before {figures['load_average_before']}, after {figures['load_average_after']} "
-             "(2 cores: other work on the machine slows every figure)", ""]
+    lines = [
+        f"# first render of each app page, KB of {args.trials:,} trials ({CAMPAIGNS} campaigns x {CYCLES} cycles, "
+        f"~{EPOCHS} epochs per completed trial); goal <= {GOAL_S} s",
+        "",
+        f"load average (1, 5, 15 min) before {figures['load_average_before']}, after {figures['load_average_after']} "
+        "(2 cores: other work on the machine slows every figure)",
+        "",
+    ]
     for layout, data in figures["layouts"].items():
-        lines += [f"## {layout} (parts: {data['parts']})", "",
-                  "| page | first render s | ratio to goal | live refresh s |", "| --- | --- | --- | --- |"]
-        lines += [f"| {page} | {p['first_s']:.2f} | {p['first_s'] / GOAL_S:.2f} | {p['refresh_s']:.2f} |" for page, p in data["pages"].items()]
-        lines += ["", f"worst first render: **{data['worst_first_s']:.2f} s** ({data['ratio_to_goal']:.2f} x the goal)", ""]
+        lines += [
+            f"## {layout} (parts: {data['parts']})",
+            "",
+            "| page | first render s | ratio to goal | live refresh s |",
+            "| --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {page} | {p['first_s']:.2f} | {p['first_s'] / GOAL_S:.2f} | {p['refresh_s']:.2f} |"
+            for page, p in data["pages"].items()
+        ]
+        lines += [
+            "",
+            f"worst first render: **{data['worst_first_s']:.2f} s** ({data['ratio_to_goal']:.2f} x the goal)",
+            "",
+        ]
     save("app_render", figures, lines)
 
 

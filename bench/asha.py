@@ -30,8 +30,13 @@ def run_to_the_end(root: Path, knobs: dict) -> float:
         write_public(prepare(0, 0.2, 0.2), data, "digits")
     work = Path(tempfile.mkdtemp(dir=root, prefix="full-"))
     (work / "train.py").write_text(rewrite_knobs((PROJECT_ROOT / "trainers/digits/train.py").read_text(), knobs))
-    env = {**os.environ, "RALPH_DATA_DIR": str(data), "RALPH_METRICS_FILE": str(work / "m.jsonl"),
-           "RALPH_PREDICTIONS_FILE": str(work / "p.npz"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "RALPH_DATA_DIR": str(data),
+        "RALPH_METRICS_FILE": str(work / "m.jsonl"),
+        "RALPH_PREDICTIONS_FILE": str(work / "p.npz"),
+        "OMP_NUM_THREADS": "1",
+    }
     subprocess.run([sys.executable, "train.py"], cwd=work, env=env, check=True, capture_output=True)
     return score_predictions(work / "p.npz", prepare(0, 0.2, 0.2).labels()).selection
 
@@ -54,11 +59,18 @@ def main() -> None:
     best = asha.records[best_index]
     best_asha = max((r for r in asha.records if r.selection_score is not None), key=lambda r: r.selection_score)
     figures = {
-        "trials": N, "max_epochs": max_t, "epochs_trained": trained, "epochs_if_all_ran": N * max_t,
+        "trials": N,
+        "max_epochs": max_t,
+        "epochs_trained": trained,
+        "epochs_if_all_ran": N * max_t,
         "fraction": round(trained / (N * max_t), 3),
-        "best_config_if_all_ran": json.loads(best.knobs), "its_selection_if_run_to_the_end": full[best_index],
-        "its_status_under_asha": best.status.value, "asha_best_selection": best_asha.selection_score,
-        "asha_best_test": best_asha.test_score, "asha_wall_s": round(asha_wall, 1), "all_to_the_end_wall_s": round(full_wall, 1),
+        "best_config_if_all_ran": json.loads(best.knobs),
+        "its_selection_if_run_to_the_end": full[best_index],
+        "its_status_under_asha": best.status.value,
+        "asha_best_selection": best_asha.selection_score,
+        "asha_best_test": best_asha.test_score,
+        "asha_wall_s": round(asha_wall, 1),
+        "all_to_the_end_wall_s": round(full_wall, 1),
         "completed_under_asha": sum(r.status.value == "completed" for r in asha.records),
     }
     lines = [

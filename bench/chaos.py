@@ -50,10 +50,21 @@ RATES = (0.03, 0.5)
 SEED = 0
 MAX_T = 20
 CYCLES = 6
-CAMPAIGN = ["agent=heuristic", f"safeguards.max_cycles={CYCLES}", "safeguards.plateau_cycles=5", "population.parents=1",
-            "population.children_per_parent=2", "population.trials_per_child=2", "search.num_samples=4", "search.max_concurrent=2",
-            f"scheduler.max_t={MAX_T}", "scheduler.grace_period=4", "safeguards.trial_timeout_s=300",
-            f"+search.space.EPOCHS={{type: choice, values: [{MAX_T}]}}", "safeguards.max_failures=3"]
+CAMPAIGN = [
+    "agent=heuristic",
+    f"safeguards.max_cycles={CYCLES}",
+    "safeguards.plateau_cycles=5",
+    "population.parents=1",
+    "population.children_per_parent=2",
+    "population.trials_per_child=2",
+    "search.num_samples=4",
+    "search.max_concurrent=2",
+    f"scheduler.max_t={MAX_T}",
+    "scheduler.grace_period=4",
+    "safeguards.trial_timeout_s=300",
+    f"+search.space.EPOCHS={{type: choice, values: [{MAX_T}]}}",
+    "safeguards.max_failures=3",
+]
 
 
 def start_cluster(out: Path, names: list[str], cpus: int = 1) -> tuple[Cluster, dict[str, Any]]:
@@ -90,10 +101,21 @@ class WorkerNode:
         env = {**os.environ, "RALPH_CACHE_DIR": str(out / name / "cache"), "RALPH_WORK_DIR": str(out / name / "work")}
         self.name = name
         # The dashboard agent's port defaults to a fixed one: two nodes on one machine need their own.
-        self.proc = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", f"--address={address}", "--num-cpus=1",
-                                      f"--dashboard-agent-listen-port={free_port()}", "--disable-usage-stats", "--block"],
-                                     env=env, start_new_session=True,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "ray"),
+                "start",
+                f"--address={address}",
+                "--num-cpus=1",
+                f"--dashboard-agent-listen-port={free_port()}",
+                "--disable-usage-stats",
+                "--block",
+            ],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def kill(self) -> None:
         """SIGKILL the whole node (raylet, workers, agents) at once: a machine that vanishes."""
@@ -121,7 +143,9 @@ class Killer(threading.Thread):
             self.nodes.remove(victim)
             self.joined += 1
             self.nodes.append(WorkerNode(self.address, self.out, f"node{self.joined}"))
-            self.kills.append({"at_s": round(time.monotonic() - start, 1), "node": victim.name, "replaced_by": self.nodes[-1].name})
+            self.kills.append(
+                {"at_s": round(time.monotonic() - start, 1), "node": victim.name, "replaced_by": self.nodes[-1].name}
+            )
 
 
 def wait_for_nodes(count: int, timeout_s: float = 120) -> None:
@@ -142,8 +166,17 @@ def chaos_run(root: Path, p: float) -> dict[str, Any]:
         workers.append(WorkerNode(cluster.address, out, f"node{i}"))
         wait_for_nodes(1 + i)
     killer = Killer(cluster.address, workers, out, p, random.Random(SEED))
-    cfg = load_config(["cluster=address", f"cluster.address={cluster.address}", f"paths.runs={out / 'runs'}", f"paths.kb={out / 'kb'}",
-                       f"paths.storage=file://{out / 'storage'}", f"run_id=chaos-p{p}", *CAMPAIGN])
+    cfg = load_config(
+        [
+            "cluster=address",
+            f"cluster.address={cluster.address}",
+            f"paths.runs={out / 'runs'}",
+            f"paths.kb={out / 'kb'}",
+            f"paths.storage=file://{out / 'storage'}",
+            f"run_id=chaos-p{p}",
+            *CAMPAIGN,
+        ]
+    )
     start = time.perf_counter()
     killer.start()
     try:
@@ -152,7 +185,9 @@ def chaos_run(root: Path, p: float) -> dict[str, Any]:
         killer.done.set()
         killer.join()
     wall = time.perf_counter() - start
-    attempts = [json.loads(path.read_text()) | {"trial_id": path.parent.name} for path in out.glob("*/work/**/node.json")]
+    attempts = [
+        json.loads(path.read_text()) | {"trial_id": path.parent.name} for path in out.glob("*/work/**/node.json")
+    ]
     for node in killer.nodes:
         node.kill()
     stop_cluster(cluster)
@@ -169,17 +204,31 @@ def chaos_run(root: Path, p: float) -> dict[str, Any]:
     epoch_rows = con.execute(sql.BENCH_EPOCH_ROWS, [run_id]).fetchall()
     # Reported epochs: every one below max_t, then the last (the trial driver holds the rest for the predictions).
     seen = {(t, e) for t, e, _, _ in epoch_rows}
-    missing_epochs = sum(1 for trial_id, _, epochs, _ in rows for e in set(range(1, min(epochs, MAX_T - 1) + 1)) | {epochs}
-                         if epochs and (trial_id, e) not in seen)
+    missing_epochs = sum(
+        1
+        for trial_id, _, epochs, _ in rows
+        for e in set(range(1, min(epochs, MAX_T - 1) + 1)) | {epochs}
+        if epochs and (trial_id, e) not in seen
+    )
     return {
-        "p": p, "exit_code": int(outcome.exit_code), "stop_reason": outcome.stop_reason, "wall_s": round(wall, 1),
-        "kills": killer.kills, "nodes_killed": len(killer.kills),
-        "trials_started": len(started), "trials_finished": len(finished), "finished_over_started": round(len(finished) / len(started), 3),
-        "trials_lost_to_faults": len(lost), "trials_failed": sorted((r[0], r[3]) for r in rows if r[1] == "failed"),
-        "attempts": len(attempts), "trials_retried": len(attempts) - len(started),
+        "p": p,
+        "exit_code": int(outcome.exit_code),
+        "stop_reason": outcome.stop_reason,
+        "wall_s": round(wall, 1),
+        "kills": killer.kills,
+        "nodes_killed": len(killer.kills),
+        "trials_started": len(started),
+        "trials_finished": len(finished),
+        "finished_over_started": round(len(finished) / len(started), 3),
+        "trials_lost_to_faults": len(lost),
+        "trials_failed": sorted((r[0], r[3]) for r in rows if r[1] == "failed"),
+        "attempts": len(attempts),
+        "trials_retried": len(attempts) - len(started),
         "resumed_from_checkpoint": sum(a["restored_checkpoint"] for a in attempts),
-        "kb_trial_rows_lost": len(started - recorded), "kb_trial_rows_doubled": len(rows) - len(recorded),
-        "kb_epoch_rows_doubled": sum(c - 1 for *_, c in epoch_rows if c > 1), "kb_epochs_missing": missing_epochs,
+        "kb_trial_rows_lost": len(started - recorded),
+        "kb_trial_rows_doubled": len(rows) - len(recorded),
+        "kb_epoch_rows_doubled": sum(c - 1 for *_, c in epoch_rows if c > 1),
+        "kb_epochs_missing": missing_epochs,
     }
 
 
@@ -187,16 +236,20 @@ def main() -> None:
     rates = tuple(float(a) for a in sys.argv[1:]) or RATES
     root = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
     results = [chaos_run(root, p) for p in rates]
-    lines = [f"chaos: {CYCLES}-cycle digits campaign (heuristic agent, {MAX_T}-epoch trials) on a head + 2 worker nodes; every "
-             f"{PERIOD_S:.0f} s a worker node is killed with probability p and replaced; checkpoints via paths.storage, "
-             "safeguards.max_failures=3"]
+    lines = [
+        f"chaos: {CYCLES}-cycle digits campaign (heuristic agent, {MAX_T}-epoch trials) on a head + 2 worker nodes; every "
+        f"{PERIOD_S:.0f} s a worker node is killed with probability p and replaced; checkpoints via paths.storage, "
+        "safeguards.max_failures=3"
+    ]
     for r in results:
-        lines.append(f"  p={r['p']:<5} {r['nodes_killed']} node(s) killed in {r['wall_s']:.0f} s "
-                     f"(expected {r['p'] * r['wall_s'] / PERIOD_S:.1f}); trials finished/started "
-                     f"{r['trials_finished']}/{r['trials_started']} ({100 * r['finished_over_started']:.0f}%), {r['trials_retried']} "
-                     f"retried after a kill, {r['resumed_from_checkpoint']} of them from a checkpoint; KB rows lost {r['kb_trial_rows_lost']}, "
-                     f"doubled {r['kb_trial_rows_doubled']} (epoch rows doubled {r['kb_epoch_rows_doubled']}, missing {r['kb_epochs_missing']}); "
-                     f"exit {r['exit_code']} ({r['stop_reason']})")
+        lines.append(
+            f"  p={r['p']:<5} {r['nodes_killed']} node(s) killed in {r['wall_s']:.0f} s "
+            f"(expected {r['p'] * r['wall_s'] / PERIOD_S:.1f}); trials finished/started "
+            f"{r['trials_finished']}/{r['trials_started']} ({100 * r['finished_over_started']:.0f}%), {r['trials_retried']} "
+            f"retried after a kill, {r['resumed_from_checkpoint']} of them from a checkpoint; KB rows lost {r['kb_trial_rows_lost']}, "
+            f"doubled {r['kb_trial_rows_doubled']} (epoch rows doubled {r['kb_epoch_rows_doubled']}, missing {r['kb_epochs_missing']}); "
+            f"exit {r['exit_code']} ({r['stop_reason']})"
+        )
     save("chaos", {"period_s": PERIOD_S, "seed": SEED, "campaign": CAMPAIGN, "runs": results}, lines)
 
 

@@ -27,16 +27,32 @@ SLOTS = 2
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-budget-"))
-    figures, lines = {}, [f"digits, heuristic agent, trial.budget_s={BUDGET_S:g}, {SLOTS} slots, 3 generations "
-                          "(2 parents x 2 children, 1 trial each, seed 4 trials):",
-                          "| mode | seed best selection / test | best variant selection / test | gain (test) | "
-                          "train s per trial (seed / best) | trials | wall s | trials x budget / slots |",
-                          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    figures, lines = (
+        {},
+        [
+            f"digits, heuristic agent, trial.budget_s={BUDGET_S:g}, {SLOTS} slots, 3 generations "
+            "(2 parents x 2 children, 1 trial each, seed 4 trials):",
+            "| mode | seed best selection / test | best variant selection / test | gain (test) | "
+            "train s per trial (seed / best) | trials | wall s | trials x budget / slots |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ],
+    )
     for mode in ("generations", "async"):
-        outcome = run(config(root, mode, "safeguards.max_cycles=3", "safeguards.plateau_cycles=1000",
-                             f"trial.budget_s={BUDGET_S}", "search.num_samples=4", "population.parents=2",
-                             "population.children_per_parent=2", "population.trials_per_child=1",
-                             f"population.mode={mode}", f"search.max_concurrent={SLOTS}"))
+        outcome = run(
+            config(
+                root,
+                mode,
+                "safeguards.max_cycles=3",
+                "safeguards.plateau_cycles=1000",
+                f"trial.budget_s={BUDGET_S}",
+                "search.num_samples=4",
+                "population.parents=2",
+                "population.children_per_parent=2",
+                "population.trials_per_child=1",
+                f"population.mode={mode}",
+                f"search.max_concurrent={SLOTS}",
+            )
+        )
         f = measure(outcome, mode, SLOTS)
         con = open_reader(outcome.kb_root)
         spans = con.execute(sql.TRIAL_SPANS, [outcome.run_id]).fetchall()
@@ -47,14 +63,24 @@ def main() -> None:
         ideal = f.trials * BUDGET_S / SLOTS
         seed_train = statistics.mean(train.get(r[9], 0.0) for r in seed)
         best_train = train.get(best[9], 0.0)
-        figures[mode] = {**f.__dict__, "seed_selection": seed_best[5], "seed_test": seed_best[6],
-                         "best_variant": best[7], "best_selection": best[5], "best_test": best[6],
-                         "gain_test": best[6] - seed_best[6], "ideal_wall_s": ideal, "seed_train_s": seed_train,
-                         "best_train_s": best_train}
-        lines.append(f"| {mode} | {seed_best[5]:.4f} / {seed_best[6]:.4f} | {best[5]:.4f} / {best[6]:.4f} | "
-                     f"**{best[6] - seed_best[6]:+.4f}** | {seed_train:.1f} / {best_train:.1f} | {f.trials} | "
-                     f"{f.wall_s} | "
-                     f"{ideal:.0f} |")
+        figures[mode] = {
+            **f.__dict__,
+            "seed_selection": seed_best[5],
+            "seed_test": seed_best[6],
+            "best_variant": best[7],
+            "best_selection": best[5],
+            "best_test": best[6],
+            "gain_test": best[6] - seed_best[6],
+            "ideal_wall_s": ideal,
+            "seed_train_s": seed_train,
+            "best_train_s": best_train,
+        }
+        lines.append(
+            f"| {mode} | {seed_best[5]:.4f} / {seed_best[6]:.4f} | {best[5]:.4f} / {best[6]:.4f} | "
+            f"**{best[6] - seed_best[6]:+.4f}** | {seed_train:.1f} / {best_train:.1f} | {f.trials} | "
+            f"{f.wall_s} | "
+            f"{ideal:.0f} |"
+        )
     save("clock_budget", {"budget_s": BUDGET_S, "slots": SLOTS, **figures}, lines)
 
 

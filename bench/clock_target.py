@@ -30,21 +30,38 @@ def main() -> None:
     for mode in ("generations", "async"):
         figures[mode] = []
         for seed in SEEDS:
-            outcome = run(config(root, f"{mode}-s{seed}", "safeguards.max_cycles=1000",
-                                 "safeguards.plateau_cycles=1000",
-                                 f"safeguards.campaign_time_s={CAP_S}", f"target.selection_score={TARGET}",
-                                 f"agent.seed={seed}", f"search.seed={seed}", f"population.mode={mode}"))
+            outcome = run(
+                config(
+                    root,
+                    f"{mode}-s{seed}",
+                    "safeguards.max_cycles=1000",
+                    "safeguards.plateau_cycles=1000",
+                    f"safeguards.campaign_time_s={CAP_S}",
+                    f"target.selection_score={TARGET}",
+                    f"agent.seed={seed}",
+                    f"search.seed={seed}",
+                    f"population.mode={mode}",
+                )
+            )
             figures[mode].append(measure(outcome, mode, 2, TARGET))
-    lines = [f"digits, heuristic agent, time to selection >= {TARGET} (cap {CAP_S}s), campaign seeds {SEEDS}:",
-             "| mode | seconds to target per seed | mean of those reached | utilisation |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"digits, heuristic agent, time to selection >= {TARGET} (cap {CAP_S}s), campaign seeds {SEEDS}:",
+        "| mode | seconds to target per seed | mean of those reached | utilisation |",
+        "| --- | --- | --- | --- |",
+    ]
     for mode, runs in figures.items():
         times = [f.seconds_to_target for f in runs]
         reached = [t for t in times if t is not None]
         mean = f"{statistics.mean(reached):.0f} s ({len(reached)}/3)" if reached else "never"
-        lines.append(f"| {mode} | {', '.join('-' if t is None else f'{t:.0f}' for t in times)} | **{mean}** | "
-                     f"{statistics.mean(f.utilisation for f in runs):.2f} |")
-    save("clock_target", {"target": TARGET, "cap_s": CAP_S, **{m: [asdict(f) for f in r] for m, r in figures.items()}},
-         lines)
+        lines.append(
+            f"| {mode} | {', '.join('-' if t is None else f'{t:.0f}' for t in times)} | **{mean}** | "
+            f"{statistics.mean(f.utilisation for f in runs):.2f} |"
+        )
+    save(
+        "clock_target",
+        {"target": TARGET, "cap_s": CAP_S, **{m: [asdict(f) for f in r] for m, r in figures.items()}},
+        lines,
+    )
 
 
 if __name__ == "__main__":

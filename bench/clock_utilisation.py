@@ -25,8 +25,13 @@ AGENT = sys.argv[1] if len(sys.argv) > 1 else "heuristic"
 BUDGET_S = int(sys.argv[2]) if len(sys.argv) > 2 else 180
 SLOTS = 2
 # The seed's knob search trimmed to 4 trials so that a few minutes reach the agents on a 2-core machine.
-FREE = ["safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000", f"safeguards.campaign_time_s={BUDGET_S}",
-        f"search.max_concurrent={SLOTS}", "search.num_samples=4"]
+FREE = [
+    "safeguards.max_cycles=1000",
+    "safeguards.plateau_cycles=1000",
+    f"safeguards.campaign_time_s={BUDGET_S}",
+    f"search.max_concurrent={SLOTS}",
+    "search.num_samples=4",
+]
 
 
 def main() -> None:
@@ -47,13 +52,18 @@ def main() -> None:
         if llm is not None:
             llm.close()
     name = f"clock_utilisation_{AGENT}"
-    lines = [f"digits, agent {AGENT}{' (20 s per call)' if llm else ''}, {SLOTS} slots, equal wall budget {BUDGET_S}s:",
-             "| mode | utilisation (campaign wall) | busy within the trials' span | trials | trial s | wall s | "
-             "best selection | its test |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"digits, agent {AGENT}{' (20 s per call)' if llm else ''}, {SLOTS} slots, equal wall budget {BUDGET_S}s:",
+        "| mode | utilisation (campaign wall) | busy within the trials' span | trials | trial s | wall s | "
+        "best selection | its test |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for f in figures.values():
-        lines.append(f"| {f.mode} | **{f.utilisation:.2f}** | {f.busy_in_span:.2f} | {f.trials} | {f.trial_s} | "
-                     f"{f.wall_s} | "
-                     f"{f.best_selection or 0:.4f} | {f.best_test or 0:.4f} |")
+        lines.append(
+            f"| {f.mode} | **{f.utilisation:.2f}** | {f.busy_in_span:.2f} | {f.trials} | {f.trial_s} | "
+            f"{f.wall_s} | "
+            f"{f.best_selection or 0:.4f} | {f.best_test or 0:.4f} |"
+        )
     figures_json = {m: asdict(f) for m, f in figures.items()}
     save(name, {"agent": AGENT, "budget_s": BUDGET_S, "slots": SLOTS, **figures_json}, lines)
 

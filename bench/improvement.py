@@ -27,18 +27,25 @@ SEEDS = (0, 1, 2)
 def campaign(root: Path, seed: int, extra: list[str]) -> dict[str, object]:
     """One default campaign; its figures from the KB."""
     start = time.perf_counter()
-    outcome = run(config(root, f"improve{seed}", "safeguards.max_cycles=5", f"agent.seed={seed}", f"search.seed={seed}", *extra))
+    outcome = run(
+        config(root, f"improve{seed}", "safeguards.max_cycles=5", f"agent.seed={seed}", f"search.seed={seed}", *extra)
+    )
     minutes = (time.perf_counter() - start) / 60
     con = open_reader(outcome.kb_root)
     board = rows(con, sql.BENCH_LEADERBOARD, [outcome.run_id])
     seed_row = next(r for r in board if r["status"] == "seed")
     effects = rows(con, sql.INTERVENTIONS_FOR_RUN, [outcome.run_id])
     return {
-        "run_id": outcome.run_id, "stop_reason": outcome.stop_reason, "minutes": round(minutes, 2),
+        "run_id": outcome.run_id,
+        "stop_reason": outcome.stop_reason,
+        "minutes": round(minutes, 2),
         "cycles": con.execute(sql.BENCH_CYCLES_DECIDED, [outcome.run_id]).fetchone()[0],
-        "best_variant": board[0]["variant_id"], "best_selection": board[0]["selection_score"], "best_test": board[0]["test_score"],
+        "best_variant": board[0]["variant_id"],
+        "best_selection": board[0]["selection_score"],
+        "best_test": board[0]["test_score"],
         "best_interventions": board[0]["interventions"],
-        "seed_cycle1_selection": seed_row["selection_score"], "seed_cycle1_test": seed_row["test_score"],
+        "seed_cycle1_selection": seed_row["selection_score"],
+        "seed_cycle1_test": seed_row["test_score"],
         "children_trained": sum(e["child_score"] is not None for e in effects),
         "deltas": [e["delta"] for e in effects if e["delta"] is not None],
     }
@@ -54,12 +61,18 @@ def main() -> None:
     kept = sum(d > noise for d in deltas)
     best_test = [r["best_test"] for r in runs]
     figures = {
-        "seed_default_knobs_test_mean": baseline["test_mean"], "seed_default_knobs_test_std": baseline["test_std"],
-        "best_test_mean": round(statistics.mean(best_test), 4), "best_test_std": round(statistics.stdev(best_test), 4),
-        "cycles_mean": statistics.mean(r["cycles"] for r in runs), "minutes_mean": round(statistics.mean(r["minutes"] for r in runs), 2),
-        "keep_rate": round(kept / len(deltas), 3) if deltas else None, "noise": noise, "children_trained": len(deltas),
+        "seed_default_knobs_test_mean": baseline["test_mean"],
+        "seed_default_knobs_test_std": baseline["test_std"],
+        "best_test_mean": round(statistics.mean(best_test), 4),
+        "best_test_std": round(statistics.stdev(best_test), 4),
+        "cycles_mean": statistics.mean(r["cycles"] for r in runs),
+        "minutes_mean": round(statistics.mean(r["minutes"] for r in runs), 2),
+        "keep_rate": round(kept / len(deltas), 3) if deltas else None,
+        "noise": noise,
+        "children_trained": len(deltas),
         "goal_met": statistics.mean(best_test) > 0.990 and all(r["minutes"] <= 15 and r["cycles"] <= 5 for r in runs),
-        "overrides": extra, "runs": runs,
+        "overrides": extra,
+        "runs": runs,
     }
     lines = [
         f"digits, default settings ({' '.join(extra) or 'no overrides'}), 3 campaign seeds:",
@@ -68,8 +81,11 @@ def main() -> None:
         f"- cycles {figures['cycles_mean']:.1f}, minutes {figures['minutes_mean']:.1f} per campaign (goal: 5 cycles, 15 minutes)",
         f"- keep rate {figures['keep_rate']} ({kept} of {len(deltas)} trained children beat their parent by more than the seed noise {noise})",
         f"- goal (mean test > 0.990 within 5 cycles and 15 min): {'met' if figures['goal_met'] else 'NOT met'}",
-        *[f"- campaign {r['run_id']}: {r['cycles']} cycles, {r['minutes']} min, stop {r['stop_reason']}, best {r['best_variant']} "
-          f"selection {r['best_selection']:.4f} test {r['best_test']:.4f} via {r['best_interventions']}" for r in runs],
+        *[
+            f"- campaign {r['run_id']}: {r['cycles']} cycles, {r['minutes']} min, stop {r['stop_reason']}, best {r['best_variant']} "
+            f"selection {r['best_selection']:.4f} test {r['best_test']:.4f} via {r['best_interventions']}"
+            for r in runs
+        ],
     ]
     save("improvement", figures, lines)
 

@@ -83,16 +83,29 @@ def task_folder(root: Path, trainer: str) -> Path:
 def campaign(root: Path, trainer: str, task: Path, agent: str, seed: int, cycles: int) -> dict[str, object]:
     start = time.perf_counter()
     # plateau_cycles past the cycle count: both arms get the same budget (every cycle runs)
-    outcome = run(config(root, f"{trainer}-{agent}-{seed}", f"safeguards.max_cycles={cycles}", f"agent={agent}",
-                         f"agent.seed={seed}", f"search.seed={seed}", f"task.trainer={task}",
-                         f"safeguards.plateau_cycles={cycles + 1}"))
+    outcome = run(
+        config(
+            root,
+            f"{trainer}-{agent}-{seed}",
+            f"safeguards.max_cycles={cycles}",
+            f"agent={agent}",
+            f"agent.seed={seed}",
+            f"search.seed={seed}",
+            f"task.trainer={task}",
+            f"safeguards.plateau_cycles={cycles + 1}",
+        )
+    )
     con = open_reader(outcome.kb_root)
     board = rows(con, sql.BENCH_LEADERBOARD, [outcome.run_id])
     seed_row = next(r for r in board if r["status"] == "seed")
     interventions = rows(con, sql.INTERVENTIONS_FOR_RUN, [outcome.run_id])
     return {
-        "run_id": outcome.run_id, "stop_reason": outcome.stop_reason, "minutes": round((time.perf_counter() - start) / 60, 2),
-        "seed_test": seed_row["test_score"], "best_test": board[0]["test_score"], "best_interventions": board[0]["interventions"],
+        "run_id": outcome.run_id,
+        "stop_reason": outcome.stop_reason,
+        "minutes": round((time.perf_counter() - start) / 60, 2),
+        "seed_test": seed_row["test_score"],
+        "best_test": board[0]["test_score"],
+        "best_interventions": board[0]["interventions"],
         "children": [{"intervention": i["intervention"], "delta": i["delta"]} for i in interventions],
     }
 
@@ -102,12 +115,16 @@ def compare(trainers: list[str], seeds: list[int], cycles: int) -> dict[str, obj
     out: dict[str, object] = {}
     for trainer in trainers:
         task = task_folder(root, trainer)
-        runs = {agent: [campaign(root, trainer, task, agent, s, cycles) for s in seeds] for agent in ("heuristic", "none")}
+        runs = {
+            agent: [campaign(root, trainer, task, agent, s, cycles) for s in seeds] for agent in ("heuristic", "none")
+        }
         summary = {}
         for agent, done in runs.items():
             tests = [r["best_test"] for r in done]
-            summary[agent] = {"best_test_mean": round(statistics.mean(tests), 4),
-                              "best_test_std": round(statistics.stdev(tests), 4) if len(tests) > 1 else None}
+            summary[agent] = {
+                "best_test_mean": round(statistics.mean(tests), 4),
+                "best_test_std": round(statistics.stdev(tests), 4) if len(tests) > 1 else None,
+            }
         out[trainer] = {"summary": summary, "runs": runs}
     return out
 
@@ -123,23 +140,44 @@ def main() -> None:
     figures: dict[str, object] = {
         "transforms": sorted(TRANSFORMS),
         "applicability": applies,
-        "code_interventions_applying": {t: sum(why is None for n, why in row.items() if load_catalog().get(n).transform)
-                                        for t, row in applies.items()},
+        "code_interventions_applying": {
+            t: sum(why is None for n, why in row.items() if load_catalog().get(n).transform)
+            for t, row in applies.items()
+        },
     }
-    lines = ["Which catalog entries apply (`-`: not applicable; the reasons are in interventions.json):", "",
-             *table_lines(applies)]
+    lines = [
+        "Which catalog entries apply (`-`: not applicable; the reasons are in interventions.json):",
+        "",
+        *table_lines(applies),
+    ]
     if args.compare:
         trainers = args.trainers or [t for t in trainer_dirs() if t != "cifar10"]
-        full = args.seeds == [0, 1, 2] and args.cycles == 5 and set(trainers) == {t for t in trainer_dirs() if t != "cifar10"}
+        full = (
+            args.seeds == [0, 1, 2]
+            and args.cycles == 5
+            and set(trainers) == {t for t in trainer_dirs() if t != "cifar10"}
+        )
         figures["comparison"] = compare(trainers, args.seeds, args.cycles)
-        figures["comparison_ran"] = {"trainers": trainers, "campaign_seeds": args.seeds, "cycles": args.cycles,
-                                     "reduced": not full}
-        lines += ["", (f"Offline agent vs knob search ({'full' if full else 'REDUCED'}: trainers {', '.join(trainers)}; "
-                       f"campaign seeds {args.seeds}; {args.cycles} cycles):"), ""]
+        figures["comparison_ran"] = {
+            "trainers": trainers,
+            "campaign_seeds": args.seeds,
+            "cycles": args.cycles,
+            "reduced": not full,
+        }
+        lines += [
+            "",
+            (
+                f"Offline agent vs knob search ({'full' if full else 'REDUCED'}: trainers {', '.join(trainers)}; "
+                f"campaign seeds {args.seeds}; {args.cycles} cycles):"
+            ),
+            "",
+        ]
         for trainer, result in figures["comparison"].items():  # type: ignore[union-attr]
             s = result["summary"]
-            lines.append(f"- {trainer}: heuristic best test {s['heuristic']['best_test_mean']} vs agent=none "
-                         f"{s['none']['best_test_mean']} (std {s['heuristic']['best_test_std']} / {s['none']['best_test_std']})")
+            lines.append(
+                f"- {trainer}: heuristic best test {s['heuristic']['best_test_mean']} vs agent=none "
+                f"{s['none']['best_test_mean']} (std {s['heuristic']['best_test_std']} / {s['none']['best_test_std']})"
+            )
     save("interventions", figures, lines)
 
 

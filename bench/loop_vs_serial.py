@@ -34,8 +34,10 @@ def one(root: Path, name: str, overrides: list[str], seed: int) -> dict[str, flo
     timeline = rows(con, sql.TRIAL_TIMELINE, [outcome.run_id])
     started = con.execute(sql.RUN_STARTED_AT, [outcome.run_id]).fetchone()[0]
     reached = next((t["written_at"] for t in timeline if (t["selection_score"] or 0) >= TARGET), None)
-    return {"best": outcome.best_selection_score,
-            "minutes_to_target": round((reached - started).total_seconds() / 60, 2) if reached else None}
+    return {
+        "best": outcome.best_selection_score,
+        "minutes_to_target": round((reached - started).total_seconds() / 60, 2) if reached else None,
+    }
 
 
 def main() -> None:
@@ -48,9 +50,12 @@ def main() -> None:
         times = [r["minutes_to_target"] for r in results]
         reached = [t for t in times if t is not None]
         figures[mode] = {"best": best, "minutes_to_target": times}
-        lines.append(f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; "
-                     f"reached {TARGET} in {len(reached)}/3 runs, mean {statistics.mean(reached):.1f} min" if reached else
-                     f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; never reached {TARGET}")
+        lines.append(
+            f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; "
+            f"reached {TARGET} in {len(reached)}/3 runs, mean {statistics.mean(reached):.1f} min"
+            if reached
+            else f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; never reached {TARGET}"
+        )
     save("loop_vs_serial", figures, lines)
 
 

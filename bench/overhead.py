@@ -36,8 +36,14 @@ def direct(root: Path) -> tuple[float, list[float]]:
         work = root / f"direct_{i}"
         work.mkdir()
         (work / "train.py").write_text(source)
-        env = {**os.environ, "RALPH_DATA_DIR": str(data), "RALPH_METRICS_FILE": str(work / "m.jsonl"),
-               "RALPH_PREDICTIONS_FILE": str(work / "p.npz"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "RALPH_DATA_DIR": str(data),
+            "RALPH_METRICS_FILE": str(work / "m.jsonl"),
+            "RALPH_PREDICTIONS_FILE": str(work / "p.npz"),
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
         start = time.perf_counter()
         subprocess.run([sys.executable, "train.py"], cwd=work, env=env, check=True, capture_output=True)
         return time.perf_counter() - start
@@ -49,8 +55,18 @@ def direct(root: Path) -> tuple[float, list[float]]:
 
 
 def campaign(root: Path, name: str, *overrides: str) -> tuple[float, list[float]]:
-    cfg = fixed_knobs(config(root, name, "scheduler=fifo", f"search.num_samples={N}", f"search.max_concurrent={CONCURRENCY}",
-                             "scheduler.max_t=40", *overrides), **KNOBS)
+    cfg = fixed_knobs(
+        config(
+            root,
+            name,
+            "scheduler=fifo",
+            f"search.num_samples={N}",
+            f"search.max_concurrent={CONCURRENCY}",
+            "scheduler.max_t=40",
+            *overrides,
+        ),
+        **KNOBS,
+    )
     start = time.perf_counter()
     outcome = run(cfg)
     wall = time.perf_counter() - start
@@ -70,11 +86,19 @@ def main() -> None:
     no_reuse, _ = campaign(root, "noreuse", "search.reuse_actors=false")
     d_mean, c_mean = sum(d_trials) / N, sum(c_trials) / N
     figures = {
-        "trials": N, "concurrency": CONCURRENCY, "knobs": KNOBS,
-        "direct_wall_s": round(d_wall, 2), "direct_trial_mean_s": round(d_mean, 2),
-        "campaign_cold_wall_s": round(cold, 2), "campaign_warm_wall_s": round(warm, 2), "campaign_no_reuse_wall_s": round(no_reuse, 2),
-        "ratio_warm": round(warm / d_wall, 3), "ratio_cold": round(cold / d_wall, 3), "ratio_no_reuse": round(no_reuse / d_wall, 3),
-        "campaign_trial_mean_s": round(c_mean, 2), "per_trial_overhead_s": round(c_mean - d_mean, 2),
+        "trials": N,
+        "concurrency": CONCURRENCY,
+        "knobs": KNOBS,
+        "direct_wall_s": round(d_wall, 2),
+        "direct_trial_mean_s": round(d_mean, 2),
+        "campaign_cold_wall_s": round(cold, 2),
+        "campaign_warm_wall_s": round(warm, 2),
+        "campaign_no_reuse_wall_s": round(no_reuse, 2),
+        "ratio_warm": round(warm / d_wall, 3),
+        "ratio_cold": round(cold / d_wall, 3),
+        "ratio_no_reuse": round(no_reuse / d_wall, 3),
+        "campaign_trial_mean_s": round(c_mean, 2),
+        "per_trial_overhead_s": round(c_mean - d_mean, 2),
         "python_torch_import_s": round(import_s, 2),
     }
     lines = [

@@ -40,7 +40,9 @@ def start_cost(root: Path, data: Path, mode: SandboxMode, i: int) -> float:
     write_variant({"train.py": FIRST_LINE}, work)
     seen: list[float] = []
     start = time.perf_counter()
-    outcome = run(Trainer(work, data), Limits(60, sandbox=Policy(mode)), lambda record: seen.append(time.perf_counter()))
+    outcome = run(
+        Trainer(work, data), Limits(60, sandbox=Policy(mode)), lambda record: seen.append(time.perf_counter())
+    )
     assert outcome.status is Status.finished and seen, outcome.reason
     return seen[0] - start
 
@@ -51,7 +53,9 @@ def epoch_times(root: Path, data: Path, mode: SandboxMode, i: int, epochs: int) 
     prepare_workdir(PROJECT_ROOT / "trainers" / "digits", work, {"EPOCHS": epochs})
     seen: list[float] = []
     start = time.perf_counter()
-    outcome = run(Trainer(work, data, seed=i), Limits(600, sandbox=Policy(mode)), lambda record: seen.append(time.perf_counter()))
+    outcome = run(
+        Trainer(work, data, seed=i), Limits(600, sandbox=Policy(mode)), lambda record: seen.append(time.perf_counter())
+    )
     wall = time.perf_counter() - start
     assert outcome.status is Status.finished and len(seen) == epochs, outcome.reason
     return [b - a for a, b in zip(seen[1:-1], seen[2:])] if len(seen) > 2 else [], wall
@@ -65,7 +69,9 @@ def main() -> None:
     problem = available()
     if problem:
         sys.exit(f"bubblewrap cannot run here ({problem}): apt-get install bubblewrap")
-    load_before = os.getloadavg()[0]  # other work on the machine: the side-by-side order keeps the ratio fair, not exact
+    load_before = os.getloadavg()[
+        0
+    ]  # other work on the machine: the side-by-side order keeps the ratio fair, not exact
     root = Path(tempfile.mkdtemp(prefix="ralph-bench-sandbox-"))
     data = root / "data"
     write_public(prepare(0, 0.2, 0.2), data, "digits")
@@ -78,23 +84,38 @@ def main() -> None:
             times, wall = epoch_times(root, data, mode, i, args.epochs)
             epochs[mode] += times
             walls[mode].append(wall)
-            print(f"repeat {i + 1} {mode.value:<5} start {starts[mode][-1]:.3f} s, epoch {statistics.median(times):.3f} s, "
-                  f"trial {wall:.1f} s", flush=True)
-    med = {m: {"start_s": statistics.median(starts[m]), "epoch_s": statistics.median(epochs[m]),
-               "trial_s": statistics.median(walls[m])} for m in MODES}
+            print(
+                f"repeat {i + 1} {mode.value:<5} start {starts[mode][-1]:.3f} s, epoch {statistics.median(times):.3f} s, "
+                f"trial {wall:.1f} s",
+                flush=True,
+            )
+    med = {
+        m: {
+            "start_s": statistics.median(starts[m]),
+            "epoch_s": statistics.median(epochs[m]),
+            "trial_s": statistics.median(walls[m]),
+        }
+        for m in MODES
+    }
     none, box = med[SandboxMode.none], med[SandboxMode.bwrap]
     figures = {
-        "repeats": args.repeats, "epochs_per_trial": args.epochs, "load_average": [load_before, os.getloadavg()[0]],
+        "repeats": args.repeats,
+        "epochs_per_trial": args.epochs,
+        "load_average": [load_before, os.getloadavg()[0]],
         "median": {m.value: v for m, v in med.items()},
-        "start_extra_s": box["start_s"] - none["start_s"], "start_ratio": box["start_s"] / none["start_s"],
-        "epoch_ratio": box["epoch_s"] / none["epoch_s"], "trial_ratio": box["trial_s"] / none["trial_s"],
+        "start_extra_s": box["start_s"] - none["start_s"],
+        "start_ratio": box["start_s"] / none["start_s"],
+        "epoch_ratio": box["epoch_s"] / none["epoch_s"],
+        "trial_ratio": box["trial_s"] / none["trial_s"],
         "raw": {m.value: {"start_s": starts[m], "epoch_s": epochs[m], "trial_s": walls[m]} for m in MODES},
     }
     lines = [
         f"sandbox cost on digits, {args.repeats} repeats alternating bwrap and none (medians):",
         "  mode   start (to first report)   epoch (seed, after the first)   whole trial",
-        *(f"  {m.value:<5}  {med[m]['start_s']:>8.3f} s {'':<14} {med[m]['epoch_s']:>8.3f} s {'':<19} {med[m]['trial_s']:>6.1f} s"
-          for m in MODES),
+        *(
+            f"  {m.value:<5}  {med[m]['start_s']:>8.3f} s {'':<14} {med[m]['epoch_s']:>8.3f} s {'':<19} {med[m]['trial_s']:>6.1f} s"
+            for m in MODES
+        ),
         f"  ratio bwrap/none: start {figures['start_ratio']:.2f} ({figures['start_extra_s']:+.3f} s per trial), "
         f"epoch {figures['epoch_ratio']:.3f}, whole trial {figures['trial_ratio']:.3f}",
         f"  (load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)",

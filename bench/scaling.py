@@ -37,7 +37,7 @@ from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec
 
 NODES = (1, 2, 4)
 TRIALS, EPOCHS, SLEEP = 32, 4, 0.5  # 32 trials of 4 epochs x 0.5 s of waiting
-WAITER = f'''
+WAITER = f"""
 import time
 import numpy as np
 from ralph_ray import harness
@@ -50,25 +50,44 @@ for epoch in range(1, EPOCHS + 1):
     time.sleep(SLEEP)
     harness.report(epoch=epoch, val_acc=epoch / EPOCHS, train_loss=1.0 / epoch)
 harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
-'''
+"""
 
 
 def timed_search(root: Path, nodes: int, count: int, name: str) -> tuple[float, list[TrialRecord]]:
     """Run `count` waiter trials, `nodes` at a time, through run_search; (wall seconds, records)."""
-    cfg = load_config([f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", "cluster=address", "scheduler=fifo",
-                       f"scheduler.max_t={EPOCHS}", f"search.max_concurrent={nodes}", "~search.space",
-                       f"+search.space={{SLEEP: {{type: choice, values: [{SLEEP}]}}}}", "safeguards.trial_timeout_s=120"])
+    cfg = load_config(
+        [
+            f"paths.runs={root / 'runs'}",
+            f"paths.kb={root / 'kb'}",
+            "cluster=address",
+            "scheduler=fifo",
+            f"scheduler.max_t={EPOCHS}",
+            f"search.max_concurrent={nodes}",
+            "~search.space",
+            f"+search.space={{SLEEP: {{type: choice, values: [{SLEEP}]}}}}",
+            "safeguards.trial_timeout_s=120",
+        ]
+    )
     splits = prepare(0, 0.2, 0.2)
     hashes = write_public(splits, root / "data", "digits")
-    spec = TrialSpec(Code({"waiter": {"train.py": textwrap.dedent(WAITER).encode()}}, sha256_file(Path(harness.__file__))),
-                     PublicData({n: (root / "data" / n).read_bytes() for n in hashes}, hashes), Limits(120, 1 << 20),
-                     str(root / "runs" / name / "trials"), Schedule(hold_from_epoch=EPOCHS), driver_node_id=driver_node_id())
+    spec = TrialSpec(
+        Code({"waiter": {"train.py": textwrap.dedent(WAITER).encode()}}, sha256_file(Path(harness.__file__))),
+        PublicData({n: (root / "data" / n).read_bytes() for n in hashes}, hashes),
+        Limits(120, 1 << 20),
+        str(root / "runs" / name / "trials"),
+        Schedule(hold_from_epoch=EPOCHS),
+        driver_node_id=driver_node_id(),
+    )
     records: list[TrialRecord] = []
-    ledger = TrialLedger(name, 1, splits.labels(), spec.trials_root, 0, "val_acc", lambda record, rows: records.append(record))
+    ledger = TrialLedger(
+        name, 1, splits.labels(), spec.trials_root, 0, "val_acc", lambda record, rows: records.append(record)
+    )
     start = time.perf_counter()
     run_search(cfg, spec, SearchPlan(["waiter"], [], count, 0), root / "runs" / name / "tune", name, [ledger])
     wall = time.perf_counter() - start
-    assert len(records) == count and all(r.status.value == "completed" for r in records), [(r.status, r.reason) for r in records]
+    assert len(records) == count and all(r.status.value == "completed" for r in records), [
+        (r.status, r.reason) for r in records
+    ]
     return wall, records
 
 
@@ -99,19 +118,31 @@ def main() -> None:
     efficiency = {n: walls[1] / walls[n] / n for n in NODES}
     steady = {n: spans[1] / spans[n] / n for n in NODES}
     ideal = TRIALS * EPOCHS * SLEEP
-    figures = {"trials": TRIALS, "epochs": EPOCHS, "sleep_s": SLEEP, "nodes": list(NODES),
-               "wall_s": {n: round(w, 2) for n, w in walls.items()}, "trial_span_s": {n: round(w, 2) for n, w in spans.items()},
-               "mean_trial_s": {n: round(t, 2) for n, t in trial_s.items()},
-               "throughput_trials_per_min": {n: round(60 * TRIALS / w, 1) for n, w in spans.items()},
-               "efficiency_vs_1_node_wall": {n: round(e, 3) for n, e in efficiency.items()},
-               "efficiency_vs_1_node_span": {n: round(e, 3) for n, e in steady.items()}}
-    lines = [f"scaling: {TRIALS} trials of {EPOCHS} epochs x {SLEEP} s waiting ({ideal / TRIALS:.1f} s of work each), one trial per node at a time:",
-             "  nodes  trial span  (ideal)  trials/min  efficiency | whole Tune run  efficiency | mean trial"]
+    figures = {
+        "trials": TRIALS,
+        "epochs": EPOCHS,
+        "sleep_s": SLEEP,
+        "nodes": list(NODES),
+        "wall_s": {n: round(w, 2) for n, w in walls.items()},
+        "trial_span_s": {n: round(w, 2) for n, w in spans.items()},
+        "mean_trial_s": {n: round(t, 2) for n, t in trial_s.items()},
+        "throughput_trials_per_min": {n: round(60 * TRIALS / w, 1) for n, w in spans.items()},
+        "efficiency_vs_1_node_wall": {n: round(e, 3) for n, e in efficiency.items()},
+        "efficiency_vs_1_node_span": {n: round(e, 3) for n, e in steady.items()},
+    }
+    lines = [
+        f"scaling: {TRIALS} trials of {EPOCHS} epochs x {SLEEP} s waiting ({ideal / TRIALS:.1f} s of work each), one trial per node at a time:",
+        "  nodes  trial span  (ideal)  trials/min  efficiency | whole Tune run  efficiency | mean trial",
+    ]
     for n in NODES:
-        lines.append(f"  {n:>5}  {spans[n]:8.1f} s  ({ideal / n:5.1f})  {60 * TRIALS / spans[n]:10.1f}  {steady[n]:10.3f} | "
-                     f"{walls[n]:12.1f} s  {efficiency[n]:10.3f} | {trial_s[n]:.2f} s")
-    lines.append(f"  goal: efficiency >= 0.9 at 4 nodes -> trial span {steady[4]:.3f} ({'met' if steady[4] >= 0.9 else 'NOT met'}), "
-                 f"whole run {efficiency[4]:.3f} ({'met' if efficiency[4] >= 0.9 else 'NOT met'}; Tune's start of a run is fixed)")
+        lines.append(
+            f"  {n:>5}  {spans[n]:8.1f} s  ({ideal / n:5.1f})  {60 * TRIALS / spans[n]:10.1f}  {steady[n]:10.3f} | "
+            f"{walls[n]:12.1f} s  {efficiency[n]:10.3f} | {trial_s[n]:.2f} s"
+        )
+    lines.append(
+        f"  goal: efficiency >= 0.9 at 4 nodes -> trial span {steady[4]:.3f} ({'met' if steady[4] >= 0.9 else 'NOT met'}), "
+        f"whole run {efficiency[4]:.3f} ({'met' if efficiency[4] >= 0.9 else 'NOT met'}; Tune's start of a run is fixed)"
+    )
     save("scaling", figures, lines)
 
 

@@ -21,12 +21,17 @@ def main() -> None:
         selection.append(record.selection_score)
         test.append(record.test_score)
     figures = {
-        "selection": selection, "test": test,
-        "selection_mean": round(statistics.mean(selection), 4), "selection_std": round(statistics.stdev(selection), 4),
-        "test_mean": round(statistics.mean(test), 4), "test_std": round(statistics.stdev(test), 4),
+        "selection": selection,
+        "test": test,
+        "selection_mean": round(statistics.mean(selection), 4),
+        "selection_std": round(statistics.stdev(selection), 4),
+        "test_mean": round(statistics.mean(test), 4),
+        "test_std": round(statistics.stdev(test), 4),
     }
-    lines = [f"digits seed trainer (default knobs): selection {figures['selection_mean']:.4f} ± {figures['selection_std']:.4f}, "
-             f"test {figures['test_mean']:.4f} ± {figures['test_std']:.4f} (3 seeds: {selection} / {test})"]
+    lines = [
+        f"digits seed trainer (default knobs): selection {figures['selection_mean']:.4f} ± {figures['selection_std']:.4f}, "
+        f"test {figures['test_mean']:.4f} ± {figures['test_std']:.4f} (3 seeds: {selection} / {test})"
+    ]
     save("seed_baseline", figures, lines)
 
 

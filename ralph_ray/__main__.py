@@ -71,9 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from ralph_ray.config import ClusterMode
     from ralph_ray.raycluster import ClusterError, ensure_ray
     from ralph_ray.rundir import CampaignError
-    from ralph_ray.tasks.base import DataError
-
     from ralph_ray.sandbox import SandboxError, check
+    from ralph_ray.tasks.base import DataError
 
     try:
         check(cfg.sandbox.policy())  # before Ray starts: no sandbox, no campaign (unless sandbox=none)
@@ -85,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         err.print(str(error), markup=False, highlight=False)  # server messages may hold [brackets]
         return ExitCode.safeguard_or_config
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray resume=<run_id>`[/]")
+        err.print(
+            "[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray resume=<run_id>`[/]"
+        )
         return ExitCode.error
     except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
         err.print("[red]unrecoverable error:[/]")

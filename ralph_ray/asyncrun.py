@@ -60,15 +60,28 @@ class AsyncCampaign(Campaign):
         self.stop_now = False
         self._usage_parts = 0  # agent_usage parts written by this process (the spend cache's key)
         self._spent: tuple[tuple[int, int], history.Spend] | None = None
-        self.pool = Pool(PoolSettings(cfg.search.space, cfg.search.relative_span, pop.parents, pop.explore,
-                                      pop.one_per_lineage, cfg.search.seed))
+        self.pool = Pool(
+            PoolSettings(
+                cfg.search.space,
+                cfg.search.relative_span,
+                pop.parents,
+                pop.explore,
+                pop.one_per_lineage,
+                cfg.search.seed,
+            )
+        )
         bred = self._rebuild()
         self.state.phase = Phase.train
         self._save_state()
-        plan = BreedingPlan(ahead=max(1, cfg.search.max_concurrent), children_budget=(cfg.safeguards.max_cycles - 1)
-                            * self.per_generation, max_generation=cfg.safeguards.max_cycles, parents=pop.parents,
-                            explore=pop.explore, one_per_lineage=pop.one_per_lineage,
-                            seed=cfg.agent.seed * 1000 + len(self.children))
+        plan = BreedingPlan(
+            ahead=max(1, cfg.search.max_concurrent),
+            children_budget=(cfg.safeguards.max_cycles - 1) * self.per_generation,
+            max_generation=cfg.safeguards.max_cycles,
+            parents=pop.parents,
+            explore=pop.explore,
+            one_per_lineage=pop.one_per_lineage,
+            seed=cfg.agent.seed * 1000 + len(self.children),
+        )
         self.breeder = BackgroundBreeder(self.pool, plan, bred, self._grow, self._log)
         self.breeder.start()
         try:
@@ -86,8 +99,16 @@ class AsyncCampaign(Campaign):
         self._close_generations()
         state = self.state
         code = ExitCode(state.exit_code if state.exit_code is not None else ExitCode.ok)
-        return Outcome(self.run_id, self.run_dir, self.kb.root, code, state.stop_reason or "", state.best_variant_id,
-                       state.best_selection_score, self.trials)
+        return Outcome(
+            self.run_id,
+            self.run_dir,
+            self.kb.root,
+            code,
+            state.stop_reason or "",
+            state.best_variant_id,
+            state.best_selection_score,
+            self.trials,
+        )
 
     # -- the Tune run ----------------------------------------------------------------------------
 
@@ -97,27 +118,36 @@ class AsyncCampaign(Campaign):
         tune_dir = root / "tune"
         session = len(list(tune_dir.glob("session_*"))) + 1 if tune_dir.exists() else 1
         spec = trial_spec(cfg, [], root / "trials", self.data, relative=False)  # code comes with each trial's config
-        ledger = TrialLedger(self.run_id, 0, self.labels, spec.trials_root, spec.seed, cfg.search.metric,
-                             self._sink)
-        trainable = tune.with_resources(tune.with_parameters(run_member_trial, spec=spec),
-                                        {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu})
+        ledger = TrialLedger(self.run_id, 0, self.labels, spec.trials_root, spec.seed, cfg.search.metric, self._sink)
+        trainable = tune.with_resources(
+            tune.with_parameters(run_member_trial, spec=spec), {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu}
+        )
         tuner = tune.Tuner(
             trainable,
             tune_config=tune.TuneConfig(
-                metric=cfg.search.metric, mode=cfg.search.mode,
+                metric=cfg.search.metric,
+                mode=cfg.search.mode,
                 search_alg=PopulationSearcher(self.pool, cfg.search.metric, cfg.search.mode),
-                scheduler=scheduler(cfg), num_samples=-1, max_concurrent_trials=cfg.search.max_concurrent,
-                reuse_actors=cfg.search.reuse_actors, trial_dirname_creator=lambda trial: trial.trial_id,
+                scheduler=scheduler(cfg),
+                num_samples=-1,
+                max_concurrent_trials=cfg.search.max_concurrent,
+                reuse_actors=cfg.search.reuse_actors,
+                trial_dirname_creator=lambda trial: trial.trial_id,
             ),
             run_config=tune.RunConfig(
-                name=f"session_{session:02d}", storage_path=storage_path(cfg, tune_dir),
-                callbacks=[ledger, _KillDuringTrial()], stop=_StopNow(self), verbose=0,
+                name=f"session_{session:02d}",
+                storage_path=storage_path(cfg, tune_dir),
+                callbacks=[ledger, _KillDuringTrial()],
+                stop=_StopNow(self),
+                verbose=0,
                 failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             ),
         )
-        self.console.print(f"[bold magenta]async[/] one Tune run, {cfg.search.max_concurrent} slots; children bred in "
-                           f"the background (agent {cfg.agent.backend.value})")
+        self.console.print(
+            f"[bold magenta]async[/] one Tune run, {cfg.search.max_concurrent} slots; children bred in "
+            f"the background (agent {cfg.agent.backend.value})"
+        )
         tuner.fit()
 
     def _sink(self, trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
@@ -131,8 +161,10 @@ class AsyncCampaign(Campaign):
         self.trials.append(trial)
         kill_point("after_completion")
         score = f"{trial.selection_score:.4f}" if trial.selection_score is not None else "-"
-        self._log(f"  trial {trial.trial_id} gen {trial.cycle} {trial.variant_id}: {trial.status.value} {score} "
-                  f"({trial.seconds:.1f}s){' ' + trial.reason if trial.reason else ''}")
+        self._log(
+            f"  trial {trial.trial_id} gen {trial.cycle} {trial.variant_id}: {trial.status.value} {score} "
+            f"({trial.seconds:.1f}s){' ' + trial.reason if trial.reason else ''}"
+        )
         if trial.reason == STOPPED_WITH_CYCLE:
             return  # cut short by the end of the run: a resume runs it again
         member = self.pool.finish(trial)
@@ -166,9 +198,18 @@ class AsyncCampaign(Campaign):
             with (folder / "analysis.md").open("a") as notes:
                 notes.write(analysis_note(parent, analysis) + "\n")
             known = history.known_variants(con, self.run_id) | frozenset(self.children)
-            breeder = Breeder(self.coder, self.gate, variants_root, folder, cfg.population.children_per_parent,
-                              cfg.agent.max_retries, cfg.agent.concurrency, known, cfg.safeguards.tokens_per_cycle,
-                              self._log)
+            breeder = Breeder(
+                self.coder,
+                self.gate,
+                variants_root,
+                folder,
+                cfg.population.children_per_parent,
+                cfg.agent.max_retries,
+                cfg.agent.concurrency,
+                known,
+                cfg.safeguards.tokens_per_cycle,
+                self._log,
+            )
             children, wasted = breed(breeder, parent, view, analysis)
             usage += [(c.variant_id, c.usage) for c in children if c.usage.calls]
             if wasted.calls:
@@ -176,11 +217,19 @@ class AsyncCampaign(Campaign):
         children = [c for c in children if c.variant_id not in self.children and c.variant_id != c.parent_id]
         with self.kb_lock:
             rows = records.variant_rows(self.run_id, generation, children, cfg.agent)
-            self.kb.put("variants", rows, records.part(self.run_id, generation, "bred", parent.variant_id,
-                                                       str(time.time_ns())))
-            self.kb.put("agent_usage", [records.usage_row(self.run_id, generation, "coder" if v != parent.variant_id
-                                                          else "analyst", v, u, cfg.agent) for v, u in usage],
-                        records.part(self.run_id, generation, "usage", parent.variant_id, str(time.time_ns())))
+            self.kb.put(
+                "variants", rows, records.part(self.run_id, generation, "bred", parent.variant_id, str(time.time_ns()))
+            )
+            self.kb.put(
+                "agent_usage",
+                [
+                    records.usage_row(
+                        self.run_id, generation, "coder" if v != parent.variant_id else "analyst", v, u, cfg.agent
+                    )
+                    for v, u in usage
+                ],
+                records.part(self.run_id, generation, "usage", parent.variant_id, str(time.time_ns())),
+            )
             self._usage_parts += 1
         kill_point("child_written")
         for child in children:
@@ -194,9 +243,17 @@ class AsyncCampaign(Campaign):
     def _member(self, child: Child, generation: int, started: int = 0) -> Member:
         seed = child.status is VariantStatus.seed
         wanted = self.cfg.search.num_samples if seed else self.cfg.population.trials_per_child
-        return Member(child.variant_id, child.parent_id or None, generation, member_code(child.files_dir),
-                      dict(child.own_knobs), relative=self.cfg.search.relative and not seed, wanted=wanted,
-                      parent_score=child.parent_score, started=started)
+        return Member(
+            child.variant_id,
+            child.parent_id or None,
+            generation,
+            member_code(child.files_dir),
+            dict(child.own_knobs),
+            relative=self.cfg.search.relative and not seed,
+            wanted=wanted,
+            parent_score=child.parent_score,
+            started=started,
+        )
 
     # -- verdicts, decisions ---------------------------------------------------------------------
 
@@ -205,19 +262,26 @@ class AsyncCampaign(Campaign):
         child = self.children[member.variant_id]
         if child.variant_id in self.judged or child.status is not VariantStatus.candidate:
             return
-        child.status, child.reason = child_verdict(member.finished, member.failed, member.best, child.parent_score,
-                                                   self.cfg.safeguards.min_delta, child.reason)
+        child.status, child.reason = child_verdict(
+            member.finished, member.failed, member.best, child.parent_score, self.cfg.safeguards.min_delta, child.reason
+        )
         self.judged.add(child.variant_id)
         scores = {child.variant_id: (member.best, None)} if member.best is not None else {}
         with self.kb_lock:
-            self.kb.put("variants", records.variant_rows(self.run_id, member.generation, [child], self.cfg.agent,
-                                                         scores),
-                        records.part(self.run_id, member.generation, "judged", child.variant_id))
-            self.kb.put("interventions", records.intervention_rows(self.run_id, self.cfg.task.name, member.generation,
-                                                                   child, member.best),
-                        records.part(self.run_id, member.generation, "effects", child.variant_id))
-        self._log(f"  child {child.variant_id} (gen {member.generation}, +{' + '.join(child.interventions)}): "
-                  f"{child.status.value}")
+            self.kb.put(
+                "variants",
+                records.variant_rows(self.run_id, member.generation, [child], self.cfg.agent, scores),
+                records.part(self.run_id, member.generation, "judged", child.variant_id),
+            )
+            self.kb.put(
+                "interventions",
+                records.intervention_rows(self.run_id, self.cfg.task.name, member.generation, child, member.best),
+                records.part(self.run_id, member.generation, "effects", child.variant_id),
+            )
+        self._log(
+            f"  child {child.variant_id} (gen {member.generation}, +{' + '.join(child.interventions)}): "
+            f"{child.status.value}"
+        )
 
     def _closed(self) -> int:
         """Generations closed so far: the seed's knob search, then one per `parents x children_per_parent` judged."""
@@ -248,8 +312,17 @@ class AsyncCampaign(Campaign):
         bests = state.best_by_cycle[:-1] + [state.best_selection_score]
         spent = self._spend(max(1, closed))
         state.gate_fail_streak = self._gate_streak()
-        facts = CycleFacts(max(1, closed), bests, cfg.target_score(), spent.tokens_cycle, spent.tokens_campaign,
-                           spent.cost_campaign, state.gate_fail_streak, self._elapsed(), manual)
+        facts = CycleFacts(
+            max(1, closed),
+            bests,
+            cfg.target_score(),
+            spent.tokens_cycle,
+            spent.tokens_campaign,
+            spent.cost_campaign,
+            state.gate_fail_streak,
+            self._elapsed(),
+            manual,
+        )
         decision = decide(facts, cfg.safeguards)
         if decision.reason is StopReason.no_trial_completed and not final and closed == 0:
             return
@@ -273,10 +346,15 @@ class AsyncCampaign(Campaign):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "decision.json").write_text(json.dumps(data, indent=2))
         with self.kb_lock:
-            self.kb.put("decisions", [records.decision_row(self.run_id, decision, facts, self.state.best_variant_id)],
-                        records.part(self.run_id, decision.cycle))
-        self.console.print(f"[bold magenta]generation {decision.cycle}[/] [bold]decide[/] {data['decision']} "
-                           f"({decision.reason.value}): {decision.rationale}")
+            self.kb.put(
+                "decisions",
+                [records.decision_row(self.run_id, decision, facts, self.state.best_variant_id)],
+                records.part(self.run_id, decision.cycle),
+            )
+        self.console.print(
+            f"[bold magenta]generation {decision.cycle}[/] [bold]decide[/] {data['decision']} "
+            f"({decision.reason.value}): {decision.rationale}"
+        )
         self.console.print(f"  {budgets_line(decision, facts, self.cfg.safeguards)}")
 
     def _spend(self, generation: int) -> history.Spend:
@@ -311,15 +389,22 @@ class AsyncCampaign(Campaign):
             folder = self.run_dir / "generations" / f"gen_{generation:04d}"
             folder.mkdir(parents=True, exist_ok=True)
             analysis = (folder / "analysis.md").read_text() if (folder / "analysis.md").exists() else ""
-            rows.append(records.cycle_row(self.run_id, generation, counts.get(generation, 0), best, asked, folder,
-                                          analysis))
+            rows.append(
+                records.cycle_row(self.run_id, generation, counts.get(generation, 0), best, asked, folder, analysis)
+            )
         with self.kb_lock:
             self.kb.put("cycles", rows, records.part(self.run_id, 0, "generations"))
             for generation in counts:  # one part per generation instead of one per trial: readers pay per file
-                self.kb.compact("epochs", records.trial_parts(self.run_id, generation),
-                                records.part(self.run_id, generation, "compacted"))
-                self.kb.compact("trials", records.trial_parts(self.run_id, generation),
-                                records.part(self.run_id, generation, "compacted"))
+                self.kb.compact(
+                    "epochs",
+                    records.trial_parts(self.run_id, generation),
+                    records.part(self.run_id, generation, "compacted"),
+                )
+                self.kb.compact(
+                    "trials",
+                    records.trial_parts(self.run_id, generation),
+                    records.part(self.run_id, generation, "compacted"),
+                )
 
     def _generation_of(self, child: Child) -> int:
         member = self.pool.members.get(child.variant_id)
@@ -351,19 +436,44 @@ class AsyncCampaign(Campaign):
         rows = con.execute(sql.ASYNC_VARIANTS, [self.run_id]).fetchall()
         if not rows:
             seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants")
-            self.kb.put("variants", records.variant_rows(self.run_id, 1, [seed], self.cfg.agent),
-                        records.part(self.run_id, 1, "seed"))
+            self.kb.put(
+                "variants",
+                records.variant_rows(self.run_id, 1, [seed], self.cfg.agent),
+                records.part(self.run_id, 1, "seed"),
+            )
             self.pool.add(self._member(seed, 1))
             self._log(f"  seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
             return 0
         trials = con.execute(sql.ASYNC_TRIALS, [self.run_id, STOPPED_WITH_CYCLE]).fetchall()
-        for (variant_id, parent_id, generation, status, files_dir, diff, interventions, diagnosis, rationale, reason,
-             parent_score) in rows:
+        for (
+            variant_id,
+            parent_id,
+            generation,
+            status,
+            files_dir,
+            diff,
+            interventions,
+            diagnosis,
+            rationale,
+            reason,
+            parent_score,
+        ) in rows:
             files = Path(files_dir)
             status = VariantStatus(status)
             own = read_knobs((files / "train.py").read_text()) if (files / "train.py").exists() else {}
-            child = Child(variant_id, parent_id or "", files, json.loads(interventions or "[]"), diagnosis or "",
-                          rationale or "", status, reason, diff or "", own, parent_score)
+            child = Child(
+                variant_id,
+                parent_id or "",
+                files,
+                json.loads(interventions or "[]"),
+                diagnosis or "",
+                rationale or "",
+                status,
+                reason,
+                diff or "",
+                own,
+                parent_score,
+            )
             if status is not VariantStatus.seed:
                 self.children[variant_id] = child
             if status is VariantStatus.rejected:
@@ -376,16 +486,21 @@ class AsyncCampaign(Campaign):
             self.pool.add(member)
             for _, _, trial_status, knobs, score in mine:
                 self.pool.warm_start(variant_id, json.loads(knobs or "{}"), score, TrialStatus(trial_status))
-                if trial_status == TrialStatus.completed.value and score is not None and (member.best is None
-                                                                                          or score > member.best):
+                if (
+                    trial_status == TrialStatus.completed.value
+                    and score is not None
+                    and (member.best is None or score > member.best)
+                ):
                     member.best, member.best_knobs = float(score), json.loads(knobs or "{}")
             if status not in (VariantStatus.candidate, VariantStatus.seed):
                 self.judged.add(variant_id)
             elif member.judged and status is VariantStatus.candidate:
                 self._judge(member)  # its last trial was recorded, its verdict not yet
         queued = self.pool.queued()
-        self._log(f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "
-                  f"{len(self.children)} children ({queued} waiting for a slot)")
+        self._log(
+            f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "
+            f"{len(self.children)} children ({queued} waiting for a slot)"
+        )
         return len(self.children)
 
 
@@ -411,4 +526,3 @@ class _KillDuringTrial(tune.Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict[str, Any], **info: Any) -> None:
         kill_point("trial_running")
-

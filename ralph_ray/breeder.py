@@ -39,8 +39,14 @@ class BreedingPlan:
 class BackgroundBreeder(threading.Thread):
     """Keeps `pool`'s queue topped up with children from `grow(parent, generation)` until told to stop."""
 
-    def __init__(self, pool: Pool, plan: BreedingPlan, bred: int, grow: Callable[[Candidate, int], list[Child]],
-                 log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        plan: BreedingPlan,
+        bred: int,
+        grow: Callable[[Candidate, int], list[Child]],
+        log: Callable[[str], None],
+    ) -> None:
         super().__init__(name="ralph-breeder", daemon=True)
         self.pool, self.plan, self.grow, self.log = pool, plan, grow, log
         self.bred = bred  # children bred so far (a resumed campaign counts those in the KB)

@@ -33,8 +33,10 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
     splits = prepare_splits(cfg)
     state = open_run(cfg, run_dir, resuming, console.print)
-    console.print(f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value})\n"
-                  f"  run dir: {run_dir}\n  knowledge base: {kb_root}")
+    console.print(
+        f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value})\n"
+        f"  run dir: {run_dir}\n  knowledge base: {kb_root}"
+    )
     kb = EventedKB(kb_root, run_dir)  # a KnowledgeBase that also writes <run_dir>/events.jsonl
     kb.init()
     base = records.run_row(cfg, run_id, run_dir, history.started_at(kb.reader(), run_id) if resuming else None)

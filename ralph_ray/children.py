@@ -16,7 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ralph_ray.agents.base import AgentError, Analysis, Analyst, Coder, Diagnosis, InterventionEffect, ParentView, Recommendation, Usage
+from ralph_ray.agents.base import (
+    AgentError,
+    Analysis,
+    Analyst,
+    Coder,
+    Diagnosis,
+    InterventionEffect,
+    ParentView,
+    Recommendation,
+    Usage,
+)
 from ralph_ray.decision import child_verdict
 from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
@@ -44,12 +54,24 @@ class Child:
 
     def as_json(self) -> dict[str, Any]:
         """For children.json (resume reads it back)."""
-        return {**self.__dict__, "files_dir": str(self.files_dir), "status": self.status.value, "usage": self.usage.__dict__}
+        return {
+            **self.__dict__,
+            "files_dir": str(self.files_dir),
+            "status": self.status.value,
+            "usage": self.usage.__dict__,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Child:
         """Inverse of as_json."""
-        return cls(**{**data, "files_dir": Path(data["files_dir"]), "status": VariantStatus(data["status"]), "usage": Usage(**data["usage"])})
+        return cls(
+            **{
+                **data,
+                "files_dir": Path(data["files_dir"]),
+                "status": VariantStatus(data["status"]),
+                "usage": Usage(**data["usage"]),
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -87,33 +109,58 @@ def seed_child(trainer_dir: Path, variants_root: Path) -> Child:
     seed = snapshot(trainer_dir, variants_root)
     (seed.files_dir.parent / "diff.patch").write_text("")
     knobs = read_knobs((seed.files_dir / "train.py").read_text())
-    return Child(seed.variant_id, "", seed.files_dir, [], Diagnosis.healthy.value, "the seed trainer",
-                 VariantStatus.seed, None, "", knobs, None)
+    return Child(
+        seed.variant_id,
+        "",
+        seed.files_dir,
+        [],
+        Diagnosis.healthy.value,
+        "the seed trainer",
+        VariantStatus.seed,
+        None,
+        "",
+        knobs,
+        None,
+    )
 
 
 def analysis_note(parent: Candidate, analysis: Analysis) -> str:
     """One parent's section of the cycle's analysis.md."""
     diagnoses = ", ".join(d.value for d in analysis.diagnoses) or "-"
-    return (f"## parent {parent.variant_id} (selection {parent.selection_score:.4f})\n\n"
-            f"diagnoses: {diagnoses}\n\n{analysis.summary}\n")
+    return (
+        f"## parent {parent.variant_id} (selection {parent.selection_score:.4f})\n\n"
+        f"diagnoses: {diagnoses}\n\n{analysis.summary}\n"
+    )
 
 
 def analysis_json(analysis: Analysis) -> dict[str, Any]:
     """One parent's entry of recommendations.json (the write phase, resumed or not, reads it back)."""
-    return {"diagnoses": [d.value for d in analysis.diagnoses], "summary": analysis.summary,
-            "recommendations": [{**asdict(r), "diagnosis": r.diagnosis.value} for r in analysis.recommendations]}
+    return {
+        "diagnoses": [d.value for d in analysis.diagnoses],
+        "summary": analysis.summary,
+        "recommendations": [{**asdict(r), "diagnosis": r.diagnosis.value} for r in analysis.recommendations],
+    }
 
 
 def analysis_from_json(variant_id: str, entry: dict[str, Any] | None) -> Analysis:
     """Inverse of analysis_json; no entry (no analyst ran) is an empty analysis."""
     entry = entry or {"diagnoses": [], "summary": "", "recommendations": []}
-    return Analysis(variant_id, [Diagnosis(d) for d in entry["diagnoses"]], entry["summary"],
-                    [Recommendation(**{**r, "diagnosis": Diagnosis(r["diagnosis"])}) for r in entry["recommendations"]])
+    return Analysis(
+        variant_id,
+        [Diagnosis(d) for d in entry["diagnoses"]],
+        entry["summary"],
+        [Recommendation(**{**r, "diagnosis": Diagnosis(r["diagnosis"])}) for r in entry["recommendations"]],
+    )
 
 
-def analyse_parents(analyst: Analyst | None, parents: list[Candidate], view: Callable[[Candidate], ParentView],
-                    effects: list[InterventionEffect], shown: int, log: Callable[[str], None],
-                    ) -> tuple[list[str], dict[str, Any], list[tuple[str, Usage]]]:
+def analyse_parents(
+    analyst: Analyst | None,
+    parents: list[Candidate],
+    view: Callable[[Candidate], ParentView],
+    effects: list[InterventionEffect],
+    shown: int,
+    log: Callable[[str], None],
+) -> tuple[list[str], dict[str, Any], list[tuple[str, Usage]]]:
     """Every parent diagnosed: its analysis.md section, its recommendations.json entry, and what each call cost.
 
     Each parent's view is built even without an analyst (agent=none): it bakes the knob children's code.
@@ -136,8 +183,13 @@ def analyse_parents(analyst: Analyst | None, parents: list[Candidate], view: Cal
     return notes, recs, spent
 
 
-def grow(breeder: Breeder, parents: list[Candidate], view: Callable[[Candidate], ParentView], recs: dict[str, Any],
-         baked: Callable[[str], Path]) -> tuple[list[Child], list[tuple[str, Usage]]]:
+def grow(
+    breeder: Breeder,
+    parents: list[Candidate],
+    view: Callable[[Candidate], ParentView],
+    recs: dict[str, Any],
+    baked: Callable[[str], Path],
+) -> tuple[list[Child], list[tuple[str, Usage]]]:
     """Every parent's children: bred from its recommendations, or (no coder) its knob child from `baked(parent id)`.
 
     Also returns what the attempts that produced no child cost, per parent (budgets count them).
@@ -147,8 +199,10 @@ def grow(breeder: Breeder, parents: list[Candidate], view: Callable[[Candidate],
     for parent in parents:
         if breeder.coder is None:
             children.append(knob_child(parent, baked(parent.variant_id), breeder.variants_root))
-            breeder.log(f"  child {children[-1].variant_id} of {parent.variant_id}: knob search "
-                        f"(best knobs {parent.best_knobs})")
+            breeder.log(
+                f"  child {children[-1].variant_id} of {parent.variant_id}: knob search "
+                f"(best knobs {parent.best_knobs})"
+            )
             continue
         analysis = analysis_from_json(parent.variant_id, recs.get(parent.variant_id))
         grown, spent = breed(breeder, parent, view(parent), analysis)
@@ -160,17 +214,24 @@ def grow(breeder: Breeder, parents: list[Candidate], view: Callable[[Candidate],
     return children, wasted
 
 
-def judge(children: list[Child], scores: dict[str, tuple[float, float | None]], trials: dict[str, tuple[int, int]],
-          min_delta: float) -> None:
+def judge(
+    children: list[Child],
+    scores: dict[str, tuple[float, float | None]],
+    trials: dict[str, tuple[int, int]],
+    min_delta: float,
+) -> None:
     """Give each candidate its verdict (decision.child_verdict) from its best score and its (run, failed) trials."""
     for child in children:
         if child.status is VariantStatus.candidate:
             score = scores.get(child.variant_id, (None, None))[0]
-            child.status, child.reason = child_verdict(*trials.get(child.variant_id, (0, 0)), score, child.parent_score,
-                                                       min_delta, child.reason)
+            child.status, child.reason = child_verdict(
+                *trials.get(child.variant_id, (0, 0)), score, child.parent_score, min_delta, child.reason
+            )
 
 
-def analyse(analyst: Analyst, view: ParentView, effects: list[InterventionEffect], log: Callable[[str], None]) -> tuple[Analysis, Usage]:
+def analyse(
+    analyst: Analyst, view: ParentView, effects: list[InterventionEffect], log: Callable[[str], None]
+) -> tuple[Analysis, Usage]:
     """The analyst's reading of one parent; an analyst failure becomes an empty analysis with the reason."""
     usage = Usage()
     try:
@@ -200,7 +261,7 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
         return child
 
     # First pass: the top choices concurrently; then top up from the rest when some were duplicates.
-    first, rest = recommendations[: breeder.children_per_parent], recommendations[breeder.children_per_parent:]
+    first, rest = recommendations[: breeder.children_per_parent], recommendations[breeder.children_per_parent :]
     with ThreadPoolExecutor(max_workers=breeder.concurrency) as pool:
         children = [c for c in pool.map(lambda pair: attempt(*pair), enumerate(first)) if c is not None]
     index = len(first)
@@ -212,8 +273,16 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
     return children, wasted
 
 
-def _one_child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recommendation, index: int,
-               seen: set[str], lock: threading.Lock, usage: Usage) -> Child | None:
+def _one_child(
+    breeder: Breeder,
+    parent: Candidate,
+    view: ParentView,
+    rec: Recommendation,
+    index: int,
+    seen: set[str],
+    lock: threading.Lock,
+    usage: Usage,
+) -> Child | None:
     """Write, gate, retry. None when the result duplicates a known variant (the slot goes to the next idea)."""
     assert breeder.coder is not None
     workdir = breeder.cycle_dir / "drafts" / f"{parent.variant_id}-{index:02d}"
@@ -248,27 +317,80 @@ def _one_child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recom
             if variant.variant_id in seen:
                 return None
             seen.add(variant.variant_id)
-        return _child(breeder, parent, view, rec, variant.variant_id, variant.files_dir, interventions, rationale,
-                      VariantStatus.candidate, None, attempt, usage)
+        return _child(
+            breeder,
+            parent,
+            view,
+            rec,
+            variant.variant_id,
+            variant.files_dir,
+            interventions,
+            rationale,
+            VariantStatus.candidate,
+            None,
+            attempt,
+            usage,
+        )
     # Rejected: keep its last attempt's files so the diff shows what went wrong.
     files = workdir if workdir.exists() else view.files_dir
     variant = snapshot(files, breeder.variants_root, parent_id=parent.variant_id)
-    return _child(breeder, parent, view, rec, variant.variant_id, variant.files_dir, interventions, rationale,
-                  VariantStatus.rejected, reason, breeder.max_retries + 1, usage)
+    return _child(
+        breeder,
+        parent,
+        view,
+        rec,
+        variant.variant_id,
+        variant.files_dir,
+        interventions,
+        rationale,
+        VariantStatus.rejected,
+        reason,
+        breeder.max_retries + 1,
+        usage,
+    )
 
 
-def _child(breeder: Breeder, parent: Candidate, view: ParentView, rec: Recommendation, variant_id: str, files_dir: Path,
-           interventions: list[str], rationale: str, status: VariantStatus, reason: str | None, attempts: int, usage: Usage) -> Child:
+def _child(
+    breeder: Breeder,
+    parent: Candidate,
+    view: ParentView,
+    rec: Recommendation,
+    variant_id: str,
+    files_dir: Path,
+    interventions: list[str],
+    rationale: str,
+    status: VariantStatus,
+    reason: str | None,
+    attempts: int,
+    usage: Usage,
+) -> Child:
     diff = unified_diff(view.files_dir, files_dir)
     (files_dir.parent / "diff.patch").write_text(diff)
     own = read_knobs((files_dir / "train.py").read_text()) if status is VariantStatus.candidate else {}
-    child = Child(variant_id, parent.variant_id, files_dir, interventions, rec.diagnosis.value if isinstance(rec.diagnosis, Diagnosis) else str(rec.diagnosis),
-                  rationale, status, reason, diff, own, parent.selection_score, attempts, usage)
-    (files_dir.parent / "meta.json").write_text(json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str))
+    child = Child(
+        variant_id,
+        parent.variant_id,
+        files_dir,
+        interventions,
+        rec.diagnosis.value if isinstance(rec.diagnosis, Diagnosis) else str(rec.diagnosis),
+        rationale,
+        status,
+        reason,
+        diff,
+        own,
+        parent.selection_score,
+        attempts,
+        usage,
+    )
+    (files_dir.parent / "meta.json").write_text(
+        json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str)
+    )
     verdict = "ok" if status is VariantStatus.candidate else f"REJECTED ({reason})"
     # One line per child; the full rationale is in the variant's meta.json, the KB (variants.rationale) and the app.
-    breeder.log(f"  child {variant_id} of {parent.variant_id}: {' + '.join(interventions)} [{child.diagnosis}] -> {verdict}"
-                f"; why: {one_line(rationale)}")
+    breeder.log(
+        f"  child {variant_id} of {parent.variant_id}: {' + '.join(interventions)} [{child.diagnosis}] -> {verdict}"
+        f"; why: {one_line(rationale)}"
+    )
     return child
 
 
@@ -284,7 +406,18 @@ def knob_child(parent: Candidate, baked: Path, variants_root: Path) -> Child:
     own = read_knobs((variant.files_dir / "train.py").read_text())
     diff = unified_diff(variants_root / parent.variant_id / "files", variant.files_dir)
     (variant.files_dir.parent / "diff.patch").write_text(diff)
-    return Child(variant.variant_id, parent.variant_id, variant.files_dir, ["knob_search"], Diagnosis.healthy.value,
-                 "knob search only (agent=none): the parent with its best trial's knobs", VariantStatus.candidate, None,
-                 diff, own, parent.selection_score, 1, Usage())
-
+    return Child(
+        variant.variant_id,
+        parent.variant_id,
+        variant.files_dir,
+        ["knob_search"],
+        Diagnosis.healthy.value,
+        "knob search only (agent=none): the parent with its best trial's knobs",
+        VariantStatus.candidate,
+        None,
+        diff,
+        own,
+        parent.selection_score,
+        1,
+        Usage(),
+    )

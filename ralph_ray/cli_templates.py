@@ -45,15 +45,20 @@ def load_template(name: str, command: str | None = None) -> CliTemplate:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        raise TemplateError("agent.cli_template", f"no CLI template {path}",
-                            f"set agent.cli_template to one of {known}, or set agent.cli_command") from None
+        raise TemplateError(
+            "agent.cli_template",
+            f"no CLI template {path}",
+            f"set agent.cli_template to one of {known}, or set agent.cli_command",
+        ) from None
     except yaml.YAMLError as err:
         raise TemplateError("agent.cli_template", f"{path} is not valid YAML: {err}", f"repair {path}") from None
     if not isinstance(data, dict):
         raise TemplateError("agent.cli_template", f"{path} is not a mapping", "give it command, model_args, env")
     line = command or data.get("command")
     if not line:
-        raise TemplateError("agent.cli_command", f"template {name} has no command of its own",
-                            f"set agent.cli_command='my-agent {{prompt_file}}', or agent.cli_template to one of "
-                            f"{known}")
+        raise TemplateError(
+            "agent.cli_command",
+            f"template {name} has no command of its own",
+            f"set agent.cli_command='my-agent {{prompt_file}}', or agent.cli_template to one of {known}",
+        )
     return CliTemplate(name, " ".join(str(line).split()), data.get("model_args"), tuple(data.get("env") or ()))

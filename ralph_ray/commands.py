@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ralph_ray import sql
+from ralph_ray.control import request_stop
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.kb import open_reader
-from ralph_ray.control import request_stop
 from ralph_ray.state import CampaignState
 
 COMMANDS = ("status", "stop", "report", "export", "track")
@@ -36,15 +36,21 @@ def main(argv: list[str], console: Console) -> int:
         return ExitCode.safeguard_or_config
     run_id = rest[0] if rest else _latest(runs)
     if run_id is None:
-        console.print(f"[red]error:[/] no campaign under {runs.resolve()}: run `python -m ralph_ray` first (or pass --runs DIR)")
+        console.print(
+            f"[red]error:[/] no campaign under {runs.resolve()}: run `python -m ralph_ray` first (or pass --runs DIR)"
+        )
         return ExitCode.safeguard_or_config
     run_dir = runs / run_id
     if not (run_dir / "state.json").exists():
-        console.print(f"[red]error:[/] no campaign {run_id} under {runs.resolve()} (pass --runs DIR if it lives elsewhere)")
+        console.print(
+            f"[red]error:[/] no campaign {run_id} under {runs.resolve()} (pass --runs DIR if it lives elsewhere)"
+        )
         return ExitCode.safeguard_or_config
     if command == "stop":
         path = request_stop(run_dir, "ralph-ray stop")
-        console.print(f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `python -m ralph_ray resume={run_id}`)")
+        console.print(
+            f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `python -m ralph_ray resume={run_id}`)"
+        )
         return ExitCode.ok
     if command == "report":
         from ralph_ray.report import write_report
@@ -56,10 +62,17 @@ def main(argv: list[str], console: Console) -> int:
 
 def _status(console: Console, run_dir: Path, kb: Path) -> int:
     state = CampaignState.load(run_dir)
-    console.print(f"[bold]run {state.run_id}[/]: {state.status.value}, cycle {state.cycle}, phase {state.phase.value}, "
-                  f"elapsed {state.elapsed_s:.0f}s" + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else ""))
-    best = f"{state.best_selection_score:.4f} ({state.best_variant_id})" if state.best_selection_score is not None else "-"
-    console.print(f"  best selection score: {best};  best per cycle: {[round(b, 4) if b is not None else None for b in state.best_by_cycle]}")
+    console.print(
+        f"[bold]run {state.run_id}[/]: {state.status.value}, cycle {state.cycle}, phase {state.phase.value}, "
+        f"elapsed {state.elapsed_s:.0f}s"
+        + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
+    )
+    best = (
+        f"{state.best_selection_score:.4f} ({state.best_variant_id})" if state.best_selection_score is not None else "-"
+    )
+    console.print(
+        f"  best selection score: {best};  best per cycle: {[round(b, 4) if b is not None else None for b in state.best_by_cycle]}"
+    )
     try:
         con = open_reader(kb)
     except FileNotFoundError as err:
@@ -69,15 +82,25 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     row = con.execute(sql.RUN_CONFIG, [state.run_id]).fetchone()
     config = json.loads(row[0] if row and row[0] else "{}")
     guards = config.get("safeguards", {})
-    console.print(f"  budgets: cycles {state.cycle}/{guards.get('max_cycles')}, time {state.elapsed_s:.0f}/{guards.get('campaign_time_s')}s, "
-                  f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, agent calls {calls}")
+    console.print(
+        f"  budgets: cycles {state.cycle}/{guards.get('max_cycles')}, time {state.elapsed_s:.0f}/{guards.get('campaign_time_s')}s, "
+        f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, agent calls {calls}"
+    )
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "trials"):
         table.add_column(column)
     for row in con.execute(sql.LEADERBOARD_FOR_RUN, [state.run_id, 10]).fetchall():
         (run_id, variant, parent, cycle, status, interventions, selection, test, *_rest) = row
-        table.add_row(str(row[-1]), variant, parent or "-", " + ".join(json.loads(interventions or "[]")) or "-", status or "-",
-                      f"{selection:.4f}" if selection is not None else "-", f"{test:.4f}" if test is not None else "-", str(row[10]))
+        table.add_row(
+            str(row[-1]),
+            variant,
+            parent or "-",
+            " + ".join(json.loads(interventions or "[]")) or "-",
+            status or "-",
+            f"{selection:.4f}" if selection is not None else "-",
+            f"{test:.4f}" if test is not None else "-",
+            str(row[10]),
+        )
     console.print(table)
     return ExitCode.ok
 
@@ -118,7 +141,7 @@ def _take(argv: list[str], flag: str) -> tuple[list[str], str | None]:
     if flag not in argv or argv.index(flag) + 1 >= len(argv):
         return argv, None
     i = argv.index(flag)
-    return argv[:i] + argv[i + 2:], argv[i + 1]
+    return argv[:i] + argv[i + 2 :], argv[i + 1]
 
 
 def _options(argv: list[str]) -> tuple[list[str], Path, Path]:

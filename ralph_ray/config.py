@@ -131,7 +131,9 @@ class SafeguardsConfig:
     gate_fail_cycles: int = 2  # stop when no child passes the validation gate for this many cycles
     smoke_timeout_s: float = 120.0  # the validation gate's smoke run
     max_failures: int = 2  # retries of a trial whose node or actor was lost (from its last checkpoint); a trainer's own failure is final
-    checkpoint_every_s: float = 0.0  # trainers checkpoint at most this often (0: every epoch); only on a cluster with paths.storage
+    checkpoint_every_s: float = (
+        0.0  # trainers checkpoint at most this often (0: every epoch); only on a cluster with paths.storage
+    )
 
 
 @dataclass
@@ -164,7 +166,9 @@ class AgentConfig:
     price_in_per_m: float = 0.0  # cost per million input tokens (for cost budgets and the report)
     price_out_per_m: float = 0.0  # cost per million output tokens
     # LLM endpoint (agent=openai, and the LLM side of agent=hybrid): any OpenAI-compatible chat-completions server.
-    base_url: Optional[str] = None  # e.g. https://api.openai.com/v1, http://localhost:11434/v1 (Ollama), http://localhost:8000/v1 (vLLM)
+    base_url: Optional[str] = (
+        None  # e.g. https://api.openai.com/v1, http://localhost:11434/v1 (Ollama), http://localhost:8000/v1 (vLLM)
+    )
     model: Optional[str] = None  # the model name the server knows (CLI templates pass it on as {model})
     api_key_env: Optional[str] = "OPENAI_API_KEY"  # the NAME of the environment variable holding the key; null: no key
     timeout_s: float = 120.0  # per HTTP request
@@ -176,9 +180,13 @@ class AgentConfig:
     analyst: Optional[AgentBackend] = None  # who diagnoses parents (heuristic or openai); null: the backend's own
     # agent=cli: an external coding agent edits the child's work dir.
     cli_template: str = "generic"  # agents/cli/<name>.yaml: claude, codex, aider, opencode, generic
-    cli_command: Optional[str] = None  # replaces the template's command; placeholders {prompt} {prompt_file} {model} {workdir} {scratch}
+    cli_command: Optional[str] = (
+        None  # replaces the template's command; placeholders {prompt} {prompt_file} {model} {workdir} {scratch}
+    )
     cli_timeout_s: float = 900.0  # per call; the command's whole process group is killed past it
-    cli_env: List[str] = field(default_factory=list)  # secret-looking variables the command may see, besides the template's
+    cli_env: List[str] = field(
+        default_factory=list
+    )  # secret-looking variables the command may see, besides the template's
     # agent=hybrid: the heuristic until the campaign stalls, then the LLM, back when the LLM's children keep failing.
     hybrid_llm: AgentBackend = AgentBackend.openai  # the LLM side: openai or cli
     stall_cycles: int = 1  # cycles without improvement (safeguards.min_delta) before the LLM takes over
@@ -205,7 +213,9 @@ class SandboxConfig:
     """How agent-written code runs (conf/sandbox/bwrap.yaml; `sandbox=none` is the explicit opt-out)."""
 
     mode: SandboxMode = SandboxMode.bwrap  # bwrap: bubblewrap isolation; none: a plain subprocess (limits stay)
-    memory_mb: int = Policy.memory_mb  # per trial, smoke run or CLI agent: a cgroup where one can be made, else RLIMIT_AS
+    memory_mb: int = (
+        Policy.memory_mb
+    )  # per trial, smoke run or CLI agent: a cgroup where one can be made, else RLIMIT_AS
     processes: int = Policy.processes  # processes + threads (cgroup pids.max; else RLIMIT_NPROC)
     file_size_mb: int = Policy.file_size_mb  # largest file a run may write (RLIMIT_FSIZE)
     output_mb: int = 50  # stdout + stderr of one run; past it the rest is dropped with a marker and the trial fails
@@ -231,6 +241,7 @@ class PopulationConfig:
     def run_mode(self) -> PopulationMode:
         """`mode` as its enum (validated at load)."""
         return PopulationMode(self.mode)
+
     parents: int = 2
     children_per_parent: int = 3
     trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
@@ -287,7 +298,9 @@ class ClusterConfig:
     """How the campaign reaches Ray (conf/cluster/local.yaml, conf/cluster/address.yaml)."""
 
     mode: ClusterMode = ClusterMode.local
-    address: Optional[str] = None  # mode=address: auto (a cluster this machine belongs to), host:port; null: $RAY_ADDRESS
+    address: Optional[str] = (
+        None  # mode=address: auto (a cluster this machine belongs to), host:port; null: $RAY_ADDRESS
+    )
     # RAY_AUTH_MODE for this driver (it overrides the environment's): token, Ray's own generated secret, so nobody
     # who merely reaches Ray's ports can run code; the head and every worker run with the same mode and token.
     # disabled is the explicit opt-out, shown in the run's config, its report and the app.
@@ -332,7 +345,6 @@ class Config:
         if target is None:
             return None
         return -target if self.task.direction == "min" else target
-
 
 
 def load_config(overrides: list[str] | None = None) -> Config:
@@ -387,25 +399,35 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
         if OmegaConf.select(own, "search.space") is not None:
             raw.search.space = {}  # the task's knobs replace the default group's, not join them
         merged = OmegaConf.merge(raw, own)
-        plain = [o.lstrip("+") for o in overrides
-                 if "=" in o and not o.startswith("~") and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir()]
+        plain = [
+            o.lstrip("+")
+            for o in overrides
+            if "=" in o and not o.startswith("~") and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir()
+        ]
         return OmegaConf.merge(merged, OmegaConf.from_dotlist(plain)) if plain else merged
     except OmegaConfBaseException as err:
-        raise ConfigError("task", f"{task_yaml}: {_first_line(err)}",
-                          "task.yaml holds config keys at the top level (search:, task:, scheduler:, ...), as conf/ does") from None
+        raise ConfigError(
+            "task",
+            f"{task_yaml}: {_first_line(err)}",
+            "task.yaml holds config keys at the top level (search:, task:, scheduler:, ...), as conf/ does",
+        ) from None
 
 
 def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
     """A stored run's config (its config.yaml) with `key=value` overrides on top, e.g. a raised max_cycles."""
     stored = run_dir / "config.yaml"
     if not stored.exists():
-        raise ConfigError("resume", f"no {stored}", "check the run id and paths.runs (runs live under <paths.runs>/<run_id>/)")
+        raise ConfigError(
+            "resume", f"no {stored}", "check the run id and paths.runs (runs live under <paths.runs>/<run_id>/)"
+        )
     raw = OmegaConf.load(stored)
     plain = [o.lstrip("+") for o in overrides or [] if not o.startswith(("resume=", "+experiment", "experiment="))]
     try:
         raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
     except OmegaConfBaseException as err:
-        raise ConfigError("override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)") from None
+        raise ConfigError(
+            "override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)"
+        ) from None
     cfg = to_config(raw)
     cfg.resume = run_dir.name
     return cfg
@@ -429,7 +451,10 @@ def to_config(raw: Any) -> Config:
 def validate(cfg: Config) -> None:
     """Check values a type cannot express: signs, ranges, known names, required data roots."""
     task = _check_task(cfg)
-    for key, value in (("task.selection_fraction", cfg.task.selection_fraction), ("task.test_fraction", cfg.task.test_fraction)):
+    for key, value in (
+        ("task.selection_fraction", cfg.task.selection_fraction),
+        ("task.test_fraction", cfg.task.test_fraction),
+    ):
         if not 0.0 < value < 0.5:
             raise ConfigError(key, f"must be in (0, 0.5), got {value}", f"set {key}=0.2")
     _positive("search.num_samples", cfg.search.num_samples)
@@ -439,13 +464,23 @@ def validate(cfg: Config) -> None:
     for name, space in cfg.search.space.items():
         _check_space(name, space)
     if cfg.search.relative_span <= 1:
-        raise ConfigError("search.relative_span", f"must be > 1, got {cfg.search.relative_span}", "set search.relative_span=2")
+        raise ConfigError(
+            "search.relative_span", f"must be > 1, got {cfg.search.relative_span}", "set search.relative_span=2"
+        )
     _positive("scheduler.max_t", cfg.scheduler.max_t)
     _positive("scheduler.grace_period", cfg.scheduler.grace_period)
     if cfg.scheduler.grace_period > cfg.scheduler.max_t:
-        raise ConfigError("scheduler.grace_period", f"{cfg.scheduler.grace_period} exceeds scheduler.max_t={cfg.scheduler.max_t}", "lower grace_period or raise max_t")
+        raise ConfigError(
+            "scheduler.grace_period",
+            f"{cfg.scheduler.grace_period} exceeds scheduler.max_t={cfg.scheduler.max_t}",
+            "lower grace_period or raise max_t",
+        )
     if cfg.scheduler.reduction_factor <= 1:
-        raise ConfigError("scheduler.reduction_factor", f"must be > 1, got {cfg.scheduler.reduction_factor}", "set scheduler.reduction_factor=2")
+        raise ConfigError(
+            "scheduler.reduction_factor",
+            f"must be > 1, got {cfg.scheduler.reduction_factor}",
+            "set scheduler.reduction_factor=2",
+        )
     _positive("safeguards.trial_timeout_s", cfg.safeguards.trial_timeout_s)
     _positive("safeguards.max_cycles", cfg.safeguards.max_cycles)
     for key in ("cycle_time_s", "campaign_time_s", "tokens_per_cycle", "tokens_per_campaign", "cost_per_campaign"):
@@ -456,32 +491,57 @@ def validate(cfg: Config) -> None:
     _positive("safeguards.gate_fail_cycles", cfg.safeguards.gate_fail_cycles)
     _positive("safeguards.smoke_timeout_s", cfg.safeguards.smoke_timeout_s)
     if cfg.safeguards.max_failures < 0:
-        raise ConfigError("safeguards.max_failures", f"must be >= 0, got {cfg.safeguards.max_failures}", "set safeguards.max_failures=2 (0: never retry)")
+        raise ConfigError(
+            "safeguards.max_failures",
+            f"must be >= 0, got {cfg.safeguards.max_failures}",
+            "set safeguards.max_failures=2 (0: never retry)",
+        )
     if cfg.safeguards.checkpoint_every_s < 0:
-        raise ConfigError("safeguards.checkpoint_every_s", f"must be >= 0, got {cfg.safeguards.checkpoint_every_s}", "set safeguards.checkpoint_every_s=0 (every epoch)")
+        raise ConfigError(
+            "safeguards.checkpoint_every_s",
+            f"must be >= 0, got {cfg.safeguards.checkpoint_every_s}",
+            "set safeguards.checkpoint_every_s=0 (every epoch)",
+        )
     if cfg.safeguards.min_delta < 0:
-        raise ConfigError("safeguards.min_delta", f"must be >= 0, got {cfg.safeguards.min_delta}", "set safeguards.min_delta=0.002")
-    if cfg.target.selection_score is not None and task.metric.name in FRACTION_METRICS and not 0.0 < cfg.target.selection_score <= 1.0:
-        raise ConfigError("target.selection_score", f"{task.metric.name} is in (0, 1], got {cfg.target.selection_score}",
-                          "set target.selection_score=0.99 or null")
+        raise ConfigError(
+            "safeguards.min_delta", f"must be >= 0, got {cfg.safeguards.min_delta}", "set safeguards.min_delta=0.002"
+        )
+    if (
+        cfg.target.selection_score is not None
+        and task.metric.name in FRACTION_METRICS
+        and not 0.0 < cfg.target.selection_score <= 1.0
+    ):
+        raise ConfigError(
+            "target.selection_score",
+            f"{task.metric.name} is in (0, 1], got {cfg.target.selection_score}",
+            "set target.selection_score=0.99 or null",
+        )
     _positive("population.parents", cfg.population.parents)
     _positive("population.children_per_parent", cfg.population.children_per_parent)
     _positive("population.trials_per_child", cfg.population.trials_per_child)
     if cfg.population.mode not in {m.value for m in PopulationMode}:
-        raise ConfigError("population.mode", f"must be async or generations, got {cfg.population.mode!r}",
-                          "set population.mode=async (one Tune run) or population.mode=generations (barrier cycles)")
+        raise ConfigError(
+            "population.mode",
+            f"must be async or generations, got {cfg.population.mode!r}",
+            "set population.mode=async (one Tune run) or population.mode=generations (barrier cycles)",
+        )
     if cfg.trial.budget_s is not None:
         _positive("trial.budget_s", cfg.trial.budget_s)
     if cfg.trial.grace_s < 0:
         raise ConfigError("trial.grace_s", f"must be >= 0, got {cfg.trial.grace_s}", "set trial.grace_s=10")
     if not 0.0 <= cfg.population.explore <= 1.0:
-        raise ConfigError("population.explore", f"must be in [0, 1], got {cfg.population.explore}", "set population.explore=0.2")
+        raise ConfigError(
+            "population.explore", f"must be in [0, 1], got {cfg.population.explore}", "set population.explore=0.2"
+        )
     if cfg.agent.max_retries < 0:
         raise ConfigError("agent.max_retries", f"must be >= 0, got {cfg.agent.max_retries}", "set agent.max_retries=2")
     _positive("agent.concurrency", cfg.agent.concurrency)
     if cfg.agent.exploration < 0:
-        raise ConfigError("agent.exploration", f"must be >= 0, got {cfg.agent.exploration}",
-                          f"set agent.exploration={AgentConfig.exploration} (the default)")
+        raise ConfigError(
+            "agent.exploration",
+            f"must be >= 0, got {cfg.agent.exploration}",
+            f"set agent.exploration={AgentConfig.exploration} (the default)",
+        )
     _check_llm_agent(cfg)
     _positive("resources.cpu", cfg.resources.cpu)
     if cfg.resources.gpu < 0:
@@ -492,8 +552,11 @@ def validate(cfg: Config) -> None:
     for key in ("memory_mb", "processes", "file_size_mb", "output_mb"):
         _positive(f"sandbox.{key}", getattr(cfg.sandbox, key))
     if task.data_root is not None and not cfg.data.root:
-        raise ConfigError("data.root", f"{cfg.task.name} needs a data root",
-                          f"pass data.root=/path/to/{cfg.task.name} ({task.data_root})")
+        raise ConfigError(
+            "data.root",
+            f"{cfg.task.name} needs a data root",
+            f"pass data.root=/path/to/{cfg.task.name} ({task.data_root})",
+        )
 
 
 # Metrics whose values are fractions in [0, 1] (a target outside (0, 1] is a mistake).
@@ -505,8 +568,11 @@ def _check_task(cfg: Config) -> TaskFolder:
     folder = cfg.task_folder().expanduser().resolve()
     shipped = {ref.folder.resolve(): name for name, ref in TASKS.items()}
     if folder in shipped and cfg.task.name not in TASKS:
-        raise ConfigError("task.name", f"unknown task {cfg.task.name!r}",
-                          f"use one of {', '.join(TASKS)}, or a task folder of your own: task=./path/to/folder")
+        raise ConfigError(
+            "task.name",
+            f"unknown task {cfg.task.name!r}",
+            f"use one of {', '.join(TASKS)}, or a task folder of your own: task=./path/to/folder",
+        )
     try:
         task = load_task(folder)
     except TaskError as err:
@@ -514,13 +580,22 @@ def _check_task(cfg: Config) -> TaskFolder:
     for key, declared in (("metric", task.metric.name), ("direction", task.metric.direction.value)):
         given = getattr(cfg.task, key)
         if given is not None and given != declared:
-            raise ConfigError(f"task.{key}", f"{given!r} differs from {declared!r}, which {folder}/prepare.py declares",
-                              f"drop task.{key}: the task's METRIC decides it")
+            raise ConfigError(
+                f"task.{key}",
+                f"{given!r} differs from {declared!r}, which {folder}/prepare.py declares",
+                f"drop task.{key}: the task's METRIC decides it",
+            )
         setattr(cfg.task, key, declared)
-    if cfg.search.metric in (task.metric.name, f"val_{task.metric.name}") and cfg.search.mode != task.metric.direction.value:
-        raise ConfigError("search.mode", f"search.metric={cfg.search.metric} is the task's {task.metric.name}, better when "
-                          f"{'higher' if task.metric.direction.value == 'max' else 'lower'}, but search.mode={cfg.search.mode}",
-                          f"set search.mode={task.metric.direction.value} (in the task's task.yaml)")
+    if (
+        cfg.search.metric in (task.metric.name, f"val_{task.metric.name}")
+        and cfg.search.mode != task.metric.direction.value
+    ):
+        raise ConfigError(
+            "search.mode",
+            f"search.metric={cfg.search.metric} is the task's {task.metric.name}, better when "
+            f"{'higher' if task.metric.direction.value == 'max' else 'lower'}, but search.mode={cfg.search.mode}",
+            f"set search.mode={task.metric.direction.value} (in the task's task.yaml)",
+        )
     return task
 
 
@@ -534,20 +609,31 @@ def _check_llm_agent(cfg: Config) -> None:
         if getattr(agent, key) < 0:
             raise ConfigError(f"agent.{key}", f"must be >= 0, got {getattr(agent, key)}", f"set agent.{key}=2")
     if agent.temperature is not None and not 0.0 <= agent.temperature <= 2.0:
-        raise ConfigError("agent.temperature", f"must be in [0, 2], got {agent.temperature}", "set agent.temperature=0.2 or null")
+        raise ConfigError(
+            "agent.temperature", f"must be in [0, 2], got {agent.temperature}", "set agent.temperature=0.2 or null"
+        )
     if agent.analyst not in (None, AgentBackend.heuristic, AgentBackend.openai):
-        raise ConfigError("agent.analyst", f"{agent.analyst.value} cannot diagnose parents", "set agent.analyst=heuristic, openai or null")
+        raise ConfigError(
+            "agent.analyst",
+            f"{agent.analyst.value} cannot diagnose parents",
+            "set agent.analyst=heuristic, openai or null",
+        )
     if agent.hybrid_llm not in (AgentBackend.openai, AgentBackend.cli):
-        raise ConfigError("agent.hybrid_llm", f"must be openai or cli, got {agent.hybrid_llm.value}", "set agent.hybrid_llm=openai")
+        raise ConfigError(
+            "agent.hybrid_llm", f"must be openai or cli, got {agent.hybrid_llm.value}", "set agent.hybrid_llm=openai"
+        )
     backend = agent.backend
     llm_side = agent.hybrid_llm if backend is AgentBackend.hybrid else backend
     if backend is AgentBackend.hybrid:
         _positive("agent.llm_fail_children", agent.llm_fail_children)
         _positive("agent.stall_cycles", agent.stall_cycles)
         if agent.stall_cycles >= cfg.safeguards.plateau_cycles:
-            raise ConfigError("agent.stall_cycles", f"{agent.stall_cycles} >= safeguards.plateau_cycles={cfg.safeguards.plateau_cycles}: "
-                              "the plateau rule would stop the campaign before the LLM takes over",
-                              "lower agent.stall_cycles or raise safeguards.plateau_cycles")
+            raise ConfigError(
+                "agent.stall_cycles",
+                f"{agent.stall_cycles} >= safeguards.plateau_cycles={cfg.safeguards.plateau_cycles}: "
+                "the plateau rule would stop the campaign before the LLM takes over",
+                "lower agent.stall_cycles or raise safeguards.plateau_cycles",
+            )
     if llm_side is AgentBackend.cli:
         try:
             load_template(agent.cli_template, agent.cli_command)
@@ -557,40 +643,64 @@ def _check_llm_agent(cfg: Config) -> None:
     if backend in (AgentBackend.none, AgentBackend.heuristic) or not uses_endpoint:
         return
     if not agent.base_url:
-        raise ConfigError("agent.base_url", "an OpenAI-compatible endpoint is needed",
-                          "set agent.base_url=https://api.openai.com/v1 (or your vLLM/Ollama/llama.cpp server, ending in /v1)")
+        raise ConfigError(
+            "agent.base_url",
+            "an OpenAI-compatible endpoint is needed",
+            "set agent.base_url=https://api.openai.com/v1 (or your vLLM/Ollama/llama.cpp server, ending in /v1)",
+        )
     if not agent.model:
         raise ConfigError("agent.model", "no model named", "set agent.model=<a model the endpoint serves>")
     if agent.api_key_env and not SECRET_ENV.search(agent.api_key_env):
-        raise ConfigError("agent.api_key_env", f"{agent.api_key_env!r} does not look like a secret's name, so trainer code and CLI agents "
-                          "would see it", "keep the key in a variable whose name contains KEY, TOKEN or SECRET (e.g. GLM_API_KEY)")
+        raise ConfigError(
+            "agent.api_key_env",
+            f"{agent.api_key_env!r} does not look like a secret's name, so trainer code and CLI agents would see it",
+            "keep the key in a variable whose name contains KEY, TOKEN or SECRET (e.g. GLM_API_KEY)",
+        )
     if agent.api_key_env and not os.environ.get(agent.api_key_env):
-        raise ConfigError("agent.api_key_env", f"environment variable {agent.api_key_env} is not set",
-                          f"export {agent.api_key_env}=<your key>, or agent.api_key_env=null for a server without a key")
+        raise ConfigError(
+            "agent.api_key_env",
+            f"environment variable {agent.api_key_env} is not set",
+            f"export {agent.api_key_env}=<your key>, or agent.api_key_env=null for a server without a key",
+        )
 
 
 def _check_cluster(cfg: Config) -> None:
     """The cluster group and the storage URI: an address only where one is joined, a known auth mode."""
     cluster = cfg.cluster
     if cluster.mode is ClusterMode.local and cluster.address is not None:
-        raise ConfigError("cluster.address", f"{cluster.address!r} is set but cluster=local starts Ray in this process",
-                          f"join the cluster with `cluster=address cluster.address={cluster.address}`")
+        raise ConfigError(
+            "cluster.address",
+            f"{cluster.address!r} is set but cluster=local starts Ray in this process",
+            f"join the cluster with `cluster=address cluster.address={cluster.address}`",
+        )
     if cluster.address is not None and cluster.address.startswith("ray://"):
-        raise ConfigError("cluster.address", "Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base writer",
-                          "run the campaign on a cluster node (`ray attach cluster.yaml`, or `ray exec`) with cluster.address=auto")
+        raise ConfigError(
+            "cluster.address",
+            "Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base writer",
+            "run the campaign on a cluster node (`ray attach cluster.yaml`, or `ray exec`) with cluster.address=auto",
+        )
     if cluster.auth_mode not in AUTH_MODES:
-        raise ConfigError("cluster.auth_mode", f"must be one of {', '.join(AUTH_MODES)}, got {cluster.auth_mode!r}",
-                          "leave cluster.auth_mode=token (the default), or set disabled to join a cluster started without auth")
+        raise ConfigError(
+            "cluster.auth_mode",
+            f"must be one of {', '.join(AUTH_MODES)}, got {cluster.auth_mode!r}",
+            "leave cluster.auth_mode=token (the default), or set disabled to join a cluster started without auth",
+        )
     _positive("cluster.connect_timeout_s", cluster.connect_timeout_s)
     storage = cfg.paths.storage
     if storage is not None and "://" in storage and not storage.split("://", 1)[0].replace("+", "").isalnum():
-        raise ConfigError("paths.storage", f"{storage!r} is not a URI", "use a folder, or a URI such as s3://bucket/ralph or file:///mnt/shared/ralph")
+        raise ConfigError(
+            "paths.storage",
+            f"{storage!r} is not a URI",
+            "use a folder, or a URI such as s3://bucket/ralph or file:///mnt/shared/ralph",
+        )
 
 
 def _check_space(name: str, space: KnobSpace) -> None:
     key = f"search.space.{name}"
     if not is_knob_name(name):
-        raise ConfigError(key, f"{name!r} is not an UPPER_CASE knob", "name the trainer's module-level constant, e.g. LR")
+        raise ConfigError(
+            key, f"{name!r} is not an UPPER_CASE knob", "name the trainer's module-level constant, e.g. LR"
+        )
     if space.type is SpaceKind.choice:
         if not space.values:
             raise ConfigError(f"{key}.values", "a choice needs a non-empty list", f"set {key}.values=[...]")
@@ -605,7 +715,13 @@ def _check_space(name: str, space: KnobSpace) -> None:
 
 def sandbox_policy(cfg: Config) -> Policy:
     """The sandbox policy of a campaign's runs: its config, with the campaign's own folders and raw data hidden."""
-    local = [cfg.data.root, cfg.paths.runs, cfg.paths.kb, cfg.paths.storage, str(cfg.task_folder())]  # + the frozen prepare.py
+    local = [
+        cfg.data.root,
+        cfg.paths.runs,
+        cfg.paths.kb,
+        cfg.paths.storage,
+        str(cfg.task_folder()),
+    ]  # + the frozen prepare.py
     return cfg.sandbox.policy(tuple(str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p))
 
 

@@ -89,8 +89,9 @@ def improved(new: float | None, old: float | None, min_delta: float, *, beyond: 
     return new > old + min_delta if beyond else (new > old and new >= old + min_delta)
 
 
-def child_verdict(trials: int, failed: int, score: float | None, parent_score: float | None, min_delta: float,
-                  reason: str | None) -> tuple[VariantStatus, str | None]:
+def child_verdict(
+    trials: int, failed: int, score: float | None, parent_score: float | None, min_delta: float, reason: str | None
+) -> tuple[VariantStatus, str | None]:
     """A trained child's status and reason: crashed if every trial failed, kept if it beat its parent, else discarded.
 
     `trials` and `failed` count the child's trials this cycle; `reason` is the one it carries so far.
@@ -125,30 +126,69 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
     best = facts.best_by_cycle[-1] if facts.best_by_cycle else None
     stale = plateau_length(facts.best_by_cycle, guards.min_delta)
     rules: list[tuple[bool, StopReason, str]] = [
-        (facts.manual_stop, StopReason.manual_stop, "a stop was requested (STOP file or `ralph-ray stop`); the cycle ended cleanly"),
-        (facts.target is not None and best is not None and best >= facts.target, StopReason.target_met,
-         f"best selection score {best} reached the target {facts.target}"),
-        (best is None, StopReason.no_trial_completed, "no trial has completed: check the trial logs (stderr.log in each trial dir)"),
-        (guards.tokens_per_cycle is not None and facts.tokens_cycle > guards.tokens_per_cycle, StopReason.token_budget,
-         f"agents used {facts.tokens_cycle} tokens this cycle, over safeguards.tokens_per_cycle={guards.tokens_per_cycle}"),
-        (guards.tokens_per_campaign is not None and facts.tokens_campaign > guards.tokens_per_campaign, StopReason.token_budget,
-         f"agents used {facts.tokens_campaign} tokens in the campaign, over safeguards.tokens_per_campaign={guards.tokens_per_campaign}"),
-        (guards.cost_per_campaign is not None and facts.cost_campaign > guards.cost_per_campaign, StopReason.cost_budget,
-         f"agents cost {facts.cost_campaign:.4f}, over safeguards.cost_per_campaign={guards.cost_per_campaign}"),
-        (facts.gate_fail_streak >= guards.gate_fail_cycles, StopReason.gate_failures,
-         f"no child passed the validation gate for {facts.gate_fail_streak} cycles (safeguards.gate_fail_cycles={guards.gate_fail_cycles})"),
-        (stale >= guards.plateau_cycles, StopReason.plateau,
-         f"best selection score has not risen by min_delta={guards.min_delta} for {stale} cycles (safeguards.plateau_cycles={guards.plateau_cycles})"),
-        (guards.campaign_time_s is not None and facts.elapsed_s >= guards.campaign_time_s, StopReason.campaign_time,
-         f"campaign ran {facts.elapsed_s:.0f}s, past safeguards.campaign_time_s={guards.campaign_time_s}"),
-        (facts.cycle >= guards.max_cycles, StopReason.max_cycles, f"cycle {facts.cycle} of safeguards.max_cycles={guards.max_cycles}"),
+        (
+            facts.manual_stop,
+            StopReason.manual_stop,
+            "a stop was requested (STOP file or `ralph-ray stop`); the cycle ended cleanly",
+        ),
+        (
+            facts.target is not None and best is not None and best >= facts.target,
+            StopReason.target_met,
+            f"best selection score {best} reached the target {facts.target}",
+        ),
+        (
+            best is None,
+            StopReason.no_trial_completed,
+            "no trial has completed: check the trial logs (stderr.log in each trial dir)",
+        ),
+        (
+            guards.tokens_per_cycle is not None and facts.tokens_cycle > guards.tokens_per_cycle,
+            StopReason.token_budget,
+            f"agents used {facts.tokens_cycle} tokens this cycle, over safeguards.tokens_per_cycle={guards.tokens_per_cycle}",
+        ),
+        (
+            guards.tokens_per_campaign is not None and facts.tokens_campaign > guards.tokens_per_campaign,
+            StopReason.token_budget,
+            f"agents used {facts.tokens_campaign} tokens in the campaign, over safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
+        ),
+        (
+            guards.cost_per_campaign is not None and facts.cost_campaign > guards.cost_per_campaign,
+            StopReason.cost_budget,
+            f"agents cost {facts.cost_campaign:.4f}, over safeguards.cost_per_campaign={guards.cost_per_campaign}",
+        ),
+        (
+            facts.gate_fail_streak >= guards.gate_fail_cycles,
+            StopReason.gate_failures,
+            f"no child passed the validation gate for {facts.gate_fail_streak} cycles (safeguards.gate_fail_cycles={guards.gate_fail_cycles})",
+        ),
+        (
+            stale >= guards.plateau_cycles,
+            StopReason.plateau,
+            f"best selection score has not risen by min_delta={guards.min_delta} for {stale} cycles (safeguards.plateau_cycles={guards.plateau_cycles})",
+        ),
+        (
+            guards.campaign_time_s is not None and facts.elapsed_s >= guards.campaign_time_s,
+            StopReason.campaign_time,
+            f"campaign ran {facts.elapsed_s:.0f}s, past safeguards.campaign_time_s={guards.campaign_time_s}",
+        ),
+        (
+            facts.cycle >= guards.max_cycles,
+            StopReason.max_cycles,
+            f"cycle {facts.cycle} of safeguards.max_cycles={guards.max_cycles}",
+        ),
     ]
     for fired, reason, rationale in rules:
         if fired:
             return Decision(facts.cycle, True, reason, int(EXIT_CODES[reason]), rationale, best)
     left = guards.max_cycles - facts.cycle
-    return Decision(facts.cycle, False, StopReason.none, int(ExitCode.ok),
-                    f"continue: best {best}, {stale} cycle(s) without improvement, {left} cycle(s) left", best)
+    return Decision(
+        facts.cycle,
+        False,
+        StopReason.none,
+        int(ExitCode.ok),
+        f"continue: best {best}, {stale} cycle(s) without improvement, {left} cycle(s) left",
+        best,
+    )
 
 
 def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig) -> str:
@@ -159,5 +199,7 @@ def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig
 
     time = budget(round(facts.elapsed_s), guards.campaign_time_s)
     tokens = budget(facts.tokens_campaign, guards.tokens_per_campaign)
-    return (f"budgets: cycle {decision.cycle}/{guards.max_cycles}, time {time}s, tokens {tokens}, "
-            f"plateau rule {guards.plateau_cycles} cycles")
+    return (
+        f"budgets: cycle {decision.cycle}/{guards.max_cycles}, time {time}s, tokens {tokens}, "
+        f"plateau rule {guards.plateau_cycles} cycles"
+    )

@@ -22,16 +22,42 @@ from ralph_ray import PROJECT_ROOT
 
 ENV_FILE = "env.json"
 # The packages whose versions decide a result (and the trackers, which decide what a user sees of it).
-STACK = ("ralph_ray", "ray", "torch", "optuna", "numpy", "scikit-learn", "pandas", "pyarrow", "duckdb", "hydra-core",
-         "omegaconf", "libcst", "openai", "mlflow-skinny", "mlflow", "tensorboardX", "tensorboard")
+STACK = (
+    "ralph_ray",
+    "ray",
+    "torch",
+    "optuna",
+    "numpy",
+    "scikit-learn",
+    "pandas",
+    "pyarrow",
+    "duckdb",
+    "hydra-core",
+    "omegaconf",
+    "libcst",
+    "openai",
+    "mlflow-skinny",
+    "mlflow",
+    "tensorboardX",
+    "tensorboard",
+)
 
 
 def capture(project: Path = PROJECT_ROOT) -> dict[str, Any]:
     """What this process runs on: interpreter, packages, git state of the project, CPU, memory, GPUs, Ray nodes."""
-    return {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
-            "hostname": socket.gethostname(), "packages": packages(), "git": git_state(project),
-            "cpus": os.cpu_count(), "memory_gb": _memory_gb(), "gpus": gpus(), "ray_nodes": ray_nodes(),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "packages": packages(),
+        "git": git_state(project),
+        "cpus": os.cpu_count(),
+        "memory_gb": _memory_gb(),
+        "gpus": gpus(),
+        "ray_nodes": ray_nodes(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 def record(run_dir: Path) -> str:
@@ -49,9 +75,13 @@ def summary(text: str | None) -> str:
     env = json.loads(text)
     pkgs, git = env.get("packages", {}), env.get("git") or {}
     gpus = ", ".join(f"{g['name']} ({g['memory_mib']} MiB)" for g in env.get("gpus", [])) or "no GPU"
-    commit = f"{git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "not a git checkout"
-    return (f"Python {env.get('python')}, torch {pkgs.get('torch', '-')}, ray {pkgs.get('ray', '-')} on "
-            f"{env.get('hostname')} ({env.get('cpus')} CPUs, {gpus}); ralph_ray at {commit} (env.json)")
+    commit = (
+        f"{git['commit'][:12]}{' (dirty)' if git.get('dirty') else ''}" if git.get("commit") else "not a git checkout"
+    )
+    return (
+        f"Python {env.get('python')}, torch {pkgs.get('torch', '-')}, ray {pkgs.get('ray', '-')} on "
+        f"{env.get('hostname')} ({env.get('cpus')} CPUs, {gpus}); ralph_ray at {commit} (env.json)"
+    )
 
 
 def packages(names: tuple[str, ...] = STACK) -> dict[str, str]:
@@ -82,8 +112,11 @@ def gpus() -> list[dict[str, Any]]:
         return []
     out = _run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"])
     rows = [line.split(", ") for line in (out or "").splitlines() if line.strip()]
-    return [{"name": name, "memory_mib": int(float(mem)), "driver": driver} for name, mem, driver in rows
-            if mem.replace(".", "").isdigit()]
+    return [
+        {"name": name, "memory_mib": int(float(mem)), "driver": driver}
+        for name, mem, driver in rows
+        if mem.replace(".", "").isdigit()
+    ]
 
 
 def ray_nodes() -> list[dict[str, Any]]:
@@ -91,9 +124,16 @@ def ray_nodes() -> list[dict[str, Any]]:
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return []
-    return [{"host": n.get("NodeManagerHostname"), "address": n.get("NodeManagerAddress"),
-             "cpus": n.get("Resources", {}).get("CPU"), "gpus": n.get("Resources", {}).get("GPU", 0)}
-            for n in ray.nodes() if n.get("Alive")]
+    return [
+        {
+            "host": n.get("NodeManagerHostname"),
+            "address": n.get("NodeManagerAddress"),
+            "cpus": n.get("Resources", {}).get("CPU"),
+            "gpus": n.get("Resources", {}).get("GPU", 0),
+        }
+        for n in ray.nodes()
+        if n.get("Alive")
+    ]
 
 
 def _memory_gb() -> float | None:

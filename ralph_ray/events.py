@@ -21,13 +21,19 @@ EVENTS_FILE = "events.jsonl"
 # table -> (event name, the row's fields a follower reads)
 _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "runs": ("phase", ("status", "cycle", "phase", "stop_reason")),
-    "variants": ("variant", ("variant_id", "parent_id", "cycle", "status", "reason", "interventions",
-                             "selection_score")),
-    "trials": ("trial_end", ("trial_id", "variant_id", "cycle", "status", "reason", "epochs", "selection_score",
-                             "test_score", "seconds")),
+    "variants": (
+        "variant",
+        ("variant_id", "parent_id", "cycle", "status", "reason", "interventions", "selection_score"),
+    ),
+    "trials": (
+        "trial_end",
+        ("trial_id", "variant_id", "cycle", "status", "reason", "epochs", "selection_score", "test_score", "seconds"),
+    ),
     "cycles": ("cycle", ("cycle", "trials", "best_selection_score", "children", "rejected")),
-    "decisions": ("decision", ("cycle", "decision", "reason", "exit_code", "rationale", "best_selection_score",
-                               "best_variant_id")),
+    "decisions": (
+        "decision",
+        ("cycle", "decision", "reason", "exit_code", "rationale", "best_selection_score", "best_variant_id"),
+    ),
 }
 
 

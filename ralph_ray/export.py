@@ -107,14 +107,21 @@ def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path 
     con = open_reader(kb_root)
     run = con.execute(sql.RUN, [run_id]).fetchdf()
     if run.empty:
-        raise ExportError(f"no campaign {run_id} in the knowledge base {kb_root}: check the run id "
-                          "(`python -m ralph_ray status`) and --kb")
+        raise ExportError(
+            f"no campaign {run_id} in the knowledge base {kb_root}: check the run id "
+            "(`python -m ralph_ray status`) and --kb"
+        )
     run_dir = Path(str(run.iloc[0]["run_dir"]))
-    board = (con.execute(sql.LEADERBOARD_ROW, [run_id, variant_id]) if variant_id
-             else con.execute(sql.LEADERBOARD_FOR_RUN, [run_id, 1])).fetchdf()
+    board = (
+        con.execute(sql.LEADERBOARD_ROW, [run_id, variant_id])
+        if variant_id
+        else con.execute(sql.LEADERBOARD_FOR_RUN, [run_id, 1])
+    ).fetchdf()
     if board.empty or board.iloc[0]["selection_score"] is None or math.isnan(board.iloc[0]["selection_score"]):
-        raise ExportError(f"no scored variant {variant_id or '(best)'} in run {run_id}: pick one from "
-                          f"`python -m ralph_ray status {run_id}` (it needs a completed trial)")
+        raise ExportError(
+            f"no scored variant {variant_id or '(best)'} in run {run_id}: pick one from "
+            f"`python -m ralph_ray status {run_id}` (it needs a completed trial)"
+        )
     best = board.iloc[0]
     chain = _lineage(con, run_id, str(best["variant_id"]))
     variant, seed = chain[-1], chain[0]
@@ -151,9 +158,19 @@ def _lineage(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str) -> li
     current: str | None = variant_id
     while current is not None and current in rows and len(chain) < 10_000:
         r = rows[current]
-        chain.append(Step(r.variant_id, _text(r.parent_id), int(r.cycle), _text(r.status),
-                          json.loads(r.interventions or "[]"), _text(r.diagnosis), _text(r.rationale),
-                          _float(r.selection_score), Path(str(r.files_dir))))
+        chain.append(
+            Step(
+                r.variant_id,
+                _text(r.parent_id),
+                int(r.cycle),
+                _text(r.status),
+                json.loads(r.interventions or "[]"),
+                _text(r.diagnosis),
+                _text(r.rationale),
+                _float(r.selection_score),
+                Path(str(r.files_dir)),
+            )
+        )
         current = _text(r.parent_id)
     if not chain:
         raise ExportError(f"variant {variant_id} has no record in run {run_id}: is the KB complete?")
@@ -166,8 +183,9 @@ def _trial(con: duckdb.DuckDBPyConnection, run_id: str, trial_id: str) -> dict[s
     return {} if row.empty else row.iloc[0].to_dict()
 
 
-def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, knobs: str, best: Any,
-            trial: dict[str, Any]) -> dict[str, Any]:
+def _scores(
+    con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, knobs: str, best: Any, trial: dict[str, Any]
+) -> dict[str, Any]:
     """The recorded scores of the best trial, and the replicates' mean with a normal 95% interval where n >= 2."""
     replicates = con.execute(sql.EXPORT_REPLICATES, [run_id, variant_id, knobs]).fetchall()
     spread: dict[str, Any] = {"n": len(replicates)}
@@ -177,11 +195,17 @@ def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, knobs:
             mean, sd = statistics.fmean(values), statistics.stdev(values)
             half = 1.96 * sd / math.sqrt(len(values))
             spread[name] = {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
-    return {"variant_id": variant_id, "trial_id": str(best["best_trial_id"]),
-            "selection_score": _float(best["selection_score"]), "test_score": _float(best["test_score"]),
-            "seed": int(trial.get("seed", 0)), "epochs": int(trial.get("epochs", 0)),
-            "trials_of_variant": int(best["trials"]), "replicates_at_these_knobs": spread,
-            "scores_are_oriented": "higher is better (a min metric's value is negated)"}
+    return {
+        "variant_id": variant_id,
+        "trial_id": str(best["best_trial_id"]),
+        "selection_score": _float(best["selection_score"]),
+        "test_score": _float(best["test_score"]),
+        "seed": int(trial.get("seed", 0)),
+        "epochs": int(trial.get("epochs", 0)),
+        "trials_of_variant": int(best["trials"]),
+        "replicates_at_these_knobs": spread,
+        "scores_are_oriented": "higher is better (a min metric's value is negated)",
+    }
 
 
 def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
@@ -189,26 +213,31 @@ def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, 
     r, v = run.iloc[0], chain[-1]
     path = readable_path(" > ".join(json.dumps(s.interventions) for s in chain))
     rep = scores["replicates_at_these_knobs"]
-    spread = (f"mean {rep['selection']['mean']:.4f}, 95% CI [{rep['selection']['ci95'][0]:.4f}, "
-              f"{rep['selection']['ci95'][1]:.4f}] over {rep['n']} replicates" if "selection" in rep
-              else "one trial at these knobs: no interval")
-    steps = "\n".join(f"| {s.cycle} | `{s.variant_id}` | {' + '.join(s.interventions) or 'seed'} | "
-                      f"{s.diagnosis or '-'} | {'-' if s.selection_score is None else f'{s.selection_score:.4f}'} |"
-                      for s in chain)
+    spread = (
+        f"mean {rep['selection']['mean']:.4f}, 95% CI [{rep['selection']['ci95'][0]:.4f}, "
+        f"{rep['selection']['ci95'][1]:.4f}] over {rep['n']} replicates"
+        if "selection" in rep
+        else "one trial at these knobs: no interval"
+    )
+    steps = "\n".join(
+        f"| {s.cycle} | `{s.variant_id}` | {' + '.join(s.interventions) or 'seed'} | "
+        f"{s.diagnosis or '-'} | {'-' if s.selection_score is None else f'{s.selection_score:.4f}'} |"
+        for s in chain
+    )
     extra = ", `checkpoint/` (the best trial's)" if checkpoint else ""
     knob_lines = "\n".join(f"- `{k} = {v!r}`" for k, v in knobs.items())
-    return f"""# Variant {v.variant_id} of campaign {r['run_id']} ({r['experiment']}, task {r['task']})
+    return f"""# Variant {v.variant_id} of campaign {r["run_id"]} ({r["experiment"]}, task {r["task"]})
 
 Exported by `python -m ralph_ray export`. Path from the seed: **{path}**.
 
 ## Scores (frozen evaluation, higher is better)
 
-- selection: {scores['selection_score']:.4f} (best trial `{scores['trial_id']}`; {spread})
-- test: {'-' if scores['test_score'] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select)
+- selection: {scores["selection_score"]:.4f} (best trial `{scores["trial_id"]}`; {spread})
+- test: {"-" if scores["test_score"] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select)
 
 ## Knobs written into `trainer/train.py`
 
-{knob_lines or '- (none)'}
+{knob_lines or "- (none)"}
 
 ## Lineage
 
@@ -232,14 +261,21 @@ python reproduce.py                    # prepares the data under work/, trains, 
 
 Or by hand: `python -m ralph_ray.prepare` with the campaign's task and data settings, then
 `RALPH_DATA_DIR=<printed dir> python trainer/train.py` (predictions go to `predictions.npz`).
-Scores reproduce within the noise of one training run (seed {scores['seed']}; GPU kernels are not bit-exact).
+Scores reproduce within the noise of one training run (seed {scores["seed"]}; GPU kernels are not bit-exact).
 """
 
 
 def _step_json(s: Step) -> dict[str, Any]:
-    return {"variant_id": s.variant_id, "parent_id": s.parent_id, "cycle": s.cycle, "status": s.status,
-            "interventions": s.interventions, "diagnosis": s.diagnosis, "rationale": s.rationale,
-            "selection_score": s.selection_score}
+    return {
+        "variant_id": s.variant_id,
+        "parent_id": s.parent_id,
+        "cycle": s.cycle,
+        "status": s.status,
+        "interventions": s.interventions,
+        "diagnosis": s.diagnosis,
+        "rationale": s.rationale,
+        "selection_score": s.selection_score,
+    }
 
 
 def _write_json(path: Path, data: Any) -> None:

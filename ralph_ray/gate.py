@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from ralph_ray.knobs import parse, read_knobs
-from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy
+from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.variants import MUTABLE, is_mutable, variant_files
 from ralph_ray.workdir import prepare_workdir
 
@@ -70,9 +70,12 @@ class Gate:
 def write_smoke_data(splits: Splits, out_dir: Path, task: str) -> Path:
     """A few rows of each public split, for smoke runs (deterministic: the first rows)."""
     sliver = Splits(
-        train_x=splits.train_x[: SMOKE_ROWS["train"]], train_y=splits.train_y[: SMOKE_ROWS["train"]],
-        selection_x=splits.selection_x[: SMOKE_ROWS["selection"]], selection_y=splits.selection_y[: SMOKE_ROWS["selection"]],
-        test_x=splits.test_x[: SMOKE_ROWS["test"]], test_y=splits.test_y[: SMOKE_ROWS["test"]],
+        train_x=splits.train_x[: SMOKE_ROWS["train"]],
+        train_y=splits.train_y[: SMOKE_ROWS["train"]],
+        selection_x=splits.selection_x[: SMOKE_ROWS["selection"]],
+        selection_y=splits.selection_y[: SMOKE_ROWS["selection"]],
+        test_x=splits.test_x[: SMOKE_ROWS["test"]],
+        test_y=splits.test_y[: SMOKE_ROWS["test"]],
         num_classes=splits.num_classes,
     )
     write_public(sliver, out_dir, task)
@@ -123,11 +126,18 @@ def _reaches(tree: ast.AST) -> list[tuple[ast.AST, str]]:
     """Engine imports other than ralph_ray.harness, and string literals naming absolute paths or '..'."""
     found: list[tuple[ast.AST, str]] = []
     engine = "imports {}: of the engine a trainer may import only ralph_ray.harness (its data, reports and predictions)"
-    path = ("names the path {!r}: a trainer reads and writes only in its work dir (relative paths) and reads its data "
-            "through harness.load_data()")
-    skip = {id(node.body[0].value) for node in ast.walk(tree)  # docstrings
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body
-            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    path = (
+        "names the path {!r}: a trainer reads and writes only in its work dir (relative paths) and reads its data "
+        "through harness.load_data()"
+    )
+    skip = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)  # docstrings
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(node, engine.format(a.name)) for a in node.names if _is_engine(a.name)]
@@ -156,7 +166,11 @@ def check_required_calls(source: str, entry: str) -> None:
         raise GateError(f"{entry} is missing")
     called = set()
     for node in ast.walk(parse(source)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+        ):
             called.add(f"{node.func.value.id}.{node.func.attr}")
     missing = [name for name in REQUIRED_CALLS if name not in called]
     if missing:

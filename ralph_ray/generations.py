@@ -55,8 +55,16 @@ class Outcome:
 class Campaign:
     """Runs the phases of each cycle in order, saving state after each."""
 
-    def __init__(self, cfg: Config, console: Console, run_dir: Path, kb: KnowledgeBase, state: CampaignState,
-                 splits: Splits, run_row: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        console: Console,
+        run_dir: Path,
+        kb: KnowledgeBase,
+        state: CampaignState,
+        splits: Splits,
+        run_row: dict[str, Any],
+    ) -> None:
         self.cfg, self.console, self.run_dir, self.kb, self.state = cfg, console, run_dir, kb, state
         self.run_row, self.run_id, self.labels = run_row, state.run_id, splits.labels()
         self.trials: list[TrialRecord] = []
@@ -64,14 +72,25 @@ class Campaign:
         self.mark = time.monotonic()
         self.analyst, self.coder = make_agents(cfg, self.run_id)
         self.data, smoke_data = write_data(splits, run_dir, cfg.task.name)
-        self.gate = Gate(smoke_data, tuple(cfg.search.space), cfg.safeguards.smoke_timeout_s,
-                         sandbox=sandbox_policy(cfg), output_bytes=cfg.sandbox.output_mb * MIB)
+        self.gate = Gate(
+            smoke_data,
+            tuple(cfg.search.space),
+            cfg.safeguards.smoke_timeout_s,
+            sandbox=sandbox_policy(cfg),
+            output_bytes=cfg.sandbox.output_mb * MIB,
+        )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 
     def loop(self) -> Outcome:
         """Run phases until the decision engine stops the campaign."""
-        steps = {Phase.select: self.select, Phase.analyse: self.analyse, Phase.write: self.write,
-                 Phase.train: self.train, Phase.record: self.record, Phase.decide: self.decide}
+        steps = {
+            Phase.select: self.select,
+            Phase.analyse: self.analyse,
+            Phase.write: self.write,
+            Phase.train: self.train,
+            Phase.record: self.record,
+            Phase.decide: self.decide,
+        }
         while self.state.phase is not Phase.done:
             phase = self.state.phase
             if phase in (Phase.select, Phase.analyse, Phase.write) and stop_requested(self.run_dir):
@@ -80,8 +99,16 @@ class Campaign:
                 continue
             steps[phase]()
         state = self.state
-        return Outcome(self.run_id, self.run_dir, self.kb.root, ExitCode(state.exit_code or ExitCode.ok),
-                       state.stop_reason or "", state.best_variant_id, state.best_selection_score, self.trials)
+        return Outcome(
+            self.run_id,
+            self.run_dir,
+            self.kb.root,
+            ExitCode(state.exit_code or ExitCode.ok),
+            state.stop_reason or "",
+            state.best_variant_id,
+            state.best_selection_score,
+            self.trials,
+        )
 
     @property
     def files(self) -> CycleFiles:
@@ -113,8 +140,9 @@ class Campaign:
             self._advance(Phase.train)
             return
         pop, rng = self.cfg.population, random.Random(self.cfg.agent.seed * 1000 + self.state.cycle)
-        picks = select_parents(history.ranked(self.kb.reader(), self.run_id), pop.parents, pop.explore,
-                               pop.one_per_lineage, rng)
+        picks = select_parents(
+            history.ranked(self.kb.reader(), self.run_id), pop.parents, pop.explore, pop.one_per_lineage, rng
+        )
         self.files.save_parents(picks)
         names = ", ".join(f"{p.variant_id} ({p.selection_score:.4f})" for p in picks)
         self._phase("select", names or "no parent: nothing has completed")
@@ -125,27 +153,42 @@ class Campaign:
         parents = self.files.parents()
         self._phase("analyse", f"{len(parents)} parent(s), agent {self.cfg.agent.backend.value}")
         effects = history.effects(self.kb.reader(), self.cfg.task.name)
-        notes, recs, spent = analyse_parents(self.analyst, parents, self._view, effects,
-                                             self.cfg.population.children_per_parent, self._log)
+        notes, recs, spent = analyse_parents(
+            self.analyst, parents, self._view, effects, self.cfg.population.children_per_parent, self._log
+        )
         self.files.save_analysis(notes, recs)
-        self._put("agent_usage", records.usage_rows(self.run_id, self.state.cycle, "analyst", spent, self.cfg.agent),
-                  "analyst")
+        self._put(
+            "agent_usage",
+            records.usage_rows(self.run_id, self.state.cycle, "analyst", spent, self.cfg.agent),
+            "analyst",
+        )
         self._advance(Phase.write)
 
     def write(self) -> None:
         """Children of every parent (written by the coder, checked by the gate), or knob children for agent=none."""
         pop, agent, files = self.cfg.population, self.cfg.agent, self.files
-        self._phase("write children", f"{pop.children_per_parent} per parent -> validate (gate, "
-                                      f"{agent.max_retries} retries)")
-        breeder = Breeder(self.coder, self.gate, self.run_dir / "variants", files.path, pop.children_per_parent,
-                          agent.max_retries, agent.concurrency, history.known_variants(self.kb.reader(), self.run_id),
-                          self.cfg.safeguards.tokens_per_cycle, self._log)
+        self._phase(
+            "write children", f"{pop.children_per_parent} per parent -> validate (gate, {agent.max_retries} retries)"
+        )
+        breeder = Breeder(
+            self.coder,
+            self.gate,
+            self.run_dir / "variants",
+            files.path,
+            pop.children_per_parent,
+            agent.max_retries,
+            agent.concurrency,
+            history.known_variants(self.kb.reader(), self.run_id),
+            self.cfg.safeguards.tokens_per_cycle,
+            self._log,
+        )
         children, wasted = grow(breeder, files.parents(), self._view, files.recommendations(), files.baked)
         files.save_children(children)
         self._put_variants(children, "write")
         spent = [(c.variant_id, c.usage) for c in children if c.usage.calls] + wasted
-        self._put("agent_usage", records.usage_rows(self.run_id, self.state.cycle, "coder", spent, self.cfg.agent),
-                  "coder")
+        self._put(
+            "agent_usage", records.usage_rows(self.run_id, self.state.cycle, "coder", spent, self.cfg.agent), "coder"
+        )
         self._advance(Phase.train)
 
     def train(self) -> None:
@@ -154,9 +197,22 @@ class Campaign:
         done = history.trials_done(self.kb.reader(), self.run_id, self.state.cycle, STOPPED_WITH_CYCLE)
         limit, elapsed = self.cfg.safeguards.campaign_time_s, self.state.elapsed_s + (time.monotonic() - self.mark)
         deadline = None if limit is None else time.time() + max(1.0, limit - elapsed)
-        if run_cycle(self.cfg, self.run_id, self.state.cycle, self.files.path, self.run_dir, runnable, done,
-                     self.coder is not None, self.data, self.labels, self._sink, self.console, deadline,
-                     lambda detail: self._phase("train", detail)):
+        if run_cycle(
+            self.cfg,
+            self.run_id,
+            self.state.cycle,
+            self.files.path,
+            self.run_dir,
+            runnable,
+            done,
+            self.coder is not None,
+            self.data,
+            self.labels,
+            self._sink,
+            self.console,
+            deadline,
+            lambda detail: self._phase("train", detail),
+        ):
             self.state.interrupted = Phase.train  # a resume runs the trials this stop cut short
         self._advance(Phase.record)
 
@@ -180,10 +236,25 @@ class Campaign:
         self._put("interventions", records.effect_rows(self.run_id, self.cfg.task.name, cycle, children, scores))
         best = max(((v, s) for v, (s, _) in scores.items()), key=lambda item: item[1], default=None)
         asked = [c for c in children if c.status is not VariantStatus.seed and c.variant_id != c.parent_id]
-        state.note_cycle(best, history.best_trial(con, self.run_id),
-                         gate_fail_streak(state.gate_fail_streak, [c.status for c in asked], self.coder is not None))
-        self._put("cycles", [records.cycle_row(self.run_id, cycle, sum(n for n, _ in counts.values()),
-                                               state.best_selection_score, asked, files.path, files.analysis())])
+        state.note_cycle(
+            best,
+            history.best_trial(con, self.run_id),
+            gate_fail_streak(state.gate_fail_streak, [c.status for c in asked], self.coder is not None),
+        )
+        self._put(
+            "cycles",
+            [
+                records.cycle_row(
+                    self.run_id,
+                    cycle,
+                    sum(n for n, _ in counts.values()),
+                    state.best_selection_score,
+                    asked,
+                    files.path,
+                    files.analysis(),
+                )
+            ],
+        )
         kept = [f"{c.variant_id} (+{' + '.join(c.interventions)})" for c in children if c.status is VariantStatus.kept]
         best_text = f"{state.best_selection_score:.4f} ({state.best_variant_id})" if best else "-"
         self._phase("record", f"best so far {best_text}; kept: {', '.join(kept) or 'none'}")
@@ -193,8 +264,13 @@ class Campaign:
     def decide(self) -> None:
         """Continue or stop; the decision and its rationale go to decision.json and the KB."""
         state, guards = self.state, self.cfg.safeguards
-        facts = history.cycle_facts(self.kb.reader(), state, self.cfg.target_score(),
-                                    state.elapsed_s + (time.monotonic() - self.mark), stop_requested(self.run_dir))
+        facts = history.cycle_facts(
+            self.kb.reader(),
+            state,
+            self.cfg.target_score(),
+            state.elapsed_s + (time.monotonic() - self.mark),
+            stop_requested(self.run_dir),
+        )
         decision = decide(facts, guards)
         data = records.decision_json(decision, facts, state.best_variant_id)
         self.files.save_decision(data)
@@ -208,8 +284,14 @@ class Campaign:
         """A parent as the agents see it, built once per cycle (analyse and write share it; a resume rebuilds it)."""
         key = (self.state.cycle, parent.variant_id)
         if key not in self._views:
-            self._views[key] = history.parent_view(self.kb.reader(), self.run_id, parent, self.run_dir / "variants",
-                                                   self.files.baked(parent.variant_id), self.cfg.trainer_dir())
+            self._views[key] = history.parent_view(
+                self.kb.reader(),
+                self.run_id,
+                parent,
+                self.run_dir / "variants",
+                self.files.baked(parent.variant_id),
+                self.cfg.trainer_dir(),
+            )
         return self._views[key]
 
     def _put(self, table: str, rows: list[dict[str, Any]], *suffix: str) -> None:

@@ -249,8 +249,13 @@ def probes(model: object, train_loss: float, val_loss: float, val_acc: float | N
     previous = state["previous"]
     update = float((flat - previous).norm()) if previous is not None and previous.shape == flat.shape else math.nan
     state["previous"] = flat.clone()
-    out = {"gen_gap": float(val_loss) - float(train_loss), "weight_norm": weight_norm, "update_norm": update,
-           "update_ratio": update / weight_norm if weight_norm > 0 else math.nan, "eff_rank": _effective_rank(params)}
+    out = {
+        "gen_gap": float(val_loss) - float(train_loss),
+        "weight_norm": weight_norm,
+        "update_norm": update,
+        "update_ratio": update / weight_norm if weight_norm > 0 else math.nan,
+        "eff_rank": _effective_rank(params),
+    }
     if val_acc is not None:
         history = state["acc"]
         history.append(float(val_acc))

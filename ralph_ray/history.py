@@ -45,8 +45,10 @@ def variant_scores(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, tup
 def ranked(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Candidate]:
     """The parent candidates, best first: variants with a completed trial, their best knobs and branch."""
     parents = {row[0]: row[1] for row in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
-    return [Candidate(v, float(score), json.loads(knobs or "{}"), branch_of(v, parents))
-            for v, score, knobs, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()]
+    return [
+        Candidate(v, float(score), json.loads(knobs or "{}"), branch_of(v, parents))
+        for v, score, knobs, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()
+    ]
 
 
 def known_variants(con: duckdb.DuckDBPyConnection, run_id: str) -> frozenset[str]:
@@ -67,8 +69,9 @@ def lineage(variants: dict[str, tuple[str | None, list[str]]], variant_id: str) 
     return chain
 
 
-def parent_view(con: duckdb.DuckDBPyConnection, run_id: str, parent: Candidate, variants_root: Path, baked: Path,
-                trainer_dir: Path) -> ParentView:
+def parent_view(
+    con: duckdb.DuckDBPyConnection, run_id: str, parent: Candidate, variants_root: Path, baked: Path, trainer_dir: Path
+) -> ParentView:
     """What the agents may know of a parent: its code with its best knobs baked in (written to `baked`), its trials
     and curves, the interventions of its lineage, and the task's program.md."""
     files_dir = bake(variants_root / parent.variant_id / "files", parent.best_knobs, baked)
@@ -76,13 +79,23 @@ def parent_view(con: duckdb.DuckDBPyConnection, run_id: str, parent: Candidate, 
     curves: dict[str, list[EpochPoint]] = {}
     for trial_id, *point in con.execute(sql.VARIANT_CURVES, [run_id, parent.variant_id]).fetchall():
         curves.setdefault(trial_id, []).append(EpochPoint(*point))
-    trials = [TrialSummary(trial_id, status, reason, json.loads(knobs or "{}"), score, curves.get(trial_id, []))
-              for trial_id, status, reason, knobs, score
-              in con.execute(sql.VARIANT_TRIALS, [run_id, parent.variant_id]).fetchall()]
+    trials = [
+        TrialSummary(trial_id, status, reason, json.loads(knobs or "{}"), score, curves.get(trial_id, []))
+        for trial_id, status, reason, knobs, score in con.execute(
+            sql.VARIANT_TRIALS, [run_id, parent.variant_id]
+        ).fetchall()
+    ]
     variants = {v: (p, json.loads(i or "[]")) for v, p, i in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
     own = variants.get(parent.variant_id, (None, []))[1]
-    return ParentView(parent.variant_id, files_dir, parent.selection_score, trials, own,
-                      lineage(variants, parent.variant_id), program.read_text() if program.exists() else "")
+    return ParentView(
+        parent.variant_id,
+        files_dir,
+        parent.selection_score,
+        trials,
+        own,
+        lineage(variants, parent.variant_id),
+        program.read_text() if program.exists() else "",
+    )
 
 
 def effects(con: duckdb.DuckDBPyConnection, task: str) -> list[InterventionEffect]:
@@ -109,12 +122,22 @@ def spend(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> Spend:
     return Spend(int(tokens_cycle), int(tokens), float(cost))
 
 
-def cycle_facts(con: duckdb.DuckDBPyConnection, state: CampaignState, target: float | None, elapsed_s: float,
-                manual_stop: bool) -> CycleFacts:
+def cycle_facts(
+    con: duckdb.DuckDBPyConnection, state: CampaignState, target: float | None, elapsed_s: float, manual_stop: bool
+) -> CycleFacts:
     """What the decision engine reads after a cycle: the state's bests and gate streak, and the agents' spend."""
     spent = spend(con, state.run_id, state.cycle)
-    return CycleFacts(state.cycle, list(state.best_by_cycle), target, spent.tokens_cycle, spent.tokens_campaign,
-                      spent.cost_campaign, state.gate_fail_streak, elapsed_s, manual_stop)
+    return CycleFacts(
+        state.cycle,
+        list(state.best_by_cycle),
+        target,
+        spent.tokens_cycle,
+        spent.tokens_campaign,
+        spent.cost_campaign,
+        state.gate_fail_streak,
+        elapsed_s,
+        manual_stop,
+    )
 
 
 def best_trial(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:

@@ -30,53 +30,139 @@ STORAGE_VERSION = "v1.4.0"
 TS = pa.timestamp("us", tz="UTC")
 
 SCHEMAS: dict[str, pa.Schema] = {
-    "runs": pa.schema([
-        ("run_id", pa.string()), ("experiment", pa.string()), ("task", pa.string()),
-        ("status", pa.string()), ("stop_reason", pa.string()), ("run_dir", pa.string()),
-        ("config", pa.string()), ("started_at", TS), ("finished_at", TS), ("written_at", TS),
-        ("cycle", pa.int32()), ("phase", pa.string()),
-        ("environment", pa.string()),  # environment.capture() as JSON: versions, git commit, hardware (also env.json)
-    ]),
-    "cycles": pa.schema([
-        ("run_id", pa.string()), ("cycle", pa.int32()), ("started_at", TS), ("finished_at", TS),
-        ("trials", pa.int32()), ("best_selection_score", pa.float64()), ("written_at", TS),
-        ("parents", pa.string()), ("children", pa.int32()), ("rejected", pa.int32()), ("phase", pa.string()),
-        ("cycle_dir", pa.string()), ("analysis", pa.string()),  # the cycle's folder and its analysis.md text
-    ]),
-    "variants": pa.schema([
-        ("run_id", pa.string()), ("variant_id", pa.string()), ("parent_id", pa.string()),
-        ("cycle", pa.int32()), ("files_dir", pa.string()), ("diff", pa.string()), ("written_at", TS),
-        ("status", pa.string()), ("interventions", pa.string()), ("diagnosis", pa.string()),
-        ("rationale", pa.string()), ("reason", pa.string()), ("parent_score", pa.float64()),
-        ("selection_score", pa.float64()), ("backend", pa.string()),
-    ]),
-    "interventions": pa.schema([
-        ("run_id", pa.string()), ("task", pa.string()), ("cycle", pa.int32()), ("variant_id", pa.string()),
-        ("parent_id", pa.string()), ("intervention", pa.string()), ("diagnosis", pa.string()),
-        ("parent_score", pa.float64()), ("child_score", pa.float64()), ("delta", pa.float64()),
-        ("outcome", pa.string()), ("written_at", TS),
-    ]),
-    "decisions": pa.schema([
-        ("run_id", pa.string()), ("cycle", pa.int32()), ("decision", pa.string()), ("reason", pa.string()),
-        ("exit_code", pa.int32()), ("rationale", pa.string()), ("best_selection_score", pa.float64()),
-        ("best_variant_id", pa.string()), ("elapsed_s", pa.float64()), ("tokens", pa.int64()),
-        ("cost", pa.float64()), ("written_at", TS),
-    ]),
-    "agent_usage": pa.schema([
-        ("run_id", pa.string()), ("cycle", pa.int32()), ("role", pa.string()), ("backend", pa.string()),
-        ("variant_id", pa.string()), ("calls", pa.int32()), ("tokens_in", pa.int64()), ("tokens_out", pa.int64()),
-        ("seconds", pa.float64()), ("cost", pa.float64()), ("estimated", pa.bool_()), ("written_at", TS),
-    ]),
-    "trials": pa.schema([
-        ("run_id", pa.string()), ("cycle", pa.int32()), ("trial_id", pa.string()), ("variant_id", pa.string()),
-        ("status", pa.string()), ("reason", pa.string()), ("knobs", pa.string()), ("seed", pa.int64()),
-        ("epochs", pa.int32()), ("val_metric", pa.float64()), ("selection_score", pa.float64()),
-        ("test_score", pa.float64()), ("seconds", pa.float64()), ("work_dir", pa.string()), ("written_at", TS),
-    ]),
-    "epochs": pa.schema([
-        ("run_id", pa.string()), ("trial_id", pa.string()), ("epoch", pa.int32()),
-        ("metric", pa.string()), ("value", pa.float64()), ("written_at", TS),
-    ]),
+    "runs": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("experiment", pa.string()),
+            ("task", pa.string()),
+            ("status", pa.string()),
+            ("stop_reason", pa.string()),
+            ("run_dir", pa.string()),
+            ("config", pa.string()),
+            ("started_at", TS),
+            ("finished_at", TS),
+            ("written_at", TS),
+            ("cycle", pa.int32()),
+            ("phase", pa.string()),
+            (
+                "environment",
+                pa.string(),
+            ),  # environment.capture() as JSON: versions, git commit, hardware (also env.json)
+        ]
+    ),
+    "cycles": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("cycle", pa.int32()),
+            ("started_at", TS),
+            ("finished_at", TS),
+            ("trials", pa.int32()),
+            ("best_selection_score", pa.float64()),
+            ("written_at", TS),
+            ("parents", pa.string()),
+            ("children", pa.int32()),
+            ("rejected", pa.int32()),
+            ("phase", pa.string()),
+            ("cycle_dir", pa.string()),
+            ("analysis", pa.string()),  # the cycle's folder and its analysis.md text
+        ]
+    ),
+    "variants": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("variant_id", pa.string()),
+            ("parent_id", pa.string()),
+            ("cycle", pa.int32()),
+            ("files_dir", pa.string()),
+            ("diff", pa.string()),
+            ("written_at", TS),
+            ("status", pa.string()),
+            ("interventions", pa.string()),
+            ("diagnosis", pa.string()),
+            ("rationale", pa.string()),
+            ("reason", pa.string()),
+            ("parent_score", pa.float64()),
+            ("selection_score", pa.float64()),
+            ("backend", pa.string()),
+        ]
+    ),
+    "interventions": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("task", pa.string()),
+            ("cycle", pa.int32()),
+            ("variant_id", pa.string()),
+            ("parent_id", pa.string()),
+            ("intervention", pa.string()),
+            ("diagnosis", pa.string()),
+            ("parent_score", pa.float64()),
+            ("child_score", pa.float64()),
+            ("delta", pa.float64()),
+            ("outcome", pa.string()),
+            ("written_at", TS),
+        ]
+    ),
+    "decisions": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("cycle", pa.int32()),
+            ("decision", pa.string()),
+            ("reason", pa.string()),
+            ("exit_code", pa.int32()),
+            ("rationale", pa.string()),
+            ("best_selection_score", pa.float64()),
+            ("best_variant_id", pa.string()),
+            ("elapsed_s", pa.float64()),
+            ("tokens", pa.int64()),
+            ("cost", pa.float64()),
+            ("written_at", TS),
+        ]
+    ),
+    "agent_usage": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("cycle", pa.int32()),
+            ("role", pa.string()),
+            ("backend", pa.string()),
+            ("variant_id", pa.string()),
+            ("calls", pa.int32()),
+            ("tokens_in", pa.int64()),
+            ("tokens_out", pa.int64()),
+            ("seconds", pa.float64()),
+            ("cost", pa.float64()),
+            ("estimated", pa.bool_()),
+            ("written_at", TS),
+        ]
+    ),
+    "trials": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("cycle", pa.int32()),
+            ("trial_id", pa.string()),
+            ("variant_id", pa.string()),
+            ("status", pa.string()),
+            ("reason", pa.string()),
+            ("knobs", pa.string()),
+            ("seed", pa.int64()),
+            ("epochs", pa.int32()),
+            ("val_metric", pa.float64()),
+            ("selection_score", pa.float64()),
+            ("test_score", pa.float64()),
+            ("seconds", pa.float64()),
+            ("work_dir", pa.string()),
+            ("written_at", TS),
+        ]
+    ),
+    "epochs": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("trial_id", pa.string()),
+            ("epoch", pa.int32()),
+            ("metric", pa.string()),
+            ("value", pa.float64()),
+            ("written_at", TS),
+        ]
+    ),
 }
 
 
@@ -118,7 +204,9 @@ class KnowledgeBase:
         if unknown:
             raise ValueError(f"{table} has no columns {sorted(unknown)}")
         stamp = now()
-        columns = {name: [row.get(name, stamp if name == "written_at" else None) for row in rows] for name in schema.names}
+        columns = {
+            name: [row.get(name, stamp if name == "written_at" else None) for row in rows] for name in schema.names
+        }
         return pa.table(columns, schema=schema)
 
     def put(self, table: str, rows: Sequence[dict[str, Any]], name: str) -> Path | None:
@@ -196,7 +284,9 @@ def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
     """
     parquet = Path(kb_root).resolve() / PARQUET_DIR
     if not (parquet / "trials" / "_schema.parquet").exists():
-        raise FileNotFoundError(f"no knowledge base at {kb_root}: run a campaign first (python -m ralph_ray paths.kb={kb_root})")
+        raise FileNotFoundError(
+            f"no knowledge base at {kb_root}: run a campaign first (python -m ralph_ray paths.kb={kb_root})"
+        )
     try:
         con = connect_views(parquet)  # binding the views reads the parts' schemas: a damaged one fails here
         con.execute(sql.PROBE_TABLES).fetchall()  # or here, where every part's footer is opened (not mid-page)
@@ -205,8 +295,12 @@ def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
         pass
     damaged = damaged_parts(parquet)
     for path, why in damaged.items():
-        warnings.warn(f"skipped a damaged part of the knowledge base: {path} ({why}); move it aside to silence "
-                      "this (the other parts are read as usual)", DamagedPartWarning, stacklevel=2)
+        warnings.warn(
+            f"skipped a damaged part of the knowledge base: {path} ({why}); move it aside to silence "
+            "this (the other parts are read as usual)",
+            DamagedPartWarning,
+            stacklevel=2,
+        )
     return connect_views(parquet, skip=damaged)
 
 

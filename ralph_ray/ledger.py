@@ -60,8 +60,18 @@ Sink = Callable[[TrialRecord, list[dict[str, Any]]], None]
 class TrialLedger(Callback):
     """Collects each trial's per-epoch metrics and final outcome, and passes them to `sink`."""
 
-    def __init__(self, run_id: str, cycle: int, labels: Labels, trials_root: str, seed: int, metric: str, sink: Sink,
-                 relative: frozenset[str] = frozenset(), own_knobs: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        cycle: int,
+        labels: Labels,
+        trials_root: str,
+        seed: int,
+        metric: str,
+        sink: Sink,
+        relative: frozenset[str] = frozenset(),
+        own_knobs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
         self.run_id, self.cycle, self.labels = run_id, cycle, labels
         self.relative, self.own_knobs = relative, own_knobs or {}  # to record the knob values trials really ran
         self.trials_root, self.seed, self.metric, self.sink = trials_root, seed, metric, sink
@@ -77,7 +87,9 @@ class TrialLedger(Callback):
         self.started.setdefault(trial.trial_id, time.time())
         self.epochs.setdefault(trial.trial_id, {})
 
-    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
         epoch = result.get("epoch")
         if epoch is None:
             return
@@ -87,7 +99,11 @@ class TrialLedger(Callback):
 
     def _epoch_metrics(self, trial: Trial, result: dict[str, Any]) -> None:
         epoch = result["epoch"]
-        metrics = {k: float(v) for k, v in result.items() if k not in _TUNE_KEYS and k not in _SKIP_KEYS and k != "epoch" and _is_number(v)}
+        metrics = {
+            k: float(v)
+            for k, v in result.items()
+            if k not in _TUNE_KEYS and k not in _SKIP_KEYS and k != "epoch" and _is_number(v)
+        }
         epochs = self.epochs.setdefault(trial.trial_id, {})
         # A retried trial (its node was lost) reports again from its checkpoint's epoch, or from 1 without one:
         # the epochs it keeps are overwritten, the ones past it (from the lost attempt) dropped. So each epoch
@@ -123,22 +139,37 @@ class TrialLedger(Callback):
             if trial.trial_id in self.started and trial.trial_id not in finished:
                 self._finish(trial, TrialStatus.stopped_early, STOPPED_WITH_CYCLE)
 
-    def _finish(self, trial: Trial, status: TrialStatus, reason: str | None,
-                selection: float | None = None, test: float | None = None) -> None:
+    def _finish(
+        self,
+        trial: Trial,
+        status: TrialStatus,
+        reason: str | None,
+        selection: float | None = None,
+        test: float | None = None,
+    ) -> None:
         epochs = self.epochs.get(trial.trial_id, {})
         config = trial.config or {}
         knobs = resolve_knobs(config, self.own_knobs.get(str(config.get("variant")), {}), self.relative)
         record = TrialRecord(
-            run_id=self.run_id, cycle=self.cycle, trial_id=trial.trial_id, variant_id=str((trial.config or {}).get("variant")),
-            status=status, reason=reason, knobs=json.dumps(knobs, sort_keys=True, default=str), seed=self.seed,
-            epochs=max(epochs, default=0), val_metric=_float(epochs[max(epochs)].get(self.metric)) if epochs else None,
-            selection_score=selection, test_score=test,
+            run_id=self.run_id,
+            cycle=self.cycle,
+            trial_id=trial.trial_id,
+            variant_id=str((trial.config or {}).get("variant")),
+            status=status,
+            reason=reason,
+            knobs=json.dumps(knobs, sort_keys=True, default=str),
+            seed=self.seed,
+            epochs=max(epochs, default=0),
+            val_metric=_float(epochs[max(epochs)].get(self.metric)) if epochs else None,
+            selection_score=selection,
+            test_score=test,
             seconds=time.time() - self.started.get(trial.trial_id, time.time()),
             work_dir=f"{self.trials_root}/{trial.trial_id}",
         )
         rows = [
             {"run_id": self.run_id, "trial_id": trial.trial_id, "epoch": epoch, "metric": name, "value": value}
-            for epoch, metrics in sorted(epochs.items()) for name, value in metrics.items()
+            for epoch, metrics in sorted(epochs.items())
+            for name, value in metrics.items()
         ]
         self.records.append(record)
         self.sink(record, rows)

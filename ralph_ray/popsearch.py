@@ -27,9 +27,9 @@ from ralph_ray.config import KnobSpace
 from ralph_ray.faults import kill_point
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.ledger import TrialRecord
-from ralph_ray.statuses import TrialStatus
 from ralph_ray.population import Candidate, branch_of, select_parents
 from ralph_ray.search import clip_to_space, param_space, relative_knobs
+from ralph_ray.statuses import TrialStatus
 
 CODE_KEY = "_code"  # a trial's config carries its variant's files: children are bred after the Tune run started
 
@@ -121,11 +121,16 @@ class Pool:
         """Members with a completed trial, best first (optionally only those younger than a generation)."""
         with self.changed:
             parents = {m.variant_id: m.parent_id for m in self.members.values()}
-            scored = [m for m in self.members.values() if m.best is not None
-                      and (below_generation is None or m.generation < below_generation)]
+            scored = [
+                m
+                for m in self.members.values()
+                if m.best is not None and (below_generation is None or m.generation < below_generation)
+            ]
             scored.sort(key=lambda m: (-(m.best or 0.0), m.variant_id))
-            return [Candidate(m.variant_id, float(m.best or 0.0), dict(m.best_knobs), branch_of(m.variant_id, parents))
-                    for m in scored]
+            return [
+                Candidate(m.variant_id, float(m.best or 0.0), dict(m.best_knobs), branch_of(m.variant_id, parents))
+                for m in scored
+            ]
 
     def best(self) -> Member | None:
         """The member with the best selection score so far."""
@@ -138,13 +143,16 @@ class Pool:
         params = self._params_of(member, knobs)
         if params is None:
             return
-        state = {TrialStatus.completed: optuna.trial.TrialState.COMPLETE, TrialStatus.stopped_early:
-                 optuna.trial.TrialState.PRUNED}.get(status, optuna.trial.TrialState.FAIL)
+        state = {
+            TrialStatus.completed: optuna.trial.TrialState.COMPLETE,
+            TrialStatus.stopped_early: optuna.trial.TrialState.PRUNED,
+        }.get(status, optuna.trial.TrialState.FAIL)
         value = score if state is optuna.trial.TrialState.COMPLETE and score is not None else None
         if value is None and state is optuna.trial.TrialState.COMPLETE:
             state = optuna.trial.TrialState.FAIL
-        trial = optuna.trial.create_trial(params=params, distributions=self._distributions(member), value=value,
-                                          state=state)
+        trial = optuna.trial.create_trial(
+            params=params, distributions=self._distributions(member), value=value, state=state
+        )
         self._study(member).add_trial(trial)
 
     # -- Tune's side -----------------------------------------------------------------------------
@@ -243,8 +251,12 @@ class Pool:
             if value is None:
                 return None
             if isinstance(dist, optuna.distributions.CategoricalDistribution):
-                value = min(dist.choices, key=lambda c: abs(float(c) - float(value)) if _numeric(c) and _numeric(value)
-                            else (0 if c == value else 1))
+                value = min(
+                    dist.choices,
+                    key=lambda c: (
+                        abs(float(c) - float(value)) if _numeric(c) and _numeric(value) else (0 if c == value else 1)
+                    ),
+                )
             elif isinstance(dist, (optuna.distributions.FloatDistribution, optuna.distributions.IntDistribution)):
                 value = min(max(value, dist.low), dist.high)
                 value = int(round(value)) if isinstance(dist, optuna.distributions.IntDistribution) else float(value)

@@ -27,7 +27,9 @@ def branch_of(variant_id: str, parents: dict[str, str | None]) -> str:
     return chain[-2] if len(chain) >= 2 else chain[-1]
 
 
-def select_parents(ranked: list[Candidate], k: int, explore: float, one_per_lineage: bool, rng: random.Random) -> list[Candidate]:
+def select_parents(
+    ranked: list[Candidate], k: int, explore: float, one_per_lineage: bool, rng: random.Random
+) -> list[Candidate]:
     """Pick up to k parents from `ranked` (best first).
 
     The best variant always leads. Each further slot goes, with probability `explore`, to a random

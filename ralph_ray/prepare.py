@@ -24,7 +24,9 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.safeguard_or_config
     out = Path("data/prepared") / cfg.task.name
     write_public(splits, out, cfg.task.name)
-    print(f"wrote {out.resolve()} (train {len(splits.train_y)}, selection {len(splits.selection_y)}, test {len(splits.test_y)} inputs)")
+    print(
+        f"wrote {out.resolve()} (train {len(splits.train_y)}, selection {len(splits.selection_y)}, test {len(splits.test_y)} inputs)"
+    )
     print(f"export {ENV_DATA_DIR}={out.resolve()}")
     print(f"then: cd {cfg.trainer_dir()} && python train.py")
     return ExitCode.ok

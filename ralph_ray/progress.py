@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ray.tune import Callback
+from ray.tune.experiment import Trial
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from ray.tune import Callback
-from ray.tune.experiment import Trial
 
 from ralph_ray.ledger import TrialRecord
 from ralph_ray.statuses import TrialStatus
@@ -37,7 +37,9 @@ class LiveProgress(Callback):
         self.running.add(trial.trial_id)
         self.live.update(self._render())
 
-    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
         self.live.update(self._render())
 
     def record(self, record: TrialRecord) -> None:
@@ -46,9 +48,16 @@ class LiveProgress(Callback):
         self.counts[record.status] += 1
         if record.selection_score is not None and (self.best is None or record.selection_score > self.best):
             self.best = record.selection_score
-        score = f"selection={record.selection_score:.4f} test={record.test_score:.4f}" if record.selection_score is not None else ""
+        score = (
+            f"selection={record.selection_score:.4f} test={record.test_score:.4f}"
+            if record.selection_score is not None
+            else ""
+        )
         reason = f" ({record.reason})" if record.reason else ""
-        self.console.print(f"  trial {record.trial_id} {record.status.value:<13} epochs={record.epochs:<3} {score}{reason}  knobs={record.knobs}", soft_wrap=True)
+        self.console.print(
+            f"  trial {record.trial_id} {record.status.value:<13} epochs={record.epochs:<3} {score}{reason}  knobs={record.knobs}",
+            soft_wrap=True,
+        )
         self.live.update(self._render())
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
@@ -60,7 +69,12 @@ class LiveProgress(Callback):
             table.add_column(column, justify="right")
         best = f"{self.best:.4f}" if self.best is not None else "-"
         table.add_row(
-            str(len(self.running)), str(self.counts[TrialStatus.completed]), str(self.counts[TrialStatus.stopped_early]),
-            str(self.counts[TrialStatus.failed]), str(self.total), best, f"{time.monotonic() - self.start:.0f}s",
+            str(len(self.running)),
+            str(self.counts[TrialStatus.completed]),
+            str(self.counts[TrialStatus.stopped_early]),
+            str(self.counts[TrialStatus.failed]),
+            str(self.total),
+            best,
+            f"{time.monotonic() - self.start:.0f}s",
         )
         return table

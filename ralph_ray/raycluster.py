@@ -46,7 +46,9 @@ def set_ray_env(auth_mode: str | None = None) -> None:
         os.environ["RAY_AUTH_MODE"] = auth_mode
     raylet = sys.modules.get("ray._raylet")
     if raylet is not None and os.environ["RAY_AUTH_MODE"] != before:
-        raylet.Config.initialize("")  # Ray read the mode when it was imported: refresh it, as Ray does when it turns tokens on
+        raylet.Config.initialize(
+            ""
+        )  # Ray read the mode when it was imported: refresh it, as Ray does when it turns tokens on
 
 
 def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None) -> None:
@@ -58,15 +60,24 @@ def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None
         return  # the mode this process's Ray runs with stays: switching it now would cut this driver off
     set_ray_env(cluster.auth_mode)
     if cluster.auth_mode == "disabled":
-        print("warning: Ray runs without authentication (cluster.auth_mode=disabled): anyone who reaches its ports can "
-              "run code as you", file=sys.stderr)
+        print(
+            "warning: Ray runs without authentication (cluster.auth_mode=disabled): anyone who reaches its ports can "
+            "run code as you",
+            file=sys.stderr,
+        )
     if cluster.mode is ClusterMode.local:
         if cluster.auth_mode == "token":
             ensure_local_token()
         # address="local": always a fresh instance; without it ray.init() joins any cluster `ray start` left on
         # this machine (its /tmp/ray/ray_current_cluster), which is cluster=address's job, never local's.
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=True,
-                 logging_level="ERROR")
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            configure_logging=True,
+            logging_level="ERROR",
+        )
         return
     join(cluster)
 
@@ -108,17 +119,23 @@ def join(cluster: ClusterConfig) -> None:
 
     address = cluster.address or os.environ.get("RAY_ADDRESS")
     if not address:
-        raise ClusterError("cluster=address needs an address: cluster.address=auto on a node of the cluster, "
-                           "cluster.address=<head>:6379, or export RAY_ADDRESS=<head>:6379")
+        raise ClusterError(
+            "cluster=address needs an address: cluster.address=auto on a node of the cluster, "
+            "cluster.address=<head>:6379, or export RAY_ADDRESS=<head>:6379"
+        )
     if address.startswith("ray://"):
-        raise ClusterError(f"{address}: Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base "
-                           "writer; run the campaign on a cluster node (`ray attach cluster.yaml`) with cluster.address=auto")
+        raise ClusterError(
+            f"{address}: Ray Client (ray://) runs Tune's driver on the head, out of reach of the knowledge base "
+            "writer; run the campaign on a cluster node (`ray attach cluster.yaml`) with cluster.address=auto"
+        )
     mode = os.environ["RAY_AUTH_MODE"]
     if mode == "token" and not token_available():
-        raise ClusterError("cluster.auth_mode=token but this machine has no Ray token: copy the cluster's token here "
-                           "(the ~/.ray/auth_token of the machine that ran `ray up`, or `ray get-auth-token` on the head) into "
-                           "~/.ray/auth_token with mode 600, or point RAY_AUTH_TOKEN_PATH at it; for a cluster started without "
-                           "auth, opt out explicitly with cluster.auth_mode=disabled")
+        raise ClusterError(
+            "cluster.auth_mode=token but this machine has no Ray token: copy the cluster's token here "
+            "(the ~/.ray/auth_token of the machine that ran `ray up`, or `ray get-auth-token` on the head) into "
+            "~/.ray/auth_token with mode 600, or point RAY_AUTH_TOKEN_PATH at it; for a cluster started without "
+            "auth, opt out explicitly with cluster.auth_mode=disabled"
+        )
     if address != "auto":
         probe(address, cluster.connect_timeout_s)
     try:
@@ -135,9 +152,11 @@ def probe(address: str, timeout_s: float) -> None:
         with socket.create_connection((host, port), timeout=min(timeout_s, 5.0)):
             pass
     except OSError as err:
-        raise ClusterError(f"cannot reach the Ray head at {host}:{port} ({err.strerror or err}): check cluster.address, that "
-                           f"`ray start --head --port={port}` runs there and the port is open to this machine "
-                           "(on a `ray up` cluster, run the campaign on the head: `ray attach cluster.yaml`)") from None
+        raise ClusterError(
+            f"cannot reach the Ray head at {host}:{port} ({err.strerror or err}): check cluster.address, that "
+            f"`ray start --head --port={port}` runs there and the port is open to this machine "
+            "(on a `ray up` cluster, run the campaign on the head: `ray attach cluster.yaml`)"
+        ) from None
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -152,18 +171,24 @@ def explain(address: str, mode: str, err: BaseException) -> str:
     """A one-paragraph reason for a failed join, from Ray's exception chain (no traceback)."""
     text = _chain_text(err)
     if "InvalidAuthToken" in text or "AuthenticationError" in text or "Unauthenticated" in text:
-        return (f"the Ray cluster at {address} refused this driver's authentication (RAY_AUTH_MODE={mode} here): with "
-                "cluster.auth_mode=token (the default), this machine needs the cluster's own token in ~/.ray/auth_token "
-                "(or RAY_AUTH_TOKEN_PATH); a cluster started without auth needs cluster.auth_mode=disabled")
+        return (
+            f"the Ray cluster at {address} refused this driver's authentication (RAY_AUTH_MODE={mode} here): with "
+            "cluster.auth_mode=token (the default), this machine needs the cluster's own token in ~/.ray/auth_token "
+            "(or RAY_AUTH_TOKEN_PATH); a cluster started without auth needs cluster.auth_mode=disabled"
+        )
     if "version mismatch" in text.lower():
         return f"the Ray cluster at {address} runs another Ray or Python version: install the same versions here ({_first_line(text)})"
     if "Could not find any running Ray instance" in text:
-        return ("no running Ray cluster found on this machine (cluster.address=auto): start one (`ray up cluster.yaml`, "
-                "`ray start --head`), run the campaign on a node of it, or give its address (cluster.address=<head>:6379)")
+        return (
+            "no running Ray cluster found on this machine (cluster.address=auto): start one (`ray up cluster.yaml`, "
+            "`ray start --head`), run the campaign on a node of it, or give its address (cluster.address=<head>:6379)"
+        )
     if "multiple" in text.lower() and "instances" in text.lower():
         return f"several Ray clusters run on this machine: pick one with cluster.address=<head>:<port> ({_first_line(text)})"
-    return (f"cannot join the Ray cluster at {address}: {_first_line(text)}. Check that this machine is a node of that cluster "
-            f"(run the campaign on the head: `ray attach cluster.yaml`) and that RAY_AUTH_MODE ({mode} here) matches the cluster's")
+    return (
+        f"cannot join the Ray cluster at {address}: {_first_line(text)}. Check that this machine is a node of that cluster "
+        f"(run the campaign on the head: `ray attach cluster.yaml`) and that RAY_AUTH_MODE ({mode} here) matches the cluster's"
+    )
 
 
 def driver_node_id() -> str:

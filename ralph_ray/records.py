@@ -42,8 +42,14 @@ def trial_parts(run_id: str, cycle: int) -> str:
 
 def run_row(cfg: Config, run_id: str, run_dir: Path, started_at: datetime | None) -> Row:
     """What a runs row always carries: the experiment, its config and when the run first started."""
-    return {"run_id": run_id, "experiment": cfg.experiment, "task": cfg.task.name, "run_dir": str(run_dir),
-            "config": json.dumps(asdict(cfg), default=str), "started_at": started_at or now()}
+    return {
+        "run_id": run_id,
+        "experiment": cfg.experiment,
+        "task": cfg.task.name,
+        "run_dir": str(run_dir),
+        "config": json.dumps(asdict(cfg), default=str),
+        "started_at": started_at or now(),
+    }
 
 
 def run_status(base: Row, status: RunStatus, state: CampaignState, stop_reason: str | None = None) -> Row:
@@ -52,15 +58,34 @@ def run_status(base: Row, status: RunStatus, state: CampaignState, stop_reason: 
     return {**base, "status": status.value, **ended, "cycle": state.cycle, "phase": state.phase.value}
 
 
-def variant_rows(run_id: str, cycle: int, children: list[Child], agent: AgentConfig,
-                 scores: dict[str, tuple[float, float | None]] | None = None) -> list[Row]:
+def variant_rows(
+    run_id: str,
+    cycle: int,
+    children: list[Child],
+    agent: AgentConfig,
+    scores: dict[str, tuple[float, float | None]] | None = None,
+) -> list[Row]:
     """Variant rows (the newest row per variant wins in the view); a child identical to its parent is no new variant."""
-    return [{"run_id": run_id, "variant_id": c.variant_id, "parent_id": c.parent_id or None, "cycle": cycle,
-             "files_dir": str(c.files_dir), "diff": c.diff, "status": c.status.value,
-             "interventions": json.dumps(c.interventions), "diagnosis": c.diagnosis, "rationale": c.rationale,
-             "reason": c.reason, "parent_score": c.parent_score,
-             "selection_score": (scores or {}).get(c.variant_id, (None, None))[0], "backend": agent.backend.value}
-            for c in children if c.variant_id != c.parent_id]
+    return [
+        {
+            "run_id": run_id,
+            "variant_id": c.variant_id,
+            "parent_id": c.parent_id or None,
+            "cycle": cycle,
+            "files_dir": str(c.files_dir),
+            "diff": c.diff,
+            "status": c.status.value,
+            "interventions": json.dumps(c.interventions),
+            "diagnosis": c.diagnosis,
+            "rationale": c.rationale,
+            "reason": c.reason,
+            "parent_score": c.parent_score,
+            "selection_score": (scores or {}).get(c.variant_id, (None, None))[0],
+            "backend": agent.backend.value,
+        }
+        for c in children
+        if c.variant_id != c.parent_id
+    ]
 
 
 def usage_rows(run_id: str, cycle: int, role: str, spent: list[tuple[str, Usage]], agent: AgentConfig) -> list[Row]:
@@ -71,9 +96,19 @@ def usage_rows(run_id: str, cycle: int, role: str, spent: list[tuple[str, Usage]
 def usage_row(run_id: str, cycle: int, role: str, variant_id: str, usage: Usage, agent: AgentConfig) -> Row:
     """One agent call's (or a batch's) tokens, seconds and cost at the configured prices."""
     cost = (usage.tokens_in * agent.price_in_per_m + usage.tokens_out * agent.price_out_per_m) / 1e6
-    return {"run_id": run_id, "cycle": cycle, "role": role, "backend": agent.backend.value, "variant_id": variant_id,
-            "calls": usage.calls, "tokens_in": usage.tokens_in, "tokens_out": usage.tokens_out,
-            "seconds": usage.seconds, "cost": cost, "estimated": usage.estimated}
+    return {
+        "run_id": run_id,
+        "cycle": cycle,
+        "role": role,
+        "backend": agent.backend.value,
+        "variant_id": variant_id,
+        "calls": usage.calls,
+        "tokens_in": usage.tokens_in,
+        "tokens_out": usage.tokens_out,
+        "seconds": usage.seconds,
+        "cost": cost,
+        "estimated": usage.estimated,
+    }
 
 
 def intervention_rows(run_id: str, task: str, cycle: int, child: Child, score: float | None) -> list[Row]:
@@ -81,37 +116,77 @@ def intervention_rows(run_id: str, task: str, cycle: int, child: Child, score: f
     if child.status is VariantStatus.seed or child.variant_id == child.parent_id:
         return []
     delta = None if score is None or child.parent_score is None else score - child.parent_score
-    return [{"run_id": run_id, "task": task, "cycle": cycle, "variant_id": child.variant_id,
-             "parent_id": child.parent_id, "intervention": name, "diagnosis": child.diagnosis,
-             "parent_score": child.parent_score, "child_score": score, "delta": delta, "outcome": child.status.value}
-            for name in child.interventions]
+    return [
+        {
+            "run_id": run_id,
+            "task": task,
+            "cycle": cycle,
+            "variant_id": child.variant_id,
+            "parent_id": child.parent_id,
+            "intervention": name,
+            "diagnosis": child.diagnosis,
+            "parent_score": child.parent_score,
+            "child_score": score,
+            "delta": delta,
+            "outcome": child.status.value,
+        }
+        for name in child.interventions
+    ]
 
 
-def effect_rows(run_id: str, task: str, cycle: int, children: list[Child],
-                scores: dict[str, tuple[float, float | None]]) -> list[Row]:
+def effect_rows(
+    run_id: str, task: str, cycle: int, children: list[Child], scores: dict[str, tuple[float, float | None]]
+) -> list[Row]:
     """The intervention rows of every judged child of a cycle (`scores`: variant -> (selection, test))."""
-    return [row for c in children
-            for row in intervention_rows(run_id, task, cycle, c, scores.get(c.variant_id, (None, None))[0])]
+    return [
+        row
+        for c in children
+        for row in intervention_rows(run_id, task, cycle, c, scores.get(c.variant_id, (None, None))[0])
+    ]
 
 
-def cycle_row(run_id: str, cycle: int, trials: int, best: float | None, asked: list[Child], cycle_dir: Path,
-              analysis: str) -> Row:
+def cycle_row(
+    run_id: str, cycle: int, trials: int, best: float | None, asked: list[Child], cycle_dir: Path, analysis: str
+) -> Row:
     """A recorded cycle: its trials, the best so far, its children, its folder and its analysis text."""
-    return {"run_id": run_id, "cycle": cycle, "finished_at": now(), "trials": trials, "best_selection_score": best,
-            "phase": Phase.decide.value, "parents": json.dumps(sorted({c.parent_id for c in asked})),
-            "children": len(asked), "rejected": sum(c.status is VariantStatus.rejected for c in asked),
-            "cycle_dir": str(cycle_dir.resolve()), "analysis": analysis}
+    return {
+        "run_id": run_id,
+        "cycle": cycle,
+        "finished_at": now(),
+        "trials": trials,
+        "best_selection_score": best,
+        "phase": Phase.decide.value,
+        "parents": json.dumps(sorted({c.parent_id for c in asked})),
+        "children": len(asked),
+        "rejected": sum(c.status is VariantStatus.rejected for c in asked),
+        "cycle_dir": str(cycle_dir.resolve()),
+        "analysis": analysis,
+    }
 
 
 def decision_json(decision: Decision, facts: CycleFacts, best_variant_id: str | None) -> Row:
     """The decision as decision.json holds it: the rule, its rationale and the budgets it read."""
-    return {**decision.as_json(), "elapsed_s": round(facts.elapsed_s, 1), "tokens_campaign": facts.tokens_campaign,
-            "cost_campaign": facts.cost_campaign, "best_variant_id": best_variant_id}
+    return {
+        **decision.as_json(),
+        "elapsed_s": round(facts.elapsed_s, 1),
+        "tokens_campaign": facts.tokens_campaign,
+        "cost_campaign": facts.cost_campaign,
+        "best_variant_id": best_variant_id,
+    }
 
 
 def decision_row(run_id: str, decision: Decision, facts: CycleFacts, best_variant_id: str | None) -> Row:
     """The decisions row of a cycle."""
-    return {"run_id": run_id, "cycle": decision.cycle, "decision": decision.as_json()["decision"],
-            "reason": decision.reason.value, "exit_code": decision.exit_code, "rationale": decision.rationale,
-            "best_selection_score": decision.best_selection_score, "best_variant_id": best_variant_id,
-            "elapsed_s": facts.elapsed_s, "tokens": facts.tokens_campaign, "cost": facts.cost_campaign}
+    return {
+        "run_id": run_id,
+        "cycle": decision.cycle,
+        "decision": decision.as_json()["decision"],
+        "reason": decision.reason.value,
+        "exit_code": decision.exit_code,
+        "rationale": decision.rationale,
+        "best_selection_score": decision.best_selection_score,
+        "best_variant_id": best_variant_id,
+        "elapsed_s": facts.elapsed_s,
+        "tokens": facts.tokens_campaign,
+        "cost": facts.cost_campaign,
+    }

@@ -71,13 +71,22 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in board:
-        lines.append(f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | {row['status']} | "
-                     f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {row['completed']}/{row['stopped_early']}/{row['failed']} |")
-    lines += ["", "## Interventions", "", "| cycle | variant | intervention | diagnosis | parent | child | gain (+ is better) | outcome |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines.append(
+            f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | {row['status']} | "
+            f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {row['completed']}/{row['stopped_early']}/{row['failed']} |"
+        )
+    lines += [
+        "",
+        "## Interventions",
+        "",
+        "| cycle | variant | intervention | diagnosis | parent | child | gain (+ is better) | outcome |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for row in interventions:
-        lines.append(f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | {_f(value(row['parent_score']))} | "
-                     f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |")
+        lines.append(
+            f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | {_f(value(row['parent_score']))} | "
+            f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
+        )
     lines += ["", "## Decisions", ""]
     lines += [f"- cycle {d['cycle']}: {d['decision']} ({d['reason']}): {d['rationale']}" for d in decisions]
     lines += ["", "## Best variant vs the seed", ""]
@@ -105,7 +114,10 @@ def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
         start = min(t["written_at"] for t in timeline)
         minutes = [(t["written_at"] - start).total_seconds() / 60 for t in done]
         kept = [t["variant_status"] in KEPT_LIKE for t in done]
-        for flag, colour, label in ((True, "tab:green", "kept variant (or seed)"), (False, "tab:gray", "discarded variant")):
+        for flag, colour, label in (
+            (True, "tab:green", "kept variant (or seed)"),
+            (False, "tab:gray", "discarded variant"),
+        ):
             xs = [m for m, k in zip(minutes, kept) if k is flag]
             ys = [t["selection_score"] for t, k in zip(done, kept) if k is flag]
             ax.scatter(xs, ys, s=18, c=colour, label=label, alpha=0.8)
@@ -149,11 +161,15 @@ def _sandbox(config: dict[str, Any]) -> str:
     """How agent-written code ran; the explicit opt-out in bold with what it means."""
     box = config.get("sandbox") or {}
     if box.get("mode") == "none":
-        return ("**none** (sandbox=none: agent-written code ran as a plain subprocess that could read runs/, kb/ and "
-                "the engine, so its scores are not protected against label theft)")
+        return (
+            "**none** (sandbox=none: agent-written code ran as a plain subprocess that could read runs/, kb/ and "
+            "the engine, so its scores are not protected against label theft)"
+        )
     if box.get("mode") == "bwrap":
-        return (f"bwrap (work dir, public data and harness only; network {'on' if box.get('network') else 'off'}; "
-                f"{box.get('memory_mb')} MiB, {box.get('processes')} processes per run)")
+        return (
+            f"bwrap (work dir, public data and harness only; network {'on' if box.get('network') else 'off'}; "
+            f"{box.get('memory_mb')} MiB, {box.get('processes')} processes per run)"
+        )
     return "not recorded"
 
 

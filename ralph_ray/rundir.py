@@ -50,8 +50,9 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
     if resuming and not (run_dir / "state.json").exists():
         raise CampaignError(f"cannot resume {run_id}: no {run_dir / 'state.json'} (check the run id and paths.runs)")
     if not resuming and (run_dir / "state.json").exists():
-        raise CampaignError(f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, "
-                            "or pick another run_id")
+        raise CampaignError(
+            f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, or pick another run_id"
+        )
     return run_id, run_dir, resuming
 
 
@@ -60,11 +61,14 @@ def ensure_writable(key: str, folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CampaignError(f"{key}={folder} cannot be created ({err.strerror}): point {key} at a folder you can "
-                            f"write, e.g. {key}=./{folder.name or 'runs'}") from None
+        raise CampaignError(
+            f"{key}={folder} cannot be created ({err.strerror}): point {key} at a folder you can "
+            f"write, e.g. {key}=./{folder.name or 'runs'}"
+        ) from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise CampaignError(f"{key}={folder} is not writable: point {key} at a folder you can write, "
-                            "or fix its permissions")
+        raise CampaignError(
+            f"{key}={folder} is not writable: point {key} at a folder you can write, or fix its permissions"
+        )
 
 
 def open_run(cfg: Config, run_dir: Path, resuming: bool, say: Callable[[str], None]) -> CampaignState:

@@ -97,8 +97,13 @@ class Outcome:
     predictions: Path | None = None  # the trainer's predictions file, when it wrote one
 
 
-def run(trainer: Trainer, limits: Limits, on_epoch: Callable[[Record], None] = lambda record: None,
-        hold_from_epoch: int | None = None, should_stop: Callable[[], bool] = lambda: False) -> Outcome:
+def run(
+    trainer: Trainer,
+    limits: Limits,
+    on_epoch: Callable[[Record], None] = lambda record: None,
+    hold_from_epoch: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Outcome:
     """Run a trainer to its end; every epoch report goes to `on_epoch` unless its epoch is `hold_from_epoch` or later.
 
     Held reports come back in the outcome instead (the last one as `last`, the earlier ones as `held`): ASHA's
@@ -171,8 +176,14 @@ def start(trainer: Trainer, limits: Limits) -> Running:
     return Running(proc, jail, CappedOutput(proc, work, limits.output_bytes))
 
 
-def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[[Record], None],
-         hold_from_epoch: int | None = None, should_stop: Callable[[], bool] = lambda: False) -> Outcome:
+def tail(
+    running: Running,
+    trainer: Trainer,
+    limits: Limits,
+    on_epoch: Callable[[Record], None],
+    hold_from_epoch: int | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Outcome:
     """Follow a started trainer until it exits, fails a limit, or `should_stop` says so."""
     work, proc = trainer.work, running.proc
     reports = JsonLinesTail(work / METRICS_FILE)
@@ -201,12 +212,17 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
             if should_stop():
                 return Outcome(Status.stopped, last=last)
             if overrun is not None and time.monotonic() > overrun:
-                return Outcome(Status.stopped, budget_reason(limits), last=last, held=held[:-1] if len(held) > 1 else [])
+                return Outcome(
+                    Status.stopped, budget_reason(limits), last=last, held=held[:-1] if len(held) > 1 else []
+                )
             if time.monotonic() > deadline:
                 raise Breached(Breach.timeout, f"train.py ran past safeguards.trial_timeout_s={limits.timeout_s:g}s")
             if running.output.exceeded:
-                raise Breached(Breach.output, f"train.py wrote more than {limits.output_bytes} bytes to stdout/stderr "
-                                              "(sandbox.output_mb; the rest was dropped)")
+                raise Breached(
+                    Breach.output,
+                    f"train.py wrote more than {limits.output_bytes} bytes to stdout/stderr "
+                    "(sandbox.output_mb; the rest was dropped)",
+                )
             time.sleep(POLL_S)
         if proc.returncode != 0:
             running.output.join()
@@ -216,14 +232,20 @@ def tail(running: Running, trainer: Trainer, limits: Limits, on_epoch: Callable[
                 raise TrialFailed(said)
             raise Breached(breach, f"{_BREACH_TEXT[breach].format(policy=limits.sandbox)}; {said}")
         if last is None:
-            raise TrialFailed("train.py exited without reporting an epoch: call harness.report(epoch=..., ...) each epoch")
+            raise TrialFailed(
+                "train.py exited without reporting an epoch: call harness.report(epoch=..., ...) each epoch"
+            )
     except Breached as err:
         return Outcome(Status.failed, str(err), last=last, breach=err.breach)
     except TrialFailed as err:
         return Outcome(Status.failed, str(err), last=last)
     predictions = work / PREDICTIONS_FILE
-    return Outcome(Status.finished, last=last, held=held[:-1] if len(held) > 1 else [],
-                   predictions=predictions if predictions.exists() else None)
+    return Outcome(
+        Status.finished,
+        last=last,
+        held=held[:-1] if len(held) > 1 else [],
+        predictions=predictions if predictions.exists() else None,
+    )
 
 
 BUDGET_REASON = "budget"  # the reason of a trainer stopped past its time budget (its first word)
@@ -258,8 +280,10 @@ class CappedOutput:
     def __init__(self, proc: subprocess.Popen[bytes], work: Path, limit: int) -> None:
         self.limit, self.written, self.exceeded = limit, 0, False
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._copy, args=(stream, work / name), daemon=True)
-                         for stream, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))]
+        self._threads = [
+            threading.Thread(target=self._copy, args=(stream, work / name), daemon=True)
+            for stream, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))
+        ]
         for thread in self._threads:
             thread.start()
 

@@ -32,10 +32,12 @@ from typing import Callable
 from ralph_ray import PROJECT_ROOT, harness
 
 BWRAP = "bwrap"
-INSTALL_FIX = ("install bubblewrap (`apt-get install bubblewrap` on Debian/Ubuntu, `dnf install bubblewrap` on Fedora) "
-               "and "
-               "allow user namespaces (`sysctl -w user.max_user_namespaces=15000`, and on Ubuntu 24.04+ "
-               "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`), or opt out with sandbox=none")
+INSTALL_FIX = (
+    "install bubblewrap (`apt-get install bubblewrap` on Debian/Ubuntu, `dnf install bubblewrap` on Fedora) "
+    "and "
+    "allow user namespaces (`sysctl -w user.max_user_namespaces=15000`, and on Ubuntu 24.04+ "
+    "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`), or opt out with sandbox=none"
+)
 LIB_INSIDE = Path("/run/ralph_ray/lib")  # the harness copy's folder inside the sandbox (its PYTHONPATH)
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")  # read-only; /bin, /lib... follow as the host has them (symlinks or binds)
 LINKED_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -102,11 +104,15 @@ def announce(policy: Policy, say: Callable[[str], None]) -> None:
     """Check the sandbox can start (SandboxError with the fix if not) and say how agent-written code will run."""
     check(policy)
     if policy.mode is SandboxMode.none:
-        say("sandbox: none (the explicit opt-out): agent-written code runs as a plain subprocess that can read runs/, "
-            "kb/ and the engine; limits still apply")
+        say(
+            "sandbox: none (the explicit opt-out): agent-written code runs as a plain subprocess that can read runs/, "
+            "kb/ and the engine; limits still apply"
+        )
     else:
-        say(f"sandbox: bwrap, network {'on' if policy.network else 'off'}, memory {policy.memory_mb} MiB, "
-            f"{policy.processes} processes, files up to {policy.file_size_mb} MiB")
+        say(
+            f"sandbox: bwrap, network {'on' if policy.network else 'off'}, memory {policy.memory_mb} MiB, "
+            f"{policy.processes} processes, files up to {policy.file_size_mb} MiB"
+        )
 
 
 def available() -> str | None:
@@ -119,8 +125,19 @@ def _bwrap_problem() -> str | None:
     path = shutil.which(BWRAP)
     if path is None:
         return "`bwrap` is not on PATH"
-    probe = [path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "--die-with-parent",
-             "true"]
+    probe = [
+        path,
+        "--ro-bind",
+        "/",
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--unshare-all",
+        "--die-with-parent",
+        "true",
+    ]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -145,8 +162,12 @@ class Jail:
         with Jail._lock:
             Jail._count += 1
             name = f"ralph-{os.getpid()}-{Jail._count}"
-        self.memory_cgroup = _make_cgroup("memory", name, {"memory.limit_in_bytes": policy.memory_mb * MIB},
-                                          {"memory.max": policy.memory_mb * MIB, "memory.swap.max": 0})
+        self.memory_cgroup = _make_cgroup(
+            "memory",
+            name,
+            {"memory.limit_in_bytes": policy.memory_mb * MIB},
+            {"memory.max": policy.memory_mb * MIB, "memory.swap.max": 0},
+        )
         self.pids_cgroup = _make_cgroup("pids", name, {"pids.max": policy.processes}, {"pids.max": policy.processes})
         groups = [group for group in (self.memory_cgroup, self.pids_cgroup) if group is not None]
         self._fds = [os.open(group / "cgroup.procs", os.O_WRONLY) for group in groups]
@@ -276,8 +297,11 @@ def classify(returncode: int, stderr_tail: str, jail: Jail | None, work: Path) -
         return Breach.memory
     if re.search(r"BlockingIOError: \[Errno 11\]|Resource temporarily unavailable|can't start new thread", text):
         return Breach.processes
-    if re.search(r"ConnectionRefusedError|Network is unreachable|gaierror|Name or service not known|"
-                 r"Temporary failure in name resolution|\[Errno 101\]|\[Errno 99\]", text):
+    if re.search(
+        r"ConnectionRefusedError|Network is unreachable|gaierror|Name or service not known|"
+        r"Temporary failure in name resolution|\[Errno 101\]|\[Errno 99\]",
+        text,
+    ):
         return Breach.network
     if re.search(r"Read-only file system|PermissionError|No module named '?ralph_ray\.", text):
         return Breach.forbidden_path

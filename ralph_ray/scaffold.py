@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -50,10 +49,12 @@ def main(argv: list[str]) -> int:
     print(f"wrote {folder.resolve()}/ ({args.template} template):")
     for name, what in PARTS.items():
         print(f"  {name:<11} {what}")
-    print("next:\n"
-          f"  1. put your data in {shown}/prepare.py (load) and your model in {shown}/train.py (Net)\n"
-          f"  2. check it by hand: python -m ralph_ray.prepare task={shown}   (then the lines it prints)\n"
-          f"  3. improve it:       python -m ralph_ray task={shown}")
+    print(
+        "next:\n"
+        f"  1. put your data in {shown}/prepare.py (load) and your model in {shown}/train.py (Net)\n"
+        f"  2. check it by hand: python -m ralph_ray.prepare task={shown}   (then the lines it prints)\n"
+        f"  3. improve it:       python -m ralph_ray task={shown}"
+    )
     return ExitCode.ok
 
 

@@ -15,7 +15,6 @@ import numpy as np
 
 from ralph_ray.tasks.base import Labels
 
-
 # The key of a trial's last result that carries its predictions back to the driver.
 PREDICTIONS_KEY = "predictions"
 
@@ -35,7 +34,9 @@ class Scores:
 def score_predictions(path: Path, labels: Labels) -> Scores:
     """Score a trainer's predictions.npz against the engine-held labels."""
     if not path.exists():
-        raise ScoringError(f"train.py finished without writing {path.name}: call harness.save_predictions(selection=..., test=...)")
+        raise ScoringError(
+            f"train.py finished without writing {path.name}: call harness.save_predictions(selection=..., test=...)"
+        )
     return _score(path.read_bytes(), labels, path.name)
 
 
@@ -62,8 +63,10 @@ def _score(npz: bytes, labels: Labels, name: str) -> Scores:
         raise ScoringError(f"unreadable {name}: {err}") from None
     try:
         metric = labels.metric
-        return Scores(selection=metric.oriented(metric.score(selection, labels.selection)),
-                      test=metric.oriented(metric.score(test, labels.test)))
+        return Scores(
+            selection=metric.oriented(metric.score(selection, labels.selection)),
+            test=metric.oriented(metric.score(test, labels.test)),
+        )
     except Exception as err:  # noqa: BLE001 - a task's own score function may raise anything: the trial is unscored
         if not isinstance(err, ValueError):
             raise ScoringError(f"{name}: the task's score function failed ({type(err).__name__}: {err})") from None

@@ -26,10 +26,10 @@ from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbo
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
-from ralph_ray.state import stop_requested
-from ralph_ray.tasks.base import Labels, sha256_file
 from ralph_ray.runner import Limits
 from ralph_ray.sandbox import MIB
+from ralph_ray.state import stop_requested
+from ralph_ray.tasks.base import Labels, sha256_file
 from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec, read_files, run_trial
 
 
@@ -59,7 +59,8 @@ def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float
 def relative_knobs(space: dict[str, KnobSpace]) -> frozenset[str]:
     """Knobs that can be searched relative to a variant's value: numeric ranges and all-numeric choices."""
     return frozenset(
-        name for name, knob in space.items()
+        name
+        for name, knob in space.items()
         if knob.type is not SpaceKind.choice
         or all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in knob.values or [])
     )
@@ -119,9 +120,12 @@ def scheduler(cfg: Config) -> TrialScheduler:
     if budget is not None:
         # The same rungs as a share of training: grace_period / max_t of the budget, then x reduction_factor. max_t
         # past any report (train_seconds stays below the budget) so a trainer that used its budget ends on its own.
-        return ASHAScheduler(time_attr=harness.TRAIN_SECONDS, max_t=2 * budget,
-                             grace_period=budget * cfg.scheduler.grace_period / cfg.scheduler.max_t,
-                             reduction_factor=cfg.scheduler.reduction_factor)
+        return ASHAScheduler(
+            time_attr=harness.TRAIN_SECONDS,
+            max_t=2 * budget,
+            grace_period=budget * cfg.scheduler.grace_period / cfg.scheduler.max_t,
+            reduction_factor=cfg.scheduler.reduction_factor,
+        )
     return ASHAScheduler(
         time_attr="epoch",
         # ASHA stops any trial that reaches max_t, which would race the trial's final scoring report;
@@ -154,15 +158,25 @@ def storage_path(cfg: Config, local: Path) -> str:
     return f"{root}/{tail}"
 
 
-def run_search(cfg: Config, spec: TrialSpec, plan: SearchPlan, storage: Path, name: str, callbacks: list[tune.Callback],
-               stopper: tune.Stopper | None = None) -> tune.ResultGrid:
+def run_search(
+    cfg: Config,
+    spec: TrialSpec,
+    plan: SearchPlan,
+    storage: Path,
+    name: str,
+    callbacks: list[tune.Callback],
+    stopper: tune.Stopper | None = None,
+) -> tune.ResultGrid:
     """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`)."""
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec),
         {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu},
     )
     _quiet_optuna()
-    space = {"variant": tune.choice(list(plan.variants)), **param_space(cfg.search.space, plan.relative, cfg.search.relative_span)}
+    space = {
+        "variant": tune.choice(list(plan.variants)),
+        **param_space(cfg.search.space, plan.relative, cfg.search.relative_span),
+    }
     searcher = OptunaSearch(seed=plan.seed, points_to_evaluate=list(plan.first_points) or None)
     tuner = tune.Tuner(
         trainable,
@@ -215,24 +229,54 @@ def planned_trials(cfg: Config, cycle: int, children: int, coder: bool) -> int:
 
 def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: PublicData, relative: bool) -> TrialSpec:
     """Everything the trials of `children` need besides their config (code, data, limits), shipped once."""
-    code = Code({c.variant_id: read_files(c.files_dir) for c in children}, sha256_file(Path(harness.__file__)),
-                own_knobs={c.variant_id: c.own_knobs for c in children},
-                relative=relative_knobs(cfg.search.space) if relative else frozenset())
+    code = Code(
+        {c.variant_id: read_files(c.files_dir) for c in children},
+        sha256_file(Path(harness.__file__)),
+        own_knobs={c.variant_id: c.own_knobs for c in children},
+        relative=relative_knobs(cfg.search.space) if relative else frozenset(),
+    )
     budget = cfg.trial.budget_s  # the trainer's deadline (harness.time_left) and the runner's stop past it + grace
     return TrialSpec(
-        code, data, Limits(cfg.safeguards.trial_timeout_s, cfg.sandbox.output_mb * MIB, max(1, int(cfg.resources.cpu)),
-                           sandbox_policy(cfg), budget, cfg.trial.grace_s),
+        code,
+        data,
+        Limits(
+            cfg.safeguards.trial_timeout_s,
+            cfg.sandbox.output_mb * MIB,
+            max(1, int(cfg.resources.cpu)),
+            sandbox_policy(cfg),
+            budget,
+            cfg.trial.grace_s,
+        ),
         # Under a budget ASHA counts seconds, not epochs: no epoch is held back for its last rung.
-        str(trials_root), Schedule(cfg.search.metric, cfg.search.mode, cfg.scheduler.max_t if budget is None else None,
-                                   checkpoint_interval(cfg)),
-        seed=cfg.search.seed, env={} if budget is None else {harness.ENV_BUDGET_S: str(budget)},
+        str(trials_root),
+        Schedule(
+            cfg.search.metric,
+            cfg.search.mode,
+            cfg.scheduler.max_t if budget is None else None,
+            checkpoint_interval(cfg),
+        ),
+        seed=cfg.search.seed,
+        env={} if budget is None else {harness.ENV_BUDGET_S: str(budget)},
         driver_node_id=driver_node_id(),
     )
 
 
-def run_cycle(cfg: Config, run_id: str, cycle: int, cycle_dir: Path, run_dir: Path, children: list[Child],
-              done: list[str], coder: bool, data: PublicData, labels: Labels, sink: Sink, console: Console,
-              deadline: float | None, say: Callable[[str], None]) -> bool:
+def run_cycle(
+    cfg: Config,
+    run_id: str,
+    cycle: int,
+    cycle_dir: Path,
+    run_dir: Path,
+    children: list[Child],
+    done: list[str],
+    coder: bool,
+    data: PublicData,
+    labels: Labels,
+    sink: Sink,
+    console: Console,
+    deadline: float | None,
+    say: Callable[[str], None],
+) -> bool:
     """Run what is left of a cycle's trials of `children` in one Tune run; True when a stop or the deadline cut it short.
 
     `done` holds the variant of each trial already recorded (a resumed cycle runs only the rest); each trial's
@@ -243,14 +287,24 @@ def run_cycle(cfg: Config, run_id: str, cycle: int, cycle_dir: Path, run_dir: Pa
     if not children or remaining <= 0 or stop_requested(run_dir):
         say(f"{len(done)} of {planned} trials already recorded" if children else "nothing to run")
         return False
-    say(f"{remaining} trials over {len(children)} variant(s), {cfg.search.max_concurrent} at a time, scheduler "
-        f"{cfg.scheduler.name.value}" + (f" (resumed: {len(done)} already recorded)" if done else ""))
+    say(
+        f"{remaining} trials over {len(children)} variant(s), {cfg.search.max_concurrent} at a time, scheduler "
+        f"{cfg.scheduler.name.value}" + (f" (resumed: {len(done)} already recorded)" if done else "")
+    )
     relative = cfg.search.relative and cycle > 1  # the seed's cycle searches the configured ranges
     tried = set(done)
-    points = [{"variant": c.variant_id, **clip_to_space(c.own_knobs, cfg.search.space, relative)}
-              for c in children if c.variant_id not in tried]
-    plan = SearchPlan([c.variant_id for c in children], points[:remaining], remaining,
-                      cfg.search.seed + 7919 * cycle + len(done), relative)
+    points = [
+        {"variant": c.variant_id, **clip_to_space(c.own_knobs, cfg.search.space, relative)}
+        for c in children
+        if c.variant_id not in tried
+    ]
+    plan = SearchPlan(
+        [c.variant_id for c in children],
+        points[:remaining],
+        remaining,
+        cfg.search.seed + 7919 * cycle + len(done),
+        relative,
+    )
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
     progress = LiveProgress(console, f"cycle {cycle}", remaining)
 
@@ -258,8 +312,17 @@ def run_cycle(cfg: Config, run_id: str, cycle: int, cycle_dir: Path, run_dir: Pa
         sink(trial, epoch_rows)
         progress.record(trial)
 
-    ledger = TrialLedger(run_id, cycle, labels, spec.trials_root, spec.seed, cfg.search.metric, record, spec.code.relative,
-                         spec.code.own_knobs)
+    ledger = TrialLedger(
+        run_id,
+        cycle,
+        labels,
+        spec.trials_root,
+        spec.seed,
+        cfg.search.metric,
+        record,
+        spec.code.relative,
+        spec.code.own_knobs,
+    )
     stopper = StopRequest(str(run_dir), deadline)
     run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], stopper)
     return stopper.stop_all()

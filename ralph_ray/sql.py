@@ -64,8 +64,13 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         else:
             body = f"select * from {source}"
         statements.append(f"create or replace view {p}{table} as {body}")
-    for name, body in (("leaderboard", _leaderboard(p)), ("curves", _curves(p)), ("lineage", _lineage(p)),
-                       ("intervention_effects", _intervention_effects(p)), ("budgets", _budgets(p))):
+    for name, body in (
+        ("leaderboard", _leaderboard(p)),
+        ("curves", _curves(p)),
+        ("lineage", _lineage(p)),
+        ("intervention_effects", _intervention_effects(p)),
+        ("budgets", _budgets(p)),
+    ):
         statements.append(f"create or replace view {p}{name} as {body}")
     return statements
 
@@ -94,7 +99,9 @@ order by selection_score desc nulls last, test_score desc nulls last
 def _curves(p: str) -> str:
     # Long per-epoch metrics pivoted to the columns the analyst and the app read. Inner join: epochs of a
     # trial whose row was never written (the driver died in between) are not part of the record.
-    columns = ",\n       ".join(f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS + PROBE_METRICS)
+    columns = ",\n       ".join(
+        f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS + PROBE_METRICS
+    )
     return f"""
 select e.run_id, e.trial_id, any_value(t.variant_id) as variant_id, any_value(t.cycle) as cycle,
        any_value(t.status) as status, e.epoch,
@@ -280,7 +287,9 @@ select max(written_at) as last_write, epoch(now()) - epoch(max(written_at)) as q
 APP_CYCLE = "select * from cycles where run_id = ? and cycle = ?"
 APP_EFFECTS = "select * from intervention_effects order by task, mean_delta desc nulls last, intervention"
 # How much evidence the effects table rests on.
-APP_EFFECTS_SCOPE = "select count(distinct run_id) as campaigns, count(distinct task) as tasks, count(*) as tried from interventions"
+APP_EFFECTS_SCOPE = (
+    "select count(distinct run_id) as campaigns, count(distinct task) as tasks, count(*) as tried from interventions"
+)
 # The app's snapshot reads a batch of new parts of one table (a list of paths), tagging each row with its part;
 # no progress bar on the server's terminal when the first read of a large KB takes seconds.
 APP_READ_PARTS = "select * from read_parquet(?, union_by_name = true, filename = '_part')"

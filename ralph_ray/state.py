@@ -54,8 +54,12 @@ class CampaignState:
     def save(self, run_dir: Path) -> None:
         """Write state.json via a temp file and rename, so a crash never leaves half a file."""
         self.updated_at = now().isoformat()
-        data = {**asdict(self), "phase": self.phase.value, "status": self.status.value,
-                "interrupted": self.interrupted.value if self.interrupted else None}
+        data = {
+            **asdict(self),
+            "phase": self.phase.value,
+            "status": self.status.value,
+            "interrupted": self.interrupted.value if self.interrupted else None,
+        }
         tmp = run_dir / ".state.json.tmp"
         tmp.write_text(json.dumps(data, indent=2))
         os.replace(tmp, run_dir / "state.json")
@@ -80,8 +84,14 @@ class CampaignState:
         """Read a run's state.json."""
         data = json.loads((run_dir / "state.json").read_text())
         interrupted = data.get("interrupted")
-        return cls(**{**data, "phase": Phase(data["phase"]), "status": RunStatus(data["status"]),
-                      "interrupted": Phase(interrupted) if interrupted else None})
+        return cls(
+            **{
+                **data,
+                "phase": Phase(data["phase"]),
+                "status": RunStatus(data["status"]),
+                "interrupted": Phase(interrupted) if interrupted else None,
+            }
+        )
 
 
 def open_state(run_dir: Path, run_id: str, resuming: bool) -> CampaignState:

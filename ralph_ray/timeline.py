@@ -31,10 +31,26 @@ def trace(kb_root: Path, run_id: str) -> dict[str, Any]:
             free_at.append(ended)
             events.append({"ph": "M", "pid": 1, "tid": slot, "name": "thread_name", "args": {"name": f"slot {slot}"}})
         free_at[slot] = ended
-        events.append({"ph": "X", "pid": 1, "tid": slot, "name": f"{variant} {trial_id}", "cat": str(status),
-                       "ts": round((started - origin) * _US), "dur": max(1, round(seconds * _US)),
-                       "args": {"trial_id": trial_id, "variant_id": variant, "cycle": cycle, "status": status,
-                                "reason": reason, "selection_score": selection, "test_score": test}})
+        events.append(
+            {
+                "ph": "X",
+                "pid": 1,
+                "tid": slot,
+                "name": f"{variant} {trial_id}",
+                "cat": str(status),
+                "ts": round((started - origin) * _US),
+                "dur": max(1, round(seconds * _US)),
+                "args": {
+                    "trial_id": trial_id,
+                    "variant_id": variant,
+                    "cycle": cycle,
+                    "status": status,
+                    "reason": reason,
+                    "selection_score": selection,
+                    "test_score": test,
+                },
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"run_id": run_id}}
 
 

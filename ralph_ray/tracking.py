@@ -58,8 +58,10 @@ def check(cfg: TrackingConfig) -> None:
     for name in cfg.trackers():
         module, package = _PACKAGES[name]
         if importlib.util.find_spec(module) is None:
-            raise TrackingError(f"tracking={name} needs {package}: pip install 'ralph_ray[tracking]' "
-                                f"(or pip install {package}), or drop tracking={name}")
+            raise TrackingError(
+                f"tracking={name} needs {package}: pip install 'ralph_ray[tracking]' "
+                f"(or pip install {package}), or drop tracking={name}"
+            )
 
 
 def track_campaign(cfg: TrackingConfig, kb_root: Path, run_id: str, say: Callable[[str], None]) -> dict[str, str]:
@@ -130,25 +132,59 @@ def load(con: duckdb.DuckDBPyConnection, run_id: str) -> Record:
     """Read one campaign's record (runs row, lineage with diffs, trials with their epochs) from the KB."""
     run = con.execute(sql.RUN, [run_id]).fetchdf()
     if run.empty:
-        raise TrackingError(f"no campaign {run_id} in the knowledge base: check the run id "
-                            "(`python -m ralph_ray status`) and --kb")
+        raise TrackingError(
+            f"no campaign {run_id} in the knowledge base: check the run id (`python -m ralph_ray status`) and --kb"
+        )
     r = run.iloc[0]
     epochs: dict[str, dict[int, dict[str, float]]] = {}
     for trial_id, epoch, metric, value in con.execute(sql.EPOCHS_FOR_RUN, [run_id]).fetchall():
         if value is not None:
             epochs.setdefault(trial_id, {}).setdefault(int(epoch), {})[metric] = float(value)
-    trials = [Trial(t.trial_id, t.variant_id, int(t.cycle), t.status, _text(t.reason), json.loads(t.knobs or "{}"),
-                    int(t.seed), epochs.get(t.trial_id, {}),
-                    {k: float(getattr(t, k)) for k in ("val_metric", "selection_score", "test_score", "seconds")
-                     if _number(getattr(t, k))})
-              for t in con.execute(sql.TRIALS_FOR_RUN, [run_id]).fetchdf().itertuples()]
-    variants = [Variant(v.variant_id, _text(v.parent_id), int(v.cycle), _text(v.status),
-                        json.loads(v.interventions or "[]"), readable_path(_text(v.path)),
-                        int(v.depth) if _number(v.depth) else None, _text(v.diagnosis), v.diff or "",
-                        _float(v.selection_score), _float(v.test_score))
-                for v in con.execute(sql.VARIANT_LINEAGE, [run_id]).fetchdf().itertuples()]
-    return Record(run_id, str(r["experiment"]), str(r["task"]), _text(r["status"]), _text(r.get("stop_reason")),
-                  str(r["config"] or "{}"), Path(str(r["run_dir"])), variants, trials)
+    trials = [
+        Trial(
+            t.trial_id,
+            t.variant_id,
+            int(t.cycle),
+            t.status,
+            _text(t.reason),
+            json.loads(t.knobs or "{}"),
+            int(t.seed),
+            epochs.get(t.trial_id, {}),
+            {
+                k: float(getattr(t, k))
+                for k in ("val_metric", "selection_score", "test_score", "seconds")
+                if _number(getattr(t, k))
+            },
+        )
+        for t in con.execute(sql.TRIALS_FOR_RUN, [run_id]).fetchdf().itertuples()
+    ]
+    variants = [
+        Variant(
+            v.variant_id,
+            _text(v.parent_id),
+            int(v.cycle),
+            _text(v.status),
+            json.loads(v.interventions or "[]"),
+            readable_path(_text(v.path)),
+            int(v.depth) if _number(v.depth) else None,
+            _text(v.diagnosis),
+            v.diff or "",
+            _float(v.selection_score),
+            _float(v.test_score),
+        )
+        for v in con.execute(sql.VARIANT_LINEAGE, [run_id]).fetchdf().itertuples()
+    ]
+    return Record(
+        run_id,
+        str(r["experiment"]),
+        str(r["task"]),
+        _text(r["status"]),
+        _text(r.get("stop_reason")),
+        str(r["config"] or "{}"),
+        Path(str(r["run_dir"])),
+        variants,
+        trials,
+    )
 
 
 def publish(record: Record, trackers: list[str], mlflow_uri: str | None = None) -> dict[str, str]:
@@ -159,8 +195,10 @@ def publish(record: Record, trackers: list[str], mlflow_uri: str | None = None) 
     }
     unknown = sorted(set(trackers) - set(writers))
     if unknown:
-        raise TrackingError(f"unknown tracker(s) {unknown}: use tracking=mlflow, tracking=tensorboard or both "
-                            "(tracking=[mlflow,tensorboard])")
+        raise TrackingError(
+            f"unknown tracker(s) {unknown}: use tracking=mlflow, tracking=tensorboard or both "
+            "(tracking=[mlflow,tensorboard])"
+        )
     return {name: writers[name]() for name in trackers}
 
 
@@ -195,54 +233,92 @@ def to_mlflow(record: Record, uri: str) -> str:
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
     except ImportError as err:
-        raise TrackingError("tracking=mlflow needs MLflow: pip install 'ralph_ray[tracking]' "
-                            "(or mlflow-skinny)") from err
+        raise TrackingError(
+            "tracking=mlflow needs MLflow: pip install 'ralph_ray[tracking]' (or mlflow-skinny)"
+        ) from err
     client = MlflowClient(tracking_uri=uri)
     experiment_id = _experiment(client, f"ralph_ray/{record.experiment}", uri)
     for old in client.search_runs([experiment_id], f"tags.`{RUN_TAG}` = '{record.run_id}'", max_results=50000):
         client.delete_run(old.info.run_id)
 
     def start(name: str, kind: str, parent: str | None, tags: dict[str, Any]) -> str:
-        base = {RUN_TAG: record.run_id, KIND_TAG: kind, "mlflow.runName": name,
-                **({"mlflow.parentRunId": parent} if parent else {})}
+        base = {
+            RUN_TAG: record.run_id,
+            KIND_TAG: kind,
+            "mlflow.runName": name,
+            **({"mlflow.parentRunId": parent} if parent else {}),
+        }
         run = client.create_run(experiment_id, tags={k: _tag(v) for k, v in {**base, **tags}.items() if v is not None})
         return run.info.run_id
 
     def finish(run_id: str, params: dict[str, Any], metrics: list[Metric], status: str = "FINISHED") -> None:
         items = [Param(k, _tag(v)[:_PARAM_CHARS]) for k, v in params.items()]
         for i in range(0, max(len(items), len(metrics)), _MLFLOW_BATCH):
-            client.log_batch(run_id, metrics=metrics[i:i + _MLFLOW_BATCH], params=items[i:i + _MLFLOW_BATCH])
+            client.log_batch(run_id, metrics=metrics[i : i + _MLFLOW_BATCH], params=items[i : i + _MLFLOW_BATCH])
         client.set_terminated(run_id, status)
 
-    best = max((v for v in record.variants if v.selection_score is not None), key=lambda v: v.selection_score,
-               default=None)
-    campaign = start(record.run_id, "campaign", None, {"task": record.task, "status": record.status,
-                                                       "stop_reason": record.stop_reason,
-                                                       "best_variant": best.variant_id if best else None})
+    best = max(
+        (v for v in record.variants if v.selection_score is not None), key=lambda v: v.selection_score, default=None
+    )
+    campaign = start(
+        record.run_id,
+        "campaign",
+        None,
+        {
+            "task": record.task,
+            "status": record.status,
+            "stop_reason": record.stop_reason,
+            "best_variant": best.variant_id if best else None,
+        },
+    )
     client.log_text(campaign, record.config, "config.json")
     for name, path in record.files().items():
         client.log_artifact(campaign, str(path), str(Path(name).parent) if "/" in name else None)
     by_variant: dict[str, str] = {}
     for v in record.variants:
-        run = start(v.variant_id, "variant", campaign, {"variant_id": v.variant_id, "parent_id": v.parent_id,
-                                                       "status": v.status, "cycle": v.cycle, "lineage": v.path,
-                                                       "depth": v.depth, "diagnosis": v.diagnosis,
-                                                       "interventions": " + ".join(v.interventions) or "seed"})
+        run = start(
+            v.variant_id,
+            "variant",
+            campaign,
+            {
+                "variant_id": v.variant_id,
+                "parent_id": v.parent_id,
+                "status": v.status,
+                "cycle": v.cycle,
+                "lineage": v.path,
+                "depth": v.depth,
+                "diagnosis": v.diagnosis,
+                "interventions": " + ".join(v.interventions) or "seed",
+            },
+        )
         if v.diff:
             client.log_text(run, v.diff, "diff.patch")
         finish(run, {}, _scores(v.selection_score, v.test_score))
         by_variant[v.variant_id] = run
     for t in record.trials:
-        run = start(t.trial_id, "trial", by_variant.get(t.variant_id, campaign),
-                    {"trial_id": t.trial_id, "variant_id": t.variant_id, "cycle": t.cycle, "status": t.status,
-                     "reason": t.reason})
+        run = start(
+            t.trial_id,
+            "trial",
+            by_variant.get(t.variant_id, campaign),
+            {
+                "trial_id": t.trial_id,
+                "variant_id": t.variant_id,
+                "cycle": t.cycle,
+                "status": t.status,
+                "reason": t.reason,
+            },
+        )
         stamp = int(time.time() * 1000)
-        metrics = [Metric(name, value, stamp, epoch) for epoch, row in sorted(t.epochs.items())
-                   for name, value in row.items()]
+        metrics = [
+            Metric(name, value, stamp, epoch) for epoch, row in sorted(t.epochs.items()) for name, value in row.items()
+        ]
         metrics += [Metric(name, value, stamp, max(t.epochs, default=0)) for name, value in t.final.items()]
         finish(run, {**t.knobs, "seed": t.seed}, metrics, "FINISHED" if t.status == "completed" else "KILLED")
-    finish(campaign, {"experiment": record.experiment, "task": record.task, "run_id": record.run_id},
-           _scores(best.selection_score if best else None, best.test_score if best else None))
+    finish(
+        campaign,
+        {"experiment": record.experiment, "task": record.task, "run_id": record.run_id},
+        _scores(best.selection_score if best else None, best.test_score if best else None),
+    )
     return uri
 
 
@@ -291,8 +367,11 @@ def to_tensorboard(record: Record, logdir: Path) -> str:
             for epoch, row in sorted(t.epochs.items()):
                 for name, value in row.items():
                     writer.add_scalar(name, value, epoch)
-            hparams = {k: v for k, v in {**t.knobs, "seed": t.seed, "variant": t.variant_id}.items()
-                       if isinstance(v, (int, float, str, bool))}
+            hparams = {
+                k: v
+                for k, v in {**t.knobs, "seed": t.seed, "variant": t.variant_id}.items()
+                if isinstance(v, (int, float, str, bool))
+            }
             # The final scores both as scalars (the Scalars tab) and with the knobs (the HParams tab).
             for name, value in t.final.items():
                 writer.add_scalar(f"final/{name}", value, max(t.epochs, default=0))
@@ -301,9 +380,12 @@ def to_tensorboard(record: Record, logdir: Path) -> str:
 
 
 def _variant_text(v: Variant) -> str:
-    lines = [f"**{v.variant_id}** ({v.status}), parent {v.parent_id or '-'}, cycle {v.cycle}",
-             f"lineage: {v.path or '-'}", f"interventions: {' + '.join(v.interventions) or 'seed'}",
-             f"selection {v.selection_score}, test {v.test_score}"]
+    lines = [
+        f"**{v.variant_id}** ({v.status}), parent {v.parent_id or '-'}, cycle {v.cycle}",
+        f"lineage: {v.path or '-'}",
+        f"interventions: {' + '.join(v.interventions) or 'seed'}",
+        f"selection {v.selection_score}, test {v.test_score}",
+    ]
     return "  \n".join(lines) + ("\n\n" + _code(v.diff) if v.diff else "")
 
 

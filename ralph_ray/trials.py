@@ -28,7 +28,15 @@ from ralph_ray.runner import CHECKPOINT_DIR, Limits, Status, Trainer, TrialFaile
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
 from ralph_ray.workdir import read_files, set_knobs, write_variant
 
-__all__ = ["Code", "PublicData", "Schedule", "TrialSpec", "TrialFailed", "read_files", "run_trial"]  # names others import
+__all__ = [
+    "Code",
+    "PublicData",
+    "Schedule",
+    "TrialSpec",
+    "TrialFailed",
+    "read_files",
+    "run_trial",
+]  # names others import
 
 HELD_KEY = "held_epochs"  # epochs held back past the last rung, sent (as JSON) with the final report
 # The result key that ends a trial the trainer itself failed (crash, NaN, timeout...): such a failure is final,
@@ -116,7 +124,9 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     env = {**spec.env, **gpu_env()}
     write_node_info(work, data_dir, restored, env)
     trainer = Trainer(work, data_dir, code.entry, spec.seed, env, spec.schedule.checkpoint_every_s)
-    every_epoch = tune.report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
+    every_epoch = (
+        tune.report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
+    )
     outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested)
     if outcome.status is Status.stopped and outcome.reason and outcome.last is not None:  # past its time budget
         final = {**outcome.last, STOPPED_KEY: outcome.reason}
@@ -127,8 +137,10 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     if outcome.status is Status.failed or outcome.last is None:
         raise TrialFailed(outcome.reason or "train.py failed")
     if outcome.predictions is None:
-        raise TrialFailed(f"train.py finished without writing {runner.PREDICTIONS_FILE}: "
-                          "call harness.save_predictions(selection=..., test=...)")
+        raise TrialFailed(
+            f"train.py finished without writing {runner.PREDICTIONS_FILE}: "
+            "call harness.save_predictions(selection=..., test=...)"
+        )
     final = dict(outcome.last)
     if outcome.held:  # the held epochs before the last ride along, so the curve keeps every epoch
         final[HELD_KEY] = json.dumps(outcome.held)
@@ -188,7 +200,9 @@ class CheckpointForwarder:
                 os.link(path, snapshot / harness.CHECKPOINT_FILE)
             except OSError:  # a filesystem without hard links
                 shutil.copy2(path, snapshot / harness.CHECKPOINT_FILE)
-            report(record, checkpoint=tune.Checkpoint.from_directory(str(snapshot)))  # copied to storage before it returns
+            report(
+                record, checkpoint=tune.Checkpoint.from_directory(str(snapshot))
+            )  # copied to storage before it returns
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
         self.sent = signature
@@ -207,10 +221,15 @@ def write_node_info(work: Path, data_dir: Path, restored: bool, env: dict[str, s
     import ray
 
     info = {
-        "node_id": _node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
+        "node_id": _node_id(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
         "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")),
         "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-        "data_dir": str(data_dir), "work_dir": str(work), "restored_checkpoint": restored, "started_at": time.time(),
+        "data_dir": str(data_dir),
+        "work_dir": str(work),
+        "restored_checkpoint": restored,
+        "started_at": time.time(),
     }
     (work / NODE_FILE).write_text(json.dumps(info, indent=2))
 

@@ -81,7 +81,11 @@ def _files(folder: Path) -> list[Path]:
     found = []
     for path in folder.rglob("*"):
         relative = path.relative_to(folder)
-        if path.is_file() and str(relative) not in TASK_FILES and not any(skip(str(path.parent), [part]) for part in relative.parts):
+        if (
+            path.is_file()
+            and str(relative) not in TASK_FILES
+            and not any(skip(str(path.parent), [part]) for part in relative.parts)
+        ):
             found.append(path)
     return found
 

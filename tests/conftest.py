@@ -47,7 +47,9 @@ def tiny_config(tmp_path: Path):
             "safeguards.trial_timeout_s=120",
             "+search.space.EPOCHS={type: choice, values: [4]}",
         ]
-        if sandbox.available() is not None:  # no bubblewrap here: the loop's tests still run; tests/test_sandbox.py skips
+        if (
+            sandbox.available() is not None
+        ):  # no bubblewrap here: the loop's tests still run; tests/test_sandbox.py skips
             base.append("sandbox=none")
         return load_config(base + list(overrides))
 

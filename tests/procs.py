@@ -36,5 +36,10 @@ def gcs_probe(address: str, **env: str) -> subprocess.Popen[str]:
     Prints `answered: N nodes` or `refused: <error>`; `.communicate()` it. Loopback addresses only."""
     assert address.startswith("127.0.0.1:"), "tests never connect to a non-loopback address"
     base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    return subprocess.Popen([sys.executable, "-c", GCS_PROBE, address], env={**base, "RAY_USAGE_STATS_ENABLED": "0", **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", GCS_PROBE, address],
+        env={**base, "RAY_USAGE_STATS_ENABLED": "0", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )

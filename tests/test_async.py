@@ -23,10 +23,17 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE
 sys.path.insert(0, str(Path(__file__).parent / "agents"))
 from slow_llm import SlowLLM  # noqa: E402
 
-TINY = ["population.mode=async", "search.num_samples=2", "search.max_concurrent=2", "scheduler.max_t=2",
-        "scheduler.grace_period=1", "safeguards.trial_timeout_s=180",
-        "+search.space.EPOCHS={type: choice, values: [2]}",
-        "population.trials_per_child=1", "population.parents=1"]
+TINY = [
+    "population.mode=async",
+    "search.num_samples=2",
+    "search.max_concurrent=2",
+    "scheduler.max_t=2",
+    "scheduler.grace_period=1",
+    "safeguards.trial_timeout_s=180",
+    "+search.space.EPOCHS={type: choice, values: [2]}",
+    "population.trials_per_child=1",
+    "population.parents=1",
+]
 
 
 def tiny(tmp: Path, *overrides: str):
@@ -73,16 +80,24 @@ def test_a_slow_agent_leaves_no_slot_idle(ray_session, tmp_path: Path):
     """Each LLM call takes 6 s (12 s or more per child); between trials no slot waits longer than a trial start."""
     llm = SlowLLM(delay_s=6.0)
     try:
-        outcome = run(tiny(tmp_path, "run_id=slow", "safeguards.max_cycles=2", "population.children_per_parent=2",
-                           *llm.overrides()))
+        outcome = run(
+            tiny(
+                tmp_path, "run_id=slow", "safeguards.max_cycles=2", "population.children_per_parent=2", *llm.overrides()
+            )
+        )
     finally:
         llm.close()
     assert outcome.stop_reason == "max_cycles"
     con = open_reader(outcome.kb_root)
-    trials = rows(con, """select epoch(written_at) - seconds as start, epoch(written_at) as end, reason, variant_id
-                          from trials where run_id = ? order by start""", ["slow"])
-    children = con.execute("select count(*) from variants where run_id = ? and status <> 'seed'",
-                           ["slow"]).fetchone()[0]
+    trials = rows(
+        con,
+        """select epoch(written_at) - seconds as start, epoch(written_at) as end, reason, variant_id
+                          from trials where run_id = ? order by start""",
+        ["slow"],
+    )
+    children = con.execute("select count(*) from variants where run_id = ? and status <> 'seed'", ["slow"]).fetchone()[
+        0
+    ]
     assert children == 2 and len(llm.requests) >= 3  # the children came from the slow agent
     # Walk the timeline of the campaign's trials: wherever fewer than 2 trials ran, that gap must be short.
     edges = sorted([(t["start"], 1) for t in trials] + [(t["end"], -1) for t in trials])
@@ -101,12 +116,17 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     """The seed given a 3-s budget finishes on time; a trainer that ignores it is stopped, its epochs recorded."""
     seed = run(tiny(tmp_path, "run_id=budget", "agent=none", "safeguards.max_cycles=1", "trial.budget_s=3"))
     con = open_reader(seed.kb_root)
-    trials = rows(con, """select trial_id, status, seconds, epochs from trials where run_id = ?
-                          and reason is distinct from ?""", ["budget", STOPPED_WITH_CYCLE])
+    trials = rows(
+        con,
+        """select trial_id, status, seconds, epochs from trials where run_id = ?
+                          and reason is distinct from ?""",
+        ["budget", STOPPED_WITH_CYCLE],
+    )
     assert trials and all(t["status"] in ("completed", "stopped_early") for t in trials)  # ASHA may stop one
     assert any(t["status"] == "completed" for t in trials)  # a trainer on budget ends on its own, scored
-    curve = rows(con, "select epoch, value from epochs where run_id = ? and metric = 'train_seconds' order by epoch",
-                 ["budget"])
+    curve = rows(
+        con, "select epoch, value from epochs where run_id = ? and metric = 'train_seconds' order by epoch", ["budget"]
+    )
     assert curve and max(c["value"] for c in curve) <= 3.0  # ASHA's time attribute: training seconds
 
     greedy = tmp_path / "greedy"
@@ -115,20 +135,43 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     ignoring = source.replace("for epoch in harness.epochs(EPOCHS):", "for epoch in range(1, 10**6):")
     (greedy / "train.py").write_text(ignoring)
     (greedy / "program.md").write_text("a trainer that ignores its deadline\n")
-    outcome = run(tiny(tmp_path, "run_id=greedy", "agent=none", "safeguards.max_cycles=1", "trial.budget_s=2",
-                       "trial.grace_s=20", f"task.trainer={greedy}", "search.num_samples=1", "search.max_concurrent=1"))
+    outcome = run(
+        tiny(
+            tmp_path,
+            "run_id=greedy",
+            "agent=none",
+            "safeguards.max_cycles=1",
+            "trial.budget_s=2",
+            "trial.grace_s=20",
+            f"task.trainer={greedy}",
+            "search.num_samples=1",
+            "search.max_concurrent=1",
+        )
+    )
     con = open_reader(outcome.kb_root)
-    stopped = rows(con, """select status, reason, epochs, val_metric, seconds from trials where run_id = ?
-                           and reason is distinct from ?""", ["greedy", STOPPED_WITH_CYCLE])
+    stopped = rows(
+        con,
+        """select status, reason, epochs, val_metric, seconds from trials where run_id = ?
+                           and reason is distinct from ?""",
+        ["greedy", STOPPED_WITH_CYCLE],
+    )
     assert len(stopped) == 1 and stopped[0]["status"] == "stopped_early" and stopped[0]["reason"].startswith("budget")
     assert stopped[0]["epochs"] >= 1 and stopped[0]["val_metric"] is not None  # its last reported epoch counts
-    seconds = con.execute("""select max(value) from epochs e join trials t using (run_id, trial_id) where run_id = ?
-                             and metric = 'train_seconds' and t.reason like 'budget%'""", ["greedy"]).fetchone()[0]
+    seconds = con.execute(
+        """select max(value) from epochs e join trials t using (run_id, trial_id) where run_id = ?
+                             and metric = 'train_seconds' and t.reason like 'budget%'""",
+        ["greedy"],
+    ).fetchone()[0]
     assert seconds < 2 + 20 + 1  # stopped at budget + grace of training (plus a poll)
 
 
-KILL_ARGS = [*TINY, "safeguards.max_cycles=2", "population.children_per_parent=2", "resources.ray_num_cpus=2",
-             "agent.concurrency=1"]
+KILL_ARGS = [
+    *TINY,
+    "safeguards.max_cycles=2",
+    "population.children_per_parent=2",
+    "resources.ray_num_cpus=2",
+    "agent.concurrency=1",
+]
 
 
 @pytest.mark.slow
@@ -136,16 +179,30 @@ KILL_ARGS = [*TINY, "safeguards.max_cycles=2", "population.children_per_parent=2
 def test_sigkill_at_any_point_then_resume_loses_and_duplicates_nothing(point: str, tmp_path: Path):
     paths = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", ENV_KILL_AT: point}
-    killed = subprocess.run([sys.executable, "-m", "ralph_ray", "run_id=k", *paths, *KILL_ARGS], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=400, start_new_session=True)
+    killed = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "run_id=k", *paths, *KILL_ARGS],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        start_new_session=True,
+    )
     why = f"never reached {point}: {killed.stdout[-1500:]}{killed.stderr[-1500:]}"
     assert killed.returncode == -signal.SIGKILL, why
     state = json.loads((tmp_path / "runs" / "k" / "state.json").read_text())
     assert state["status"] == "running"
 
     env.pop(ENV_KILL_AT)
-    resumed = subprocess.run([sys.executable, "-m", "ralph_ray", "resume=k", *paths], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=400, start_new_session=True)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "resume=k", *paths],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        start_new_session=True,
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
 
     parts = str(tmp_path / "kb" / "parquet" / "trials" / "*.parquet")
@@ -154,8 +211,13 @@ def test_sigkill_at_any_point_then_resume_loses_and_duplicates_nothing(point: st
     con = open_reader(tmp_path / "kb")
     children = rows(con, "select variant_id, status from variants where run_id = 'k' and status <> 'seed'", [])
     assert len(children) == 2  # the whole budget of children, none lost, none bred twice
-    trained = dict(con.execute("""select variant_id, count(*) from trials where run_id = 'k' and reason is distinct
-                                  from ? group by variant_id""", [STOPPED_WITH_CYCLE]).fetchall())
+    trained = dict(
+        con.execute(
+            """select variant_id, count(*) from trials where run_id = 'k' and reason is distinct
+                                  from ? group by variant_id""",
+            [STOPPED_WITH_CYCLE],
+        ).fetchall()
+    )
     for child in children:
         assert child["status"] in ("kept", "discarded", "crashed", "rejected")
         assert child["status"] == "rejected" or trained.get(child["variant_id"], 0) >= 1  # every gated child trained

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from procs import gcs_probe
 from rich.console import Console
 from streamlit.testing.v1 import AppTest
 
-from procs import gcs_probe
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.campaign import Outcome, run
 from ralph_ray.config import load_config
@@ -34,9 +34,18 @@ from ralph_ray.raycluster import DEFAULT_TOKEN_PATH, split_address
 ENTRY = PROJECT_ROOT / "app" / "leaderboard.py"
 CHROMIUM = Path("/usr/bin/chromium")
 SECRET_FIELD = "stop_secret_given"
-TINY = ["agent=none", "safeguards.max_cycles=1", "search.num_samples=2", "search.max_concurrent=2", "scheduler=fifo",
-        "scheduler.max_t=1", "scheduler.grace_period=1", "safeguards.trial_timeout_s=120",
-        "+search.space.EPOCHS={type: choice, values: [1]}"]
+TINY = [
+    "agent=none",
+    "safeguards.max_cycles=1",
+    "search.num_samples=2",
+    "search.max_concurrent=2",
+    "scheduler=fifo",
+    "scheduler.max_t=1",
+    "scheduler.grace_period=1",
+    "safeguards.trial_timeout_s=120",
+    "+search.space.EPOCHS={type: choice, values: [1]}",
+]
+
 
 def session_token() -> str:
     """The token this process's Ray runs with (Ray's own loader: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
@@ -69,8 +78,11 @@ def test_a_campaigns_ray_refuses_clients_without_its_token_and_serves_its_own_dr
     assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42  # the campaign's own driver
     gcs = f"127.0.0.1:{split_address(ray.get_runtime_context().gcs_address)[1]}"  # the GCS listens on every interface
     # (Not a second `ray.init`: it swaps a loopback address for the machine's own before connecting.)
-    probes = [gcs_probe(gcs, RAY_AUTH_MODE="disabled"), gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
-              gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=session_token())]
+    probes = [
+        gcs_probe(gcs, RAY_AUTH_MODE="disabled"),
+        gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
+        gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=session_token()),
+    ]
     without, wrong, right = (p.communicate(timeout=60)[0] for p in probes)
     assert without.startswith("refused") and "InvalidAuthToken" in without, without
     assert wrong.startswith("refused") and "InvalidAuthToken" in wrong, wrong
@@ -86,14 +98,32 @@ def test_no_file_a_campaign_writes_holds_the_token_and_the_report_shows_the_auth
     assert len(written) > 20 and any(p.suffix == ".parquet" for p in written)
     assert not [p for p in written if token in p.read_bytes()]
     assert "auth_mode: token" in (campaign.run_dir / "config.yaml").read_text()
-    assert "- Ray auth: token (every Ray process needed the token)" in (campaign.run_dir / "report" / "final_report.md").read_text()
+    assert (
+        "- Ray auth: token (every Ray process needed the token)"
+        in (campaign.run_dir / "report" / "final_report.md").read_text()
+    )
 
 
 @pytest.mark.slow
 def test_disabled_is_an_explicit_opt_out_shown_in_the_config_and_the_report(tmp_path: Path):
-    result = subprocess.run([sys.executable, "-m", "ralph_ray", f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}",
-                             "run_id=open", "cluster.auth_mode=disabled", "resources.ray_num_cpus=2", *TINY],
-                            cwd=tmp_path, env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ralph_ray",
+            f"paths.runs={tmp_path / 'runs'}",
+            f"paths.kb={tmp_path / 'kb'}",
+            "run_id=open",
+            "cluster.auth_mode=disabled",
+            "resources.ray_num_cpus=2",
+            *TINY,
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Ray runs without authentication (cluster.auth_mode=disabled)" in result.stderr
     run_dir = tmp_path / "runs" / "open"
@@ -122,9 +152,26 @@ def app_server(tmp_path: Path) -> Iterator[Callable[..., tuple[int, set[str]]]]:
     def start(kb: Path, *flags: str) -> tuple[int, set[str]]:
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMLIT_")}
-        server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ENTRY), "--server.port", str(port), *flags,
-                                   "--", "--kb", str(kb)], cwd=tmp_path, env=env, stdout=(tmp_path / "app.log").open("w"),
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                str(ENTRY),
+                "--server.port",
+                str(port),
+                *flags,
+                "--",
+                "--kb",
+                str(kb),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=(tmp_path / "app.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         servers.append(server)
         deadline = time.monotonic() + 60
         while not (bound := listening(server.pid)):
@@ -148,7 +195,10 @@ def test_the_app_sends_no_usage_stats_and_loads_its_favicon_from_itself():
     text = (PROJECT_ROOT / "app" / ".streamlit" / "config.toml").read_text()
     assert 'address = "127.0.0.1"' in text and "gatherUsageStats = false" in text
     # A material or emoji page icon makes the browser fetch the favicon from a CDN (fonts.gstatic.com, twemoji).
-    assert 'page_icon=str(Path(APP_DIR) / "favicon.png")' in ENTRY.read_text() and (ENTRY.parent / "favicon.png").stat().st_size > 0
+    assert (
+        'page_icon=str(Path(APP_DIR) / "favicon.png")' in ENTRY.read_text()
+        and (ENTRY.parent / "favicon.png").stat().st_size > 0
+    )
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed: apt-get install -y chromium")
@@ -158,7 +208,9 @@ def test_no_request_leaves_the_machine_on_any_page(app_server, campaign: Outcome
     port, _ = app_server(campaign.kb_root)
     local, outside = f"http://127.0.0.1:{port}/", []
 
-    def route(request_route) -> None:  # every request passes here first: anything not for the app is recorded, never sent
+    def route(
+        request_route,
+    ) -> None:  # every request passes here first: anything not for the app is recorded, never sent
         url = request_route.request.url
         if url.startswith((local, f"ws://127.0.0.1:{port}/")) or url.startswith(("data:", "blob:")):
             request_route.continue_()
@@ -167,8 +219,17 @@ def test_no_request_leaves_the_machine_on_any_page(app_server, campaign: Outcome
             request_route.abort()
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu",
-                                     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"])
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
         page = browser.new_page()
         page.route("**/*", route)
         for path in ("", "lineage", "curves", "diff", "interventions", "status"):
@@ -187,8 +248,23 @@ def kb_with_running(root: Path, auth_mode: str | None = "token") -> Path:
     run_dir = root / "runs" / "r1"
     run_dir.mkdir(parents=True)
     config = {"safeguards": {"max_cycles": 3}, "cluster": {"mode": "ClusterMode.local", "auth_mode": auth_mode}}
-    kb.append("runs", [{"run_id": "r1", "experiment": "digits", "task": "digits", "run_dir": str(run_dir), "status": "running",
-                        "config": json.dumps(config), "started_at": now(), "cycle": 1, "phase": "train"}], "r1")
+    kb.append(
+        "runs",
+        [
+            {
+                "run_id": "r1",
+                "experiment": "digits",
+                "task": "digits",
+                "run_dir": str(run_dir),
+                "status": "running",
+                "config": json.dumps(config),
+                "started_at": now(),
+                "cycle": 1,
+                "phase": "train",
+            }
+        ],
+        "r1",
+    )
     return kb.root
 
 
@@ -201,7 +277,9 @@ def open_status(kb_root: Path) -> AppTest:
 
 
 def shown(at: AppTest) -> str:
-    return "\n".join(str(e.value) for kind in ("info", "warning", "error", "caption", "markdown") for e in getattr(at, kind))
+    return "\n".join(
+        str(e.value) for kind in ("info", "warning", "error", "caption", "markdown") for e in getattr(at, kind)
+    )
 
 
 def test_on_localhost_no_banner_stop_needs_no_secret_and_the_auth_mode_shows(streamlit_options, tmp_path: Path):
@@ -218,8 +296,9 @@ def test_the_disabled_opt_out_stands_out_on_the_status_page(streamlit_options, t
     assert any("Ray auth: disabled" in e.value for e in at.error)
 
 
-def test_exposed_without_a_secret_the_app_says_so_and_cannot_stop(streamlit_options, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch):
+def test_exposed_without_a_secret_the_app_says_so_and_cannot_stop(
+    streamlit_options, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.delenv("RALPH_APP_SECRET", raising=False)
     monkeypatch.chdir(tmp_path)  # no .streamlit/secrets.toml here
     streamlit_options("server.address", "0.0.0.0")
@@ -229,7 +308,9 @@ def test_exposed_without_a_secret_the_app_says_so_and_cannot_stop(streamlit_opti
     assert not at.button
 
 
-def test_exposed_the_stop_button_asks_for_the_shared_secret(streamlit_options, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_exposed_the_stop_button_asks_for_the_shared_secret(
+    streamlit_options, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("RALPH_APP_SECRET", "s3cret-for-the-test")
     streamlit_options("server.address", "0.0.0.0")
     at = open_status(kb_with_running(tmp_path))

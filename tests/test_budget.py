@@ -16,9 +16,9 @@ from ralph_ray import PROJECT_ROOT, harness
 from ralph_ray.config import TrialConfig
 from ralph_ray.knobs import rewrite_knobs
 from ralph_ray.runner import Trainer
-from ralph_ray.workdir import prepare_workdir
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
+from ralph_ray.workdir import prepare_workdir
 
 
 def test_no_budget_keeps_the_fixed_epochs(monkeypatch: pytest.MonkeyPatch):
@@ -45,11 +45,18 @@ def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
     work.mkdir()
     source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
     (work / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 1, "WIDTH": 4, "BATCH_SIZE": 256}))  # quick epochs
-    env = {**os.environ, harness.ENV_DATA_DIR: str(tmp_path / "data"), harness.ENV_METRICS_FILE: str(work / "m.jsonl"),
-           harness.ENV_PREDICTIONS_FILE: str(work / "p.npz"), "OMP_NUM_THREADS": "1", harness.ENV_BUDGET_S: "3"}
+    env = {
+        **os.environ,
+        harness.ENV_DATA_DIR: str(tmp_path / "data"),
+        harness.ENV_METRICS_FILE: str(work / "m.jsonl"),
+        harness.ENV_PREDICTIONS_FILE: str(work / "p.npz"),
+        "OMP_NUM_THREADS": "1",
+        harness.ENV_BUDGET_S: "3",
+    }
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
     wall = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (work / "m.jsonl").read_text().splitlines()]
@@ -61,6 +68,7 @@ def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
 
 
 # -- the runner's side: a trainer that keeps to its budget, and one that ignores it ------------------------------
+
 
 def _trainer(tmp_path: Path, body: str) -> Trainer:
 
@@ -76,12 +84,15 @@ def test_runner_lets_a_trainer_on_budget_finish(tmp_path: Path):
     from ralph_ray.runner import Limits, Status, run
     from ralph_ray.sandbox import Policy, SandboxMode
 
-    job = _trainer(tmp_path, """
+    job = _trainer(
+        tmp_path,
+        """
 for epoch in harness.epochs(1):
     time.sleep(0.4)
     harness.report(epoch=epoch, val_acc=0.5)
 harness.save_predictions(selection=np.array([1]), test=np.array([2]))
-""")
+""",
+    )
     outcome = run(job, Limits(timeout_s=60, sandbox=Policy(SandboxMode.none), budget_s=3, grace_s=TrialConfig.grace_s))
     assert outcome.status is Status.finished and outcome.predictions is not None  # within budget + grace: not stopped
     assert outcome.last is not None and outcome.last["epoch"] >= 5 and outcome.last[harness.TRAIN_SECONDS] <= 3
@@ -91,11 +102,14 @@ def test_runner_stops_a_trainer_that_ignores_its_budget(tmp_path: Path):
     from ralph_ray.runner import BUDGET_REASON, Limits, Status, run
     from ralph_ray.sandbox import Policy, SandboxMode
 
-    job = _trainer(tmp_path, """
+    job = _trainer(
+        tmp_path,
+        """
 for epoch in range(1, 1000):  # ignores harness.time_left()
     time.sleep(0.3)
     harness.report(epoch=epoch, val_acc=epoch / 1000)
-""")
+""",
+    )
     seen: list[dict] = []
     outcome = run(job, Limits(timeout_s=60, sandbox=Policy(SandboxMode.none), budget_s=1, grace_s=1), seen.append)
     assert outcome.last[harness.TRAIN_SECONDS] < 1 + 1 + 0.5  # stopped at budget + grace of training (+ a poll)

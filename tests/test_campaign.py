@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from procs import pid_alive
+
 from ralph_ray.__main__ import main
 from ralph_ray.harness import PUBLIC_FILES
 from ralph_ray.kb import open_reader
@@ -22,11 +22,18 @@ from ralph_ray.tasks.digits import prepare
 @pytest.mark.slow
 def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)  # default paths: ./runs and ./kb under the working directory
-    code = main([
-        "run_id=digits-e2e", "safeguards.max_cycles=1", "search.num_samples=6", "search.max_concurrent=2",
-        "scheduler.max_t=4", "scheduler.grace_period=1", "scheduler.reduction_factor=3",
-        "+search.space.EPOCHS={type: choice, values: [4]}",
-    ])
+    code = main(
+        [
+            "run_id=digits-e2e",
+            "safeguards.max_cycles=1",
+            "search.num_samples=6",
+            "search.max_concurrent=2",
+            "scheduler.max_t=4",
+            "scheduler.grace_period=1",
+            "scheduler.reduction_factor=3",
+            "+search.space.EPOCHS={type: choice, values: [4]}",
+        ]
+    )
     assert code == 0
     run_dir = tmp_path / "runs" / "digits-e2e"
     assert (run_dir / "config.yaml").exists()
@@ -34,7 +41,10 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
     assert state["phase"] == "done" and state["best_trial_id"]
 
     con = open_reader(tmp_path / "kb")
-    trials = con.execute("select trial_id, status, epochs, selection_score, test_score, knobs from trials where run_id = ?", ["digits-e2e"]).fetchall()
+    trials = con.execute(
+        "select trial_id, status, epochs, selection_score, test_score, knobs from trials where run_id = ?",
+        ["digits-e2e"],
+    ).fetchall()
     assert len(trials) == 6
     statuses = [t[1] for t in trials]
     assert "stopped_early" in statuses, "ASHA should stop at least one of six trials"
@@ -50,10 +60,16 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
             assert f"{name} = {value!r}" in code_as_run  # the exact code of the trial is kept
         assert (work / "metrics.jsonl").exists() and (work / "stdout.log").exists()
 
-    curves = con.execute("select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds from curves where run_id = ?", ["digits-e2e"]).fetchall()
+    curves = con.execute(
+        "select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds from curves where run_id = ?",
+        ["digits-e2e"],
+    ).fetchall()
     assert len(curves) == sum(t[2] for t in trials)
     assert all(value is not None for row in curves for value in row)
-    top = con.execute("select variant_id, selection_score, trials, completed, stopped_early from leaderboard where run_id = ?", ["digits-e2e"]).fetchall()
+    top = con.execute(
+        "select variant_id, selection_score, trials, completed, stopped_early from leaderboard where run_id = ?",
+        ["digits-e2e"],
+    ).fetchall()
     assert len(top) == 1 and top[0][2] == 6
     assert top[0][1] == max(t[3] for t in trials if t[3] is not None)
     run = con.execute("select status, stop_reason from runs where run_id = ?", ["digits-e2e"]).fetchone()
@@ -65,7 +81,7 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
         assert not [p for p in work.rglob("*.npy")]
 
 
-SCRIPTED = '''
+SCRIPTED = """
 import os, subprocess, sys, time
 import numpy as np
 from ralph_ray import harness
@@ -95,7 +111,7 @@ for epoch in range(1, EPOCHS + 1):
     time.sleep(0.2)
     harness.report(epoch=epoch, val_acc=LR * epoch / EPOCHS, train_loss=1.0 - LR)
 harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
-'''
+"""
 
 
 @pytest.mark.slow
@@ -107,8 +123,14 @@ def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config
     (tmp_path / "tickets").mkdir()
     (trainer / "train.py").write_text(textwrap.dedent(SCRIPTED.format(tickets=str(tmp_path / "tickets"))))
     cfg = tiny_config(
-        f"task.trainer={trainer}", "run_id=scripted", "safeguards.max_cycles=1", "search.num_samples=8", "scheduler.max_t=6",
-        "scheduler.reduction_factor=4", "safeguards.trial_timeout_s=15", "~search.space",
+        f"task.trainer={trainer}",
+        "run_id=scripted",
+        "safeguards.max_cycles=1",
+        "search.num_samples=8",
+        "scheduler.max_t=6",
+        "scheduler.reduction_factor=4",
+        "safeguards.trial_timeout_s=15",
+        "~search.space",
         "+search.space={LR: {type: uniform, low: 0.0, high: 1.0}}",
     )
     outcome = run(cfg)
@@ -137,7 +159,9 @@ def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config
     assert not [pid for pid in pids if pid_alive(pid)]
 
     con = open_reader(outcome.kb_root)
-    kb_failed = con.execute("select reason from trials where run_id = ? and status = 'failed' order by reason", ["scripted"]).fetchall()
+    kb_failed = con.execute(
+        "select reason from trials where run_id = ? and status = 'failed' order by reason", ["scripted"]
+    ).fetchall()
     assert [row[0] for row in kb_failed] == reasons
 
 
@@ -147,9 +171,18 @@ def test_epochs_past_the_last_rung_keep_their_curve(ray_session, tiny_config, tm
     # (so ASHA cannot stop a finished trial) and still reach the curves, each epoch once.
     from ralph_ray.campaign import run
 
-    cfg = tiny_config("run_id=long", "safeguards.max_cycles=1", "search.num_samples=2", "scheduler=fifo", "scheduler.max_t=3",
-                      "scheduler.grace_period=1", "search.space.EPOCHS.values=[5]")
+    cfg = tiny_config(
+        "run_id=long",
+        "safeguards.max_cycles=1",
+        "search.num_samples=2",
+        "scheduler=fifo",
+        "scheduler.max_t=3",
+        "scheduler.grace_period=1",
+        "search.space.EPOCHS.values=[5]",
+    )
     outcome = run(cfg)
     con = open_reader(outcome.kb_root)
-    rows = con.execute("select trial_id, list(epoch order by epoch) from curves where run_id = 'long' and status = 'completed' group by trial_id").fetchall()
+    rows = con.execute(
+        "select trial_id, list(epoch order by epoch) from curves where run_id = 'long' and status = 'completed' group by trial_id"
+    ).fetchall()
     assert len(rows) == 2 and all(epochs == [1, 2, 3, 4, 5] for _, epochs in rows)

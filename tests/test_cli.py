@@ -11,8 +11,18 @@ from ralph_ray.harness import PUBLIC_FILES
 
 def test_missing_cifar10_exits_2_and_records_nothing(tmp_path: Path):
     result = subprocess.run(
-        [sys.executable, "-m", "ralph_ray", "+experiment=cifar10", f"data.root={tmp_path / 'cifar'}", "data.download=false"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "ralph_ray",
+            "+experiment=cifar10",
+            f"data.root={tmp_path / 'cifar'}",
+            "data.download=false",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "cifar-10-batches-py" in result.stderr and "data_batch_1" in result.stderr
@@ -20,7 +30,9 @@ def test_missing_cifar10_exits_2_and_records_nothing(tmp_path: Path):
 
 
 def test_prepare_writes_public_data_and_export_line(tmp_path: Path):
-    result = subprocess.run([sys.executable, "-m", "ralph_ray.prepare"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "ralph_ray.prepare"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     out = tmp_path / "data" / "prepared" / "digits"
     assert sorted(p.name for p in out.iterdir()) == sorted(PUBLIC_FILES)

@@ -56,4 +56,6 @@ def test_onprem_cluster_yaml_is_valid_and_never_runs_a_bare_ray_stop(kind: str):
     assert config["auth"]["ssh_user"] and config["auth"]["ssh_private_key"]
     commands = config[kind]
     assert commands and any("ray start" in c for c in commands)
-    assert not [c for c in commands if re.search(r"\bray stop\b", c)], "ray stop would stop every Ray of the user on the machine"
+    assert not [c for c in commands if re.search(r"\bray stop\b", c)], (
+        "ray stop would stop every Ray of the user on the machine"
+    )

@@ -74,7 +74,11 @@ def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):
     env = {**os.environ, "RAY_ADDRESS": ""}
     result = subprocess.run(
         [sys.executable, "-m", "ralph_ray", "search.num_samples=-1"],
-        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert result.returncode == 2
     assert "search.num_samples" in result.stderr and "fix:" in result.stderr
@@ -85,7 +89,10 @@ def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):
 def test_cli_cfg_prints_composed_config(tmp_path: Path):
     result = subprocess.run(
         [sys.executable, "-m", "ralph_ray", "--cfg", "search.num_samples=5"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0
     assert "num_samples: 5" in result.stdout

@@ -10,8 +10,17 @@ from ralph_ray.variants import VariantStatus
 
 
 def facts(**overrides) -> CycleFacts:
-    base = dict(cycle=2, best_by_cycle=[0.90, 0.95], target=None, tokens_cycle=0, tokens_campaign=0, cost_campaign=0.0,
-                gate_fail_streak=0, elapsed_s=10.0, manual_stop=False)
+    base = dict(
+        cycle=2,
+        best_by_cycle=[0.90, 0.95],
+        target=None,
+        tokens_cycle=0,
+        tokens_campaign=0,
+        cost_campaign=0.0,
+        gate_fail_streak=0,
+        elapsed_s=10.0,
+        manual_stop=False,
+    )
     return CycleFacts(**{**base, **overrides})
 
 
@@ -29,14 +38,17 @@ def test_improved_by_min_delta_rises_by_at_least_it_and_beyond_by_more():
     assert not improved(0.9, 0.9, 0.0) and not improved(0.9, 0.9, 0.0, beyond=True)  # an equal score is no gain
 
 
-@pytest.mark.parametrize("trials, failed, score, parent, reason, expected", [
-    (2, 2, None, 0.9, None, (VariantStatus.crashed, "every trial failed")),
-    (2, 1, 0.95, 0.9, None, (VariantStatus.kept, None)),
-    (1, 0, 0.95, None, None, (VariantStatus.kept, None)),  # the seed's knob child has no parent score to beat
-    (2, 0, 0.905, 0.9, None, (VariantStatus.discarded, None)),  # not by more than min_delta=0.01
-    (0, 0, None, 0.9, None, (VariantStatus.discarded, "not trained (stopped)")),
-    (0, 0, None, 0.9, "earlier reason", (VariantStatus.discarded, "earlier reason")),
-])
+@pytest.mark.parametrize(
+    "trials, failed, score, parent, reason, expected",
+    [
+        (2, 2, None, 0.9, None, (VariantStatus.crashed, "every trial failed")),
+        (2, 1, 0.95, 0.9, None, (VariantStatus.kept, None)),
+        (1, 0, 0.95, None, None, (VariantStatus.kept, None)),  # the seed's knob child has no parent score to beat
+        (2, 0, 0.905, 0.9, None, (VariantStatus.discarded, None)),  # not by more than min_delta=0.01
+        (0, 0, None, 0.9, None, (VariantStatus.discarded, "not trained (stopped)")),
+        (0, 0, None, 0.9, "earlier reason", (VariantStatus.discarded, "earlier reason")),
+    ],
+)
 def test_child_verdict(trials, failed, score, parent, reason, expected):
     assert child_verdict(trials, failed, score, parent, 0.01, reason) == expected
 
@@ -49,19 +61,22 @@ def test_gate_fail_streak_grows_only_when_a_coder_got_every_child_rejected():
     assert gate_fail_streak(1, [rejected], coder=False) == 0  # agent=none: knob children are never gated away
 
 
-@pytest.mark.parametrize("overrides, guards, reason, code", [
-    ({}, {}, StopReason.none, 0),
-    ({"manual_stop": True, "target": 0.9}, {}, StopReason.manual_stop, 0),
-    ({"target": 0.95}, {"tokens_per_campaign": 1}, StopReason.target_met, 0),
-    ({"best_by_cycle": [None, None]}, {}, StopReason.no_trial_completed, 4),
-    ({"tokens_cycle": 11}, {"tokens_per_cycle": 10}, StopReason.token_budget, 2),
-    ({"tokens_campaign": 101}, {"tokens_per_campaign": 100}, StopReason.token_budget, 2),
-    ({"cost_campaign": 1.5}, {"cost_per_campaign": 1.0}, StopReason.cost_budget, 2),
-    ({"gate_fail_streak": 2}, {"gate_fail_cycles": 2}, StopReason.gate_failures, 2),
-    ({"best_by_cycle": [0.9, 0.9, 0.9, 0.9], "cycle": 4}, {"plateau_cycles": 3}, StopReason.plateau, 3),
-    ({"elapsed_s": 61.0}, {"campaign_time_s": 60.0}, StopReason.campaign_time, 2),
-    ({"cycle": 5}, {"max_cycles": 5}, StopReason.max_cycles, 0),
-])
+@pytest.mark.parametrize(
+    "overrides, guards, reason, code",
+    [
+        ({}, {}, StopReason.none, 0),
+        ({"manual_stop": True, "target": 0.9}, {}, StopReason.manual_stop, 0),
+        ({"target": 0.95}, {"tokens_per_campaign": 1}, StopReason.target_met, 0),
+        ({"best_by_cycle": [None, None]}, {}, StopReason.no_trial_completed, 4),
+        ({"tokens_cycle": 11}, {"tokens_per_cycle": 10}, StopReason.token_budget, 2),
+        ({"tokens_campaign": 101}, {"tokens_per_campaign": 100}, StopReason.token_budget, 2),
+        ({"cost_campaign": 1.5}, {"cost_per_campaign": 1.0}, StopReason.cost_budget, 2),
+        ({"gate_fail_streak": 2}, {"gate_fail_cycles": 2}, StopReason.gate_failures, 2),
+        ({"best_by_cycle": [0.9, 0.9, 0.9, 0.9], "cycle": 4}, {"plateau_cycles": 3}, StopReason.plateau, 3),
+        ({"elapsed_s": 61.0}, {"campaign_time_s": 60.0}, StopReason.campaign_time, 2),
+        ({"cycle": 5}, {"max_cycles": 5}, StopReason.max_cycles, 0),
+    ],
+)
 def test_each_rule_and_its_exit_code(overrides, guards, reason, code):
     decision = decide(facts(**overrides), SafeguardsConfig(**guards))
     assert decision.reason is reason

@@ -36,15 +36,33 @@ def test_a_good_child_passes(gate: Gate, tmp_path: Path):
     gate.check(child, parent)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda s: s.replace("def main() -> None:", "def main() -> None"), "does not parse"),
-    (lambda s: s.replace("        harness.report(", "        dict("), "no longer calls harness.report"),
-    (lambda s: s.replace("harness.save_predictions(selection=", "print(").replace("test=predict(model, test))", "predict(model, test))"),
-     "no longer calls harness.save_predictions"),
-    (lambda s: s.replace("WIDTH = 16  # channels of the first conv layer\n", "").replace("WIDTH,", "16,"), "WIDTH are searched"),
-    (lambda s: s.replace("    model = Net(", "    raise RuntimeError('exploded at build time')\n    model = Net("), "smoke run failed.*exploded"),
-    (lambda s: s.replace("selection=predict(model, selection)", "selection=predict(model, selection)[:3]"), "predicted"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.replace("def main() -> None:", "def main() -> None"), "does not parse"),
+        (lambda s: s.replace("        harness.report(", "        dict("), "no longer calls harness.report"),
+        (
+            lambda s: s.replace("harness.save_predictions(selection=", "print(").replace(
+                "test=predict(model, test))", "predict(model, test))"
+            ),
+            "no longer calls harness.save_predictions",
+        ),
+        (
+            lambda s: s.replace("WIDTH = 16  # channels of the first conv layer\n", "").replace("WIDTH,", "16,"),
+            "WIDTH are searched",
+        ),
+        (
+            lambda s: s.replace(
+                "    model = Net(", "    raise RuntimeError('exploded at build time')\n    model = Net("
+            ),
+            "smoke run failed.*exploded",
+        ),
+        (
+            lambda s: s.replace("selection=predict(model, selection)", "selection=predict(model, selection)[:3]"),
+            "predicted",
+        ),
+    ],
+)
 def test_broken_children_are_refused_with_the_reason(gate: Gate, tmp_path: Path, edit, message):
     child, parent = child_of_seed(tmp_path, edit)
     with pytest.raises(GateError, match=message):
@@ -68,16 +86,23 @@ def test_a_symlink_out_of_the_variant_is_refused(gate: Gate, tmp_path: Path):
         gate.check(child, parent)
 
 
-@pytest.mark.parametrize("line, message", [
-    ("from ralph_ray.tasks.digits import prepare\n", "imports ralph_ray.tasks.digits"),
-    ("import ralph_ray.kb\n", "imports ralph_ray.kb"),
-    ("from ralph_ray import harness, scoring\n", "imports ralph_ray.scoring"),
-    ("LABELS = __import__('importlib').import_module('ralph_ray.tasks')\n", "imports ralph_ray.tasks"),
-    ("KB = open('/work/main/kb/kb.duckdb', 'rb')\n", "names the path '/work/main/kb/kb.duckdb'"),
-    ("RUNS = '../../../runs'\n", "names the path '../../../runs'"),
-])
-def test_reaching_past_the_work_dir_is_refused_before_the_smoke_run(gate: Gate, tmp_path: Path, line: str, message: str):
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("from ralph_ray.tasks.digits import prepare\n", "imports ralph_ray.tasks.digits"),
+        ("import ralph_ray.kb\n", "imports ralph_ray.kb"),
+        ("from ralph_ray import harness, scoring\n", "imports ralph_ray.scoring"),
+        ("LABELS = __import__('importlib').import_module('ralph_ray.tasks')\n", "imports ralph_ray.tasks"),
+        ("KB = open('/work/main/kb/kb.duckdb', 'rb')\n", "names the path '/work/main/kb/kb.duckdb'"),
+        ("RUNS = '../../../runs'\n", "names the path '../../../runs'"),
+    ],
+)
+def test_reaching_past_the_work_dir_is_refused_before_the_smoke_run(
+    gate: Gate, tmp_path: Path, line: str, message: str
+):
     # The AST check is the fast first line beside the sandbox: the child never starts.
-    child, parent = child_of_seed(tmp_path, lambda s: s.replace("def main() -> None:", line + "\n\ndef main() -> None:"))
+    child, parent = child_of_seed(
+        tmp_path, lambda s: s.replace("def main() -> None:", line + "\n\ndef main() -> None:")
+    )
     with pytest.raises(GateError, match=f"train.py line \\d+: {message}"):
         gate.check(child, parent)

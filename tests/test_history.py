@@ -15,16 +15,39 @@ from ralph_ray.state import CampaignState
 RUN = "r1"
 
 
-def trial(trial_id: str, variant: str, status: str, score: float | None, cycle: int = 1, reason: str | None = None,
-          knobs: dict | None = None) -> dict:
-    return {"run_id": RUN, "cycle": cycle, "trial_id": trial_id, "variant_id": variant, "status": status,
-            "reason": reason, "knobs": json.dumps(knobs or {}), "epochs": 2, "selection_score": score,
-            "test_score": score, "seconds": 1.0}
+def trial(
+    trial_id: str,
+    variant: str,
+    status: str,
+    score: float | None,
+    cycle: int = 1,
+    reason: str | None = None,
+    knobs: dict | None = None,
+) -> dict:
+    return {
+        "run_id": RUN,
+        "cycle": cycle,
+        "trial_id": trial_id,
+        "variant_id": variant,
+        "status": status,
+        "reason": reason,
+        "knobs": json.dumps(knobs or {}),
+        "epochs": 2,
+        "selection_score": score,
+        "test_score": score,
+        "seconds": 1.0,
+    }
 
 
 def variant(variant_id: str, parent: str | None, interventions: list[str], cycle: int) -> dict:
-    return {"run_id": RUN, "variant_id": variant_id, "parent_id": parent, "cycle": cycle,
-            "interventions": json.dumps(interventions), "status": "kept"}
+    return {
+        "run_id": RUN,
+        "variant_id": variant_id,
+        "parent_id": parent,
+        "cycle": cycle,
+        "interventions": json.dumps(interventions),
+        "status": "kept",
+    }
 
 
 @pytest.fixture
@@ -32,27 +55,59 @@ def kb(tmp_path: Path) -> KnowledgeBase:
     # seed -> a (+wider) -> b (+batchnorm); seed -> c (+lower_lr); c's only trial failed.
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
-    kb.put("variants", [variant("seed", None, [], 1), variant("a", "seed", ["wider"], 2),
-                        variant("b", "a", ["batchnorm"], 3), variant("c", "seed", ["lower_lr"], 2)], "v")
-    kb.append("trials", [trial("t1", "seed", "completed", 0.90, knobs={"LR": 0.1}),
-                         trial("t2", "seed", "completed", 0.92, knobs={"LR": 0.3})], "c1")
-    kb.append("trials", [trial("t3", "a", "completed", 0.95, 2, knobs={"LR": 0.5}),
-                         trial("t4", "a", "stopped_early", None, 2),
-                         trial("t5", "c", "failed", None, 2, "timeout"),
-                         trial("t6", "a", "stopped_early", None, 2, "stopped with the cycle")], "c2")
-    kb.append("epochs", [{"run_id": RUN, "trial_id": "t3", "epoch": e, "metric": "val_acc", "value": v}
-                         for e, v in ((1, 0.8), (2, 0.9))], "e")
-    kb.append("agent_usage", [{"run_id": RUN, "cycle": 2, "role": "coder", "tokens_in": 100, "tokens_out": 20,
-                               "cost": 0.5, "calls": 1},
-                              {"run_id": RUN, "cycle": 1, "role": "analyst", "tokens_in": 7, "tokens_out": 3,
-                               "cost": 0.25, "calls": 1}], "u")
+    kb.put(
+        "variants",
+        [
+            variant("seed", None, [], 1),
+            variant("a", "seed", ["wider"], 2),
+            variant("b", "a", ["batchnorm"], 3),
+            variant("c", "seed", ["lower_lr"], 2),
+        ],
+        "v",
+    )
+    kb.append(
+        "trials",
+        [
+            trial("t1", "seed", "completed", 0.90, knobs={"LR": 0.1}),
+            trial("t2", "seed", "completed", 0.92, knobs={"LR": 0.3}),
+        ],
+        "c1",
+    )
+    kb.append(
+        "trials",
+        [
+            trial("t3", "a", "completed", 0.95, 2, knobs={"LR": 0.5}),
+            trial("t4", "a", "stopped_early", None, 2),
+            trial("t5", "c", "failed", None, 2, "timeout"),
+            trial("t6", "a", "stopped_early", None, 2, "stopped with the cycle"),
+        ],
+        "c2",
+    )
+    kb.append(
+        "epochs",
+        [
+            {"run_id": RUN, "trial_id": "t3", "epoch": e, "metric": "val_acc", "value": v}
+            for e, v in ((1, 0.8), (2, 0.9))
+        ],
+        "e",
+    )
+    kb.append(
+        "agent_usage",
+        [
+            {"run_id": RUN, "cycle": 2, "role": "coder", "tokens_in": 100, "tokens_out": 20, "cost": 0.5, "calls": 1},
+            {"run_id": RUN, "cycle": 1, "role": "analyst", "tokens_in": 7, "tokens_out": 3, "cost": 0.25, "calls": 1},
+        ],
+        "u",
+    )
     return kb
 
 
 def test_ranked_parents_are_best_first_with_their_best_knobs_and_branch(kb: KnowledgeBase):
     ranked = history.ranked(kb.reader(), RUN)
     assert [(c.variant_id, c.selection_score, c.best_knobs, c.branch) for c in ranked] == [
-        ("a", 0.95, {"LR": 0.5}, "a"), ("seed", 0.92, {"LR": 0.3}, "seed")]
+        ("a", 0.95, {"LR": 0.5}, "a"),
+        ("seed", 0.92, {"LR": 0.3}, "seed"),
+    ]
     assert history.known_variants(kb.reader(), RUN) == {"seed", "a", "b", "c"}
     assert history.variant_scores(kb.reader(), RUN) == {"a": (0.95, 0.95), "seed": (0.92, 0.92)}
     assert history.best_trial(kb.reader(), RUN) == "t3"
@@ -91,7 +146,12 @@ def test_cycle_facts_count_trials_spend_and_the_state(kb: KnowledgeBase):
     state = CampaignState(RUN, cycle=2, best_by_cycle=[0.92, 0.95], gate_fail_streak=1)
     facts = history.cycle_facts(con, state, 0.99, 12.5, False)
     assert (facts.cycle, facts.best_by_cycle, facts.target, facts.tokens_cycle, facts.tokens_campaign) == (
-        2, [0.92, 0.95], 0.99, 120, 130)
+        2,
+        [0.92, 0.95],
+        0.99,
+        120,
+        130,
+    )
     assert (facts.cost_campaign, facts.gate_fail_streak, facts.elapsed_s, facts.manual_stop) == (0.75, 1, 12.5, False)
 
 
@@ -99,9 +159,22 @@ def test_effects_and_start_time_of_an_empty_history(kb: KnowledgeBase):
     con = kb.reader()
     assert history.effects(con, "digits") == []
     assert history.started_at(con, RUN) is None
-    kb.append("interventions", [{"run_id": RUN, "task": "digits", "cycle": 2, "variant_id": "a",
-                                 "intervention": "wider", "diagnosis": "underfitting", "delta": 0.03,
-                                 "outcome": "kept"}], "i")
+    kb.append(
+        "interventions",
+        [
+            {
+                "run_id": RUN,
+                "task": "digits",
+                "cycle": 2,
+                "variant_id": "a",
+                "intervention": "wider",
+                "diagnosis": "underfitting",
+                "delta": 0.03,
+                "outcome": "kept",
+            }
+        ],
+        "i",
+    )
     [effect] = history.effects(kb.reader(), "digits")
     assert (effect.intervention, effect.diagnosis, effect.count, effect.win_rate) == ("wider", "underfitting", 1, 1.0)
     assert effect.mean_delta == pytest.approx(0.03)

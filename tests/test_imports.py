@@ -70,7 +70,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         stack.pop()
@@ -141,8 +141,26 @@ MUST_NOT_REACH = {
     "population": {"kb", "config"},
 }
 # Modules that must run without Ray installed (nothing they reach imports ray).
-RAY_FREE = ("harness", "runner", "sandbox", "workdir", "gate", "tasks", "scoring", "kb", "sql", "history", "records",
-            "decision", "population", "agents", "children", "control", "state", "report")
+RAY_FREE = (
+    "harness",
+    "runner",
+    "sandbox",
+    "workdir",
+    "gate",
+    "tasks",
+    "scoring",
+    "kb",
+    "sql",
+    "history",
+    "records",
+    "decision",
+    "population",
+    "agents",
+    "children",
+    "control",
+    "state",
+    "report",
+)
 
 
 @pytest.mark.parametrize("name", sorted(MUST_NOT_REACH))

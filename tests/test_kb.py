@@ -14,8 +14,18 @@ from ralph_ray.kb import DB_FILE, KnowledgeBase, open_reader
 
 
 def trial_row(run_id: str, trial_id: str, score: float | None, status: str = "completed") -> dict:
-    return {"run_id": run_id, "cycle": 1, "trial_id": trial_id, "variant_id": "v1", "status": status,
-            "knobs": "{}", "epochs": 2, "selection_score": score, "test_score": score, "seconds": 1.0}
+    return {
+        "run_id": run_id,
+        "cycle": 1,
+        "trial_id": trial_id,
+        "variant_id": "v1",
+        "status": status,
+        "knobs": "{}",
+        "epochs": 2,
+        "selection_score": score,
+        "test_score": score,
+        "seconds": 1.0,
+    }
 
 
 def test_empty_kb_has_queryable_views(tmp_path: Path):
@@ -29,11 +39,17 @@ def test_empty_kb_has_queryable_views(tmp_path: Path):
 def test_leaderboard_ranks_variants_across_campaigns(tmp_path: Path):
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
-    kb.append("trials", [trial_row("r1", "a", 0.9), trial_row("r1", "b", 0.95), trial_row("r1", "c", None, "stopped_early")], "r1")
+    kb.append(
+        "trials",
+        [trial_row("r1", "a", 0.9), trial_row("r1", "b", 0.95), trial_row("r1", "c", None, "stopped_early")],
+        "r1",
+    )
     kb.append("trials", [{**trial_row("r2", "d", 0.8), "variant_id": "v2"}], "r2")
     kb.append("epochs", [{"run_id": "r1", "trial_id": "a", "epoch": 1, "metric": "val_acc", "value": 0.5}], "r1")
     con = kb.reader()
-    rows = con.execute("select run_id, variant_id, selection_score, best_trial_id, trials, completed, stopped_early, rank from leaderboard").fetchall()
+    rows = con.execute(
+        "select run_id, variant_id, selection_score, best_trial_id, trials, completed, stopped_early, rank from leaderboard"
+    ).fetchall()
     assert rows == [("r1", "v1", 0.95, "b", 3, 2, 1, 1), ("r2", "v2", 0.8, "d", 1, 1, 0, 1)]
     assert con.execute("select val_acc from curves where trial_id = 'a'").fetchone() == (0.5,)
 
@@ -65,13 +81,25 @@ def test_kb_duckdb_opens_read_only_from_any_cwd_and_moves(tmp_path: Path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     query = "import duckdb; c = duckdb.connect('{db}', read_only=True); print(c.execute('select selection_score from leaderboard').fetchone()[0])"
-    out = subprocess.run([sys.executable, "-c", query.format(db=tmp_path / "kb" / DB_FILE)], cwd=elsewhere, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", query.format(db=tmp_path / "kb" / DB_FILE)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "0.7"
     # A KB copied elsewhere gets its views re-pointed when it is opened there.
     shutil.copytree(tmp_path / "kb", tmp_path / "moved")
     shutil.rmtree(tmp_path / "kb")
     KnowledgeBase(tmp_path / "moved").init()
-    out = subprocess.run([sys.executable, "-c", query.format(db=tmp_path / "moved" / DB_FILE)], cwd=elsewhere, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", query.format(db=tmp_path / "moved" / DB_FILE)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "0.7"
 
 
@@ -82,8 +110,20 @@ def test_duckdb_shell_reads_the_views(tmp_path: Path):
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
     kb.append("trials", [trial_row("r1", "a", 0.625)], "r1")
-    out = subprocess.run([shell, str(tmp_path / "kb" / DB_FILE), "-readonly", "-csv", "-c", "select selection_score from leaderboard limit 5"],
-                         cwd="/", capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            shell,
+            str(tmp_path / "kb" / DB_FILE),
+            "-readonly",
+            "-csv",
+            "-c",
+            "select selection_score from leaderboard limit 5",
+        ],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["selection_score", "0.625"]
 
@@ -116,8 +156,13 @@ READER = textwrap.dedent("""
 def test_concurrent_reader_while_writing(tmp_path: Path):
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
-    reader = subprocess.Popen([sys.executable, "-c", READER, str(tmp_path / "kb"), str(tmp_path / "kb" / DB_FILE)],
-                              cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reader = subprocess.Popen(
+        [sys.executable, "-c", READER, str(tmp_path / "kb"), str(tmp_path / "kb" / DB_FILE)],
+        cwd="/",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     for i in range(200):
         kb.append("trials", [trial_row("r1", f"t{i}", 0.5 + i / 1000)], f"r1-{i}")
     out, err = reader.communicate(timeout=60)
@@ -131,12 +176,22 @@ def test_compaction_merges_a_cycles_parts_without_losing_or_doubling_rows(tmp_pa
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
     for n in range(5):
-        kb.append("trials", [{"run_id": "r", "cycle": 1, "trial_id": f"t{n}", "variant_id": "v", "status": "completed"}], f"r-c1-t{n}")
-    kb.append("trials", [{"run_id": "r", "cycle": 12, "trial_id": "other", "variant_id": "v", "status": "completed"}], "r-c12-other")
+        kb.append(
+            "trials",
+            [{"run_id": "r", "cycle": 1, "trial_id": f"t{n}", "variant_id": "v", "status": "completed"}],
+            f"r-c1-t{n}",
+        )
+    kb.append(
+        "trials",
+        [{"run_id": "r", "cycle": 12, "trial_id": "other", "variant_id": "v", "status": "completed"}],
+        "r-c12-other",
+    )
     assert kb.compact("trials", "r-c1-", "r-c0001-compacted") == 5
     files = sorted(p.name for p in (kb.parquet / "trials").glob("*.parquet"))
     assert "r-c0001-compacted.parquet" in files and len(files) == 3  # schema part, compacted part, cycle 12 untouched
-    kb.append("trials", [{"run_id": "r", "cycle": 1, "trial_id": "t5", "variant_id": "v", "status": "failed"}], "r-c1-t5")
+    kb.append(
+        "trials", [{"run_id": "r", "cycle": 1, "trial_id": "t5", "variant_id": "v", "status": "failed"}], "r-c1-t5"
+    )
     assert kb.compact("trials", "r-c1-", "r-c0001-compacted") == 1  # a resumed cycle folds in its new parts
     con = kb.reader()
     assert con.execute("select count(*), count(distinct trial_id) from trials where cycle = 1").fetchone() == (6, 6)

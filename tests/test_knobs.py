@@ -70,8 +70,11 @@ def test_relative_search_space_and_first_points():
     from ralph_ray.config import KnobSpace, SpaceKind
     from ralph_ray.search import clip_to_space, param_space, relative_knobs
 
-    space = {"LR": KnobSpace(SpaceKind.loguniform, 0.001, 0.1), "WIDTH": KnobSpace(SpaceKind.choice, values=[8, 16, 32]),
-             "OPT": KnobSpace(SpaceKind.choice, values=["sgd", "adam"])}
+    space = {
+        "LR": KnobSpace(SpaceKind.loguniform, 0.001, 0.1),
+        "WIDTH": KnobSpace(SpaceKind.choice, values=[8, 16, 32]),
+        "OPT": KnobSpace(SpaceKind.choice, values=["sgd", "adam"]),
+    }
     assert relative_knobs(space) == {"LR", "WIDTH"}
     domains = param_space(space, relative=True, span=2.0)
     assert (domains["LR"].lower, domains["LR"].upper) == (0.5, 2.0)
@@ -85,7 +88,9 @@ def test_parsing_from_many_threads_at_once():
     # CPython 3.11's AST constructor breaks when threads parse concurrently; children are gated in a pool.
     from concurrent.futures import ThreadPoolExecutor
 
-    source = "LR = 0.1  # lr\n" + "\n".join(f"def f{i}(x):\n    return [[x for _ in range(3)] for _ in range({i})]" for i in range(300))
+    source = "LR = 0.1  # lr\n" + "\n".join(
+        f"def f{i}(x):\n    return [[x for _ in range(3)] for _ in range({i})]" for i in range(300)
+    )
     with ThreadPoolExecutor(max_workers=8) as pool:
         results = list(pool.map(lambda _: read_knobs(source), range(64)))
     assert all(r == {"LR": 0.1} for r in results)

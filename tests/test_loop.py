@@ -20,8 +20,12 @@ from ralph_ray.config import load_config, resume_config
 from ralph_ray.kb import open_reader
 
 TINY = [
-    "search.num_samples=3", "search.max_concurrent=2", "scheduler.max_t=3", "scheduler.grace_period=1",
-    "safeguards.trial_timeout_s=120", "+search.space.EPOCHS={type: choice, values: [3]}",
+    "search.num_samples=3",
+    "search.max_concurrent=2",
+    "scheduler.max_t=3",
+    "scheduler.grace_period=1",
+    "safeguards.trial_timeout_s=120",
+    "+search.space.EPOCHS={type: choice, values: [3]}",
     "population.trials_per_child=1",
 ]
 
@@ -33,18 +37,22 @@ def tiny(tmp: Path, *overrides: str):
 @pytest.fixture(scope="module")
 def two_cycles(ray_session, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     tmp = tmp_path_factory.mktemp("loop")
-    return run(tiny(tmp, "run_id=loop", "safeguards.max_cycles=2", "population.parents=1", "population.children_per_parent=2"))
+    return run(
+        tiny(tmp, "run_id=loop", "safeguards.max_cycles=2", "population.parents=1", "population.children_per_parent=2")
+    )
 
 
 def test_two_cycles_grow_children_from_the_seed(two_cycles: Outcome):
     assert two_cycles.exit_code == 0 and two_cycles.stop_reason == "max_cycles"
     con = open_reader(two_cycles.kb_root)
-    variants = con.execute("select variant_id, parent_id, status, interventions, diff from variants where run_id = 'loop'").fetchall()
+    variants = con.execute(
+        "select variant_id, parent_id, status, interventions, diff from variants where run_id = 'loop'"
+    ).fetchall()
     seed = [v for v in variants if v[2] == "seed"]
     children = [v for v in variants if v[2] != "seed"]
     assert len(seed) == 1 and seed[0][1] is None
     assert len(children) == 2
-    for variant_id, parent_id, status, interventions, diff in children:
+    for _variant_id, parent_id, status, interventions, diff in children:
         assert parent_id == seed[0][0]
         assert status in ("kept", "discarded", "rejected", "crashed")
         assert json.loads(interventions) and "+++ b/train.py" in diff
@@ -55,14 +63,18 @@ def test_two_cycles_grow_children_from_the_seed(two_cycles: Outcome):
     assert sorted(t[1] for t in trials if t[0] == 2) == sorted(passing)
     lineage = con.execute("select variant_id, depth from lineage where run_id = 'loop'").fetchall()
     assert {d for _, d in lineage} == {0, 1}
-    effects = con.execute("select intervention, diagnosis, parent_score, child_score, delta, outcome from interventions where run_id = 'loop'").fetchall()
+    effects = con.execute(
+        "select intervention, diagnosis, parent_score, child_score, delta, outcome from interventions where run_id = 'loop'"
+    ).fetchall()
     assert len(effects) >= 2
-    for name, diagnosis, parent, child, delta, outcome in effects:
+    for name, diagnosis, parent, child, delta, _outcome in effects:
         assert name and diagnosis
         if child is not None:
             assert delta == pytest.approx(child - parent)
     assert con.execute("select count(*) from intervention_effects").fetchone()[0] >= 1
-    decisions = con.execute("select cycle, decision, reason from decisions where run_id = 'loop' order by cycle").fetchall()
+    decisions = con.execute(
+        "select cycle, decision, reason from decisions where run_id = 'loop' order by cycle"
+    ).fetchall()
     assert decisions == [(1, "continue", "none"), (2, "stop", "max_cycles")]
     usage = con.execute("select role, calls, tokens_in from agent_usage where run_id = 'loop'").fetchall()
     assert {u[0] for u in usage} == {"analyst", "coder"} and all(u[1] >= 1 and u[2] == 0 for u in usage)
@@ -101,8 +113,17 @@ def test_status_and_report_commands(two_cycles: Outcome, capsys: pytest.CaptureF
 @pytest.mark.slow
 def test_serial_ralph_loop_stops_on_plateau_with_exit_3(ray_session, tmp_path: Path):
     # 1 parent x 1 child is the classic serial loop; a min_delta no child can reach makes the plateau rule fire.
-    outcome = run(tiny(tmp_path, "run_id=serial", "population.parents=1", "population.children_per_parent=1",
-                       "safeguards.plateau_cycles=1", "safeguards.min_delta=0.5", "safeguards.max_cycles=4"))
+    outcome = run(
+        tiny(
+            tmp_path,
+            "run_id=serial",
+            "population.parents=1",
+            "population.children_per_parent=1",
+            "safeguards.plateau_cycles=1",
+            "safeguards.min_delta=0.5",
+            "safeguards.max_cycles=4",
+        )
+    )
     assert outcome.exit_code == 3 and outcome.stop_reason == "plateau"
     con = open_reader(outcome.kb_root)
     assert con.execute("select count(*) from variants where run_id = 'serial' and status <> 'seed'").fetchone()[0] == 1
@@ -111,8 +132,16 @@ def test_serial_ralph_loop_stops_on_plateau_with_exit_3(ray_session, tmp_path: P
 
 @pytest.mark.slow
 def test_knob_search_only_and_target(ray_session, tmp_path: Path):
-    outcome = run(tiny(tmp_path, "run_id=knobs", "agent=none", "population.parents=1", "safeguards.max_cycles=3",
-                       "target.selection_score=0.05"))
+    outcome = run(
+        tiny(
+            tmp_path,
+            "run_id=knobs",
+            "agent=none",
+            "population.parents=1",
+            "safeguards.max_cycles=3",
+            "target.selection_score=0.05",
+        )
+    )
     assert outcome.exit_code == 0 and outcome.stop_reason == "target_met"
     con = open_reader(outcome.kb_root)
     assert con.execute("select count(*) from cycles where run_id = 'knobs'").fetchone()[0] == 1
@@ -120,8 +149,14 @@ def test_knob_search_only_and_target(ray_session, tmp_path: Path):
 
 @pytest.mark.slow
 def test_manual_stop_ends_the_cycle_cleanly_and_resume_goes_on(ray_session, tmp_path: Path):
-    cfg = tiny(tmp_path, "run_id=stopme", "population.parents=1", "population.children_per_parent=1", "safeguards.max_cycles=3",
-               "search.num_samples=6")
+    cfg = tiny(
+        tmp_path,
+        "run_id=stopme",
+        "population.parents=1",
+        "population.children_per_parent=1",
+        "safeguards.max_cycles=3",
+        "search.num_samples=6",
+    )
     run_dir = tmp_path / "runs" / "stopme"
 
     def stop_when_training() -> None:
@@ -150,11 +185,16 @@ def test_manual_stop_ends_the_cycle_cleanly_and_resume_goes_on(ray_session, tmp_
 
 def _kb_shape(kb: Path, run_id: str) -> dict[str, object]:
     con = open_reader(kb)
-    trials = con.execute("select cycle, count(*), count(distinct trial_id) from trials where run_id = ? group by cycle order by cycle", [run_id]).fetchall()
+    trials = con.execute(
+        "select cycle, count(*), count(distinct trial_id) from trials where run_id = ? group by cycle order by cycle",
+        [run_id],
+    ).fetchall()
     return {
         "trials_per_cycle": [(c, n) for c, n, _ in trials],
         "unique": all(n == u for _, n, u in trials),
-        "decisions": con.execute("select cycle, reason from decisions where run_id = ? order by cycle", [run_id]).fetchall(),
+        "decisions": con.execute(
+            "select cycle, reason from decisions where run_id = ? order by cycle", [run_id]
+        ).fetchall(),
         "cycles": con.execute("select count(*) from cycles where run_id = ?", [run_id]).fetchone()[0],
         "variants": con.execute("select count(*) from variants where run_id = ?", [run_id]).fetchone()[0],
     }
@@ -162,11 +202,24 @@ def _kb_shape(kb: Path, run_id: str) -> dict[str, object]:
 
 @pytest.mark.slow
 def test_sigkill_mid_cycle_then_resume_loses_and_duplicates_nothing(ray_session, tmp_path: Path):
-    args = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}", *TINY, "safeguards.max_cycles=2",
-            "population.parents=1", "population.children_per_parent=2", "resources.ray_num_cpus=2"]
+    args = [
+        f"paths.runs={tmp_path / 'runs'}",
+        f"paths.kb={tmp_path / 'kb'}",
+        *TINY,
+        "safeguards.max_cycles=2",
+        "population.parents=1",
+        "population.children_per_parent=2",
+        "resources.ray_num_cpus=2",
+    ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "ralph_ray", "run_id=killed", *args], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ralph_ray", "run_id=killed", *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     trials = tmp_path / "kb" / "parquet" / "trials"
     deadline = time.monotonic() + 180
     # Kill once cycle 2's Tune run has recorded a trial: mid-cycle, with work both done and in flight.
@@ -178,12 +231,26 @@ def test_sigkill_mid_cycle_then_resume_loses_and_duplicates_nothing(ray_session,
     state = json.loads((tmp_path / "runs" / "killed" / "state.json").read_text())
     assert state["status"] == "running" and state["cycle"] == 2  # SIGKILL leaves no chance to write anything
 
-    result = subprocess.run([sys.executable, "-m", "ralph_ray", "resume=killed", *args[:2]], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "resume=killed", *args[:2]],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resume" in result.stdout
 
-    reference = run(tiny(tmp_path, "run_id=reference", "safeguards.max_cycles=2", "population.parents=1", "population.children_per_parent=2"))
+    reference = run(
+        tiny(
+            tmp_path,
+            "run_id=reference",
+            "safeguards.max_cycles=2",
+            "population.parents=1",
+            "population.children_per_parent=2",
+        )
+    )
     killed, clean = _kb_shape(tmp_path / "kb", "killed"), _kb_shape(tmp_path / "kb", reference.run_id)
     assert killed["unique"] and clean["unique"]
     assert [n for _, n in killed["trials_per_cycle"]][0] == 3

@@ -24,14 +24,24 @@ def pool(**overrides) -> Pool:
 
 
 def member(variant: str, parent: str | None, generation: int, wanted: int = 1, own: dict | None = None) -> Member:
-    return Member(variant, parent, generation, encode_code({"train.py": f"# {variant}\n".encode()}), dict(own or OWN),
-                  relative=generation > 1, wanted=wanted)
+    return Member(
+        variant,
+        parent,
+        generation,
+        encode_code({"train.py": f"# {variant}\n".encode()}),
+        dict(own or OWN),
+        relative=generation > 1,
+        wanted=wanted,
+    )
 
 
 def finish(p: Pool, trial_id: str, config: dict, score: float | None, status=TrialStatus.completed) -> None:
     knobs = {k: v for k, v in config.items() if k.isupper()}
-    p.finish(TrialRecord("run", 1, trial_id, config["variant"], status, None, json.dumps(knobs), 0, 2, None, score,
-                         None, 1.0, "w"))
+    p.finish(
+        TrialRecord(
+            "run", 1, trial_id, config["variant"], status, None, json.dumps(knobs), 0, 2, None, score, None, 1.0, "w"
+        )
+    )
 
 
 def test_the_seed_runs_its_own_knobs_first_then_samples_and_its_code_travels():

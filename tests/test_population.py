@@ -41,7 +41,9 @@ def test_exploration_reaches_beyond_the_top_and_is_seeded():
     runs = [[p.variant_id for p in select_parents(ranked, 3, 1.0, True, random.Random(seed))] for seed in range(5)]
     assert all(r[0] == "v0" for r in runs)  # the best always leads
     assert any(set(r[1:]) - {"v1", "v2"} for r in runs)  # exploration picked outside the next best
-    assert runs == [[p.variant_id for p in select_parents(ranked, 3, 1.0, True, random.Random(seed))] for seed in range(5)]
+    assert runs == [
+        [p.variant_id for p in select_parents(ranked, 3, 1.0, True, random.Random(seed))] for seed in range(5)
+    ]
 
 
 def test_serial_loop_picks_only_the_best():

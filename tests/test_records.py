@@ -14,22 +14,45 @@ from ralph_ray.state import CampaignState, Phase, RunStatus
 from ralph_ray.variants import VariantStatus
 
 
-def child(variant_id: str, status: VariantStatus, parent: str = "p", interventions: tuple[str, ...] = ("wider",),
-          parent_score: float | None = 0.9) -> Child:
-    return Child(variant_id, parent, Path("/x") / variant_id, list(interventions), "underfitting", "why", status,
-                 None, "diff", {}, parent_score)
+def child(
+    variant_id: str,
+    status: VariantStatus,
+    parent: str = "p",
+    interventions: tuple[str, ...] = ("wider",),
+    parent_score: float | None = 0.9,
+) -> Child:
+    return Child(
+        variant_id,
+        parent,
+        Path("/x") / variant_id,
+        list(interventions),
+        "underfitting",
+        "why",
+        status,
+        None,
+        "diff",
+        {},
+        parent_score,
+    )
 
 
 def test_rows_fit_their_tables_and_read_back(tmp_path: Path):
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
     agent = AgentConfig(price_in_per_m=2.0, price_out_per_m=10.0)
-    children = [child("k", VariantStatus.kept), child("r", VariantStatus.rejected), child("p", VariantStatus.candidate),
-                child("s", VariantStatus.seed, parent="", interventions=())]
+    children = [
+        child("k", VariantStatus.kept),
+        child("r", VariantStatus.rejected),
+        child("p", VariantStatus.candidate),
+        child("s", VariantStatus.seed, parent="", interventions=()),
+    ]
     scores = {"k": (0.95, 0.94)}
     kb.put("variants", records.variant_rows("r1", 2, children, agent, scores), records.part("r1", 2, "record"))
-    kb.put("agent_usage", records.usage_rows("r1", 2, "coder", [("k", Usage(1, 1_000_000, 100_000, 2.0))], agent),
-           records.part("r1", 2, "coder"))
+    kb.put(
+        "agent_usage",
+        records.usage_rows("r1", 2, "coder", [("k", Usage(1, 1_000_000, 100_000, 2.0))], agent),
+        records.part("r1", 2, "coder"),
+    )
     kb.put("interventions", records.effect_rows("r1", "digits", 2, children, scores), records.part("r1", 2))
     cycle_dir = tmp_path / "runs" / "r1" / "cycle_0002"
     asked = [c for c in children if c.status is not VariantStatus.seed]
@@ -37,14 +60,24 @@ def test_rows_fit_their_tables_and_read_back(tmp_path: Path):
     con = kb.reader()
     # A child identical to its parent ("p" of parent "p") is no new variant; the others keep their score.
     assert con.execute("select variant_id, status, selection_score from variants order by variant_id").fetchall() == [
-        ("k", "kept", 0.95), ("r", "rejected", None), ("s", "seed", None)]
+        ("k", "kept", 0.95),
+        ("r", "rejected", None),
+        ("s", "seed", None),
+    ]
     assert con.execute("select cost, tokens_in, backend from agent_usage").fetchone() == (3.0, 1_000_000, "heuristic")
     # One row per intervention of a judged child; none for the seed or a child identical to its parent.
     rows = con.execute("select variant_id, delta, outcome from interventions order by variant_id").fetchall()
     assert [(v, round(d, 6) if d is not None else None, o) for v, d, o in rows] == [
-        ("k", 0.05, "kept"), ("r", None, "rejected")]
+        ("k", 0.05, "kept"),
+        ("r", None, "rejected"),
+    ]
     assert con.execute("select children, rejected, parents, cycle_dir, analysis from cycles").fetchone() == (
-        3, 1, '["p"]', str(cycle_dir.resolve()), "# cycle 2")
+        3,
+        1,
+        '["p"]',
+        str(cycle_dir.resolve()),
+        "# cycle 2",
+    )
 
 
 def test_run_status_and_decision_rows(tmp_path: Path):
@@ -60,7 +93,11 @@ def test_run_status_and_decision_rows(tmp_path: Path):
     decision = decide(facts, SafeguardsConfig(max_cycles=3))
     data = records.decision_json(decision, facts, "v7")
     assert (data["decision"], data["reason"], data["elapsed_s"], data["best_variant_id"]) == (
-        "stop", "max_cycles", 42.1, "v7")
+        "stop",
+        "max_cycles",
+        42.1,
+        "v7",
+    )
     row = records.decision_row("r1", decision, facts, "v7")
     assert (row["decision"], row["exit_code"], row["tokens"], row["cycle"]) == ("stop", 0, 10, 3)
     assert records.part("r1", 3, "analyst") == "r1-c0003-analyst"

@@ -15,8 +15,13 @@ from ralph_ray.rundir import CampaignError, ensure_writable
 @pytest.mark.parametrize("key", ["paths.runs", "paths.kb"])
 def test_an_unwritable_folder_exits_2_naming_the_key(key: str, tmp_path: Path) -> None:
     other = "paths.kb" if key == "paths.runs" else "paths.runs"
-    done = subprocess.run([sys.executable, "-m", "ralph_ray", f"{key}=/proc/ralph_ray_x", f"{other}={tmp_path / 'o'}",
-                           "sandbox=none"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", f"{key}=/proc/ralph_ray_x", f"{other}={tmp_path / 'o'}", "sandbox=none"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == ExitCode.safeguard_or_config, done.stderr[-2000:]
     assert f"{key}=/proc/ralph_ray_x cannot be created" in done.stderr and "Traceback" not in done.stderr
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from procs import pid_alive
+
 from ralph_ray.runner import JsonLinesTail, Limits, Status, Trainer, TrialFailed, run
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.workdir import prepare_workdir
@@ -46,11 +46,14 @@ def test_runner_does_not_import_ray():
 
 
 def test_two_epochs_and_predictions(tmp_path: Path):
-    job = trainer(tmp_path, """
+    job = trainer(
+        tmp_path,
+        """
         for e in range(1, 3):
             harness.report(epoch=e, val_acc=e / 10, train_loss=1.0 / e)
         harness.save_predictions(selection=np.array([1, 2]), test=np.array([3]))
-    """)
+    """,
+    )
     seen: list[dict] = []
     outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30), seen.append)
     assert outcome.status is Status.finished and outcome.reason is None
@@ -77,10 +80,13 @@ def test_knobs_are_rewritten_in_the_trial_copy(tmp_path: Path):
 
 
 def test_nan_fails_fast(tmp_path: Path):
-    job = trainer(tmp_path, """
+    job = trainer(
+        tmp_path,
+        """
         harness.report(epoch=1, val_loss=float("nan"))
         time.sleep(60)
-    """)
+    """,
+    )
     start = time.monotonic()
     outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30))
     assert outcome.status is Status.failed and "non-finite val_loss" in (outcome.reason or "")
@@ -88,12 +94,15 @@ def test_nan_fails_fast(tmp_path: Path):
 
 
 def test_timeout_fails_and_leaves_no_child(tmp_path: Path):
-    job = trainer(tmp_path, """
+    job = trainer(
+        tmp_path,
+        """
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
         open("child.pid", "w").write(str(child.pid))
         harness.report(epoch=1, val_acc=0.1)
         time.sleep(120)
-    """)
+    """,
+    )
     outcome = run(job, Limits(sandbox=PLAIN, timeout_s=3))
     assert outcome.status is Status.failed and (outcome.reason or "").startswith("timeout")
     assert metrics(outcome.last) == {"epoch": 1, "val_acc": 0.1}
@@ -105,11 +114,14 @@ def test_timeout_fails_and_leaves_no_child(tmp_path: Path):
 
 
 def test_output_flood_is_stopped(tmp_path: Path):
-    job = trainer(tmp_path, """
+    job = trainer(
+        tmp_path,
+        """
         for _ in range(4096):
             print("x" * 1024, flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30, output_bytes=1 << 20))
     assert outcome.status is Status.failed and (outcome.reason or "").startswith("output:")
 
@@ -126,10 +138,13 @@ def test_no_epoch_reported_is_a_failure(tmp_path: Path):
 
 
 def test_a_stop_request_ends_the_run(tmp_path: Path):
-    job = trainer(tmp_path, """
+    job = trainer(
+        tmp_path,
+        """
         harness.report(epoch=1, val_acc=0.1)
         time.sleep(60)
-    """)
+    """,
+    )
     seen: list[dict] = []
     start = time.monotonic()
     outcome = run(job, Limits(sandbox=PLAIN, timeout_s=60), seen.append, should_stop=lambda: bool(seen))
@@ -138,14 +153,19 @@ def test_a_stop_request_ends_the_run(tmp_path: Path):
 
 def test_reports_from_the_last_rung_are_held_for_the_predictions(tmp_path: Path):
     # ASHA could stop a trial on its final epoch's report before its predictions arrive; those reports wait.
-    job = trainer(tmp_path, """
+    job = trainer(
+        tmp_path,
+        """
         for e in range(1, 5):
             harness.report(epoch=e, val_acc=e / 10)
-    """)
+    """,
+    )
     seen: list[dict] = []
     outcome = run(job, Limits(sandbox=PLAIN, timeout_s=30), seen.append, hold_from_epoch=3)
     assert [r["epoch"] for r in seen] == [1, 2]
-    assert [metrics(r) for r in outcome.held] == [{"epoch": 3, "val_acc": 0.3}]  # the earlier held epochs ride along with the last
+    assert [metrics(r) for r in outcome.held] == [
+        {"epoch": 3, "val_acc": 0.3}
+    ]  # the earlier held epochs ride along with the last
     assert metrics(outcome.last) == {"epoch": 4, "val_acc": 0.4}
 
 

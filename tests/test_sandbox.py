@@ -36,7 +36,9 @@ def public(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def hostile_run(tmp_path: Path, public: Path, name: str, policy: Policy = POLICY, timeout_s: float = 60, **fill: object):
+def hostile_run(
+    tmp_path: Path, public: Path, name: str, policy: Policy = POLICY, timeout_s: float = 60, **fill: object
+):
     """Run tests/hostile/<name>.py as a trial's train.py; returns (outcome, work dir)."""
     source = (HOSTILE / f"{name}.py").read_text()
     for key, value in fill.items():
@@ -138,8 +140,12 @@ def site_packages() -> Path:
 @needs_bwrap
 @pytest.mark.parametrize("where", ["run dir", "kb", "project", "site-packages"])
 def test_writing_outside_the_work_dir_is_refused(tmp_path: Path, public: Path, where: str):
-    folder = {"run dir": tmp_path / "runs" / "r1", "kb": tmp_path / "kb", "project": PROJECT_ROOT,
-              "site-packages": site_packages()}[where]
+    folder = {
+        "run dir": tmp_path / "runs" / "r1",
+        "kb": tmp_path / "kb",
+        "project": PROJECT_ROOT,
+        "site-packages": site_packages(),
+    }[where]
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"planted-{tmp_path.name}.txt"
     outcome, _ = hostile_run(tmp_path, public, "write_outside", target=target)
@@ -186,7 +192,9 @@ harness.report(epoch=1, val_acc=0.1)
     seen = json.loads((work / "seen.json").read_text())
     assert seen["engine"] == [str(sb.LIB_INSIDE / "ralph_ray")]
     # /tmp is private: empty but for the mount points of the work dir and the data when they live under /tmp.
-    expected_tmp = {p.resolve().relative_to("/tmp").parts[0] for p in (work, public) if p.resolve().is_relative_to("/tmp")}
+    expected_tmp = {
+        p.resolve().relative_to("/tmp").parts[0] for p in (work, public) if p.resolve().is_relative_to("/tmp")
+    }
     assert seen["data"] == sorted(p.name for p in public.iterdir()) and set(seen["tmp"]) == expected_tmp
     assert not seen["project"] and not seen["home"]
 
@@ -241,11 +249,15 @@ def test_a_campaign_scores_a_label_thief_by_what_its_model_earns(ray_session, ti
     anchor = "    harness.save_predictions(selection=predict(model, selection), test=predict(model, test))\n"
     assert anchor in source
     (thief / "train.py").write_text(source.replace(anchor, textwrap.indent(textwrap.dedent(STEAL), "    ") + anchor))
-    cfg = tiny_config("agent=none", "safeguards.max_cycles=1", "search.num_samples=2", f"task.trainer={thief}",
-                      "run_id=thief")
+    cfg = tiny_config(
+        "agent=none", "safeguards.max_cycles=1", "search.num_samples=2", f"task.trainer={thief}", "run_id=thief"
+    )
     outcome = run_campaign(cfg)
-    rows = open_reader(tmp_path / "kb").execute(
-        "select status, selection_score, test_score from trials where run_id = 'thief'").fetchall()
+    rows = (
+        open_reader(tmp_path / "kb")
+        .execute("select status, selection_score, test_score from trials where run_id = 'thief'")
+        .fetchall()
+    )
     assert len(rows) == 2 and all(status == "completed" for status, _, _ in rows), rows
     assert all(score is not None and score < 0.999 for _, score, test in rows for score in (score, test)), rows
     logs = [p.read_text() for p in (outcome.run_dir / "cycle_0001" / "trials").glob("*/stdout.log")]
@@ -278,7 +290,9 @@ def test_a_cli_agent_edits_its_work_dir_with_the_network_but_not_the_kb(tmp_path
         server.listen(1)
         server.settimeout(30)
         port = server.getsockname()[1]
-        cfg = AgentConfig(backend=AgentBackend.cli, cli_command=f"{sys.executable} {tmp_path / 'tool' / 'agent.py'} {kb} {port}")
+        cfg = AgentConfig(
+            backend=AgentBackend.cli, cli_command=f"{sys.executable} {tmp_path / 'tool' / 'agent.py'} {kb} {port}"
+        )
         coder = CliCoder(cfg, Policy(hidden=(str(kb),)))
         output = coder._run(coder_argv := cfg.cli_command.split(), work, scratch, None)
         connection, _ = server.accept()  # the agent reached "its API" on loopback
@@ -288,7 +302,9 @@ def test_a_cli_agent_edits_its_work_dir_with_the_network_but_not_the_kb(tmp_path
     assert "DROPOUT = 0.25" in (work / "train.py").read_text()
 
 
-def test_a_node_without_bwrap_fails_the_trial_with_the_fix(tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_node_without_bwrap_fails_the_trial_with_the_fix(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
+):
     # The driver checks its own machine; a worker node without bubblewrap fails its trials (final, not retried).
     monkeypatch.setattr(sb, "BWRAP", "/nonexistent/bwrap")
     monkeypatch.setattr(sb.shutil, "which", lambda name: None)

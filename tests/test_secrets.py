@@ -24,9 +24,19 @@ from ralph_ray.campaign import run  # noqa: E402
 from ralph_ray.kb import open_reader  # noqa: E402
 
 KEY_ENV = "RALPH_SECRETS_TEST_API_KEY"
-ANALYSIS = {"diagnoses": ["overfitting"], "summary": "val loss rises",
-            "recommendations": [{"intervention": "add_dropout", "diagnosis": "overfitting", "rationale": "regularise", "priority": 0.9},
-                                {"intervention": "print_environment", "diagnosis": "overfitting", "rationale": "a leak attempt", "priority": 0.5}]}
+ANALYSIS = {
+    "diagnoses": ["overfitting"],
+    "summary": "val loss rises",
+    "recommendations": [
+        {"intervention": "add_dropout", "diagnosis": "overfitting", "rationale": "regularise", "priority": 0.9},
+        {
+            "intervention": "print_environment",
+            "diagnosis": "overfitting",
+            "rationale": "a leak attempt",
+            "priority": 0.5,
+        },
+    ],
+}
 CRASH_DIFF = """\
 ```diff
 --- a/train.py
@@ -50,27 +60,48 @@ LEAKY_DIFF = """\
 
 
 @pytest.mark.slow
-def test_api_key_never_written_anywhere(ray_session, tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                        capfd: pytest.CaptureFixture[str]):
+def test_api_key_never_written_anywhere(
+    ray_session, tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+):
     key = f"sk-ralph-{uuid.uuid4().hex}"
     monkeypatch.setenv(KEY_ENV, key)
     server = ScriptedLLM()
     server.key = key
-    server.add(json.dumps(ANALYSIS), Reply(status=400, error="bad request from {authorization}"), CRASH_DIFF, LEAKY_DIFF)
+    server.add(
+        json.dumps(ANALYSIS), Reply(status=400, error="bad request from {authorization}"), CRASH_DIFF, LEAKY_DIFF
+    )
     try:
-        cfg = tiny_config("agent=openai", f"agent.base_url={server.base_url}", "agent.model=scripted", f"agent.api_key_env={KEY_ENV}",
-                          "agent.http_retries=0", "agent.concurrency=1", "safeguards.max_cycles=2", "population.parents=1",
-                          "population.children_per_parent=2", "population.trials_per_child=1", "search.num_samples=2", "run_id=secrets")
+        cfg = tiny_config(
+            "agent=openai",
+            f"agent.base_url={server.base_url}",
+            "agent.model=scripted",
+            f"agent.api_key_env={KEY_ENV}",
+            "agent.http_retries=0",
+            "agent.concurrency=1",
+            "safeguards.max_cycles=2",
+            "population.parents=1",
+            "population.children_per_parent=2",
+            "population.trials_per_child=1",
+            "search.num_samples=2",
+            "run_id=secrets",
+        )
         run(cfg)
     finally:
         server.close()
     out, err = capfd.readouterr()
 
-    assert all(r["authorization"] == f"Bearer {key}" for r in server.requests) and len(server.requests) == 4  # the key was used
+    assert (
+        all(r["authorization"] == f"Bearer {key}" for r in server.requests) and len(server.requests) == 4
+    )  # the key was used
     con = open_reader(tmp_path / "kb")
-    reasons = [r[0] for r in con.execute("select reason from variants where run_id = 'secrets' and status = 'rejected'").fetchall()]
+    reasons = [
+        r[0]
+        for r in con.execute("select reason from variants where run_id = 'secrets' and status = 'rejected'").fetchall()
+    ]
     assert any("bad request from Bearer ***" in (r or "") for r in reasons)  # the echoed key was redacted
-    assert server.chats()[3][-1]["content"].count("smoke run failed: train.py exited with code 1: secrets:") == 1  # the gate's verdict
+    assert (
+        server.chats()[3][-1]["content"].count("smoke run failed: train.py exited with code 1: secrets:") == 1
+    )  # the gate's verdict
     printed = list((tmp_path / "runs" / "secrets").rglob("stdout.log"))
     assert any("ENVIRONMENT" in p.read_text() for p in printed)  # the child's trainer dumped its environment...
 

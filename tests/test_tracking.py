@@ -31,10 +31,19 @@ RUN_ID = "tracked"
 def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
     """Two cycles (the seed, then one child), two trials each, published to MLflow and TensorBoard."""
     root = tmp_path_factory.mktemp("tracked")
-    overrides = [f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={RUN_ID}",
-                 "safeguards.max_cycles=2", "search.num_samples=2", "search.max_concurrent=2", "scheduler.max_t=3",
-                 "+search.space.EPOCHS={type: choice, values: [3]}", "population.parents=1",
-                 "population.children_per_parent=1", "tracking=[mlflow,tensorboard]"]
+    overrides = [
+        f"paths.runs={root / 'runs'}",
+        f"paths.kb={root / 'kb'}",
+        f"run_id={RUN_ID}",
+        "safeguards.max_cycles=2",
+        "search.num_samples=2",
+        "search.max_concurrent=2",
+        "scheduler.max_t=3",
+        "+search.space.EPOCHS={type: choice, values: [3]}",
+        "population.parents=1",
+        "population.children_per_parent=1",
+        "tracking=[mlflow,tensorboard]",
+    ]
     if sandbox.available() is not None:
         overrides.append("sandbox=none")
     outcome = run(load_config(overrides), Console(quiet=True))
@@ -92,8 +101,10 @@ def test_tensorboard_event_files_hold_curves_hparams_and_text(campaign: Outcome)
         events = EventAccumulator(str(root / "trials" / row["trial_id"]))
         events.Reload()
         curve = [(e.step, e.value) for e in events.Scalars("val_acc")]
-        recorded = con.execute("select epoch, value from epochs where run_id = ? and trial_id = ? and metric = ? "
-                               "order by epoch", [RUN_ID, row["trial_id"], "val_acc"]).fetchall()
+        recorded = con.execute(
+            "select epoch, value from epochs where run_id = ? and trial_id = ? and metric = ? order by epoch",
+            [RUN_ID, row["trial_id"], "val_acc"],
+        ).fetchall()
         assert curve == [(epoch, pytest.approx(value)) for epoch, value in recorded]
         if row["status"] == "completed":
             assert events.Scalars("final/selection_score")[-1].value == pytest.approx(row["selection_score"])
@@ -132,8 +143,13 @@ def test_readable_lineage_path() -> None:
 
 def test_export_bundle_runs_standalone_and_reproduces_the_score(campaign: Outcome, tmp_path: Path) -> None:
     out = tmp_path / "bundle"
-    done = subprocess.run([sys.executable, "-m", "ralph_ray", "export", RUN_ID, "--kb", str(campaign.kb_root),
-                           "--out", str(out)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "export", RUN_ID, "--kb", str(campaign.kb_root), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     scores = json.loads((out / "scores.json").read_text())
     assert scores["variant_id"] == campaign.best_variant_id
@@ -145,8 +161,13 @@ def test_export_bundle_runs_standalone_and_reproduces_the_score(campaign: Outcom
     assert lineage[0]["parent_id"] is None and lineage[-1]["variant_id"] == campaign.best_variant_id
     assert {"README.md", "config.yaml", ENV_FILE, "reproduce.py"} <= {p.name for p in out.iterdir()}
     # By hand, from another folder: its own data prep, training and frozen scoring.
-    ran = subprocess.run([sys.executable, str(out / "reproduce.py"), "--work", str(tmp_path / "work")],
-                         capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    ran = subprocess.run(
+        [sys.executable, str(out / "reproduce.py"), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     result = json.loads(ran.stdout.strip().splitlines()[-1])
     assert result["selection_score"] == pytest.approx(scores["selection_score"], abs=0.03)

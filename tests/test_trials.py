@@ -37,8 +37,12 @@ harness.report(epoch=1, val_acc=float("nan"))
 def public_data() -> PublicData:
     rng = np.random.default_rng(0)
     files = {}
-    for name, array in {"train_x": rng.random((8, 2)), "train_y": np.arange(8) % 2, "selection_x": rng.random((3, 2)),
-                        "test_x": rng.random((2, 2))}.items():
+    for name, array in {
+        "train_x": rng.random((8, 2)),
+        "train_y": np.arange(8) % 2,
+        "selection_x": rng.random((3, 2)),
+        "test_x": rng.random((2, 2)),
+    }.items():
         buffer = io.BytesIO()
         np.save(buffer, array)
         files[f"{name}.npy"] = buffer.getvalue()
@@ -50,14 +54,21 @@ def test_a_tune_run_of_the_adapter(ray_session, tmp_path: Path, monkeypatch: pyt
     from ray import tune
 
     monkeypatch.setenv("RALPH_CACHE_DIR", str(tmp_path / "cache"))
-    code = Code({"good": {"train.py": GOOD.encode()}, "nan": {"train.py": DIVERGES.encode()}},
-                sha256_file(Path(harness.__file__)))
+    code = Code(
+        {"good": {"train.py": GOOD.encode()}, "nan": {"train.py": DIVERGES.encode()}},
+        sha256_file(Path(harness.__file__)),
+    )
     spec = TrialSpec(code, public_data(), Limits(timeout_s=60), str(tmp_path / "trials"), Schedule(hold_from_epoch=2))
-    tuner = tune.Tuner(tune.with_parameters(run_trial, spec=spec), param_space={"variant": tune.grid_search(["good", "nan"])},
-                       run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0))
+    tuner = tune.Tuner(
+        tune.with_parameters(run_trial, spec=spec),
+        param_space={"variant": tune.grid_search(["good", "nan"])},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0),
+    )
     results = {r.config["variant"]: r for r in tuner.fit()}
     good = results["good"].metrics
-    assert good["epoch"] == 3 and [r["val_acc"] for r in json.loads(good[HELD_KEY])] == [0.2] and PREDICTIONS_KEY in good
+    assert (
+        good["epoch"] == 3 and [r["val_acc"] for r in json.loads(good[HELD_KEY])] == [0.2] and PREDICTIONS_KEY in good
+    )
     assert "non-finite val_acc" in results["nan"].metrics[FAILED_KEY]
     assert results["nan"].metrics["val_acc"] == float("-inf")
 

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import pandas as pd
-import streamlit as st
-
 import figures
 import kbdata
 import knobstats
+import pandas as pd
 import shell
+import streamlit as st
+
 from ralph_ray import sql
 
 STATUSES = list(figures.STATUS_STYLE)  # every variant status the KB records
 COLUMNS = {
     "rank": st.column_config.NumberColumn("rank", width="small"),
     "variant_id": st.column_config.TextColumn("variant"),
-    "selection_score": st.column_config.NumberColumn("selection", format="%.4f", help="best completed trial, frozen selection split"),
-    "test_score": st.column_config.NumberColumn("test", format="%.4f", help="that trial's test score (never used for selection)"),
+    "selection_score": st.column_config.NumberColumn(
+        "selection", format="%.4f", help="best completed trial, frozen selection split"
+    ),
+    "test_score": st.column_config.NumberColumn(
+        "test", format="%.4f", help="that trial's test score (never used for selection)"
+    ),
     "parent_id": st.column_config.TextColumn("parent"),
     "interventions": st.column_config.ListColumn("interventions"),
     "status": st.column_config.TextColumn("status"),
@@ -25,8 +29,9 @@ COLUMNS = {
     "stopped_early": st.column_config.NumberColumn("stopped early", width="small", help="stopped by ASHA"),
     "failed": st.column_config.NumberColumn("failed", width="small"),
     "trial_hours": st.column_config.NumberColumn("trial-hours", format="%.3f"),
-    "spread": st.column_config.TextColumn("replicates", help="the best knobs' repeated trials (other seeds): mean ± "
-                                          "95% Student-t interval"),
+    "spread": st.column_config.TextColumn(
+        "replicates", help="the best knobs' repeated trials (other seeds): mean ± 95% Student-t interval"
+    ),
     "reason": st.column_config.TextColumn("why", help="the variant's recorded reason, else how its trials ended"),
     "best_trial_id": st.column_config.TextColumn("best trial"),
 }
@@ -38,37 +43,56 @@ def body(run: shell.Campaign) -> None:
     if board.empty:
         shell.no_trials_yet(run, "finished trial")
         return
-    board = board.assign(interventions=board["interventions"].map(figures.interventions),
-                         reason=[figures.why(r) for r in figures.records(board)])
+    board = board.assign(
+        interventions=board["interventions"].map(figures.interventions),
+        reason=[figures.why(r) for r in figures.records(board)],
+    )
     board = with_spread(board, kbdata.frame(run.kb_root, sql.APP_REPLICATES, (run.run_id,)))
     board, knobs = knobstats.with_knobs(board, "best_knobs")
     best = figures.records(board.head(1))[0]
     cols = st.columns(5)
     target = run.target
-    delta = None if target is None or best["selection_score"] is None else f"{best['selection_score'] - target:+.4f} vs target"
+    delta = (
+        None
+        if target is None or best["selection_score"] is None
+        else f"{best['selection_score'] - target:+.4f} vs target"
+    )
     cols[0].metric("best selection score", figures.score_text(best["selection_score"]), delta)
     cols[1].metric("its test score", figures.score_text(best["test_score"]))
     cols[2].metric("target", figures.score_text(target) if target is not None else "none")
     cols[3].metric("variants ranked", len(board))
-    cols[4].metric("trials", int(board["trials"].sum()),
-                   f"{int(board['stopped_early'].sum())} stopped early, {int(board['failed'].sum())} failed", delta_color="off", delta_arrow="off")
+    cols[4].metric(
+        "trials",
+        int(board["trials"].sum()),
+        f"{int(board['stopped_early'].sum())} stopped early, {int(board['failed'].sum())} failed",
+        delta_color="off",
+        delta_arrow="off",
+    )
 
     left, right = st.columns([3, 1])
     # Every status as an option, whatever this run has now: a live redraw never invalidates the choice.
     chosen = left.multiselect("status", STATUSES, default=STATUSES, key="board_status")
-    floor = right.number_input("min selection score", value=None, step=0.01, format="%.4f", key="board_min", placeholder="any")
+    floor = right.number_input(
+        "min selection score", value=None, step=0.01, format="%.4f", key="board_min", placeholder="any"
+    )
     shown = board[board["status"].isin(chosen) | (board["status"].isna() & (len(chosen) == len(STATUSES)))]
     if floor is not None:
         shown = shown[shown["selection_score"] >= floor]
     order = LEAD + knobs + [c for c in COLUMNS if c not in LEAD]
     if board["spread"].isna().all():
         order.remove("spread")  # no knobs were repeated with other seeds: no column of dashes
-    config = COLUMNS | {k: st.column_config.NumberColumn(k, format="%.4g", help="the best trial's knob")
-                        if knobstats.is_numeric(board[k]) else st.column_config.TextColumn(k) for k in knobs}
+    config = COLUMNS | {
+        k: st.column_config.NumberColumn(k, format="%.4g", help="the best trial's knob")
+        if knobstats.is_numeric(board[k])
+        else st.column_config.TextColumn(k)
+        for k in knobs
+    }
     st.dataframe(shown, width="stretch", hide_index=True, column_order=order, column_config=config, placeholder="-")
-    st.caption(f"{len(shown)} of {len(board)} variants; the best trial's knobs ({', '.join(knobs) or 'none'}) follow "
-               "its scores. Variants without a trial (rejected by the gate) are on the Lineage page; every trial is on "
-               "Trials.")
+    st.caption(
+        f"{len(shown)} of {len(board)} variants; the best trial's knobs ({', '.join(knobs) or 'none'}) follow "
+        "its scores. Variants without a trial (rejected by the gate) are on the Lineage page; every trial is on "
+        "Trials."
+    )
     st.altair_chart(figures.score_chart(shown, target), width="stretch")
     tie = within_noise(board)
     if tie:
@@ -94,8 +118,10 @@ def within_noise(board: pd.DataFrame) -> str | None:
     gap = top[0]["selection_score"] - top[1]["selection_score"]
     if abs(gap) >= top[0]["half_width"]:
         return None
-    return (f"Ranks 1 and 2 are within noise: {abs(gap):.4f} apart, less than the leader's ±{top[0]['half_width']:.4f} "
-            "(95% t interval of its replicates).")
+    return (
+        f"Ranks 1 and 2 are within noise: {abs(gap):.4f} apart, less than the leader's ±{top[0]['half_width']:.4f} "
+        "(95% t interval of its replicates)."
+    )
 
 
 shell.page("Leaderboard", body)

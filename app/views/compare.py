@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import streamlit as st
-
 import figures
 import kbdata
 import shell
+import streamlit as st
+
 from ralph_ray import sql
 
 COLUMNS = {

@@ -5,11 +5,11 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-import streamlit as st
-
 import figures
 import kbdata
 import shell
+import streamlit as st
+
 from ralph_ray import sql
 
 
@@ -30,8 +30,11 @@ def diff_against(old_dir: str, new_dir: str) -> str | None:
 
 def _texts(folder: Path) -> dict[str, list[str]]:
     """Every file of a variant folder as lines, by relative path."""
-    return {str(p.relative_to(folder)): p.read_text(errors="replace").splitlines(keepends=True)
-            for p in folder.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_text(errors="replace").splitlines(keepends=True)
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
 
 
 def parent_section(analysis: str, parent_id: str | None) -> str | None:
@@ -53,12 +56,22 @@ def body(run: shell.Campaign) -> None:
     seed = next((v for v in variants if not v.get("parent_id")), None)
     # Children first (best first): the seed has nothing to diff.
     order = sorted(by_id, key=lambda v: (by_id[v] is seed, -(by_id[v].get("selection_score") or float("-inf"))))
-    picked = by_id[st.selectbox("variant", order, key="diff_variant", format_func=lambda v: (
-        f"{figures.short(v)} · {by_id[v]['status']} · {figures.score_text(by_id[v].get('selection_score'))} · "
-        f"{', '.join(figures.interventions(by_id[v].get('interventions'))) or 'seed'}"))]
+    picked = by_id[
+        st.selectbox(
+            "variant",
+            order,
+            key="diff_variant",
+            format_func=lambda v: (
+                f"{figures.short(v)} · {by_id[v]['status']} · {figures.score_text(by_id[v].get('selection_score'))} · "
+                f"{', '.join(figures.interventions(by_id[v].get('interventions'))) or 'seed'}"
+            ),
+        )
+    ]
     parent = by_id.get(picked.get("parent_id") or "")
-    st.markdown(f"**{picked['variant_id']}** ({picked['status']}, cycle {picked.get('cycle')}) · parent "
-                f"`{picked.get('parent_id') or '-'}` · interventions: {', '.join(figures.interventions(picked.get('interventions'))) or '-'}")
+    st.markdown(
+        f"**{picked['variant_id']}** ({picked['status']}, cycle {picked.get('cycle')}) · parent "
+        f"`{picked.get('parent_id') or '-'}` · interventions: {', '.join(figures.interventions(picked.get('interventions'))) or '-'}"
+    )
 
     vs_parent, vs_seed = st.tabs(["against its parent", "against the seed"])
     with vs_parent:
@@ -80,8 +93,10 @@ def body(run: shell.Campaign) -> None:
         else:
             text = diff_against(seed.get("files_dir") or "", picked.get("files_dir") or "")
             if text is None:
-                st.warning(f"The variants' files are gone from `{picked.get('files_dir')}` (run dir moved or deleted): "
-                           "only the diff against the parent, kept in the KB, is available.")
+                st.warning(
+                    f"The variants' files are gone from `{picked.get('files_dir')}` (run dir moved or deleted): "
+                    "only the diff against the parent, kept in the KB, is available."
+                )
             else:
                 st.code(text or "(identical code)", language="diff")
 
@@ -94,8 +109,10 @@ def body(run: shell.Campaign) -> None:
     analysis, cycle_dir = facts.get("analysis"), facts.get("cycle_dir")
     st.markdown(f"**Analysis** (`{cycle_dir}/analysis.md`)" if cycle_dir else "**Analysis**")
     if analysis is None:
-        st.caption("No analysis recorded for this variant's cycle (cycle 1 is the seed's knob search; "
-                   "or the campaign was recorded before the KB kept analyses).")
+        st.caption(
+            "No analysis recorded for this variant's cycle (cycle 1 is the seed's knob search; "
+            "or the campaign was recorded before the KB kept analyses)."
+        )
     else:
         section = parent_section(analysis, parent and parent["variant_id"])
         with st.container(border=True):

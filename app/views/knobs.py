@@ -3,13 +3,13 @@ over the whole campaign or one variant's trials."""
 
 from __future__ import annotations
 
-import pandas as pd
-import streamlit as st
-
 import figures
 import kbdata
 import knobstats
+import pandas as pd
 import shell
+import streamlit as st
+
 from ralph_ray import sql
 
 CAMPAIGN = "every variant"

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
-import streamlit as st
-
 import access
 import figures
 import kbdata
+import pandas as pd
 import shell
+import streamlit as st
+
 from ralph_ray import sql
 from ralph_ray.control import STOP_FILE, request_stop
 
-DECISION_COLUMNS = ["cycle", "decision", "reason", "rationale", "best_selection_score", "best_variant_id", "elapsed_s", "tokens", "cost", "exit_code"]
+DECISION_COLUMNS = [
+    "cycle",
+    "decision",
+    "reason",
+    "rationale",
+    "best_selection_score",
+    "best_variant_id",
+    "elapsed_s",
+    "tokens",
+    "cost",
+    "exit_code",
+]
 
 
 def body(run: shell.Campaign) -> None:
@@ -39,12 +50,17 @@ def body(run: shell.Campaign) -> None:
     # The Leaderboard's best (its first row), not the last decision's: the same number on both pages mid-cycle.
     top = figures.records(kbdata.frame(run.kb_root, sql.APP_LEADERBOARD, (run.run_id,)).head(1))
     best = top[0]["selection_score"] if top else None
-    cols[3].metric("best selection score", figures.score_text(best),
-                   None if best is None or run.target is None else f"{best - run.target:+.4f} vs target {run.target:.4f}")
+    cols[3].metric(
+        "best selection score",
+        figures.score_text(best),
+        None if best is None or run.target is None else f"{best - run.target:+.4f} vs target {run.target:.4f}",
+    )
 
     if not run.live:
         why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
-        (st.error if run.status == "crashed" else st.success)(why + (f"\n\n{last['rationale']}" if last.get("rationale") else ""))
+        (st.error if run.status == "crashed" else st.success)(
+            why + (f"\n\n{last['rationale']}" if last.get("rationale") else "")
+        )
     access.show_ray_auth(run.config)
     access.show_sandbox(run.config)
     stop_button(run)
@@ -63,10 +79,17 @@ def body(run: shell.Campaign) -> None:
     if decisions.empty:
         st.info("No decision yet: the first one comes at the end of cycle 1.")
     else:
-        st.dataframe(decisions[[c for c in DECISION_COLUMNS if c in decisions]], width="stretch", hide_index=True, placeholder="-",
-                     column_config={"best_selection_score": st.column_config.NumberColumn("best", format="%.4f"),
-                                    "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f"),
-                                    "rationale": st.column_config.TextColumn("rationale", width="large")})
+        st.dataframe(
+            decisions[[c for c in DECISION_COLUMNS if c in decisions]],
+            width="stretch",
+            hide_index=True,
+            placeholder="-",
+            column_config={
+                "best_selection_score": st.column_config.NumberColumn("best", format="%.4f"),
+                "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f"),
+                "rationale": st.column_config.TextColumn("rationale", width="large"),
+            },
+        )
 
 
 def stop_button(run: shell.Campaign) -> None:
@@ -76,18 +99,27 @@ def stop_button(run: shell.Campaign) -> None:
     if not run.running:
         return
     if stop_file.exists():
-        st.warning(f"Stop requested ({_read(stop_file) or 'by hand'}): the campaign records what it has and stops at its next check.")
+        st.warning(
+            f"Stop requested ({_read(stop_file) or 'by hand'}): the campaign records what it has and stops at its next check."
+        )
         return
     allowed = access.stop_permission(run.run_id)  # exposed: the shared secret first
     if allowed is None:
         return
-    if st.button("Stop the campaign", type="primary", icon=":material/stop_circle:", key="stop",
-                 help=f"asks first; then writes {stop_file}; the current cycle ends cleanly and is recorded"):
+    if st.button(
+        "Stop the campaign",
+        type="primary",
+        icon=":material/stop_circle:",
+        key="stop",
+        help=f"asks first; then writes {stop_file}; the current cycle ends cleanly and is recorded",
+    ):
         st.session_state.stop_asked = run.run_id
     if st.session_state.get("stop_asked") != run.run_id:
         return
-    st.warning(f"Stop campaign `{run.run_id}`? It finishes recording its current cycle and exits; you can resume it "
-               f"later with `python -m ralph_ray resume={run.run_id}`.")
+    st.warning(
+        f"Stop campaign `{run.run_id}`? It finishes recording its current cycle and exits; you can resume it "
+        f"later with `python -m ralph_ray resume={run.run_id}`."
+    )
     yes, no = st.columns(2)
     if no.button("Cancel", key="stop_cancel"):
         st.session_state.stop_asked = None
@@ -98,8 +130,10 @@ def stop_button(run: shell.Campaign) -> None:
             st.error("Wrong shared secret: nothing was stopped.")
             return
         if not run_dir.is_dir():
-            st.error(f"The run dir `{run_dir}` is not reachable from here: stop the campaign where it runs, with "
-                     f"`python -m ralph_ray stop {run.run_id} --runs DIR`.")
+            st.error(
+                f"The run dir `{run_dir}` is not reachable from here: stop the campaign where it runs, with "
+                f"`python -m ralph_ray stop {run.run_id} --runs DIR`."
+            )
             return
         request_stop(run_dir, "app")
         st.warning(f"Stop requested: `{stop_file}` written.")

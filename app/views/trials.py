@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import streamlit as st
-
 import figures
 import kbdata
 import knobstats
 import shell
+import streamlit as st
+
 from ralph_ray import sql
 
 STATUSES = figures.TRIAL_STATUSES

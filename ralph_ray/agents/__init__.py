@@ -39,10 +39,19 @@ def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None,
 
         heuristic_analyst, heuristic_coder = build.heuristic()
         llm_side = cfg.agent.hybrid_llm
-        llm_analyst = build.analyst(cfg.agent.analyst or (AgentBackend.openai if llm_side is AgentBackend.openai else AgentBackend.heuristic))
-        policy = HybridPolicy(Path(cfg.paths.kb).resolve(), run_id, cfg.agent.stall_cycles, cfg.agent.llm_fail_children,
-                              cfg.safeguards.min_delta)
-        return HybridAnalyst(policy, heuristic_analyst, llm_analyst), HybridCoder(policy, heuristic_coder, build.coder(llm_side))
+        llm_analyst = build.analyst(
+            cfg.agent.analyst or (AgentBackend.openai if llm_side is AgentBackend.openai else AgentBackend.heuristic)
+        )
+        policy = HybridPolicy(
+            Path(cfg.paths.kb).resolve(),
+            run_id,
+            cfg.agent.stall_cycles,
+            cfg.agent.llm_fail_children,
+            cfg.safeguards.min_delta,
+        )
+        return HybridAnalyst(policy, heuristic_analyst, llm_analyst), HybridCoder(
+            policy, heuristic_coder, build.coder(llm_side)
+        )
     raise NotImplementedError(f"agent backend {backend.value} is not built yet")
 
 
@@ -65,7 +74,9 @@ class _Builder:
         from ralph_ray.agents.llm import LLMAnalyst
 
         catalog = [(i.name, i.description) for i in load_catalog()]
-        return LLMAnalyst(self.chat(), self.cfg.agent, self.cfg.population.children_per_parent + SPARE_RECOMMENDATIONS, catalog)
+        return LLMAnalyst(
+            self.chat(), self.cfg.agent, self.cfg.population.children_per_parent + SPARE_RECOMMENDATIONS, catalog
+        )
 
     def coder(self, kind: AgentBackend) -> Coder:
         if kind is AgentBackend.cli:

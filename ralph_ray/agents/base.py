@@ -160,6 +160,8 @@ class Analyst(Protocol):
 class Coder(Protocol):
     """Applies one recommendation to a copy of the parent's files."""
 
-    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+    def write(
+        self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
+    ) -> Draft:
         """Edit the files in `workdir` (already a copy of the parent); `feedback` is the gate's last error."""
         ...

@@ -28,12 +28,20 @@ CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 
 KNOB_OPS = ("set", "mul", "add")
 _ENTRY_FIELDS = {
-    "name", "description", "answers", "repeatable", "prior",
-    "applies_if", "skip_if", "knobs", "add_knobs", "edits", "transform",
+    "name",
+    "description",
+    "answers",
+    "repeatable",
+    "prior",
+    "applies_if",
+    "skip_if",
+    "knobs",
+    "add_knobs",
+    "edits",
+    "transform",
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
-
 
 
 @dataclass(frozen=True)
@@ -265,7 +273,9 @@ def _parse_knob_edits(raw: Any, fail: Fail) -> tuple[KnobEdit, ...]:
         if op != "set":
             _number(spec[op], field, fail)
         _literal_ok(spec[op], field, fail)
-        edits.append(KnobEdit(knob, op, spec[op], _number(spec.get("min"), field, fail), _number(spec.get("max"), field, fail)))
+        edits.append(
+            KnobEdit(knob, op, spec[op], _number(spec.get("min"), field, fail), _number(spec.get("max"), field, fail))
+        )
     return tuple(edits)
 
 
@@ -356,7 +366,9 @@ def apply(intervention: Intervention, source: str) -> str:
     try:
         parse(result)
     except SyntaxError as error:
-        raise NotApplicable(f"{name}: the edits do not fit this trainer (invalid Python at line {error.lineno}: {error.msg})") from error
+        raise NotApplicable(
+            f"{name}: the edits do not fit this trainer (invalid Python at line {error.lineno}: {error.msg})"
+        ) from error
     return result
 
 
@@ -374,8 +386,10 @@ def _apply_knob_edits(intervention: Intervention, source: str) -> str:
     if not intervention.knobs:
         return source
     current = read_knobs(source)
-    named = {edit.knob: next((k for k in (edit.knob, *KNOB_ALIASES.get(edit.knob, ())) if k in current), None)
-             for edit in intervention.knobs}
+    named = {
+        edit.knob: next((k for k in (edit.knob, *KNOB_ALIASES.get(edit.knob, ())) if k in current), None)
+        for edit in intervention.knobs
+    }
     missing = [knob for knob, found in named.items() if found is None]
     if missing:
         raise NotApplicable(f"{intervention.name}: the trainer has no knob {', '.join(missing)}")
@@ -395,7 +409,9 @@ def _add_knobs(intervention: Intervention, source: str) -> str:
         raise NotApplicable(f"{intervention.name}: the trainer already has knob {', '.join(clashes)}")
     end = _knob_block_end(source)
     if end is None:
-        raise NotApplicable(f"{intervention.name}: the trainer has no knob block to add {intervention.add_knobs[0].name} to")
+        raise NotApplicable(
+            f"{intervention.name}: the trainer has no knob block to add {intervention.add_knobs[0].name} to"
+        )
     lines = source.splitlines(keepends=True)
     new = [k.line() for k in intervention.add_knobs]
     return "".join(lines[:end] + new + lines[end:])

@@ -79,20 +79,38 @@ class CliCoder:
         """Fail fast when the command is not installed."""
         program = shlex.split(self.template.command)[0]
         if shutil.which(program) is None and not Path(program).is_file():
-            raise AgentConfigError(f"the CLI agent `{program}` (template {self.template.name}) is not on PATH\n"
-                                   "  fix: install it, or choose another with agent.cli_template / agent.cli_command")
+            raise AgentConfigError(
+                f"the CLI agent `{program}` (template {self.template.name}) is not on PATH\n"
+                "  fix: install it, or choose another with agent.cli_template / agent.cli_command"
+            )
 
-    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+    def write(
+        self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
+    ) -> Draft:
         """Run the command once; the edit it leaves in `workdir` is the child."""
         files = mutable_names(workdir)
-        refused = f"## Your last attempt was refused\n\nThe validation gate said: {feedback}\nAvoid that this time." if feedback else ""
-        prompt = prompts.render("cli", program=parent.program.strip(), recommendation=prompts.show_recommendation(recommendation),
-                                feedback=refused, mutable=", ".join(files))
+        refused = (
+            f"## Your last attempt was refused\n\nThe validation gate said: {feedback}\nAvoid that this time."
+            if feedback
+            else ""
+        )
+        prompt = prompts.render(
+            "cli",
+            program=parent.program.strip(),
+            recommendation=prompts.show_recommendation(recommendation),
+            feedback=refused,
+            mutable=", ".join(files),
+        )
         scratch = Path(tempfile.mkdtemp(prefix="ralph-cli-"))
         try:
             (scratch / "prompt.md").write_text(prompt)
-            values = {"prompt": prompt, "prompt_file": str(scratch / "prompt.md"), "model": self.model or "",
-                      "workdir": str(workdir.resolve()), "scratch": str(scratch)}
+            values = {
+                "prompt": prompt,
+                "prompt_file": str(scratch / "prompt.md"),
+                "model": self.model or "",
+                "workdir": str(workdir.resolve()),
+                "scratch": str(scratch),
+            }
             argv = command_line(self.template, values, files, self.model)
             on_stdin = "{prompt}" not in self.template.command and "{prompt_file}" not in self.template.command
             start = time.perf_counter()
@@ -110,7 +128,9 @@ class CliCoder:
         usage.estimated = True
         if not diff:
             raise AgentError(f"`{argv[0]}` exited cleanly but changed nothing: {_tail(output) or 'no output'}")
-        return Draft(workdir, [recommendation.intervention], " ".join(output.split())[-400:] or recommendation.rationale)
+        return Draft(
+            workdir, [recommendation.intervention], " ".join(output.split())[-400:] or recommendation.rationale
+        )
 
     def _run(self, argv: list[str], workdir: Path, scratch: Path, stdin_text: str | None) -> str:
         """Run in a new process group with a time limit; the group dies with the call, whatever happens."""
@@ -118,21 +138,36 @@ class CliCoder:
         env = clean_env(self.allowed, self.engine_secret)
         jail: Jail | None = None
         if self.sandbox is not None:
-            view = View(writable=(workdir, scratch, *self.paths), harness=False, network=True,
-                        extra_readable=program_files(argv, (workdir, scratch)), home=Path.home() if self.paths else None)
+            view = View(
+                writable=(workdir, scratch, *self.paths),
+                harness=False,
+                network=True,
+                extra_readable=program_files(argv, (workdir, scratch)),
+                home=Path.home() if self.paths else None,
+            )
             jail = Jail(self.sandbox, view)
             command, env = jail.command(argv, workdir), jail.env(env)
         else:
             command = argv
         with open(out_path, "wb") as out:
             try:
-                proc = subprocess.Popen(command, cwd=workdir, env=env, start_new_session=True, preexec_fn=jail and jail.enter,
-                                        stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    command,
+                    cwd=workdir,
+                    env=env,
+                    start_new_session=True,
+                    preexec_fn=jail and jail.enter,
+                    stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             except (FileNotFoundError, PermissionError) as err:
                 if jail is not None:
                     jail.close()
-                raise AgentConfigError(f"cannot start the CLI agent `{argv[0]}`: {err.strerror}\n"
-                                       "  fix: install it, or choose another with agent.cli_template / agent.cli_command") from None
+                raise AgentConfigError(
+                    f"cannot start the CLI agent `{argv[0]}`: {err.strerror}\n"
+                    "  fix: install it, or choose another with agent.cli_template / agent.cli_command"
+                ) from None
             try:
                 if stdin_text is not None:
                     try:
@@ -143,8 +178,10 @@ class CliCoder:
                 proc.wait(timeout=self.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                raise AgentError(f"`{argv[0]}` ran past agent.cli_timeout_s={self.timeout_s:g}s and was killed "
-                                 f"(its whole process group): {_tail(_redact(out_path.read_text(errors='replace')))}") from None
+                raise AgentError(
+                    f"`{argv[0]}` ran past agent.cli_timeout_s={self.timeout_s:g}s and was killed "
+                    f"(its whole process group): {_tail(_redact(out_path.read_text(errors='replace')))}"
+                ) from None
             finally:
                 _kill_group(proc)  # helpers it left behind (language servers, daemons) go too
                 if jail is not None:
@@ -160,7 +197,11 @@ def program_files(argv: list[str], inside: tuple[Path, ...]) -> tuple[Path, ...]
     folders = set()
     for token in [shutil.which(argv[0]) or argv[0], *argv[1:]]:
         path = Path(token)
-        if path.is_absolute() and path.is_file() and not any(path.resolve().is_relative_to(p.resolve()) for p in inside):
+        if (
+            path.is_absolute()
+            and path.is_file()
+            and not any(path.resolve().is_relative_to(p.resolve()) for p in inside)
+        ):
             folders.add(path.resolve().parent)
     return tuple(sorted(folders))
 
@@ -202,4 +243,3 @@ def _redact(text: str) -> str:
 def _tail(text: str) -> str:
     text = text.strip()
     return ("..." + text[-TAIL_CHARS:]) if len(text) > TAIL_CHARS else text
-

@@ -93,8 +93,13 @@ DIVERGED_SHARE = 0.5
 MIN_RECOMMENDATIONS = 5
 # Severity order: what to fix first when several diagnoses hold.
 SEVERITY = (
-    Diagnosis.divergence, Diagnosis.overfitting, Diagnosis.underfitting,
-    Diagnosis.plateau, Diagnosis.undertrained, Diagnosis.too_slow, Diagnosis.healthy,
+    Diagnosis.divergence,
+    Diagnosis.overfitting,
+    Diagnosis.underfitting,
+    Diagnosis.plateau,
+    Diagnosis.undertrained,
+    Diagnosis.too_slow,
+    Diagnosis.healthy,
 )
 
 
@@ -125,7 +130,9 @@ def diagnose(trials: list[TrialSummary], knobs: dict[str, Any]) -> list[Finding]
     from_curve = _curve_findings(best.curve, {**knobs, **best.knobs}) if best is not None else []
     findings = _failure_findings(trials) + from_curve
     diverged = sum(bool(t.status is TrialStatus.failed and DIVERGED_REASON.search(t.reason or "")) for t in trials)
-    if any(f.diagnosis is Diagnosis.divergence for f in from_curve) or (diverged and diverged >= DIVERGED_SHARE * len(trials)):
+    if any(f.diagnosis is Diagnosis.divergence for f in from_curve) or (
+        diverged and diverged >= DIVERGED_SHARE * len(trials)
+    ):
         # A run that blows up says nothing trustworthy about over- or underfitting: fix that first.
         # (A minority of diverged trials is the sampler probing a large LR; the best curve still counts.)
         findings = [f for f in findings if f.diagnosis in (Diagnosis.divergence, Diagnosis.too_slow)]
@@ -148,10 +155,14 @@ def _failure_findings(trials: list[TrialSummary]) -> list[Finding]:
     findings = []
     diverged = [t for t in failed if DIVERGED_REASON.search(t.reason or "")]
     if diverged:
-        findings.append(Finding(Diagnosis.divergence, f"{len(diverged)} of {len(trials)} trials failed: {diverged[0].reason}"))
+        findings.append(
+            Finding(Diagnosis.divergence, f"{len(diverged)} of {len(trials)} trials failed: {diverged[0].reason}")
+        )
     timed_out = [t for t in failed if TIMEOUT_REASON.search(t.reason or "")]
     if timed_out:
-        findings.append(Finding(Diagnosis.too_slow, f"{len(timed_out)} of {len(trials)} trials timed out: {timed_out[0].reason}"))
+        findings.append(
+            Finding(Diagnosis.too_slow, f"{len(timed_out)} of {len(trials)} trials timed out: {timed_out[0].reason}")
+        )
     return findings
 
 
@@ -175,7 +186,10 @@ def _divergence(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | Non
         low_epoch, low = min(train, key=lambda ev: ev[1])
         end_epoch, end = train[-1]
         if low > 0 and end > DIVERGE_LOSS_RATIO * low:
-            return Finding(Diagnosis.divergence, f"train_loss climbed from {low:.4g} (epoch {low_epoch}) to {end:.4g} (epoch {end_epoch})")
+            return Finding(
+                Diagnosis.divergence,
+                f"train_loss climbed from {low:.4g} (epoch {low_epoch}) to {end:.4g} (epoch {end_epoch})",
+            )
     norms = _series(curve, "grad_norm")
     for (_, previous), (epoch, norm) in itertools.pairwise(norms):
         if previous > 0 and norm > GRAD_SPIKE_RATIO * previous:
@@ -198,8 +212,15 @@ def _overfitting(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | No
             f"val_loss rose from {low:.4g} (epoch {low_epoch}) to {end:.4g} (epoch {end_epoch}) "
             f"while train_loss fell from {train_at_low:.4g} to {train_end:.4g}",
         )
-    if train_end is not None and train_end > 0 and end / train_end > OVERFIT_GAP_RATIO and end - train_end > OVERFIT_MIN_GAP:
-        return Finding(Diagnosis.overfitting, f"final val_loss {end:.4g} is {end / train_end:.1f}x train_loss {train_end:.4g}")
+    if (
+        train_end is not None
+        and train_end > 0
+        and end / train_end > OVERFIT_GAP_RATIO
+        and end - train_end > OVERFIT_MIN_GAP
+    ):
+        return Finding(
+            Diagnosis.overfitting, f"final val_loss {end:.4g} is {end / train_end:.1f}x train_loss {train_end:.4g}"
+        )
     return None
 
 
@@ -210,8 +231,11 @@ def _gap_widening(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | N
         return None
     (start_epoch, before), (end_epoch, end) = gap[-1 - WINDOW], gap[-1]
     if end - before > GAP_RISE and end >= max(v for _, v in gap):
-        return Finding(Diagnosis.overfitting, f"gap widening: gen_gap (val_loss - train_loss) grew from {before:.3g} "
-                       f"(epoch {start_epoch}) to {end:.3g} (epoch {end_epoch})")
+        return Finding(
+            Diagnosis.overfitting,
+            f"gap widening: gen_gap (val_loss - train_loss) grew from {before:.3g} "
+            f"(epoch {start_epoch}) to {end:.3g} (epoch {end_epoch})",
+        )
     return None
 
 
@@ -223,8 +247,11 @@ def _update_collapse(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding 
     peak_epoch, peak = max(ratios, key=lambda ev: ev[1])
     end_epoch, end = ratios[-1]
     if peak > 0 and end < UPDATE_COLLAPSE * peak:
-        return Finding(Diagnosis.plateau, f"update norm collapsed: update_ratio {end:.2g} at epoch {end_epoch} vs "
-                       f"{peak:.2g} at epoch {peak_epoch}, and the plateau probe is set")
+        return Finding(
+            Diagnosis.plateau,
+            f"update norm collapsed: update_ratio {end:.2g} at epoch {end_epoch} vs "
+            f"{peak:.2g} at epoch {peak_epoch}, and the plateau probe is set",
+        )
     return None
 
 
@@ -261,12 +288,18 @@ def _progress(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
     gain = recent - earlier
     window = f"the last {WINDOW} epochs"
     if gain > UNDERTRAINED_DELTA:
-        return Finding(Diagnosis.undertrained, f"val_acc reached {recent:.4f} in {window}, up {gain:.4f} on the earlier best {earlier:.4f}")
+        return Finding(
+            Diagnosis.undertrained,
+            f"val_acc reached {recent:.4f} in {window}, up {gain:.4f} on the earlier best {earlier:.4f}",
+        )
     loss = _series(curve, "val_loss")
     if len(loss) > WINDOW:
         before, end = loss[-1 - WINDOW][1], loss[-1][1]
         if end <= min(v for _, v in loss) and end < before * (1 - UNDERTRAINED_LOSS_DROP):
-            return Finding(Diagnosis.undertrained, f"val_loss is still falling at the last epoch ({before:.4g} -> {end:.4g} over {window})")
+            return Finding(
+                Diagnosis.undertrained,
+                f"val_loss is still falling at the last epoch ({before:.4g} -> {end:.4g} over {window})",
+            )
     if gain < PLATEAU_DELTA:
         return Finding(Diagnosis.plateau, f"val_acc flat: best {recent:.4f} in {window} vs {earlier:.4f} before")
     return None
@@ -275,7 +308,10 @@ def _progress(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
 def _too_slow(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
     seconds = [v for _, v in _series(curve, "epoch_seconds")]
     if seconds and statistics.median(seconds) > TOO_SLOW_EPOCH_SECONDS:
-        return Finding(Diagnosis.too_slow, f"median epoch takes {statistics.median(seconds):.1f} s (threshold {TOO_SLOW_EPOCH_SECONDS:g} s)")
+        return Finding(
+            Diagnosis.too_slow,
+            f"median epoch takes {statistics.median(seconds):.1f} s (threshold {TOO_SLOW_EPOCH_SECONDS:g} s)",
+        )
     return None
 
 
@@ -307,7 +343,10 @@ def score(
         if mine.win_rate is not None:
             note += f" (win rate {mine.win_rate:.0%})"
         return mine.mean_delta + bonus, f"{note}; exploration bonus {bonus:.3g}"
-    return intervention.prior + bonus, f"not measured yet under {diagnosis.value}: prior {intervention.prior:+.4f}, exploration bonus {bonus:.3g}"
+    return (
+        intervention.prior + bonus,
+        f"not measured yet under {diagnosis.value}: prior {intervention.prior:+.4f}, exploration bonus {bonus:.3g}",
+    )
 
 
 def _best_candidate(
@@ -331,8 +370,9 @@ def _best_candidate(
 class HeuristicAnalyst:
     """Diagnoses a parent's curves and ranks applicable catalog interventions by measured effect."""
 
-    def __init__(self, seed: int = 0, exploration: float = AgentConfig.exploration,
-                 catalog: Catalog | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, exploration: float = AgentConfig.exploration, catalog: Catalog | None = None
+    ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
         self.seed = seed
@@ -368,7 +408,11 @@ class HeuristicAnalyst:
         return applicable, skipped
 
     def _rank(
-        self, parent: ParentView, findings: list[Finding], applicable: list[Intervention], effects: list[InterventionEffect]
+        self,
+        parent: ParentView,
+        findings: list[Finding],
+        applicable: list[Intervention],
+        effects: list[InterventionEffect],
     ) -> list[Recommendation]:
         """Candidates for the diagnoses first, then (if too few) healthy-run and any other applicable ones."""
         # Ties go to a draw seeded by (seed, parent): repeatable runs, but sibling parents differ.
@@ -387,13 +431,21 @@ class HeuristicAnalyst:
         return _monotone([_recommendation(c) for c in primary + fallback])
 
     def _scored(
-        self, interventions: list[Intervention], findings: list[Finding], effects: list[InterventionEffect], draws: dict[str, float]
+        self,
+        interventions: list[Intervention],
+        findings: list[Finding],
+        effects: list[InterventionEffect],
+        draws: dict[str, float],
     ) -> list[Candidate]:
         found = [c for i in interventions if (c := _best_candidate(i, findings, effects, self.exploration)) is not None]
         return sorted(found, key=lambda c: (-c.score, draws[c.intervention.name]))
 
     def _scored_as(
-        self, interventions: list[Intervention], finding: Finding, effects: list[InterventionEffect], draws: dict[str, float]
+        self,
+        interventions: list[Intervention],
+        finding: Finding,
+        effects: list[InterventionEffect],
+        draws: dict[str, float],
     ) -> list[Candidate]:
         """Score interventions under `finding` even though they do not list it (last-resort fallback)."""
         found = []
@@ -409,7 +461,9 @@ class HeuristicCoder:
     def __init__(self, catalog: Catalog | None = None) -> None:
         self.catalog = catalog if catalog is not None else load_catalog()
 
-    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+    def write(
+        self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
+    ) -> Draft:
         """Edit `workdir/train.py` in place with the recommended intervention."""
         start = time.perf_counter()
         call = Usage(calls=1)
@@ -482,7 +536,9 @@ def _summary(parent: ParentView, findings: list[Finding], ranked: list[Recommend
     lines += ["", "**Diagnoses**", ""]
     lines += [f"- **{f.diagnosis.value}**: {f.evidence}" for f in findings]
     lines += ["", "**Recommendations**", ""]
-    lines += [f"{n}. `{r.intervention}` ({r.diagnosis.value}, priority {r.priority:.4g})" for n, r in enumerate(ranked, 1)]
+    lines += [
+        f"{n}. `{r.intervention}` ({r.diagnosis.value}, priority {r.priority:.4g})" for n, r in enumerate(ranked, 1)
+    ]
     if not ranked:
         lines.append("none: no catalog intervention applies to this trainer")
     if skipped:
@@ -499,12 +555,19 @@ def _curve_lines(trials: list[TrialSummary]) -> list[str]:
         return lines + ["No trial reported a curve."]
     last = best.curve[-1]
     acc = _series(best.curve, "val_acc")
-    peak = f"; best val_acc {max(acc, key=lambda ev: ev[1])[1]:.4f} at epoch {max(acc, key=lambda ev: ev[1])[0]}" if acc else ""
+    peak = (
+        f"; best val_acc {max(acc, key=lambda ev: ev[1])[1]:.4f} at epoch {max(acc, key=lambda ev: ev[1])[0]}"
+        if acc
+        else ""
+    )
     lines.append(
         f"Best trial `{best.trial_id}` ({best.status.value}, {len(best.curve)} epochs): final "
-        + ", ".join(f"{m} {_fmt(getattr(last, m))}" for m in ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds"))
+        + ", ".join(
+            f"{m} {_fmt(getattr(last, m))}" for m in ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds")
+        )
         + "".join(f", {m} {_fmt(getattr(last, m))}" for m in PROBES if getattr(last, m) is not None)
-        + peak + "."
+        + peak
+        + "."
     )
     failed = [t for t in trials if t.status is TrialStatus.failed]
     if failed:

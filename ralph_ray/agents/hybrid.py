@@ -39,8 +39,13 @@ class Turn:
     why: str
 
 
-def replay(best_by_cycle: list[float | None], outcomes: dict[int, list[str]], stall_cycles: int, fail_children: int,
-           min_delta: float) -> Turn:
+def replay(
+    best_by_cycle: list[float | None],
+    outcomes: dict[int, list[str]],
+    stall_cycles: int,
+    fail_children: int,
+    min_delta: float,
+) -> Turn:
     """Walk the finished cycles in order and return whose turn the next one is.
 
     The heuristic hands over after `stall_cycles` cycles in which the best did not rise by `min_delta`; the
@@ -74,7 +79,9 @@ def replay(best_by_cycle: list[float | None], outcomes: dict[int, list[str]], st
 class HybridPolicy:
     """Reads this run's history from the knowledge base (read-only) and replays whose turn it is."""
 
-    def __init__(self, kb_root: Path, run_id: str | None, stall_cycles: int, fail_children: int, min_delta: float) -> None:
+    def __init__(
+        self, kb_root: Path, run_id: str | None, stall_cycles: int, fail_children: int, min_delta: float
+    ) -> None:
         self.kb_root, self.run_id = kb_root, run_id
         self.stall_cycles, self.fail_children, self.min_delta = stall_cycles, fail_children, min_delta
 
@@ -112,8 +119,12 @@ class HybridAnalyst:
         """Delegate to the side whose turn it is; the summary says which and why."""
         turn = self.policy.turn()
         analysis = (self.llm if turn.side is Side.llm else self.heuristic).analyse(parent, effects, usage)
-        return Analysis(analysis.variant_id, analysis.diagnoses, f"[hybrid: {turn.side.value}; {turn.why}]\n\n{analysis.summary}",
-                        analysis.recommendations)
+        return Analysis(
+            analysis.variant_id,
+            analysis.diagnoses,
+            f"[hybrid: {turn.side.value}; {turn.why}]\n\n{analysis.summary}",
+            analysis.recommendations,
+        )
 
 
 class HybridCoder:
@@ -122,7 +133,9 @@ class HybridCoder:
     def __init__(self, policy: HybridPolicy, heuristic: Coder, llm: Coder) -> None:
         self.policy, self.heuristic, self.llm = policy, heuristic, llm
 
-    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+    def write(
+        self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
+    ) -> Draft:
         """Delegate to the side whose turn it is."""
         coder = self.llm if self.policy.turn().side is Side.llm else self.heuristic
         return coder.write(parent, recommendation, workdir, feedback, usage)

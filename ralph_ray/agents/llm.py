@@ -23,8 +23,17 @@ from typing import Any
 import openai
 
 from ralph_ray.agents import prompts
-from ralph_ray.agents.base import (AgentConfigError, AgentError, Analysis, Diagnosis, Draft, InterventionEffect, ParentView,
-                                   Recommendation, Usage)
+from ralph_ray.agents.base import (
+    AgentConfigError,
+    AgentError,
+    Analysis,
+    Diagnosis,
+    Draft,
+    InterventionEffect,
+    ParentView,
+    Recommendation,
+    Usage,
+)
 from ralph_ray.agents.patching import PatchFailed, apply_diff, extract_diff, require_git
 from ralph_ray.config import AgentConfig
 from ralph_ray.variants import mutable_names
@@ -46,7 +55,9 @@ class ChatClient:
         self.temperature, self.max_tokens = cfg.temperature, cfg.max_tokens
         self._secret = key
         # A keyless local server still gets a placeholder: the SDK insists on one, the server ignores it.
-        self._client = openai.OpenAI(api_key=key or "no-key", base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.http_retries)
+        self._client = openai.OpenAI(
+            api_key=key or "no-key", base_url=cfg.base_url, timeout=cfg.timeout_s, max_retries=cfg.http_retries
+        )
 
     def preflight(self) -> None:
         """Fail fast, before any training: the endpoint answers and accepts the key (GET /models, no tokens spent)."""
@@ -55,8 +66,12 @@ class ChatClient:
         except (openai.AuthenticationError, openai.PermissionDeniedError) as err:
             raise self._key_error(err) from None
         except openai.APIConnectionError as err:  # includes timeouts
-            raise AgentConfigError(self._redact(f"cannot reach the LLM endpoint {self.base_url} ({_cause(err)})\n"
-                                                f"  fix: check agent.base_url (it usually ends in /v1) and that the server is running")) from None
+            raise AgentConfigError(
+                self._redact(
+                    f"cannot reach the LLM endpoint {self.base_url} ({_cause(err)})\n"
+                    f"  fix: check agent.base_url (it usually ends in /v1) and that the server is running"
+                )
+            ) from None
         except openai.APIStatusError:
             pass  # the server does not serve /models (some proxies): the first real call will tell
 
@@ -75,16 +90,28 @@ class ChatClient:
         except (openai.AuthenticationError, openai.PermissionDeniedError) as err:
             raise self._key_error(err) from None
         except openai.NotFoundError as err:
-            raise AgentConfigError(self._redact(f"the LLM endpoint {self.base_url} answered 404 for model {self.model!r}: {_body(err)}\n"
-                                                f"  fix: check agent.model (a model this server serves) and agent.base_url (usually ending in /v1)")) from None
+            raise AgentConfigError(
+                self._redact(
+                    f"the LLM endpoint {self.base_url} answered 404 for model {self.model!r}: {_body(err)}\n"
+                    f"  fix: check agent.model (a model this server serves) and agent.base_url (usually ending in /v1)"
+                )
+            ) from None
         except openai.APITimeoutError:
-            raise AgentError(f"no answer from {self.base_url} within agent.timeout_s={self.timeout_s:g}s "
-                             f"({self.retries + 1} tries): raise agent.timeout_s or check the server") from None
+            raise AgentError(
+                f"no answer from {self.base_url} within agent.timeout_s={self.timeout_s:g}s "
+                f"({self.retries + 1} tries): raise agent.timeout_s or check the server"
+            ) from None
         except openai.APIConnectionError as err:
-            raise AgentError(self._redact(f"lost the LLM endpoint {self.base_url} after {self.retries + 1} tries ({_cause(err)})")) from None
+            raise AgentError(
+                self._redact(f"lost the LLM endpoint {self.base_url} after {self.retries + 1} tries ({_cause(err)})")
+            ) from None
         except openai.RateLimitError as err:
-            raise AgentError(self._redact(f"rate limited (429) by {self.base_url} after {self.retries + 1} tries: {_body(err)}; "
-                                          "raise agent.http_retries or lower agent.concurrency")) from None
+            raise AgentError(
+                self._redact(
+                    f"rate limited (429) by {self.base_url} after {self.retries + 1} tries: {_body(err)}; "
+                    "raise agent.http_retries or lower agent.concurrency"
+                )
+            ) from None
         except openai.APIStatusError as err:
             raise AgentError(self._redact(f"the LLM endpoint answered HTTP {err.status_code}: {_body(err)}")) from None
         finally:
@@ -103,9 +130,16 @@ class ChatClient:
 
     def _key_error(self, err: openai.APIStatusError) -> AgentConfigError:
         where = f"the key in ${self.key_env}" if self.key_env else "no key (agent.api_key_env=null)"
-        fix = (f"put a valid key for this endpoint in {self.key_env}, or point agent.api_key_env at the variable that holds one"
-               if self.key_env else "set agent.api_key_env to the NAME of an environment variable holding the key")
-        return AgentConfigError(self._redact(f"the LLM endpoint {self.base_url} refused {where} (HTTP {err.status_code}: {_body(err)})\n  fix: {fix}"))
+        fix = (
+            f"put a valid key for this endpoint in {self.key_env}, or point agent.api_key_env at the variable that holds one"
+            if self.key_env
+            else "set agent.api_key_env to the NAME of an environment variable holding the key"
+        )
+        return AgentConfigError(
+            self._redact(
+                f"the LLM endpoint {self.base_url} refused {where} (HTTP {err.status_code}: {_body(err)})\n  fix: {fix}"
+            )
+        )
 
     def _redact(self, text: str) -> str:
         """Never let the key out, even when a server echoes it back in an error body."""
@@ -115,15 +149,24 @@ class ChatClient:
 class LLMAnalyst:
     """Diagnoses a parent from its code, curves, lineage and the KB's effects; returns ranked recommendations."""
 
-    def __init__(self, chat: ChatClient, cfg: AgentConfig, n_recommendations: int, catalog: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, chat: ChatClient, cfg: AgentConfig, n_recommendations: int, catalog: list[tuple[str, str]]
+    ) -> None:
         self.chat, self.answer_retries, self.json_mode = chat, cfg.answer_retries, cfg.json_mode
         self.n_recommendations, self.catalog = n_recommendations, catalog
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Ask, validate, and send a malformed answer back with what was wrong (bounded)."""
-        system = prompts.render("analyst", program=parent.program.strip(), n_recommendations=str(self.n_recommendations),
-                                diagnoses=prompts.diagnoses_list())
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": prompts.show_parent(parent, effects, self.catalog)}]
+        system = prompts.render(
+            "analyst",
+            program=parent.program.strip(),
+            n_recommendations=str(self.n_recommendations),
+            diagnoses=prompts.diagnoses_list(),
+        )
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": prompts.show_parent(parent, effects, self.catalog)},
+        ]
         problem = ""
         for _ in range(self.answer_retries + 1):
             text, cut = self.chat.chat(messages, usage, self.json_mode)
@@ -131,8 +174,13 @@ class LLMAnalyst:
                 return parse_analysis(parent.variant_id, text)
             except ValueError as err:
                 problem = str(err) + (" (the answer was cut at agent.max_tokens: be shorter)" if cut else "")
-                messages += [{"role": "assistant", "content": text},
-                             {"role": "user", "content": f"That answer is not valid: {problem}. Reply with the JSON object only, in the format given."}]
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {
+                        "role": "user",
+                        "content": f"That answer is not valid: {problem}. Reply with the JSON object only, in the format given.",
+                    },
+                ]
         raise AgentError(f"the analyst's answer was still invalid after {self.answer_retries + 1} tries: {problem}")
 
 
@@ -145,17 +193,26 @@ class LLMCoder:
         self._last: dict[Path, list[Message]] = {}  # per work dir: the conversation whose diff the gate judged
         self._lock = threading.Lock()
 
-    def write(self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage) -> Draft:
+    def write(
+        self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
+    ) -> Draft:
         """Edit `workdir`; `feedback` (the gate's refusal of the last diff) continues that conversation."""
         with self._lock:
             previous = self._last.pop(workdir, None)
         if feedback is not None and previous is not None:
-            messages = previous + [{"role": "user", "content": f"The engine applied that diff, but the validation gate refused the result: "
-                                                               f"{feedback}\nWrite a new diff, against the original files shown first, that fixes this."}]
+            messages = previous + [
+                {
+                    "role": "user",
+                    "content": f"The engine applied that diff, but the validation gate refused the result: "
+                    f"{feedback}\nWrite a new diff, against the original files shown first, that fixes this.",
+                }
+            ]
         else:
             system = prompts.render("coder", program=parent.program.strip(), mutable=", ".join(mutable_names(workdir)))
             task = f"## The change to make\n\n{prompts.show_recommendation(recommendation)}\n\n## The files\n\n{prompts.show_files(workdir)}"
-            if feedback is not None:  # the conversation is gone (e.g. a resumed campaign): the gate's verdict still helps
+            if (
+                feedback is not None
+            ):  # the conversation is gone (e.g. a resumed campaign): the gate's verdict still helps
                 task += f"\n\n## An earlier attempt was refused by the validation gate\n\n{feedback}"
             messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
         problem = ""
@@ -166,8 +223,13 @@ class LLMCoder:
                 apply_diff(workdir, extract_diff(text))
             except PatchFailed as err:
                 problem = str(err) + (" (the answer was cut at agent.max_tokens)" if cut else "")
-                messages.append({"role": "user", "content": f"That diff does not apply: {problem}\n"
-                                                            "Reply with a corrected diff against the original files, in ONE ```diff block."})
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": f"That diff does not apply: {problem}\n"
+                        "Reply with a corrected diff against the original files, in ONE ```diff block.",
+                    }
+                )
                 continue
             with self._lock:
                 self._last[workdir] = messages
@@ -202,8 +264,15 @@ def parse_analysis(variant_id: str, text: str) -> Analysis:
         if isinstance(priority, bool) or not isinstance(priority, (int, float)):
             raise ValueError(f"{where}.priority must be a number")
         details = rec.get("details", "")
-        parsed.append(Recommendation(name, _diagnosis(rec["diagnosis"], f"{where}.diagnosis"), rec["rationale"].strip(),
-                                     float(priority), details.strip() if isinstance(details, str) else json.dumps(details)))
+        parsed.append(
+            Recommendation(
+                name,
+                _diagnosis(rec["diagnosis"], f"{where}.diagnosis"),
+                rec["rationale"].strip(),
+                float(priority),
+                details.strip() if isinstance(details, str) else json.dumps(details),
+            )
+        )
     summary = data["summary"] if isinstance(data["summary"], str) else json.dumps(data["summary"])
     ranked = sorted(parsed, key=lambda r: -r.priority)  # stable: ties keep the model's order
     return Analysis(variant_id, [_diagnosis(d, "diagnoses") for d in diagnoses], summary.strip(), ranked)
@@ -216,7 +285,7 @@ def _json_object(text: str) -> dict[str, Any]:
     if start < 0 or end < start:
         raise ValueError("no JSON object found")
     try:
-        data = json.loads(body[start:end + 1])
+        data = json.loads(body[start : end + 1])
     except json.JSONDecodeError as err:
         raise ValueError(f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     if not isinstance(data, dict):

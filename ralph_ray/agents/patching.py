@@ -17,7 +17,9 @@ from ralph_ray.variants import MUTABLE, is_mutable
 
 GIT_TIMEOUT_S = 30.0
 _FENCE = re.compile(r"```[ \t]*(?:diff|patch|udiff)[^\n]*\n(.*?)(?:\n```|\Z)", re.DOTALL)
-_HEADER_PATHS = re.compile(r"^(?:---|\+\+\+) (\S+)|^diff --git (\S+) (\S+)|^(?:rename|copy) (?:from|to) (.+)$", re.MULTILINE)
+_HEADER_PATHS = re.compile(
+    r"^(?:---|\+\+\+) (\S+)|^diff --git (\S+) (\S+)|^(?:rename|copy) (?:from|to) (.+)$", re.MULTILINE
+)
 
 
 class PatchFailed(Exception):
@@ -41,7 +43,9 @@ def extract_diff(answer: str) -> str:
         stripped = answer.strip()
         start = min((i for i in (stripped.find("--- "), stripped.find("diff --git ")) if i >= 0), default=-1)
         if start < 0 or "\n+++ " not in stripped[start:] and "diff --git " not in stripped[start:]:
-            raise PatchFailed("no unified diff found: reply with one ```diff block holding --- a/<file> / +++ b/<file> headers and @@ hunks")
+            raise PatchFailed(
+                "no unified diff found: reply with one ```diff block holding --- a/<file> / +++ b/<file> headers and @@ hunks"
+            )
         text = stripped[start:]
     return text.rstrip("\n") + "\n"
 
@@ -89,13 +93,23 @@ def apply_diff(workdir: Path, diff: str) -> list[str]:
 
 def _git(workdir: Path, args: list[str], diff: str) -> str:
     """`git apply` in the work dir, never in an enclosing repository (GIT_CEILING_DIRECTORIES) and with no user config."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CEILING_DIRECTORIES": str(workdir.resolve().parent),
-           "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C", "HOME": str(workdir.resolve())}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "GIT_CEILING_DIRECTORIES": str(workdir.resolve().parent),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "LC_ALL": "C",
+        "HOME": str(workdir.resolve()),
+    }
     command = ["git", "apply", "--recount", "--ignore-whitespace", "--whitespace=nowarn", *args, "-"]
     try:
-        done = subprocess.run(command, input=diff, cwd=workdir, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
+        done = subprocess.run(
+            command, input=diff, cwd=workdir, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S
+        )
     except FileNotFoundError:
-        raise AgentConfigError("the LLM coder applies diffs with `git apply`, and git is not on PATH: install git") from None
+        raise AgentConfigError(
+            "the LLM coder applies diffs with `git apply`, and git is not on PATH: install git"
+        ) from None
     except subprocess.TimeoutExpired:
         raise PatchFailed(f"git apply took over {GIT_TIMEOUT_S:.0f}s on this diff") from None
     if done.returncode != 0:

@@ -11,7 +11,14 @@ import re
 from pathlib import Path
 
 from ralph_ray import PROJECT_ROOT
-from ralph_ray.agents.base import AgentConfigError, Diagnosis, InterventionEffect, ParentView, Recommendation, TrialSummary
+from ralph_ray.agents.base import (
+    AgentConfigError,
+    Diagnosis,
+    InterventionEffect,
+    ParentView,
+    Recommendation,
+    TrialSummary,
+)
 from ralph_ray.variants import mutable_names
 
 PROMPTS_DIR = PROJECT_ROOT / "agents" / "prompts"
@@ -29,8 +36,10 @@ def render(name: str, **values: str) -> str:
         raise AgentConfigError(f"prompt file {path} is missing: restore it from the repository") from None
     unknown = sorted({m.group(1) for m in _PLACEHOLDER.finditer(text)} - set(values))
     if unknown:
-        raise AgentConfigError(f"{path} uses {', '.join('{{' + u + '}}' for u in unknown)}; "
-                               f"the engine fills only {', '.join('{{' + v + '}}' for v in sorted(values))}")
+        raise AgentConfigError(
+            f"{path} uses {', '.join('{{' + u + '}}' for u in unknown)}; "
+            f"the engine fills only {', '.join('{{' + v + '}}' for v in sorted(values))}"
+        )
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
@@ -58,13 +67,19 @@ def show_recommendation(rec: Recommendation) -> str:
 def show_parent(parent: ParentView, effects: list[InterventionEffect], catalog: list[tuple[str, str]]) -> str:
     """Everything the analyst may know about a parent, as markdown: code, trials and curves, lineage, KB effects."""
     score = "not scored yet" if parent.selection_score is None else f"{parent.selection_score:.4f}"
-    parts = [f"# Parent {parent.variant_id}: selection score {score}",
-             "## Lineage (changes from the seed, oldest first)\n\n" + (", ".join(parent.lineage) or "the seed itself"),
-             "## Code (the best trial's knobs written in)\n\n" + show_files(parent.files_dir),
-             "## Trials\n\n" + _show_trials(parent.trials),
-             "## What the knowledge base measured (selection-score change of children over parents)\n\n" + _show_effects(effects)]
+    parts = [
+        f"# Parent {parent.variant_id}: selection score {score}",
+        "## Lineage (changes from the seed, oldest first)\n\n" + (", ".join(parent.lineage) or "the seed itself"),
+        "## Code (the best trial's knobs written in)\n\n" + show_files(parent.files_dir),
+        "## Trials\n\n" + _show_trials(parent.trials),
+        "## What the knowledge base measured (selection-score change of children over parents)\n\n"
+        + _show_effects(effects),
+    ]
     if catalog:
-        parts.append("## Catalog interventions (names to reuse when one fits)\n\n" + "\n".join(f"- `{n}`: {d}" for n, d in catalog))
+        parts.append(
+            "## Catalog interventions (names to reuse when one fits)\n\n"
+            + "\n".join(f"- `{n}`: {d}" for n, d in catalog)
+        )
     return "\n\n".join(parts)
 
 
@@ -92,7 +107,14 @@ def _show_curve(trial: TrialSummary) -> str:
         points = [points[round(i * step)] for i in range(MAX_CURVE_ROWS)]
     rows = ["| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |", "|---|---|---|---|---|---|---|"]
     for p in points:
-        rows.append("| " + " | ".join([str(p.epoch)] + [_num(v) for v in (p.train_loss, p.val_loss, p.val_acc, p.lr, p.grad_norm, p.epoch_seconds)]) + " |")
+        rows.append(
+            "| "
+            + " | ".join(
+                [str(p.epoch)]
+                + [_num(v) for v in (p.train_loss, p.val_loss, p.val_acc, p.lr, p.grad_norm, p.epoch_seconds)]
+            )
+            + " |"
+        )
     return "\n".join(rows)
 
 

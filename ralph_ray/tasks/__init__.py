@@ -53,23 +53,32 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - the user's prepare: one clear error, not a traceback from deep inside
-        raise DataError(f"{where}: prepare() failed ({type(err).__name__}: {err})\n"
-                        f"  fix: check prepare() by hand: "
-                        f"python -c \"import runpy; runpy.run_path('{where}')\"") from None
+        raise DataError(
+            f"{where}: prepare() failed ({type(err).__name__}: {err})\n"
+            f"  fix: check prepare() by hand: "
+            f"python -c \"import runpy; runpy.run_path('{where}')\""
+        ) from None
     if not isinstance(splits, Splits):
-        raise DataError(f"{where}: prepare() returned {type(splits).__name__}, not ralph_ray.tasks.base.Splits\n"
-                        "  fix: return Splits(train_x, train_y, selection_x, selection_y, test_x, test_y, num_classes)")
+        raise DataError(
+            f"{where}: prepare() returned {type(splits).__name__}, not ralph_ray.tasks.base.Splits\n"
+            "  fix: return Splits(train_x, train_y, selection_x, selection_y, test_x, test_y, num_classes)"
+        )
     for split in ("train", "selection", "test"):
         x, y = getattr(splits, f"{split}_x"), getattr(splits, f"{split}_y")
         if len(x) != len(y) or len(x) == 0:
-            raise DataError(f"{where}: the {split} split has {len(x)} inputs and {len(y)} labels/targets\n"
-                            "  fix: return as many labels/targets as inputs, at least one of each")
-    if folder.metric.kind.value == "classification" and (splits.num_classes < 2 or not np.issubdtype(
-            np.asarray(splits.selection_y).dtype, np.integer)):
-        raise DataError(f"{where}: metric {folder.metric.name} scores classes, but num_classes={splits.num_classes} "
-                        f"and the labels are {np.asarray(splits.selection_y).dtype}\n"
-                        "  fix: return integer class labels and num_classes >= 2, "
-                        "or declare a regression/custom METRIC")
+            raise DataError(
+                f"{where}: the {split} split has {len(x)} inputs and {len(y)} labels/targets\n"
+                "  fix: return as many labels/targets as inputs, at least one of each"
+            )
+    if folder.metric.kind.value == "classification" and (
+        splits.num_classes < 2 or not np.issubdtype(np.asarray(splits.selection_y).dtype, np.integer)
+    ):
+        raise DataError(
+            f"{where}: metric {folder.metric.name} scores classes, but num_classes={splits.num_classes} "
+            f"and the labels are {np.asarray(splits.selection_y).dtype}\n"
+            "  fix: return integer class labels and num_classes >= 2, "
+            "or declare a regression/custom METRIC"
+        )
     return dataclasses.replace(splits, metric=folder.metric)
 
 

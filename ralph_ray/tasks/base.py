@@ -152,8 +152,10 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
         raise MetricError(f"METRIC must be a dict with a name and a direction, e.g. {example}")
     name, direction = declaration["name"], declaration.get("direction")
     if direction not in ("max", "min"):
-        raise MetricError(f"METRIC {name!r} has direction {direction!r}: say whether higher or lower is better, "
-                          f'METRIC = {{"name": {name!r}, "direction": "max"}} (or "min")')
+        raise MetricError(
+            f"METRIC {name!r} has direction {direction!r}: say whether higher or lower is better, "
+            f'METRIC = {{"name": {name!r}, "direction": "max"}} (or "min")'
+        )
     if name in BUILTIN and score is None:
         kind, implied, fn = BUILTIN[name]
         if Direction(direction) is not implied:
@@ -161,8 +163,10 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
             raise MetricError(f'METRIC {name!r} is better when {better}: set "direction": "{implied.value}"')
         return Metric(name, implied, kind, fn)
     if score is None:
-        raise MetricError(f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): define "
-                          "`def score(predictions, targets) -> float` in prepare.py, or name a built-in metric")
+        raise MetricError(
+            f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): define "
+            "`def score(predictions, targets) -> float` in prepare.py, or name a built-in metric"
+        )
     kind = declaration.get("kind", MetricKind.custom.value)
     if kind not in {k.value for k in MetricKind}:
         raise MetricError(f"METRIC kind {kind!r} is unknown: use one of {', '.join(k.value for k in MetricKind)}")
@@ -180,12 +184,16 @@ def _fit(predictions: np.ndarray, targets: np.ndarray, kind: MetricKind) -> np.n
         predictions = predictions.reshape(-1)
     if kind is MetricKind.classification:
         if predictions.ndim != 1 or not (np.issubdtype(predictions.dtype, np.integer) or predictions.dtype == bool):
-            raise ValueError(f"a classification metric scores one class id per input (integers, shape (N,)); got "
-                             f"{predictions.dtype} of shape {predictions.shape}: save the argmax of the logits")
+            raise ValueError(
+                f"a classification metric scores one class id per input (integers, shape (N,)); got "
+                f"{predictions.dtype} of shape {predictions.shape}: save the argmax of the logits"
+            )
         return predictions
     if predictions.shape != targets.shape or not np.issubdtype(predictions.dtype, np.number):
-        raise ValueError(f"a regression metric scores numbers shaped like the targets {targets.shape}; got "
-                         f"{predictions.dtype} of shape {predictions.shape}")
+        raise ValueError(
+            f"a regression metric scores numbers shaped like the targets {targets.shape}; got "
+            f"{predictions.dtype} of shape {predictions.shape}"
+        )
     return predictions.astype(np.float64)
 
 
@@ -204,8 +212,11 @@ class Splits:
 
     def labels(self) -> Labels:
         """The engine-side labels or targets used for frozen scoring, with the metric that scores against them."""
-        return Labels(selection=target_array(self.selection_y, self.metric), test=target_array(self.test_y, self.metric),
-                      metric=self.metric)
+        return Labels(
+            selection=target_array(self.selection_y, self.metric),
+            test=target_array(self.test_y, self.metric),
+            metric=self.metric,
+        )
 
 
 @dataclass(frozen=True)
@@ -224,9 +235,7 @@ def target_array(values: np.ndarray, metric: Metric) -> np.ndarray:
     return np.asarray(values)
 
 
-def stratified_split(
-    y: np.ndarray, fractions: tuple[float, ...], seed: int
-) -> list[np.ndarray]:
+def stratified_split(y: np.ndarray, fractions: tuple[float, ...], seed: int) -> list[np.ndarray]:
     """Split indices per class so each part keeps the class balance; the rest goes to the first part."""
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[] for _ in range(len(fractions) + 1)]
@@ -263,7 +272,11 @@ def write_public(splits: Splits, out_dir: Path, task: str) -> dict[str, str]:
     meta = {
         "task": task,
         "num_classes": splits.num_classes,
-        "metric": {"name": splits.metric.name, "direction": splits.metric.direction.value, "kind": splits.metric.kind.value},
+        "metric": {
+            "name": splits.metric.name,
+            "direction": splits.metric.direction.value,
+            "kind": splits.metric.kind.value,
+        },
         "shapes": {name: list(array.shape) for name, array in arrays.items()},
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))

@@ -52,15 +52,18 @@ class TaskFolder:
 def check_parts(path: Path) -> None:
     """Raise TaskError naming each part a task folder lacks."""
     if not path.is_dir():
-        raise TaskError(f"task folder {path} does not exist",
-                        f"point task= at a folder holding {', '.join(PARTS)}, or create one: "
-                        f"python -m ralph_ray init {path.name} --template classification")
+        raise TaskError(
+            f"task folder {path} does not exist",
+            f"point task= at a folder holding {', '.join(PARTS)}, or create one: "
+            f"python -m ralph_ray init {path.name} --template classification",
+        )
     missing = [name for name in PARTS if not (path / name).is_file()]
     if missing:
         listing = "; ".join(f"{name} ({PARTS[name]})" for name in missing)
-        raise TaskError(f"task folder {path} lacks {listing}",
-                        f"add {' and '.join(missing)} "
-                        "(`python -m ralph_ray init NAME --template ...` writes a complete folder)")
+        raise TaskError(
+            f"task folder {path} lacks {listing}",
+            f"add {' and '.join(missing)} (`python -m ralph_ray init NAME --template ...` writes a complete folder)",
+        )
 
 
 def load_task(path: Path) -> TaskFolder:
@@ -96,8 +99,10 @@ def _load(folder: str, digest: str) -> TaskFolder:
         module = _module(folder, digest)
         prepare = getattr(module, "prepare", None)
         if not callable(prepare):
-            raise TaskError(f"{path / 'prepare.py'} defines no prepare function",
-                            "add `def prepare(settings, data) -> Splits` returning the train / selection / test splits")
+            raise TaskError(
+                f"{path / 'prepare.py'} defines no prepare function",
+                "add `def prepare(settings, data) -> Splits` returning the train / selection / test splits",
+            )
         score = getattr(module, "score", None)
         try:
             metric = declared_metric(getattr(module, "METRIC", None), score if callable(score) else None)
@@ -119,6 +124,8 @@ def _import(file: Path, name: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - any failure of the user's module becomes one clear error
         sys.modules.pop(name, None)
-        raise TaskError(f"{file} failed to import ({type(err).__name__}: {err})",
-                        f"run `python {file}` to see the full error and fix it") from None
+        raise TaskError(
+            f"{file} failed to import ({type(err).__name__}: {err})",
+            f"run `python {file}` to see the full error and fix it",
+        ) from None
     return module

@@ -94,14 +94,29 @@ def _handler(llm: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
         def _authorised(self) -> bool:
             if llm.key is None or self.headers.get("Authorization") == f"Bearer {llm.key}":
                 return True
-            self._send(401, {"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}})
+            self._send(
+                401,
+                {
+                    "error": {
+                        "message": "Incorrect API key provided.",
+                        "type": "invalid_request_error",
+                        "code": "invalid_api_key",
+                    }
+                },
+            )
             return False
 
         def do_GET(self) -> None:
             if self.path.rstrip("/") != "/v1/models":
                 return self._send(404, {"error": {"message": f"no route {self.path}"}})
             if self._authorised():
-                self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "test"}]})
+                self._send(
+                    200,
+                    {
+                        "object": "list",
+                        "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "test"}],
+                    },
+                )
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
@@ -111,17 +126,30 @@ def _handler(llm: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
                 return
             with llm.lock:
                 llm.requests.append({"body": body, "authorization": self.headers.get("Authorization")})
-                reply = llm.script.popleft() if llm.script else Reply(status=500, error="the test's script ran out of replies")
+                reply = (
+                    llm.script.popleft()
+                    if llm.script
+                    else Reply(status=500, error="the test's script ran out of replies")
+                )
             if reply.delay_s:
                 time.sleep(reply.delay_s)
             if reply.status != 200:  # `{authorization}` in the error echoes the header back, as careless proxies do
                 error = reply.error.replace("{authorization}", self.headers.get("Authorization", ""))
                 return self._send(reply.status, {"error": {"message": error, "type": "scripted"}}, reply.headers)
             text = reply.content(body) if callable(reply.content) else reply.content
-            answer: dict[str, Any] = {"id": "chatcmpl-scripted", "object": "chat.completion", "created": 0, "model": body.get("model", "?"),
-                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+            answer: dict[str, Any] = {
+                "id": "chatcmpl-scripted",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", "?"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+            }
             if reply.usage is not None:
-                answer["usage"] = {"prompt_tokens": reply.usage[0], "completion_tokens": reply.usage[1], "total_tokens": sum(reply.usage)}
+                answer["usage"] = {
+                    "prompt_tokens": reply.usage[0],
+                    "completion_tokens": reply.usage[1],
+                    "total_tokens": sum(reply.usage),
+                }
             self._send(200, answer, reply.headers)
 
     return Handler
@@ -135,7 +163,11 @@ def edit_line(pattern: str, new_line: str, path: str = "train.py") -> Callable[[
         prompt = body["messages"][1]["content"]
         source = re.search(rf"### {re.escape(path)}\n\n```python\n(.*?)\n```", prompt, re.DOTALL).group(1) + "\n"  # type: ignore[union-attr]
         edited = re.sub(pattern, new_line, source, count=1, flags=re.MULTILINE)
-        diff = "".join(difflib.unified_diff(source.splitlines(keepends=True), edited.splitlines(keepends=True), f"a/{path}", f"b/{path}"))
+        diff = "".join(
+            difflib.unified_diff(
+                source.splitlines(keepends=True), edited.splitlines(keepends=True), f"a/{path}", f"b/{path}"
+            )
+        )
         return f"Done.\n\n```diff\n{diff}```\n"
 
     return reply
@@ -154,10 +186,22 @@ def parent(tmp_path: Path) -> ParentView:
     """The digits seed as a parent with two trials (one overfitting curve), as the engine hands it to agents."""
     files = tmp_path / "parent"
     shutil.copytree(SEED, files)
-    curve = [EpochPoint(e, train_loss=1.0 / e, val_loss=0.3 + 0.02 * e, val_acc=0.9 + 0.005 * min(e, 4), lr=0.05, grad_norm=1.2,
-                        epoch_seconds=0.4) for e in range(1, 9)]
-    trials = [TrialSummary("t_0001", "completed", None, {"LR": 0.05, "EPOCHS": 8}, 0.945, curve),
-              TrialSummary("t_0002", "stopped_early", "asha", {"LR": 0.2, "EPOCHS": 8}, None, curve[:2])]
+    curve = [
+        EpochPoint(
+            e,
+            train_loss=1.0 / e,
+            val_loss=0.3 + 0.02 * e,
+            val_acc=0.9 + 0.005 * min(e, 4),
+            lr=0.05,
+            grad_norm=1.2,
+            epoch_seconds=0.4,
+        )
+        for e in range(1, 9)
+    ]
+    trials = [
+        TrialSummary("t_0001", "completed", None, {"LR": 0.05, "EPOCHS": 8}, 0.945, curve),
+        TrialSummary("t_0002", "stopped_early", "asha", {"LR": 0.2, "EPOCHS": 8}, None, curve[:2]),
+    ]
     return ParentView("seed0000abcd", files, 0.945, trials, [], [], (SEED / "program.md").read_text())
 
 

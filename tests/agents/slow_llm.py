@@ -14,17 +14,38 @@ from typing import Any
 
 from llm_server import Reply, ScriptedLLM, edit_line
 
-ANALYSIS = {"diagnoses": ["overfitting"], "summary": "Validation loss rises while the train loss keeps falling.",
-            "recommendations": [
-                {"intervention": "add_dropout", "diagnosis": "overfitting", "rationale": "regularise the classifier",
-                 "details": "raise DROPOUT", "priority": 0.9},
-                {"intervention": "weight_decay", "diagnosis": "overfitting", "rationale": "an L2 penalty",
-                 "details": "raise WEIGHT_DECAY", "priority": 0.8},
-                {"intervention": "momentum", "diagnosis": "plateau", "rationale": "smoother steps",
-                 "details": "change MOMENTUM", "priority": 0.7}]}
-EDITS = [("DROPOUT", [0.1, 0.2, 0.3, 0.4, 0.05, 0.15, 0.25, 0.35]),
-         ("WEIGHT_DECAY", [1e-4, 3e-4, 1e-3, 5e-5, 2e-4, 5e-4, 2e-3, 3e-5]),
-         ("MOMENTUM", [0.8, 0.85, 0.95, 0.7, 0.75, 0.88, 0.92, 0.6])]
+ANALYSIS = {
+    "diagnoses": ["overfitting"],
+    "summary": "Validation loss rises while the train loss keeps falling.",
+    "recommendations": [
+        {
+            "intervention": "add_dropout",
+            "diagnosis": "overfitting",
+            "rationale": "regularise the classifier",
+            "details": "raise DROPOUT",
+            "priority": 0.9,
+        },
+        {
+            "intervention": "weight_decay",
+            "diagnosis": "overfitting",
+            "rationale": "an L2 penalty",
+            "details": "raise WEIGHT_DECAY",
+            "priority": 0.8,
+        },
+        {
+            "intervention": "momentum",
+            "diagnosis": "plateau",
+            "rationale": "smoother steps",
+            "details": "change MOMENTUM",
+            "priority": 0.7,
+        },
+    ],
+}
+EDITS = [
+    ("DROPOUT", [0.1, 0.2, 0.3, 0.4, 0.05, 0.15, 0.25, 0.35]),
+    ("WEIGHT_DECAY", [1e-4, 3e-4, 1e-3, 5e-5, 2e-4, 5e-4, 2e-3, 3e-5]),
+    ("MOMENTUM", [0.8, 0.85, 0.95, 0.7, 0.75, 0.88, 0.92, 0.6]),
+]
 
 
 class _Forever:
@@ -64,5 +85,11 @@ class SlowLLM(ScriptedLLM):
 
     def overrides(self) -> list[str]:
         """The campaign overrides that point agent=openai at this server."""
-        return ["agent=openai", f"agent.base_url={self.base_url}", "agent.model=slow", "agent.api_key_env=null",
-                "agent.timeout_s=120", "agent.http_retries=1"]
+        return [
+            "agent=openai",
+            f"agent.base_url={self.base_url}",
+            "agent.model=slow",
+            "agent.api_key_env=null",
+            "agent.timeout_s=120",
+            "agent.http_retries=1",
+        ]

@@ -29,12 +29,32 @@ CATALOG = load_catalog()
 STACKS = {
     "bn_aug_ema_cosine": ["batchnorm", "augmentation", "ema_weights", "cosine_lr_schedule"],
     "all_with_batchnorm": [
-        "batchnorm", "augmentation", "ema_weights", "cosine_lr_schedule", "deepen", "lr_warmup",
-        "label_smoothing", "gradient_clipping", "adamw_optimizer",
+        "batchnorm",
+        "augmentation",
+        "ema_weights",
+        "cosine_lr_schedule",
+        "deepen",
+        "lr_warmup",
+        "label_smoothing",
+        "gradient_clipping",
+        "adamw_optimizer",
     ],
     "reverse_order": ["gradient_clipping", "cosine_lr_schedule", "lr_warmup", "deepen", "batchnorm", "ema_weights"],
-    "grokfast_stack": ["grokfast_filter", "augmentation", "ema_weights", "label_smoothing", "adamw_optimizer", "deepen"],
-    "forge_stack": ["edge_of_chaos_curriculum", "hard_example_replay", "self_model_head", "batchnorm", "one_cycle_schedule"],
+    "grokfast_stack": [
+        "grokfast_filter",
+        "augmentation",
+        "ema_weights",
+        "label_smoothing",
+        "adamw_optimizer",
+        "deepen",
+    ],
+    "forge_stack": [
+        "edge_of_chaos_curriculum",
+        "hard_example_replay",
+        "self_model_head",
+        "batchnorm",
+        "one_cycle_schedule",
+    ],
 }
 
 
@@ -56,9 +76,22 @@ def test_catalog_loads_with_valid_entries():
         assert entry.answers and all(isinstance(d, Diagnosis) for d in entry.answers)
         assert entry.description
     expected = {
-        "lower_lr", "raise_lr", "cosine_lr_schedule", "lr_warmup", "adamw_optimizer", "weight_decay", "dropout",
-        "label_smoothing", "batchnorm", "widen", "deepen", "augmentation", "longer_training", "ema_weights",
-        "grokfast_filter", "gradient_clipping",
+        "lower_lr",
+        "raise_lr",
+        "cosine_lr_schedule",
+        "lr_warmup",
+        "adamw_optimizer",
+        "weight_decay",
+        "dropout",
+        "label_smoothing",
+        "batchnorm",
+        "widen",
+        "deepen",
+        "augmentation",
+        "longer_training",
+        "ema_weights",
+        "grokfast_filter",
+        "gradient_clipping",
     }
     assert expected <= set(CATALOG.names())
     assert {d for entry in CATALOG for d in entry.answers} == set(Diagnosis)  # every diagnosis has an answer
@@ -81,24 +114,41 @@ GOOD = """
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ("  - name: bad\n    description: x\n    answers: [sleepy]\n    knobs: {LR: {mul: 2}}\n",
-         r"intervention 'bad'.*'answers'.*'sleepy' is not a diagnosis"),
+        (
+            "  - name: bad\n    description: x\n    answers: [sleepy]\n    knobs: {LR: {mul: 2}}\n",
+            r"intervention 'bad'.*'answers'.*'sleepy' is not a diagnosis",
+        ),
         ("  - name: bad\n    answers: [plateau]\n    knobs: {LR: {mul: 2}}\n", r"intervention 'bad'.*'description'"),
-        ("  - name: bad\n    description: x\n    answers: [plateau]\n    knobs: {LR: {mul: 2, add: 1}}\n",
-         r"intervention 'bad'.*'knobs.LR'.*exactly one of set, mul, add"),
-        ("  - name: bad\n    description: x\n    answers: [plateau]\n    knobs: {LR: {mul: fast}}\n",
-         r"'knobs.LR'.*expected a number"),
-        ("  - name: bad\n    description: x\n    answers: [plateau]\n    edits: [{find: '(', replace: x}]\n",
-         r"intervention 'bad'.*'edits'.*bad regex"),
-        ("  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: lr, value: 1, comment: c}]\n",
-         r"'add_knobs'.*UPPER_CASE"),
-        ("  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: LR2, value: 1}]\n",
-         r"'add_knobs'.*one-line comment"),
-        ("  - name: bad\n    description: x\n    answers: [plateau]\n    colour: red\n    knobs: {LR: {mul: 2}}\n",
-         r"intervention 'bad'.*'colour'.*unknown field"),
+        (
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    knobs: {LR: {mul: 2, add: 1}}\n",
+            r"intervention 'bad'.*'knobs.LR'.*exactly one of set, mul, add",
+        ),
+        (
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    knobs: {LR: {mul: fast}}\n",
+            r"'knobs.LR'.*expected a number",
+        ),
+        (
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    edits: [{find: '(', replace: x}]\n",
+            r"intervention 'bad'.*'edits'.*bad regex",
+        ),
+        (
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: lr, value: 1, comment: c}]\n",
+            r"'add_knobs'.*UPPER_CASE",
+        ),
+        (
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: LR2, value: 1}]\n",
+            r"'add_knobs'.*one-line comment",
+        ),
+        (
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    colour: red\n    knobs: {LR: {mul: 2}}\n",
+            r"intervention 'bad'.*'colour'.*unknown field",
+        ),
         ("  - name: bad\n    description: x\n    answers: [plateau]\n", r"intervention 'bad'.*at least one of knobs"),
         ("  - name: Bad Name\n    description: x\n", r"entry 1: field 'name'"),
-        ("  - name: ok\n    description: again\n    answers: [plateau]\n    knobs: {LR: {mul: 2}}\n", r"'ok' is defined twice"),
+        (
+            "  - name: ok\n    description: again\n    answers: [plateau]\n    knobs: {LR: {mul: 2}}\n",
+            r"'ok' is defined twice",
+        ),
     ],
 )
 def test_malformed_entries_raise_a_clear_error(tmp_path: Path, entry: str, message: str):
@@ -178,7 +228,9 @@ def test_added_knobs_join_the_knob_block():
 def test_add_knobs_stop_at_cifar10_blank_line():
     source = apply(CATALOG.get("longer_training"), CIFAR10)
     lines = source.splitlines()
-    assert lines.index("EPOCHS = 18  # passes over the train split") < lines.index("CIFAR_MEAN = (0.4914, 0.4822, 0.4465)")
+    assert lines.index("EPOCHS = 18  # passes over the train split") < lines.index(
+        "CIFAR_MEAN = (0.4914, 0.4822, 0.4465)"
+    )
 
 
 def test_transforms_compose_in_either_order():
@@ -246,13 +298,25 @@ def variants() -> dict[str, str]:
 def run_trainer(source: str, data: Path, work: Path) -> dict:
     work.mkdir(parents=True)
     (work / "train.py").write_text(source)
-    env = {**os.environ, "RALPH_DATA_DIR": str(data), "RALPH_METRICS_FILE": str(work / "metrics.jsonl"),
-           "RALPH_PREDICTIONS_FILE": str(work / "predictions.npz"), "OMP_NUM_THREADS": "1", "RALPH_DEVICE": "cpu"}
-    result = subprocess.run([sys.executable, "train.py"], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "RALPH_DATA_DIR": str(data),
+        "RALPH_METRICS_FILE": str(work / "metrics.jsonl"),
+        "RALPH_PREDICTIONS_FILE": str(work / "predictions.npz"),
+        "OMP_NUM_THREADS": "1",
+        "RALPH_DEVICE": "cpu",
+    }
+    result = subprocess.run(
+        [sys.executable, "train.py"], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=120
+    )
     metrics = work / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return {"returncode": result.returncode, "stderr": result.stderr[-3000:], "records": records,
-            "predictions": work / "predictions.npz"}
+    return {
+        "returncode": result.returncode,
+        "stderr": result.stderr[-3000:],
+        "records": records,
+        "predictions": work / "predictions.npz",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -261,8 +325,10 @@ def trained(digits_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
     root = tmp_path_factory.mktemp("variants")
     jobs = variants()
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {name: pool.submit(run_trainer, source, digits_data, root / name.replace(":", "_"))
-                   for name, source in jobs.items()}
+        futures = {
+            name: pool.submit(run_trainer, source, digits_data, root / name.replace(":", "_"))
+            for name, source in jobs.items()
+        }
         return {name: future.result() for name, future in futures.items()}
 
 

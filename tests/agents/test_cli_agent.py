@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import pid_alive
 from llm_server import parent, workdir  # noqa: F401 - fixtures
+from procs import pid_alive
 
 from ralph_ray.agents.base import AgentConfigError, AgentError, Diagnosis, ParentView, Recommendation, Usage
 from ralph_ray.agents.cli import CliCoder, command_line, load_template
@@ -69,23 +69,41 @@ def test_scripted_agent_edits_the_work_dir(scripted_agent: Path, tmp_path: Path,
     assert not (workdir / ".agent-cache").exists()  # the tool's hidden litter is not part of the child
     assert Path((scripted_agent / "cwd.txt").read_text()).resolve() == workdir.resolve()
     prompt = (scripted_agent / "prompt.md").read_text()
-    assert "set DROPOUT = 0.25" in prompt and "Read or guess selection/test labels" in prompt  # recommendation + program.md
+    assert (
+        "set DROPOUT = 0.25" in prompt and "Read or guess selection/test labels" in prompt
+    )  # recommendation + program.md
     assert "All else equal, simpler wins" in prompt and "Edit only these files: train.py" in prompt
-    assert usage.calls == 1 and usage.estimated and usage.tokens_in == len(prompt) // 4 and usage.tokens_out > 0 and usage.seconds > 0
+    assert (
+        usage.calls == 1
+        and usage.estimated
+        and usage.tokens_in == len(prompt) // 4
+        and usage.tokens_out > 0
+        and usage.seconds > 0
+    )
 
 
 def test_gate_feedback_reaches_the_prompt(scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path):
-    CliCoder(cli_config(tmp_path)).write(parent, REC, workdir, "train.py does not parse: invalid syntax at line 40", Usage())
-    assert "The validation gate said: train.py does not parse: invalid syntax at line 40" in (scripted_agent / "prompt.md").read_text()
+    CliCoder(cli_config(tmp_path)).write(
+        parent, REC, workdir, "train.py does not parse: invalid syntax at line 40", Usage()
+    )
+    assert (
+        "The validation gate said: train.py does not parse: invalid syntax at line 40"
+        in (scripted_agent / "prompt.md").read_text()
+    )
 
 
-def test_prompt_goes_to_stdin_without_a_placeholder(scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path):
-    CliCoder(cli_config(tmp_path, f"{sys.executable} {tmp_path / 'agent.py'}")).write(parent, REC, workdir, None, Usage())
+def test_prompt_goes_to_stdin_without_a_placeholder(
+    scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path
+):
+    CliCoder(cli_config(tmp_path, f"{sys.executable} {tmp_path / 'agent.py'}")).write(
+        parent, REC, workdir, None, Usage()
+    )
     assert "set DROPOUT = 0.25" in (scripted_agent / "prompt.md").read_text()
 
 
-def test_environment_holds_no_engine_secrets(scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path,
-                                             monkeypatch: pytest.MonkeyPatch):
+def test_environment_holds_no_engine_secrets(
+    scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path, monkeypatch: pytest.MonkeyPatch
+):
     for name in ("ENGINE_API_KEY", "SOME_SERVICE_TOKEN", "DB_PASSWORD", "ALLOWED_TOKEN"):
         monkeypatch.setenv(name, "x" * 12)
     cfg = cli_config(tmp_path, api_key_env="ENGINE_API_KEY", cli_env=["ALLOWED_TOKEN"])
@@ -95,8 +113,9 @@ def test_environment_holds_no_engine_secrets(scripted_agent: Path, tmp_path: Pat
     assert {"ALLOWED_TOKEN", "PATH", "CLI_TEST_OUT"} <= seen
 
 
-def test_timeout_kills_the_whole_process_group(scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path,
-                                               monkeypatch: pytest.MonkeyPatch):
+def test_timeout_kills_the_whole_process_group(
+    scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("CLI_TEST_MODE", "hang")
     start = time.monotonic()
     with pytest.raises(AgentError, match=r"ran past agent.cli_timeout_s=1s and was killed \(its whole process group\)"):
@@ -109,10 +128,22 @@ def test_timeout_kills_the_whole_process_group(scripted_agent: Path, tmp_path: P
     assert not pid_alive(helper)
 
 
-@pytest.mark.parametrize("mode, message", [("fail", "exited with code 3: model overloaded, try later"),
-                                           ("nothing", "exited cleanly but changed nothing: I looked around")])
-def test_failed_or_idle_agent_rejects_the_child(scripted_agent: Path, tmp_path: Path, parent: ParentView, workdir: Path,
-                                                monkeypatch: pytest.MonkeyPatch, mode: str, message: str):
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("fail", "exited with code 3: model overloaded, try later"),
+        ("nothing", "exited cleanly but changed nothing: I looked around"),
+    ],
+)
+def test_failed_or_idle_agent_rejects_the_child(
+    scripted_agent: Path,
+    tmp_path: Path,
+    parent: ParentView,
+    workdir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    message: str,
+):
     monkeypatch.setenv("CLI_TEST_MODE", mode)
     usage = Usage()
     with pytest.raises(AgentError, match=message):
@@ -142,5 +173,3 @@ def test_shipped_templates_build_a_command_line(name: str):
 def test_generic_template_needs_a_command():
     with pytest.raises(AgentConfigError, match="set agent.cli_command"):
         load_template(AgentConfig(backend=AgentBackend.cli, cli_template="generic"))
-
-

@@ -34,33 +34,67 @@ SEED_TRAINER = PROJECT_ROOT / "trainers" / "digits" / "train.py"
 CATALOG = load_catalog()
 
 
-def curve(train: list[float], val_loss: list[float], val_acc: list[float], grad: list[float] | None = None,
-          seconds: float = 0.05) -> list[EpochPoint]:
+def curve(
+    train: list[float],
+    val_loss: list[float],
+    val_acc: list[float],
+    grad: list[float] | None = None,
+    seconds: float = 0.05,
+) -> list[EpochPoint]:
     grad = grad or [1.0] * len(train)
-    return [EpochPoint(epoch=i + 1, train_loss=t, val_loss=v, val_acc=a, lr=0.05, grad_norm=g, epoch_seconds=seconds)
-            for i, (t, v, a, g) in enumerate(zip(train, val_loss, val_acc, grad))]
+    return [
+        EpochPoint(epoch=i + 1, train_loss=t, val_loss=v, val_acc=a, lr=0.05, grad_norm=g, epoch_seconds=seconds)
+        for i, (t, v, a, g) in enumerate(zip(train, val_loss, val_acc, grad))
+    ]
 
 
-def trial(points: list[EpochPoint], status: str = "completed", reason: str | None = None, score: float | None = 0.95,
-          knobs: dict | None = None, trial_id: str = "t0") -> TrialSummary:
+def trial(
+    points: list[EpochPoint],
+    status: str = "completed",
+    reason: str | None = None,
+    score: float | None = 0.95,
+    knobs: dict | None = None,
+    trial_id: str = "t0",
+) -> TrialSummary:
     return TrialSummary(trial_id, status, reason, knobs or {}, score, points)
 
 
 # Hand-built curves, one per diagnosis (eight epochs each).
-HEALTHY = curve([1.0, 0.5, 0.3, 0.2, 0.15, 0.12, 0.11, 0.10], [0.9, 0.5, 0.3, 0.22, 0.195, 0.193, 0.192, 0.191],
-                [0.80, 0.90, 0.94, 0.960, 0.965, 0.966, 0.968, 0.969])
-OVERFIT_RISE = curve([1.0, 0.5, 0.3, 0.15, 0.08, 0.04, 0.02, 0.01], [0.9, 0.5, 0.3, 0.25, 0.27, 0.31, 0.36, 0.40],
-                     [0.80, 0.90, 0.94, 0.95, 0.952, 0.953, 0.954, 0.955])
-OVERFIT_GAP = curve([1.0, 0.5, 0.3, 0.1, 0.05, 0.03, 0.02, 0.02], [1.0, 0.6, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3],
-                    [0.80, 0.90, 0.94, 0.95, 0.955, 0.956, 0.957, 0.958])
-UNDERFIT = curve([2.3, 1.9, 1.6, 1.45, 1.4, 1.38, 1.37, 1.36], [2.2, 1.9, 1.6, 1.5, 1.45, 1.44, 1.43, 1.43],
-                 [0.30, 0.40, 0.50, 0.55, 0.560, 0.561, 0.562, 0.562])
-PLATEAU = curve([1.0, 0.5, 0.3, 0.2, 0.18, 0.17, 0.17, 0.17], [0.9, 0.5, 0.3, 0.2, 0.19, 0.19, 0.19, 0.19],
-                [0.80, 0.90, 0.94, 0.96, 0.961, 0.961, 0.960, 0.961])
-UNDERTRAINED = curve([2.0, 1.5, 1.0, 0.7, 0.5, 0.35, 0.25, 0.18], [1.9, 1.4, 1.0, 0.7, 0.5, 0.36, 0.27, 0.20],
-                     [0.50, 0.60, 0.70, 0.78, 0.84, 0.88, 0.91, 0.93])
-DIVERGING = curve([1.0, 0.6, 0.5, 0.7, 0.9, 1.2, 1.5, 1.8], [0.9, 0.6, 0.5, 0.7, 0.9, 1.2, 1.5, 1.8],
-                  [0.80, 0.85, 0.86, 0.80, 0.75, 0.70, 0.60, 0.55])
+HEALTHY = curve(
+    [1.0, 0.5, 0.3, 0.2, 0.15, 0.12, 0.11, 0.10],
+    [0.9, 0.5, 0.3, 0.22, 0.195, 0.193, 0.192, 0.191],
+    [0.80, 0.90, 0.94, 0.960, 0.965, 0.966, 0.968, 0.969],
+)
+OVERFIT_RISE = curve(
+    [1.0, 0.5, 0.3, 0.15, 0.08, 0.04, 0.02, 0.01],
+    [0.9, 0.5, 0.3, 0.25, 0.27, 0.31, 0.36, 0.40],
+    [0.80, 0.90, 0.94, 0.95, 0.952, 0.953, 0.954, 0.955],
+)
+OVERFIT_GAP = curve(
+    [1.0, 0.5, 0.3, 0.1, 0.05, 0.03, 0.02, 0.02],
+    [1.0, 0.6, 0.4, 0.3, 0.3, 0.3, 0.3, 0.3],
+    [0.80, 0.90, 0.94, 0.95, 0.955, 0.956, 0.957, 0.958],
+)
+UNDERFIT = curve(
+    [2.3, 1.9, 1.6, 1.45, 1.4, 1.38, 1.37, 1.36],
+    [2.2, 1.9, 1.6, 1.5, 1.45, 1.44, 1.43, 1.43],
+    [0.30, 0.40, 0.50, 0.55, 0.560, 0.561, 0.562, 0.562],
+)
+PLATEAU = curve(
+    [1.0, 0.5, 0.3, 0.2, 0.18, 0.17, 0.17, 0.17],
+    [0.9, 0.5, 0.3, 0.2, 0.19, 0.19, 0.19, 0.19],
+    [0.80, 0.90, 0.94, 0.96, 0.961, 0.961, 0.960, 0.961],
+)
+UNDERTRAINED = curve(
+    [2.0, 1.5, 1.0, 0.7, 0.5, 0.35, 0.25, 0.18],
+    [1.9, 1.4, 1.0, 0.7, 0.5, 0.36, 0.27, 0.20],
+    [0.50, 0.60, 0.70, 0.78, 0.84, 0.88, 0.91, 0.93],
+)
+DIVERGING = curve(
+    [1.0, 0.6, 0.5, 0.7, 0.9, 1.2, 1.5, 1.8],
+    [0.9, 0.6, 0.5, 0.7, 0.9, 1.2, 1.5, 1.8],
+    [0.80, 0.85, 0.86, 0.80, 0.75, 0.70, 0.60, 0.55],
+)
 
 
 def names(findings) -> list[Diagnosis]:
@@ -117,8 +151,12 @@ def test_non_finite_curve_and_grad_spike_mean_divergence():
 
 
 def test_too_slow_from_epoch_seconds_and_timeouts():
-    slow = curve([p.train_loss for p in HEALTHY], [p.val_loss for p in HEALTHY], [p.val_acc for p in HEALTHY],
-                 seconds=TOO_SLOW_EPOCH_SECONDS * 2)
+    slow = curve(
+        [p.train_loss for p in HEALTHY],
+        [p.val_loss for p in HEALTHY],
+        [p.val_acc for p in HEALTHY],
+        seconds=TOO_SLOW_EPOCH_SECONDS * 2,
+    )
     assert names(diagnose([trial(slow)], {})) == [Diagnosis.too_slow, Diagnosis.healthy]
     timeout = trial([], status="failed", reason="timeout: train.py ran past safeguards.trial_timeout_s=120s")
     assert Diagnosis.too_slow in names(diagnose([timeout], {}))
@@ -126,12 +164,18 @@ def test_too_slow_from_epoch_seconds_and_timeouts():
 
 def test_label_smoothing_raises_the_underfitting_floor():
     # A train loss of 0.6 is underfitting for plain cross-entropy... (flat, well above 0.5)
-    flat = curve([2.0, 1.0, 0.7, 0.62, 0.61, 0.6, 0.6, 0.6], [1.9, 0.9, 0.5, 0.4, 0.38, 0.37, 0.37, 0.37],
-                 [0.70, 0.85, 0.90, 0.92, 0.925, 0.926, 0.926, 0.926])
+    flat = curve(
+        [2.0, 1.0, 0.7, 0.62, 0.61, 0.6, 0.6, 0.6],
+        [1.9, 0.9, 0.5, 0.4, 0.38, 0.37, 0.37, 0.37],
+        [0.70, 0.85, 0.90, 0.92, 0.925, 0.926, 0.926, 0.926],
+    )
     assert Diagnosis.underfitting not in names(diagnose([trial(flat)], {"LABEL_SMOOTHING": 0.1}))
     assert smoothing_floor(0.1) == pytest.approx(0.50, abs=0.01)
-    high = curve([2.3, 1.9, 1.4, 1.3, 1.28, 1.27, 1.27, 1.27], [2.2, 1.8, 1.3, 1.2, 1.2, 1.2, 1.2, 1.2],
-                 [0.3, 0.4, 0.5, 0.55, 0.55, 0.55, 0.55, 0.55])
+    high = curve(
+        [2.3, 1.9, 1.4, 1.3, 1.28, 1.27, 1.27, 1.27],
+        [2.2, 1.8, 1.3, 1.2, 1.2, 1.2, 1.2, 1.2],
+        [0.3, 0.4, 0.5, 0.55, 0.55, 0.55, 0.55, 0.55],
+    )
     assert Diagnosis.underfitting in names(diagnose([trial(high)], {"LABEL_SMOOTHING": 0.1}))
 
 
@@ -149,7 +193,9 @@ def test_no_curves_is_healthy():
 # Ranking
 
 
-def parent_view(tmp_path: Path, points: list[EpochPoint], lineage: tuple[str, ...] = (), variant: str = "v1") -> ParentView:
+def parent_view(
+    tmp_path: Path, points: list[EpochPoint], lineage: tuple[str, ...] = (), variant: str = "v1"
+) -> ParentView:
     files = tmp_path / variant
     files.mkdir(exist_ok=True)
     source = SEED_TRAINER.read_text()
@@ -193,8 +239,11 @@ def test_measured_effects_decide_between_equals(tmp_path: Path):
 def test_untried_interventions_get_the_exploration_bonus(tmp_path: Path):
     parent = parent_view(tmp_path, OVERFIT_RISE)
     # Everything answering overfitting was measured at 0.0 ten times, except label_smoothing.
-    effects = [effect(i.name, Diagnosis.overfitting, 10, 0.0) for i in CATALOG
-               if Diagnosis.overfitting in i.answers and i.name != "label_smoothing"]
+    effects = [
+        effect(i.name, Diagnosis.overfitting, 10, 0.0)
+        for i in CATALOG
+        if Diagnosis.overfitting in i.answers and i.name != "label_smoothing"
+    ]
     assert ranked_names(HeuristicAnalyst(exploration=0.01).analyse(parent, effects, Usage()))[0] == "label_smoothing"
     untried, _ = score(CATALOG.get("label_smoothing"), Diagnosis.overfitting, effects, 0.01)
     tried, _ = score(CATALOG.get("dropout"), Diagnosis.overfitting, effects, 0.01)
@@ -270,7 +319,9 @@ def test_coder_cannot_fix_rejected_code(tmp_path: Path):
     work = workdir_copy(tmp_path)
     usage = Usage()
     with pytest.raises(AgentError, match="cannot repair 'dropout'.*smoke run failed"):
-        HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("dropout"), work, "smoke run failed", usage)
+        HeuristicCoder().write(
+            parent_view(tmp_path, PLATEAU), recommendation("dropout"), work, "smoke run failed", usage
+        )
     assert usage.calls == 1
 
 

@@ -9,11 +9,19 @@ import time
 from pathlib import Path
 
 import pytest
-
 from llm_server import Reply, ScriptedLLM, llm_server, parent, workdir  # noqa: F401 - fixtures
+
 from ralph_ray.__main__ import main
 from ralph_ray.agents import make_agents
-from ralph_ray.agents.base import AgentConfigError, AgentError, Diagnosis, InterventionEffect, ParentView, Recommendation, Usage
+from ralph_ray.agents.base import (
+    AgentConfigError,
+    AgentError,
+    Diagnosis,
+    InterventionEffect,
+    ParentView,
+    Recommendation,
+    Usage,
+)
 from ralph_ray.agents.llm import ChatClient, LLMAnalyst, LLMCoder
 from ralph_ray.campaign import run
 from ralph_ray.config import AgentBackend, AgentConfig
@@ -43,18 +51,34 @@ FROZEN_DIFF = """\
 ```
 """
 OUTSIDE_DIFF = GOOD_DIFF.replace("a/train.py", "a/../other/train.py").replace("b/train.py", "b/../other/train.py")
-ANALYSIS = {"diagnoses": ["overfitting"], "summary": "Validation loss rises while the train loss keeps falling.",
-            "recommendations": [
-                {"intervention": "add_dropout", "diagnosis": "overfitting", "rationale": "regularise the classifier",
-                 "details": "set DROPOUT = 0.2", "priority": 0.6},
-                {"intervention": "Weight Decay", "diagnosis": "overfitting", "rationale": "an L2 penalty", "priority": 0.9}]}
+ANALYSIS = {
+    "diagnoses": ["overfitting"],
+    "summary": "Validation loss rises while the train loss keeps falling.",
+    "recommendations": [
+        {
+            "intervention": "add_dropout",
+            "diagnosis": "overfitting",
+            "rationale": "regularise the classifier",
+            "details": "set DROPOUT = 0.2",
+            "priority": 0.6,
+        },
+        {"intervention": "Weight Decay", "diagnosis": "overfitting", "rationale": "an L2 penalty", "priority": 0.9},
+    ],
+}
 REC = Recommendation("add_dropout", Diagnosis.overfitting, "regularise the classifier", 0.9, "set DROPOUT = 0.2")
 EFFECTS = [InterventionEffect("add_dropout", "overfitting", 3, 0.004, 0.67)]
 
 
 def agent_config(server: ScriptedLLM, **overrides) -> AgentConfig:
-    values = dict(backend=AgentBackend.openai, base_url=server.base_url, model="scripted", api_key_env=None, timeout_s=5.0,
-                  http_retries=1, answer_retries=2)
+    values = dict(
+        backend=AgentBackend.openai,
+        base_url=server.base_url,
+        model="scripted",
+        api_key_env=None,
+        timeout_s=5.0,
+        http_retries=1,
+        answer_retries=2,
+    )
     return AgentConfig(**{**values, **overrides})
 
 
@@ -64,23 +88,41 @@ def agent_config(server: ScriptedLLM, **overrides) -> AgentConfig:
 def test_analyst_returns_validated_ranked_recommendations(llm_server: ScriptedLLM, parent: ParentView):
     llm_server.add(Reply(json.dumps(ANALYSIS), usage=(900, 150)))
     usage = Usage()
-    analysis = LLMAnalyst(ChatClient(agent_config(llm_server)), agent_config(llm_server), 3, [("add_dropout", "dropout")]).analyse(parent, EFFECTS, usage)
+    analysis = LLMAnalyst(
+        ChatClient(agent_config(llm_server)), agent_config(llm_server), 3, [("add_dropout", "dropout")]
+    ).analyse(parent, EFFECTS, usage)
 
     assert analysis.diagnoses == [Diagnosis.overfitting]
-    assert [r.intervention for r in analysis.recommendations] == ["weight_decay", "add_dropout"]  # by priority; names normalised
+    assert [r.intervention for r in analysis.recommendations] == [
+        "weight_decay",
+        "add_dropout",
+    ]  # by priority; names normalised
     assert analysis.recommendations[1].details == "set DROPOUT = 0.2"
-    assert (usage.calls, usage.tokens_in, usage.tokens_out, usage.estimated) == (1, 900, 150, False) and usage.seconds > 0
+    assert (usage.calls, usage.tokens_in, usage.tokens_out, usage.estimated) == (
+        1,
+        900,
+        150,
+        False,
+    ) and usage.seconds > 0
     system, user = (m["content"] for m in llm_server.chats()[0])
-    assert "All else equal, simpler wins" in system and "Read or guess selection/test labels" in system  # rules + program.md
+    assert (
+        "All else equal, simpler wins" in system and "Read or guess selection/test labels" in system
+    )  # rules + program.md
     assert "harness.save_predictions" in user and "| 8 |" in user  # the parent's code and its curve
     assert "| add_dropout | overfitting | 3 |" in user  # the knowledge base's measured effects
 
 
 def test_malformed_analysis_goes_back_with_the_error(llm_server: ScriptedLLM, parent: ParentView):
     bad_diagnosis = {**ANALYSIS, "diagnoses": ["sleepy"]}
-    llm_server.add("Sure! Here is my analysis: {diagnoses: overfitting}", json.dumps(bad_diagnosis), "```json\n" + json.dumps(ANALYSIS) + "\n```")
+    llm_server.add(
+        "Sure! Here is my analysis: {diagnoses: overfitting}",
+        json.dumps(bad_diagnosis),
+        "```json\n" + json.dumps(ANALYSIS) + "\n```",
+    )
     usage = Usage()
-    analysis = LLMAnalyst(ChatClient(agent_config(llm_server)), agent_config(llm_server), 3, []).analyse(parent, [], usage)
+    analysis = LLMAnalyst(ChatClient(agent_config(llm_server)), agent_config(llm_server), 3, []).analyse(
+        parent, [], usage
+    )
 
     assert analysis.recommendations and usage.calls == 3 and usage.tokens_in == 3 * 120
     second, third = llm_server.chats()[1], llm_server.chats()[2]
@@ -102,7 +144,9 @@ def test_analyst_gives_up_after_bounded_retries(llm_server: ScriptedLLM, parent:
 def test_coder_applies_a_diff_with_git(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
     llm_server.add(GOOD_DIFF)
     usage = Usage()
-    draft = LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(parent, REC, workdir, None, usage)
+    draft = LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(
+        parent, REC, workdir, None, usage
+    )
 
     assert "DROPOUT = 0.2  # dropout before the classifier" in (workdir / "train.py").read_text()
     assert draft.interventions == ["add_dropout"] and "dropout before the classifier to 0.2" in draft.rationale
@@ -111,7 +155,9 @@ def test_coder_applies_a_diff_with_git(llm_server: ScriptedLLM, parent: ParentVi
     assert "```diff" in system and "train.py" in system and "set DROPOUT = 0.2" in user and "def main()" in user
 
 
-def test_diff_that_does_not_apply_is_retried_with_gits_error(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
+def test_diff_that_does_not_apply_is_retried_with_gits_error(
+    llm_server: ScriptedLLM, parent: ParentView, workdir: Path
+):
     llm_server.add(STALE_DIFF, GOOD_DIFF)
     usage = Usage()
     LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(parent, REC, workdir, None, usage)
@@ -129,11 +175,17 @@ def test_diff_that_never_applies_rejects_the_child(llm_server: ScriptedLLM, pare
     assert (workdir / "train.py").read_text() == (parent.files_dir / "train.py").read_text()  # git apply is atomic
 
 
-@pytest.mark.parametrize("answer, message", [(FROZEN_DIFF, "frozen file 'program.md'"), (OUTSIDE_DIFF, "outside the trainer folder")])
-def test_diff_touching_frozen_or_outside_paths_is_refused(llm_server: ScriptedLLM, parent: ParentView, workdir: Path, answer: str, message: str):
+@pytest.mark.parametrize(
+    "answer, message", [(FROZEN_DIFF, "frozen file 'program.md'"), (OUTSIDE_DIFF, "outside the trainer folder")]
+)
+def test_diff_touching_frozen_or_outside_paths_is_refused(
+    llm_server: ScriptedLLM, parent: ParentView, workdir: Path, answer: str, message: str
+):
     llm_server.add(answer)
     with pytest.raises(AgentError, match=message):
-        LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(parent, REC, workdir, None, Usage())
+        LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(
+            parent, REC, workdir, None, Usage()
+        )
     assert len(llm_server.requests) == 1  # refused outright, not retried
     assert (workdir / "program.md").read_text() == (parent.files_dir / "program.md").read_text()
     assert not (workdir.parent / "other").exists()
@@ -173,7 +225,9 @@ def test_timeout_is_an_agent_error_naming_the_setting(llm_server: ScriptedLLM):
     usage = Usage()
     start = time.monotonic()
     with pytest.raises(AgentError, match=r"within agent.timeout_s=0.4s \(1 tries\)"):
-        ChatClient(agent_config(llm_server, timeout_s=0.4, http_retries=0)).chat([{"role": "user", "content": "hi"}], usage)
+        ChatClient(agent_config(llm_server, timeout_s=0.4, http_retries=0)).chat(
+            [{"role": "user", "content": "hi"}], usage
+        )
     assert time.monotonic() - start < 2.5 and usage.calls == 0 and usage.seconds >= 0.4
 
 
@@ -192,7 +246,9 @@ def test_unreachable_endpoint_is_a_config_error():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # nothing listens here once the socket closes
-    cfg = AgentConfig(backend=AgentBackend.openai, base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key_env=None, http_retries=0)
+    cfg = AgentConfig(
+        backend=AgentBackend.openai, base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key_env=None, http_retries=0
+    )
     with pytest.raises(AgentConfigError, match=f"cannot reach the LLM endpoint http://127.0.0.1:{port}/v1"):
         ChatClient(cfg).preflight()
 
@@ -231,9 +287,20 @@ def test_one_client_serves_concurrent_children(llm_server: ScriptedLLM, parent: 
 
 
 def campaign_overrides(server: ScriptedLLM, *extra: str) -> list[str]:
-    return ["agent=openai", f"agent.base_url={server.base_url}", "agent.model=scripted", "agent.api_key_env=null",
-            "agent.timeout_s=10", "agent.http_retries=1", "safeguards.max_cycles=2", "population.parents=1",
-            "population.children_per_parent=1", "population.trials_per_child=1", "search.num_samples=2", *extra]
+    return [
+        "agent=openai",
+        f"agent.base_url={server.base_url}",
+        "agent.model=scripted",
+        "agent.api_key_env=null",
+        "agent.timeout_s=10",
+        "agent.http_retries=1",
+        "safeguards.max_cycles=2",
+        "population.parents=1",
+        "population.children_per_parent=1",
+        "population.trials_per_child=1",
+        "search.num_samples=2",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -244,24 +311,42 @@ def test_two_cycle_campaign_trains_llm_children_and_records_usage(ray_session, t
 
     assert outcome.stop_reason == "max_cycles" and int(outcome.exit_code) == 0
     con = open_reader(Path(cfg.paths.kb))
-    child = con.execute("select variant_id, status, interventions, diff from variants where run_id = ? and cycle = 2", ["llm-e2e"]).fetchall()
+    child = con.execute(
+        "select variant_id, status, interventions, diff from variants where run_id = ? and cycle = 2", ["llm-e2e"]
+    ).fetchall()
     assert len(child) == 1 and child[0][1] in ("kept", "discarded") and json.loads(child[0][2]) == ["weight_decay"]
     assert "+DROPOUT = 0.2" in child[0][3]
-    trained = con.execute("select count(*) from trials where run_id = ? and variant_id = ?", ["llm-e2e", child[0][0]]).fetchone()[0]
+    trained = con.execute(
+        "select count(*) from trials where run_id = ? and variant_id = ?", ["llm-e2e", child[0][0]]
+    ).fetchone()[0]
     assert trained == 1
-    usage = con.execute("select role, backend, calls, tokens_in, tokens_out, estimated from agent_usage where run_id = ? order by role",
-                        ["llm-e2e"]).fetchall()
+    usage = con.execute(
+        "select role, backend, calls, tokens_in, tokens_out, estimated from agent_usage where run_id = ? order by role",
+        ["llm-e2e"],
+    ).fetchall()
     assert usage == [("analyst", "openai", 1, 1000, 200, False), ("coder", "openai", 1, 700, 90, False)]
     assert len(llm_server.requests) == 2
 
 
 @pytest.mark.slow
-def test_token_budget_stops_the_campaign_with_exit_code_2(ray_session, tiny_config, llm_server: ScriptedLLM, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+def test_token_budget_stops_the_campaign_with_exit_code_2(
+    ray_session,
+    tiny_config,
+    llm_server: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
     llm_server.add(Reply(json.dumps(ANALYSIS), usage=(5000, 500)), Reply(GOOD_DIFF, usage=(3000, 100)))
     monkeypatch.chdir(tmp_path)
-    base = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}", "scheduler.max_t=4", "scheduler.grace_period=1",
-            "+search.space.EPOCHS={type: choice, values: [4]}", "run_id=budget"]
+    base = [
+        f"paths.runs={tmp_path / 'runs'}",
+        f"paths.kb={tmp_path / 'kb'}",
+        "scheduler.max_t=4",
+        "scheduler.grace_period=1",
+        "+search.space.EPOCHS={type: choice, values: [4]}",
+        "run_id=budget",
+    ]
     code = main(base + campaign_overrides(llm_server, "safeguards.max_cycles=4", "safeguards.tokens_per_campaign=1000"))
 
     assert code == 2
@@ -270,13 +355,23 @@ def test_token_budget_stops_the_campaign_with_exit_code_2(ray_session, tiny_conf
     assert "token_budget" in capsys.readouterr().out
 
 
-def test_wrong_key_stops_before_training_with_exit_code_2(llm_server: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]):
+def test_wrong_key_stops_before_training_with_exit_code_2(
+    llm_server: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
     llm_server.key = "sk-right-key-0000"
     monkeypatch.setenv("RALPH_TEST_LLM_KEY", "sk-wrong-key-5678")
     monkeypatch.chdir(tmp_path)
-    code = main([f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}", "agent=openai", f"agent.base_url={llm_server.base_url}",
-                 "agent.model=scripted", "agent.api_key_env=RALPH_TEST_LLM_KEY", "run_id=badkey"])
+    code = main(
+        [
+            f"paths.runs={tmp_path / 'runs'}",
+            f"paths.kb={tmp_path / 'kb'}",
+            "agent=openai",
+            f"agent.base_url={llm_server.base_url}",
+            "agent.model=scripted",
+            "agent.api_key_env=RALPH_TEST_LLM_KEY",
+            "run_id=badkey",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "RALPH_TEST_LLM_KEY" in err and "sk-wrong-key-5678" not in err
     assert not list((tmp_path / "runs" / "badkey").glob("cycle_*"))  # nothing trained

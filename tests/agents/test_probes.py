@@ -42,10 +42,17 @@ def test_a_fixture_trainer_reports_the_probes(tmp_path: Path):
     write_public(prepare(0, 0.2, 0.2), tmp_path / "data", "digits")
     source = (PROJECT_ROOT / "tests" / "fixtures" / "trainers" / "module_loader" / "train.py").read_text()
     (tmp_path / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 2}))
-    env = {**os.environ, "RALPH_DATA_DIR": str(tmp_path / "data"), "RALPH_METRICS_FILE": str(tmp_path / "m.jsonl"),
-           "RALPH_PREDICTIONS_FILE": str(tmp_path / "p.npz"), "OMP_NUM_THREADS": "1", "RALPH_DEVICE": "cpu"}
-    result = subprocess.run([sys.executable, "train.py"], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+    env = {
+        **os.environ,
+        "RALPH_DATA_DIR": str(tmp_path / "data"),
+        "RALPH_METRICS_FILE": str(tmp_path / "m.jsonl"),
+        "RALPH_PREDICTIONS_FILE": str(tmp_path / "p.npz"),
+        "OMP_NUM_THREADS": "1",
+        "RALPH_DEVICE": "cpu",
+    }
+    result = subprocess.run(
+        [sys.executable, "train.py"], check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert {"gen_gap", "weight_norm", "eff_rank", "plateau"} <= set(records[0])
@@ -59,18 +66,33 @@ def _trial(points: list[EpochPoint]) -> TrialSummary:
 def test_a_widening_gap_reads_as_overfitting():
     # val_loss itself still falls (the loss-based checks stay quiet); the gap probe sees the split open up
     train, val = (lambda e: 0.4 - 0.03 * e), (lambda e: 0.45 - 0.005 * e)
-    points = [EpochPoint(e, train_loss=train(e), val_loss=val(e), val_acc=0.8 + 0.02 * e, gen_gap=val(e) - train(e))
-              for e in range(1, 9)]
+    points = [
+        EpochPoint(e, train_loss=train(e), val_loss=val(e), val_acc=0.8 + 0.02 * e, gen_gap=val(e) - train(e))
+        for e in range(1, 9)
+    ]
     findings = diagnose([_trial(points)], {})
     overfit = next(f for f in findings if f.diagnosis is Diagnosis.overfitting)
     assert overfit.evidence.startswith("gap widening: gen_gap")
 
 
 def test_collapsed_updates_with_the_plateau_flag_read_as_a_plateau():
-    points = [EpochPoint(e, train_loss=0.3, val_loss=0.35, val_acc=0.95, gen_gap=0.05,
-                         update_ratio=0.2 if e < 5 else 0.001, plateau=1.0 if e > 6 else 0.0) for e in range(1, 9)]
+    points = [
+        EpochPoint(
+            e,
+            train_loss=0.3,
+            val_loss=0.35,
+            val_acc=0.95,
+            gen_gap=0.05,
+            update_ratio=0.2 if e < 5 else 0.001,
+            plateau=1.0 if e > 6 else 0.0,
+        )
+        for e in range(1, 9)
+    ]
     findings = diagnose([_trial(points)], {})
     plateau = next(f for f in findings if f.diagnosis is Diagnosis.plateau)
     assert plateau.evidence.startswith("update norm collapsed: update_ratio 0.001")
-    unflagged = [EpochPoint(p.epoch, p.train_loss, p.val_loss, p.val_acc, update_ratio=p.update_ratio, plateau=0.0) for p in points]
+    unflagged = [
+        EpochPoint(p.epoch, p.train_loss, p.val_loss, p.val_acc, update_ratio=p.update_ratio, plateau=0.0)
+        for p in points
+    ]
     assert all(not f.evidence.startswith("update norm") for f in diagnose([_trial(unflagged)], {}))

@@ -35,12 +35,30 @@ APPLIES = {
     "sequential_flat": ALL,
     "module_loader": ALL - {"widen_layers", "adamw_optimizer"},
     "functional_mlp": {
-        "shift_augmentation", "flip_augmentation", "edge_of_chaos_curriculum", "label_smoothing", "add_weight_decay",
-        "adamw_optimizer", "cosine_lr_schedule", "one_cycle_schedule", "lr_warmup", "gradient_clipping", "mixed_precision",
+        "shift_augmentation",
+        "flip_augmentation",
+        "edge_of_chaos_curriculum",
+        "label_smoothing",
+        "add_weight_decay",
+        "adamw_optimizer",
+        "cosine_lr_schedule",
+        "one_cycle_schedule",
+        "lr_warmup",
+        "gradient_clipping",
+        "mixed_precision",
     },
     "airbench_style": {
-        "deepen", "flip_augmentation", "edge_of_chaos_curriculum", "hard_example_replay", "self_model_head", "add_dropout",
-        "adamw_optimizer", "gradient_clipping", "ema_weights", "mixed_precision", "channels_last",
+        "deepen",
+        "flip_augmentation",
+        "edge_of_chaos_curriculum",
+        "hard_example_replay",
+        "self_model_head",
+        "add_dropout",
+        "adamw_optimizer",
+        "gradient_clipping",
+        "ema_weights",
+        "mixed_precision",
+        "channels_last",
     },
     "digits": ALL - {"widen_layers", "add_dropout", "add_weight_decay"},
     "cifar10": {"deepen", "hard_example_replay", "self_model_head", "add_dropout"},
@@ -59,15 +77,18 @@ def test_at_least_eight_code_interventions_apply_to_every_differently_written_tr
         assert len(APPLIES[trainer]) >= 8, trainer
 
 
-@pytest.mark.parametrize(("trainer", "name", "reason"), [
-    ("functional_mlp", "batchnorm", "functional model"),
-    ("functional_mlp", "ema_weights", "no nn.Module model found"),
-    ("cifar10", "cosine_lr_schedule", 'sets group\\["lr"\\] itself'),
-    ("cifar10", "gradient_clipping", 'reduction="none"'),
-    ("airbench_style", "one_cycle_schedule", "already has a schedule"),
-    ("digits", "widen_layers", "the width is the knob WIDTH"),
-    ("module_loader", "adamw_optimizer", "already Adam"),
-])
+@pytest.mark.parametrize(
+    ("trainer", "name", "reason"),
+    [
+        ("functional_mlp", "batchnorm", "functional model"),
+        ("functional_mlp", "ema_weights", "no nn.Module model found"),
+        ("cifar10", "cosine_lr_schedule", 'sets group\\["lr"\\] itself'),
+        ("cifar10", "gradient_clipping", 'reduction="none"'),
+        ("airbench_style", "one_cycle_schedule", "already has a schedule"),
+        ("digits", "widen_layers", "the width is the knob WIDTH"),
+        ("module_loader", "adamw_optimizer", "already Adam"),
+    ],
+)
 def test_not_applicable_names_the_missing_idiom(trainer: str, name: str, reason: str):
     with pytest.raises(NotApplicable, match=reason):
         apply_transform(name, SOURCES[trainer])
@@ -86,7 +107,9 @@ def test_output_parses_and_keeps_knobs_module_level_literals(trainer: str, name:
     changed = {k for k in before if before[k] != after[k]}
     assert changed <= ({"LR", "LEARNING_RATE", "WEIGHT_DECAY"} if name == "adamw_optimizer" else set())
     for knob in set(after) - set(before):  # new knobs: one module-level `NAME = literal  # comment` line each
-        line = next(node for node in tree.body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == knob)
+        line = next(
+            node for node in tree.body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == knob
+        )
         assert "  # " in result.splitlines()[line.lineno - 1]
     assert result.count("\n\n\n\n") == 0, "helpers are placed with two blank lines, not more"
 
@@ -106,7 +129,9 @@ def test_batchnorm_follows_each_layer_in_a_sequential_and_in_a_module():
     assert "self.bn_hidden = torch.nn.BatchNorm1d(hidden)" in module
     assert "F.relu(self.bn_hidden(self.hidden(torch.flatten(h, 1))))" in module
     assert "bn_out" not in module  # the head's input is centred only where conv features feed it directly
-    assert "self.bn_fc = torch.nn.BatchNorm1d(2 * width * 4 * 4, affine=False)" in apply_transform("batchnorm", SOURCES["digits"])
+    assert "self.bn_fc = torch.nn.BatchNorm1d(2 * width * 4 * 4, affine=False)" in apply_transform(
+        "batchnorm", SOURCES["digits"]
+    )
 
 
 def test_label_smoothing_leaves_a_shared_criterion_for_evaluation():

@@ -17,8 +17,17 @@ from ralph_ray import PROJECT_ROOT
 from ralph_ray.kb import KnowledgeBase, now
 
 ENTRY = PROJECT_ROOT / "app" / "leaderboard.py"
-PAGES = ("views/board.py", "views/trials.py", "views/knobs.py", "views/lineage.py", "views/curves.py", "views/compare.py",
-         "views/diff.py", "views/interventions.py", "views/status.py")
+PAGES = (
+    "views/board.py",
+    "views/trials.py",
+    "views/knobs.py",
+    "views/lineage.py",
+    "views/curves.py",
+    "views/compare.py",
+    "views/diff.py",
+    "views/interventions.py",
+    "views/status.py",
+)
 RUN_ID = "app-tiny"
 AGENT = "heuristic"
 
@@ -41,12 +50,24 @@ def build_tiny(root: Path) -> Tiny:
         from ralph_ray.campaign import run
         from ralph_ray.config import load_config
 
-        cfg = load_config([
-            f"paths.runs={root / 'runs'}", f"paths.kb={root / 'kb'}", f"run_id={RUN_ID}", f"agent={AGENT}",
-            "search.num_samples=4", "search.max_concurrent=2", "scheduler.max_t=3", "scheduler.grace_period=1",
-            "safeguards.max_cycles=2", "safeguards.trial_timeout_s=120", "population.parents=1",
-            "population.children_per_parent=2", "population.trials_per_child=1", "+search.space.EPOCHS={type: choice, values: [3]}",
-        ])
+        cfg = load_config(
+            [
+                f"paths.runs={root / 'runs'}",
+                f"paths.kb={root / 'kb'}",
+                f"run_id={RUN_ID}",
+                f"agent={AGENT}",
+                "search.num_samples=4",
+                "search.max_concurrent=2",
+                "scheduler.max_t=3",
+                "scheduler.grace_period=1",
+                "safeguards.max_cycles=2",
+                "safeguards.trial_timeout_s=120",
+                "population.parents=1",
+                "population.children_per_parent=2",
+                "population.trials_per_child=1",
+                "+search.space.EPOCHS={type: choice, values: [3]}",
+            ]
+        )
         outcome = run(cfg, Console(file=io.StringIO()))
         _built["tiny"] = Tiny(outcome.kb_root, outcome.run_dir, outcome.run_id)
     return _built["tiny"]
@@ -72,7 +93,9 @@ def open_page(kb_root: Path, page: str = PAGES[0], **state: Any) -> AppTest:
 
 def texts(at: AppTest) -> str:
     """Every text the page shows in info/warning/error/success/caption/markdown elements, joined."""
-    parts = [e.value for kind in ("info", "warning", "error", "success", "caption", "markdown") for e in getattr(at, kind)]
+    parts = [
+        e.value for kind in ("info", "warning", "error", "success", "caption", "markdown") for e in getattr(at, kind)
+    ]
     return "\n".join(str(p) for p in parts)
 
 
@@ -82,9 +105,18 @@ def kb_with_run(root: Path, status: str, run_dir: Path | None = None, **run: Any
     kb.init()
     run_dir = run_dir or root / "runs" / "r1"
     run_dir.mkdir(parents=True, exist_ok=True)
-    row = {"run_id": "r1", "experiment": "digits", "task": "digits", "run_dir": str(run_dir), "status": status,
-           "config": '{"target": {"selection_score": 0.99}, "safeguards": {"max_cycles": 3, "campaign_time_s": 600}}',
-           "started_at": now(), "cycle": 1, "phase": "train", **run}
+    row = {
+        "run_id": "r1",
+        "experiment": "digits",
+        "task": "digits",
+        "run_dir": str(run_dir),
+        "status": status,
+        "config": '{"target": {"selection_score": 0.99}, "safeguards": {"max_cycles": 3, "campaign_time_s": 600}}',
+        "started_at": now(),
+        "cycle": 1,
+        "phase": "train",
+        **run,
+    }
     kb.append("runs", [row], "r1")
     return kb.root
 

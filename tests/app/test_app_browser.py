@@ -20,8 +20,14 @@ from ralph_ray.kb import open_reader
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = PROJECT_ROOT / "docs" / "leaderboard.png"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def free_port() -> int:
@@ -37,9 +43,28 @@ def test_the_leaderboard_renders_in_a_real_browser(tiny: Tiny, tmp_path: Path):
     port = free_port()
     log = (tmp_path / "streamlit.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ENTRY), "--server.headless", "true", "--server.port", str(port),
-         "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--", "--kb", str(tiny.kb_root)],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ENTRY),
+            "--server.headless",
+            "true",
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--browser.gatherUsageStats",
+            "false",
+            "--",
+            "--kb",
+            str(tiny.kb_root),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     best = open_reader(tiny.kb_root).execute(sql.APP_LEADERBOARD, [tiny.run_id]).fetchall()[0][1]
     try:
         with sync_playwright() as pw:

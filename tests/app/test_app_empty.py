@@ -55,9 +55,8 @@ def test_kb_location_comes_from_the_args_then_the_env_then_the_default(tmp_path:
 
 
 def test_the_env_var_points_the_app_at_a_kb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from streamlit.testing.v1 import AppTest
-
     from app_support import ENTRY
+    from streamlit.testing.v1 import AppTest
 
     monkeypatch.setenv("RALPH_KB", str(kb_with_run(tmp_path, "running")))
     at = AppTest.from_file(str(ENTRY), default_timeout=60).run()
@@ -65,11 +64,26 @@ def test_the_env_var_points_the_app_at_a_kb(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_lineage_dot_escapes_and_styles_nodes():
-    tree = pd.DataFrame([
-        {"variant_id": "seed", "parent_id": None, "status": "seed", "selection_score": 0.9, "interventions": "[]", "cycle": 1},
-        {"variant_id": "kid", "parent_id": "seed", "status": "rejected", "selection_score": None,
-         "interventions": '["say \\"hi\\""]', "cycle": 2},
-    ])
+    tree = pd.DataFrame(
+        [
+            {
+                "variant_id": "seed",
+                "parent_id": None,
+                "status": "seed",
+                "selection_score": 0.9,
+                "interventions": "[]",
+                "cycle": 1,
+            },
+            {
+                "variant_id": "kid",
+                "parent_id": "seed",
+                "status": "rejected",
+                "selection_score": None,
+                "interventions": '["say \\"hi\\""]',
+                "cycle": 2,
+            },
+        ]
+    )
     dot = figures.lineage_dot(tree, best_id="seed")
     assert '"seed" -> "kid" [label="say \\"hi\\""];' in dot
     assert "shape=doubleoctagon" in dot and "penwidth=3" in dot and figures.NO_SCORE_FILL in dot
@@ -101,4 +115,7 @@ def test_the_lineage_path_reads_as_interventions():
 
 
 def test_rationales_show_floats_at_four_decimals():
-    assert figures.round_floats("best 0.9637883008356546 (-0.00123456) v1.2.3456789") == "best 0.9638 (-0.0012) v1.2.3456789"
+    assert (
+        figures.round_floats("best 0.9637883008356546 (-0.00123456) v1.2.3456789")
+        == "best 0.9638 (-0.0012) v1.2.3456789"
+    )

@@ -18,7 +18,17 @@ from ralph_ray import sql
 from ralph_ray.kb import SCHEMAS as KB_SCHEMAS
 from ralph_ray.kb import KnowledgeBase, now, open_reader
 
-BOARD_COLUMNS = ["variant_id", "parent_id", "status", "selection_score", "test_score", "completed", "stopped_early", "failed", "rank"]
+BOARD_COLUMNS = [
+    "variant_id",
+    "parent_id",
+    "status",
+    "selection_score",
+    "test_score",
+    "completed",
+    "stopped_early",
+    "failed",
+    "rank",
+]
 
 
 def view_rows(kb_root: Path, query: str, params: list) -> list[dict]:
@@ -42,7 +52,11 @@ def test_leaderboard_rows_match_the_kb_view(tiny: Tiny):
     for got, want in zip(shown[BOARD_COLUMNS].to_dict("records"), expected, strict=True):
         for column in BOARD_COLUMNS:
             value = got[column]
-            assert (value is None or value != value) if want[column] is None else value == want[column], (column, got, want)
+            assert (value is None or value != value) if want[column] is None else value == want[column], (
+                column,
+                got,
+                want,
+            )
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["best selection score"] == f"{expected[0]['selection_score']:.4f}"
     assert metrics["trials"] == str(sum(r["trials"] for r in expected))
@@ -79,7 +93,11 @@ def test_lineage_graph_holds_the_seed_and_its_children(tiny: Tiny):
 def test_curves_page_draws_every_epoch_and_the_progress(tiny: Tiny):
     at = open_page(tiny.kb_root, "views/curves.py")
     chosen = at.multiselect(key="curves_variants").value
-    curves = [r for r in view_rows(tiny.kb_root, "select * from curves where run_id = ?", [tiny.run_id]) if r["variant_id"] in chosen]
+    curves = [
+        r
+        for r in view_rows(tiny.kb_root, "select * from curves where run_id = ?", [tiny.run_id])
+        if r["variant_id"] in chosen
+    ]
     lines = chart_rows(at, 0)[0]
     assert lines.num_rows == len(curves) > 0
     assert set(lines.column("trial_id").to_pylist()) == {r["trial_id"] for r in curves}
@@ -108,7 +126,11 @@ def test_diff_page_shows_the_change_against_parent_and_seed(tiny: Tiny):
 def test_diff_page_survives_a_deleted_variant_folder(tiny: Tiny, tmp_path: Path):
     kb = KnowledgeBase(kb_with_run(tmp_path, "finished", run_id=tiny.run_id))
     rows = view_rows(tiny.kb_root, sql.VARIANTS_FOR_RUN, [tiny.run_id])
-    kb.put("variants", [{k: v for k, v in r.items() if k != "written_at"} | {"files_dir": str(tmp_path / "gone")} for r in rows], "v")
+    kb.put(
+        "variants",
+        [{k: v for k, v in r.items() if k != "written_at"} | {"files_dir": str(tmp_path / "gone")} for r in rows],
+        "v",
+    )
     at = open_page(kb.root, "views/diff.py")
     assert "files are gone" in texts(at)
 
@@ -156,8 +178,23 @@ def test_a_running_campaign_shows_new_trials_on_the_next_refresh(tmp_path: Path)
     assert "No finished trial yet" in texts(at)
     kb = KnowledgeBase(kb_root)
     kb.append("epochs", [{"run_id": "r1", "trial_id": "t1", "epoch": 1, "metric": "val_acc", "value": 0.5}], "r1-t1")
-    kb.append("trials", [{"run_id": "r1", "cycle": 1, "trial_id": "t1", "variant_id": "v1", "status": "completed",
-                          "selection_score": 0.7, "test_score": 0.69, "seconds": 1.0, "epochs": 1}], "r1-t1")
+    kb.append(
+        "trials",
+        [
+            {
+                "run_id": "r1",
+                "cycle": 1,
+                "trial_id": "t1",
+                "variant_id": "v1",
+                "status": "completed",
+                "selection_score": 0.7,
+                "test_score": 0.69,
+                "seconds": 1.0,
+                "epochs": 1,
+            }
+        ],
+        "r1-t1",
+    )
     time.sleep(1.1)  # the snapshot looks for new parts at most once a second
     st.cache_data.clear()  # what the 2 s cache TTL does between two live refreshes
     at.run()
@@ -190,14 +227,42 @@ def seed_and_child(tmp_path: Path, old_kb: bool) -> Path:
     for name, lr in (("seed", 0.1), ("kid", 0.2)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "train.py").write_text(f"LR = {lr}  # learning rate\nEPOCHS = 3\n")
-    seed = {"run_id": "r1", "variant_id": "seed", "parent_id": None, "cycle": 1, "status": "seed",
-            "files_dir": str(tmp_path / "seed")}
-    kid = {"run_id": "r1", "variant_id": "kid", "parent_id": "seed", "cycle": 2, "status": "kept",
-           "files_dir": str(tmp_path / "kid"), "interventions": '["raise_lr"]', "rationale": "it learns too slowly"}
+    seed = {
+        "run_id": "r1",
+        "variant_id": "seed",
+        "parent_id": None,
+        "cycle": 1,
+        "status": "seed",
+        "files_dir": str(tmp_path / "seed"),
+    }
+    kid = {
+        "run_id": "r1",
+        "variant_id": "kid",
+        "parent_id": "seed",
+        "cycle": 2,
+        "status": "kept",
+        "files_dir": str(tmp_path / "kid"),
+        "interventions": '["raise_lr"]',
+        "rationale": "it learns too slowly",
+    }
     kb.put("variants", [seed, kid], "r1-variants")
-    kb.append("trials", [{"run_id": "r1", "cycle": c, "trial_id": f"t{c}", "variant_id": v, "status": "completed",
-                          "selection_score": score, "seconds": 1.0, "epochs": 3}
-                         for c, v, score in ((1, "seed", 0.9), (2, "kid", 0.95))], "r1-t")
+    kb.append(
+        "trials",
+        [
+            {
+                "run_id": "r1",
+                "cycle": c,
+                "trial_id": f"t{c}",
+                "variant_id": v,
+                "status": "completed",
+                "selection_score": score,
+                "seconds": 1.0,
+                "epochs": 3,
+            }
+            for c, v, score in ((1, "seed", 0.9), (2, "kid", 0.95))
+        ],
+        "r1-t",
+    )
     cycle = {"run_id": "r1", "cycle": 2, "trials": 1, "best_selection_score": 0.95, "phase": "decide"}
     if old_kb:
         schema = pa.schema([f for f in KB_SCHEMAS["cycles"] if f.name not in ("cycle_dir", "analysis")])
@@ -205,8 +270,17 @@ def seed_and_child(tmp_path: Path, old_kb: bool) -> Path:
         old_part = pa.Table.from_pylist([cycle | {"written_at": now()}], schema)
         pq.write_table(old_part, kb.parquet / "cycles" / "r1-2.parquet")
     else:
-        kb.put("cycles", [cycle | {"cycle_dir": str(tmp_path / "runs" / "r1" / "cycle_0002"),
-                                   "analysis": "# Cycle 2\n\n## parent seed\n\nunderfitting: raise the LR\n"}], "r1-2")
+        kb.put(
+            "cycles",
+            [
+                cycle
+                | {
+                    "cycle_dir": str(tmp_path / "runs" / "r1" / "cycle_0002"),
+                    "analysis": "# Cycle 2\n\n## parent seed\n\nunderfitting: raise the LR\n",
+                }
+            ],
+            "r1-2",
+        )
     return kb_root
 
 

@@ -13,8 +13,17 @@ from snapshot import MAX_DELTAS, Snapshot  # noqa: E402
 
 
 def trial(trial_id: str, score: float | None, status: str = "completed") -> dict:
-    return {"run_id": "r1", "cycle": 1, "trial_id": trial_id, "variant_id": "v1", "status": status, "selection_score": score,
-            "test_score": score, "seconds": 1.0, "epochs": 2}
+    return {
+        "run_id": "r1",
+        "cycle": 1,
+        "trial_id": trial_id,
+        "variant_id": "v1",
+        "status": status,
+        "selection_score": score,
+        "test_score": score,
+        "seconds": 1.0,
+        "epochs": 2,
+    }
 
 
 def snap_rows(snap: Snapshot, query: str, params: list) -> list[tuple]:
@@ -57,7 +66,9 @@ def test_snapshot_reads_each_part_once_and_keeps_few_files(tmp_path: Path):
     read_before = dict(snap._seen["trials"])
     kb.append("trials", [trial("t9", 0.99)], "r1-t9")
     assert snap_rows(snap, "select count(*) from trials", []) == [(6,)]
-    assert set(snap._seen["trials"]) - set(read_before) == {p.name for p in (kb.parquet / "trials").glob("r1-t9-*.parquet")}
+    assert set(snap._seen["trials"]) - set(read_before) == {
+        p.name for p in (kb.parquet / "trials").glob("r1-t9-*.parquet")
+    }
     for i in range(MAX_DELTAS + 2):  # a live campaign: a part per refresh; the deltas are folded back into one file
         kb.append("trials", [trial(f"u{i}", 0.6)], f"r1-u{i}")
         assert snap_rows(snap, "select count(*) from trials", []) == [(7 + i,)]

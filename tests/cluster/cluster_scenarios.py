@@ -36,11 +36,19 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ralph_ray.campaign import Outcome, run  # noqa: E402
 from ralph_ray.config import load_config  # noqa: E402
 
-TINY = ["agent=none", "safeguards.max_cycles=1", "search.max_concurrent=2", "scheduler=fifo", "scheduler.max_t=1",
-        "scheduler.grace_period=1", "safeguards.trial_timeout_s=120", "+search.space.EPOCHS={type: choice, values: [1]}"]
+TINY = [
+    "agent=none",
+    "safeguards.max_cycles=1",
+    "search.max_concurrent=2",
+    "scheduler=fifo",
+    "scheduler.max_t=1",
+    "scheduler.grace_period=1",
+    "safeguards.trial_timeout_s=120",
+    "+search.space.EPOCHS={type: choice, values: [1]}",
+]
 
 # A trainer slow enough to be caught mid-trial: it checkpoints each epoch and resumes from its checkpoint.
-SLOW_TRAINER = '''
+SLOW_TRAINER = """
 import time
 import numpy as np
 from ralph_ray import harness
@@ -55,7 +63,7 @@ for epoch in range(state["epoch"] + 1, EPOCHS + 1):
     harness.save_checkpoint({"epoch": epoch})
     harness.report(epoch=epoch, val_acc=0.5 + epoch / 100, train_loss=1.0 / epoch)
 harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
-'''
+"""
 
 
 def start_cluster(out: Path, workers: dict[str, dict[str, Any]]) -> tuple[Cluster, dict[str, Any]]:
@@ -84,26 +92,46 @@ def attempts(out: Path, names: list[str]) -> list[dict[str, Any]]:
         for path in sorted((out / name / "work").rglob("node.json")):
             info = json.loads(path.read_text())
             metrics = path.parent / "metrics.jsonl"
-            epochs = [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+            epochs = (
+                [json.loads(line)["epoch"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+            )
             found.append({**info, "folder": name, "trial_id": path.parent.name, "epochs": epochs})
     return found
 
 
 def summary(outcome: Outcome) -> dict[str, Any]:
-    return {"run_id": outcome.run_id, "run_dir": str(outcome.run_dir), "kb": str(outcome.kb_root), "exit_code": int(outcome.exit_code),
-            "records": [{"trial_id": r.trial_id, "status": r.status.value, "reason": r.reason, "epochs": r.epochs} for r in outcome.records]}
+    return {
+        "run_id": outcome.run_id,
+        "run_dir": str(outcome.run_dir),
+        "kb": str(outcome.kb_root),
+        "exit_code": int(outcome.exit_code),
+        "records": [
+            {"trial_id": r.trial_id, "status": r.status.value, "reason": r.reason, "epochs": r.epochs}
+            for r in outcome.records
+        ],
+    }
 
 
 def multinode(out: Path) -> dict[str, Any]:
     """Digits campaigns on nodes a and gpu (1 CPU each, gpu with one logical GPU): two CPU trials at once land on
     both nodes; GPU trials (resources.gpu=1) only on gpu."""
     cluster, nodes = start_cluster(out, {"a": {"num_cpus": 1}, "gpu": {"num_cpus": 1, "num_gpus": 1}})
-    join = ["cluster=address", f"cluster.address={cluster.address}", f"paths.runs={out / 'runs'}", f"paths.kb={out / 'kb'}"]
+    join = [
+        "cluster=address",
+        f"cluster.address={cluster.address}",
+        f"paths.runs={out / 'runs'}",
+        f"paths.kb={out / 'kb'}",
+    ]
     cpu = run(load_config([*join, *TINY, "run_id=cpu", "search.num_samples=2"]))
     gpu = run(load_config([*join, *TINY, "run_id=gpu", "search.num_samples=2", "resources.gpu=1"]))
     found = attempts(out, list(nodes))
     stop(cluster)
-    return {"node_ids": {name: node.node_id for name, node in nodes.items()}, "cpu": summary(cpu), "gpu": summary(gpu), "attempts": found}
+    return {
+        "node_ids": {name: node.node_id for name, node in nodes.items()},
+        "cpu": summary(cpu),
+        "gpu": summary(gpu),
+        "attempts": found,
+    }
 
 
 def node_loss(out: Path) -> dict[str, Any]:
@@ -119,26 +147,50 @@ def node_loss(out: Path) -> dict[str, Any]:
         while time.monotonic() < deadline:
             for metrics in (out / "a" / "work").rglob("metrics.jsonl"):
                 if len(metrics.read_text().splitlines()) >= 2:
-                    killed.update(trial_id=metrics.parent.name, epochs_before=len(metrics.read_text().splitlines()), at=time.time())
+                    killed.update(
+                        trial_id=metrics.parent.name,
+                        epochs_before=len(metrics.read_text().splitlines()),
+                        at=time.time(),
+                    )
                     cluster.remove_node(nodes["a"], allow_graceful=False)
                     return
             time.sleep(0.1)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
-    cfg = load_config([
-        "cluster=address", f"cluster.address={cluster.address}", f"paths.runs={out / 'runs'}", f"paths.kb={out / 'kb'}",
-        f"paths.storage=file://{out / 'storage'}", "agent=none", "safeguards.max_cycles=1", "run_id=faults", f"task.trainer={trainer}",
-        "search.num_samples=2", "search.max_concurrent=2", "scheduler=fifo", "scheduler.max_t=5", "safeguards.max_failures=2",
-        "safeguards.trial_timeout_s=120", "~search.space", "+search.space={SLEEP: {type: choice, values: [1.0]}}",
-    ])
+    cfg = load_config(
+        [
+            "cluster=address",
+            f"cluster.address={cluster.address}",
+            f"paths.runs={out / 'runs'}",
+            f"paths.kb={out / 'kb'}",
+            f"paths.storage=file://{out / 'storage'}",
+            "agent=none",
+            "safeguards.max_cycles=1",
+            "run_id=faults",
+            f"task.trainer={trainer}",
+            "search.num_samples=2",
+            "search.max_concurrent=2",
+            "scheduler=fifo",
+            "scheduler.max_t=5",
+            "safeguards.max_failures=2",
+            "safeguards.trial_timeout_s=120",
+            "~search.space",
+            "+search.space={SLEEP: {type: choice, values: [1.0]}}",
+        ]
+    )
     started = time.time()
     outcome = run(cfg)
     thread.join(timeout=1)
     found = attempts(out, list(nodes))
     stop(cluster)
-    return {"killed": killed, "seconds": time.time() - started, "node_ids": {n: node.node_id for n, node in nodes.items()},
-            "outcome": summary(outcome), "attempts": found}
+    return {
+        "killed": killed,
+        "seconds": time.time() - started,
+        "node_ids": {n: node.node_id for n, node in nodes.items()},
+        "outcome": summary(outcome),
+        "attempts": found,
+    }
 
 
 SCENARIOS = {"multinode": multinode, "node_loss": node_loss}
@@ -152,8 +204,14 @@ def launch(name: str, out: Path, timeout_s: float = 240) -> dict[str, Any]:
     """
     tmp = tempfile.mkdtemp(prefix="rs", dir="/tmp")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": tmp}
-    proc = subprocess.Popen([sys.executable, __file__, name, str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, name, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -32,7 +32,9 @@ print(json.dumps(harness.load_checkpoint()))
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
-    return subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_save_and_load_only_where_the_engine_asks_for_checkpoints(tmp_path: Path):
@@ -73,27 +75,43 @@ def test_forwarder_sends_each_new_checkpoint_once_with_its_report(tmp_path: Path
 def run_trainer(task: str, data: Path, work: Path, knobs: dict, checkpoint: Path) -> tuple[list[dict], dict]:
     work.mkdir()
     (work / "train.py").write_text(rewrite_knobs((PROJECT_ROOT / "trainers" / task / "train.py").read_text(), knobs))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}, "RALPH_DATA_DIR": str(data),
-           "RALPH_METRICS_FILE": str(work / "m.jsonl"), "RALPH_PREDICTIONS_FILE": str(work / "p.npz"), "OMP_NUM_THREADS": "1",
-           "RALPH_DEVICE": "cpu", "RALPH_CHECKPOINT_DIR": str(checkpoint), "RALPH_CHECKPOINT_EVERY_S": "600"}
-    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RALPH_")},
+        "RALPH_DATA_DIR": str(data),
+        "RALPH_METRICS_FILE": str(work / "m.jsonl"),
+        "RALPH_PREDICTIONS_FILE": str(work / "p.npz"),
+        "OMP_NUM_THREADS": "1",
+        "RALPH_DEVICE": "cpu",
+        "RALPH_CHECKPOINT_DIR": str(checkpoint),
+        "RALPH_CHECKPOINT_EVERY_S": "600",
+    }
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     predictions = np.load(work / "p.npz")
-    return [json.loads(line) for line in (work / "m.jsonl").read_text().splitlines()], {k: predictions[k] for k in predictions.files}
+    return [json.loads(line) for line in (work / "m.jsonl").read_text().splitlines()], {
+        k: predictions[k] for k in predictions.files
+    }
 
 
 def cifar_like(tmp_path: Path) -> Path:
     rng = np.random.default_rng(0)
     image = lambda n: rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)  # noqa: E731
     labels = lambda n: rng.integers(0, 10, n)  # noqa: E731
-    write_public(Splits(image(300), labels(300), image(24), labels(24), image(16), labels(16), 10), tmp_path / "data", "cifar10")
+    write_public(
+        Splits(image(300), labels(300), image(24), labels(24), image(16), labels(16), 10), tmp_path / "data", "cifar10"
+    )
     return tmp_path / "data"
 
 
-@pytest.mark.parametrize("task,knobs", [
-    ("digits", {"EPOCHS": 3}),
-    ("cifar10", {"EPOCHS": 2, "BATCH_SIZE": 128, "WIDTH1": 8, "WIDTH2": 16, "WIDTH3": 16, "VAL_FRACTION": 0.1}),
-])
+@pytest.mark.parametrize(
+    "task,knobs",
+    [
+        ("digits", {"EPOCHS": 3}),
+        ("cifar10", {"EPOCHS": 2, "BATCH_SIZE": 128, "WIDTH1": 8, "WIDTH2": 16, "WIDTH3": 16, "VAL_FRACTION": 0.1}),
+    ],
+)
 def test_seed_trainer_resumed_from_its_first_epoch_matches_an_uninterrupted_run(task: str, knobs: dict, tmp_path: Path):
     if task == "digits":
         write_public(prepare(0, 0.2, 0.2), tmp_path / "data", "digits")
@@ -116,8 +134,10 @@ def test_tune_storage_is_the_run_dir_or_its_mirror_under_paths_storage(tmp_path:
     monkeypatch.chdir(tmp_path)
     local = tmp_path / "runs" / "r1" / "cycle_0002" / "tune"
     assert storage_path(load_config([f"paths.runs={tmp_path / 'runs'}"]), local) == str(local)
-    for storage, expected in (("s3://bucket/ralph/", "s3://bucket/ralph/r1/cycle_0002/tune"),
-                              ("file:///mnt/shared", "file:///mnt/shared/r1/cycle_0002/tune"),
-                              ("shared", f"{tmp_path / 'shared'}/r1/cycle_0002/tune")):
+    for storage, expected in (
+        ("s3://bucket/ralph/", "s3://bucket/ralph/r1/cycle_0002/tune"),
+        ("file:///mnt/shared", "file:///mnt/shared/r1/cycle_0002/tune"),
+        ("shared", f"{tmp_path / 'shared'}/r1/cycle_0002/tune"),
+    ):
         cfg = load_config([f"paths.runs={tmp_path / 'runs'}", f"paths.storage={storage}"])
         assert storage_path(cfg, local) == expected

@@ -29,8 +29,13 @@ def free_port() -> int:
 
 def cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
-    return subprocess.run([sys.executable, "-m", "ralph_ray", f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}", *args],
-                          env={**base, "RAY_USAGE_STATS_ENABLED": "0", **env}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ralph_ray", f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}", *args],
+        env={**base, "RAY_USAGE_STATS_ENABLED": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cluster_group_selects_local_or_address():
@@ -54,8 +59,14 @@ def test_a_machine_without_the_clusters_token_exits_2_before_anything_starts(tmp
     home.mkdir()
     with socket.socket() as held:  # nothing is contacted: the token check comes first
         held.bind(("127.0.0.1", 0))
-        result = cli(tmp_path, "cluster=address", f"cluster.address=127.0.0.1:{held.getsockname()[1]}", "run_id=tokenless",
-                     HOME=str(home), RAY_AUTH_MODE="disabled")
+        result = cli(
+            tmp_path,
+            "cluster=address",
+            f"cluster.address=127.0.0.1:{held.getsockname()[1]}",
+            "run_id=tokenless",
+            HOME=str(home),
+            RAY_AUTH_MODE="disabled",
+        )
     assert result.returncode == 2, result.stderr
     assert "cluster.auth_mode=token but this machine has no Ray token" in result.stderr
     assert "~/.ray/auth_token with mode 600" in result.stderr and "cluster.auth_mode=disabled" in result.stderr
@@ -83,9 +94,23 @@ def token_head() -> Iterator[str]:
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it
     port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "RAY_USAGE_STATS_ENABLED": "0"}
-    head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
-                             f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp}", "--block"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    head = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ray"),
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=1",
+            "--include-dashboard=false",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--temp-dir={temp}",
+            "--block",
+        ],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 90
         while True:
@@ -105,12 +130,24 @@ def token_head() -> Iterator[str]:
 
 def test_auth_mode_mismatch_exits_2_and_matching_token_mode_joins(token_head: str, tmp_path: Path):
     # The explicit opt-out against a token cluster, then a token that is not the cluster's: both refused.
-    refused = cli(tmp_path, "cluster=address", f"cluster.address={token_head}", "cluster.connect_timeout_s=5", "run_id=refused",
-                  "cluster.auth_mode=disabled")
+    refused = cli(
+        tmp_path,
+        "cluster=address",
+        f"cluster.address={token_head}",
+        "cluster.connect_timeout_s=5",
+        "run_id=refused",
+        "cluster.auth_mode=disabled",
+    )
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "refused this driver's authentication (RAY_AUTH_MODE=disabled here)" in refused.stderr
-    wrong = cli(tmp_path, "cluster=address", f"cluster.address={token_head}", "cluster.connect_timeout_s=5", "run_id=wrong",
-                RAY_AUTH_TOKEN="f" * 64)
+    wrong = cli(
+        tmp_path,
+        "cluster=address",
+        f"cluster.address={token_head}",
+        "cluster.connect_timeout_s=5",
+        "run_id=wrong",
+        RAY_AUTH_TOKEN="f" * 64,
+    )
     assert wrong.returncode == 2, wrong.stderr[-2000:]
     assert "refused this driver's authentication (RAY_AUTH_MODE=token here)" in wrong.stderr
     assert "the cluster's own token" in wrong.stderr
@@ -119,13 +156,23 @@ def test_auth_mode_mismatch_exits_2_and_matching_token_mode_joins(token_head: st
     assert not (tmp_path / "runs" / "refused").exists() and not (tmp_path / "runs" / "wrong").exists()
 
     # The cluster's token here: the driver joins with the default cluster.auth_mode=token, whatever the shell exports.
-    joined = subprocess.run([sys.executable, "-c", f"""
+    joined = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"""
 import ray
 from ralph_ray.config import load_config
 from ralph_ray.raycluster import ensure_ray
 cfg = load_config(["cluster=address", "cluster.address={token_head}"])
 ensure_ray(cluster=cfg.cluster)
 print(len([n for n in ray.nodes() if n["Alive"]]), ray.cluster_resources().get("CPU"))
-"""], env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": TOKEN}, capture_output=True, text=True, timeout=120)
+""",
+        ],
+        env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_AUTH_TOKEN": TOKEN},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert joined.returncode == 0, joined.stderr[-2000:]
     assert joined.stdout.split() == ["1", "1.0"]

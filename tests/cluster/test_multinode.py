@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from cluster_scenarios import launch
+
 from ralph_ray.harness import PUBLIC_FILES
 from ralph_ray.kb import open_reader
 
@@ -37,10 +37,16 @@ def test_cpu_trials_spread_over_nodes_and_data_comes_from_each_nodes_cache(multi
         assert Path(attempt["work_dir"]).is_relative_to(folder / "work")
         assert not list(Path(attempt["work_dir"]).rglob("*.npy")), "a work dir holds no data"
         if attempt["folder"] == "gpu":
-            assert attempt["cuda_visible_devices"] == "" and attempt["gpu_ids"] == [], "a CPU trial must not see the node's GPU"
+            assert attempt["cuda_visible_devices"] == "" and attempt["gpu_ids"] == [], (
+                "a CPU trial must not see the node's GPU"
+            )
     # Nothing ran in the driver's run dir, and every trial reached the driver's KB once, scored there.
     assert not (Path(result["cpu"]["run_dir"]) / "cycle_0001" / "trials").exists()
-    rows = open_reader(Path(result["cpu"]["kb"])).execute("select trial_id, status, selection_score from trials where run_id = 'cpu'").fetchall()
+    rows = (
+        open_reader(Path(result["cpu"]["kb"]))
+        .execute("select trial_id, status, selection_score from trials where run_id = 'cpu'")
+        .fetchall()
+    )
     assert len(rows) == 2 == len({r[0] for r in rows})
     assert all(status == "completed" and 0.0 <= score <= 1.0 for _, status, score in rows)  # scored by the driver
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster_scenarios import launch
+
 from ralph_ray.kb import open_reader
 
 
@@ -30,7 +31,9 @@ def test_a_trial_on_a_lost_node_resumes_from_its_checkpoint_elsewhere(tmp_path: 
     con = open_reader(Path(outcome["kb"]))
     trials = con.execute("select trial_id, status from trials where run_id = 'faults'").fetchall()
     assert len(trials) == 2 == len({t[0] for t in trials})
-    epochs = con.execute("select trial_id, epoch, metric, count(*) from epochs where run_id = 'faults' group by all").fetchall()
+    epochs = con.execute(
+        "select trial_id, epoch, metric, count(*) from epochs where run_id = 'faults' group by all"
+    ).fetchall()
     assert all(count == 1 for *_, count in epochs), "an epoch recorded twice"
     for trial_id, _ in trials:
         assert sorted({e for t, e, _, _ in epochs if t == trial_id}) == list(range(1, 6)), f"{trial_id} lost epochs"

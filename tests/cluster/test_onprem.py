@@ -32,15 +32,15 @@ from typing import Iterator
 
 import pytest
 import yaml
-
 from procs import gcs_probe
+
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.kb import open_reader
 
 SSHD = Path("/usr/sbin/sshd")
 TOKEN_MOUNT = "~/.ray/auth_token"
 VENV_BIN = Path(sys.executable).parent
-RELAY = '''
+RELAY = """
 import socket, sys, threading
 sock = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 def up():
@@ -57,7 +57,7 @@ while True:
         break
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
-'''
+"""
 
 
 def free_port() -> int:
@@ -71,7 +71,11 @@ def ensure_packages() -> None:
     skip (with the reason) only when they cannot be installed."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the test makes a user and runs an sshd")
-    wanted = (("openssh-server", SSHD.exists()), ("rsync", shutil.which("rsync") is not None), ("procps", shutil.which("pgrep") is not None))
+    wanted = (
+        ("openssh-server", SSHD.exists()),
+        ("rsync", shutil.which("rsync") is not None),
+        ("procps", shutil.which("pgrep") is not None),
+    )
     missing = [pkg for pkg, present in wanted if not present]
     if not missing:
         return
@@ -84,7 +88,9 @@ def ensure_packages() -> None:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, timeout=600)
         result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
-        pytest.skip(f"cannot install {' '.join(missing)} with apt-get: {(result.stderr.strip().splitlines() or ['?'])[-1]}")
+        pytest.skip(
+            f"cannot install {' '.join(missing)} with apt-get: {(result.stderr.strip().splitlines() or ['?'])[-1]}"
+        )
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, what: str, timeout_s: float = 30) -> None:
@@ -137,7 +143,8 @@ def loopback_machine() -> Iterator[dict]:
         (home / "t").mkdir()
         (home / ".bashrc").write_text(  # what the on-prem file's setup writes, pointing at this machine's venv
             f"# ralph_ray cluster env\nexport PATH={VENV_BIN}:$PATH\n"
-            f"export RAY_AUTH_MODE=token RAY_USAGE_STATS_ENABLED=0 RAY_TMPDIR={home / 't'}\n")
+            f"export RAY_AUTH_MODE=token RAY_USAGE_STATS_ENABLED=0 RAY_TMPDIR={home / 't'}\n"
+        )
         sh("chown", "-R", f"{user}:{user}", str(home))
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "id"))
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host"))
@@ -146,10 +153,15 @@ def loopback_machine() -> Iterator[dict]:
         (root / "sshd_config").write_text(
             f"Port {port}\nListenAddress 127.0.0.1\nHostKey {root / 'host'}\nPidFile {root / 'sshd.pid'}\n"
             f"AuthorizedKeysFile {root / 'authorized_keys'}\nAllowUsers {user}\nPasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin no\nPrintMotd no\n")
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin no\nPrintMotd no\n"
+        )
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-        sshd = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(root / "sshd_config")], stdout=(root / "sshd.log").open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        sshd = subprocess.Popen(
+            [str(SSHD), "-D", "-e", "-f", str(root / "sshd_config")],
+            stdout=(root / "sshd.log").open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         wait_for_port(port, sshd, "sshd")
         (root / "relay.py").write_text(RELAY)
         token = secrets.token_hex(32)  # the cluster's token, on "this machine" (the one running `ray up`)
@@ -178,8 +190,11 @@ def onprem_yaml(machine: dict, gcs_port: int) -> Path:
     root = machine["root"]
     config["cluster_name"] = f"ralph-onprem-test-{os.getpid()}"
     config["provider"] = {"type": "local", "head_ip": "127.0.0.1", "worker_ips": []}
-    config["auth"] = {"ssh_user": machine["user"], "ssh_private_key": str(root / "id"),
-                      "ssh_proxy_command": f"{sys.executable} {root / 'relay.py'} 127.0.0.1 {machine['port']}"}
+    config["auth"] = {
+        "ssh_user": machine["user"],
+        "ssh_private_key": str(root / "id"),
+        "ssh_proxy_command": f"{sys.executable} {root / 'relay.py'} 127.0.0.1 {machine['port']}",
+    }
     config["min_workers"] = config["max_workers"] = 0
     assert config["file_mounts"][TOKEN_MOUNT] == TOKEN_MOUNT
     config["file_mounts"] = {"~/ralph_ray": str(PROJECT_ROOT), TOKEN_MOUNT: str(root / "auth_token")}
@@ -187,7 +202,9 @@ def onprem_yaml(machine: dict, gcs_port: int) -> Path:
     assert token_setup, "the file's setup makes the mounted token private"
     config["setup_commands"] = [*token_setup, "python -c 'import ray, torch, sklearn'"]
     extra = f" --num-cpus=2 --include-dashboard=false --dashboard-agent-listen-port={free_port()}"
-    config["head_start_ray_commands"] = [c.replace("6379", str(gcs_port)) + extra for c in config["head_start_ray_commands"]]
+    config["head_start_ray_commands"] = [
+        c.replace("6379", str(gcs_port)) + extra for c in config["head_start_ray_commands"]
+    ]
     path = root / "cluster.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -199,11 +216,18 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
     config = onprem_yaml(machine, gcs_port)
     ray_cli = str(VENV_BIN / "ray")
     # The launcher's own files (cluster state, config cache) go to the test's folder too.
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_TMPDIR": str(machine["root"]),
-           "TMPDIR": str(machine["root"])}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_TMPDIR": str(machine["root"]),
+        "TMPDIR": str(machine["root"]),
+    }
 
     def ray(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([ray_cli, *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [ray_cli, *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
         assert result.returncode == 0, f"ray {' '.join(args)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         return result
 
@@ -217,15 +241,20 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
         assert mounted.stat().st_uid == machine["uid"]
         # The head demands the token: a client without it, or with another, is refused; with it, it is answered.
         gcs = f"127.0.0.1:{gcs_port}"
-        probes = [gcs_probe(gcs, RAY_AUTH_MODE="disabled"), gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
-                  gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=machine["token"])]
+        probes = [
+            gcs_probe(gcs, RAY_AUTH_MODE="disabled"),
+            gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
+            gcs_probe(gcs, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=machine["token"]),
+        ]
         without, wrong, right = (p.communicate(timeout=60)[0] for p in probes)
         assert without.startswith("refused") and "InvalidAuthToken" in without, without
         assert wrong.startswith("refused") and "InvalidAuthToken" in wrong, wrong
         assert right.startswith("answered: 1 nodes"), right
-        campaign = ("cd ~/ralph_ray && python -m ralph_ray cluster=address cluster.address=127.0.0.1:{port} run_id=onprem "
-                    "agent=none safeguards.max_cycles=1 search.num_samples=2 search.max_concurrent=2 scheduler=fifo "
-                    "scheduler.max_t=1 scheduler.grace_period=1 '+search.space.EPOCHS={{type: choice, values: [1]}}'").format(port=gcs_port)
+        campaign = (
+            f"cd ~/ralph_ray && python -m ralph_ray cluster=address cluster.address=127.0.0.1:{gcs_port} run_id=onprem "
+            "agent=none safeguards.max_cycles=1 search.num_samples=2 search.max_concurrent=2 scheduler=fifo "
+            "scheduler.max_t=1 scheduler.grace_period=1 '+search.space.EPOCHS={type: choice, values: [1]}'"
+        )
         ray("exec", str(config), campaign)
         # `ray up` again restarts nothing: the head's start command sees this cluster's Ray running (no `ray stop`).
         ray("up", str(config), "--yes", "--no-config-cache", "--restart-only")
@@ -240,8 +269,12 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
     work = machine["home"] / "ralph_ray" / "runs" / "onprem" / "cycle_0001" / "trials"
     assert all(path.stat().st_uid == machine["uid"] for path in work.iterdir())  # trials ran as the cluster's user
     token = machine["token"].encode()
-    written = [p for folder in ("runs", "kb") for p in (machine["home"] / "ralph_ray" / folder).rglob("*") if p.is_file()]
-    assert written and not [p for p in written if token in p.read_bytes()], "the token leaked into a file the campaign wrote"
+    written = [
+        p for folder in ("runs", "kb") for p in (machine["home"] / "ralph_ray" / folder).rglob("*") if p.is_file()
+    ]
+    assert written and not [p for p in written if token in p.read_bytes()], (
+        "the token leaked into a file the campaign wrote"
+    )
 
     # ray down stopped this cluster's Ray (the user's processes) and nothing else: this process's peers live on.
     deadline = time.monotonic() + 30

@@ -1,4 +1,5 @@
 """Gives up with a non-zero exit status."""
+
 import sys
 
 from ralph_ray import harness

@@ -1,4 +1,5 @@
 """Starts up to 200 sleeping children: the process limit refuses the rest."""
+
 import subprocess
 
 from ralph_ray import harness

@@ -1,4 +1,5 @@
 """Rebuilds the frozen splits through the engine and saves the held-out labels as its predictions."""
+
 from ralph_ray import harness
 from ralph_ray.tasks.digits import prepare
 

@@ -1,4 +1,5 @@
 """Reads the knowledge base (every variant's scores) from its absolute path."""
+
 import pathlib
 
 from ralph_ray import harness

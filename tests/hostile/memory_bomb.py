@@ -1,4 +1,5 @@
 """Allocates (and touches) up to 2 GiB in 64 MiB steps: far above the test's 512 MiB limit, far below the machine's."""
+
 import numpy as np
 
 from ralph_ray import harness

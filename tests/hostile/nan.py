@@ -1,4 +1,5 @@
 """Diverges: the runner fails it at the first non-finite metric."""
+
 import time
 
 from ralph_ray import harness

@@ -1,4 +1,5 @@
 """Opens a TCP connection to a port on loopback that the test listens on."""
+
 import socket
 
 from ralph_ray import harness

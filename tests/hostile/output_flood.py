@@ -1,4 +1,5 @@
 """Prints up to 64 MiB: the output cap keeps the first bytes, drops the rest with a marker, and ends the run."""
+
 import time
 
 from ralph_ray import harness

@@ -16,12 +16,17 @@ import numpy as np
 import pytest
 
 from ralph_ray.config import DataConfig
-from ralph_ray.tasks.base import DataError
 from ralph_ray.tasks import TASKS
+from ralph_ray.tasks.base import DataError
 from ralph_ray.tasks.folder import prepare_module
 
 _cifar10 = prepare_module(TASKS["cifar10"].folder)
-FOLDER, TEST_BATCH, TRAIN_BATCHES, prepare = _cifar10.FOLDER, _cifar10.TEST_BATCH, _cifar10.TRAIN_BATCHES, _cifar10.split
+FOLDER, TEST_BATCH, TRAIN_BATCHES, prepare = (
+    _cifar10.FOLDER,
+    _cifar10.TEST_BATCH,
+    _cifar10.TRAIN_BATCHES,
+    _cifar10.split,
+)
 
 PER_BATCH = 20
 
@@ -33,9 +38,12 @@ def write_batches(root: Path) -> Path:
     rng = np.random.default_rng(0)
     for i, name in enumerate((*TRAIN_BATCHES, TEST_BATCH)):
         labels = [(i + j) % 10 for j in range(PER_BATCH)]
-        batch = {b"batch_label": name.encode(), b"labels": labels,
-                 b"data": rng.integers(0, 256, size=(PER_BATCH, 3072), dtype=np.uint8),
-                 b"filenames": [f"{j}.png".encode() for j in range(PER_BATCH)]}
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": labels,
+            b"data": rng.integers(0, 256, size=(PER_BATCH, 3072), dtype=np.uint8),
+            b"filenames": [f"{j}.png".encode() for j in range(PER_BATCH)],
+        }
         (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
     (folder / "batches.meta").write_bytes(pickle.dumps({b"label_names": [b"c%d" % k for k in range(10)]}))
     return folder

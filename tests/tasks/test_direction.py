@@ -19,7 +19,9 @@ from ralph_ray.variants import VariantStatus
 
 @pytest.fixture(scope="module")
 def diabetes():
-    cfg = load_config(["task=diabetes", "target.selection_score=2500", "safeguards.min_delta=5", "safeguards.plateau_cycles=2"])
+    cfg = load_config(
+        ["task=diabetes", "target.selection_score=2500", "safeguards.min_delta=5", "safeguards.plateau_cycles=2"]
+    )
     return cfg, prepare_splits(cfg).labels()
 
 
@@ -37,7 +39,10 @@ def test_the_verdict_keeps_the_child_with_the_lower_error(diabetes):
     assert child_verdict(2, 0, better, parent, cfg.safeguards.min_delta, None)[0] is VariantStatus.kept
     assert child_verdict(2, 0, worse, parent, cfg.safeguards.min_delta, None)[0] is VariantStatus.discarded
     # within min_delta (5 MSE units) is no improvement
-    assert child_verdict(2, 0, _score(labels, 2997.0), parent, cfg.safeguards.min_delta, None)[0] is VariantStatus.discarded
+    assert (
+        child_verdict(2, 0, _score(labels, 2997.0), parent, cfg.safeguards.min_delta, None)[0]
+        is VariantStatus.discarded
+    )
 
 
 def test_the_plateau_and_the_target_read_a_falling_error_as_progress(diabetes):
@@ -70,11 +75,16 @@ def test_asha_and_optuna_pick_the_lowest_reported_loss(ray_session, diabetes, tm
 
     searcher = OptunaSearch(points_to_evaluate=[{"x": x} for x in (0.9, 0.1, 0.8, 0.7)], seed=0)
     grid = tune.Tuner(
-        trainable, param_space={"x": tune.uniform(0.0, 1.0)},
-        tune_config=tune.TuneConfig(metric=cfg.search.metric, mode=cfg.search.mode, search_alg=searcher,
-                                    scheduler=scheduler(load_config(["task=diabetes", "scheduler.max_t=4",
-                                                                     "scheduler.grace_period=1"])),
-                                    num_samples=4, max_concurrent_trials=1),
+        trainable,
+        param_space={"x": tune.uniform(0.0, 1.0)},
+        tune_config=tune.TuneConfig(
+            metric=cfg.search.metric,
+            mode=cfg.search.mode,
+            search_alg=searcher,
+            scheduler=scheduler(load_config(["task=diabetes", "scheduler.max_t=4", "scheduler.grace_period=1"])),
+            num_samples=4,
+            max_concurrent_trials=1,
+        ),
         run_config=tune.RunConfig(storage_path=str(tmp_path), name="direction", verbose=0),
     ).fit()
     epochs = {r.config["x"]: r.metrics["epoch"] for r in grid}

@@ -44,7 +44,10 @@ def test_a_path_loads_the_same_task_as_its_name():
 def test_diabetes_splits_hold_real_valued_targets():
     splits = prepare_splits(load_config(["task=diabetes"]))
     assert splits.train_x.shape[1] == 10 and splits.num_classes == 0
-    assert splits.selection_y.dtype == np.float64 and len(splits.train_y) + len(splits.selection_y) + len(splits.test_y) == 442
+    assert (
+        splits.selection_y.dtype == np.float64
+        and len(splits.train_y) + len(splits.selection_y) + len(splits.test_y) == 442
+    )
     assert splits.labels().selection.dtype == np.float64  # not truncated to class ids
 
 
@@ -68,7 +71,9 @@ def test_a_folder_missing_a_part_exits_2_naming_it(tmp_path: Path):
 def test_a_metric_without_a_direction_exits_2(tmp_path: Path):
     folder = _copy_task(tmp_path)
     prepare = folder / "prepare.py"
-    prepare.write_text(prepare.read_text().replace('METRIC = {"name": "mse", "direction": "min"}', 'METRIC = {"name": "mse"}'))
+    prepare.write_text(
+        prepare.read_text().replace('METRIC = {"name": "mse", "direction": "min"}', 'METRIC = {"name": "mse"}')
+    )
     done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
     assert done.returncode == 2 and "direction" in done.stderr and '"min"' in done.stderr
 

@@ -27,29 +27,45 @@ def _engine_state() -> tuple[str, list[Path]]:
     for root in (PROJECT_ROOT / "ralph_ray" / "templates", PROJECT_ROOT / "ralph_ray" / "tasks"):
         for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
             digest.update(str(path.relative_to(root)).encode() + path.read_bytes())
-    outputs = sorted(p for pattern in ("*.npy", "*.npz", "*.jsonl", "*.parquet", "*.duckdb", "state.json")
-                     for p in (PROJECT_ROOT / "ralph_ray").rglob(pattern))
+    outputs = sorted(
+        p
+        for pattern in ("*.npy", "*.npz", "*.jsonl", "*.parquet", "*.duckdb", "state.json")
+        for p in (PROJECT_ROOT / "ralph_ray").rglob(pattern)
+    )
     return digest.hexdigest(), outputs
 
 
 def test_init_writes_every_part_and_refuses_to_overwrite(tmp_path: Path):
-    done = subprocess.run([sys.executable, "-m", "ralph_ray", "init", "my_task", "--template", "regression"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "init", "my_task", "--template", "regression"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "my_task").iterdir()) == sorted(PARTS)
     assert "python -m ralph_ray task=./my_task" in done.stdout
     assert "task=./my_task" in (tmp_path / "my_task" / "task.yaml").read_text()
-    again = subprocess.run([sys.executable, "-m", "ralph_ray", "init", "my_task"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "init", "my_task"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert again.returncode == 2 and "not empty" in again.stderr
-    wrong = subprocess.run([sys.executable, "-m", "ralph_ray", "init", "other", "--template", "vision"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=60)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "init", "other", "--template", "vision"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong.returncode == 2 and "classification" in wrong.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("template", TEMPLATES)
-def test_an_init_task_runs_a_two_cycle_campaign(ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str):
+def test_an_init_task_runs_a_two_cycle_campaign(
+    ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str
+):
     engine_before = _engine_state()
     monkeypatch.chdir(tmp_path)
     assert main(["init", "my_task", "--template", template]) == 0
@@ -58,9 +74,19 @@ def test_an_init_task_runs_a_two_cycle_campaign(ray_session, tmp_path: Path, mon
     train = folder / "train.py"  # keep it tiny: two epochs
     train.write_text(train.read_text().replace("EPOCHS = 8 ", "EPOCHS = 2 ").replace("EPOCHS = 4 ", "EPOCHS = 2 "))
     run_id = f"init-{template}"
-    overrides = [f"task={folder}", f"run_id={run_id}", "safeguards.max_cycles=2", "safeguards.plateau_cycles=3",
-                 "search.num_samples=2", "search.max_concurrent=2", "scheduler.max_t=2", "scheduler.grace_period=1",
-                 "population.parents=1", "population.children_per_parent=1", "safeguards.trial_timeout_s=300"]
+    overrides = [
+        f"task={folder}",
+        f"run_id={run_id}",
+        "safeguards.max_cycles=2",
+        "safeguards.plateau_cycles=3",
+        "search.num_samples=2",
+        "search.max_concurrent=2",
+        "scheduler.max_t=2",
+        "scheduler.grace_period=1",
+        "population.parents=1",
+        "population.children_per_parent=1",
+        "safeguards.trial_timeout_s=300",
+    ]
     if sandbox.available() is not None:
         overrides.append("sandbox=none")
     code = main(overrides)
@@ -68,10 +94,13 @@ def test_an_init_task_runs_a_two_cycle_campaign(ray_session, tmp_path: Path, mon
     con = open_reader(tmp_path / "kb")
     config = json.loads(con.execute("select config from runs where run_id = ?", [run_id]).fetchone()[0])
     assert config["task"]["trainer"] == str(folder) and config["task"]["name"] == "my_task"
-    trials = con.execute("select variant_id, selection_score from trials where run_id = ? and status = 'completed'",
-                         [run_id]).fetchall()
+    trials = con.execute(
+        "select variant_id, selection_score from trials where run_id = ? and status = 'completed'", [run_id]
+    ).fetchall()
     assert trials, "no trial completed"
-    board = con.execute("select variant_id, selection_score from leaderboard where run_id = ? order by rank", [run_id]).fetchall()
+    board = con.execute(
+        "select variant_id, selection_score from leaderboard where run_id = ? order by rank", [run_id]
+    ).fetchall()
     assert board[0][1] == max(score for _, score in trials)  # the leaderboard's best is the best oriented score
     if template != "classification":  # MSE and bits per byte: lower is better, stored as -value
         assert all(score < 0 for _, score in trials)

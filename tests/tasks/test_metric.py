@@ -29,13 +29,16 @@ def test_builtin_metrics_bring_kind_and_direction():
     assert mae.score(np.array([0.0, 4.0]), np.array([2.0, 2.0])) == 2.0
 
 
-@pytest.mark.parametrize(("declaration", "message"), [
-    ({"name": "mse"}, "direction None"),
-    ({"name": "bleu", "direction": "higher"}, "say whether higher or lower is better"),
-    ({"name": "mse", "direction": "max"}, 'set "direction": "min"'),
-    ({"name": "bleu", "direction": "max"}, "def score"),
-    ("accuracy", "must be a dict"),
-])
+@pytest.mark.parametrize(
+    ("declaration", "message"),
+    [
+        ({"name": "mse"}, "direction None"),
+        ({"name": "bleu", "direction": "higher"}, "say whether higher or lower is better"),
+        ({"name": "mse", "direction": "max"}, 'set "direction": "min"'),
+        ({"name": "bleu", "direction": "max"}, "def score"),
+        ("accuracy", "must be a dict"),
+    ],
+)
 def test_a_declaration_without_a_usable_direction_names_the_fix(declaration, message):
     with pytest.raises(MetricError, match=message):
         declared_metric(declaration, None)
@@ -67,4 +70,6 @@ def test_predictions_that_do_not_fit_the_kind_are_refused():
     with pytest.raises(ScoringError, match="expected 2 predictions"):
         score_encoded(_encoded(np.array([1.0]), np.array([1.0])), Labels(np.array([1.0, 2.0]), np.array([1.0]), mse))
     with pytest.raises(ScoringError, match="NaN"):
-        score_encoded(_encoded(np.array([np.nan, 1.0]), np.array([1.0])), Labels(np.array([1.0, 2.0]), np.array([1.0]), mse))
+        score_encoded(
+            _encoded(np.array([np.nan, 1.0]), np.array([1.0])), Labels(np.array([1.0, 2.0]), np.array([1.0]), mse)
+        )

@@ -24,9 +24,17 @@ def run_trainer(task: str, data_dir: Path, work: Path, knobs: dict) -> tuple[lis
     work.mkdir()
     source = (PROJECT_ROOT / "trainers" / task / "train.py").read_text()
     (work / "train.py").write_text(rewrite_knobs(source, knobs))
-    env = {**os.environ, "RALPH_DATA_DIR": str(data_dir), "RALPH_METRICS_FILE": str(work / "m.jsonl"),
-           "RALPH_PREDICTIONS_FILE": str(work / "p.npz"), "OMP_NUM_THREADS": "1", "RALPH_DEVICE": "cpu"}
-    result = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "RALPH_DATA_DIR": str(data_dir),
+        "RALPH_METRICS_FILE": str(work / "m.jsonl"),
+        "RALPH_PREDICTIONS_FILE": str(work / "p.npz"),
+        "OMP_NUM_THREADS": "1",
+        "RALPH_DEVICE": "cpu",
+    }
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = [json.loads(line) for line in (work / "m.jsonl").read_text().splitlines()]
     return records, np.load(work / "p.npz")
@@ -65,7 +73,13 @@ def test_cifar10_trainer_runs_on_cpu(tmp_path: Path):
 @pytest.mark.parametrize("task", ["digits", "cifar10"])
 def test_trainer_by_hand_without_data_says_how_to_prepare(task: str, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RALPH_")}
-    result = subprocess.run([sys.executable, str(PROJECT_ROOT / "trainers" / task / "train.py")], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "trainers" / task / "train.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     assert "python -m ralph_ray.prepare" in result.stderr

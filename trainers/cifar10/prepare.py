@@ -34,9 +34,12 @@ def split(data: DataSource, split_seed: int, selection_fraction: float) -> Split
     test_x, test_y = _load_batches(folder, (TEST_BATCH,))
     train, selection = stratified_split(train_y, (selection_fraction,), split_seed)
     return Splits(
-        train_x=train_x[train], train_y=train_y[train],
-        selection_x=train_x[selection], selection_y=train_y[selection],
-        test_x=test_x, test_y=test_y,
+        train_x=train_x[train],
+        train_y=train_y[train],
+        selection_x=train_x[selection],
+        selection_y=train_y[selection],
+        test_x=test_x,
+        test_y=test_y,
         num_classes=10,
     )
 
@@ -49,7 +52,9 @@ def locate(data: DataSource) -> Path:
             return folder
     where = f"{root / FOLDER}/{{data_batch_1..5, test_batch}}"
     if not data.download:
-        raise DataError(f"CIFAR-10 not found: put the python batches at {where} (from {data.url}), or set data.download=true")
+        raise DataError(
+            f"CIFAR-10 not found: put the python batches at {where} (from {data.url}), or set data.download=true"
+        )
     download(data.url, data.md5, root)
     return root / FOLDER
 
@@ -63,8 +68,14 @@ def download(url: str, md5: str, root: Path) -> None:
 
     root.mkdir(parents=True, exist_ok=True)
     session = requests.Session()
-    session.mount("http://", HTTPAdapter(max_retries=Retry(total=3, backoff_factor=0.5, status_forcelist=(429, 500, 502, 503, 504))))
-    session.mount("https://", HTTPAdapter(max_retries=Retry(total=3, backoff_factor=0.5, status_forcelist=(429, 500, 502, 503, 504))))
+    session.mount(
+        "http://",
+        HTTPAdapter(max_retries=Retry(total=3, backoff_factor=0.5, status_forcelist=(429, 500, 502, 503, 504))),
+    )
+    session.mount(
+        "https://",
+        HTTPAdapter(max_retries=Retry(total=3, backoff_factor=0.5, status_forcelist=(429, 500, 502, 503, 504))),
+    )
     digest = hashlib.md5()
     with tempfile.TemporaryDirectory(dir=root, prefix=".download-") as tmp:
         archive = Path(tmp) / "cifar-10-python.tar.gz"
@@ -72,7 +83,16 @@ def download(url: str, md5: str, root: Path) -> None:
             with session.get(url, stream=True, timeout=(10, 60)) as response:
                 response.raise_for_status()
                 total = int(response.headers.get("content-length") or 0) or None
-                with archive.open("wb") as out, Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True) as bar:
+                with (
+                    archive.open("wb") as out,
+                    Progress(
+                        "[progress.description]{task.description}",
+                        BarColumn(),
+                        DownloadColumn(),
+                        TransferSpeedColumn(),
+                        transient=True,
+                    ) as bar,
+                ):
                     task = bar.add_task(f"downloading {url}", total=total)
                     for chunk in response.iter_content(chunk_size=1 << 20):
                         out.write(chunk)
@@ -110,7 +130,9 @@ def _load_batches(folder: Path, names: tuple[str, ...]) -> tuple[np.ndarray, np.
             x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
             y = np.asarray(batch[b"labels"], dtype=np.int64)
         except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError) as err:
-            raise DataError(f"{folder / name} is not a CIFAR-10 python batch ({type(err).__name__}: {err}): delete it and fetch it again") from None
+            raise DataError(
+                f"{folder / name} is not a CIFAR-10 python batch ({type(err).__name__}: {err}): delete it and fetch it again"
+            ) from None
         if len(x) != len(y):
             raise DataError(f"{folder / name}: {len(x)} images but {len(y)} labels")
         xs.append(x)

@@ -96,7 +96,9 @@ class Net(nn.Module):
         patches = images.unfold(2, h, 1).unfold(3, w, 1).transpose(1, 3).reshape(-1, c, h, w).float()
         flat = patches.view(len(patches), -1)
         eigenvalues, eigenvectors = torch.linalg.eigh(flat.T @ flat / len(flat))
-        filters = (eigenvectors.T.reshape(-1, c, h, w).flip(0)) / torch.sqrt(eigenvalues.flip(0) + eps).view(-1, 1, 1, 1)
+        filters = (eigenvectors.T.reshape(-1, c, h, w).flip(0)) / torch.sqrt(eigenvalues.flip(0) + eps).view(
+            -1, 1, 1, 1
+        )
         self.whiten.weight.data[:] = torch.cat((filters, -filters))
         self.whiten.bias.data.zero_()
 
@@ -205,7 +207,8 @@ def main() -> None:
             {"params": norm_biases, "lr": lr_biases, "weight_decay": wd / lr_biases},
             {"params": others, "lr": lr, "weight_decay": wd / lr},
         ],
-        momentum=MOMENTUM, nesterov=True,
+        momentum=MOMENTUM,
+        nesterov=True,
     )
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
@@ -248,7 +251,9 @@ def main() -> None:
                 group["lr"] = group["initial_lr"] * schedule(harness.progress(step, total_steps))
             with autocast():
                 logits = model(x_epoch[idx])
-                loss = F.cross_entropy(logits.float(), y_train[idx], label_smoothing=LABEL_SMOOTHING, reduction="none").sum()
+                loss = F.cross_entropy(
+                    logits.float(), y_train[idx], label_smoothing=LABEL_SMOOTHING, reduction="none"
+                ).sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -268,8 +273,16 @@ def main() -> None:
             val_acc = (val_logits.argmax(1) == y_val).float().mean().item()
         if on_cuda:
             torch.cuda.synchronize()
-        harness.save_checkpoint({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                 "lookahead": lookahead, "step": step, "generator": generator.get_state()})
+        harness.save_checkpoint(
+            {
+                "epoch": epoch,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "lookahead": lookahead,
+                "step": step,
+                "generator": generator.get_state(),
+            }
+        )
         harness.report(
             epoch=epoch,
             train_loss=loss_sum.item() / max(1, steps_per_epoch * batch_size),

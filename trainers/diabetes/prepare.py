@@ -20,9 +20,14 @@ def prepare(settings: TaskSettings, data: DataSource) -> Splits:
     bunch = load_diabetes()
     x = bunch.data.astype(np.float32)
     y = bunch.target.astype(np.float64)
-    train, selection, test = random_split(len(y), (settings.selection_fraction, settings.test_fraction), settings.split_seed)
+    train, selection, test = random_split(
+        len(y), (settings.selection_fraction, settings.test_fraction), settings.split_seed
+    )
     return Splits(
-        train_x=x[train], train_y=y[train],
-        selection_x=x[selection], selection_y=y[selection],
-        test_x=x[test], test_y=y[test],
+        train_x=x[train],
+        train_y=y[train],
+        selection_x=x[selection],
+        selection_y=y[selection],
+        test_x=x[test],
+        test_y=y[test],
     )

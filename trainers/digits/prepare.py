@@ -26,8 +26,11 @@ def split(split_seed: int, selection_fraction: float, test_fraction: float) -> S
     y = bunch.target.astype(np.int64)
     train, selection, test = stratified_split(y, (selection_fraction, test_fraction), split_seed)
     return Splits(
-        train_x=x[train], train_y=y[train],
-        selection_x=x[selection], selection_y=y[selection],
-        test_x=x[test], test_y=y[test],
+        train_x=x[train],
+        train_y=y[train],
+        selection_x=x[selection],
+        selection_y=y[selection],
+        test_x=x[test],
+        test_y=y[test],
         num_classes=10,
     )

@@ -118,7 +118,14 @@ def main() -> None:
             total_loss += loss.item()
             steps += 1
         val_loss, val_acc = evaluate(model, x_val, y_val)
-        harness.save_checkpoint({"epoch": epoch, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state()})
+        harness.save_checkpoint(
+            {
+                "epoch": epoch,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng": torch.get_rng_state(),
+            }
+        )
         harness.report(
             epoch=epoch,
             train_loss=total_loss / steps,

@@ -52,8 +52,15 @@ def prepare(settings: TaskSettings, data: DataSource) -> Splits:
     train_x, train_y = contexts(text[: len(text) - 2 * held], len(text))
     selection_x, selection_y = contexts(text[len(text) - 2 * held : len(text) - held], HELD_OUT)
     test_x, test_y = contexts(text[len(text) - held :], HELD_OUT)
-    return Splits(train_x=train_x, train_y=train_y, selection_x=selection_x, selection_y=selection_y,
-                  test_x=test_x, test_y=test_y, num_classes=256)
+    return Splits(
+        train_x=train_x,
+        train_y=train_y,
+        selection_x=selection_x,
+        selection_y=selection_y,
+        test_x=test_x,
+        test_y=test_y,
+        num_classes=256,
+    )
 
 
 def score(predictions: np.ndarray, targets: np.ndarray) -> float:

@@ -117,7 +117,11 @@ def assign_target(stmt: cst.CSTNode) -> str | None:
 
 def assign_value(stmt: cst.CSTNode) -> cst.BaseExpression | None:
     """The value of a statement line `name = value`."""
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], (cst.Assign, cst.AnnAssign)):
+    if (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], (cst.Assign, cst.AnnAssign))
+    ):
         return stmt.body[0].value
     return None
 
@@ -134,8 +138,11 @@ def positional(call: cst.Call) -> list[cst.Arg]:
 
 def with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
     """The call with `name=value` added (or replaced), formatted like the call's other arguments."""
-    new = cst.Arg(keyword=cst.Name(name), value=expression(value), equal=cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+    new = cst.Arg(
+        keyword=cst.Name(name),
+        value=expression(value),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
     args = [a for a in call.args if not (a.keyword is not None and a.keyword.value == name)]
     if args:
         last = args[-1]
@@ -169,8 +176,11 @@ class Trainer:
         self.module.visit(_Indexer(self.parents, self.nodes, self.spans))
         # The lookups filter these two lists many times per transform: built once, without the helpers earlier
         # transforms added (DreamReplay's own `optimizer.step()` is not the training step).
-        helpers = [self.spans[id(n)] for n in self.module.body if isinstance(n, (cst.ClassDef, cst.FunctionDef))
-                   and n.name.value in HELPERS]
+        helpers = [
+            self.spans[id(n)]
+            for n in self.module.body
+            if isinstance(n, (cst.ClassDef, cst.FunctionDef)) and n.name.value in HELPERS
+        ]
         own = [n for n in self.nodes if not any(first <= self.spans[id(n)][0] < last for first, last in helpers)]
         self.call_nodes = [(n, call_name(n) or "") for n in own if isinstance(n, cst.Call)]
         self.lines = [n for n in own if isinstance(n, cst.SimpleStatementLine)]
@@ -308,8 +318,11 @@ class Trainer:
         inside = self.within(optimizer)
         earlier = [n for n in self.within(scope) if self.order(n) < self.order(optimizer)]
         for node in inside + earlier[::-1]:
-            if (isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-                    and node.func.attr.value in ("parameters", "named_parameters")):
+            if (
+                isinstance(node, cst.Call)
+                and isinstance(node.func, cst.Attribute)
+                and node.func.attr.value in ("parameters", "named_parameters")
+            ):
                 name = dotted(node.func.value)
                 if name is not None:
                     return name
@@ -357,7 +370,9 @@ class Trainer:
         """The cross-entropy call that computes the loss that is back-propagated."""
         name, backward = self.loss_name(), self.backward_statement()
         criteria = self.criteria()
-        lines = [s for s in self.statements(self.batch_loop()) if assign_target(s) == name and _before(self, s, backward)]
+        lines = [
+            s for s in self.statements(self.batch_loop()) if assign_target(s) == name and _before(self, s, backward)
+        ]
         if not lines:
             raise NotApplicable(f"no `{name} = ...` line before `{name}.backward()`")
         for line in reversed(lines):  # the nearest line that computes it (`loss = loss + aux` lines come after)
@@ -397,7 +412,9 @@ class Trainer:
 
     def _in_helper(self, node: cst.CSTNode) -> bool:
         """Whether a node lies in a helper a transform added (the self-model's head is no layer of the model)."""
-        return any(isinstance(a, (cst.ClassDef, cst.FunctionDef)) and a.name.value in HELPERS for a in self.ancestors(node))
+        return any(
+            isinstance(a, (cst.ClassDef, cst.FunctionDef)) and a.name.value in HELPERS for a in self.ancestors(node)
+        )
 
     def sets_lr_by_hand(self) -> bool:
         """Whether the trainer assigns `group["lr"] = ...` itself (a second schedule would fight it)."""
@@ -423,7 +440,9 @@ def _before(trainer: Trainer, a: cst.CSTNode, b: cst.CSTNode) -> bool:
 class _Indexer(cst.CSTVisitor):
     """Records every node in source order and each node's parent."""
 
-    def __init__(self, parents: dict[int, cst.CSTNode], nodes: list[cst.CSTNode], spans: dict[int, tuple[int, int]]) -> None:
+    def __init__(
+        self, parents: dict[int, cst.CSTNode], nodes: list[cst.CSTNode], spans: dict[int, tuple[int, int]]
+    ) -> None:
         super().__init__()
         self.parents, self.nodes, self.spans = parents, nodes, spans
         self.stack: list[tuple[cst.CSTNode, int]] = []
@@ -556,7 +575,7 @@ def _add_knobs(module: cst.Module, knobs: list[tuple[str, Any, str]]) -> cst.Mod
             break
         end = i
     lines = [statement(f"{name} = {value!r}  # {comment}") for name, value, comment in knobs]
-    return module.with_changes(body=[*body[: end + 1], *lines, *body[end + 1:]])
+    return module.with_changes(body=[*body[: end + 1], *lines, *body[end + 1 :]])
 
 
 # -----------------------------------------------------------------------------
@@ -575,8 +594,12 @@ def layer_size(call: cst.Call, index: int, keyword: str) -> cst.BaseExpression |
 def size_code(layer: Layer, which: str) -> str:
     """The source of a layer's input (`which="in"`) or output size expression."""
     index = 0 if which == "in" else 1
-    keyword = {("conv", "in"): "in_channels", ("conv", "out"): "out_channels",
-               ("linear", "in"): "in_features", ("linear", "out"): "out_features"}[(layer.kind, which)]
+    keyword = {
+        ("conv", "in"): "in_channels",
+        ("conv", "out"): "out_channels",
+        ("linear", "in"): "in_features",
+        ("linear", "out"): "out_features",
+    }[(layer.kind, which)]
     value = layer_size(layer.call, index, keyword)
     if value is None:
         raise NotApplicable(f"cannot read the {which} size of `{code(layer.call)}`")
@@ -606,7 +629,11 @@ def _insert_elements(call: cst.Call, inserts: list[tuple[int, bool, str]]) -> cs
         anchor = args[index]
         # the new element's comma carries the line break and indent to the next element: copy a neighbour's
         neighbour = args[index - 1] if before and index > 0 else anchor
-        comma = neighbour.comma if isinstance(neighbour.comma, cst.Comma) else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        comma = (
+            neighbour.comma
+            if isinstance(neighbour.comma, cst.Comma)
+            else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        )
         new = cst.Arg(value=expression(text), comma=comma)
         if not before and not isinstance(anchor.comma, cst.Comma):
             args[index] = anchor.with_changes(comma=comma)

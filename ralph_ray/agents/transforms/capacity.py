@@ -36,8 +36,11 @@ def widen_layers(source: str) -> str:
     if len(layers) < 2:
         raise NotApplicable("fewer than two conv/linear layers: no hidden width to widen")
     head = classifier(layers)
-    sized = [c for c in trainer.calls() if CONV.match(call_name(c) or "") or LINEAR.match(call_name(c) or "")
-             or re.match(NORM_CALL, call_name(c) or "")]
+    sized = [
+        c
+        for c in trainer.calls()
+        if CONV.match(call_name(c) or "") or LINEAR.match(call_name(c) or "") or re.match(NORM_CALL, call_name(c) or "")
+    ]
     edits, previous, changed = Edits(trainer), None, 0
     for call in sized:
         is_layer = not re.match(NORM_CALL, call_name(call) or "")
@@ -77,6 +80,8 @@ def deepen(source: str) -> str:
         raise NotApplicable("the classifier is not built in `__init__` or `nn.Sequential`")
     width = size_code(head, "in")
     edits = Edits(trainer)
-    edits.sub(head.call, lambda old: expression(
-        f"torch.nn.Sequential(torch.nn.Linear({width}, {width}), torch.nn.ReLU(), {code(old)})"))
+    edits.sub(
+        head.call,
+        lambda old: expression(f"torch.nn.Sequential(torch.nn.Linear({width}, {width}), torch.nn.ReLU(), {code(old)})"),
+    )
     return edits.apply()

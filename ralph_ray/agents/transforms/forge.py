@@ -137,7 +137,11 @@ def edge_of_chaos_curriculum(source: str) -> str:
     trainer.loss_reduction_mean()
     logits, targets = (code(a.value) for a in positional(call)[:2])
     smoothing = kwarg(call, "label_smoothing")
-    extra = f", label_smoothing={code(smoothing.value)}" if smoothing is not None and CROSS_ENTROPY_FN.match(call_name(call) or "") else ""
+    extra = (
+        f", label_smoothing={code(smoothing.value)}"
+        if smoothing is not None and CROSS_ENTROPY_FN.match(call_name(call) or "")
+        else ""
+    )
     edits = Edits(trainer)
     edits.knob("EDGE_MIX", 0.5, "how far the curriculum leans the loss towards examples at p(correct) ~ 1/2")
     edits.helper(EDGE_HELPER)
@@ -180,7 +184,10 @@ def self_model_head(source: str) -> str:
     head = free_name(trainer, "self_model")
     edits.knob("SELF_MODEL_WEIGHT", 0.1, "weight of the self-model's loss-prediction loss")
     edits.helper(SELF_MODEL_HELPER)
-    edits.insert_after(trainer.optimizer_statement(), f"{head} = SelfModel({model})",
-                       f'{optimizer}.add_param_group({{"params": {head}.head.parameters()}})')
+    edits.insert_after(
+        trainer.optimizer_statement(),
+        f"{head} = SelfModel({model})",
+        f'{optimizer}.add_param_group({{"params": {head}.head.parameters()}})',
+    )
     edits.insert_after(loss_line, f"{loss} = {loss} + SELF_MODEL_WEIGHT * {head}.aux_loss({targets})")
     return edits.apply()

@@ -27,7 +27,9 @@ def batchnorm(source: str) -> str:
         raise NotApplicable("the model already has normalisation layers")
     layers = [layer for layer in trainer.layers() if layer.attribute or layer.sequential]
     if not layers:
-        raise NotApplicable("no nn.Conv2d / nn.Linear layers built in `__init__` or `nn.Sequential` (functional model?)")
+        raise NotApplicable(
+            "no nn.Conv2d / nn.Linear layers built in `__init__` or `nn.Sequential` (functional model?)"
+        )
     head = classifier(layers)
     # the head's input gets centred only where conv features feed it directly (many positive unit-scale inputs)
     convs = layers.index(head) > 0 and layers[layers.index(head) - 1].kind == "conv"

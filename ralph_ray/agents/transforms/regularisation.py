@@ -84,7 +84,9 @@ def add_weight_decay(source: str) -> str:
             raise NotApplicable(f"weight decay is already the knob {value} (the `weight_decay` knob move tunes it)")
         if not re.fullmatch(r"0(\.0*)?", value):
             raise NotApplicable(f"the optimizer already has weight_decay={value}")
-    if any(isinstance(a.value, (cst.List, cst.ListComp)) for a in positional(call)[:1]) and trainer.has(r"[\"']weight_decay[\"']"):
+    if any(isinstance(a.value, (cst.List, cst.ListComp)) for a in positional(call)[:1]) and trainer.has(
+        r"[\"']weight_decay[\"']"
+    ):
         raise NotApplicable("the parameter groups set their own weight_decay")
     edits = Edits(trainer)
     knob = free_name(trainer, "WEIGHT_DECAY")
@@ -137,4 +139,3 @@ def _setting(trainer: Trainer, edits: Edits, call: cst.Call, key: str, value: fl
     if dotted(arg.value) is None and not isinstance(arg.value, (cst.Integer, cst.Float)):
         raise NotApplicable(f"the optimizer's {key} is computed (`{text}`), not a knob or a number")
     return repr(value)
-

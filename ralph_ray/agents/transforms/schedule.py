@@ -31,7 +31,9 @@ def _epochs(trainer: Trainer) -> str:
     knobs = trainer.knobs()
     if args and isinstance(args[0].value, cst.Name) and args[0].value.value in knobs and "EPOCH" in args[0].value.value:
         return args[0].value.value
-    raise NotApplicable(f"the epoch loop is neither over range(...) nor given an epochs knob (`for ... in {code(loop.iter)}`)")
+    raise NotApplicable(
+        f"the epoch loop is neither over range(...) nor given an epochs knob (`for ... in {code(loop.iter)}`)"
+    )
 
 
 def _guard(trainer: Trainer, conflicts: str) -> None:
@@ -58,21 +60,33 @@ def _schedule(source: str, conflicts: str, name: str, build: str, knob: tuple[st
 def cosine_lr_schedule(source: str) -> str:
     """Anneal the learning rate to zero along a cosine over the epochs (chainable: composes with warmup)."""
     # LinearLR (warmup) chains with it; any other scheduler sets the learning rate on its own terms
-    return _schedule(source, r"lr_scheduler\.(?!LinearLR)", "cosine",
-                     "torch.optim.lr_scheduler.CosineAnnealingLR({opt}, T_max={epochs})")
+    return _schedule(
+        source,
+        r"lr_scheduler\.(?!LinearLR)",
+        "cosine",
+        "torch.optim.lr_scheduler.CosineAnnealingLR({opt}, T_max={epochs})",
+    )
 
 
 @register("one_cycle_schedule", "schedule")
 def one_cycle_schedule(source: str) -> str:
     """One-cycle: ramp the learning rate up to its value over the first quarter of the epochs, then anneal it."""
-    return _schedule(source, r"lr_scheduler", "one_cycle",
-                     "torch.optim.lr_scheduler.OneCycleLR({opt}, max_lr=[g['lr'] for g in {opt}.param_groups], "
-                     "total_steps={epochs} + 1, pct_start=0.25)")
+    return _schedule(
+        source,
+        r"lr_scheduler",
+        "one_cycle",
+        "torch.optim.lr_scheduler.OneCycleLR({opt}, max_lr=[g['lr'] for g in {opt}.param_groups], "
+        "total_steps={epochs} + 1, pct_start=0.25)",
+    )
 
 
 @register("lr_warmup", "schedule")
 def lr_warmup(source: str) -> str:
     """Ramp the learning rate linearly from 10% over the first WARMUP_EPOCHS."""
-    return _schedule(source, r"lr_scheduler\.(?!CosineAnnealingLR)|warmup", "warmup",
-                     "torch.optim.lr_scheduler.LinearLR({opt}, start_factor=0.1, total_iters=WARMUP_EPOCHS)",
-                     ("WARMUP_EPOCHS", 2, "epochs of linear learning-rate warmup from 10%"))
+    return _schedule(
+        source,
+        r"lr_scheduler\.(?!CosineAnnealingLR)|warmup",
+        "warmup",
+        "torch.optim.lr_scheduler.LinearLR({opt}, start_factor=0.1, total_iters=WARMUP_EPOCHS)",
+        ("WARMUP_EPOCHS", 2, "epochs of linear learning-rate warmup from 10%"),
+    )

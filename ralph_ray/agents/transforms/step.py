@@ -57,7 +57,9 @@ def ema_weights(source: str) -> str:
                     edits.sub(arg.value, cst.Name(ema))
                     swapped += 1
     if not swapped:
-        raise NotApplicable(f"no evaluation of `{model}` found (evaluate({model}, ...) or {model}(x) under torch.no_grad())")
+        raise NotApplicable(
+            f"no evaluation of `{model}` found (evaluate({model}, ...) or {model}(x) under torch.no_grad())"
+        )
     edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
     edits.insert_after(
         trainer.optimizer_statement(),
@@ -84,10 +86,15 @@ def mixed_precision(source: str) -> str:
     loss_line = max((i for i in range(end) if assign_target(lines[i]) == loss), default=None)
     start = next((i for i in range(end) if trainer.inside(forward, lines[i])), None)
     if loss_line is None or start is None or start > loss_line:
-        raise NotApplicable(f"the forward call and `{loss} = ...` are not lines of the block holding `{loss}.backward()`")
-    wrap = cst.ensure_type(statement(
-        'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n    pass\n'),
-        cst.With)
+        raise NotApplicable(
+            f"the forward call and `{loss} = ...` are not lines of the block holding `{loss}.backward()`"
+        )
+    wrap = cst.ensure_type(
+        statement(
+            'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n    pass\n'
+        ),
+        cst.With,
+    )
     inner = [s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(lines[start : loss_line + 1])]
     block = wrap.with_changes(body=wrap.body.with_changes(body=inner), leading_lines=lines[start].leading_lines)
     edits = Edits(trainer)
@@ -107,8 +114,11 @@ def channels_last(source: str) -> str:
         raise NotApplicable("the model has no nn.Conv2d layers")
     model = trainer.model_name()
     optimizer = trainer.optimizer_statement()
-    built = [s for s in trainer.statements(trainer.module) 
-             if assign_target(s) == model and trainer.order(s) < trainer.order(optimizer)]
+    built = [
+        s
+        for s in trainer.statements(trainer.module)
+        if assign_target(s) == model and trainer.order(s) < trainer.order(optimizer)
+    ]
     if not built:
         raise NotApplicable(f"no `{model} = ...` line before the optimizer")
     edits = Edits(trainer)

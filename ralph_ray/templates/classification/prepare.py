@@ -28,10 +28,15 @@ def load() -> tuple[np.ndarray, np.ndarray, int]:
 def prepare(settings: TaskSettings, data: DataSource) -> Splits:
     """Stratified train / selection / test split (task.split_seed, task.selection_fraction, task.test_fraction)."""
     x, y, num_classes = load()
-    train, selection, test = stratified_split(y, (settings.selection_fraction, settings.test_fraction), settings.split_seed)
+    train, selection, test = stratified_split(
+        y, (settings.selection_fraction, settings.test_fraction), settings.split_seed
+    )
     return Splits(
-        train_x=x[train], train_y=y[train],
-        selection_x=x[selection], selection_y=y[selection],
-        test_x=x[test], test_y=y[test],
+        train_x=x[train],
+        train_y=y[train],
+        selection_x=x[selection],
+        selection_y=y[selection],
+        test_x=x[test],
+        test_y=y[test],
         num_classes=num_classes,
     )

@@ -74,8 +74,14 @@ def main() -> None:
         with torch.no_grad():
             logits = model(x_val)
             val_loss, val_acc = F.cross_entropy(logits, y_val).item(), (logits.argmax(1) == y_val).float().mean().item()
-        harness.report(epoch=epoch, train_loss=total_loss / steps, val_loss=val_loss, val_acc=val_acc,
-                       lr=optimizer.param_groups[0]["lr"], epoch_seconds=time.perf_counter() - start)
+        harness.report(
+            epoch=epoch,
+            train_loss=total_loss / steps,
+            val_loss=val_loss,
+            val_acc=val_acc,
+            lr=optimizer.param_groups[0]["lr"],
+            epoch_seconds=time.perf_counter() - start,
+        )
 
     model.eval()
     with torch.no_grad():

@@ -84,8 +84,13 @@ def main() -> None:
         with torch.no_grad():
             x, y = batch(val, 4096, torch.Generator().manual_seed(0))
             val_loss = F.cross_entropy(model(x), y).item()
-        harness.report(epoch=epoch, train_loss=total / STEPS_PER_EPOCH / math.log(2), val_loss=val_loss / math.log(2),
-                       lr=optimizer.param_groups[0]["lr"], epoch_seconds=time.perf_counter() - start)  # bits per byte
+        harness.report(
+            epoch=epoch,
+            train_loss=total / STEPS_PER_EPOCH / math.log(2),
+            val_loss=val_loss / math.log(2),
+            lr=optimizer.param_groups[0]["lr"],
+            epoch_seconds=time.perf_counter() - start,
+        )  # bits per byte
 
     model.eval()
     with torch.no_grad():

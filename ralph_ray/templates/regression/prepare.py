@@ -28,9 +28,14 @@ def load() -> tuple[np.ndarray, np.ndarray]:
 def prepare(settings: TaskSettings, data: DataSource) -> Splits:
     """Random train / selection / test split (task.split_seed, task.selection_fraction, task.test_fraction)."""
     x, y = load()
-    train, selection, test = random_split(len(y), (settings.selection_fraction, settings.test_fraction), settings.split_seed)
+    train, selection, test = random_split(
+        len(y), (settings.selection_fraction, settings.test_fraction), settings.split_seed
+    )
     return Splits(
-        train_x=x[train], train_y=y[train],
-        selection_x=x[selection], selection_y=y[selection],
-        test_x=x[test], test_y=y[test],
+        train_x=x[train],
+        train_y=y[train],
+        selection_x=x[selection],
+        selection_y=y[selection],
+        test_x=x[test],
+        test_y=y[test],
     )

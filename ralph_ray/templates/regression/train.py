@@ -75,8 +75,13 @@ def main() -> None:
         model.eval()
         with torch.no_grad():
             val_loss = F.mse_loss(model(x_val) * std + mean, y_val).item()  # MSE in the targets' units
-        harness.report(epoch=epoch, train_loss=total_loss / steps, val_loss=val_loss,
-                       lr=optimizer.param_groups[0]["lr"], epoch_seconds=time.perf_counter() - start)
+        harness.report(
+            epoch=epoch,
+            train_loss=total_loss / steps,
+            val_loss=val_loss,
+            lr=optimizer.param_groups[0]["lr"],
+            epoch_seconds=time.perf_counter() - start,
+        )
 
     model.eval()
     with torch.no_grad():
