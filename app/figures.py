@@ -163,7 +163,7 @@ def lineage_dot(lineage: pd.DataFrame, best_id: str | None = None) -> str:
 
 
 def curves_chart(curves: pd.DataFrame, metric: str) -> alt.LayerChart:
-    """Per-epoch `metric` of each trial, coloured by variant; trials ASHA stopped are dashed with an x at their last epoch."""
+    """Per-epoch `metric` of each trial, coloured by variant; ASHA-stopped trials dashed, an x at their end."""
     data = curves[["trial_id", "variant_id", "status", "epoch", metric]].dropna(subset=[metric]).copy()
     data["variant"] = data["variant_id"].map(short)
     data["stopped early"] = data["status"].eq("stopped_early")
@@ -228,7 +228,7 @@ def progress_frame(timeline: pd.DataFrame) -> pd.DataFrame:
 
 
 def progress_chart(timeline: pd.DataFrame, target: float | None) -> alt.LayerChart:
-    """Every finished trial over time (scored: a point; stopped or failed: a tick at the bottom) and the running best."""
+    """Every finished trial over time (scored: a point; stopped or failed: a bottom tick) and the running best."""
     data = progress_frame(timeline)
     scored = data.dropna(subset=["selection_score"])
     floor = float(scored["selection_score"].min()) if not scored.empty else 0.0

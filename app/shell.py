@@ -205,7 +205,8 @@ def banner(run: Campaign) -> None:
     elif run.status == "crashed":
         st.error(
             f"Campaign `{run.run_id}` crashed: {run.stop_reason or 'no reason recorded'}.\n\n"
-            f"Its run dir is `{run.run_dir}`; continue it with `python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+            f"Its run dir is `{run.run_dir}`; continue it with `python -m ralph_ray resume={run.run_id} "
+            f"paths.kb={run.kb_root}`.",
             icon=":material/error:",
         )
     elif run.running:
@@ -220,12 +221,14 @@ def no_trials_yet(run: Campaign, what: str) -> None:
         st.warning(f"No {what}: the campaign crashed before any trial finished. Fix the cause above, then resume it.")
     elif run.running:
         st.info(
-            f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase {run.phase or 'select'}); "
+            f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase "
+            f"{run.phase or 'select'}); "
             f"finished trials appear here within {REFRESH_S} s.",
             icon=":material/hourglass_top:",
         )
     else:
         st.info(
-            f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) before any trial finished. "
+            f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) before any trial "
+            "finished. "
             f"Start another with `python -m ralph_ray paths.kb={run.kb_root}`."
         )

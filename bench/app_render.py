@@ -5,7 +5,8 @@
 Builds the KB with the real `KnowledgeBase` writer in a temp dir, twice: the baseline layout (one `trials`
 and one `epochs` part per trial, a `runs` part per phase: what campaigns wrote before compaction, and what a
 cycle still in training looks like), and the layout campaigns leave now (the record phase compacts a cycle's
-parts into one per table, and a run keeps one `runs` part). Then, per page: the first `AppTest.from_file(app/leaderboard.py)` run with every cache
+parts into one per table, and a run keeps one `runs` part). Then, per page: the first
+`AppTest.from_file(app/leaderboard.py)` run with every cache
 cleared (as after a fresh `streamlit run`: the app's snapshot reads every part), and a live refresh (a new
 trial written, the query cache expired: the snapshot reads the new parts only).
 """
@@ -170,7 +171,8 @@ def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, in
                             "diagnosis": rng.choice(DIAGNOSES),
                             "parent_score": scores[parent],
                             "backend": "heuristic",
-                            "rationale": f"{name}: the parent's curves suggest it (measured effect so far +0.00{rng.randint(1, 9)})",
+                            "rationale": f"{name}: the parent's curves suggest it "
+                            f"(measured effect so far +0.00{rng.randint(1, 9)})",
                             "reason": "gate: smoke run failed" if rejected else None,
                             "files_dir": f"/gone/{vid}/files",
                             "diff": DIFF.format(old=0.05, new=round(0.05 * rng.choice((0.5, 2.0)), 4)),
@@ -360,7 +362,8 @@ def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
         at.run()
         out[page] = {"first_s": round(first, 3), "refresh_s": round(time.perf_counter() - start, 3)}
         print(
-            f"  {page:24s} first {first:6.2f} s ({first / GOAL_S:.2f} x goal)  live refresh {out[page]['refresh_s']:.2f} s",
+            f"  {page:24s} first {first:6.2f} s ({first / GOAL_S:.2f} x goal)  live refresh "
+            f"{out[page]['refresh_s']:.2f} s",
             flush=True,
         )
     return out

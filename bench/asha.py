@@ -76,7 +76,8 @@ def main() -> None:
     lines = [
         f"ASHA on {N} digits trials (max {max_t} epochs, grace 2, reduction 2):",
         f"  epochs trained {trained} / {N * max_t} if all ran = {trained / (N * max_t):.2f}",
-        f"  the best config when every config runs to the end (selection {full[best_index]:.4f}) was {best.status.value} under ASHA",
+        f"  the best config when every config runs to the end (selection {full[best_index]:.4f}) was "
+        f"{best.status.value} under ASHA",
         f"  ASHA's best: selection {best_asha.selection_score:.4f}, test {best_asha.test_score:.4f}; "
         f"{sum(r.status.value == 'completed' for r in asha.records)} of {N} completed",
         f"  wall: campaign with ASHA {asha_wall:.1f} s; the same configs run to the end outside Ray {full_wall:.1f} s",

@@ -2,7 +2,8 @@
 
 Every 10 s the killer removes a random worker node with probability p (SIGKILL of all its processes, as
 Ray's own chaos tests do; p = 0.03 is their rate) and a fresh node joins in its place, as a replacement
-machine would (`ray start --address=...`; each worker node is such a process group, killed whole). Each node has its own data cache and work folder; checkpoints go through Tune's storage
+machine would (`ray start --address=...`; each worker node is such a process group, killed whole). Each node has its
+own data cache and work folder; checkpoints go through Tune's storage
 (`paths.storage`), so a trial lost with its node resumes from its last epoch on another (up to
 `safeguards.max_failures` times). Reported: trials finished / trials started (goal 100%) and knowledge-base
 rows lost or doubled (goal 0), per p. A higher p is run too, for a visible effect.
@@ -237,7 +238,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-chaos-"))
     results = [chaos_run(root, p) for p in rates]
     lines = [
-        f"chaos: {CYCLES}-cycle digits campaign (heuristic agent, {MAX_T}-epoch trials) on a head + 2 worker nodes; every "
+        f"chaos: {CYCLES}-cycle digits campaign (heuristic agent, {MAX_T}-epoch trials) on a head + 2 worker nodes; "
+        "every "
         f"{PERIOD_S:.0f} s a worker node is killed with probability p and replaced; checkpoints via paths.storage, "
         "safeguards.max_failures=3"
     ]
@@ -245,9 +247,12 @@ def main() -> None:
         lines.append(
             f"  p={r['p']:<5} {r['nodes_killed']} node(s) killed in {r['wall_s']:.0f} s "
             f"(expected {r['p'] * r['wall_s'] / PERIOD_S:.1f}); trials finished/started "
-            f"{r['trials_finished']}/{r['trials_started']} ({100 * r['finished_over_started']:.0f}%), {r['trials_retried']} "
-            f"retried after a kill, {r['resumed_from_checkpoint']} of them from a checkpoint; KB rows lost {r['kb_trial_rows_lost']}, "
-            f"doubled {r['kb_trial_rows_doubled']} (epoch rows doubled {r['kb_epoch_rows_doubled']}, missing {r['kb_epochs_missing']}); "
+            f"{r['trials_finished']}/{r['trials_started']} ({100 * r['finished_over_started']:.0f}%), "
+            f"{r['trials_retried']} "
+            f"retried after a kill, {r['resumed_from_checkpoint']} of them from a checkpoint; KB rows lost "
+            f"{r['kb_trial_rows_lost']}, "
+            f"doubled {r['kb_trial_rows_doubled']} (epoch rows doubled {r['kb_epoch_rows_doubled']}, missing "
+            f"{r['kb_epochs_missing']}); "
             f"exit {r['exit_code']} ({r['stop_reason']})"
         )
     save("chaos", {"period_s": PERIOD_S, "seed": SEED, "campaign": CAMPAIGN, "runs": results}, lines)

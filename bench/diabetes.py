@@ -63,10 +63,12 @@ def main() -> None:
     }
     lines = [
         f"diabetes (scikit-learn, 442 rows; MSE, lower is better), heuristic agent, up to {CYCLES} generations or "
-        f"{CAP_S} s: {figures['trials']} trials over {figures['variants']} variants in {wall:.0f} s (exit {figures['exit_code']})",
+        f"{CAP_S} s: {figures['trials']} trials over {figures['variants']} variants in {wall:.0f} s (exit "
+        f"{figures['exit_code']})",
         "| variant | selection MSE | test MSE |",
         "| --- | --- | --- |",
-        f"| seed {seed['variant_id']} (best knob sample) | {mse(seed['selection_score']):.1f} | {mse(seed['test_score']):.1f} |",
+        f"| seed {seed['variant_id']} (best knob sample) | {mse(seed['selection_score']):.1f} | "
+        f"{mse(seed['test_score']):.1f} |",
         f"| best {best['variant_id']} ({best['interventions']}) | {mse(best['selection_score']):.1f} | "
         f"{mse(best['test_score']):.1f} |",
     ]

@@ -76,13 +76,18 @@ def main() -> None:
     }
     lines = [
         f"digits, default settings ({' '.join(extra) or 'no overrides'}), 3 campaign seeds:",
-        f"- seed trainer (default knobs) test {baseline['test_mean']:.4f} ± {baseline['test_std']:.4f} -> best variant test "
-        f"**{figures['best_test_mean']:.4f} ± {figures['best_test_std']:.4f}** (ratio {figures['best_test_mean'] / baseline['test_mean']:.4f})",
-        f"- cycles {figures['cycles_mean']:.1f}, minutes {figures['minutes_mean']:.1f} per campaign (goal: 5 cycles, 15 minutes)",
-        f"- keep rate {figures['keep_rate']} ({kept} of {len(deltas)} trained children beat their parent by more than the seed noise {noise})",
+        f"- seed trainer (default knobs) test {baseline['test_mean']:.4f} ± {baseline['test_std']:.4f} -> best variant "
+        "test "
+        f"**{figures['best_test_mean']:.4f} ± {figures['best_test_std']:.4f}** (ratio "
+        f"{figures['best_test_mean'] / baseline['test_mean']:.4f})",
+        f"- cycles {figures['cycles_mean']:.1f}, minutes {figures['minutes_mean']:.1f} per campaign (goal: 5 cycles, "
+        "15 minutes)",
+        f"- keep rate {figures['keep_rate']} ({kept} of {len(deltas)} trained children beat their parent by more than "
+        f"the seed noise {noise})",
         f"- goal (mean test > 0.990 within 5 cycles and 15 min): {'met' if figures['goal_met'] else 'NOT met'}",
         *[
-            f"- campaign {r['run_id']}: {r['cycles']} cycles, {r['minutes']} min, stop {r['stop_reason']}, best {r['best_variant']} "
+            f"- campaign {r['run_id']}: {r['cycles']} cycles, {r['minutes']} min, stop {r['stop_reason']}, best "
+            f"{r['best_variant']} "
             f"selection {r['best_selection']:.4f} test {r['best_test']:.4f} via {r['best_interventions']}"
             for r in runs
         ],

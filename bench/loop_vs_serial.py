@@ -54,7 +54,8 @@ def main() -> None:
             f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; "
             f"reached {TARGET} in {len(reached)}/3 runs, mean {statistics.mean(reached):.1f} min"
             if reached
-            else f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; never reached {TARGET}"
+            else f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; "
+            f"never reached {TARGET}"
         )
     save("loop_vs_serial", figures, lines)
 

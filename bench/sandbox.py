@@ -85,7 +85,8 @@ def main() -> None:
             epochs[mode] += times
             walls[mode].append(wall)
             print(
-                f"repeat {i + 1} {mode.value:<5} start {starts[mode][-1]:.3f} s, epoch {statistics.median(times):.3f} s, "
+                f"repeat {i + 1} {mode.value:<5} start {starts[mode][-1]:.3f} s, epoch {statistics.median(times):.3f} "
+                "s, "
                 f"trial {wall:.1f} s",
                 flush=True,
             )
@@ -113,7 +114,8 @@ def main() -> None:
         f"sandbox cost on digits, {args.repeats} repeats alternating bwrap and none (medians):",
         "  mode   start (to first report)   epoch (seed, after the first)   whole trial",
         *(
-            f"  {m.value:<5}  {med[m]['start_s']:>8.3f} s {'':<14} {med[m]['epoch_s']:>8.3f} s {'':<19} {med[m]['trial_s']:>6.1f} s"
+            f"  {m.value:<5}  {med[m]['start_s']:>8.3f} s {'':<14} {med[m]['epoch_s']:>8.3f} s {'':<19} "
+            f"{med[m]['trial_s']:>6.1f} s"
             for m in MODES
         ),
         f"  ratio bwrap/none: start {figures['start_ratio']:.2f} ({figures['start_extra_s']:+.3f} s per trial), "

@@ -131,7 +131,8 @@ def main() -> None:
         "efficiency_vs_1_node_span": {n: round(e, 3) for n, e in steady.items()},
     }
     lines = [
-        f"scaling: {TRIALS} trials of {EPOCHS} epochs x {SLEEP} s waiting ({ideal / TRIALS:.1f} s of work each), one trial per node at a time:",
+        f"scaling: {TRIALS} trials of {EPOCHS} epochs x {SLEEP} s waiting ({ideal / TRIALS:.1f} s of work each), one "
+        "trial per node at a time:",
         "  nodes  trial span  (ideal)  trials/min  efficiency | whole Tune run  efficiency | mean trial",
     ]
     for n in NODES:
@@ -140,8 +141,10 @@ def main() -> None:
             f"{walls[n]:12.1f} s  {efficiency[n]:10.3f} | {trial_s[n]:.2f} s"
         )
     lines.append(
-        f"  goal: efficiency >= 0.9 at 4 nodes -> trial span {steady[4]:.3f} ({'met' if steady[4] >= 0.9 else 'NOT met'}), "
-        f"whole run {efficiency[4]:.3f} ({'met' if efficiency[4] >= 0.9 else 'NOT met'}; Tune's start of a run is fixed)"
+        f"  goal: efficiency >= 0.9 at 4 nodes -> trial span {steady[4]:.3f} "
+        f"({'met' if steady[4] >= 0.9 else 'NOT met'}), "
+        f"whole run {efficiency[4]:.3f} ({'met' if efficiency[4] >= 0.9 else 'NOT met'}; Tune's start of a run is "
+        "fixed)"
     )
     save("scaling", figures, lines)
 

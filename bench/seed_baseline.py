@@ -29,7 +29,8 @@ def main() -> None:
         "test_std": round(statistics.stdev(test), 4),
     }
     lines = [
-        f"digits seed trainer (default knobs): selection {figures['selection_mean']:.4f} ± {figures['selection_std']:.4f}, "
+        f"digits seed trainer (default knobs): selection {figures['selection_mean']:.4f} ± "
+        f"{figures['selection_std']:.4f}, "
         f"test {figures['test_mean']:.4f} ± {figures['test_std']:.4f} (3 seeds: {selection} / {test})"
     ]
     save("seed_baseline", figures, lines)

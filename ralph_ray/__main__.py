@@ -18,10 +18,10 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
   python -m ralph_ray +experiment=cifar10 data.root=/path/to/cifar
   python -m ralph_ray population.parents=1 population.children_per_parent=1   # the serial Ralph loop
   python -m ralph_ray agent=none                                               # knob search only
-  python -m ralph_ray task=diabetes                                            # a regression task (MSE, lower is better)
+  python -m ralph_ray task=diabetes                                # a regression task (MSE, lower is better)
   python -m ralph_ray task=./my_task                                           # your own task folder (see init)
   python -m ralph_ray resume=RUN_ID safeguards.max_cycles=8                     # continue after a crash or stop
-  python -m ralph_ray cluster=address paths.storage=s3://bucket/ralph           # on a Ray cluster's head (ray up cluster.yaml)
+  python -m ralph_ray cluster=address paths.storage=s3://bucket/ralph   # on a Ray cluster's head (ray up cluster.yaml)
   --cfg   print the composed config and exit
 Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
 agent, resources, paths, cluster).
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.safeguard_or_config
     except KeyboardInterrupt:
         err.print(
-            "[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray resume=<run_id>`[/]"
+            "[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray "
+            "resume=<run_id>`[/]"
         )
         return ExitCode.error
     except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4

@@ -49,7 +49,8 @@ def main(argv: list[str], console: Console) -> int:
     if command == "stop":
         path = request_stop(run_dir, "ralph-ray stop")
         console.print(
-            f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `python -m ralph_ray resume={run_id}`)"
+            f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `python -m ralph_ray "
+            f"resume={run_id}`)"
         )
         return ExitCode.ok
     if command == "report":
@@ -71,7 +72,8 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         f"{state.best_selection_score:.4f} ({state.best_variant_id})" if state.best_selection_score is not None else "-"
     )
     console.print(
-        f"  best selection score: {best};  best per cycle: {[round(b, 4) if b is not None else None for b in state.best_by_cycle]}"
+        f"  best selection score: {best};  best per cycle: "
+        f"{[round(b, 4) if b is not None else None for b in state.best_by_cycle]}"
     )
     try:
         con = open_reader(kb)
@@ -83,8 +85,10 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     config = json.loads(row[0] if row and row[0] else "{}")
     guards = config.get("safeguards", {})
     console.print(
-        f"  budgets: cycles {state.cycle}/{guards.get('max_cycles')}, time {state.elapsed_s:.0f}/{guards.get('campaign_time_s')}s, "
-        f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, agent calls {calls}"
+        f"  budgets: cycles {state.cycle}/{guards.get('max_cycles')}, time "
+        f"{state.elapsed_s:.0f}/{guards.get('campaign_time_s')}s, "
+        f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, "
+        f"agent calls {calls}"
     )
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "trials"):

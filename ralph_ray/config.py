@@ -130,7 +130,8 @@ class SafeguardsConfig:
     cost_per_campaign: Optional[float] = None  # in the currency of agent.price_*
     gate_fail_cycles: int = 2  # stop when no child passes the validation gate for this many cycles
     smoke_timeout_s: float = 120.0  # the validation gate's smoke run
-    max_failures: int = 2  # retries of a trial whose node or actor was lost (from its last checkpoint); a trainer's own failure is final
+    # Retries of a trial whose node or actor was lost (from its last checkpoint); a trainer's own failure is final.
+    max_failures: int = 2
     checkpoint_every_s: float = (
         0.0  # trainers checkpoint at most this often (0: every epoch); only on a cluster with paths.storage
     )
@@ -738,7 +739,10 @@ def _override_error(err: Exception) -> ConfigError:
         if "." in token or "=" in token:
             key = token.split("=")[0]
             break
-    fix = "check the key against conf/ (`python -m ralph_ray --cfg` prints the composed config); add new keys with +key=value only where the schema has them"
+    fix = (
+        "check the key against conf/ (`python -m ralph_ray --cfg` prints the composed config); "
+        "add new keys with +key=value only where the schema has them"
+    )
     if "Could not find" in text or "not found in" in text.lower():
         fix = "choose an option that exists under conf/<group>/ (e.g. +experiment=cifar10)"
         missing = re.search(r"Could not find '([\w-]+)/([^']+)'", text)

@@ -144,12 +144,14 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         (
             guards.tokens_per_cycle is not None and facts.tokens_cycle > guards.tokens_per_cycle,
             StopReason.token_budget,
-            f"agents used {facts.tokens_cycle} tokens this cycle, over safeguards.tokens_per_cycle={guards.tokens_per_cycle}",
+            f"agents used {facts.tokens_cycle} tokens this cycle, over "
+            f"safeguards.tokens_per_cycle={guards.tokens_per_cycle}",
         ),
         (
             guards.tokens_per_campaign is not None and facts.tokens_campaign > guards.tokens_per_campaign,
             StopReason.token_budget,
-            f"agents used {facts.tokens_campaign} tokens in the campaign, over safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
+            f"agents used {facts.tokens_campaign} tokens in the campaign, over "
+            f"safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
         ),
         (
             guards.cost_per_campaign is not None and facts.cost_campaign > guards.cost_per_campaign,
@@ -159,12 +161,14 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         (
             facts.gate_fail_streak >= guards.gate_fail_cycles,
             StopReason.gate_failures,
-            f"no child passed the validation gate for {facts.gate_fail_streak} cycles (safeguards.gate_fail_cycles={guards.gate_fail_cycles})",
+            f"no child passed the validation gate for {facts.gate_fail_streak} cycles "
+            f"(safeguards.gate_fail_cycles={guards.gate_fail_cycles})",
         ),
         (
             stale >= guards.plateau_cycles,
             StopReason.plateau,
-            f"best selection score has not risen by min_delta={guards.min_delta} for {stale} cycles (safeguards.plateau_cycles={guards.plateau_cycles})",
+            f"best selection score has not risen by min_delta={guards.min_delta} for {stale} cycles "
+            f"(safeguards.plateau_cycles={guards.plateau_cycles})",
         ),
         (
             guards.campaign_time_s is not None and facts.elapsed_s >= guards.campaign_time_s,

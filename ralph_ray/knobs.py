@@ -94,7 +94,8 @@ def _char_offset(line: str, byte_offset: int) -> int:
 
 def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: frozenset[str] | set[str]) -> dict[str, Any]:
     """The knob values a trial runs: sampled values as they are, and for `relative` knobs the sample is a factor
-    on the variant's own value (ints stay ints, at least 1), so an agent's knob change is searched around, not undone."""
+    on the variant's own value (ints stay ints, at least 1), so an agent's knob change is searched around, not
+    undone."""
     knobs: dict[str, Any] = {}
     for name, value in config.items():
         if not is_knob_name(name):

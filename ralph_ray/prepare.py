@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path("data/prepared") / cfg.task.name
     write_public(splits, out, cfg.task.name)
     print(
-        f"wrote {out.resolve()} (train {len(splits.train_y)}, selection {len(splits.selection_y)}, test {len(splits.test_y)} inputs)"
+        f"wrote {out.resolve()} (train {len(splits.train_y)}, selection {len(splits.selection_y)}, test "
+        f"{len(splits.test_y)} inputs)"
     )
     print(f"export {ENV_DATA_DIR}={out.resolve()}")
     print(f"then: cd {cfg.trainer_dir()} && python train.py")

@@ -55,7 +55,8 @@ class LiveProgress(Callback):
         )
         reason = f" ({record.reason})" if record.reason else ""
         self.console.print(
-            f"  trial {record.trial_id} {record.status.value:<13} epochs={record.epochs:<3} {score}{reason}  knobs={record.knobs}",
+            f"  trial {record.trial_id} {record.status.value:<13} epochs={record.epochs:<3} {score}{reason}  "
+            f"knobs={record.knobs}",
             soft_wrap=True,
         )
         self.live.update(self._render())

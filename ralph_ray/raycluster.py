@@ -177,17 +177,25 @@ def explain(address: str, mode: str, err: BaseException) -> str:
             "(or RAY_AUTH_TOKEN_PATH); a cluster started without auth needs cluster.auth_mode=disabled"
         )
     if "version mismatch" in text.lower():
-        return f"the Ray cluster at {address} runs another Ray or Python version: install the same versions here ({_first_line(text)})"
+        return (
+            f"the Ray cluster at {address} runs another Ray or Python version: "
+            f"install the same versions here ({_first_line(text)})"
+        )
     if "Could not find any running Ray instance" in text:
         return (
             "no running Ray cluster found on this machine (cluster.address=auto): start one (`ray up cluster.yaml`, "
             "`ray start --head`), run the campaign on a node of it, or give its address (cluster.address=<head>:6379)"
         )
     if "multiple" in text.lower() and "instances" in text.lower():
-        return f"several Ray clusters run on this machine: pick one with cluster.address=<head>:<port> ({_first_line(text)})"
+        return (
+            "several Ray clusters run on this machine: "
+            f"pick one with cluster.address=<head>:<port> ({_first_line(text)})"
+        )
     return (
-        f"cannot join the Ray cluster at {address}: {_first_line(text)}. Check that this machine is a node of that cluster "
-        f"(run the campaign on the head: `ray attach cluster.yaml`) and that RAY_AUTH_MODE ({mode} here) matches the cluster's"
+        f"cannot join the Ray cluster at {address}: {_first_line(text)}. Check that this machine is a node of that "
+        "cluster "
+        f"(run the campaign on the head: `ray attach cluster.yaml`) and that RAY_AUTH_MODE ({mode} here) matches the "
+        "cluster's"
     )
 
 
@@ -212,7 +220,7 @@ def checkpoint_interval(cfg: Config) -> float | None:
 
 
 def token_available() -> bool:
-    """True where this process would present a token (Ray's order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, the default file)."""
+    """True where this process would present a token (Ray's order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, the file)."""
     if os.environ.get("RAY_AUTH_TOKEN"):
         return True
     path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or DEFAULT_TOKEN_PATH).expanduser()

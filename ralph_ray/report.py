@@ -46,11 +46,14 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"- experiment: {run.get('experiment') if run else '?'} (task {run.get('task') if run else '?'})",
         f"- metric: {metric}",
         f"- target (selection {task.get('metric') or 'score'}): {target if target is not None else 'none'}",
-        f"- outcome: {last.get('decision', 'running')} after cycle {last.get('cycle', '-')}, reason **{last.get('reason', '-')}** "
+        f"- outcome: {last.get('decision', 'running')} after cycle {last.get('cycle', '-')}, reason "
+        f"**{last.get('reason', '-')}** "
         f"(exit code {last.get('exit_code', '-')}): {last.get('rationale', '')}",
-        f"- best variant: {best['variant_id'] if best else '-'}, selection {_f(best and value(best['selection_score']))}, "
+        f"- best variant: {best['variant_id'] if best else '-'}, selection "
+        f"{_f(best and value(best['selection_score']))}, "
         f"test {_f(best and value(best['test_score']))}",
-        f"- seed variant: {seed_id or '-'}, selection {_f(value(seed_row.get('selection_score')))}, test {_f(value(seed_row.get('test_score')))} "
+        f"- seed variant: {seed_id or '-'}, selection {_f(value(seed_row.get('selection_score')))}, test "
+        f"{_f(value(seed_row.get('test_score')))} "
         "(its best knob sample in cycle 1)",
         f"- Ray auth: {_auth(config)}",
         f"- sandbox: {_sandbox(config)}",
@@ -72,8 +75,10 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     ]
     for row in board:
         lines.append(
-            f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | {row['status']} | "
-            f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {row['completed']}/{row['stopped_early']}/{row['failed']} |"
+            f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | "
+            f"{row['status']} | "
+            f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | "
+            f"{row['completed']}/{row['stopped_early']}/{row['failed']} |"
         )
     lines += [
         "",
@@ -84,7 +89,8 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     ]
     for row in interventions:
         lines.append(
-            f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | {_f(value(row['parent_score']))} | "
+            f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | "
+            f"{_f(value(row['parent_score']))} | "
             f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
         )
     lines += ["", "## Decisions", ""]
@@ -102,7 +108,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
 
 
 def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
-    """Every completed trial as a point by time, kept vs discarded variants in two colours, the running best as a step line."""
+    """Every completed trial as a point by time, kept vs discarded variants in two colours, the best as a step line."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,4 +1,5 @@
-"""The trial runner, free of Ray: start a trainer in its work dir, tail its reports, enforce its limits, return how it ended.
+"""The trial runner, free of Ray: start a trainer in its work dir, tail its reports, enforce its limits, say how it
+ended.
 
 A trainer is `train.py` in a work dir that already holds its code and knobs (see `workdir`). The runner starts
 it inside the sandbox (`sandbox`: its work dir, the public data and the harness, nothing else; memory, process
@@ -275,7 +276,7 @@ _BREACH_TEXT = {
 
 
 class CappedOutput:
-    """Copies the trainer's stdout and stderr to files, together at most `limit` bytes; the rest is dropped with a marker."""
+    """Copies the trainer's stdout and stderr to files, together at most `limit` bytes; the rest cut with a marker."""
 
     def __init__(self, proc: subprocess.Popen[bytes], work: Path, limit: int) -> None:
         self.limit, self.written, self.exceeded = limit, 0, False

@@ -143,7 +143,8 @@ def _quiet_optuna() -> None:
 
 
 def storage_path(cfg: Config, local: Path) -> str:
-    """Where Tune keeps this cycle's results and checkpoints: `local` (in the run dir), or its mirror under paths.storage.
+    """Where Tune keeps this cycle's results and checkpoints: `local` (in the run dir), or its mirror under
+    paths.storage.
 
     paths.storage mirrors the runs layout (<storage>/<run_id>/<cycle>/...), so one bucket serves every campaign.
     """
@@ -277,7 +278,8 @@ def run_cycle(
     deadline: float | None,
     say: Callable[[str], None],
 ) -> bool:
-    """Run what is left of a cycle's trials of `children` in one Tune run; True when a stop or the deadline cut it short.
+    """Run what is left of a cycle's trials of `children` in one Tune run; True when a stop or the deadline cut it
+    short.
 
     `done` holds the variant of each trial already recorded (a resumed cycle runs only the rest); each trial's
     rows reach `sink` as it ends; `say` shows what the run will do (or why nothing runs).

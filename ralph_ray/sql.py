@@ -16,7 +16,8 @@ TABLES = ("runs", "cycles", "variants", "trials", "epochs", "interventions", "de
 LATEST = {"runs": "run_id", "variants": "run_id, variant_id", "cycles": "run_id, cycle", "decisions": "run_id, cycle"}
 
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds")
-# harness.probes: pivoted into the curves view too, after the metrics every trainer reports (agents.base.EpochPoint's order)
+# harness.probes: pivoted into the curves view too, after the metrics every trainer reports
+# (agents.base.EpochPoint's order)
 PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
 
 
@@ -57,10 +58,16 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
             files = "[" + ", ".join(_quoted(str(path)) for path in kept if path not in skipped) + "]"
         source = f"read_parquet({files}, union_by_name = true)"
         if table in LATEST:
-            body = f"select * from {source} qualify row_number() over (partition by {LATEST[table]} order by written_at desc) = 1"
+            body = (
+                f"select * from {source} qualify row_number() "
+                f"over (partition by {LATEST[table]} order by written_at desc) = 1"
+            )
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
-            body = f"select * from {source} qualify row_number() over (partition by run_id, trial_id order by written_at) = 1"
+            body = (
+                f"select * from {source} qualify row_number() "
+                "over (partition by run_id, trial_id order by written_at) = 1"
+            )
         else:
             body = f"select * from {source}"
         statements.append(f"create or replace view {p}{table} as {body}")
@@ -196,7 +203,8 @@ VARIANTS_FOR_RUN = "select * from variants where run_id = ? order by cycle, vari
 RUN_STARTED_AT = "select started_at from runs where run_id = ?"
 VARIANT_PARENTS = "select variant_id, parent_id, interventions from variants where run_id = ?"
 VARIANT_TRIALS = """
-select trial_id, status, reason, knobs, selection_score from trials where run_id = ? and variant_id = ? order by trial_id
+select trial_id, status, reason, knobs, selection_score from trials
+where run_id = ? and variant_id = ? order by trial_id
 """
 # One query for every curve of a variant (the analyst reads them all), grouped by trial on the engine side.
 VARIANT_CURVES = """
@@ -217,7 +225,8 @@ select intervention, diagnosis, n, mean_delta, win_rate from intervention_effect
 INTERVENTIONS_FOR_RUN = "select * from interventions where run_id = ? order by cycle, variant_id"
 DECISIONS_FOR_RUN = "select * from decisions where run_id = ? order by cycle"
 USAGE_FOR_RUN = """
-select coalesce(sum(calls), 0), coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost), 0), coalesce(sum(seconds), 0)
+select coalesce(sum(calls), 0), coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost), 0),
+    coalesce(sum(seconds), 0)
 from agent_usage where run_id = ?
 """
 USAGE_FOR_CYCLE = """

@@ -12,7 +12,8 @@ from pathlib import Path, PurePath
 
 # Files that are not part of a variant's code.
 IGNORED = ("__pycache__", "*.pyc", "metrics.jsonl", "predictions.npz", "*.log")
-# A task folder's frozen parts (tasks.folder.FROZEN_PARTS), at its top level: they stay on the driver, never in a variant.
+# A task folder's frozen parts (tasks.folder.FROZEN_PARTS), at its top level: they stay on the driver, never in a
+# variant.
 TASK_FILES = ("prepare.py", "task.yaml")
 # The files an agent may change (by file name); anything else in a trainer folder is frozen.
 MUTABLE = ("*.py",)

@@ -1,4 +1,4 @@
-"""Process helpers the tests share (a module, not conftest: tests/app/conftest.py would shadow `from conftest import`)."""
+"""Process helpers the tests share (not in conftest: tests/app/conftest.py shadows `from conftest import`)."""
 
 from __future__ import annotations
 

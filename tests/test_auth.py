@@ -48,7 +48,7 @@ TINY = [
 
 
 def session_token() -> str:
-    """The token this process's Ray runs with (Ray's own loader: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
+    """The token this process's Ray runs with (Ray's loader: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)."""
     from ray._raylet import AuthenticationTokenLoader
 
     return AuthenticationTokenLoader.instance().get_raw_token(ignore_auth_mode=True)

@@ -61,7 +61,8 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
         assert (work / "metrics.jsonl").exists() and (work / "stdout.log").exists()
 
     curves = con.execute(
-        "select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds from curves where run_id = ?",
+        "select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds from curves where run_id "
+        "= ?",
         ["digits-e2e"],
     ).fetchall()
     assert len(curves) == sum(t[2] for t in trials)
@@ -183,6 +184,7 @@ def test_epochs_past_the_last_rung_keep_their_curve(ray_session, tiny_config, tm
     outcome = run(cfg)
     con = open_reader(outcome.kb_root)
     rows = con.execute(
-        "select trial_id, list(epoch order by epoch) from curves where run_id = 'long' and status = 'completed' group by trial_id"
+        "select trial_id, list(epoch order by epoch) from curves where run_id = 'long' and status = 'completed' group "
+        "by trial_id"
     ).fetchall()
     assert len(rows) == 2 and all(epochs == [1, 2, 3, 4, 5] for _, epochs in rows)

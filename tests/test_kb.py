@@ -48,7 +48,8 @@ def test_leaderboard_ranks_variants_across_campaigns(tmp_path: Path):
     kb.append("epochs", [{"run_id": "r1", "trial_id": "a", "epoch": 1, "metric": "val_acc", "value": 0.5}], "r1")
     con = kb.reader()
     rows = con.execute(
-        "select run_id, variant_id, selection_score, best_trial_id, trials, completed, stopped_early, rank from leaderboard"
+        "select run_id, variant_id, selection_score, best_trial_id, trials, completed, stopped_early, rank from "
+        "leaderboard"
     ).fetchall()
     assert rows == [("r1", "v1", 0.95, "b", 3, 2, 1, 1), ("r2", "v2", 0.8, "d", 1, 1, 0, 1)]
     assert con.execute("select val_acc from curves where trial_id = 'a'").fetchone() == (0.5,)
@@ -80,7 +81,10 @@ def test_kb_duckdb_opens_read_only_from_any_cwd_and_moves(tmp_path: Path):
     kb.append("trials", [trial_row("r1", "a", 0.7)], "r1")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    query = "import duckdb; c = duckdb.connect('{db}', read_only=True); print(c.execute('select selection_score from leaderboard').fetchone()[0])"
+    query = (
+        "import duckdb; c = duckdb.connect('{db}', read_only=True); "
+        "print(c.execute('select selection_score from leaderboard').fetchone()[0])"
+    )
     out = subprocess.run(
         [sys.executable, "-c", query.format(db=tmp_path / "kb" / DB_FILE)],
         cwd=elsewhere,

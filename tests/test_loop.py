@@ -64,7 +64,8 @@ def test_two_cycles_grow_children_from_the_seed(two_cycles: Outcome):
     lineage = con.execute("select variant_id, depth from lineage where run_id = 'loop'").fetchall()
     assert {d for _, d in lineage} == {0, 1}
     effects = con.execute(
-        "select intervention, diagnosis, parent_score, child_score, delta, outcome from interventions where run_id = 'loop'"
+        "select intervention, diagnosis, parent_score, child_score, delta, outcome from interventions where run_id = "
+        "'loop'"
     ).fetchall()
     assert len(effects) >= 2
     for name, diagnosis, parent, child, delta, _outcome in effects:

@@ -21,7 +21,10 @@ from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.workdir import prepare_workdir
 
 PLAIN = Policy(SandboxMode.none)  # the limits (cgroups, rlimits) without the isolation
-HEADER = "import os, sys, time, json, subprocess\nimport numpy as np\nfrom ralph_ray import harness\nSLEEP = 0.0  # seconds\n"
+HEADER = (
+    "import os, sys, time, json, subprocess\nimport numpy as np\nfrom ralph_ray import harness\n"
+    "SLEEP = 0.0  # seconds\n"
+)
 
 
 def trainer(tmp_path: Path, body: str, knobs: dict | None = None) -> Trainer:
@@ -40,7 +43,10 @@ def metrics(record: dict | None) -> dict:
 
 
 def test_runner_does_not_import_ray():
-    probe = "import sys, ralph_ray.runner, ralph_ray.workdir; print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
+    probe = (
+        "import sys, ralph_ray.runner, ralph_ray.workdir; "
+        "print(any(m == 'ray' or m.startswith('ray.') for m in sys.modules))"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 

@@ -181,7 +181,8 @@ import json, os, sys
 import ralph_ray
 from ralph_ray import harness
 seen = {{"engine": list(ralph_ray.__path__), "data": sorted(os.listdir(harness.data_dir())), "tmp": os.listdir("/tmp"),
-        "project": os.path.exists({str(PROJECT_ROOT / "ralph_ray")!r}), "home": os.path.exists({str(Path.home() / ".ray")!r})}}
+        "project": os.path.exists({str(PROJECT_ROOT / "ralph_ray")!r}),
+        "home": os.path.exists({str(Path.home() / ".ray")!r})}}
 json.dump(seen, open("seen.json", "w"))
 harness.report(epoch=1, val_acc=0.1)
 """

@@ -70,7 +70,8 @@ def body(run: shell.Campaign) -> None:
     parent = by_id.get(picked.get("parent_id") or "")
     st.markdown(
         f"**{picked['variant_id']}** ({picked['status']}, cycle {picked.get('cycle')}) · parent "
-        f"`{picked.get('parent_id') or '-'}` · interventions: {', '.join(figures.interventions(picked.get('interventions'))) or '-'}"
+        f"`{picked.get('parent_id') or '-'}` · interventions: "
+        f"{', '.join(figures.interventions(picked.get('interventions'))) or '-'}"
     )
 
     vs_parent, vs_seed = st.tabs(["against its parent", "against the seed"])

@@ -32,13 +32,15 @@ def body(run: shell.Campaign) -> None:
     effects = kbdata.frame(run.kb_root, sql.APP_EFFECTS)
     if effects.empty:
         st.info(
-            "No intervention measured yet: effects appear once a campaign's children (cycle 2 on) are trained and judged. "
+            "No intervention measured yet: effects appear once a campaign's children (cycle 2 on) are trained and "
+            "judged. "
             f"Run a campaign with an agent: `python -m ralph_ray agent=heuristic paths.kb={run.kb_root}`."
         )
         return
     scope = figures.records(kbdata.frame(run.kb_root, sql.APP_EFFECTS_SCOPE))[0]
     st.caption(
-        f"Across all {scope['campaigns']} campaign(s) and {scope['tasks']} task(s) in this KB: {scope['tried']} intervention(s) tried. "
+        f"Across all {scope['campaigns']} campaign(s) and {scope['tasks']} task(s) in this KB: {scope['tried']} "
+        "intervention(s) tried. "
         "Click a column header to sort."
     )
     left, right = st.columns(2)

@@ -100,7 +100,8 @@ def stop_button(run: shell.Campaign) -> None:
         return
     if stop_file.exists():
         st.warning(
-            f"Stop requested ({_read(stop_file) or 'by hand'}): the campaign records what it has and stops at its next check."
+            f"Stop requested ({_read(stop_file) or 'by hand'}): the campaign records what it has and stops at its next "
+            "check."
         )
         return
     allowed = access.stop_permission(run.run_id)  # exposed: the shared secret first

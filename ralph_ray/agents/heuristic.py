@@ -265,7 +265,8 @@ def _underfitting(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | N
     if end - floor > UNDERFIT_TRAIN_LOSS and flat:
         return Finding(
             Diagnosis.underfitting,
-            f"train_loss is still {end:.4g} (floor {floor:.3g}) and fell only {before - end:.3g} over the last {WINDOW} epochs",
+            f"train_loss is still {end:.4g} (floor {floor:.3g}) and fell only {before - end:.3g} over the last "
+            f"{WINDOW} epochs",
         )
     return None
 
@@ -472,7 +473,10 @@ class HeuristicCoder:
         finally:
             call.seconds = time.perf_counter() - start  # counted on failure too: the attempt happened
             usage.add(call)
-        rationale = f"{intervention.name} ({recommendation.diagnosis.value}): {intervention.description} {recommendation.rationale}"
+        rationale = (
+            f"{intervention.name} ({recommendation.diagnosis.value}): {intervention.description} "
+            f"{recommendation.rationale}"
+        )
         return Draft(files_dir=workdir, interventions=[intervention.name], rationale=rationale, usage=call)
 
     def _edit(self, recommendation: Recommendation, workdir: Path, feedback: str | None) -> Intervention:

@@ -72,7 +72,10 @@ def replay(
                 why = f"back to the heuristic: {fail_children} LLM children in a row failed (agent.llm_fail_children)"
         elif since >= stall_cycles:
             side, streak = Side.llm, 0
-            why = f"the LLM takes over: no improvement by {min_delta:g} for {since} cycle(s) (agent.stall_cycles={stall_cycles})"
+            why = (
+                f"the LLM takes over: no improvement by {min_delta:g} for {since} cycle(s) "
+                f"(agent.stall_cycles={stall_cycles})"
+            )
     return Turn(side, why)
 
 

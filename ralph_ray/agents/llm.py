@@ -131,7 +131,8 @@ class ChatClient:
     def _key_error(self, err: openai.APIStatusError) -> AgentConfigError:
         where = f"the key in ${self.key_env}" if self.key_env else "no key (agent.api_key_env=null)"
         fix = (
-            f"put a valid key for this endpoint in {self.key_env}, or point agent.api_key_env at the variable that holds one"
+            f"put a valid key for this endpoint in {self.key_env}, or point agent.api_key_env at the variable that "
+            "holds one"
             if self.key_env
             else "set agent.api_key_env to the NAME of an environment variable holding the key"
         )
@@ -178,7 +179,8 @@ class LLMAnalyst:
                     {"role": "assistant", "content": text},
                     {
                         "role": "user",
-                        "content": f"That answer is not valid: {problem}. Reply with the JSON object only, in the format given.",
+                        "content": f"That answer is not valid: {problem}. "
+                        "Reply with the JSON object only, in the format given.",
                     },
                 ]
         raise AgentError(f"the analyst's answer was still invalid after {self.answer_retries + 1} tries: {problem}")
@@ -209,7 +211,10 @@ class LLMCoder:
             ]
         else:
             system = prompts.render("coder", program=parent.program.strip(), mutable=", ".join(mutable_names(workdir)))
-            task = f"## The change to make\n\n{prompts.show_recommendation(recommendation)}\n\n## The files\n\n{prompts.show_files(workdir)}"
+            task = (
+                f"## The change to make\n\n{prompts.show_recommendation(recommendation)}\n\n"
+                f"## The files\n\n{prompts.show_files(workdir)}"
+            )
             if (
                 feedback is not None
             ):  # the conversation is gone (e.g. a resumed campaign): the gate's verdict still helps

@@ -44,7 +44,8 @@ def extract_diff(answer: str) -> str:
         start = min((i for i in (stripped.find("--- "), stripped.find("diff --git ")) if i >= 0), default=-1)
         if start < 0 or "\n+++ " not in stripped[start:] and "diff --git " not in stripped[start:]:
             raise PatchFailed(
-                "no unified diff found: reply with one ```diff block holding --- a/<file> / +++ b/<file> headers and @@ hunks"
+                "no unified diff found: reply with one ```diff block holding --- a/<file> / +++ b/<file> headers and "
+                "@@ hunks"
             )
         text = stripped[start:]
     return text.rstrip("\n") + "\n"
@@ -92,7 +93,7 @@ def apply_diff(workdir: Path, diff: str) -> list[str]:
 
 
 def _git(workdir: Path, args: list[str], diff: str) -> str:
-    """`git apply` in the work dir, never in an enclosing repository (GIT_CEILING_DIRECTORIES) and with no user config."""
+    """`git apply` in the work dir, never in an enclosing repository (GIT_CEILING_DIRECTORIES), no user config."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "GIT_CEILING_DIRECTORIES": str(workdir.resolve().parent),

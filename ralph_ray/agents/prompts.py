@@ -28,7 +28,7 @@ _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 
 
 def render(name: str, **values: str) -> str:
-    """`agents/prompts/<name>.md` with its `{{placeholders}}` filled; a placeholder the engine lacks is a config error."""
+    """`agents/prompts/<name>.md` with its `{{placeholders}}` filled; one the engine lacks is a config error."""
     path = PROMPTS_DIR / f"{name}.md"
     try:
         text = path.read_text()

@@ -132,7 +132,8 @@ GOOD = """
             r"intervention 'bad'.*'edits'.*bad regex",
         ),
         (
-            "  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: lr, value: 1, comment: c}]\n",
+            "  - name: bad\n    description: x\n    answers: [plateau]\n    add_knobs: [{name: lr, value: 1, comment: "
+            "c}]\n",
             r"'add_knobs'.*UPPER_CASE",
         ),
         (

@@ -98,7 +98,8 @@ def test_hybrid_campaign_hands_a_stalled_cycle_to_the_llm(ray_session, tiny_conf
     assert outcome.stop_reason == "max_cycles"
     con = open_reader(Path(cfg.paths.kb))
     usage = con.execute(
-        "select cycle, role, tokens_in from agent_usage where run_id = 'hybrid-e2e' and tokens_in + tokens_out > 0 order by cycle, role"
+        "select cycle, role, tokens_in from agent_usage where run_id = 'hybrid-e2e' and tokens_in + tokens_out > 0 "
+        "order by cycle, role"
     ).fetchall()
     assert usage == [(3, "analyst", 800), (3, "coder", 600)]  # the heuristic's cycle 2 cost nothing
     analyses = {c: (outcome.run_dir / f"cycle_{c:04d}" / "analysis.md").read_text() for c in (2, 3)}

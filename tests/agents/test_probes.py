@@ -1,4 +1,4 @@
-"""Telemetry probes: `harness.probes` on real models, a fixture trainer reporting them, and the diagnoses that read them."""
+"""Telemetry probes: `harness.probes` on real models, a fixture trainer reporting them, the diagnoses reading them."""
 
 from __future__ import annotations
 

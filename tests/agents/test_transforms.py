@@ -1,4 +1,5 @@
-"""Code interventions as syntax-tree transforms, on differently written trainers (tests/fixtures/trainers) and the seeds.
+"""Code interventions as syntax-tree transforms, on differently written trainers (tests/fixtures/trainers) and the
+seeds.
 
 The applicability table is pinned: a transform that stops finding its idiom (or starts matching where it must not)
 fails here with the reason. Every output parses and keeps the knobs module-level literals; a few transformed

@@ -101,12 +101,14 @@ def download(url: str, md5: str, root: Path) -> None:
         except requests.RequestException as err:
             raise DataError(
                 f"CIFAR-10 download from {url} failed ({type(err).__name__}: {err}).\n"
-                f"  Offline? Fetch {url} elsewhere and extract it so that {root / FOLDER}/data_batch_1 ... test_batch exist, "
+                f"  Offline? Fetch {url} elsewhere and extract it so that {root / FOLDER}/data_batch_1 ... test_batch "
+                "exist, "
                 "or point data.root at a folder that holds them."
             ) from None
         if digest.hexdigest() != md5:
             raise DataError(
-                f"CIFAR-10 archive from {url} has md5 {digest.hexdigest()}, expected {md5}: the download is corrupt or the URL "
+                f"CIFAR-10 archive from {url} has md5 {digest.hexdigest()}, expected {md5}: the download is corrupt or "
+                "the URL "
                 "serves another file. Nothing was extracted; check data.url / data.md5 and try again."
             )
         staging = Path(tmp) / "extract"
@@ -131,7 +133,8 @@ def _load_batches(folder: Path, names: tuple[str, ...]) -> tuple[np.ndarray, np.
             y = np.asarray(batch[b"labels"], dtype=np.int64)
         except (OSError, EOFError, pickle.UnpicklingError, KeyError, ValueError, TypeError) as err:
             raise DataError(
-                f"{folder / name} is not a CIFAR-10 python batch ({type(err).__name__}: {err}): delete it and fetch it again"
+                f"{folder / name} is not a CIFAR-10 python batch ({type(err).__name__}: {err}): delete it and fetch it "
+                "again"
             ) from None
         if len(x) != len(y):
             raise DataError(f"{folder / name}: {len(x)} images but {len(y)} labels")

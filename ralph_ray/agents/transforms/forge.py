@@ -21,7 +21,7 @@ from ralph_ray.agents.transforms._tree import (
 
 GROKFAST_HELPER = '''
 def gradfilter_ema(model: torch.nn.Module, grads: dict | None) -> dict:
-    """Grokfast-EMA (Lee et al. 2024): add GROKFAST_LAMB x (an EMA of the gradients) to the gradients; returns the EMA."""
+    """Grokfast-EMA (Lee et al. 2024): add GROKFAST_LAMB x (an EMA of the gradients) to them; returns the EMA."""
     params = {n: p for n, p in model.named_parameters() if p.grad is not None}
     if grads is None:
         grads = {n: p.grad.detach().clone() for n, p in params.items()}

@@ -91,7 +91,8 @@ def mixed_precision(source: str) -> str:
         )
     wrap = cst.ensure_type(
         statement(
-            'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n    pass\n'
+            'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n    '
+            "pass\n"
         ),
         cst.With,
     )
