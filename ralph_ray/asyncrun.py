@@ -31,6 +31,7 @@ from ray import tune
 from ralph_ray import history, records, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, seed_child
+from ralph_ray.control import stop_requested
 from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import kill_point
@@ -40,7 +41,7 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
 from ralph_ray.popsearch import Member, Pool, PoolSettings, PopulationSearcher, member_code, run_member_trial
 from ralph_ray.population import Candidate
 from ralph_ray.search import scheduler, storage_path, trial_spec
-from ralph_ray.state import Phase, RunStatus, stop_requested
+from ralph_ray.state import Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.variants import VariantStatus
 

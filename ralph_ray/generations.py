@@ -23,6 +23,7 @@ from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
 from ralph_ray.config import Config, sandbox_policy
+from ralph_ray.control import stop_requested
 from ralph_ray.decision import budgets_line, decide, gate_fail_streak
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
@@ -33,7 +34,7 @@ from ralph_ray.raycluster import ensure_ray
 from ralph_ray.rundir import CycleFiles, write_data
 from ralph_ray.sandbox import MIB
 from ralph_ray.search import run_cycle
-from ralph_ray.state import CampaignState, Phase, RunStatus, stop_requested
+from ralph_ray.state import CampaignState, Phase, RunStatus
 from ralph_ray.tasks.base import Splits
 from ralph_ray.variants import VariantStatus
 

@@ -23,12 +23,12 @@ from rich.console import Console
 from ralph_ray import harness
 from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
+from ralph_ray.control import stop_requested
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
 from ralph_ray.runner import Limits
 from ralph_ray.sandbox import MIB
-from ralph_ray.state import stop_requested
 from ralph_ray.tasks.base import Labels, sha256_file
 from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec, read_files, run_trial
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ralph_ray.control import STOP_FILE, stop_requested  # noqa: F401 - re-exported for campaign and search
+from ralph_ray.control import STOP_FILE
 from ralph_ray.kb import now
 
 
