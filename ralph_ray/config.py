@@ -71,6 +71,7 @@ class TaskConfig:
     split_seed: int = 0
     selection_fraction: float = 0.2
     test_fraction: float = 0.2
+    subsample: int = 0  # a task that reads it (fashion) keeps a stratified sample of this many images (0: all)
     # Read from the task's prepare.py (METRIC) when the config is validated; recorded so reports and the app know
     # how to read a score. Scores are stored oriented (higher is better): a min metric's score is -value.
     metric: Optional[str] = None
