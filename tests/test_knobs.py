@@ -113,3 +113,15 @@ def test_one_rule_says_what_a_knob_is():
     with pytest.raises(ValueError, match="UPPER_CASE"):
         _parse_knob_edits({"Lr": {"mul": 2}}, fail)
     assert _parse_knob_edits({"WIDTH_2": {"mul": 2}}, fail)[0].knob == "WIDTH_2"
+
+
+def test_the_transforms_read_the_knob_block_by_the_same_rule():
+    # agents/transforms/_tree decides where a new knob goes by knobs.is_knob, not a rule of its own.
+    import libcst as cst
+
+    from ralph_ray.agents.transforms._tree import _is_knob
+
+    source = SOURCE + "ANNOTATED: int = 3  # annotated: not a knob for read_knobs\nA, B = 1, 2\nX.Y = 1\n"
+    lines = [s for s in cst.parse_module(source).body if isinstance(s, cst.SimpleStatementLine)]
+    found = [cst.Module([]).code_for_node(s).split("=")[0].strip() for s in lines if _is_knob(s)]
+    assert found == list(read_knobs(source)) == ["LR", "EPOCHS", "NAME", "WIDTHS"]

@@ -11,7 +11,6 @@ insertions keyed by the original nodes and applies them in one pass, keeping com
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import contextvars
 import functools
@@ -22,7 +21,7 @@ from typing import Any
 
 import libcst as cst
 
-from ralph_ray.knobs import read_knobs
+from ralph_ray.knobs import is_knob, parse, read_knobs
 
 
 class NotApplicable(Exception):
@@ -519,7 +518,7 @@ class Edits:
         if result == self.trainer.source:
             raise NotApplicable("the edit changes nothing")
         try:
-            ast.parse(result)
+            parse(result)  # the engine's locked parse: children are written in a thread pool
         except SyntaxError as error:  # a transform bug, but the coder reports it as a reason, not a crash
             raise NotApplicable(f"the edit does not fit this trainer (line {error.lineno}: {error.msg})") from error
         return result
@@ -552,14 +551,12 @@ class _Apply(cst.CSTTransformer):
 
 
 def _is_knob(stmt: cst.CSTNode) -> bool:
-    name = assign_target(stmt)
-    if name is None or not name.isupper() or "." in name:
+    """A knob line by the engine's one rule (`ralph_ray.knobs.is_knob`), so the transforms and the knob search
+    agree on what the knob block is."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
         return False
-    try:
-        ast.literal_eval(code(assign_value(stmt)))  # type: ignore[arg-type]
-    except (ValueError, SyntaxError):
-        return False
-    return True
+    tree = parse(code(stmt.with_changes(leading_lines=[])))
+    return len(tree.body) == 1 and is_knob(tree.body[0])
 
 
 def _add_knobs(module: cst.Module, knobs: list[tuple[str, Any, str]]) -> cst.Module:
