@@ -30,6 +30,7 @@ from ralph_ray.agents.base import (
 from ralph_ray.decision import child_verdict
 from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
+from ralph_ray.noise import Comparison
 from ralph_ray.population import Candidate
 from ralph_ray.variants import VariantStatus, snapshot, unified_diff
 
@@ -219,13 +220,20 @@ def judge(
     scores: dict[str, tuple[float, float | None]],
     trials: dict[str, tuple[int, int]],
     min_delta: float,
+    comparisons: dict[str, Comparison] | None = None,
 ) -> None:
-    """Give each candidate its verdict (decision.child_verdict) from its best score and its (run, failed) trials."""
+    """Give each candidate its verdict (decision.child_verdict) from its best score and its (run, failed) trials;
+    where `comparisons` has one (replicates on), from its replicates against its parent's."""
     for child in children:
         if child.status is VariantStatus.candidate:
             score = scores.get(child.variant_id, (None, None))[0]
             child.status, child.reason = child_verdict(
-                *trials.get(child.variant_id, (0, 0)), score, child.parent_score, min_delta, child.reason
+                *trials.get(child.variant_id, (0, 0)),
+                score,
+                child.parent_score,
+                min_delta,
+                child.reason,
+                (comparisons or {}).get(child.variant_id),
             )
 
 

@@ -126,6 +126,11 @@ class SafeguardsConfig:
     max_cycles: int = 5
     plateau_cycles: int = 3  # stop when the best has not risen by min_delta for this many cycles
     min_delta: float = 0.002
+    # Fresh-seed runs of a variant's best knobs before it is judged (0: off, a child is kept on one trial beating
+    # its parent's by min_delta); the keep verdict, the plateau rule and the target then read these replicates
+    # through Student-t statistics at `confidence` (ralph_ray.noise).
+    replicates: int = 3
+    confidence: float = 0.9
     tokens_per_cycle: Optional[int] = None  # agent tokens (in + out) per cycle
     tokens_per_campaign: Optional[int] = None
     cost_per_campaign: Optional[float] = None  # in the currency of agent.price_*
@@ -507,6 +512,18 @@ def validate(cfg: Config) -> None:
     if cfg.safeguards.min_delta < 0:
         raise ConfigError(
             "safeguards.min_delta", f"must be >= 0, got {cfg.safeguards.min_delta}", "set safeguards.min_delta=0.002"
+        )
+    if cfg.safeguards.replicates == 1 or cfg.safeguards.replicates < 0:
+        raise ConfigError(
+            "safeguards.replicates",
+            f"must be 0 (off) or at least 2 (a t-test needs a spread), got {cfg.safeguards.replicates}",
+            "set safeguards.replicates=3, or 0 to judge children on one trial",
+        )
+    if not 0.5 <= cfg.safeguards.confidence < 1.0:
+        raise ConfigError(
+            "safeguards.confidence",
+            f"must be in [0.5, 1), got {cfg.safeguards.confidence}",
+            "set safeguards.confidence=0.9",
         )
     if (
         cfg.target.selection_score is not None

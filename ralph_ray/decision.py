@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 from ralph_ray.config import SafeguardsConfig
 from ralph_ray.exit_codes import ExitCode
+from ralph_ray.noise import Comparison
 from ralph_ray.variants import VariantStatus
 
 
@@ -57,6 +58,9 @@ class CycleFacts:
     gate_fail_streak: int  # consecutive cycles in which children were asked for and none passed the gate
     elapsed_s: float
     manual_stop: bool
+    # With replicates (safeguards.replicates): after each cycle, the highest lower confidence bound of any
+    # replicated variant (noise.floor). The plateau rule and the target read it instead of the single best trial.
+    floor_by_cycle: list[float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,14 +94,25 @@ def improved(new: float | None, old: float | None, min_delta: float, *, beyond: 
 
 
 def child_verdict(
-    trials: int, failed: int, score: float | None, parent_score: float | None, min_delta: float, reason: str | None
+    trials: int,
+    failed: int,
+    score: float | None,
+    parent_score: float | None,
+    min_delta: float,
+    reason: str | None,
+    comparison: Comparison | None = None,
 ) -> tuple[VariantStatus, str | None]:
     """A trained child's status and reason: crashed if every trial failed, kept if it beat its parent, else discarded.
 
-    `trials` and `failed` count the child's trials this cycle; `reason` is the one it carries so far.
+    `trials` and `failed` count the child's trials this cycle; `reason` is the one it carries so far. With a
+    `comparison` (replicates on) the child is kept only if its replicates beat its parent's at the stated
+    confidence, and its reason is that evidence; without one, its best trial must beat the parent's by min_delta.
     """
     if trials and failed == trials:
         return VariantStatus.crashed, "every trial failed"
+    if comparison is not None:
+        status = VariantStatus.kept if comparison.better else VariantStatus.discarded
+        return status, comparison.text()
     if improved(score, parent_score, min_delta, beyond=True):
         return VariantStatus.kept, reason
     return VariantStatus.discarded, reason or ("not trained (stopped)" if not trials else None)
@@ -124,7 +139,15 @@ def plateau_length(best_by_cycle: list[float | None], min_delta: float) -> int:
 def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
     """Apply the stop rules in order; the first that fires decides."""
     best = facts.best_by_cycle[-1] if facts.best_by_cycle else None
-    stale = plateau_length(facts.best_by_cycle, guards.min_delta)
+    floors = facts.floor_by_cycle
+    # With replicates, the target and the plateau read the score reached with the stated confidence (the floor).
+    reached = (floors[-1] if floors else None) if floors is not None else best
+    stale = plateau_length(floors if floors is not None else facts.best_by_cycle, guards.min_delta)
+    measure = (
+        f"the {guards.confidence:.0%} lower bound of the best replicated variant"
+        if floors is not None
+        else "best selection score"
+    )
     rules: list[tuple[bool, StopReason, str]] = [
         (
             facts.manual_stop,
@@ -132,9 +155,9 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
             "a stop was requested (STOP file or `ralph-ray stop`); the cycle ended cleanly",
         ),
         (
-            facts.target is not None and best is not None and best >= facts.target,
+            facts.target is not None and reached is not None and reached >= facts.target,
             StopReason.target_met,
-            f"best selection score {best} reached the target {facts.target}",
+            f"{measure} {reached} reached the target {facts.target}",
         ),
         (
             best is None,
@@ -167,7 +190,7 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         (
             stale >= guards.plateau_cycles,
             StopReason.plateau,
-            f"best selection score has not risen by min_delta={guards.min_delta} for {stale} cycles "
+            f"{measure} has not risen by min_delta={guards.min_delta} for {stale} cycles "
             f"(safeguards.plateau_cycles={guards.plateau_cycles})",
         ),
         (

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ralph_ray import history, records
+from ralph_ray import history, records, replicates
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
@@ -213,9 +213,39 @@ class Campaign:
             self.console,
             deadline,
             lambda detail: self._phase("train", detail),
-        ):
+        ) or self._replicate(runnable, deadline):
             self.state.interrupted = Phase.train  # a resume runs the trials this stop cut short
         self._advance(Phase.record)
+
+    def _replicate(self, runnable: list[Child], deadline: float | None) -> bool:
+        """The best knobs of the seed and of each child with a chance against its parent, run again with fresh
+        seeds (safeguards.replicates); True when a stop cut them short."""
+        count = self.cfg.safeguards.replicates
+        if not count or stop_requested(self.run_dir):
+            return False
+        con = self.kb.reader()
+        best = {v: s for v, (s, _) in history.variant_scores(con, self.run_id).items()}
+        reps = replicates.recorded(con, self.run_id)
+        wanted = replicates.needing(runnable, best, reps, count)
+        configs = replicates.points(wanted, replicates.best_knobs(con, self.run_id), reps, count, self.cfg.search.seed)
+        if not configs:
+            return False
+        replicates.say(configs, lambda line: self._phase("replicate", line))
+        files = {v: self.run_dir / "variants" / v / "files" for v in wanted}
+        return replicates.run(
+            self.cfg,
+            self.run_id,
+            self.state.cycle,
+            self.files.path,
+            files,
+            configs,
+            self.data,
+            self.labels,
+            self._sink,
+            self.console,
+            self.run_dir,
+            deadline,
+        )
 
     def _sink(self, trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         tag = records.trial_part(self.run_id, trial.cycle, trial.trial_id)
@@ -228,13 +258,21 @@ class Campaign:
         files, cycle, state, con = self.files, self.state.cycle, self.state, self.kb.reader()
         children = files.children()
         scores, counts = history.variant_scores(con, self.run_id), history.trial_counts(con, self.run_id, cycle)
-        judge(children, scores, counts, self.cfg.safeguards.min_delta)
+        guards = self.cfg.safeguards
+        reps = replicates.recorded(con, self.run_id) if guards.replicates else None
+        comparisons = replicates.comparisons(children, scores, reps, guards.confidence) if reps is not None else None
+        judge(children, scores, counts, guards.min_delta, comparisons)
         prefix, merged = records.trial_parts(self.run_id, cycle), records.part(self.run_id, cycle, "compacted")
         for table in ("epochs", "trials"):  # one part per cycle instead of one per trial: readers pay per file
             self.kb.compact(table, prefix, merged)
         files.save_children(children)
         self._put_variants(children, "record", scores)
-        self._put("interventions", records.effect_rows(self.run_id, self.cfg.task.name, cycle, children, scores))
+        self._put(
+            "interventions",
+            records.effect_rows(
+                self.run_id, self.cfg.task.name, cycle, children, scores, replicates.means(reps) if reps else None
+            ),
+        )
         best = max(((v, s) for v, (s, _) in scores.items()), key=lambda item: item[1], default=None)
         asked = [c for c in children if c.status is not VariantStatus.seed and c.variant_id != c.parent_id]
         state.note_cycle(
@@ -242,6 +280,9 @@ class Campaign:
             history.best_trial(con, self.run_id),
             gate_fail_streak(state.gate_fail_streak, [c.status for c in asked], self.coder is not None),
         )
+        if reps is not None:
+            floor = replicates.campaign_floor(reps, guards.confidence)
+            state.floor_by_cycle = state.floor_by_cycle[: cycle - 1] + [floor]
         self._put(
             "cycles",
             [
@@ -271,6 +312,7 @@ class Campaign:
             self.cfg.target_score(),
             state.elapsed_s + (time.monotonic() - self.mark),
             stop_requested(self.run_dir),
+            bool(guards.replicates),
         )
         decision = decide(facts, guards)
         data = records.decision_json(decision, facts, state.best_variant_id)

@@ -123,9 +123,15 @@ def spend(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> Spend:
 
 
 def cycle_facts(
-    con: duckdb.DuckDBPyConnection, state: CampaignState, target: float | None, elapsed_s: float, manual_stop: bool
+    con: duckdb.DuckDBPyConnection,
+    state: CampaignState,
+    target: float | None,
+    elapsed_s: float,
+    manual_stop: bool,
+    replicated: bool = False,
 ) -> CycleFacts:
-    """What the decision engine reads after a cycle: the state's bests and gate streak, and the agents' spend."""
+    """What the decision engine reads after a cycle: the state's bests (and confident floors, with `replicated`)
+    and gate streak, and the agents' spend."""
     spent = spend(con, state.run_id, state.cycle)
     return CycleFacts(
         state.cycle,
@@ -137,6 +143,7 @@ def cycle_facts(
         state.gate_fail_streak,
         elapsed_s,
         manual_stop,
+        list(state.floor_by_cycle) if replicated else None,
     )
 
 

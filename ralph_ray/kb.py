@@ -151,6 +151,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("seconds", pa.float64()),
             ("work_dir", pa.string()),
             ("written_at", TS),
+            ("replicate", pa.bool_()),  # a fresh-seed run of the variant's best knobs (noise.py); NULL in old KBs
         ]
     ),
     "epochs": pa.schema(

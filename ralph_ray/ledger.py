@@ -21,7 +21,7 @@ from ralph_ray.knobs import resolve_knobs
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
-from ralph_ray.trials import FAILED_KEY, HELD_KEY, STOPPED_KEY
+from ralph_ray.trials import FAILED_KEY, HELD_KEY, REPLICATE_KEY, SEED_KEY, STOPPED_KEY
 
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
@@ -48,6 +48,7 @@ class TrialRecord:
     test_score: float | None
     seconds: float
     work_dir: str
+    replicate: bool = False  # a fresh-seed run of its variant's best knobs (noise.py), not a search sample
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -158,13 +159,14 @@ class TrialLedger(Callback):
             status=status,
             reason=reason,
             knobs=json.dumps(knobs, sort_keys=True, default=str),
-            seed=self.seed,
+            seed=int(config.get(SEED_KEY, self.seed)),
             epochs=max(epochs, default=0),
             val_metric=_float(epochs[max(epochs)].get(self.metric)) if epochs else None,
             selection_score=selection,
             test_score=test,
             seconds=time.time() - self.started.get(trial.trial_id, time.time()),
             work_dir=f"{self.trials_root}/{trial.trial_id}",
+            replicate=bool(config.get(REPLICATE_KEY, False)),
         )
         rows = [
             {"run_id": self.run_id, "trial_id": trial.trial_id, "epoch": epoch, "metric": name, "value": value}

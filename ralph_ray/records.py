@@ -111,11 +111,20 @@ def usage_row(run_id: str, cycle: int, role: str, variant_id: str, usage: Usage,
     }
 
 
-def intervention_rows(run_id: str, task: str, cycle: int, child: Child, score: float | None) -> list[Row]:
-    """One row per intervention of a judged child, with its measured delta over the parent (none for the seed)."""
+def intervention_rows(
+    run_id: str, task: str, cycle: int, child: Child, score: float | None, means: dict[str, float] | None = None
+) -> list[Row]:
+    """One row per intervention of a judged child, with its measured delta over the parent (none for the seed).
+
+    Where child and parent both have replicates (`means`: variant -> mean selection score over them), the delta
+    is between those means, not between two single best trials.
+    """
     if child.status is VariantStatus.seed or child.variant_id == child.parent_id:
         return []
-    delta = None if score is None or child.parent_score is None else score - child.parent_score
+    parent_score = child.parent_score
+    if means and child.variant_id in means and child.parent_id in means:
+        score, parent_score = means[child.variant_id], means[child.parent_id]
+    delta = None if score is None or parent_score is None else score - parent_score
     return [
         {
             "run_id": run_id,
@@ -125,7 +134,7 @@ def intervention_rows(run_id: str, task: str, cycle: int, child: Child, score: f
             "parent_id": child.parent_id,
             "intervention": name,
             "diagnosis": child.diagnosis,
-            "parent_score": child.parent_score,
+            "parent_score": parent_score,
             "child_score": score,
             "delta": delta,
             "outcome": child.status.value,
@@ -135,13 +144,19 @@ def intervention_rows(run_id: str, task: str, cycle: int, child: Child, score: f
 
 
 def effect_rows(
-    run_id: str, task: str, cycle: int, children: list[Child], scores: dict[str, tuple[float, float | None]]
+    run_id: str,
+    task: str,
+    cycle: int,
+    children: list[Child],
+    scores: dict[str, tuple[float, float | None]],
+    means: dict[str, float] | None = None,
 ) -> list[Row]:
-    """The intervention rows of every judged child of a cycle (`scores`: variant -> (selection, test))."""
+    """The intervention rows of every judged child of a cycle (`scores`: variant -> (selection, test); `means`:
+    replicate means, see intervention_rows)."""
     return [
         row
         for c in children
-        for row in intervention_rows(run_id, task, cycle, c, scores.get(c.variant_id, (None, None))[0])
+        for row in intervention_rows(run_id, task, cycle, c, scores.get(c.variant_id, (None, None))[0], means)
     ]
 
 

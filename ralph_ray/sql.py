@@ -15,6 +15,13 @@ from pathlib import Path
 TABLES = ("runs", "cycles", "variants", "trials", "epochs", "interventions", "decisions", "agent_usage")
 LATEST = {"runs": "run_id", "variants": "run_id, variant_id", "cycles": "run_id, cycle", "decisions": "run_id, cycle"}
 
+# Student's t at 97.5% for 1..30 degrees of freedom (normal beyond): the views' 95% intervals over replicates.
+T975 = (
+    "[12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010, 2.1788, 2.1604, "
+    "2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, "
+    "2.0518, 2.0484, 2.0452, 2.0423]"
+)
+
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds")
 # harness.probes: pivoted into the curves view too, after the metrics every trainer reports
 # (agents.base.EpochPoint's order)
@@ -64,6 +71,8 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
             )
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
+            # A KB written before replicates has no `replicate` column: it reads as NULL (UNION BY NAME adds it).
+            source = f"(select * from {source} union all by name select cast(null as boolean) as replicate where false)"
             body = (
                 f"select * from {source} qualify row_number() "
                 "over (partition by run_id, trial_id order by written_at) = 1"
@@ -83,22 +92,36 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
 
 
 def _leaderboard(p: str) -> str:
-    # One row per variant: its best completed trial by selection score, and how its trials ended.
+    # One row per variant: its best completed search trial by selection score, how its trials ended, and the
+    # mean of its replicates (fresh seeds of the best knobs) with a 95% Student-t interval (none below n = 2).
+    search = "not coalesce(t.replicate, false)"
+    replica = "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
     return f"""
+select *, mean_score - half_width as ci_low, mean_score + half_width as ci_high
+from (
 select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.cycle) as cycle,
        any_value(v.status) as status, any_value(v.interventions) as interventions,
-       max(t.selection_score) as selection_score,
-       arg_max(t.test_score, t.selection_score) as test_score,
-       arg_max(t.trial_id, t.selection_score) as best_trial_id,
-       arg_max(t.knobs, t.selection_score) as best_knobs,
+       max(t.selection_score) filter (where {search}) as selection_score,
+       arg_max(t.test_score, t.selection_score) filter (where {search}) as test_score,
+       arg_max(t.trial_id, t.selection_score) filter (where {search}) as best_trial_id,
+       arg_max(t.knobs, t.selection_score) filter (where {search}) as best_knobs,
        count(*) as trials,
        count(*) filter (where t.status = 'completed') as completed,
        count(*) filter (where t.status = 'stopped_early') as stopped_early,
        count(*) filter (where t.status = 'failed') as failed,
        sum(t.seconds) / 3600.0 as trial_hours,
-       rank() over (partition by t.run_id order by max(t.selection_score) desc nulls last) as rank
+       rank() over (
+           partition by t.run_id order by max(t.selection_score) filter (where {search}) desc nulls last
+       ) as rank,
+       count(*) filter (where {replica}) as replicates,
+       avg(t.selection_score) filter (where {replica}) as mean_score,
+       avg(t.test_score) filter (where {replica}) as mean_test_score,
+       stddev_samp(t.selection_score) filter (where {replica}) / sqrt(count(*) filter (where {replica}))
+           * case when count(*) filter (where {replica}) > 31 then 1.96
+                  else list_extract({T975}, (count(*) filter (where {replica}) - 1)::integer) end as half_width
 from {p}trials t left join {p}variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 group by t.run_id, t.variant_id
+)
 order by selection_score desc nulls last, test_score desc nulls last
 """
 
@@ -186,16 +209,24 @@ CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order
 RUN = "select * from runs where run_id = ?"
 RUN_CONFIG = "select config from runs where run_id = ?"
 EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run_id = ?"
+# Search trials only: a replicate re-runs knobs already chosen, and its luck must not pick the best.
 BEST_TRIAL = """
 select trial_id, selection_score, test_score, knobs from trials
-where run_id = ? and status = 'completed' order by selection_score desc limit 1
+where run_id = ? and status = 'completed' and not coalesce(replicate, false) order by selection_score desc limit 1
 """
-# The campaign's ranking of variants by their best completed trial (what parent selection reads).
+# The campaign's ranking of variants by their best completed search trial (what parent selection reads).
 VARIANT_SCORES = """
 select variant_id, max(selection_score) as selection_score,
        arg_max(knobs, selection_score) as best_knobs, arg_max(test_score, selection_score) as test_score
-from trials where run_id = ? and status = 'completed' group by variant_id
+from trials where run_id = ? and status = 'completed' and not coalesce(replicate, false) group by variant_id
 order by selection_score desc
+"""
+# Each variant's replicates so far (noise.py): how many were run, their seeds and the scores of those that completed.
+REPLICATES_FOR_RUN = """
+select variant_id, count(*), list(seed order by seed),
+       list(selection_score order by seed) filter (where status = 'completed' and selection_score is not null),
+       list(test_score order by seed) filter (where status = 'completed' and test_score is not null)
+from trials where run_id = ? and coalesce(replicate, false) and reason is distinct from ? group by variant_id
 """
 VARIANTS_FOR_RUN = "select * from variants where run_id = ? order by cycle, variant_id"
 
@@ -213,10 +244,14 @@ select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seco
 from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.
-CYCLE_TRIALS_DONE = "select variant_id from trials where run_id = ? and cycle = ? and reason is distinct from ?"
-# Per variant of a cycle: trials run, and how many failed (a child whose every trial failed crashed).
+CYCLE_TRIALS_DONE = """
+select variant_id from trials
+where run_id = ? and cycle = ? and reason is distinct from ? and not coalesce(replicate, false)
+"""
+# Per variant of a cycle: search trials run, and how many failed (a child whose every trial failed crashed).
 CYCLE_TRIAL_COUNTS = """
-select variant_id, count(*), count(*) filter (where status = 'failed') from trials where run_id = ? and cycle = ?
+select variant_id, count(*), count(*) filter (where status = 'failed') from trials
+where run_id = ? and cycle = ? and not coalesce(replicate, false)
 group by variant_id
 """
 EFFECTS_FOR_TASK = """
@@ -322,7 +357,7 @@ from variants where run_id = ? order by written_at, variant_id
 """
 # Trials that count: those the end of a run cut short (reason ?) run again.
 ASYNC_TRIALS = """
-select trial_id, variant_id, status, knobs, selection_score from trials
+select trial_id, variant_id, status, knobs, selection_score, coalesce(replicate, false) from trials
 where run_id = ? and reason is distinct from ? order by written_at
 """
 TRIALS_PER_CYCLE = "select cycle, count(*) from trials where run_id = ? group by cycle order by cycle"

@@ -44,6 +44,8 @@ class CampaignState:
     best_variant_id: str | None = None
     best_trial_id: str | None = None
     best_by_cycle: list[float | None] = field(default_factory=list)
+    # With replicates: the campaign's confident floor after each cycle (noise.floor; the plateau and target read it).
+    floor_by_cycle: list[float | None] = field(default_factory=list)
     gate_fail_streak: int = 0
     stop_reason: str | None = None
     exit_code: int | None = None

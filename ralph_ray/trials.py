@@ -47,6 +47,9 @@ FAILED_KEY = "trial_failed"
 STOPPED_KEY = "trial_stopped"
 NODE_FILE = "node.json"  # in the work dir: where the trial ran (node, GPUs, data cache), for people and tests
 ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials from a driver on another node
+# Config keys of a replicate trial (noise.py): its own seed (else the spec's) and the mark the ledger records.
+SEED_KEY = "_seed"
+REPLICATE_KEY = "_replicate"
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,8 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     restored = restore_checkpoint(tune.get_checkpoint(), work / CHECKPOINT_DIR)
     env = {**spec.env, **gpu_env()}
     write_node_info(work, data_dir, restored, env)
-    trainer = Trainer(work, data_dir, code.entry, spec.seed, env, spec.schedule.checkpoint_every_s)
+    seed = int(config.get(SEED_KEY, spec.seed))
+    trainer = Trainer(work, data_dir, code.entry, seed, env, spec.schedule.checkpoint_every_s)
     every_epoch = (
         tune.report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
     )

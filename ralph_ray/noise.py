@@ -1,0 +1,124 @@
+"""Telling a gain from noise: Student-t intervals over replicates and the one-sided Welch test a keep rests on.
+
+A replicate is one more run of a variant's best knobs with a fresh seed; a variant's sample is the selection
+scores of its replicates (never the search trial that picked those knobs: that one is the luckiest of its
+knob samples, and counting it would bias every comparison towards the variant that had more of them).
+Scores are oriented (higher is better), so every test here asks "greater".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The selection scores of one variant's replicates."""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Sequence[float | None]) -> Sample:
+        """A sample from recorded scores (missing ones, from failed replicates, left out)."""
+        return cls(tuple(float(v) for v in values if v is not None and math.isfinite(v)))
+
+    @property
+    def n(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.values) / self.n if self.values else None
+
+    @property
+    def sd(self) -> float | None:
+        """The sample standard deviation (n - 1); None below two values."""
+        if self.n < 2:
+            return None
+        mean = sum(self.values) / self.n
+        return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (self.n - 1))
+
+
+def half_width(sample: Sample, confidence: float) -> float | None:
+    """Half the two-sided Student-t interval of the mean at `confidence`; None below two values."""
+    if sample.sd is None:
+        return None
+    return float(stats.t.ppf(0.5 + confidence / 2, sample.n - 1)) * sample.sd / math.sqrt(sample.n)
+
+
+def lower_bound(sample: Sample, confidence: float) -> float | None:
+    """The one-sided lower Student-t bound of the mean at `confidence` (the mean is above it with that
+    confidence); None below two values."""
+    if sample.sd is None or sample.mean is None:
+        return None
+    return sample.mean - float(stats.t.ppf(confidence, sample.n - 1)) * sample.sd / math.sqrt(sample.n)
+
+
+def describe(sample: Sample, confidence: float) -> str:
+    """`0.9712 ± 0.0031 (n=3)`, the interval at `confidence`; `0.9712 (n=1)` without one; `-` when empty."""
+    if sample.mean is None:
+        return "-"
+    half = half_width(sample, confidence)
+    return f"{sample.mean:.4f} ± {half:.4f} (n={sample.n})" if half is not None else f"{sample.mean:.4f} (n={sample.n})"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A child's replicates against its parent's: one-sided Welch t-test of "the child's mean is greater"."""
+
+    child: Sample
+    parent: Sample
+    confidence: float
+    p_value: float | None  # None: too few replicates on a side to test
+    note: str = ""  # why there was no test (e.g. the child was not worth replicating)
+
+    @property
+    def better(self) -> bool:
+        """The child is better than its parent at the stated confidence."""
+        return self.p_value is not None and self.p_value < 1.0 - self.confidence
+
+    def text(self) -> str:
+        """The verdict's evidence in one line (a variant's reason)."""
+        child, parent = describe(self.child, self.confidence), describe(self.parent, self.confidence)
+        if self.note:
+            return self.note
+        if self.p_value is None:
+            return f"too few replicates to compare: child {child}, parent {parent}"
+        verdict = "better" if self.better else "not shown better"
+        return (
+            f"{verdict} at {self.confidence:.0%}: child {child} vs parent {parent}, "
+            f"one-sided Welch p={self.p_value:.3g}"
+        )
+
+
+def welch_greater(child: Sample, parent: Sample, confidence: float) -> Comparison:
+    """Whether `child`'s mean exceeds `parent`'s (one-sided Welch t-test); needs two values on each side.
+
+    Two samples without any spread (a deterministic trainer) have no t statistic: their means decide, p 0 or 1.
+    """
+    if child.n < 2 or parent.n < 2:
+        return Comparison(child, parent, confidence, None)
+    if child.sd == 0 and parent.sd == 0:
+        return Comparison(child, parent, confidence, 0.0 if (child.mean or 0) > (parent.mean or 0) else 1.0)
+    result = stats.ttest_ind(child.values, parent.values, equal_var=False, alternative="greater")
+    return Comparison(child, parent, confidence, float(result.pvalue))
+
+
+def floor(samples: dict[str, Sample], confidence: float) -> tuple[str, float] | None:
+    """The variant whose lower confidence bound is highest, and that bound: the score the campaign has reached
+    with the stated confidence (what the plateau rule and the target read when replicates are on)."""
+    bounds = [(v, b) for v, s in samples.items() if (b := lower_bound(s, confidence)) is not None]
+    return max(bounds, key=lambda item: (item[1], item[0])) if bounds else None
+
+
+def worth_replicating(best: float | None, parent: Sample, parent_best: float | None) -> bool:
+    """Whether a child's best search trial gives it a chance against its parent: it must beat the parent's
+    replicate mean (or, unreplicated, its best trial). A child below that is discarded without replicates."""
+    if best is None:
+        return False
+    reference = parent.mean if parent.mean is not None else parent_best
+    return reference is None or best > reference

@@ -1,0 +1,231 @@
+"""Replicates: which variants' best knobs run again with fresh seeds, the trials that do it, and the samples
+they leave in the KB (noise.Sample) for the keep verdict, the plateau rule and the target.
+
+Replicate trials are ordinary trials (the same trainable, ledger, frozen scoring and KB rows), marked
+`replicate` and given their own seeds. Here they run as one Tune run of fixed points to the end (FIFO: ASHA
+would cut a replicate short, and a replicate's knobs are chosen already); the asynchronous campaign queues them
+in its pool instead (popsearch). A resumed cycle runs only the replicates still missing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+from ray import tune
+from ray.tune.schedulers import FIFOScheduler
+from ray.tune.search import Searcher
+from rich.console import Console
+
+from ralph_ray import sql
+from ralph_ray.children import Child
+from ralph_ray.config import Config
+from ralph_ray.ledger import STOPPED_WITH_CYCLE, Sink, TrialLedger, TrialRecord
+from ralph_ray.noise import Comparison, Sample, describe, floor, welch_greater, worth_replicating
+from ralph_ray.progress import LiveProgress
+from ralph_ray.search import StopRequest, storage_path, trial_spec
+from ralph_ray.tasks.base import Labels
+from ralph_ray.trials import REPLICATE_KEY, SEED_KEY, PublicData, read_files, run_trial
+from ralph_ray.variants import VariantStatus
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """What the KB holds of one variant's replicates."""
+
+    run: int  # replicate trials recorded, whatever their end
+    seeds: tuple[int, ...]
+    sample: Sample  # selection scores of the completed ones
+    tests: Sample  # their test scores
+
+
+def recorded(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Replicated]:
+    """Every variant's replicates so far (those a stop of the run cut short run again)."""
+    rows = con.execute(sql.REPLICATES_FOR_RUN, [run_id, STOPPED_WITH_CYCLE]).fetchall()
+    return {
+        v: Replicated(int(n), tuple(int(s) for s in seeds or []), Sample.of(scores or []), Sample.of(tests or []))
+        for v, n, seeds, scores, tests in rows
+    }
+
+
+def samples(reps: dict[str, Replicated]) -> dict[str, Sample]:
+    """The selection-score sample of each replicated variant."""
+    return {v: r.sample for v, r in reps.items()}
+
+
+def fresh_seeds(base: int, used: tuple[int, ...], count: int) -> list[int]:
+    """The seeds a variant's replicates still need to reach `count`: base + 1, base + 2, ... (the search trials run
+    with `base`), skipping those already run."""
+    seeds, candidate = [], base
+    while len(seeds) + len(used) < count:
+        candidate += 1
+        if candidate not in used:
+            seeds.append(candidate)
+    return seeds
+
+
+def needing(children: list[Child], best: dict[str, float], reps: dict[str, Replicated], count: int) -> list[str]:
+    """Variants whose best knobs must run again before this cycle's children are judged, parents first.
+
+    The seed always (every later verdict needs its sample); a child only when its best search trial beats its
+    parent's replicate mean (a child below that is discarded without replicates), with its parent if the parent
+    has no replicates yet (a parent chosen for exploration may never have been replicated).
+    """
+    wanted: list[str] = []
+    for child in children:
+        if child.variant_id not in best:
+            continue
+        if child.status is VariantStatus.seed:
+            wanted.append(child.variant_id)
+        elif child.status is VariantStatus.candidate:
+            parent = reps.get(child.parent_id)
+            parent_sample = parent.sample if parent else Sample(())
+            if worth_replicating(best[child.variant_id], parent_sample, best.get(child.parent_id)):
+                wanted += [child.parent_id, child.variant_id]
+    return [v for i, v in enumerate(wanted) if v and v not in wanted[:i] and _short(reps.get(v), count)]
+
+
+def _short(rep: Replicated | None, count: int) -> bool:
+    return rep is None or rep.run < count
+
+
+def points(
+    variants: list[str], knobs: dict[str, dict[str, Any]], reps: dict[str, Replicated], count: int, base_seed: int
+) -> list[dict[str, Any]]:
+    """The trial configs of the replicates still missing: each variant's best knobs, a fresh seed, the mark."""
+    configs = []
+    for variant in variants:
+        used = reps[variant].seeds if variant in reps else ()
+        for seed in fresh_seeds(base_seed, used, count):
+            configs.append({"variant": variant, **knobs.get(variant, {}), SEED_KEY: seed, REPLICATE_KEY: True})
+    return configs
+
+
+def evidence(
+    child: Child, best: float | None, reps: dict[str, Replicated], parent_best: float | None, confidence: float
+) -> Comparison:
+    """A child's replicates against its parent's; a child that was not worth replicating says why."""
+    parent = reps[child.parent_id].sample if child.parent_id in reps else Sample(())
+    mine = reps[child.variant_id].sample if child.variant_id in reps else Sample(())
+    if not worth_replicating(best, parent, parent_best):
+        shown = f"{best:.4f}" if best is not None else "-"
+        note = (
+            f"not replicated: its best trial {shown} did not beat its parent's replicate mean "
+            f"{describe(parent, confidence)}"
+        )
+        return Comparison(mine, parent, confidence, None, note)
+    return welch_greater(mine, parent, confidence)
+
+
+def comparisons(
+    children: list[Child],
+    scores: dict[str, tuple[float, float | None]],
+    reps: dict[str, Replicated],
+    confidence: float,
+) -> dict[str, Comparison]:
+    """The evidence each scored candidate child is judged on."""
+    return {
+        c.variant_id: evidence(
+            c, scores[c.variant_id][0], reps, scores.get(c.parent_id, (c.parent_score, None))[0], confidence
+        )
+        for c in children
+        if c.status is VariantStatus.candidate and c.variant_id in scores
+    }
+
+
+def means(reps: dict[str, Replicated]) -> dict[str, float]:
+    """Each replicated variant's mean selection score (what intervention effects are measured with)."""
+    return {v: r.sample.mean for v, r in reps.items() if r.sample.mean is not None}
+
+
+def campaign_floor(reps: dict[str, Replicated], confidence: float) -> float | None:
+    """The score the campaign has reached with the stated confidence (noise.floor), or None before any."""
+    found = floor(samples(reps), confidence)
+    return found[1] if found else None
+
+
+class FixedPoints(Searcher):
+    """A searcher that answers with the given trial configs, in order, then says it has finished."""
+
+    def __init__(self, configs: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.configs = list(configs)
+
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict[str, Any], **spec: Any) -> bool:
+        return True  # the points are the whole space
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        return self.configs.pop(0) if self.configs else Searcher.FINISHED
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        return None
+
+
+def run(
+    cfg: Config,
+    run_id: str,
+    cycle: int,
+    cycle_dir: Path,
+    files: dict[str, Path],
+    configs: list[dict[str, Any]],
+    data: PublicData,
+    labels: Labels,
+    sink: Sink,
+    console: Console,
+    run_dir: Path,
+    deadline: float | None,
+) -> bool:
+    """Run replicate trials (fixed configs, to the end) in one Tune run; True when a stop or the deadline cut it
+    short. `files`: each variant's folder of files."""
+    spec = trial_spec(cfg, [], cycle_dir / "trials", data, relative=False)
+    spec = replace(spec, code=replace(spec.code, variants={v: read_files(path) for v, path in files.items()}))
+    progress = LiveProgress(console, f"cycle {cycle} replicates", len(configs))
+
+    def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
+        sink(trial, epoch_rows)
+        progress.record(trial)
+
+    ledger = TrialLedger(run_id, cycle, labels, spec.trials_root, spec.seed, cfg.search.metric, record)
+    stopper = StopRequest(str(run_dir), deadline)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec=spec), {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu}
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={},
+        tune_config=tune.TuneConfig(
+            metric=cfg.search.metric,
+            mode=cfg.search.mode,
+            search_alg=FixedPoints(configs),
+            scheduler=FIFOScheduler(),
+            num_samples=len(configs),
+            max_concurrent_trials=cfg.search.max_concurrent,
+            reuse_actors=cfg.search.reuse_actors,
+            trial_dirname_creator=lambda trial: trial.trial_id,
+        ),
+        run_config=tune.RunConfig(
+            name=f"cycle_{cycle:04d}_replicates_{len(list((cycle_dir / 'tune').glob('*replicates*'))) + 1}",
+            storage_path=storage_path(cfg, cycle_dir / "tune"),
+            callbacks=[ledger, progress],
+            stop=stopper,
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        ),
+    )
+    tuner.fit()
+    return stopper.stop_all()
+
+
+def best_knobs(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[str, Any]]:
+    """Each variant's best search trial's knobs (what its replicates run)."""
+    return {v: json.loads(k or "{}") for v, _, k, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()}
+
+
+def say(configs: list[dict[str, Any]], log: Callable[[str], None]) -> None:
+    """One line naming what will be replicated."""
+    variants = sorted({str(c["variant"]) for c in configs})
+    log(f"{len(configs)} replicate trial(s) (fresh seeds of the best knobs) of {', '.join(variants)}")

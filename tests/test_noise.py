@@ -1,0 +1,107 @@
+"""Telling gains from noise: the statistics on known samples, the replicate plan, and the verdicts they give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from scipy import stats
+
+from ralph_ray.children import Child
+from ralph_ray.config import SafeguardsConfig
+from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide
+from ralph_ray.noise import Comparison, Sample, describe, floor, half_width, lower_bound, welch_greater
+from ralph_ray.replicates import Replicated, fresh_seeds, needing, points
+from ralph_ray.trials import REPLICATE_KEY, SEED_KEY
+from ralph_ray.variants import VariantStatus
+
+
+def test_interval_and_lower_bound_of_a_known_sample():
+    sample = Sample.of([0.96, 0.97, 0.98, None])  # a failed replicate (no score) is left out
+    assert sample.n == 3 and sample.mean == pytest.approx(0.97) and sample.sd == pytest.approx(0.01)
+    # t(0.975, 2) = 4.3027: 0.97 +- 4.3027 * 0.01 / sqrt(3)
+    assert half_width(sample, 0.95) == pytest.approx(4.3027 * 0.01 / 3**0.5, rel=1e-4)
+    # one-sided: t(0.9, 2) = 1.8856
+    assert lower_bound(sample, 0.9) == pytest.approx(0.97 - 1.8856 * 0.01 / 3**0.5, rel=1e-4)
+    assert half_width(Sample.of([0.9]), 0.95) is None and lower_bound(Sample(()), 0.9) is None
+    assert describe(sample, 0.95) == "0.9700 ± 0.0248 (n=3)" and describe(Sample.of([0.9]), 0.95) == "0.9000 (n=1)"
+
+
+def test_welch_matches_scipy_and_needs_two_values_a_side():
+    child, parent = Sample.of([0.975, 0.978, 0.981]), Sample.of([0.960, 0.966, 0.963])
+    found = welch_greater(child, parent, 0.9)
+    expected = stats.ttest_ind(child.values, parent.values, equal_var=False, alternative="greater").pvalue
+    assert found.p_value == pytest.approx(expected) and found.p_value < 0.01 and found.better
+    assert "better at 90%" in found.text() and "Welch p=" in found.text()
+    # The seed trainer's own spread (selection 0.9647 +- 0.0043 over 3 seeds): a 0.003 gain is noise.
+    noisy = welch_greater(Sample.of([0.9680, 0.9650, 0.9710]), Sample.of([0.9610, 0.9694, 0.9638]), 0.9)
+    assert not noisy.better and "not shown better" in noisy.text()
+    assert welch_greater(Sample.of([0.99]), parent, 0.9).p_value is None  # one value: no test, never better
+    # No spread on either side (a deterministic trainer): the means decide.
+    assert welch_greater(Sample.of([0.9, 0.9]), Sample.of([0.8, 0.8]), 0.9).better
+    assert not welch_greater(Sample.of([0.8, 0.8]), Sample.of([0.8, 0.8]), 0.9).better
+
+
+def test_floor_is_the_highest_lower_bound():
+    tight, wide = Sample.of([0.95, 0.951, 0.952]), Sample.of([0.90, 0.99, 0.97])
+    assert floor({"tight": tight, "wide": wide, "single": Sample.of([0.999])}, 0.9)[0] == "tight"
+    assert floor({}, 0.9) is None
+
+
+def test_child_verdict_with_evidence_keeps_only_a_shown_gain():
+    better = Comparison(Sample.of([0.98, 0.981]), Sample.of([0.96, 0.961]), 0.9, 0.001)
+    worse = Comparison(Sample.of([0.96, 0.97]), Sample.of([0.96, 0.961]), 0.9, 0.3)
+    assert child_verdict(2, 0, 0.99, 0.96, 0.002, None, better) == (VariantStatus.kept, better.text())
+    # A best trial far above its parent's is no keep when the replicates do not show it.
+    assert child_verdict(2, 0, 0.99, 0.96, 0.002, None, worse) == (VariantStatus.discarded, worse.text())
+    assert child_verdict(2, 2, None, 0.96, 0.002, None, better)[0] is VariantStatus.crashed
+
+
+def facts(**overrides) -> CycleFacts:
+    base = dict(
+        cycle=3,
+        best_by_cycle=[0.95, 0.97, 0.99],
+        target=None,
+        tokens_cycle=0,
+        tokens_campaign=0,
+        cost_campaign=0.0,
+        gate_fail_streak=0,
+        elapsed_s=1.0,
+        manual_stop=False,
+    )
+    return CycleFacts(**{**base, **overrides})
+
+
+def test_plateau_and_target_read_the_floor_with_replicates():
+    guards = SafeguardsConfig(plateau_cycles=2, max_cycles=10)
+    # The single best trial rose every cycle, the confident floor did not: a plateau.
+    stuck = decide(facts(floor_by_cycle=[0.95, 0.9505, 0.951]), guards)
+    assert stuck.reason is StopReason.plateau and "lower bound" in stuck.rationale
+    assert not decide(facts(), guards).stop  # without replicates, the rising best trial is progress
+    # The target is met by the floor, not by a lucky trial.
+    assert not decide(facts(target=0.98, floor_by_cycle=[0.9, 0.95, 0.97]), guards).stop
+    met = decide(facts(target=0.96, floor_by_cycle=[0.9, 0.95, 0.97]), guards)
+    assert met.reason is StopReason.target_met and met.best_selection_score == 0.99
+
+
+def child(variant: str, parent: str, status: VariantStatus) -> Child:
+    return Child(variant, parent, Path("."), [], "", "", status, None, "", {}, None)
+
+
+def test_plan_replicates_the_seed_and_children_with_a_chance_and_their_unreplicated_parents():
+    seed, hopeful, hopeless = (
+        child("s", "", VariantStatus.seed),
+        child("a", "p", VariantStatus.candidate),
+        child("b", "s", VariantStatus.candidate),
+    )
+    reps = {"s": Replicated(3, (1, 2, 3), Sample.of([0.96, 0.961, 0.962]), Sample(()))}
+    best = {"s": 0.97, "a": 0.98, "b": 0.955, "p": 0.975}
+    # b's best trial does not beat the seed's replicate mean; a's parent p was never replicated.
+    assert needing([seed, hopeful, hopeless], best, reps, 3) == ["p", "a"]
+    assert needing([seed], best, {}, 2) == ["s"]
+    assert fresh_seeds(0, (1, 3), 3) == [2] and fresh_seeds(10, (), 2) == [11, 12]
+    configs = points(["a"], {"a": {"LR": 0.1}}, {}, 2, 0)
+    assert configs == [
+        {"variant": "a", "LR": 0.1, SEED_KEY: 1, REPLICATE_KEY: True},
+        {"variant": "a", "LR": 0.1, SEED_KEY: 2, REPLICATE_KEY: True},
+    ]
