@@ -41,6 +41,7 @@ def tiny_config(tmp_path: Path):
             f"paths.runs={tmp_path / 'runs'}",
             f"paths.kb={tmp_path / 'kb'}",
             "search.num_samples=4",
+            "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
             "search.max_concurrent=2",
             "scheduler.max_t=4",
             "scheduler.grace_period=1",

@@ -26,6 +26,7 @@ from slow_llm import SlowLLM  # noqa: E402
 TINY = [
     "population.mode=async",
     "search.num_samples=2",
+    "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
     "search.max_concurrent=2",
     "scheduler.max_t=2",
     "scheduler.grace_period=1",

@@ -38,6 +38,7 @@ TINY = [
     "agent=none",
     "safeguards.max_cycles=1",
     "search.num_samples=2",
+    "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
     "search.max_concurrent=2",
     "scheduler=fifo",
     "scheduler.max_t=1",

@@ -21,6 +21,7 @@ from ralph_ray.kb import open_reader
 
 TINY = [
     "search.num_samples=3",
+    "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
     "search.max_concurrent=2",
     "scheduler.max_t=3",
     "scheduler.grace_period=1",

@@ -37,6 +37,7 @@ def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Out
         f"run_id={RUN_ID}",
         "safeguards.max_cycles=2",
         "search.num_samples=2",
+        "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
         "search.max_concurrent=2",
         "scheduler.max_t=3",
         "+search.space.EPOCHS={type: choice, values: [3]}",

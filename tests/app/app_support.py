@@ -57,6 +57,7 @@ def build_tiny(root: Path) -> Tiny:
                 f"run_id={RUN_ID}",
                 f"agent={AGENT}",
                 "search.num_samples=4",
+                "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
                 "search.max_concurrent=2",
                 "scheduler.max_t=3",
                 "scheduler.grace_period=1",

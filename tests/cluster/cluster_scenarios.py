@@ -40,6 +40,7 @@ TINY = [
     "agent=none",
     "safeguards.max_cycles=1",
     "search.max_concurrent=2",
+    "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
     "scheduler=fifo",
     "scheduler.max_t=1",
     "scheduler.grace_period=1",

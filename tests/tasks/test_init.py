@@ -80,6 +80,7 @@ def test_an_init_task_runs_a_two_cycle_campaign(
         "safeguards.max_cycles=2",
         "safeguards.plateau_cycles=3",
         "search.num_samples=2",
+        "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
         "search.max_concurrent=2",
         "scheduler.max_t=2",
         "scheduler.grace_period=1",
