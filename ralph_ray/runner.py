@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
-from ralph_ray import harness
-from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, View, classify
+from ralph_ray import harness, warmstart
+from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, SandboxMode, View, classify
 from ralph_ray.secretenv import public_env
 
 POLL_S = 0.05
@@ -71,6 +71,9 @@ class Limits:
     # training (from the start its first report gives) it is stopped, not failed (BUDGET_REASON); its epochs stand.
     budget_s: float | None = None
     grace_s: float = 10.0
+    # Fork the trainer from a warm server of this process (`warmstart`: torch already imported, same sandbox);
+    # where one cannot run, the trainer starts cold.
+    warm: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,13 @@ def run(
         running.stop()
 
 
+Process = subprocess.Popen[bytes] | warmstart.WarmProcess  # a cold start's Popen or a warm start's fork
+
+
 class Running:
     """A started trainer: its process, its sandbox and its capped output."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], jail: Jail, output: CappedOutput) -> None:
+    def __init__(self, proc: Process, jail: Jail, output: CappedOutput) -> None:
         self.proc, self.jail, self.output = proc, jail, output
 
     def stop(self) -> None:
@@ -152,6 +158,10 @@ def start(trainer: Trainer, limits: Limits) -> Running:
         env[harness.ENV_CHECKPOINT_DIR] = str(work / CHECKPOINT_DIR)
         env[harness.ENV_CHECKPOINT_EVERY_S] = str(trainer.checkpoint_every_s)
     jail = Jail(limits.sandbox, View(writable=(work,), readable=(trainer.data_dir,)))
+    if limits.warm:
+        warm = _start_warm(trainer, limits, jail, env)
+        if warm is not None:
+            return Running(warm, jail, CappedOutput(warm, work, limits.output_bytes))
 
     def enter() -> None:  # in the child, before exec
         _die_with_parent()
@@ -175,6 +185,36 @@ def start(trainer: Trainer, limits: Limits) -> Running:
         jail.close()
         raise
     return Running(proc, jail, CappedOutput(proc, work, limits.output_bytes))
+
+
+def _start_warm(trainer: Trainer, limits: Limits, jail: Jail, env: dict[str, str]) -> warmstart.WarmProcess | None:
+    """Fork the trainer from this process's warm server for its kind of trial; None: start it cold."""
+    key = warmstart.Key(limits.sandbox, max(1, limits.threads), trainer.work.resolve().parent, trainer.data_dir)
+    server = warmstart.server(key)
+    if server is None:
+        return None
+    try:
+        return server.spawn(warm_request(trainer, jail, env, limits.threads, key), jail.group_files())
+    except warmstart.WarmStartError as err:
+        warmstart.disable(key, str(err))
+        return None
+
+
+def warm_request(trainer: Trainer, jail: Jail, env: Mapping[str, str], threads: int, key: warmstart.Key) -> dict:
+    """What the fork server needs to start one trainer as `start` would: the same view, environment and limits."""
+    work = trainer.work.resolve()
+    keep = [[str(work), True]] + ([[str(trainer.data_dir.resolve()), False]] if trainer.data_dir.exists() else [])
+    return {
+        "entry": trainer.entry,
+        "cwd": str(work),
+        "env": jail.env(dict(env)),
+        "threads": max(1, threads),
+        "isolate": jail.policy.mode is SandboxMode.bwrap,
+        "network": jail.policy.network or jail.view.network,
+        "keep": keep,
+        "hide": [str(key.root)],
+        "rlimits": jail.rlimits(),
+    }
 
 
 def tail(
@@ -278,7 +318,7 @@ _BREACH_TEXT = {
 class CappedOutput:
     """Copies the trainer's stdout and stderr to files, together at most `limit` bytes; the rest cut with a marker."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], work: Path, limit: int) -> None:
+    def __init__(self, proc: Process, work: Path, limit: int) -> None:
         self.limit, self.written, self.exceeded = limit, 0, False
         self._lock = threading.Lock()
         self._threads = [
@@ -351,7 +391,7 @@ def check_finite(record: Record) -> None:
             raise TrialFailed(f"non-finite {key}={value} at epoch {record.get('epoch')}")
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: Process) -> None:
     """SIGKILL the trainer's whole process group and reap the trainer."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -39,6 +39,7 @@ INSTALL_FIX = (
     "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`), or opt out with sandbox=none"
 )
 LIB_INSIDE = Path("/run/ralph_ray/lib")  # the harness copy's folder inside the sandbox (its PYTHONPATH)
+ZYGOTE_STAGE = "/run/ralph_ray/stage"  # an empty folder in a fork server's jail (zygote.STAGE)
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")  # read-only; /bin, /lib... follow as the host has them (symlinks or binds)
 LINKED_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Datasets that ship inside the Python environment: a trainer could rebuild the labels from them.
@@ -180,11 +181,20 @@ class Jail:
         processes = "cgroup" if self.pids_cgroup else "rlimit (not enforced for root)"
         return f"memory {self.policy.memory_mb} MiB by {memory}, processes {self.policy.processes} by {processes}"
 
-    def command(self, argv: list[str], cwd: Path) -> list[str]:
-        """`argv` wrapped in bwrap (or unchanged with sandbox=none)."""
+    def command(self, argv: list[str], cwd: Path, zygote: bool = False) -> list[str]:
+        """`argv` wrapped in bwrap (or unchanged with sandbox=none).
+
+        Every capability is dropped (bwrap run by root keeps them otherwise, and a trainer could unmount what hides
+        the raw dataset or write the host's /proc/sys). The fork server of warm starts (`zygote`) keeps them inside
+        its own namespaces to build each trainer's view, then its trainers drop them (`zygote.py`).
+        """
         if self.policy.mode is SandboxMode.none:
             return argv
         args = [shutil.which(BWRAP) or BWRAP, "--die-with-parent", "--unshare-all"]
+        if not zygote:
+            args += ["--cap-drop", "ALL"]
+        elif os.getuid() != 0:  # an unprivileged user's bwrap gives its own user namespace's capabilities on request
+            args += ["--unshare-user", "--cap-add", "ALL"]
         if self.view.network or self.policy.network:
             args.append("--share-net")
         for folder in SYSTEM_DIRS:
@@ -213,6 +223,8 @@ class Jail:
             args += ["--bind", str(folder.resolve()), str(folder.resolve())]
         if self.lib is not None:
             args += ["--ro-bind", str(self.lib), str(LIB_INSIDE)]
+        if zygote:
+            args += ["--dir", ZYGOTE_STAGE]
         # The root itself (a tmpfs holding the mount points) read-only: a write outside the binds fails loudly.
         return args + ["--remount-ro", "/", "--chdir", str(cwd.resolve()), "--"] + argv
 
@@ -241,14 +253,22 @@ class Jail:
         pid = str(os.getpid()).encode()
         for fd in self._fds:
             os.write(fd, pid)
+        for name, value in self.rlimits().items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+
+    def rlimits(self) -> dict[str, int]:
+        """The rlimits a run gets (by `resource` name): memory and processes where no cgroup holds them, file size
+        and core dumps always."""
+        limits = {}
         if self.memory_cgroup is None:
-            limit = self.policy.memory_mb * MIB
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            limits["RLIMIT_AS"] = self.policy.memory_mb * MIB
         if self.pids_cgroup is None:
-            resource.setrlimit(resource.RLIMIT_NPROC, (self.policy.processes, self.policy.processes))
-        size = self.policy.file_size_mb * MIB
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            limits["RLIMIT_NPROC"] = self.policy.processes
+        return limits | {"RLIMIT_FSIZE": self.policy.file_size_mb * MIB, "RLIMIT_CORE": 0}
+
+    def group_files(self) -> list[int]:
+        """Open `cgroup.procs` descriptors of the run's cgroups (a warm trainer joins them by writing "0")."""
+        return list(self._fds)
 
     def breach(self) -> Breach | None:
         """What the cgroups saw: the kernel's OOM killer at the memory limit, or a fork refused at the pids limit."""

@@ -7,6 +7,7 @@ output, a few seconds) on the real digits public data. The tests skip only where
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import sys
@@ -37,28 +38,37 @@ def public(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def hostile_run(
-    tmp_path: Path, public: Path, name: str, policy: Policy = POLICY, timeout_s: float = 60, **fill: object
+    tmp_path: Path,
+    public: Path,
+    name: str,
+    policy: Policy = POLICY,
+    timeout_s: float = 60,
+    warm: bool = False,
+    **fill: object,
 ):
-    """Run tests/hostile/<name>.py as a trial's train.py; returns (outcome, work dir)."""
+    """Run tests/hostile/<name>.py as a trial's train.py (cold, or forked by a warm server); (outcome, work dir)."""
     source = (HOSTILE / f"{name}.py").read_text()
     for key, value in fill.items():
         source = source.replace("{" + key.upper() + "}", str(value))
     work = tmp_path / "trials" / name
     write_variant({"train.py": source.encode()}, work)
-    outcome = run(Trainer(work, public), Limits(timeout_s, output_bytes=1 << 20, sandbox=policy))
+    outcome = run(Trainer(work, public), Limits(timeout_s, output_bytes=1 << 20, sandbox=policy, warm=warm))
     assert not survivors(work), f"processes of {name} outlived its run: {survivors(work)}"
     return outcome, work
 
 
 def survivors(work: Path) -> list[int]:
-    """Processes (anywhere on the machine) whose environment names this work dir."""
+    """Processes (anywhere on the machine) whose environment names this work dir, or that work in it.
+
+    A warm trainer's /proc environ is its fork server's (it sets its own in place), so its folder tells."""
     marker = f"={work}/".encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if marker in (proc / "environ").read_bytes():
+            cwd = os.readlink(proc / "cwd")
+            if marker in (proc / "environ").read_bytes() or Path(cwd) == work or Path(cwd).is_relative_to(work):
                 found.append(int(proc.name))
         except OSError:
             continue
@@ -131,6 +141,28 @@ def test_the_knowledge_base_is_unreachable(tmp_path: Path, public: Path):
     outcome, work = hostile_run(tmp_path, public, "labels_kb", target=kb)
     assert_breach(outcome, Breach.forbidden_path)
     assert "leaderboard" not in (work / "stdout.log").read_text()
+
+
+def sklearn_data() -> Path | None:
+    """The raw datasets inside the Python environment, which the sandbox hides under a tmpfs."""
+    jail = Jail(POLICY, View(writable=()))
+    try:
+        hidden = jail.hidden_paths()
+    finally:
+        jail.close()
+    data = next((h for h in hidden if h.name == "data" and "sklearn" in h.parts), None)
+    return data if data is not None and any(data.is_relative_to(p) for p in sb.python_dirs()) else None
+
+
+@needs_bwrap
+def test_what_hides_the_raw_dataset_cannot_be_unmounted(tmp_path: Path, public: Path):
+    # bwrap run by root keeps its capabilities unless told: a trainer could then unmount the cover.
+    target = sklearn_data()
+    if target is None:
+        pytest.skip("scikit-learn's datasets are not inside a bound Python folder here")
+    outcome, work = hostile_run(tmp_path, public, "unhide", target=target)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "unhidden" not in (work / "stdout.log").read_text()
 
 
 def site_packages() -> Path:

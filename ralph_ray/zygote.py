@@ -1,0 +1,269 @@
+"""The fork server (zygote) that starts warm trials: runs inside the sandbox, imports torch once, forks each trial.
+
+Standard library only and no engine import: `warmstart` runs this file's source with `python -c` inside a
+bubblewrap jail that sees what every trial of one worker may see (the system, the Python environment, the harness
+copy, the public data and the folder that holds the trials' work dirs), with the heavy modules imported
+(`RALPH_ZYGOTE_PRELOAD`) and nothing of the trainer's own state.
+
+Per request (a JSON message with the trial's stdout/stderr pipes, a status socket and its cgroup files as
+passed descriptors) it forks a keeper, which makes fresh mount, PID, IPC, UTS and network namespaces and forks
+the trainer. The trainer is PID 1 of its own PID namespace (it sees no other trial's processes, and when it ends
+the kernel ends everything it started), joins its cgroups, mounts its own /proc and /tmp, hides the folder of
+the work dirs but its own, binds its work dir (writable) and the data (read-only) back, sets its rlimits,
+drops every capability for good (no_new_privs, empty bounding set), then runs `train.py` as `__main__`. The
+keeper waits for it and sends its exit status; the trainer's first message (with the kernel's credentials)
+tells the engine its PID.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+ENV_FD = "RALPH_ZYGOTE_FD"
+ENV_PRELOAD = "RALPH_ZYGOTE_PRELOAD"  # comma-separated modules imported once, before any fork
+STAGE = "/run/ralph_ray/stage"  # an empty folder the jail makes: the trainer's binds wait here while /tmp is replaced
+MAX_MESSAGE = 1 << 20
+MAX_FDS = 16
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 24, 38, 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CAP_VERSION_3 = 0x20080522
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+# bwrap covers these parts of /proc read-only; the trainer's own /proc gets the same cover.
+PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SetupError(RuntimeError):
+    """The trainer's isolation could not be made: the trial fails (or the engine falls back to a cold start)."""
+
+
+def main() -> None:
+    """Serve requests on the inherited socket until the engine closes it."""
+    control = socket.socket(fileno=int(os.environ.pop(ENV_FD)))
+    for name in filter(None, os.environ.pop(ENV_PRELOAD, "").split(",")):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # a trainer that needs it fails the same way as on a cold start
+    control.sendall(b"ready")
+    while True:
+        readable, _, _ = select.select([control], [], [], 0.5)
+        _reap()
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
+        except OSError:
+            return
+        if not data:
+            return  # the engine went away: end, and every keeper and trainer with us (their parent-death signal)
+        if os.fork() == 0:
+            control.close()
+            _keeper(json.loads(data), fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _keeper(request: dict, fds: list[int]) -> None:
+    """In the forked keeper: make the trainer's namespaces, fork it, wait for it and send how it ended."""
+    stdout, stderr, status_fd, *groups = fds
+    status = socket.socket(fileno=status_fd)
+    try:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if request["isolate"]:
+            flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+            if not request["network"]:
+                flags |= CLONE_NEWNET
+            _check(_libc.unshare(flags), "unshare")
+        pid = os.fork()
+    except BaseException as err:  # noqa: BLE001 - the engine must hear why
+        _report(status, err)
+        os._exit(0)
+    if pid == 0:
+        _trainer(request, stdout, stderr, status, groups)  # no handler above it: it ends as `python train.py` would
+    try:
+        for fd in (stdout, stderr, *groups):
+            os.close(fd)
+        _, wait_status = os.waitpid(pid, 0)
+        status.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(wait_status)}).encode())
+    except BaseException as err:  # noqa: BLE001
+        _report(status, err)
+    finally:
+        os._exit(0)
+
+
+def _report(status: socket.socket, err: BaseException) -> None:
+    try:
+        status.sendall(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+    except OSError:
+        pass  # the engine is gone
+
+
+def _trainer(request: dict, stdout: int, stderr: int, status: socket.socket, groups: list[int]) -> None:
+    """In the trainer (PID 1 of its namespace when isolated): join, isolate, confine, then run train.py."""
+    try:
+        for fd in groups:  # "0" is the writer itself, read in its own PID namespace
+            os.write(fd, b"0")
+            os.close(fd)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()  # its own process group: the engine kills it with one killpg
+        if request["isolate"]:
+            _isolate(request)
+        for name, value in request["rlimits"].items():
+            resource.setrlimit(getattr(resource, name), (value, value))
+        if request["isolate"]:
+            _drop_capabilities()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        for source, target in ((devnull, 0), (stdout, 1), (stderr, 2)):
+            os.dup2(source, target)
+            os.close(source)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        status.sendall(b"started")  # the kernel adds this process's credentials: the engine learns its PID
+        status.close()
+    except BaseException as err:  # noqa: BLE001 - reported through the status socket, then exit
+        _report(status, err)
+        os._exit(71)
+    code = _run(request["entry"], request["cwd"], int(request["threads"]))
+    # The interpreter's own teardown would touch every object the zygote imported, copying each shared page
+    # (seconds with torch loaded): finish as multiprocessing's forked children do, after what a program can see.
+    threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads first, as at a normal exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _run(entry: str, cwd: str, threads: int) -> int:
+    """Run train.py as `python train.py` would, in this already-warm interpreter; its exit code."""
+    import runpy
+
+    sys.argv = [entry]
+    sys.path[0] = cwd  # `python train.py` puts the script's folder first; `python -c` put ''
+    if "numpy" in sys.modules:  # a fresh process draws fresh entropy; a fork would share the zygote's stream
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(max(1, threads))
+    try:
+        runpy.run_path(entry, run_name="__main__")
+    except SystemExit as done:
+        if done.code is None or isinstance(done.code, int):
+            return done.code or 0
+        print(done.code, file=sys.stderr)
+        return 1
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback on stderr, exit 1
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _isolate(request: dict) -> None:
+    """The trainer's own view: its /proc and /tmp, the work dirs' folders hidden, its work dir and the data back."""
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    keep = [(path, writable) for path, writable in request["keep"]]
+    _mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700,size=64k")
+    for index, (path, _) in enumerate(keep):
+        os.mkdir(f"{STAGE}/{index}")
+        _mount(path, f"{STAGE}/{index}", None, MS_BIND | MS_REC)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_COVERED:
+        path = f"/proc/{name}"
+        if os.path.exists(path):
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _remount_readonly(path)
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    hidden = [root for root in request["hide"] if os.path.isdir(root)]  # one under /tmp is gone already
+    for root in hidden:
+        _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    for index, (path, writable) in enumerate(keep):
+        os.makedirs(path, exist_ok=True)
+        _mount(f"{STAGE}/{index}", path, None, MS_BIND | MS_REC)
+        if not writable:
+            _remount_readonly(path)
+    for root in hidden:  # a write beside the work dir fails loudly, as outside it on a cold start
+        _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "mode=0755")
+    _check(_libc.umount2(STAGE.encode(), MNT_DETACH), f"umount {STAGE}")
+    if not request["network"]:
+        _loopback_up()
+
+
+def _remount_readonly(path: str) -> None:
+    """Make a bind read-only, keeping the flags the kernel insists on (nosuid, nodev, noexec as they were)."""
+    flags = os.statvfs(path).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+
+
+def _loopback_up() -> None:
+    """Bring up `lo` in the fresh network namespace (bubblewrap does the same): loopback only, no way out."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def _drop_capabilities() -> None:
+    """Give up every capability for good: nothing the trainer runs can undo the mounts or gain privileges."""
+    _prctl(PR_SET_NO_NEW_PRIVS, 1)
+    with open("/proc/sys/kernel/cap_last_cap") as handle:
+        last = int(handle.read())
+    for cap in range(last + 1):
+        _prctl(PR_CAPBSET_DROP, cap)
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = (ctypes.c_uint32 * 2)(CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2: all empty
+    _check(_libc.capset(header, data), "capset")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, options: str | None = None) -> None:
+    encode = lambda text: None if text is None else text.encode()  # noqa: E731
+    result = _libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(options))
+    _check(result, f"mount {source} on {target}")
+
+
+def _prctl(option: int, value: int) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl {option}")
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise SetupError(f"{what}: {os.strerror(errno)}")
+
+
+if __name__ == "__main__":
+    main()

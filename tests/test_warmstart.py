@@ -1,0 +1,197 @@
+"""Warm trial starts: trainers forked by a fork server with torch imported, still inside the sandbox.
+
+The hostile corpus (tests/hostile/) runs through the warm path with the same expectations as cold; then what only
+a fork could get wrong: siblings out of sight, no capability left, no state shared between trainers, fresh
+entropy, the trainer's exit code, and the cold fallback that says why once.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from test_sandbox import POLICY, assert_breach, hostile_run, needs_bwrap, site_packages, sklearn_data
+
+from ralph_ray import PROJECT_ROOT, warmstart
+from ralph_ray.runner import Limits, Status, Trainer, run
+from ralph_ray.sandbox import Breach, Policy, SandboxMode
+from ralph_ray.tasks.base import write_public
+from ralph_ray.tasks.digits import prepare
+from ralph_ray.workdir import write_variant
+
+PLAIN = Policy(SandboxMode.none)
+
+
+@pytest.fixture(scope="module")
+def public(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("public")
+    write_public(prepare(0, 0.2, 0.2), folder, "digits")
+    return folder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def servers():
+    yield
+    warmstart.close_all()
+
+
+def warm_run(root: Path, public: Path, name: str, source: str, policy: Policy = POLICY, timeout_s: float = 60):
+    work = root / "trials" / name
+    write_variant({"train.py": source.encode()}, work)
+    outcome = run(Trainer(work, public), Limits(timeout_s, sandbox=policy, warm=True))
+    return outcome, work
+
+
+@needs_bwrap
+@pytest.mark.parametrize(
+    ("name", "breach", "fill"),
+    [
+        ("endless_loop", Breach.timeout, {"timeout_s": 5}),
+        ("memory_bomb", Breach.memory, {}),
+        ("fork_bomb", Breach.processes, {}),
+        ("output_flood", Breach.output, {}),
+        ("labels_engine", Breach.forbidden_path, {}),
+        ("labels_raw", Breach.forbidden_path, {}),
+    ],
+)
+def test_the_hostile_corpus_is_contained_on_the_warm_path(tmp_path: Path, public: Path, name, breach, fill):
+    outcome, work = hostile_run(tmp_path, public, name, warm=True, **fill)
+    assert_breach(outcome, breach)
+    assert "unhidden" not in (work / "stdout.log").read_text() and not (work / "predictions.npz").exists()
+    assert warmstart.reason() is None, warmstart.reason()
+
+
+@needs_bwrap
+def test_the_kb_the_raw_dataset_cover_and_the_network_stay_out_of_reach_warm(tmp_path: Path, public: Path):
+    kb = tmp_path / "kb"
+    kb.mkdir()
+    (kb / "leaderboard.parquet").write_text("every variant's test score")
+    outcome, work = hostile_run(tmp_path, public, "labels_kb", warm=True, target=kb)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "leaderboard" not in (work / "stdout.log").read_text()
+    if (target := sklearn_data()) is not None:
+        outcome, work = hostile_run(tmp_path, public, "unhide", warm=True, target=target)
+        assert_breach(outcome, Breach.forbidden_path)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.5)
+        outcome, _ = hostile_run(tmp_path, public, "network", warm=True, port=server.getsockname()[1])
+        assert_breach(outcome, Breach.network)
+        with pytest.raises(socket.timeout):
+            server.accept()
+
+
+@needs_bwrap
+@pytest.mark.parametrize("where", ["run dir", "project", "site-packages", "sibling"])
+def test_writing_outside_the_work_dir_is_refused_warm(tmp_path: Path, public: Path, where: str):
+    folder = {
+        "run dir": tmp_path / "runs" / "r1",
+        "project": PROJECT_ROOT,
+        "site-packages": site_packages(),
+        "sibling": tmp_path / "trials" / "another_trial",
+    }[where]
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"planted-{tmp_path.name}.txt"
+    outcome, _ = hostile_run(tmp_path, public, "write_outside", warm=True, target=target)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert not target.exists()
+
+
+@needs_bwrap
+def test_nan_and_exit_codes_fail_without_a_breach_warm(tmp_path: Path, public: Path):
+    outcome, _ = hostile_run(tmp_path, public, "nan", warm=True)
+    assert outcome.status is Status.failed and outcome.breach is None and "non-finite val_loss" in outcome.reason
+    outcome, _ = hostile_run(tmp_path, public, "exit_code", warm=True)
+    assert outcome.status is Status.failed and outcome.breach is None
+    assert "exited with code 1: giving up" in outcome.reason
+
+
+PROBE = r"""
+import ctypes, json, os, sys
+import numpy as np
+import torch
+from ralph_ray import harness
+status = dict(line.rstrip("\n").split(":\t", 1) for line in open("/proc/self/status") if ":\t" in line)
+seen = {
+    "pid": os.getpid(),
+    "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "siblings": sorted(os.listdir(os.path.dirname(os.getcwd()))),
+    "tmp": os.listdir("/tmp"),
+    "caps": status["CapEff"], "bounding": status["CapBnd"], "no_new_privs": status["NoNewPrivs"],
+    "umount": ctypes.CDLL(None).umount2(b"/tmp", 2),
+    "mark": getattr(torch, "_ralph_mark", None),
+    "draw": float(np.random.random()),
+    "argv": sys.argv, "path0": sys.path[0], "name": __name__,
+    "threads": torch.get_num_threads(),
+    "secret": os.environ.get("RALPH_TEST_SECRET_TOKEN"),
+}
+torch._ralph_mark = os.getcwd()  # what a fork that shared state would hand the next trainer
+json.dump(seen, open("seen.json", "w"))
+harness.report(epoch=1, val_acc=0.1)
+"""
+
+
+@needs_bwrap
+def test_each_warm_trainer_is_alone_fresh_and_without_privileges(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("RALPH_TEST_SECRET_TOKEN", "hunter2")
+    seen = []
+    for name in ("first", "second"):
+        outcome, work = warm_run(tmp_path, public, name, PROBE)
+        assert outcome.status is Status.finished, outcome.reason
+        seen.append(json.loads((work / "seen.json").read_text()))
+    for probe in seen:
+        assert probe["pid"] == 1 and probe["procs"] == [1]  # its own PID namespace: no other trial in sight
+        assert probe["caps"] == probe["bounding"] == "0000000000000000" and probe["no_new_privs"] == "1"
+        assert probe["umount"] != 0 and probe["mark"] is None and probe["secret"] is None
+        assert probe["argv"] == ["train.py"] and probe["name"] == "__main__" and probe["threads"] == 1
+    assert seen[0]["siblings"] == ["first"] and seen[1]["siblings"] == ["second"]
+    assert seen[0]["path0"] == str(tmp_path / "trials" / "first")
+    assert seen[0]["draw"] != seen[1]["draw"]  # numpy's global stream is reseeded per trainer
+
+
+@needs_bwrap
+def test_a_warm_start_is_faster_than_a_cold_one(tmp_path: Path, public: Path):
+    source = "import time\nT0 = time.time()\nimport torch\nfrom ralph_ray import harness\n"
+    source += "harness.report(epoch=1, val_acc=0.1, t0=T0, t1=time.time())\n"
+    ready: dict[str, list[float]] = {"cold": [], "warm": []}
+    warm_run(tmp_path, public, "server", source)  # starts the server (the first warm trial pays for it)
+    for index in range(2):
+        for kind in ("cold", "warm"):
+            work = tmp_path / "trials" / f"{kind}{index}"
+            write_variant({"train.py": source.encode()}, work)
+            start = time.time()
+            outcome = run(Trainer(work, public), Limits(120, sandbox=POLICY, warm=kind == "warm"))
+            assert outcome.status is Status.finished, outcome.reason
+            ready[kind].append(outcome.last["t1"] - start)
+    assert min(ready["warm"]) < min(ready["cold"]), ready
+
+
+def test_without_the_sandbox_a_warm_trainer_still_gets_its_own_folder_group_and_exit_code(tmp_path: Path, public: Path):
+    source = "import os, sys\nfrom ralph_ray import harness\n"
+    source += "open('ids.txt', 'w').write(f'{os.getpid()} {os.getpgid(0)} {os.getcwd()}')\n"
+    source += "harness.report(epoch=1, val_acc=0.1)\nsys.exit(3)\n"
+    outcome, work = warm_run(tmp_path, public, "plain", source, policy=PLAIN)
+    assert outcome.status is Status.failed and "exited with code 3" in (outcome.reason or ""), outcome.reason
+    pid, group, cwd = (work / "ids.txt").read_text().split()
+    assert pid == group and cwd == str(work)
+
+
+def test_a_server_that_cannot_start_falls_back_to_cold_and_says_why_once(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+):
+    monkeypatch.setattr(warmstart, "READY_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(warmstart, "PRELOAD", ("ralph_ray_no_such_module_but_exit",))
+    monkeypatch.setattr(warmstart.zygote, "ENV_FD", "RALPH_ZYGOTE_FD_MISSPELT")  # the server dies at once
+    source = "from ralph_ray import harness\nharness.report(epoch=1, val_acc=0.1)\n"
+    for name in ("a", "b"):
+        outcome, _ = warm_run(tmp_path, public, name, source, policy=PLAIN)
+        assert outcome.status is Status.finished, outcome.reason
+    said = capsys.readouterr().err
+    assert said.count("trials start cold: ") == 1 and "fork server did not start" in said
+    warmstart.close_all()
