@@ -76,6 +76,7 @@ class TaskConfig:
     # how to read a score. Scores are stored oriented (higher is better): a min metric's score is -value.
     metric: Optional[str] = None
     direction: Optional[str] = None
+    scored_by: Optional[str] = None  # "model": the engine scores the trainer's exported model (ralph_ray.modeleval)
 
 
 @dataclass
@@ -213,6 +214,9 @@ class TrialConfig:
 
     budget_s: Optional[float] = None  # seconds of training per trial; the trainer sees it as harness.time_left()
     grace_s: float = 10.0  # past budget_s + grace_s of training the engine stops the trial (last epoch, predictions)
+    # Fork each trial from a warm server of its worker (torch already imported, inside the same sandbox) instead
+    # of starting a new interpreter; where that cannot work the campaign says why and starts trials cold.
+    warm: bool = True
 
 
 @dataclass
@@ -605,6 +609,7 @@ def _check_task(cfg: Config) -> TaskFolder:
                 f"drop task.{key}: the task's METRIC decides it",
             )
         setattr(cfg.task, key, declared)
+    cfg.task.scored_by = task.metric.scored_by.value
     if (
         cfg.search.metric in (task.metric.name, f"val_{task.metric.name}")
         and cfg.search.mode != task.metric.direction.value

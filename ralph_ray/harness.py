@@ -1,5 +1,5 @@
-"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, device, checkpoint,
-time budget).
+"""The trainer-side helper: the only engine module a trainer imports (data, report, predictions, exported model,
+device, checkpoint, time budget).
 
 It stays free of Ray and of the engine's heavy imports so a trial's subprocess starts fast and a
 trainer also runs by hand (`python train.py`) against data prepared with `python -m ralph_ray.prepare`.
@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, cast
 
 import numpy as np
 
@@ -27,6 +27,7 @@ ENV_DEVICE = "RALPH_DEVICE"
 ENV_CHECKPOINT_DIR = "RALPH_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_S = "RALPH_CHECKPOINT_EVERY_S"
 ENV_BUDGET_S = "RALPH_BUDGET_S"  # the trial's time budget in seconds (unset: none, train for EPOCHS)
+MODEL_FILE = "model.pt2"  # save_model's export, in the work dir: what a task scored by its model is scored on
 CHECKPOINT_FILE = "checkpoint.pt"
 TRAIN_SECONDS = "train_seconds"  # the key every report carries: ASHA's time attribute under a time budget
 _last_save = -math.inf  # monotonic time of this process's last checkpoint
@@ -176,6 +177,26 @@ def save_predictions(selection: np.ndarray, test: np.ndarray) -> None:
     path = Path(os.environ.get(ENV_PREDICTIONS_FILE, "predictions.npz"))
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, selection=selection, test=test)
+    os.replace(tmp, path)
+
+
+def save_model(model: object, example: object) -> None:
+    """Export the trained model (`torch.export`: loads without the trainer's code) for a task the engine scores by
+    running the model on the held-out inputs (its METRIC says `"scored_by": "model"`); `example` is a small batch of
+    inputs as the model takes them (e.g. `torch.tensor(data.train_x[:8])`). The batch size stays free where it can."""
+    import torch
+
+    module = cast(torch.nn.Module, model)
+    was_training = module.training
+    module.eval()
+    inputs = example if isinstance(example, torch.Tensor) else torch.as_tensor(np.asarray(example))
+    try:
+        program = torch.export.export(module, (inputs,), dynamic_shapes=({0: torch.export.Dim.AUTO},))
+    finally:
+        module.train(was_training)
+    path = Path(MODEL_FILE)
+    tmp = path.with_name(f"{path.stem}.tmp.pt2")
+    torch.export.save(program, tmp)
     os.replace(tmp, path)
 
 

@@ -29,7 +29,7 @@ from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
 from ralph_ray.runner import Limits
 from ralph_ray.sandbox import MIB
-from ralph_ray.tasks.base import Labels, sha256_file
+from ralph_ray.tasks.base import Labels, ScoredBy, sha256_file
 from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec, read_files, run_trial
 
 
@@ -247,6 +247,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
             sandbox_policy(cfg),
             budget,
             cfg.trial.grace_s,
+            warm=cfg.trial.warm,
         ),
         # Under a budget ASHA counts seconds, not epochs: no epoch is held back for its last rung.
         str(trials_root),
@@ -259,6 +260,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
         seed=cfg.search.seed,
         env={} if budget is None else {harness.ENV_BUDGET_S: str(budget)},
         driver_node_id=driver_node_id(),
+        model_scored=cfg.task.scored_by == ScoredBy.model.value,
     )
 
 

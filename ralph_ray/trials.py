@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ralph_ray import harness, runner
+from ralph_ray import harness, modeleval, runner
 from ralph_ray.datacache import PublicData, check_frozen, materialise_data
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.runner import CHECKPOINT_DIR, Limits, Status, Trainer, TrialFailed
@@ -95,6 +95,7 @@ class TrialSpec:
     seed: int = 0
     env: dict[str, str] = field(default_factory=dict)
     driver_node_id: str | None = None  # trials on other nodes work in a node-local folder
+    model_scored: bool = False  # the task scores the trainer's exported model, not its predictions (modeleval)
 
 
 def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
@@ -140,7 +141,10 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
         return  # Tune stopped the trial (ASHA or a stop rule)
     if outcome.status is Status.failed or outcome.last is None:
         raise TrialFailed(outcome.reason or "train.py failed")
-    if outcome.predictions is None:
+    predictions = outcome.predictions
+    if spec.model_scored:  # run the trainer's exported model on the held-out inputs; its own predictions don't count
+        predictions = modeleval.evaluate(work, data_dir, spec.limits, trainer.seed)
+    if predictions is None:
         raise TrialFailed(
             f"train.py finished without writing {runner.PREDICTIONS_FILE}: "
             "call harness.save_predictions(selection=..., test=...)"
@@ -149,7 +153,7 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     if outcome.held:  # the held epochs before the last ride along, so the curve keeps every epoch
         final[HELD_KEY] = json.dumps(outcome.held)
     # The driver scores these against labels that never leave it.
-    tune.report({**final, PREDICTIONS_KEY: encode_predictions(outcome.predictions)})
+    tune.report({**final, PREDICTIONS_KEY: encode_predictions(predictions)})
 
 
 def work_dir(spec: TrialSpec, trial_id: str) -> Path:

@@ -74,6 +74,13 @@ class MetricKind(str, enum.Enum):
     custom = "custom"
 
 
+class ScoredBy(str, enum.Enum):
+    """What the engine scores: the predictions a trainer saves, or its exported model run by the engine."""
+
+    predictions = "predictions"
+    model = "model"  # predictions can't be trusted (e.g. a language model): see ralph_ray.modeleval
+
+
 @dataclass(frozen=True)
 class Metric:
     """A task's frozen metric: its name, direction and kind, and the function that scores predictions."""
@@ -82,6 +89,7 @@ class Metric:
     direction: Direction
     kind: MetricKind
     fn: Callable[[np.ndarray, np.ndarray], float] = field(repr=False, compare=False)
+    scored_by: ScoredBy = ScoredBy.predictions
 
     @property
     def sign(self) -> float:
@@ -161,7 +169,7 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
         if Direction(direction) is not implied:
             better = "higher" if implied is Direction.max else "lower"
             raise MetricError(f'METRIC {name!r} is better when {better}: set "direction": "{implied.value}"')
-        return Metric(name, implied, kind, fn)
+        return Metric(name, implied, kind, fn, _scored_by(declaration))
     if score is None:
         raise MetricError(
             f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): define "
@@ -170,7 +178,16 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
     kind = declaration.get("kind", MetricKind.custom.value)
     if kind not in {k.value for k in MetricKind}:
         raise MetricError(f"METRIC kind {kind!r} is unknown: use one of {', '.join(k.value for k in MetricKind)}")
-    return Metric(name, Direction(direction), MetricKind(kind), score)
+    return Metric(name, Direction(direction), MetricKind(kind), score, _scored_by(declaration))
+
+
+def _scored_by(declaration: Mapping[str, Any]) -> ScoredBy:
+    """`"scored_by": "model"`: the engine runs the trainer's exported model (harness.save_model) on the held-out
+    inputs instead of trusting the predictions it saved."""
+    by = declaration.get("scored_by", ScoredBy.predictions.value)
+    if by not in {b.value for b in ScoredBy}:
+        raise MetricError(f"METRIC scored_by {by!r} is unknown: use one of {', '.join(b.value for b in ScoredBy)}")
+    return ScoredBy(by)
 
 
 def _fit(predictions: np.ndarray, targets: np.ndarray, kind: MetricKind) -> np.ndarray:

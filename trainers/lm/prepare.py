@@ -2,8 +2,10 @@
 trials never see this file, and never see the bytes they are scored on.
 
 How scoring stays honest: the selection/test inputs are contexts of CONTEXT bytes cut from held-out text with a
-gap of one byte between them; the trainer predicts a distribution over the next byte (the gap), which appears in
-no input, and the engine scores it in bits per byte (lower is better) with `score` below.
+gap of one byte between them; the model predicts a distribution over the next byte (the gap), which appears in
+no input, and the engine scores it in bits per byte (lower is better) with `score` below. The engine, not the
+trainer, runs the model on those contexts: the trainer exports it with harness.save_model, and the engine's frozen
+evaluator (ralph_ray/model_evaluator.py) computes the logits in a sandboxed process of its own.
 
 The corpus is the Python standard library's own source: the top-level modules of the running Python's stdlib, in
 sorted order, the first 1.2 MB (always on the machine, offline; its exact bytes, and so the figures, depend on the
@@ -20,7 +22,9 @@ import numpy as np
 
 from ralph_ray.tasks.base import DataSource, Splits, TaskSettings
 
-METRIC = {"name": "bits_per_byte", "direction": "min", "kind": "custom"}
+# Scored by the model: the engine runs the trainer's exported model (harness.save_model) on the held-out contexts
+# in a process of its own (ralph_ray.modeleval); the predictions a trainer saves itself count for nothing.
+METRIC = {"name": "bits_per_byte", "direction": "min", "kind": "custom", "scored_by": "model"}
 CONTEXT = 64  # bytes of context per selection/test input
 CORPUS_BYTES = 1_200_000  # how much text to use
 HELD_OUT = 512  # selection and test inputs each

@@ -2,7 +2,8 @@
 The engine's agents edit this file; the knobs are searched.
 
 The seed of task=lm: small on purpose, so a campaign on CPU takes minutes. Keep the harness calls: load_data(), report()
-once per epoch, save_predictions() at the end with next-byte logits (N, 256) for each selection/test context.
+once per epoch, save_model() at the end (the engine runs the exported model on the held-out contexts and scores
+its next-byte logits), and save_predictions() with the logits it gives (checked by the gate's smoke run, not scored).
 Run by hand: `python -m ralph_ray.prepare task=lm`, then the `export RALPH_DATA_DIR=...` line it prints, then
 `python train.py`.
 """
@@ -96,6 +97,7 @@ def main() -> None:
     with torch.no_grad():
         predict = lambda x: model(torch.tensor(np.asarray(x).astype(np.int64))).numpy()  # noqa: E731
         harness.save_predictions(selection=predict(data.selection_x), test=predict(data.test_x))
+    harness.save_model(model, torch.tensor(np.asarray(data.train_x[:8]).astype(np.int64)))  # what the engine scores
 
 
 if __name__ == "__main__":
