@@ -86,6 +86,7 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         ("lineage", _lineage(p)),
         ("intervention_effects", _intervention_effects(p)),
         ("budgets", _budgets(p)),
+        ("not_applicable", _not_applicable(p)),
     ):
         statements.append(f"create or replace view {p}{name} as {body}")
     return statements
@@ -192,6 +193,25 @@ select r.run_id, r.experiment, r.task, r.status, r.stop_reason, r.started_at, r.
        (select max(d.best_selection_score) from {p}decisions d where d.run_id = r.run_id) as best_selection_score
 from {p}runs r
 order by r.started_at desc
+"""
+
+
+def _not_applicable(p: str) -> str:
+    # Per parent analysed: each catalog intervention the offline analyst skipped and why (NotApplicable's reason,
+    # or "already in the lineage"), read from the **Skipped** list of its section (`### Parent `id``) in the
+    # cycle's analysis, which agents/heuristic.py writes as "- `name`: reason" lines. The coder's own failures stay
+    # on the rejected child's variants.reason.
+    return rf"""
+with sections as (
+    select run_id, cycle, unnest(string_split(analysis, '### Parent `')[2:]) as section from {p}cycles
+), skipped as (
+    select run_id, cycle, split_part(section, '`', 1) as parent_id,
+           unnest(regexp_extract_all(split_part(section, '**Skipped**', 2), '\n- `[^`]+`: [^\n]*')) as line
+    from sections
+)
+select run_id, cycle, parent_id, regexp_extract(line, '`([^`]+)`', 1) as intervention,
+       regexp_extract(line, '`: (.*)$', 1) as reason
+from skipped
 """
 
 

@@ -332,3 +332,22 @@ def test_coder_reports_why_an_intervention_does_not_apply(tmp_path: Path):
         HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("batchnorm"), work, None, Usage())
     with pytest.raises(AgentError, match="no intervention 'teleport'"):
         HeuristicCoder().write(parent_view(tmp_path, PLATEAU), recommendation("teleport"), work, None, Usage())
+
+
+def test_skipped_interventions_and_their_reasons_are_queryable_in_the_kb(tmp_path: Path):
+    from ralph_ray.kb import KnowledgeBase, open_reader
+
+    analyst = HeuristicAnalyst()
+    parents = [
+        parent_view(tmp_path, PLATEAU, lineage=("batchnorm",), variant="p1"),
+        parent_view(tmp_path, OVERFIT_RISE, variant="p2"),
+    ]
+    text = "# cycle 2: analysis\n\n" + "\n".join(analyst.analyse(p, [], Usage()).summary for p in parents)
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.append("cycles", [{"run_id": "r", "cycle": 2, "analysis": text}, {"run_id": "r", "cycle": 1}], "cycle")
+    rows = open_reader(kb.root).execute("select parent_id, intervention, reason from not_applicable").fetchall()
+    for parent in parents:
+        _, skipped = analyst._applicable(parent, (parent.files_dir / "train.py").read_text())
+        assert skipped and {i: why for p, i, why in rows if p == parent.variant_id} == skipped
+    assert ("p1", "batchnorm", "already in the lineage") in rows
