@@ -1,0 +1,206 @@
+"""Fashion-MNIST (real data, a published table to beat): the loop (offline heuristic agent) against knob search
+alone (`agent=none`) at the same budget, from the plain seed, scored on the official 10,000 test images.
+
+    python bench/fashion.py                                   # the issue's figure: 3 seeds x 30 min each kind
+    python bench/fashion.py --campaign-s 1500 --slots 1 --seeds 0 --parallel   # what fits a 2-core session
+
+Each campaign is `python -m ralph_ray +experiment=fashion` (asynchronous, every trial trains trial.budget_s seconds)
+in a subprocess with its own runs and KB; --parallel runs the two kinds side by side (each with --slots trial
+slots), so both see the same machine load. Figures: the best variant's (by selection score) test accuracy, its
+trial seconds, what the loop kept and tried, start-up against training time, and the table's rows. Never in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import rows, save
+
+from ralph_ray import PROJECT_ROOT, sql
+from ralph_ray.kb import open_reader
+
+# From the dataset's own benchmark table (Debian: /usr/share/doc/dataset-fashion-mnist/README.md.gz), test accuracy.
+TABLE = {
+    "2 conv + pooling, no preprocessing (TensorFlow tutorial)": 0.916,
+    "2 conv + 2 FC, random horizontal flips": 0.939,
+    "Google AutoML, 24 compute hours": 0.939,
+    "DENSER (neuro-evolution of architectures)": 0.953,
+    "WRN-28-10 + random erasing": 0.963,
+    "WRN40-4": 0.967,
+}
+GOAL_CPU = 0.93  # the issue's goal on 2 CPU cores in 30 minutes (above a hand-written BN CNN's 0.927)
+AGENTS = ("heuristic", "none")
+
+
+def campaign_command(root: Path, agent: str, seed: int, args: argparse.Namespace) -> list[str]:
+    """One campaign of the fashion experiment, its runs and KB under root."""
+    return [
+        sys.executable,
+        "-m",
+        "ralph_ray",
+        "+experiment=fashion",
+        f"agent={agent}",
+        f"run_id=fashion-{agent}-{seed}",
+        f"paths.runs={root / 'runs'}",
+        f"paths.kb={root / 'kb'}",
+        f"search.seed={seed}",
+        f"search.max_concurrent={args.slots}",
+        f"trial.budget_s={args.trial_s}",
+        f"safeguards.campaign_time_s={args.campaign_s}",
+        "safeguards.plateau_cycles=1000",  # the campaign's clock ends every run: the same budget for both kinds
+    ]
+
+
+def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object]:
+    """One campaign's figures, read back from its KB."""
+    con = open_reader(root / "kb")
+    board = rows(con, sql.BENCH_LEADERBOARD, [run_id])
+    trials = rows(con, sql.TRIAL_SPANS, [run_id])
+    trained = dict(con.execute(sql.TRAIN_SECONDS_PER_TRIAL, [run_id]).fetchall())
+    variants = rows(con, "select variant_id, status, interventions from variants where run_id = ?", [run_id])
+    scored = [r for r in board if r["selection_score"] is not None]
+    best = scored[0] if scored else None
+    seed = next((r for r in board if r["status"] == "seed"), None)
+    trial_s = sum(float(t["seconds"] or 0) for t in trials)
+    train_s = sum(float(v or 0) for v in trained.values())
+    return {
+        "run_id": run_id,
+        "exit_code": code,
+        "wall_s": round(wall, 1),
+        "trials": len(trials),
+        "trials_completed": sum(t["status"] == "completed" for t in trials),
+        "trials_by_status": {s: sum(t["status"] == s for t in trials) for s in {t["status"] for t in trials}},
+        "variants": len(variants),
+        "children_by_status": {
+            s: sum(v["status"] == s for v in variants if v["status"] != "seed")
+            for s in {v["status"] for v in variants if v["status"] != "seed"}
+        },
+        "interventions_tried": sorted(
+            {i for v in variants if v["status"] != "seed" for i in json.loads(v["interventions"] or "[]")}
+        ),
+        "trial_seconds_total": round(trial_s, 1),
+        "training_seconds_total": round(train_s, 1),
+        "startup_and_scoring_share": round(1 - train_s / trial_s, 3) if trial_s else None,
+        "seed": None
+        if seed is None
+        else {"selection": seed["selection_score"], "test": seed["test_score"], "knobs": seed["best_knobs"]},
+        "best": None
+        if best is None
+        else {
+            "variant_id": best["variant_id"],
+            "status": best["status"],
+            "interventions": best["interventions"],
+            "selection": best["selection_score"],
+            "test": best["test_score"],
+            "knobs": best["best_knobs"],
+            "trial_training_s": trained.get(best["best_trial_id"]),
+            "trial_wall_s": next((t["seconds"] for t in trials if t["trial_id"] == best["best_trial_id"]), None),
+        },
+    }
+
+
+def run_all(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Every (seed, agent) campaign; side by side per seed with --parallel, else one after another."""
+    root = Path(tempfile.mkdtemp(prefix="bench-fashion-"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    results = []
+    for seed in args.seeds:
+        started = {}
+        for agent in args.agents:
+            folder = root / f"{agent}-{seed}"
+            folder.mkdir()
+            log = (folder / "campaign.log").open("w")
+            cmd = campaign_command(folder, agent, seed, args)
+            print(f"[{time.strftime('%H:%M:%S')}] {' '.join(cmd[2:])}  (log: {folder / 'campaign.log'})", flush=True)
+            proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+            started[agent] = (proc, folder, time.monotonic())
+            if not args.parallel:
+                proc.wait()
+        for agent, (proc, folder, began) in started.items():
+            code = proc.wait()
+            wall = time.monotonic() - began
+            results.append({"agent": agent, "seed": seed, **measure(folder, f"fashion-{agent}-{seed}", wall, code)})
+            print(json.dumps(results[-1], default=str), flush=True)
+    return results
+
+
+def summary(results: list[dict[str, object]], agent: str) -> dict[str, object]:
+    """Mean and std of the best variant's test accuracy over the campaign seeds of one kind."""
+    tests = [r["best"]["test"] for r in results if r["agent"] == agent and r["best"]]  # type: ignore[index]
+    return {
+        "campaigns": len(tests),
+        "best_test_mean": round(statistics.mean(tests), 4) if tests else None,
+        "best_test_std": round(statistics.stdev(tests), 4) if len(tests) > 1 else None,
+    }
+
+
+def lines_for(results: list[dict[str, object]], args: argparse.Namespace, load: tuple[float, float]) -> list[str]:
+    out = [
+        f"Fashion-MNIST (50k train / 10k selection / official 10k test), `+experiment=fashion`, {len(args.seeds)} "
+        f"campaign seed(s) per kind, each campaign {args.campaign_s:g} s with {args.slots} trial slot(s), every trial "
+        f"{args.trial_s:g} s of training; {'side by side' if args.parallel else 'one after another'}; load average "
+        f"{load[0]:.1f} before, {load[1]:.1f} after (2 cores, shared with other sessions' work).",
+        "",
+        "| kind | seed | best variant | selection | test | its trial: training s / wall s | trials (completed) | "
+        "children kept / all | start-up + scoring share | exit |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        best, children = r["best"] or {}, r["children_by_status"]
+        out.append(
+            f"| {'loop (heuristic)' if r['agent'] == 'heuristic' else 'knob search (agent=none)'} | {r['seed']} | "
+            f"{best.get('variant_id')} {best.get('interventions')} | {best.get('selection')} | "
+            f"**{best.get('test')}** | {best.get('trial_training_s')} / {best.get('trial_wall_s')} | "
+            f"{r['trials']} ({r['trials_completed']}) | {children.get('kept', 0)} / {sum(children.values())} | "
+            f"{r['startup_and_scoring_share']} | {r['exit_code']} |"
+        )
+    for agent in args.agents:
+        s = summary(results, agent)
+        out.append(
+            f"\n{agent}: best test {s['best_test_mean']} ± {s['best_test_std']} over {s['campaigns']} campaign(s)"
+        )
+    out.append(f"\nGoal on 2 CPU cores in 30 min: >= {GOAL_CPU}. The dataset's table (test accuracy):")
+    out += [f"- {name}: {value}" for name, value in TABLE.items()]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--campaign-s", type=float, default=1800.0, help="each campaign's wall budget")
+    parser.add_argument("--trial-s", type=float, default=90.0, help="training seconds per trial (trial.budget_s)")
+    parser.add_argument("--slots", type=int, default=2, help="trials at a time per campaign")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=AGENTS)
+    parser.add_argument("--parallel", action="store_true", help="run the kinds of one seed side by side")
+    parser.add_argument("--name", default="fashion", help="results file name under bench/results/")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    results = run_all(args)
+    load = (load_before, os.getloadavg()[0])
+    figures = {
+        "reduced": args.campaign_s < 1800 or len(args.seeds) < 3,
+        "campaign_s": args.campaign_s,
+        "trial_budget_s": args.trial_s,
+        "slots_per_campaign": args.slots,
+        "seeds": args.seeds,
+        "parallel": args.parallel,
+        "load_average": load,
+        "summary": {agent: summary(results, agent) for agent in args.agents},
+        "campaigns": results,
+        "table": TABLE,
+        "goal_cpu": GOAL_CPU,
+        "project": str(PROJECT_ROOT),
+    }
+    save(args.name, figures, lines_for(results, args, load))
+
+
+if __name__ == "__main__":
+    main()
