@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from ralph_ray import zygote
 from ralph_ray.sandbox import Jail, Policy, SandboxMode, View
@@ -47,6 +47,7 @@ class Key:
     threads: int
     root: Path  # the folder of the work dirs: in the server's view, hidden from each trainer but for its own
     data_dir: Path
+    preload: tuple[str, ...] = PRELOAD
 
 
 class WarmProcess:
@@ -98,7 +99,7 @@ class Server:
             "MKL_NUM_THREADS": threads,
             "PYTHONUNBUFFERED": "1",
             zygote.ENV_FD: str(theirs.fileno()),
-            zygote.ENV_PRELOAD: ",".join(PRELOAD),
+            zygote.ENV_PRELOAD: ",".join(key.preload),
         }
         self._log = tempfile.TemporaryFile()
         argv = jail.command([sys.executable, "-c", Path(zygote.__file__).read_text()], Path("/"), zygote=True)
@@ -265,7 +266,7 @@ def probe(policy: Policy) -> str | None:
         work.mkdir(parents=True)
         data.mkdir()
         (work / "train.py").write_text("print('warm')\n")
-        key = Key(policy, 1, work.parent, data)
+        key = Key(policy, 1, work.parent, data, preload=())
         try:
             found = Server(key)
         except WarmStartError as err:
@@ -284,6 +285,19 @@ def probe(policy: Policy) -> str | None:
             return None if code == 0 else f"a forked trainer exited with code {code}"
         finally:
             found.close()
+
+
+def announce(policy: Policy, wanted: bool, say: Callable[[str], None]) -> bool:
+    """Say how trials will start (checked by forking a probe trainer); True where they start warm."""
+    if not wanted:
+        say("trial starts: cold (trial.warm=false): each trial starts a new interpreter")
+        return False
+    problem = probe(policy)
+    if problem is not None:
+        say(f"trial starts: cold, as warm starts cannot work here: {problem}")
+        return False
+    say(f"trial starts: warm: a fork server per worker imports {', '.join(PRELOAD)} once and forks each trial")
+    return True
 
 
 def close_all() -> None:

@@ -1,0 +1,96 @@
+"""Trial start cost, warm vs cold, side by side in one run: from the runner's request to train.py's first line.
+
+Each trial is the runner's (`ralph_ray.runner.run`, the same call Tune's trainable makes) on a digits-shaped
+trainer that stamps the time on its first line and again after its imports (torch, numpy, the harness), inside
+the sandbox (bwrap) with one thread. Cold and warm trials alternate so machine load hits both alike; the warm
+server's own start (the first warm trial of a worker pays it) is reported apart. Prints the medians and the ratio.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import save
+
+from ralph_ray import sandbox, warmstart
+from ralph_ray.runner import Limits, Status, Trainer, run
+from ralph_ray.sandbox import Policy, SandboxMode
+from ralph_ray.tasks.base import write_public
+from ralph_ray.tasks.digits import prepare
+from ralph_ray.workdir import write_variant
+
+ROUNDS = 8
+TRAINER = """import time
+FIRST_LINE = time.time()
+import numpy as np
+import torch
+from ralph_ray import harness
+data = harness.load_data()
+harness.report(epoch=1, val_acc=0.1, first_line=FIRST_LINE, imported=time.time())
+"""
+
+
+def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[float, float, float]:
+    """(request -> first line, request -> imports done, request -> exit seen) in seconds."""
+    work = root / "trials" / name
+    write_variant({"train.py": TRAINER.encode()}, work)
+    start = time.time()
+    outcome = run(Trainer(work, data), Limits(300, sandbox=policy, warm=warm))
+    done = time.time()
+    if outcome.status is not Status.finished or outcome.last is None:
+        sys.exit(f"{name}: {outcome.reason}")
+    return outcome.last["first_line"] - start, outcome.last["imported"] - start, done - start
+
+
+def main() -> None:
+    policy = Policy(SandboxMode.bwrap if sandbox.available() is None else SandboxMode.none)
+    root = Path(tempfile.mkdtemp(prefix="bench-trial-start-"))
+    data = root / "data"
+    write_public(prepare(0, 0.2, 0.2), data, "digits")
+    start = time.time()
+    server_first = one(root, data, "server", policy, warm=True)
+    server_s = time.time() - start
+    if warmstart.reason():
+        sys.exit(f"warm starts did not work: {warmstart.reason()}")
+    cold: list[tuple[float, float, float]] = []
+    warm: list[tuple[float, float, float]] = []
+    for index in range(ROUNDS):
+        cold.append(one(root, data, f"cold{index}", policy, warm=False))
+        warm.append(one(root, data, f"warm{index}", policy, warm=True))
+    warmstart.close_all()
+    median = lambda runs, i: statistics.median(r[i] for r in runs)  # noqa: E731
+    figures = {
+        "rounds": ROUNDS,
+        "sandbox": policy.mode.value,
+        "threads": 1,
+        "cold_first_line_s": round(median(cold, 0), 3),
+        "warm_first_line_s": round(median(warm, 0), 3),
+        "cold_imports_done_s": round(median(cold, 1), 3),
+        "warm_imports_done_s": round(median(warm, 1), 3),
+        "cold_trial_wall_s": round(median(cold, 2), 3),
+        "warm_trial_wall_s": round(median(warm, 2), 3),
+        "ratio_first_line": round(median(warm, 0) / median(cold, 0), 3),
+        "ratio_imports_done": round(median(warm, 1) / median(cold, 1), 3),
+        "first_warm_trial_with_server_start_s": round(server_s, 2),
+        "first_warm_trial_imports_done_s": round(server_first[1], 2),
+        "gpu": "none lent to this task: the GPU figure (CIFAR-10 seed trial wall / epochs' time) is not measured",
+    }
+    lines = [
+        f"trial start, {ROUNDS} cold and {ROUNDS} warm trials alternating (sandbox {policy.mode.value}, 1 thread), "
+        "medians:",
+        f"  request -> train.py's first line      cold {median(cold, 0):6.3f} s   warm {median(warm, 0):6.3f} s   "
+        f"ratio {median(warm, 0) / median(cold, 0):.3f}",
+        f"  request -> imports done (torch, data)  cold {median(cold, 1):6.3f} s   warm {median(warm, 1):6.3f} s   "
+        f"ratio {median(warm, 1) / median(cold, 1):.3f}",
+        f"  request -> exit seen (whole trial)     cold {median(cold, 2):6.3f} s   warm {median(warm, 2):6.3f} s",
+        f"  the first warm trial of a worker also starts its server: {server_s:.2f} s",
+    ]
+    save("trial_start", figures, lines)
+
+
+if __name__ == "__main__":
+    main()
