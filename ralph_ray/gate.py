@@ -77,6 +77,7 @@ def write_smoke_data(splits: Splits, out_dir: Path, task: str) -> Path:
         test_x=splits.test_x[: SMOKE_ROWS["test"]],
         test_y=splits.test_y[: SMOKE_ROWS["test"]],
         num_classes=splits.num_classes,
+        files=splits.files,  # further public files (a base model) whole: a trainer can't use a sliver of one
     )
     write_public(sliver, out_dir, task)
     return out_dir

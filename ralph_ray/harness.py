@@ -82,6 +82,14 @@ def load_data() -> Dataset:
     )
 
 
+def public_file(name: str) -> Path:
+    """A further public file of the task (e.g. `base_policy.zip`, a model to fine-tune), read-only, by name."""
+    path = data_dir() / name
+    if not path.is_file():
+        sys.exit(f"{path.parent} has no public file {name!r}: this task's prepare.py does not provide it.")
+    return path
+
+
 def seed() -> int:
     """The trial's seed (0 when run by hand)."""
     return int(os.environ.get(ENV_SEED, "0"))

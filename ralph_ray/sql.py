@@ -26,6 +26,8 @@ EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_
 # harness.probes: pivoted into the curves view too, after the metrics every trainer reports
 # (agents.base.EpochPoint's order)
 PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
+# RL post-training telemetry (task=grpo's trainer): pivoted after the probes, in EpochPoint's order
+RL_METRICS = ("reward_mean", "reward_std", "kl", "entropy", "completion_length")
 
 
 def parquet_glob(root: Path, table: str) -> str:
@@ -131,7 +133,7 @@ def _curves(p: str) -> str:
     # Long per-epoch metrics pivoted to the columns the analyst and the app read. Inner join: epochs of a
     # trial whose row was never written (the driver died in between) are not part of the record.
     columns = ",\n       ".join(
-        f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS + PROBE_METRICS
+        f"max(e.value) filter (where e.metric = '{m}') as {m}" for m in EPOCH_METRICS + PROBE_METRICS + RL_METRICS
     )
     return f"""
 select e.run_id, e.trial_id, any_value(t.variant_id) as variant_id, any_value(t.cycle) as cycle,
@@ -260,7 +262,8 @@ where run_id = ? and variant_id = ? order by trial_id
 # One query for every curve of a variant (the analyst reads them all), grouped by trial on the engine side.
 VARIANT_CURVES = """
 select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds,
-       gen_gap, weight_norm, update_norm, update_ratio, eff_rank, plateau
+       gen_gap, weight_norm, update_norm, update_ratio, eff_rank, plateau,
+       reward_mean, reward_std, kl, entropy, completion_length
 from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.

@@ -53,6 +53,12 @@ class EpochPoint:
     update_ratio: float | None = None  # update_norm / weight_norm
     eff_rank: float | None = None  # effective rank of the largest weight matrix
     plateau: float | None = None  # 1.0 when val_acc has stalled
+    # RL post-training telemetry (task=grpo), where the trainer reports it
+    reward_mean: float | None = None  # mean reward of the sampled completions
+    reward_std: float | None = None  # spread of the rewards within a group (0: no learning signal)
+    kl: float | None = None  # KL divergence from the reference (base) policy
+    entropy: float | None = None  # of the policy's next-token distribution on its completions
+    completion_length: float | None = None  # mean tokens per completion
 
 
 @dataclass(frozen=True)

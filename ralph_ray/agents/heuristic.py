@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ralph_ray.agents import rl
 from ralph_ray.agents.base import (
     AgentError,
     Analysis,
@@ -173,7 +174,9 @@ def _series(curve: list[EpochPoint], metric: str) -> list[tuple[int, float]]:
 
 def _curve_findings(curve: list[EpochPoint], knobs: dict[str, Any]) -> list[Finding]:
     checks = (_divergence, _overfitting, _gap_widening, _underfitting, _update_collapse, _progress, _too_slow)
-    return [finding for check in checks if (finding := check(curve, knobs)) is not None]
+    found = [finding for check in checks if (finding := check(curve, knobs)) is not None]
+    # RL post-training telemetry first: its readings are more specific than the generic ones from val_acc.
+    return [Finding(d, evidence) for d, evidence in rl.findings(curve, knobs)] + found
 
 
 def _divergence(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:

@@ -226,6 +226,8 @@ class Splits:
     test_y: np.ndarray
     num_classes: int = 0  # 0 for a task without classes (regression, language modelling)
     metric: Metric = ACCURACY
+    # More public files a trial may read, by name (e.g. a base model to fine-tune); never labels or targets.
+    files: Mapping[str, bytes] = field(default_factory=dict)
 
     def labels(self) -> Labels:
         """The engine-side labels or targets used for frozen scoring, with the metric that scores against them."""
@@ -296,8 +298,14 @@ def write_public(splits: Splits, out_dir: Path, task: str) -> dict[str, str]:
         },
         "shapes": {name: list(array.shape) for name, array in arrays.items()},
     }
+    for name, content in splits.files.items():
+        if name in PUBLIC_FILES or Path(name).name != name or name.startswith("."):
+            raise DataError(f"public file name {name!r}: use a plain file name other than {', '.join(PUBLIC_FILES)}")
+        _atomic_write(out_dir / name, content)
+    if splits.files:
+        meta["files"] = sorted(splits.files)
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=2))
-    return {name: sha256_file(out_dir / name) for name in PUBLIC_FILES}
+    return {name: sha256_file(out_dir / name) for name in (*PUBLIC_FILES, *sorted(splits.files))}
 
 
 def sha256_file(path: Path) -> str:
@@ -307,6 +315,12 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _atomic_write(path: Path, content: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(content)
+    os.replace(tmp, path)
 
 
 def _atomic_save(path: Path, array: np.ndarray) -> None:

@@ -1,0 +1,168 @@
+"""LLM post-training as a task (task=grpo): a tiny policy made here, scored by the engine's own greedy generation,
+a short campaign on it, and the best policy exported as an HF folder and a GGUF file read back with gguf's reader."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trl", reason="the posttrain extra: pip install -e '.[posttrain]'")
+
+from ralph_ray import PROJECT_ROOT, sandbox
+from ralph_ray.__main__ import main
+from ralph_ray.config import load_config
+from ralph_ray.kb import open_reader
+from ralph_ray.policyexport import export_policy, permute
+from ralph_ray.scoring import ScoringError, score_predictions
+from ralph_ray.tasks import prepare_splits, tinypolicy
+from ralph_ray.tasks.base import write_public
+
+TINY = tinypolicy.PolicySpec(pretrain_steps=4)  # the same architecture, barely trained: for cache tests
+
+
+@pytest.fixture(scope="module")
+def policy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache of pre-trained bases for this module (the default base takes seconds to build)."""
+    return tmp_path_factory.mktemp("policies")
+
+
+@pytest.fixture()
+def cached(policy_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(tinypolicy.ENV_CACHE, str(policy_cache))
+    return policy_cache
+
+
+def test_the_base_policy_is_built_once_and_the_same_everywhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(tinypolicy.ENV_CACHE, str(tmp_path / "a"))
+    first = tinypolicy.base_policy(TINY)
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert tinypolicy.base_policy(TINY) == first  # cached: not built again
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    monkeypatch.setenv(tinypolicy.ENV_CACHE, str(tmp_path / "b"))
+    second = tinypolicy.base_policy(TINY)  # built again elsewhere: the same bytes
+    assert second != first
+    assert (second / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
+    assert tinypolicy.zip_folder(first) == tinypolicy.zip_folder(second)
+    other = tinypolicy.base_policy(dataclasses.replace(TINY, seed=1))  # other settings, another entry
+    assert other.name != second.name
+    assert (other / "model.safetensors").read_bytes() != (second / "model.safetensors").read_bytes()
+
+
+def test_prepare_keeps_the_held_out_problems_from_the_trial(cached: Path, tmp_path: Path):
+    splits = prepare_splits(load_config(["task=grpo"]))
+    train = set(zip(splits.train_x.tolist(), splits.train_y.tolist()))
+    held = [tuple(row) for row in splits.selection_y[0].tolist()] + [tuple(r) for r in splits.test_y[0].tolist()]
+    assert len(held) == 400 and not train & set(held)
+    assert all(int(a) == sum(map(int, p[:-1].split("+"))) for p, a in held)
+    hashes = write_public(splits, tmp_path / "data", "grpo")
+    public = b"".join((tmp_path / "data" / name).read_bytes() for name in hashes)
+    assert tinypolicy.POLICY_ZIP in hashes
+    assert held[0][0].encode("utf-32-le") not in public  # no held-out prompt reaches the trial, in any file
+    assert np.load(tmp_path / "data" / "selection_x.npy").shape == (1, 1)
+
+
+def test_the_engine_scores_the_policy_it_generates_with(cached: Path, tmp_path: Path):
+    cfg = load_config(["task=grpo"])
+    splits = prepare_splits(cfg)
+    labels = splits.labels()
+    base = tinypolicy.base_policy(prepare_module_spec())
+    good = tinypolicy.policy_vector(tinypolicy.load(base)[0])[None, :]
+    scratch = tinypolicy.build(prepare_module_spec(), len(tinypolicy.tokenizer()))
+    bad = tinypolicy.policy_vector(scratch)[None, :]
+
+    def scored(selection: np.ndarray, test: np.ndarray) -> float:
+        path = tmp_path / "predictions.npz"
+        np.savez(path, selection=selection, test=test)
+        return score_predictions(path, labels).selection
+
+    known_good, known_bad = scored(good, good), scored(bad, bad)
+    assert known_good > 0.2 and known_bad < 0.05  # the pre-trained base answers some; an untrained net none
+    assert scored(good, bad) == known_good  # each split is scored on its own
+    answers = np.array([[a for _, a in labels.selection[0]]])
+    with pytest.raises(ScoringError, match="weights"):  # a trainer that saves answers gets no score
+        scored(answers, answers)
+    with pytest.raises(ScoringError, match="weights"):
+        scored(good[:, :-1], good[:, :-1])
+
+
+def test_export_writes_an_hf_folder_and_a_gguf_file_that_reads_back(cached: Path, tmp_path: Path):
+    import gguf
+
+    base = tinypolicy.base_policy(prepare_module_spec())
+    model, tok = tinypolicy.load(base)
+    vector = tinypolicy.policy_vector(model)
+    exported = export_policy(base, vector, tmp_path / "policy")
+    again, _ = tinypolicy.load(exported.hf)
+    assert np.array_equal(tinypolicy.policy_vector(again), vector)
+    assert "FROM ./policy.gguf" in exported.modelfile.read_text()
+    reader = gguf.GGUFReader(exported.gguf)
+    field = reader.fields["general.architecture"]
+    assert bytes(field.parts[field.data[0]]).decode() == "llama"
+    tensors = {t.name: t for t in reader.tensors}
+    config = model.config
+    assert len(tensors) == 2 + 9 * config.num_hidden_layers  # embeddings, final norm, 9 per block (tied head)
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+
+    def read(name: str) -> np.ndarray:
+        tensor = tensors[name]
+        return np.asarray(tensor.data).reshape([int(d) for d in reversed(tensor.shape)])
+
+    assert np.array_equal(read("token_embd.weight"), state["model.embed_tokens.weight"])
+    assert np.array_equal(read("blk.1.ffn_down.weight"), state["model.layers.1.mlp.down_proj.weight"])
+    q = state["model.layers.0.self_attn.q_proj.weight"]
+    assert np.array_equal(read("blk.0.attn_q.weight"), permute(q, config.num_attention_heads))
+    assert not np.array_equal(read("blk.0.attn_q.weight"), q)  # rotary halves -> pairs, as llama.cpp expects
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    expected = [token for token, _ in sorted(tok.get_vocab().items(), key=lambda item: item[1])]
+    assert [bytes(tokens.parts[i]).decode() for i in tokens.data] == expected
+
+
+@pytest.mark.slow
+def test_a_two_cycle_grpo_campaign_runs_scores_and_exports(
+    ray_session, cached: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from ralph_ray.policyexport import main as export_main
+
+    monkeypatch.chdir(tmp_path)
+    run_id = "grpo-tiny"
+    overrides = [
+        "task=grpo",
+        f"run_id={run_id}",
+        f"paths.runs={tmp_path / 'runs'}",
+        f"paths.kb={tmp_path / 'kb'}",
+        "safeguards.max_cycles=2",
+        "population.children_per_parent=1",
+        "search.num_samples=1",
+        "search.max_concurrent=1",
+        "scheduler.max_t=2",
+        "+search.space.EPOCHS={type: choice, values: [2]}",
+        "+search.space.STEPS_PER_EPOCH={type: choice, values: [2]}",
+    ]
+    if sandbox.available() is not None:
+        overrides.append("sandbox=none")
+    assert main(overrides) in (0, 3)
+    con = open_reader(tmp_path / "kb")
+    trials = con.execute(
+        "select variant_id, selection_score, test_score from trials where run_id = ? and status = 'completed'",
+        [run_id],
+    ).fetchall()
+    assert len({v for v, _, _ in trials}) >= 2, "the seed and a child both completed"
+    assert all(0.0 <= s <= 1.0 and 0.0 <= t <= 1.0 for _, s, t in trials)
+    metrics = {r[0] for r in con.execute("select distinct metric from epochs where run_id = ?", [run_id]).fetchall()}
+    assert {"val_acc", "reward_mean", "reward_std", "kl", "completion_length"} <= metrics
+    assert export_main([run_id, "--kb", str(tmp_path / "kb"), "--out", str(tmp_path / "bundle")]) == 0
+    assert (tmp_path / "bundle" / "policy" / "policy.gguf").is_file()
+    assert json.loads((tmp_path / "bundle" / "scores.json").read_text())["selection_score"] == max(
+        s for _, s, _ in trials
+    )
+
+
+def prepare_module_spec() -> tinypolicy.PolicySpec:
+    """The shipped task's base policy spec (its frozen prepare.py's SPEC)."""
+    from ralph_ray.tasks.folder import prepare_module
+
+    return prepare_module(PROJECT_ROOT / "trainers" / "grpo").SPEC
