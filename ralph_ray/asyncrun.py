@@ -28,7 +28,7 @@ from typing import Any
 
 from ray import tune
 
-from ralph_ray import history, records, sql
+from ralph_ray import forecast, history, records, replicates, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, seed_child
 from ralph_ray.control import stop_requested
@@ -57,6 +57,8 @@ class AsyncCampaign(Campaign):
         self.kb_lock = threading.Lock()  # the sink (Tune's thread) and the breeder both write parts
         self.children: dict[str, Child] = {}  # every bred child in breed order, rejected ones too
         self.judged: set[str] = set()
+        self.awaiting: set[str] = set()  # children whose verdict waits for replicates (theirs or their parent's)
+        self.forecaster = forecast.make(cfg)  # scheduler.forecast: stops trials whose forecast cannot win
         self.decision: Decision | None = None
         self.stop_now = False
         self._usage_parts = 0  # agent_usage parts written by this process (the spend cache's key)
@@ -139,7 +141,7 @@ class AsyncCampaign(Campaign):
                 name=f"session_{session:02d}",
                 storage_path=storage_path(cfg, tune_dir),
                 callbacks=[ledger, _KillDuringTrial()],
-                stop=_StopNow(self),
+                stop=forecast.combined(_StopNow(self), self.forecaster),
                 verbose=0,
                 failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
@@ -155,6 +157,7 @@ class AsyncCampaign(Campaign):
         """A trial ended: record it at once, tell the pool, judge its child when done, ask the decision engine."""
         member = self.pool.members.get(trial.variant_id)
         trial.cycle = member.generation if member else 1
+        forecast.note(trial, self.forecaster)
         tag = records.trial_part(self.run_id, trial.cycle, trial.trial_id)
         with self.kb_lock:
             self.kb.append("epochs", epoch_rows, tag)
@@ -169,8 +172,12 @@ class AsyncCampaign(Campaign):
         if trial.reason == STOPPED_WITH_CYCLE:
             return  # cut short by the end of the run: a resume runs it again
         member = self.pool.finish(trial)
-        if member is not None and member.judged and member.variant_id in self.children:
+        if trial.replicate:
+            self._replicates_in()
+        elif member is not None and member.judged and member.variant_id in self.children:
             self._judge(member)
+        elif member is not None and member.judged and member.generation == 1:
+            self._replicate([member.variant_id])  # the seed's sample: every later verdict needs it
         self._check()
 
     # -- breeding (the breeder's thread) ---------------------------------------------------------
@@ -263,9 +270,20 @@ class AsyncCampaign(Campaign):
         child = self.children[member.variant_id]
         if child.variant_id in self.judged or child.status is not VariantStatus.candidate:
             return
+        comparison, guards = None, self.cfg.safeguards
+        reps = self.pool.replicated() if guards.replicates else None
+        if reps is not None and member.best is not None:
+            parent = self.pool.members.get(child.parent_id)
+            parent_best = parent.best if parent else child.parent_score
+            hopeful = replicates.worth(member.best, reps.get(child.parent_id), parent_best)
+            if hopeful and self._replicate([child.parent_id, child.variant_id]):
+                self.awaiting.add(child.variant_id)
+                return  # judged when its replicates (and its parent's) are in
+            comparison = replicates.evidence(child, member.best, reps, parent_best, guards.confidence)
         child.status, child.reason = child_verdict(
-            member.finished, member.failed, member.best, child.parent_score, self.cfg.safeguards.min_delta, child.reason
+            member.finished, member.failed, member.best, child.parent_score, guards.min_delta, child.reason, comparison
         )
+        self.awaiting.discard(child.variant_id)
         self.judged.add(child.variant_id)
         scores = {child.variant_id: (member.best, None)} if member.best is not None else {}
         with self.kb_lock:
@@ -276,7 +294,14 @@ class AsyncCampaign(Campaign):
             )
             self.kb.put(
                 "interventions",
-                records.intervention_rows(self.run_id, self.cfg.task.name, member.generation, child, member.best),
+                records.intervention_rows(
+                    self.run_id,
+                    self.cfg.task.name,
+                    member.generation,
+                    child,
+                    member.best,
+                    replicates.means(reps) if reps is not None else None,
+                ),
                 records.part(self.run_id, member.generation, "effects", child.variant_id),
             )
         self._log(
@@ -284,10 +309,43 @@ class AsyncCampaign(Campaign):
             f"{child.status.value}"
         )
 
+    def _replicate(self, variants: list[str]) -> bool:
+        """Queue the replicates these variants still lack (safeguards.replicates); True while any of theirs are
+        outstanding."""
+        count, members = self.cfg.safeguards.replicates, self.pool.members
+        present = [v for v in variants if v in members]
+        if not count or not present:
+            return False
+        reps = self.pool.replicated()
+        wanted = [v for v in present if members[v].best is not None and replicates.short(reps.get(v), count)]
+        wanted = [v for v in wanted if not members[v].replicas_pending]
+        configs = replicates.points(
+            wanted, {v: members[v].best_knobs for v in wanted}, reps, count, self.cfg.search.seed
+        )
+        if configs:
+            replicates.say(configs, lambda line: self._log(f"  {line}"))
+            self.pool.request_replicates(configs)
+        return any(members[v].replicas_pending for v in present)
+
+    def _replicates_in(self) -> None:
+        """A replicate was recorded: judge every child whose replicates (and its parent's) are all in now."""
+        for variant in sorted(self.awaiting):
+            member = self.pool.members[variant]
+            parent = self.pool.members.get(member.parent_id or "")
+            if not member.replicas_pending and not (parent and parent.replicas_pending):
+                self._judge(member)
+
+    def _settled(self, member: Member) -> bool:
+        """Its trials are all in, and its replicates too when it has a score to replicate."""
+        count = self.cfg.safeguards.replicates
+        if not member.judged or member.replicas_pending:
+            return False
+        return not count or member.best is None or len(member.replica_seeds) >= count
+
     def _closed(self) -> int:
         """Generations closed so far: the seed's knob search, then one per `parents x children_per_parent` judged."""
         seeds = [m for m in self.pool.members.values() if m.generation == 1]
-        if not seeds or any(not m.judged for m in seeds):
+        if not seeds or any(not self._settled(m) for m in seeds):
             return 0
         limit = self.cfg.safeguards.max_cycles
         if self.breeder.done and len(self.judged) >= len(self.children):
@@ -303,8 +361,12 @@ class AsyncCampaign(Campaign):
         best = self.pool.best()
         state.best_variant_id, state.best_selection_score = (best.variant_id, best.best) if best else (None, None)
         advanced = closed > len(state.best_by_cycle)
+        guards = cfg.safeguards
+        floor = replicates.campaign_floor(self.pool.replicated(), guards.confidence) if guards.replicates else None
         while len(state.best_by_cycle) < closed:
             state.best_by_cycle.append(state.best_selection_score)
+        while guards.replicates and len(state.floor_by_cycle) < closed:
+            state.floor_by_cycle.append(floor)
         manual = stop_requested(self.run_dir)
         if closed == 0 and not (final or manual or self._time_spent()):
             return  # the seed's knob search is still running: nothing to judge the campaign by yet
@@ -323,6 +385,7 @@ class AsyncCampaign(Campaign):
             state.gate_fail_streak,
             self._elapsed(),
             manual,
+            state.floor_by_cycle[:-1] + [floor] if guards.replicates else None,
         )
         decision = decide(facts, cfg.safeguards)
         if decision.reason is StopReason.no_trial_completed and not final and closed == 0:
@@ -480,8 +543,11 @@ class AsyncCampaign(Campaign):
             if status is VariantStatus.rejected:
                 self.judged.add(variant_id)
                 continue
-            mine = [t for t in trials if t[1] == variant_id]
+            mine = [t[:5] for t in trials if t[1] == variant_id and not t[5]]
             member = self._member(child, int(generation), started=len(mine))
+            for _, _, trial_status, _, score, _, seed, test in (t for t in trials if t[1] == variant_id and t[5]):
+                done = trial_status == TrialStatus.completed.value
+                member.note_replicate(int(seed), score if done else None, test if done else None)
             member.finished = len(mine)
             member.failed = sum(t[2] == TrialStatus.failed.value for t in mine)
             self.pool.add(member)
@@ -497,6 +563,8 @@ class AsyncCampaign(Campaign):
                 self.judged.add(variant_id)
             elif member.judged and status is VariantStatus.candidate:
                 self._judge(member)  # its last trial was recorded, its verdict not yet
+            elif member.judged and status is VariantStatus.seed:
+                self._replicate([variant_id])  # replicates a stop cut short run again
         queued = self.pool.queued()
         self._log(
             f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "

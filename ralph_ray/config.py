@@ -115,6 +115,9 @@ class SchedulerConfig:
     max_t: int = 12
     grace_period: int = 2
     reduction_factor: float = 2.0
+    # A learning-curve forecaster beside the scheduler (ralph_ray.forecast): a trial whose power-law forecast of its
+    # final metric cannot beat the best final so far at safeguards.confidence stops early, its forecast recorded.
+    forecast: bool = False
 
 
 @dataclass

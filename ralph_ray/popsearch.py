@@ -27,7 +27,9 @@ from ralph_ray.config import KnobSpace
 from ralph_ray.faults import kill_point
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.ledger import TrialRecord
+from ralph_ray.noise import Sample
 from ralph_ray.population import Candidate, branch_of, select_parents
+from ralph_ray.replicates import Replicated
 from ralph_ray.search import clip_to_space, param_space, relative_knobs
 from ralph_ray.statuses import TrialStatus
 
@@ -61,6 +63,20 @@ class Member:
     failed: int = 0
     best: float | None = None
     best_knobs: dict[str, Any] = field(default_factory=dict)
+    # Replicates (noise.py): the seeds recorded, the selection and test scores of those that completed, and how
+    # many are asked for but not recorded yet.
+    replica_seeds: list[int] = field(default_factory=list)
+    replica_scores: list[float] = field(default_factory=list)
+    replica_tests: list[float] = field(default_factory=list)
+    replicas_pending: int = 0
+
+    def note_replicate(self, seed: int, score: float | None, test: float | None) -> None:
+        """A replicate trial of this member was recorded (its score None unless it completed)."""
+        self.replica_seeds.append(seed)
+        if score is not None:
+            self.replica_scores.append(score)
+        if test is not None:
+            self.replica_tests.append(test)
 
     @property
     def waiting(self) -> bool:
@@ -92,6 +108,7 @@ class Pool:
         self.settings = settings
         self.members: dict[str, Member] = {}
         self.queue: deque[str] = deque()
+        self.replicas: deque[dict[str, Any]] = deque()  # replicate trial configs: they go before anything else
         self.studies: dict[str, optuna.Study] = {}
         self.pending: dict[str, tuple[str, int]] = {}  # Tune trial id -> (variant, Optuna trial number)
         self.children_of: dict[str, int] = {}  # parent id -> children bred from it (spreads the breeding)
@@ -111,6 +128,28 @@ class Pool:
             if queued and member.waiting:
                 self.queue.append(member.variant_id)
             self.changed.notify_all()
+
+    def request_replicates(self, configs: list[dict[str, Any]]) -> None:
+        """Queue replicate trials (replicates.points); each free slot takes the next before any other trial."""
+        with self.changed:
+            for config in configs:
+                self.members[str(config["variant"])].replicas_pending += 1
+                self.replicas.append(config)
+            self.changed.notify_all()
+
+    def replicated(self) -> dict[str, Replicated]:
+        """Each member's replicates so far, as the KB would give them (replicates.recorded)."""
+        with self.changed:
+            return {
+                m.variant_id: Replicated(
+                    len(m.replica_seeds),
+                    tuple(m.replica_seeds),
+                    Sample.of(m.replica_scores),
+                    Sample.of(m.replica_tests),
+                )
+                for m in self.members.values()
+                if m.replica_seeds
+            }
 
     def queued(self) -> int:
         """Gated children (or the seed) with trials still to start."""
@@ -162,6 +201,11 @@ class Pool:
         with self.changed:
             if self.closed:
                 return Searcher.FINISHED
+            if self.replicas:
+                config = self.replicas.popleft()
+                member = self.members[str(config["variant"])]
+                self.pending[trial_id] = (member.variant_id, -1)  # no study: a replicate samples nothing
+                return {**config, CODE_KEY: member.code}
             while self.queue and not self.members[self.queue[0]].waiting:
                 self.queue.popleft()
             # A gated child goes before the seed's remaining knob samples: the seed's search only sets a baseline.
@@ -181,6 +225,14 @@ class Pool:
             entry = self.pending.pop(record.trial_id, None)
             if member is None:
                 return None
+            if record.replicate:
+                member.replicas_pending = max(0, member.replicas_pending - 1)
+                completed = record.status is TrialStatus.completed
+                member.note_replicate(
+                    record.seed, record.selection_score if completed else None, record.test_score if completed else None
+                )
+                self.changed.notify_all()
+                return member
             member.finished += 1
             member.failed += record.status is TrialStatus.failed
             score = record.selection_score

@@ -34,6 +34,16 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     # Scores are stored oriented (higher is better); a min metric's are -value: shown here as the metric's values.
     sign = -1.0 if task.get("direction") == "min" else 1.0
     value = lambda score: None if score is None else sign * score  # noqa: E731
+
+    def spread(row: dict[str, Any] | None) -> str:
+        """A variant's replicate mean with its 95% Student-t interval (the leaderboard view's), or `-`."""
+        if not row or not row.get("replicates"):
+            return "-"
+        if row.get("ci_low") is None:
+            return f"{_f(value(row['mean_score']))} (n={row['replicates']})"
+        half = (row["ci_high"] - row["ci_low"]) / 2
+        return f"{_f(value(row['mean_score']))} ± {_f(half)} (n={row['replicates']})"
+
     metric = f"{task.get('metric') or 'accuracy'}, {'lower' if sign < 0 else 'higher'} is better"
     last = decisions[-1] if decisions else {}
     best = board[0] if board else None
@@ -51,10 +61,11 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"(exit code {last.get('exit_code', '-')}): {last.get('rationale', '')}",
         f"- best variant: {best['variant_id'] if best else '-'}, selection "
         f"{_f(best and value(best['selection_score']))}, "
-        f"test {_f(best and value(best['test_score']))}",
+        f"test {_f(best and value(best['test_score']))}; over its replicates (fresh seeds, 95% t interval): "
+        f"{spread(best)}",
         f"- seed variant: {seed_id or '-'}, selection {_f(value(seed_row.get('selection_score')))}, test "
         f"{_f(value(seed_row.get('test_score')))} "
-        "(its best knob sample in cycle 1)",
+        f"(its best knob sample in cycle 1); over its replicates: {spread(seed_row)}",
         f"- Ray auth: {_auth(config)}",
         f"- sandbox: {_sandbox(config)}",
         f"- environment: {summary(run.get('environment') if run else None)}",
@@ -70,19 +81,25 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         "",
         "## Leaderboard (top 10 variants by selection score)",
         "",
-        "| rank | variant | parent | interventions | status | selection | test | trials (done/stopped/failed) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "Selection and test: the variant's best search trial. Replicates: its best knobs run again with fresh seeds, "
+        "the mean selection score with a 95% Student-t interval (what the keep verdict compared; `-`: not replicated).",
+        "",
+        "| rank | variant | parent | interventions | status | selection | test | replicates | "
+        "trials (done/stopped/failed) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in board:
         lines.append(
             f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | "
             f"{row['status']} | "
-            f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | "
+            f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {spread(row)} | "
             f"{row['completed']}/{row['stopped_early']}/{row['failed']} |"
         )
     lines += [
         "",
         "## Interventions",
+        "",
+        "Parent and child: their replicate means where both were replicated, else their best search trials.",
         "",
         "| cycle | variant | intervention | diagnosis | parent | child | gain (+ is better) | outcome |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",

@@ -20,7 +20,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search.optuna import OptunaSearch
 from rich.console import Console
 
-from ralph_ray import harness
+from ralph_ray import forecast, harness
 from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
@@ -311,8 +311,10 @@ def run_cycle(
     )
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
     progress = LiveProgress(console, f"cycle {cycle}", remaining)
+    forecaster = forecast.make(cfg)
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
+        forecast.note(trial, forecaster)
         sink(trial, epoch_rows)
         progress.record(trial)
 
@@ -328,5 +330,6 @@ def run_cycle(
         spec.code.own_knobs,
     )
     stopper = StopRequest(str(run_dir), deadline)
-    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], stopper)
+    both = forecast.combined(stopper, forecaster)
+    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], both)
     return stopper.stop_all()

@@ -167,13 +167,14 @@ order by v.run_id, v.cycle, l.selection_score desc nulls last
 
 
 def _intervention_effects(p: str) -> str:
-    # Measured effects across every campaign in this KB: mean delta with a normal 95% interval (none below n = 2; the
-    # app draws Student's t from sd_delta and n), win rate.
+    # Measured effects across every campaign in this KB: mean delta with a 95% Student-t interval (none below n = 2),
+    # win rate. Each delta is between replicate means where child and parent were replicated (records.py).
+    t = f"case when count(delta) > 31 then 1.96 else list_extract({T975}, (count(delta) - 1)::integer) end"
     return f"""
 select task, intervention, diagnosis, count(delta) as n, count(*) as tried,
        avg(delta) as mean_delta, stddev_samp(delta) as sd_delta,
-       avg(delta) - 1.96 * stddev_samp(delta) / sqrt(count(delta)) as ci_low,
-       avg(delta) + 1.96 * stddev_samp(delta) / sqrt(count(delta)) as ci_high,
+       avg(delta) - {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_low,
+       avg(delta) + {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_high,
        avg(case when delta > 0 then 1.0 else 0.0 end) filter (where delta is not null) as win_rate,
        count(*) filter (where outcome = 'kept') as kept,
        count(*) filter (where outcome = 'rejected') as rejected
@@ -380,7 +381,7 @@ from variants where run_id = ? order by written_at, variant_id
 """
 # Trials that count: those the end of a run cut short (reason ?) run again.
 ASYNC_TRIALS = """
-select trial_id, variant_id, status, knobs, selection_score, coalesce(replicate, false) from trials
+select trial_id, variant_id, status, knobs, selection_score, coalesce(replicate, false), seed, test_score from trials
 where run_id = ? and reason is distinct from ? order by written_at
 """
 TRIALS_PER_CYCLE = "select cycle, count(*) from trials where run_id = ? group by cycle order by cycle"

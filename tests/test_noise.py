@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from ralph_ray.campaign import run
 from ralph_ray.children import Child
 from ralph_ray.config import SafeguardsConfig
 from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide
+from ralph_ray.kb import open_reader
 from ralph_ray.noise import Comparison, Sample, describe, floor, half_width, lower_bound, welch_greater
 from ralph_ray.replicates import Replicated, fresh_seeds, needing, points
 from ralph_ray.trials import REPLICATE_KEY, SEED_KEY
@@ -105,3 +107,63 @@ def test_plan_replicates_the_seed_and_children_with_a_chance_and_their_unreplica
         {"variant": "a", "LR": 0.1, SEED_KEY: 1, REPLICATE_KEY: True},
         {"variant": "a", "LR": 0.1, SEED_KEY: 2, REPLICATE_KEY: True},
     ]
+
+
+CAMPAIGN = [
+    "search.num_samples=2",
+    "search.max_concurrent=2",
+    "scheduler.max_t=2",
+    "scheduler.grace_period=1",
+    "safeguards.trial_timeout_s=120",
+    "+search.space.EPOCHS={type: choice, values: [2]}",
+    "population.trials_per_child=1",
+    "population.parents=1",
+    "population.children_per_parent=2",
+    "safeguards.max_cycles=2",
+    "safeguards.replicates=2",
+]
+
+
+def replicate_record(kb_root: Path, run_id: str):
+    con = open_reader(kb_root)
+    trials = con.execute(
+        "select variant_id, seed, replicate, status, selection_score from trials where run_id = ?", [run_id]
+    ).fetchall()
+    variants = con.execute(
+        "select variant_id, parent_id, status, reason from variants where run_id = ?", [run_id]
+    ).fetchall()
+    board = {
+        row[0]: row[1:]
+        for row in con.execute(
+            "select variant_id, replicates, mean_score, ci_low, ci_high, selection_score from leaderboard "
+            "where run_id = ?",
+            [run_id],
+        ).fetchall()
+    }
+    return trials, variants, board
+
+
+@pytest.mark.parametrize("mode", ["generations", "async"])
+def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(ray_session, tiny_config, mode):
+    outcome = run(tiny_config(*CAMPAIGN, f"run_id=noise-{mode}", f"population.mode={mode}"))
+    assert outcome.exit_code == 0
+    trials, variants, board = replicate_record(outcome.kb_root, f"noise-{mode}")
+    seed = next(v for v, _, status, _ in variants if status == "seed")
+    # The seed's best knobs ran twice more, with fresh seeds, as trials marked replicate.
+    assert sorted(s for v, s, rep, _, _ in trials if v == seed and rep) == [1, 2]
+    assert all(s == 0 for _, s, rep, _, _ in trials if not rep)  # search trials keep the search seed
+    n, mean, low, high, best = board[seed]
+    assert n == 2 and low < mean < high
+    assert best == max(score for v, _, rep, _, score in trials if v == seed and not rep)  # search trials only
+    children = [(v, status, reason) for v, parent, status, reason in variants if parent == seed]
+    assert children
+    for variant, status, reason in children:
+        if status == "rejected" or status == "crashed":
+            continue
+        replicated = sum(rep for v, _, rep, _, _ in trials if v == variant)
+        assert status in ("kept", "discarded")
+        # Each verdict states its evidence: a Welch test over both samples, or why the child was not replicated (or
+        # its replicates gave no sample: they failed).
+        assert replicated in (0, 2)
+        assert ("Welch p=" in reason or "too few replicates" in reason) if replicated else "not replicated" in reason
+        assert status != "kept" or "better at 90%" in reason

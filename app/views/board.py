@@ -30,7 +30,8 @@ COLUMNS = {
     "failed": st.column_config.NumberColumn("failed", width="small"),
     "trial_hours": st.column_config.NumberColumn("trial-hours", format="%.3f"),
     "spread": st.column_config.TextColumn(
-        "replicates", help="the best knobs' repeated trials (other seeds): mean ± 95% Student-t interval"
+        "replicates",
+        help="the best knobs run again with fresh seeds (safeguards.replicates): mean ± 95% Student-t interval",
     ),
     "reason": st.column_config.TextColumn("why", help="the variant's recorded reason, else how its trials ended"),
     "best_trial_id": st.column_config.TextColumn("best trial"),
@@ -100,10 +101,23 @@ def body(run: shell.Campaign) -> None:
 
 
 def with_spread(board: pd.DataFrame, replicates: pd.DataFrame) -> pd.DataFrame:
-    """The board with its best knobs' replicate spread (`spread` text, `half_width`); None where never repeated."""
+    """The board with its best knobs' replicate spread (`spread` text, `half_width`); None where never repeated.
+
+    Replicate trials (fresh seeds of the best knobs, what the keep verdict compared) come with the leaderboard
+    view's mean and 95% t interval; a KB without them falls back to trials that merely share the best knobs.
+    """
     found = {(r["variant_id"], r["knobs"]): r for r in figures.records(replicates)}
     spread, width = [], []
     for rec in figures.records(board):
+        n = rec.get("replicates")
+        if n is not None and not pd.isna(n) and int(n) > 0:
+            half = rec.get("half_width")
+            known = half is not None and not pd.isna(half)
+            spread.append(
+                f"{rec['mean_score']:.4f} ± {half:.4f} (n={int(n)}, 95% t)" if known else f"n={int(n)}, no interval"
+            )
+            width.append(float(half) if known else None)
+            continue
         rep = found.get((rec["variant_id"], rec["best_knobs"]))
         spread.append(None if rep is None else figures.spread_text(rep["mean"], rep["sd"], rep["n"]))
         width.append(None if rep is None else figures.half_width(rep["sd"], rep["n"]))
