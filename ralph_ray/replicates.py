@@ -85,11 +85,17 @@ def needing(children: list[Child], best: dict[str, float], reps: dict[str, Repli
             parent_sample = parent.sample if parent else Sample(())
             if worth_replicating(best[child.variant_id], parent_sample, best.get(child.parent_id)):
                 wanted += [child.parent_id, child.variant_id]
-    return [v for i, v in enumerate(wanted) if v and v not in wanted[:i] and _short(reps.get(v), count)]
+    return [v for i, v in enumerate(wanted) if v and v not in wanted[:i] and short(reps.get(v), count)]
 
 
-def _short(rep: Replicated | None, count: int) -> bool:
+def short(rep: Replicated | None, count: int) -> bool:
+    """Whether a variant has run fewer than `count` replicates."""
     return rep is None or rep.run < count
+
+
+def worth(best: float | None, parent: Replicated | None, parent_best: float | None) -> bool:
+    """noise.worth_replicating against a parent's recorded replicates (none yet: its best trial)."""
+    return worth_replicating(best, parent.sample if parent else Sample(()), parent_best)
 
 
 def points(
