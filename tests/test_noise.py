@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
@@ -11,7 +13,7 @@ from ralph_ray.campaign import run
 from ralph_ray.children import Child
 from ralph_ray.config import SafeguardsConfig
 from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide
-from ralph_ray.kb import open_reader
+from ralph_ray.kb import SCHEMAS, KnowledgeBase, open_reader
 from ralph_ray.noise import Comparison, Sample, describe, floor, half_width, lower_bound, welch_greater
 from ralph_ray.replicates import Replicated, fresh_seeds, needing, points
 from ralph_ray.trials import REPLICATE_KEY, SEED_KEY
@@ -167,3 +169,35 @@ def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(
         assert replicated in (0, 2)
         assert ("Welch p=" in reason or "too few replicates" in reason) if replicated else "not replicated" in reason
         assert status != "kept" or "better at 90%" in reason
+    report = (outcome.run_dir / "report" / "final_report.md").read_text()
+    assert "| replicates |" in report and "(n=2)" in report
+
+
+def test_a_kb_written_before_replicates_reads_them_as_absent(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    trials = kb.parquet / "trials"
+    old = pa.schema([f for f in SCHEMAS["trials"] if f.name != "replicate"])
+    pq.write_table(old.empty_table(), trials / "_schema.parquet")  # an old KB: no part has the `replicate` column
+    rows = [
+        {
+            "run_id": "old",
+            "cycle": 1,
+            "trial_id": t,
+            "variant_id": "v",
+            "status": "completed",
+            "knobs": "{}",
+            "seed": 0,
+            "epochs": 2,
+            "selection_score": s,
+            "test_score": s,
+        }
+        for t, s in (("a", 0.9), ("b", 0.95))
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=old), trials / "old.parquet")
+    con = open_reader(kb.root)
+    row = con.execute(
+        "select selection_score, trials, replicates, mean_score, ci_low from leaderboard where run_id = 'old'"
+    ).fetchone()
+    assert row == (0.95, 2, 0, None, None)
+    assert con.execute("select count(*) from trials where replicate is null").fetchone()[0] == 2
