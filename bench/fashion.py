@@ -89,7 +89,7 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
         "trial_seconds_total": round(trial_s, 1),
         "training_seconds_total": round(train_s, 1),
         "startup_and_scoring_share": round(1 - train_s / trial_s, 3) if trial_s else None,
-        "seed": None
+        "seed_variant": None
         if seed is None
         else {"selection": seed["selection_score"], "test": seed["test_score"], "knobs": seed["best_knobs"]},
         "best": None
@@ -124,6 +124,8 @@ def run_all(args: argparse.Namespace) -> list[dict[str, object]]:
             started[agent] = (proc, folder, time.monotonic())
             if not args.parallel:
                 proc.wait()
+            elif agent != args.agents[-1]:
+                time.sleep(60)  # two Ray starts at once time out on a loaded 2-core machine
         for agent, (proc, folder, began) in started.items():
             code = proc.wait()
             wall = time.monotonic() - began
