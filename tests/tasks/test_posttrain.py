@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,11 @@ pytest.importorskip("trl", reason="the posttrain extra: pip install -e '.[posttr
 
 from ralph_ray import PROJECT_ROOT, sandbox
 from ralph_ray.__main__ import main
+from ralph_ray.agents.base import Diagnosis, EpochPoint, ParentView, TrialSummary, Usage
+from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
 from ralph_ray.config import load_config
 from ralph_ray.kb import open_reader
+from ralph_ray.knobs import read_knobs
 from ralph_ray.policyexport import export_policy, permute
 from ralph_ray.scoring import ScoringError, score_predictions
 from ralph_ray.tasks import prepare_splits, tinypolicy
@@ -119,6 +123,50 @@ def test_export_writes_an_hf_folder_and_a_gguf_file_that_reads_back(cached: Path
     tokens = reader.fields["tokenizer.ggml.tokens"]
     expected = [token for token, _ in sorted(tok.get_vocab().items(), key=lambda item: item[1])]
     assert [bytes(tokens.parts[i]).decode() for i in tokens.data] == expected
+
+
+def rl_curve(reward_std: float, kl: float, rewards: tuple[float, ...]) -> list[EpochPoint]:
+    return [
+        EpochPoint(
+            epoch=i + 1,
+            val_acc=0.4,
+            epoch_seconds=1.0,
+            reward_mean=r,
+            reward_std=reward_std,
+            kl=kl,
+            completion_length=3.0,
+        )
+        for i, r in enumerate(rewards)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("points", "diagnosis", "first_choices"),
+    [
+        (rl_curve(0.0, 0.01, (0.4, 0.4, 0.4)), Diagnosis.plateau, {"larger_group", "hotter_sampling"}),
+        (rl_curve(0.3, 0.9, (0.4, 0.3, 0.2)), Diagnosis.divergence, {"stronger_kl", "lower_lr"}),
+        (rl_curve(0.3, 0.001, (0.40, 0.40, 0.41)), Diagnosis.underfitting, {"weaker_kl", "larger_lora_rank"}),
+    ],
+)
+def test_the_analyst_reads_rl_telemetry_and_moves_the_grpo_knobs(
+    tmp_path: Path, points: list[EpochPoint], diagnosis: Diagnosis, first_choices: set[str]
+):
+    files = tmp_path / "files"
+    files.mkdir()
+    seed = PROJECT_ROOT / "trainers" / "grpo" / "train.py"
+    (files / "train.py").write_text(seed.read_text())
+    knobs = read_knobs(seed.read_text())
+    trial = TrialSummary("t0", "completed", None, knobs, 0.4, points)
+    parent = ParentView("v0", files, 0.4, [trial], [], [], "program")
+    analysis = HeuristicAnalyst(exploration=0.0).analyse(parent, [], Usage())
+    assert analysis.diagnoses[0] is diagnosis
+    ranked = [r.intervention for r in analysis.recommendations]
+    assert set(ranked[:3]) & first_choices, ranked
+    child = tmp_path / "child"
+    shutil.copytree(files, child)
+    HeuristicCoder().write(parent, analysis.recommendations[0], child, None, Usage())
+    moved = read_knobs((child / "train.py").read_text())
+    assert moved != knobs  # a knob move on the GRPO script, no code transform needed
 
 
 @pytest.mark.slow
