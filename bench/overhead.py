@@ -1,7 +1,8 @@
 """Orchestration overhead: the same N digits trainer runs launched directly vs through a campaign.
 
-Prints wall(campaign) / wall(direct) at the same concurrency, with and without Ray's start-up, and with
-reuse_actors on and off, plus where the rest goes.
+Prints wall(campaign) / wall(direct) at the same concurrency, with and without Ray's start-up, with warm trial
+starts (the default: trials forked from a server that has torch imported) and cold ones, and with reuse_actors on
+and off, plus where the rest goes. The direct side starts a plain `python train.py` per run (no sandbox).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
 
 N, CONCURRENCY = 8, 2
-KNOBS = {"EPOCHS": 40, "WIDTH": 32, "BATCH_SIZE": 32}  # ~10 s per trial on one core here
+KNOBS = {"EPOCHS": 20, "WIDTH": 32, "BATCH_SIZE": 32}  # ~5 s per trial on one core here
 
 
 def direct(root: Path) -> tuple[float, list[float]]:
@@ -62,7 +63,7 @@ def campaign(root: Path, name: str, *overrides: str) -> tuple[float, list[float]
             "scheduler=fifo",
             f"search.num_samples={N}",
             f"search.max_concurrent={CONCURRENCY}",
-            "scheduler.max_t=40",
+            f"scheduler.max_t={KNOBS['EPOCHS']}",
             *overrides,
         ),
         **KNOBS,
@@ -83,6 +84,7 @@ def main() -> None:
     cold, _ = campaign(root, "cold")  # includes ray.init
     d_wall, d_trials = direct(root / "d")
     warm, c_trials = campaign(root, "warm")
+    cold_starts, cold_trials = campaign(root, "coldstarts", "trial.warm=false")
     no_reuse, _ = campaign(root, "noreuse", "search.reuse_actors=false")
     d_mean, c_mean = sum(d_trials) / N, sum(c_trials) / N
     figures = {
@@ -94,6 +96,9 @@ def main() -> None:
         "campaign_cold_wall_s": round(cold, 2),
         "campaign_warm_wall_s": round(warm, 2),
         "campaign_no_reuse_wall_s": round(no_reuse, 2),
+        "campaign_cold_starts_wall_s": round(cold_starts, 2),
+        "ratio_cold_starts": round(cold_starts / d_wall, 3),
+        "campaign_cold_starts_trial_mean_s": round(sum(cold_trials) / N, 2),
         "ratio_warm": round(warm / d_wall, 3),
         "ratio_cold": round(cold / d_wall, 3),
         "ratio_no_reuse": round(no_reuse / d_wall, 3),
@@ -104,9 +109,11 @@ def main() -> None:
     lines = [
         f"orchestration overhead, {N} digits trials of ~{d_mean:.1f} s, {CONCURRENCY} at a time:",
         f"  direct subprocesses        {d_wall:6.1f} s",
-        f"  campaign, Ray already up   {warm:6.1f} s   ratio {warm / d_wall:.3f}   (reuse_actors=true)",
+        f"  campaign, Ray already up   {warm:6.1f} s   ratio {warm / d_wall:.3f}   (reuse_actors=true, warm starts)",
         f"  campaign, incl. ray.init   {cold:6.1f} s   ratio {cold / d_wall:.3f}",
         f"  campaign, reuse_actors=false {no_reuse:4.1f} s   ratio {no_reuse / d_wall:.3f}",
+        f"  campaign, trial.warm=false {cold_starts:6.1f} s   ratio {cold_starts / d_wall:.3f}   (every trial a new "
+        "interpreter in the sandbox)",
         f"  per-trial wall in campaign {c_mean:.2f} s vs direct {d_mean:.2f} s -> {c_mean - d_mean:+.2f} s per trial",
         f"  (a bare `python -c 'import torch, ralph_ray.harness'` takes {import_s:.2f} s, paid by both sides)",
     ]

@@ -320,6 +320,10 @@ class ClusterConfig:
     # disabled is the explicit opt-out, shown in the run's config, its report and the app.
     auth_mode: str = "token"
     connect_timeout_s: float = 15.0  # how long joining a cluster may take before it is reported unreachable
+    # mode=local: start a local Ray that outlives the campaign, for the next local campaigns of this user to join
+    # (they reuse a kept one whenever it is there and checks out: ralph_ray.localray); stop it with
+    # `python -m ralph_ray.localray stop`.
+    keep_ray: bool = False
 
 
 @dataclass

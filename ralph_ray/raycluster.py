@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ralph_ray import localray
 from ralph_ray.config import ClusterConfig, ClusterMode, Config
 
 # Usage stats would try the network. The old console reporter honours `verbose=0`; the new one prints its own
@@ -68,6 +69,14 @@ def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None
     if cluster.mode is ClusterMode.local:
         if cluster.auth_mode == "token":
             ensure_local_token()
+            # A Ray this user keeps for ralph_ray (cluster.keep_ray) saves ray.init's seconds; it has token auth,
+            # so one started without (auth_mode=disabled) never joins it, nor it them.
+            if localray.reuse(_say):
+                return
+            if cluster.keep_ray:
+                kept = localray.start(num_cpus)
+                _say(f"ray: started a local Ray that outlives this campaign (cluster.keep_ray) at {kept.address}")
+                return
         # address="local": always a fresh instance; without it ray.init() joins any cluster `ray start` left on
         # this machine (its /tmp/ray/ray_current_cluster), which is cluster=address's job, never local's.
         ray.init(
@@ -80,6 +89,10 @@ def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None
         )
         return
     join(cluster)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def ensure_local_token() -> None:

@@ -31,7 +31,7 @@ from ralph_ray.sandbox import Jail, Policy, SandboxMode, View
 PRELOAD = ("numpy", "torch")  # what every trainer imports and costs the most to import
 READY_TIMEOUT_S = 120.0  # a GPU node's first `import torch` can take a while
 START_TIMEOUT_S = 30.0
-MAX_SERVERS = 2  # per process: a new cycle's folder replaces the oldest server
+MAX_SERVERS = 1  # per process (each holds torch in memory): a new cycle's folder replaces the server
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 

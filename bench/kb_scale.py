@@ -1,0 +1,173 @@
+"""The knowledge base at scale: 100k trials and 1M epoch rows (6M long metric rows), ingest and view queries.
+
+    python bench/kb_scale.py [--trials 100000] [--keep DIR]
+
+Writes, through the real `KnowledgeBase.put`, the layout campaigns leave: 50 campaigns x 10 cycles, each cycle's
+trials and epochs as one part per table (200 trials of 10 epochs x 6 metrics per cycle). Ingest is rows per
+second of `put` (dict rows, as the engine hands them over, to an atomically renamed Parquet part). Then, on a
+fresh reader (`open_reader`, the views the app, the agents and the duckdb shell use), the median of 5 runs of the
+queries the engine and the app issue: leaderboard of a run and of every run, a trial's curve, a variant's
+curves, a run's budgets, the app's board. Goal: each <= 100 ms, ingest >= 200k rows/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save  # noqa: E402
+
+from ralph_ray import sql  # noqa: E402
+from ralph_ray.kb import KnowledgeBase, now, open_reader  # noqa: E402
+
+CAMPAIGNS, CYCLES, CHILDREN, EPOCHS = 50, 10, 10, 10
+METRICS = ("val_acc", "val_loss", "train_loss", "lr", "grad_norm", "epoch_seconds")
+GOAL_MS, GOAL_ROWS_S = 100.0, 200_000
+
+
+def build(root: Path, trials: int, seed: int = 0) -> dict[str, float]:
+    """Write the KB; returns ingest figures (rows and seconds spent in `put` per table)."""
+    rng = random.Random(seed)
+    kb = KnowledgeBase(root)
+    kb.init()
+    per_cycle = max(1, trials // (CAMPAIGNS * CYCLES))
+    spent = {"epochs_rows": 0, "epochs_s": 0.0, "trials_rows": 0, "trials_s": 0.0}
+    clock = now() - timedelta(days=30)
+    for c in range(CAMPAIGNS):
+        run_id = f"2026{c:04d}-scale"
+        run = {"run_id": run_id, "experiment": "digits", "task": "digits", "started_at": clock, "status": "running"}
+        seed_id = f"{rng.getrandbits(48):012x}"
+        variants = [{"run_id": run_id, "variant_id": seed_id, "cycle": 1, "status": "seed", "interventions": "[]"}]
+        for cycle in range(1, CYCLES + 1):
+            tag = f"{run_id}-c{cycle:04d}"
+            children = [
+                {
+                    "run_id": run_id,
+                    "variant_id": f"{rng.getrandbits(48):012x}",
+                    "parent_id": seed_id,
+                    "cycle": cycle,
+                    "status": "kept",
+                    "interventions": '["lower_lr"]',
+                }
+                for _ in range(CHILDREN if cycle > 1 else 0)
+            ]
+            kb.put("variants", children + (variants if cycle == 1 else []), f"{tag}-variants")
+            runnable = [v["variant_id"] for v in children] or [seed_id]
+            trial_rows, epoch_rows = [], []
+            for t in range(per_cycle):
+                trial_id = f"{rng.getrandbits(40):010x}"
+                status = rng.choices(("completed", "stopped_early", "failed"), (0.45, 0.5, 0.05))[0]
+                score = 0.9 + rng.random() * 0.09 if status == "completed" else None
+                clock += timedelta(seconds=1)
+                trial_rows.append(
+                    {
+                        "run_id": run_id,
+                        "cycle": cycle,
+                        "trial_id": trial_id,
+                        "variant_id": runnable[t % len(runnable)],
+                        "status": status,
+                        "seed": t,
+                        "knobs": '{"LR": 0.05}',
+                        "epochs": EPOCHS,
+                        "selection_score": score,
+                        "test_score": None if score is None else score - 0.01,
+                        "seconds": 3.0,
+                        "written_at": clock,
+                    }
+                )
+                epoch_rows.extend(
+                    {"run_id": run_id, "trial_id": trial_id, "epoch": e, "metric": m, "value": rng.random()}
+                    for e in range(1, EPOCHS + 1)
+                    for m in METRICS
+                )
+            start = time.perf_counter()
+            kb.put("epochs", epoch_rows, f"{tag}-epochs")
+            spent["epochs_s"] += time.perf_counter() - start
+            start = time.perf_counter()
+            kb.put("trials", trial_rows, f"{tag}-trials")
+            spent["trials_s"] += time.perf_counter() - start
+            spent["epochs_rows"] += len(epoch_rows)
+            spent["trials_rows"] += len(trial_rows)
+            kb.put("cycles", [{"run_id": run_id, "cycle": cycle, "trials": per_cycle}], f"{tag}-cycle")
+            kb.put("decisions", [{"run_id": run_id, "cycle": cycle, "decision": "continue"}], f"{tag}-decision")
+        kb.put("runs", [{**run, "status": "finished", "finished_at": clock}], f"{run_id}-run")
+    return spent
+
+
+def timed(con, query: str, params: list, repeats: int = 5) -> tuple[float, int]:
+    """Median milliseconds of `repeats` runs (after one warm-up) and the row count."""
+    rows = len(con.execute(query, params).fetchall())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        con.execute(query, params).fetchall()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=100_000)
+    parser.add_argument("--keep", type=Path, default=None)
+    args = parser.parse_args()
+    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-kb-scale-")) / "kb"
+    start = time.perf_counter()
+    spent = build(root, args.trials)
+    build_s = time.perf_counter() - start
+    start = time.perf_counter()
+    con = open_reader(root)
+    open_ms = (time.perf_counter() - start) * 1000
+    run_id = con.execute("select run_id from runs order by started_at desc limit 1").fetchone()[0]
+    trial_id, variant_id = con.execute(
+        "select trial_id, variant_id from trials where run_id = ? limit 1", [run_id]
+    ).fetchone()
+    counts = {t: con.execute(f"select count(*) from {t}").fetchone()[0] for t in ("trials", "epochs")}
+    queries = {
+        "leaderboard of a run (LEADERBOARD_FOR_RUN)": (sql.LEADERBOARD_FOR_RUN, [run_id, 20]),
+        "leaderboard of every run, top 20": ("select * from leaderboard limit 20", []),
+        "the app's board (APP_BOARD)": (sql.APP_BOARD, [run_id]),
+        "a trial's curve (CURVES_FOR_TRIAL)": (sql.CURVES_FOR_TRIAL, [run_id, trial_id]),
+        "a variant's curves (VARIANT_CURVES)": (sql.VARIANT_CURVES, [run_id, variant_id]),
+        "a run's budgets (BUDGET_FOR_RUN)": (sql.BUDGET_FOR_RUN, [run_id]),
+        "every run's budgets": ("select * from budgets", []),
+    }
+    results = {name: timed(con, query, params) for name, (query, params) in queries.items()}
+    epochs_rate = spent["epochs_rows"] / spent["epochs_s"]
+    trials_rate = spent["trials_rows"] / spent["trials_s"]
+    figures = {
+        "trials": counts["trials"],
+        "epoch_rows": counts["epochs"] // len(METRICS),
+        "epoch_metric_rows": counts["epochs"],
+        "parts_per_table": CAMPAIGNS * CYCLES,
+        "build_s": round(build_s, 1),
+        "ingest_epoch_rows_per_s": round(epochs_rate),
+        "ingest_trial_rows_per_s": round(trials_rate),
+        "open_reader_ms": round(open_ms, 1),
+        "queries_ms": {name: round(ms, 1) for name, (ms, _) in results.items()},
+        "goal_ms": GOAL_MS,
+        "goal_rows_per_s": GOAL_ROWS_S,
+    }
+    lines = [
+        f"KB at scale: {counts['trials']:,} trials, {counts['epochs'] // len(METRICS):,} epoch rows "
+        f"({counts['epochs']:,} metric rows), {CAMPAIGNS * CYCLES} parts per table; built in {build_s:.0f} s",
+        f"  ingest (KnowledgeBase.put, dict rows -> Parquet part): epochs {epochs_rate:,.0f} rows/s, "
+        f"trials {trials_rate:,.0f} rows/s (goal >= {GOAL_ROWS_S:,})",
+        f"  open_reader (views over every part): {open_ms:.0f} ms",
+        *(f"  {name:45s} {ms:8.1f} ms  ({rows} rows)" for name, (ms, rows) in results.items()),
+        f"  goal: each query <= {GOAL_MS:g} ms",
+    ]
+    save("kb_scale", figures, lines)
+    if args.keep is None:
+        shutil.rmtree(root.parent, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
