@@ -131,7 +131,7 @@ class AsyncCampaign(Campaign):
                 metric=cfg.search.metric,
                 mode=cfg.search.mode,
                 search_alg=PopulationSearcher(self.pool, cfg.search.metric, cfg.search.mode),
-                scheduler=scheduler(cfg),
+                scheduler=replicates.SpareReplicates(scheduler(cfg)),  # replicates run to the end
                 num_samples=-1,
                 max_concurrent_trials=cfg.search.max_concurrent,
                 reuse_actors=cfg.search.reuse_actors,

@@ -25,6 +25,7 @@ from scipy.optimize import OptimizeWarning, curve_fit
 from ralph_ray.config import Config
 from ralph_ray.ledger import TrialRecord
 from ralph_ray.statuses import TrialStatus
+from ralph_ray.trials import REPLICATE_KEY
 
 MIN_POINTS = 4  # three parameters: a fourth point gives the fit a residual to judge its spread by
 
@@ -95,6 +96,8 @@ class ForecastStopper(tune.Stopper):
         self.lock = threading.Lock()
 
     def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
+        if (result.get("config") or {}).get(REPLICATE_KEY):
+            return False  # a replicate runs to the end (replicates.SpareReplicates)
         epoch, value = result.get("epoch"), result.get(self.metric)
         if not isinstance(epoch, (int, float)) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import duckdb
 from ray import tune
-from ray.tune.schedulers import FIFOScheduler
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 from rich.console import Console
 
@@ -168,6 +168,52 @@ class FixedPoints(Searcher):
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         return None
+
+
+class SpareReplicates(TrialScheduler):
+    """A scheduler (ASHA) that never stops a replicate trial: a replicate's knobs are chosen already, and a sample
+    of only the replicates that survived a rung would be biased upwards. Everything else goes to `inner`."""
+
+    def __init__(self, inner: TrialScheduler) -> None:
+        super().__init__()
+        self.inner = inner
+        self._supports_buffered_results = inner.supports_buffered_results
+
+    @property
+    def metric(self) -> str | None:
+        return self.inner.metric
+
+    def set_search_properties(self, metric: str | None, mode: str | None, **spec: Any) -> bool:
+        return self.inner.set_search_properties(metric, mode, **spec)
+
+    def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
+        self.inner.on_trial_add(tune_controller, trial)
+
+    def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+        self.inner.on_trial_error(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
+        if (trial.config or {}).get(REPLICATE_KEY):
+            return TrialScheduler.CONTINUE
+        return self.inner.on_trial_result(tune_controller, trial, result)
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> None:
+        self.inner.on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_remove(self, tune_controller: Any, trial: Any) -> None:
+        self.inner.on_trial_remove(tune_controller, trial)
+
+    def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        return self.inner.choose_trial_to_run(tune_controller)
+
+    def debug_string(self) -> str:
+        return self.inner.debug_string()
+
+    def save(self, checkpoint_path: str) -> None:
+        self.inner.save(checkpoint_path)
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.inner.restore(checkpoint_path)
 
 
 def run(
