@@ -51,6 +51,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
         raise
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
+    kb.compact_run(run_id)  # a finished run's cycles fold into one part per table: readers pay per file opened
     console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
     console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
     tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ralph_ray import sql
@@ -204,11 +205,11 @@ class KnowledgeBase:
         unknown = set().union(*rows) - set(schema.names)
         if unknown:
             raise ValueError(f"{table} has no columns {sorted(unknown)}")
-        stamp = now()
-        columns = {
-            name: [row.get(name, stamp if name == "written_at" else None) for row in rows] for name in schema.names
-        }
-        return pa.table(columns, schema=schema)
+        # Arrow builds the columns in C++ (a Python loop per cell ran at ~40k rows/s); a missing written_at is now.
+        built = pa.Table.from_pylist(list(rows), schema=schema)
+        index = schema.get_field_index("written_at")
+        stamp = pa.scalar(now(), schema.field(index).type)
+        return built.set_column(index, "written_at", pc.fill_null(built.column(index), stamp))
 
     def put(self, table: str, rows: Sequence[dict[str, Any]], name: str) -> Path | None:
         """Write rows as the part named `name`, replacing an earlier part of that name (idempotent on resume)."""
@@ -237,6 +238,28 @@ class KnowledgeBase:
             path.unlink()
         return len(sources)
 
+    def compact_run(self, run_id: str) -> int:
+        """Merge every part of a finished run into one per table; returns the parts merged.
+
+        Readers pay per file opened (a query over a KB of many campaigns opened thousands): a campaign that ends
+        folds its cycles' parts into `<run_id>-all`. Parts are picked by name and kept only if every row is this
+        run's (another run's id may start with this one's). Same atomic order as `compact`.
+        """
+        merged = 0
+        for table in SCHEMAS:
+            folder = self.parquet / table
+            target = folder / f"{run_id}-all.parquet"
+            found = sorted(folder.glob(f"{run_id}*.parquet"))
+            sources = [path for path in found if path != target and _only_run(path, run_id)]
+            if not sources:
+                continue
+            parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
+            self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
+            for path in sources:
+                path.unlink()
+            merged += len(sources)
+        return merged
+
     def reader(self) -> duckdb.DuckDBPyConnection:
         """An in-memory connection with the KB's views: never takes a lock on kb.duckdb."""
         return connect_views(self.parquet)
@@ -263,6 +286,15 @@ class KnowledgeBase:
             con.execute(sql.DETACH_KB_FILE)
         finally:
             con.close()
+
+
+def _only_run(path: Path, run_id: str) -> bool:
+    """True when every row of the part belongs to `run_id` (read from its run_id column alone)."""
+    try:
+        column = pq.read_table(path, columns=["run_id"]).column("run_id")
+    except (OSError, KeyError, pa.ArrowInvalid):
+        return False  # a damaged part stays where it is, for the readers to skip and name
+    return column.null_count == 0 and set(column.unique().to_pylist()) <= {run_id}
 
 
 class DamagedPartWarning(UserWarning):

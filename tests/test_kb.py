@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ralph_ray.kb import DB_FILE, KnowledgeBase, open_reader
+from ralph_ray.sql import TABLES
 
 
 def trial_row(run_id: str, trial_id: str, score: float | None, status: str = "completed") -> dict:
@@ -200,3 +201,53 @@ def test_compaction_merges_a_cycles_parts_without_losing_or_doubling_rows(tmp_pa
     con = kb.reader()
     assert con.execute("select count(*), count(distinct trial_id) from trials where cycle = 1").fetchone() == (6, 6)
     assert kb.compact("trials", "r-c1-", "r-c0001-compacted") == 0
+
+
+def test_budgets_sum_each_runs_own_rows_and_a_run_without_any_reads_zero(tmp_path: Path):
+    from ralph_ray import sql
+
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    for run_id in ("a", "b", "idle"):
+        kb.put("runs", [{"run_id": run_id, "status": "finished"}], f"{run_id}-run")
+    kb.put("trials", [trial_row("a", "t1", 0.5), trial_row("a", "t2", None, "failed"), trial_row("b", "t3", 0.7)], "t")
+    kb.put("cycles", [{"run_id": "a", "cycle": 1}, {"run_id": "a", "cycle": 2}, {"run_id": "b", "cycle": 1}], "c")
+    kb.put("agent_usage", [{"run_id": "a", "cycle": 1, "tokens_in": 10, "tokens_out": 5, "cost": 0.25}], "u")
+    kb.put("decisions", [{"run_id": "a", "cycle": 1, "best_selection_score": 0.4}], "d1")
+    kb.put("decisions", [{"run_id": "a", "cycle": 2, "best_selection_score": 0.5}], "d2")
+    con = kb.reader()
+    columns = "cycles, trials, trial_hours, tokens, cost, best_selection_score"
+    got = {
+        run_id: con.execute(f"select {columns} from ({sql.BUDGET_FOR_RUN})", [run_id]).fetchone()
+        for run_id in ("a", "b", "idle")
+    }
+    assert got["a"] == (2, 2, pytest.approx(2 / 3600), 15, 0.25, 0.5)
+    assert got["b"] == (1, 1, pytest.approx(1 / 3600), 0, 0.0, None)
+    assert got["idle"] == (0, 0, 0, 0, 0, None)
+
+
+def test_a_finished_run_folds_into_one_part_per_table_and_reads_the_same(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    for run_id in ("r1", "r1-b"):  # the second id starts with the first: its parts must stay its own
+        kb.put("runs", [{"run_id": run_id, "status": "finished"}], run_id)
+        for cycle in (1, 2):
+            kb.put("trials", [trial_row(run_id, f"{run_id}-t{cycle}", cycle / 10)], f"{run_id}-c{cycle:04d}-trials")
+            epochs = [
+                {"run_id": run_id, "trial_id": f"{run_id}-t{cycle}", "epoch": 1, "metric": "val_acc", "value": 0.1}
+            ]
+            kb.put("epochs", epochs, f"{run_id}-c{cycle:04d}-epochs")
+            kb.put("decisions", [{"run_id": run_id, "cycle": cycle, "decision": "continue"}], f"{run_id}-c{cycle:04d}")
+    before = {t: sorted(kb.reader().execute(f"select * exclude (written_at) from {t}").fetchall()) for t in TABLES}
+    assert kb.compact_run("r1") == 7  # runs 1 + trials 2 + epochs 2 + decisions 2
+    names = {t: sorted(p.name for p in (kb.parquet / t).glob("*.parquet")) for t in ("trials", "runs")}
+    assert names["trials"] == [
+        "_schema.parquet",
+        "r1-all.parquet",
+        "r1-b-c0001-trials.parquet",
+        "r1-b-c0002-trials.parquet",
+    ]
+    assert names["runs"] == ["_schema.parquet", "r1-all.parquet", "r1-b.parquet"]
+    after = {t: sorted(kb.reader().execute(f"select * exclude (written_at) from {t}").fetchall()) for t in TABLES}
+    assert after == before
+    assert kb.compact_run("r1") == 0  # nothing left to fold
