@@ -286,15 +286,18 @@ class PathsConfig:
 
 @dataclass
 class TrackingConfig:
-    """Experiment trackers a campaign is published to when it ends (ralph_ray.tracking): tracking=mlflow|tensorboard."""
+    """Experiment trackers a campaign is published to when it ends (ralph_ray.tracking): tracking=mlflow|tensorboard|
+    wandb, or a list (tracking=[mlflow,wandb])."""
 
     mlflow: bool = False
     tensorboard: bool = False
+    wandb: bool = False
     mlflow_uri: Optional[str] = None  # null: an offline SQLite store under <run_dir>/tracking/mlflow/
+    wandb_mode: str = "offline"  # offline: runs under <run_dir>/tracking/wandb (wandb sync); online after wandb login
 
     def trackers(self) -> list[str]:
         """The names of the trackers switched on."""
-        return [name for name in ("mlflow", "tensorboard") if getattr(self, name)]
+        return [name for name in ("mlflow", "tensorboard", "wandb") if getattr(self, name)]
 
 
 class ClusterMode(enum.Enum):

@@ -1,4 +1,4 @@
-"""Experiment trackers: a finished (or stopped) campaign, as MLflow runs and TensorBoard event files.
+"""Experiment trackers: a finished (or stopped) campaign, as MLflow runs, TensorBoard event files and W&B runs.
 
 What is written comes from the KB, after the campaign's record is complete, through each library's own client:
 
@@ -10,6 +10,12 @@ What is written comes from the KB, after the campaign's record is complete, thro
 - TensorBoard (tensorboardX's `SummaryWriter`): per trial, every per-epoch metric as a scalar and its knobs with
   the final scores in the HParams tab; per variant, its lineage and diff as text; for the campaign, the config and
   the report as text; under `<run_dir>/tracking/tensorboard/` (`tensorboard --logdir` it).
+- Weights & Biases (`wandb.init`): a run per trial (job type `trial`: knobs, seed, variant and cycle as config,
+  every per-epoch metric with the epoch as step, the frozen scores in the summary), a run per variant (`variant`:
+  lineage and interventions as config, its diff as an artifact) and one for the campaign (`campaign`: its config,
+  env.json and the report as an artifact), all in the group `<run_id>` of the project `ralph_ray-<task>`.
+  Offline by default (`tracking.wandb_mode=offline`: nothing leaves the machine; `wandb sync` uploads the runs
+  under `<run_dir>/tracking/wandb/` later); `tracking.wandb_mode=online` logs straight to W&B once you are logged in.
 
 Why not Ray Tune's logger callbacks: a Tune trial's results hold only what the trainer reported while training;
 the frozen scores are computed by the driver after the trial, variants and lineage are not Tune trials, and the
@@ -44,7 +50,11 @@ _MLFLOW_BATCH = 100  # MLflow's limit of params per log_batch call is 100, and o
 _PARAM_CHARS = 6000  # MLflow's limit on a param value
 
 
-_PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny"), "tensorboard": ("tensorboardX", "tensorboardX")}
+_PACKAGES = {
+    "mlflow": ("mlflow", "mlflow-skinny"),
+    "tensorboard": ("tensorboardX", "tensorboardX"),
+    "wandb": ("wandb", "wandb"),
+}
 
 
 class TrackingError(CampaignError):
@@ -55,6 +65,8 @@ def check(cfg: TrackingConfig) -> None:
     """Before a campaign starts: every tracker asked for is installed (found, not imported: MLflow takes seconds)."""
     import importlib.util
 
+    if cfg.wandb and cfg.wandb_mode not in WANDB_MODES:
+        raise TrackingError(f"tracking.wandb_mode={cfg.wandb_mode!r}: use offline (the default) or online")
     for name in cfg.trackers():
         module, package = _PACKAGES[name]
         if importlib.util.find_spec(module) is None:
@@ -68,7 +80,7 @@ def track_campaign(cfg: TrackingConfig, kb_root: Path, run_id: str, say: Callabl
     """Publish a recorded campaign to the configured trackers and say where each went (nothing when none is on)."""
     if not cfg.trackers():
         return {}
-    written = publish(load(open_reader(kb_root), run_id), cfg.trackers(), cfg.mlflow_uri)
+    written = publish(load(open_reader(kb_root), run_id), cfg.trackers(), cfg.mlflow_uri, cfg.wandb_mode)
     for name, where in written.items():
         say(f"  {name}: {where}")
     return written
@@ -187,16 +199,19 @@ def load(con: duckdb.DuckDBPyConnection, run_id: str) -> Record:
     )
 
 
-def publish(record: Record, trackers: list[str], mlflow_uri: str | None = None) -> dict[str, str]:
+def publish(
+    record: Record, trackers: list[str], mlflow_uri: str | None = None, wandb_mode: str = "offline"
+) -> dict[str, str]:
     """Write `record` to each named tracker; returns tracker -> where it was written."""
     writers: dict[str, Callable[[], str]] = {
         "mlflow": lambda: to_mlflow(record, mlflow_uri or default_mlflow_uri(record.run_dir)),
         "tensorboard": lambda: to_tensorboard(record, record.run_dir / TRACKING_DIR / "tensorboard"),
+        "wandb": lambda: to_wandb(record, record.run_dir / TRACKING_DIR / "wandb", wandb_mode),
     }
     unknown = sorted(set(trackers) - set(writers))
     if unknown:
         raise TrackingError(
-            f"unknown tracker(s) {unknown}: use tracking=mlflow, tracking=tensorboard or both "
+            f"unknown tracker(s) {unknown}: use tracking=mlflow, tracking=tensorboard, tracking=wandb or a list "
             "(tracking=[mlflow,tensorboard])"
         )
     return {name: writers[name]() for name in trackers}
@@ -377,6 +392,79 @@ def to_tensorboard(record: Record, logdir: Path) -> str:
                 writer.add_scalar(f"final/{name}", value, max(t.epochs, default=0))
             writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in t.final.items()}, name=".")
     return str(root)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weights & Biases
+
+WANDB_MODES = ("offline", "online")
+
+
+def to_wandb(record: Record, root: Path, mode: str = "offline") -> str:
+    """Write W&B runs (offline by default: files under `root`, for `wandb sync`); returns where they are."""
+    if mode not in WANDB_MODES:
+        raise TrackingError(f"tracking.wandb_mode={mode!r}: use offline (the default) or online (after wandb login)")
+    try:
+        import wandb
+    except ImportError as err:
+        raise TrackingError("tracking=wandb needs wandb: pip install 'ralph_ray[tracking]'") from err
+    folder = root / record.run_id
+    if folder.exists():  # a re-publish replaces the earlier offline runs rather than adding a second copy
+        import shutil
+
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    # Quiet, no system metrics, no code or git capture: the KB already holds the code of every variant.
+    settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, save_code=False, disable_git=True)
+    common = {
+        "project": f"ralph_ray-{record.task}",
+        "group": record.run_id,
+        "dir": str(folder),
+        "mode": mode,
+        "settings": settings,
+        "reinit": "create_new",
+    }
+
+    def artifact_of(name: str, files: dict[str, str | Path]) -> Any:
+        artifact = wandb.Artifact(name, type="ralph_ray")
+        for file_name, content in files.items():
+            if isinstance(content, Path):
+                artifact.add_file(str(content), name=file_name)
+            else:
+                with artifact.new_file(file_name) as handle:
+                    handle.write(content)
+        return artifact
+
+    config = json.loads(record.config)
+    with wandb.init(name=record.run_id, job_type="campaign", config=config, **common) as run:
+        run.summary.update({"status": record.status, "stop_reason": record.stop_reason})
+        if record.files():
+            run.log_artifact(artifact_of(f"{record.run_id}-report", dict(record.files())))
+    for v in record.variants:
+        config = {
+            "variant_id": v.variant_id,
+            "parent_id": v.parent_id,
+            "cycle": v.cycle,
+            "status": v.status,
+            "interventions": v.interventions,
+            "lineage": v.path,
+            "depth": v.depth,
+            "diagnosis": v.diagnosis,
+        }
+        with wandb.init(name=f"variant {v.variant_id}", job_type="variant", config=config, **common) as run:
+            run.summary.update({"selection_score": v.selection_score, "test_score": v.test_score})
+            if v.diff:
+                run.log_artifact(artifact_of(f"{record.run_id}-{v.variant_id}-diff", {"diff.patch": v.diff}))
+    for t in record.trials:
+        config = {**t.knobs, "seed": t.seed, "variant_id": t.variant_id, "cycle": t.cycle}
+        tags = [t.status]
+        with wandb.init(
+            name=f"trial {t.trial_id}", job_type="trial", config=config, tags=tags, notes=t.reason, **common
+        ) as run:
+            for epoch, row in sorted(t.epochs.items()):
+                run.log({**row, "epoch": epoch}, step=epoch)
+            run.summary.update({**t.final, "status": t.status, "reason": t.reason})
+    return str(folder)
 
 
 def _variant_text(v: Variant) -> str:

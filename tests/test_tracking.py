@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ RUN_ID = "tracked"
 
 @pytest.fixture(scope="module")
 def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
-    """Two cycles (the seed, then one child), two trials each, published to MLflow and TensorBoard."""
+    """Two cycles (the seed, then one child), two trials each, published to MLflow, TensorBoard and W&B (offline)."""
     root = tmp_path_factory.mktemp("tracked")
     overrides = [
         f"paths.runs={root / 'runs'}",
@@ -43,7 +44,7 @@ def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Out
         "+search.space.EPOCHS={type: choice, values: [3]}",
         "population.parents=1",
         "population.children_per_parent=1",
-        "tracking=[mlflow,tensorboard]",
+        "tracking=[mlflow,tensorboard,wandb]",
     ]
     if sandbox.available() is not None:
         overrides.append("sandbox=none")
@@ -115,6 +116,77 @@ def test_tensorboard_event_files_hold_curves_hparams_and_text(campaign: Outcome)
     assert "config/text_summary" in tags and any(t.startswith("variant/") for t in tags)
 
 
+def _wandb_log(raw: bytes) -> Iterator[bytes]:
+    """The records of a W&B transaction log (`run-*.wandb`): a 7-byte header (`:W&B`, magic, version), then LevelDB
+    log blocks of 32 KiB whose chunks are a checksum (4 bytes), a length (2, little-endian) and a type (1 full,
+    2 first, 3 middle, 4 last). wandb 0.31 reads these files only in its Go core, so the test walks the blocks and
+    parses each record with wandb's own protobuf classes."""
+    assert raw[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(raw):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(raw[pos + 4 : pos + 6], "little"), raw[pos + 6]
+        chunk = raw[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            yield chunk
+        elif kind in (2, 3):
+            pending = (pending if kind == 3 else b"") + chunk
+        elif kind == 4:
+            yield pending + chunk
+
+
+def _wandb_runs(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every offline W&B run under `folder` by name: project, group, job type, config, history rows, summary."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    def items(update: Any) -> dict[str, Any]:
+        return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in update}
+
+    runs = {}
+    for path in folder.rglob("run-*.wandb"):
+        run: dict[str, Any] = {"config": {}, "history": [], "summary": {}, "artifacts": {}}
+        for data in _wandb_log(path.read_bytes()):
+            record = pb.Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof("record_type")
+            if kind == "run":
+                r = record.run
+                run.update(name=r.display_name, project=r.project, group=r.run_group, job_type=r.job_type)
+                run["config"].update(items(r.config.update))
+            elif kind == "config":
+                run["config"].update(items(record.config.update))
+            elif kind == "history":
+                run["history"].append(items(record.history.item))
+            elif kind == "summary":
+                run["summary"].update(items(record.summary.update))
+            elif kind == "artifact":
+                run["artifacts"][record.artifact.name] = [c.path for c in record.artifact.manifest.contents]
+        runs[run["name"]] = run
+    return runs
+
+
+def test_wandb_offline_runs_hold_the_campaign_its_variants_and_trials(campaign: Outcome) -> None:
+    runs = _wandb_runs(campaign.run_dir / "tracking" / "wandb" / RUN_ID)
+    assert {(r["project"], r["group"]) for r in runs.values()} == {("ralph_ray-digits", RUN_ID)}
+    camp = runs[RUN_ID]
+    assert camp["job_type"] == "campaign" and camp["config"]["run_id"] == RUN_ID
+    assert {"env.json", "report/final_report.md"} <= set(camp["artifacts"][f"{RUN_ID}-report"])
+    variants = {r["config"]["variant_id"]: r for r in runs.values() if r["job_type"] == "variant"}
+    child = next(r for r in variants.values() if r["config"]["parent_id"])
+    assert child["config"]["lineage"].startswith("seed > ")
+    assert child["artifacts"][f"{RUN_ID}-{child['config']['variant_id']}-diff"] == ["diff.patch"]
+    for row in _kb_trials(campaign):
+        logged = runs[f"trial {row['trial_id']}"]
+        assert logged["job_type"] == "trial" and logged["config"]["variant_id"] in variants
+        assert {k: logged["config"][k] for k in json.loads(row["knobs"])} == json.loads(row["knobs"])
+        assert [h["epoch"] for h in logged["history"]] == list(range(1, row["epochs"] + 1))
+        if row["status"] == "completed":
+            assert logged["summary"]["selection_score"] == pytest.approx(row["selection_score"])
+
+
 def test_the_environment_is_recorded_in_the_run_dir_and_the_kb(campaign: Outcome) -> None:
     env = json.loads((campaign.run_dir / ENV_FILE).read_text())
     assert env["python"] == sys.version.split()[0] and {"ray", "torch", "duckdb"} <= set(env["packages"])
@@ -133,8 +205,10 @@ def test_track_republishes_without_duplicating_runs(campaign: Outcome) -> None:
     assert code == ExitCode.ok and len(_mlflow_runs(campaign)[1]) == before
     record = load(open_reader(campaign.kb_root), RUN_ID)
     with pytest.raises(TrackingError, match="tracking=mlflow"):
-        publish(record, ["wandb"])
-    assert TrackingConfig(mlflow=True, tensorboard=True).trackers() == ["mlflow", "tensorboard"]
+        publish(record, ["comet"])
+    with pytest.raises(TrackingError, match="wandb_mode"):
+        publish(record, ["wandb"], wandb_mode="shared")
+    assert TrackingConfig(mlflow=True, wandb=True).trackers() == ["mlflow", "wandb"]
 
 
 def test_readable_lineage_path() -> None:
