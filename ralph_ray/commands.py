@@ -1,4 +1,4 @@
-"""The small console commands beside `run`: status, stop, report, export and track of a campaign."""
+"""The small console commands beside `run`: status, stop, report, export and track of a campaign, and kb check."""
 
 from __future__ import annotations
 
@@ -14,22 +14,29 @@ from ralph_ray.exit_codes import ExitCode
 from ralph_ray.kb import open_reader
 from ralph_ray.state import CampaignState
 
-COMMANDS = ("status", "stop", "report", "export", "track")
+COMMANDS = ("status", "stop", "report", "export", "track", "kb")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
-       ralph-ray export RUN_ID [VARIANT] [--out DIR] | track RUN_ID [mlflow] [tensorboard] [--mlflow-uri URI]
+       ralph-ray export RUN_ID [VARIANT] [--out DIR] | track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
+       ralph-ray kb check [--repair] [--kb DIR]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
   export   the best (or named) variant as a self-contained bundle (default <runs>/<run_id>/export/<variant>)
-  track    publish a recorded campaign to MLflow and/or TensorBoard (default: both; under <runs>/<run_id>/tracking)
+  track    publish a recorded campaign to MLflow, TensorBoard and/or W&B (offline) (default: mlflow and tensorboard;
+           under <runs>/<run_id>/tracking)
+  kb check list the knowledge base's damaged Parquet parts; --repair moves them to <kb>/damaged/ (deletes nothing)
 """
 
 
 def main(argv: list[str], console: Console) -> int:
-    """Dispatch `status`, `stop` or `report`; returns an exit code."""
+    """Dispatch a command (see USAGE); returns an exit code."""
     if argv[0] in ("export", "track"):
         return _publish(argv, console)
     args, runs, kb = _options(argv)
+    if args[0] == "kb":
+        from ralph_ray import kbcheck
+
+        return kbcheck.main(args[1:], kb, console)
     command, rest = args[0], args[1:]
     if command != "status" and not rest:
         console.print(f"[red]error:[/] `{command}` needs a run id\n{USAGE}", highlight=False)
@@ -110,7 +117,7 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
 
 
 def _publish(argv: list[str], console: Console) -> int:
-    """`export RUN_ID [VARIANT] [--out DIR]` and `track RUN_ID [mlflow] [tensorboard] [--mlflow-uri URI]`."""
+    """`export RUN_ID [VARIANT] [--out DIR]` and `track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]`."""
     from ralph_ray.rundir import CampaignError
 
     argv, out = _take(argv, "--out")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -94,6 +95,26 @@ def test_the_reader_skips_a_damaged_part_with_a_warning_naming_it(tmp_path: Path
     with pytest.warns(DamagedPartWarning, match=bad.name):
         con = open_reader(root)
     assert con.execute("select run_id, variant_id from leaderboard").fetchall() == [("r1", "v1")]
+
+
+def test_kb_check_names_damaged_parts_and_repair_moves_them_aside(tmp_path: Path):
+    root, bad = two_campaigns(tmp_path)
+    truncate(bad)
+    broken = bad.read_bytes()
+
+    def kb_check(*flags: str) -> tuple[int, str]:
+        out = io.StringIO()
+        return commands.main(["kb", "check", *flags, "--kb", str(root)], Console(file=out, width=400)), out.getvalue()
+
+    code, said = kb_check()
+    assert code == 2 and str(bad) in said and "--repair" in said and bad.exists()  # a check alone moves nothing
+    code, said = kb_check("--repair")
+    moved = root / "damaged" / bad.parent.name / bad.name
+    assert code == 0 and not bad.exists() and moved.read_bytes() == broken  # aside, not deleted
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DamagedPartWarning)  # no part left to warn about
+        assert open_reader(root).execute("select run_id, variant_id from leaderboard").fetchall() == [("r1", "v1")]
+    assert kb_check() == (0, f"{root}: every part reads\n")
 
 
 def test_status_command_survives_a_damaged_part(tiny: Tiny, tmp_path: Path):

@@ -1,0 +1,67 @@
+"""`python -m ralph_ray kb check [--repair] [--kb DIR]`: list the knowledge base's damaged Parquet parts, and with
+--repair move them aside to `<kb>/damaged/<table>/` (nothing is deleted). Readers already skip a damaged part with a
+warning naming it (`kb.open_reader`); this names them all at once and makes the warnings stop."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.kb import PARQUET_DIR, damaged_parts
+
+DAMAGED_DIR = "damaged"  # under the KB root: parts moved aside by --repair, one folder per table
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """One unreadable part: where it was, why, and where --repair moved it (None: left in place)."""
+
+    path: Path
+    why: str
+    moved_to: Path | None = None
+
+
+def check(kb_root: Path, repair: bool = False) -> list[Damaged]:
+    """Every damaged part of the KB at `kb_root`; with `repair`, each moved under `<kb>/damaged/<table>/`."""
+    parquet = kb_root.resolve() / PARQUET_DIR
+    if not parquet.is_dir():
+        raise FileNotFoundError(f"no knowledge base at {kb_root}: pass --kb DIR (where paths.kb points)")
+    found = []
+    for path, why in damaged_parts(parquet).items():
+        moved = None
+        if repair:
+            moved = kb_root.resolve() / DAMAGED_DIR / path.parent.name / path.name
+            moved.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, moved)
+        found.append(Damaged(path, why, moved))
+    return found
+
+
+def main(args: list[str], kb: Path, console: Console) -> int:
+    """`kb check [--repair]`: 0 when the KB is whole (or was repaired), 2 when damaged parts remain."""
+    if args[:1] != ["check"] or any(a not in ("check", "--repair") for a in args):
+        console.print("[red]error:[/] usage: python -m ralph_ray kb check [--repair] [--kb DIR]", highlight=False)
+        return ExitCode.safeguard_or_config
+    repair = "--repair" in args
+    try:
+        found = check(kb, repair)
+    except FileNotFoundError as err:
+        console.print(f"[red]error:[/] {err}", markup=False, highlight=False)
+        return ExitCode.safeguard_or_config
+    if not found:
+        console.print(f"{kb}: every part reads")
+        return ExitCode.ok
+    for part in found:
+        where = f" -> moved to {part.moved_to}" if part.moved_to else ""
+        console.print(f"damaged: {part.path} ({part.why}){where}", markup=False, highlight=False)
+    if repair:
+        console.print(f"{len(found)} damaged part(s) moved aside; the KB's views read the rest")
+        return ExitCode.ok
+    console.print(
+        f"{len(found)} damaged part(s); move them aside with: python -m ralph_ray kb check --repair --kb {kb}"
+    )
+    return ExitCode.safeguard_or_config
