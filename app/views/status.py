@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import access
@@ -90,6 +91,28 @@ def body(run: shell.Campaign) -> None:
                 "rationale": st.column_config.TextColumn("rationale", width="large"),
             },
         )
+
+    environment = figures.records(kbdata.frame(run.kb_root, sql.RUN, (run.run_id,)))
+    st.subheader("Environment")
+    env = json.loads(environment[0]["environment"]) if environment and environment[0]["environment"] else None
+    if env is None:
+        st.caption("not recorded (the campaign predates env.json)")
+    else:
+        st.caption(environment_line(env))
+        with st.expander("env.json: versions, commit, hardware, Ray nodes"):
+            st.json(env, expanded=1)
+
+
+def environment_line(env: dict) -> str:
+    """The run's environment in one line: Python, torch, Ray, host, CPUs, GPUs and the project's commit."""
+    pkgs, git = env.get("packages") or {}, env.get("git") or {}
+    gpus = ", ".join(f"{g.get('name')} ({g.get('memory_mib')} MiB)" for g in env.get("gpus") or []) or "no GPU"
+    commit = git.get("commit")
+    code = f"{commit[:12]}{' (dirty)' if git.get('dirty') else ''}" if commit else "not a git checkout"
+    return (
+        f"Python {env.get('python')} · torch {pkgs.get('torch', '-')} · ray {pkgs.get('ray', '-')} · "
+        f"{env.get('hostname')} ({env.get('cpus')} CPUs, {gpus}) · ralph_ray at {code}"
+    )
 
 
 def stop_button(run: shell.Campaign) -> None:

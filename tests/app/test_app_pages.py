@@ -155,6 +155,10 @@ def test_status_page_shows_the_stop_reason_budgets_and_decisions(tiny: Tiny):
     assert metrics["cycle"] == "2 / 2" and metrics["phase"] == "done"
     assert any("cycles" in p.text for p in at.get("progress"))
     assert not at.button  # a finished campaign has nothing to stop
+    env = json.loads(run["environment"])
+    line = next(c.value for c in at.caption if c.value.startswith("Python "))
+    assert f"Python {env['python']} · torch {env['packages']['torch']}" in line and env["hostname"] in line
+    assert at.json and json.loads(at.json[0].value)["python"] == env["python"]  # env.json in full, in an expander
 
 
 def test_stop_button_writes_the_stop_file(tiny: Tiny, tmp_path: Path):
