@@ -5,10 +5,10 @@
 Writes, through the real `KnowledgeBase.put`, the layout campaigns leave: 50 campaigns x 10 cycles, each cycle's
 trials and epochs as one part per table (200 trials of 10 epochs x 6 metrics per cycle), each finished campaign
 folded into one part per table (`compact_run`, as campaign.py does at the end), the newest still running.
-Ingest is rows per second of `put` (dict rows, as the engine hands them over, to an atomically renamed Parquet part). Then, on a
-fresh reader (`open_reader`, the views the app, the agents and the duckdb shell use), the median of 5 runs of the
-queries the engine and the app issue: leaderboard of a run and of every run, a trial's curve, a variant's
-curves, a run's budgets, the app's board. Goal: each <= 100 ms, ingest >= 200k rows/s.
+Ingest is rows per second of `put` (dict rows, as the engine hands them over, to an atomically renamed Parquet
+part). Then, on a fresh reader (`open_reader`: the views the app, the agents and the duckdb shell use), the
+median of 5 runs of the queries the engine and the app issue: leaderboard of a run and of every run, a trial's
+curve, a variant's curves, a run's budgets, the app's board. Goal: each <= 100 ms, ingest >= 200k rows/s.
 """
 
 from __future__ import annotations

@@ -185,16 +185,23 @@ order by mean_delta desc nulls last
 
 
 def _budgets(p: str) -> str:
-    # Per run: what was spent (trial time, agent tokens and cost) and the latest decision.
+    # Per run: what was spent (trial time, agent tokens and cost) and the latest decision. Grouped joins, not
+    # subqueries per row: a filter on run_id (BUDGET_FOR_RUN) reaches every table's scan, so one run's budget
+    # reads that run's rows only.
     return f"""
 select r.run_id, r.experiment, r.task, r.status, r.stop_reason, r.started_at, r.finished_at,
-       (select count(*) from {p}cycles c where c.run_id = r.run_id) as cycles,
-       (select count(*) from {p}trials t where t.run_id = r.run_id) as trials,
-       (select coalesce(sum(t.seconds), 0) / 3600.0 from {p}trials t where t.run_id = r.run_id) as trial_hours,
-       (select coalesce(sum(u.tokens_in + u.tokens_out), 0) from {p}agent_usage u where u.run_id = r.run_id) as tokens,
-       (select coalesce(sum(u.cost), 0) from {p}agent_usage u where u.run_id = r.run_id) as cost,
-       (select max(d.best_selection_score) from {p}decisions d where d.run_id = r.run_id) as best_selection_score
+       coalesce(c.cycles, 0) as cycles, coalesce(t.trials, 0) as trials, coalesce(t.trial_hours, 0) as trial_hours,
+       coalesce(u.tokens, 0) as tokens, coalesce(u.cost, 0) as cost, d.best_selection_score
 from {p}runs r
+left join (select run_id, count(*) as cycles from {p}cycles group by run_id) c on c.run_id = r.run_id
+left join (select run_id, count(*) as trials, sum(seconds) / 3600.0 as trial_hours from {p}trials group by run_id) t
+       on t.run_id = r.run_id
+left join (
+    select run_id, sum(tokens_in + tokens_out) as tokens, sum(cost) as cost from {p}agent_usage group by run_id
+) u on u.run_id = r.run_id
+left join (
+    select run_id, max(best_selection_score) as best_selection_score from {p}decisions group by run_id
+) d on d.run_id = r.run_id
 order by r.started_at desc
 """
 
