@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,11 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
             f"{_f(value(row['parent_score']))} | "
             f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
         )
+    lines += cost_section(
+        _all(con, sql.TRIALS_FOR_RUN, [run_id]),
+        dict(con.execute(sql.TRAIN_SECONDS_PER_TRIAL, [run_id]).fetchall()),
+        value,
+    )
     lines += ["", "## Decisions", ""]
     lines += [f"- cycle {d['cycle']}: {d['decision']} ({d['reason']}): {d['rationale']}" for d in decisions]
     lines += ["", "## Best variant vs the seed", ""]
@@ -122,6 +128,65 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     path = out / "final_report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+@dataclass(frozen=True)
+class Point:
+    """A scored search trial as the score-against-cost front reads it."""
+
+    trial_id: str
+    variant_id: str
+    cost_s: float  # training seconds where the trainer reported them (train_seconds), else the trial's wall seconds
+    selection: float  # oriented: higher is better
+    test: float | None
+
+
+def cost_front(points: list[Point]) -> list[Point]:
+    """The trials no other trial beats at the same or lower cost (the Pareto front of score against cost), cheapest
+    first: a gain bought with more compute shows as a point further right."""
+    front: list[Point] = []
+    for point in sorted(points, key=lambda p: (p.cost_s, -p.selection)):
+        if not front or point.selection > front[-1].selection:
+            front.append(point)
+    return front
+
+
+def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value: Any) -> list[str]:
+    """The report's score-against-cost front over the run's scored search trials (replicates left out)."""
+    points = [
+        Point(
+            t["trial_id"],
+            t["variant_id"],
+            float(train_s.get(t["trial_id"]) or t["seconds"] or 0.0),
+            t["selection_score"],
+            t["test_score"],
+        )
+        for t in trials
+        if t["selection_score"] is not None and not t.get("replicate")
+    ]
+    lines = [
+        "",
+        "## Score against cost",
+        "",
+        "Each score with what it cost: the trial's training seconds where its trainer reported them (`train_seconds`; "
+        "under `trial.budget_s` every trial has the same budget), else its wall seconds. The front: the trials no "
+        "other trial beats at the same or lower cost, cheapest first.",
+        "",
+    ]
+    if not points:
+        return [*lines, "No scored trial yet."]
+    lines += ["| cost s | selection | test | trial | variant |", "| --- | --- | --- | --- | --- |"]
+    lines += [
+        f"| {p.cost_s:.1f} | {_f(value(p.selection))} | {_f(value(p.test))} | {p.trial_id} | {p.variant_id} |"
+        for p in cost_front(points)
+    ]
+    costs = sorted(p.cost_s for p in points)
+    lines += [
+        "",
+        f"{len(points)} scored trial(s); cost from {costs[0]:.1f} s to {costs[-1]:.1f} s, median "
+        f"{costs[len(costs) // 2]:.1f} s.",
+    ]
+    return lines
 
 
 def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:

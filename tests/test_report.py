@@ -1,0 +1,36 @@
+"""The report's score-against-cost front: a gain bought with more compute is visible as such."""
+
+from __future__ import annotations
+
+from ralph_ray.report import Point, cost_front, cost_section
+
+
+def test_the_front_keeps_only_trials_no_cheaper_trial_beats():
+    points = [
+        Point("slow-best", "c", 90.0, 0.99, 0.98),
+        Point("cheap", "a", 10.0, 0.95, 0.94),
+        Point("dominated", "b", 50.0, 0.94, 0.93),  # costs more than `cheap` and scores less
+        Point("mid", "b", 30.0, 0.97, None),
+        Point("tie-dearer", "d", 30.0, 0.96, None),  # same cost as `mid`, lower score
+    ]
+    assert [p.trial_id for p in cost_front(points)] == ["cheap", "mid", "slow-best"]
+    assert cost_front([]) == []
+
+
+def test_the_section_reads_training_seconds_and_shows_a_min_metrics_own_values():
+    trials = [
+        {"trial_id": "t1", "variant_id": "v", "seconds": 40.0, "selection_score": -2.5, "test_score": -2.6},
+        {"trial_id": "t2", "variant_id": "w", "seconds": 60.0, "selection_score": -2.0, "test_score": -2.1},
+        {"trial_id": "t3", "variant_id": "w", "seconds": 5.0, "selection_score": None, "test_score": None},
+        {
+            "trial_id": "r",
+            "variant_id": "w",
+            "seconds": 9.0,
+            "selection_score": -1.0,
+            "test_score": -1.0,
+            "replicate": 1,
+        },
+    ]
+    lines = cost_section(trials, {"t1": 12.0}, lambda score: None if score is None else -score)
+    table = [line for line in lines if line.startswith("| ") and "cost s" not in line and "---" not in line]
+    assert table == ["| 12.0 | 2.5000 | 2.6000 | t1 | v |", "| 60.0 | 2.0000 | 2.1000 | t2 | w |"]
