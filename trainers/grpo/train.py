@@ -167,8 +167,8 @@ def main() -> None:
     data = harness.load_data()
     prompts, answers = [str(p) for p in data.train_x], [str(a) for a in data.train_y]
     order = np.random.default_rng(seed).permutation(len(prompts))
-    val = order[:VAL_PROMPTS]
-    train = order[VAL_PROMPTS:]
+    held = min(VAL_PROMPTS, len(prompts) // 5)  # a smoke run's sliver of the data is smaller than VAL_PROMPTS
+    val, train = order[:held], order[held:]
     val_prompts, val_answers = [prompts[i] for i in val], [answers[i] for i in val]
     dataset = Dataset.from_dict({"prompt": [prompts[i] for i in train], "answer": [answers[i] for i in train]})
 
