@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from pathlib import Path
 
 from rich.console import Console
 
@@ -24,6 +25,8 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
   python -m ralph_ray resume=RUN_ID safeguards.max_cycles=8                     # continue after a crash or stop
   python -m ralph_ray cluster=address paths.storage=s3://bucket/ralph   # on a Ray cluster's head (ray up cluster.yaml)
   --cfg   print the composed config and exit
+  --config-dir DIR (-cd DIR)   also look for config groups in DIR (Hydra's way to add your own experiments:
+          DIR/experiment/mine.yaml, then +experiment=mine)
 Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
 agent, resources, paths, cluster).
 Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error.
@@ -49,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         return commands.main(argv, Console(soft_wrap=True))
     show_cfg = "--cfg" in argv
     argv = [a for a in argv if a != "--cfg"]
-
-    from pathlib import Path
+    try:
+        argv = config_dirs(argv)
+    except ValueError as error:
+        err.print(f"error: {error}", style="red", markup=False, highlight=False)
+        return ExitCode.safeguard_or_config
 
     from ralph_ray.config import ConfigError, load_config, resume_config
 
@@ -94,6 +100,26 @@ def main(argv: list[str] | None = None) -> int:
         err.print("[red]unrecoverable error:[/]")
         traceback.print_exc()
         return ExitCode.error
+
+
+def config_dirs(argv: list[str]) -> list[str]:
+    """Hydra's `--config-dir DIR` (`-cd DIR`, `--config-dir=DIR`) as the override `hydra.searchpath=[file://DIR]`:
+    DIR's config groups (e.g. DIR/experiment/*.yaml) join the project's conf/, which keeps its own."""
+    rest, dirs = [], []
+    items = iter(argv)
+    for item in items:
+        if item in ("--config-dir", "-cd") or item.startswith("--config-dir="):
+            value = item.split("=", 1)[1] if "=" in item else next(items, "")
+            folder = Path(value).expanduser().resolve()
+            if not value or not folder.is_dir():
+                raise ValueError(
+                    f"--config-dir {value or '(missing)'}: no such folder; fix: point it at a folder "
+                    "that holds config groups, e.g. ./conf with conf/experiment/mine.yaml"
+                )
+            dirs.append(f"file://{folder}")
+        else:
+            rest.append(item)
+    return rest + ([f"hydra.searchpath=[{','.join(dirs)}]"] if dirs else [])
 
 
 if __name__ == "__main__":

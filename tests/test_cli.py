@@ -37,3 +37,20 @@ def test_prepare_writes_public_data_and_export_line(tmp_path: Path):
     out = tmp_path / "data" / "prepared" / "digits"
     assert sorted(p.name for p in out.iterdir()) == sorted(PUBLIC_FILES)
     assert f"export RALPH_DATA_DIR={out}" in result.stdout
+
+
+def test_config_dir_adds_the_users_own_experiments(tmp_path: Path, capsys):
+    from ralph_ray.__main__ import main
+
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\n# python -m ralph_ray --config-dir ./conf +experiment=mine\n"
+        "safeguards:\n  max_cycles: 7\n"
+    )
+    conf = str(tmp_path / "conf")
+    for flags in (["--config-dir", conf], ["-cd", conf], [f"--config-dir={conf}"]):
+        assert main([*flags, "+experiment=mine", "--cfg"]) == 0
+        assert "max_cycles: 7" in capsys.readouterr().out
+    assert main(["--config-dir", str(tmp_path / "nope"), "+experiment=mine"]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["+experiment=mine", "--cfg"]) == 2  # without the folder Hydra does not know it
