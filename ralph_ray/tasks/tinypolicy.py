@@ -14,6 +14,7 @@ architecture's parameter order (`policy_vector`), which a trainer saves with `ha
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ralph_ray.tasks.base import DataError
 
 if TYPE_CHECKING:  # torch and transformers load on first use: the task registry imports this module's task
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
@@ -154,6 +157,20 @@ def _supervised(tok: PreTrainedTokenizerFast, batch: list) -> tuple:
 # The cached base
 
 
+def require() -> None:
+    """Raise DataError naming the install line where the post-training libraries are missing."""
+    missing = [name for name in ("transformers", "tokenizers", "trl", "peft", "datasets") if not _installed(name)]
+    if missing:
+        raise DataError(
+            f"the post-training tasks need {', '.join(missing)}\n"
+            '  fix: pip install -e ".[posttrain]" (transformers, tokenizers, trl, peft, datasets, gguf)'
+        )
+
+
+def _installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
 def cache_root() -> Path:
     """Where pre-trained bases are kept."""
     return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "ralph_ray" / "policies")
@@ -165,6 +182,7 @@ def base_policy(spec: PolicySpec) -> Path:
     Built once per spec (seeded, single-threaded, so the same settings give the same weights) and written
     atomically: concurrent campaigns either find it complete or build their own copy and one rename wins.
     """
+    require()
     import torch
 
     folder = cache_root() / spec.key
