@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ralph_ray import sandbox
+from ralph_ray import PROJECT_ROOT, sandbox
 from ralph_ray.__main__ import main
 from ralph_ray.config import DataConfig, TaskConfig
 from ralph_ray.kb import open_reader
+from ralph_ray.knobs import rewrite_knobs
 from ralph_ray.tasks import TASKS
-from ralph_ray.tasks.base import DataError
+from ralph_ray.tasks.base import DataError, write_public
 from ralph_ray.tasks.folder import prepare_module
 
 fashion = prepare_module(TASKS["fashion"].folder)
@@ -111,6 +113,31 @@ def test_a_truncated_file_is_named(tmp_path: Path):
     target.write_bytes(gzip.compress(raw[:-100]))  # whole gzip, but fewer image bytes than its header says
     with pytest.raises(DataError, match=r"the header says \(30, 28, 28\) \(23536 bytes\) but the file holds 23436"):
         fashion.prepare(settings(), DataConfig(root=str(tmp_path)))
+
+
+def test_the_seed_trainer_runs_on_the_prepared_files(tmp_path: Path):
+    write_dataset(tmp_path / "raw")
+    splits = fashion.prepare(settings(), DataConfig(root=str(tmp_path / "raw")))
+    write_public(splits, tmp_path / "data", "fashion")
+    work = tmp_path / "work"
+    work.mkdir()
+    source = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
+    (work / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 2, "BATCH_SIZE": 32}))
+    env = {
+        **os.environ,
+        "RALPH_DATA_DIR": str(tmp_path / "data"),
+        "RALPH_DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "error::UserWarning",  # e.g. torch's warning on a read-only (memory-mapped) array
+    }
+    done = subprocess.run([sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert {"train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds"} <= set(records[-1])
+    predictions = np.load(work / "predictions.npz")
+    assert predictions["selection"].shape == (20,) and predictions["test"].shape == (30,)
+    assert 0 <= predictions["test"].min() and predictions["test"].max() < 10
 
 
 def test_missing_data_exits_2_before_a_run_starts(tmp_path: Path):
