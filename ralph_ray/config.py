@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.knobs import is_knob_name
+from ralph_ray.resumable import missing_resume_calls, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS
@@ -46,10 +47,12 @@ class SpaceKind(enum.Enum):
 
 
 class SchedulerKind(enum.Enum):
-    """Trial schedulers: ASHA stops laggards; FIFO runs every trial to the end (for baselines)."""
+    """Trial schedulers: ASHA stops laggards; FIFO runs every trial to the end (for baselines); PBT clones and
+    perturbs trials while they train (population based training, ralph_ray.pbt)."""
 
     asha = "asha"
     fifo = "fifo"
+    pbt = "pbt"
 
 
 @dataclass
@@ -118,6 +121,14 @@ class SchedulerConfig:
     # A learning-curve forecaster beside the scheduler (ralph_ray.forecast): a trial whose power-law forecast of its
     # final metric cannot beat the best final so far at safeguards.confidence stops early, its forecast recorded.
     forecast: bool = False
+    # scheduler=pbt: every perturbation_interval epochs the bottom quantile_fraction of trials copy a top trial's
+    # checkpoint and config (its variant too) and perturb the knobs in `mutate` (null: every searched knob; leave
+    # out knobs that shape the model, such as WIDTH, since a clone keeps the donor's weights).
+    perturbation_interval: int = 2
+    quantile_fraction: float = 0.25
+    resample_probability: float = 0.25
+    mutate: Optional[List[str]] = None
+    synch: bool = True  # all trials perturb at the same epochs (segments line up; slots wait for the slowest)
 
 
 @dataclass
@@ -267,9 +278,14 @@ class PopulationConfig:
 class ResourcesConfig:
     """Per-trial resources and what the local Ray instance may use."""
 
-    cpu: float = 1.0
-    gpu: float = 0.0
+    cpu: float = 1.0  # per worker of a trial
+    gpu: float = 0.0  # per worker of a trial
     ray_num_cpus: Optional[int] = None
+    # N > 1: each trial is a data-parallel job of N workers (Ray Train's TorchTrainer, ralph_ray.dataparallel),
+    # each running train.py with the torch.distributed environment set; placed by `placement` (a Ray
+    # placement-group strategy: PACK packs a trial's workers on one node when they fit, SPREAD spreads them).
+    workers_per_trial: int = 1
+    placement: str = "PACK"
 
 
 @dataclass
@@ -502,6 +518,8 @@ def validate(cfg: Config) -> None:
             f"must be > 1, got {cfg.scheduler.reduction_factor}",
             "set scheduler.reduction_factor=2",
         )
+    if cfg.scheduler.name is SchedulerKind.pbt:
+        _check_pbt(cfg)
     _positive("safeguards.trial_timeout_s", cfg.safeguards.trial_timeout_s)
     _positive("safeguards.max_cycles", cfg.safeguards.max_cycles)
     for key in ("cycle_time_s", "campaign_time_s", "tokens_per_cycle", "tokens_per_campaign", "cost_per_campaign"):
@@ -577,6 +595,7 @@ def validate(cfg: Config) -> None:
         )
     _check_llm_agent(cfg)
     _positive("resources.cpu", cfg.resources.cpu)
+    _check_workers(cfg)
     if cfg.resources.gpu < 0:
         raise ConfigError("resources.gpu", f"must be >= 0, got {cfg.resources.gpu}", "set resources.gpu=0 (CPU) or 1")
     if cfg.resources.ray_num_cpus is not None:
@@ -757,6 +776,59 @@ def sandbox_policy(cfg: Config) -> Policy:
         str(cfg.task_folder()),
     ]  # + the frozen prepare.py
     return cfg.sandbox.policy(tuple(str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p))
+
+
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def _check_workers(cfg: Config) -> None:
+    """resources.workers_per_trial: a positive count, a known placement, barrier cycles for N > 1."""
+    res = cfg.resources
+    _positive("resources.workers_per_trial", res.workers_per_trial)
+    if res.placement not in PLACEMENTS:
+        raise ConfigError(
+            "resources.placement", f"must be one of {', '.join(PLACEMENTS)}, got {res.placement!r}", "set PACK"
+        )
+    if res.workers_per_trial > 1 and cfg.population.run_mode is not PopulationMode.generations:
+        raise ConfigError(
+            "resources.workers_per_trial",
+            "data-parallel trials run in barrier cycles only (population.mode=async has its own trainable)",
+            "set population.mode=generations, or resources.workers_per_trial=1",
+        )
+
+
+def _check_pbt(cfg: Config) -> None:
+    """scheduler=pbt: barrier cycles, epochs as its clock, knobs to perturb, a seed trainer that resumes."""
+    sched = cfg.scheduler
+    _positive("scheduler.perturbation_interval", sched.perturbation_interval)
+    if not 0.0 < sched.quantile_fraction <= 0.5:
+        raise ConfigError(
+            "scheduler.quantile_fraction",
+            f"must be in (0, 0.5], got {sched.quantile_fraction}",
+            "set scheduler.quantile_fraction=0.25",
+        )
+    if cfg.population.run_mode is not PopulationMode.generations:
+        raise ConfigError(
+            "scheduler",
+            "pbt runs a cycle's trials as one population, which population.mode=async has not",
+            "set population.mode=generations, or scheduler=asha",
+        )
+    if cfg.trial.budget_s is not None:
+        raise ConfigError(
+            "scheduler", "pbt perturbs every N epochs, not under a time budget", "set trial.budget_s=null"
+        )
+    mutate = list(cfg.search.space) if sched.mutate is None else sched.mutate
+    unknown = [name for name in mutate if name not in cfg.search.space]
+    if unknown or not mutate:
+        raise ConfigError(
+            "scheduler.mutate",
+            f"names knobs outside search.space: {', '.join(unknown)}" if unknown else "no knob to perturb",
+            f"list knobs of search.space ({', '.join(cfg.search.space) or 'none yet'}), e.g. scheduler.mutate=[LR]",
+        )
+    entry = cfg.trainer_dir() / "train.py"
+    missing = missing_resume_calls(entry.read_text()) if entry.exists() else []
+    if missing:
+        raise ConfigError("scheduler", refusal(str(entry), missing), "add the calls, or set scheduler=asha")
 
 
 def _positive(key: str, value: float) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ralph_ray.knobs import parse, read_knobs
+from ralph_ray.resumable import missing_resume_calls, refusal
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy
 from ralph_ray.tasks.base import Splits, write_public
@@ -42,6 +43,7 @@ class Gate:
     entry: str = "train.py"
     sandbox: Policy = Policy()  # the smoke run runs in the same sandbox as the trials
     output_bytes: int = SMOKE_OUTPUT_BYTES
+    resumes: bool = False  # scheduler=pbt: the child must save and restore checkpoints (ralph_ray.pbt)
 
     def check(self, child: Path, parent: Path) -> None:
         """Raise GateError naming the first problem; return quietly when the child may run."""
@@ -49,6 +51,8 @@ class Gate:
         sources = check_parses(child)
         check_reach(sources)
         check_required_calls(sources.get(self.entry, ""), self.entry)
+        if self.resumes and (missing := missing_resume_calls(sources.get(self.entry, ""))):
+            raise GateError(refusal(self.entry, missing))
         check_knobs(sources[self.entry], self.searched_knobs)
         self.smoke(child)
 

@@ -22,7 +22,7 @@ from ralph_ray import history, records, replicates
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
-from ralph_ray.config import Config, sandbox_policy
+from ralph_ray.config import Config, SchedulerKind, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import budgets_line, decide, gate_fail_streak
 from ralph_ray.exit_codes import ExitCode
@@ -79,6 +79,7 @@ class Campaign:
             cfg.safeguards.smoke_timeout_s,
             sandbox=sandbox_policy(cfg),
             output_bytes=cfg.sandbox.output_mb * MIB,
+            resumes=cfg.scheduler.name is SchedulerKind.pbt,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 
@@ -213,6 +214,7 @@ class Campaign:
             self.console,
             deadline,
             lambda detail: self._phase("train", detail),
+            self._segments,
         ) or self._replicate(runnable, deadline):
             self.state.interrupted = Phase.train  # a resume runs the trials this stop cut short
         self._advance(Phase.record)
@@ -247,6 +249,11 @@ class Campaign:
             deadline,
         )
 
+    def _segments(self, rows: list[dict[str, Any]]) -> None:
+        """scheduler=pbt: a trial's segments, written before its row (compacted with the cycle's trials)."""
+        if rows:
+            self.kb.append("segments", rows, records.trial_part(self.run_id, self.state.cycle, rows[0]["trial_id"]))
+
     def _sink(self, trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         tag = records.trial_part(self.run_id, trial.cycle, trial.trial_id)
         self.kb.append("epochs", epoch_rows, tag)
@@ -263,7 +270,7 @@ class Campaign:
         comparisons = replicates.comparisons(children, scores, reps, guards.confidence) if reps is not None else None
         judge(children, scores, counts, guards.min_delta, comparisons)
         prefix, merged = records.trial_parts(self.run_id, cycle), records.part(self.run_id, cycle, "compacted")
-        for table in ("epochs", "trials"):  # one part per cycle instead of one per trial: readers pay per file
+        for table in ("epochs", "trials", "segments"):  # one part per cycle instead of one per trial
             self.kb.compact(table, prefix, merged)
         files.save_children(children)
         self._put_variants(children, "record", scores)

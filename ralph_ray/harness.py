@@ -175,12 +175,15 @@ def report(**metrics: float) -> None:
     with path.open("a") as handle:
         handle.write(line + "\n")
         handle.flush()
-    print(" ".join(f"{k}={_fmt(v)}" for k, v in record.items()), flush=True)
+    if is_main():  # every rank writes its line (the engine keeps the ranks in step); one prints
+        print(" ".join(f"{k}={_fmt(v)}" for k, v in record.items()), flush=True)
 
 
 def save_predictions(selection: np.ndarray, test: np.ndarray) -> None:
     """Write predictions for the selection and test inputs (class ids, or values for a regression task); the engine
-    scores them with the task's frozen metric."""
+    scores them with the task's frozen metric. Data-parallel: rank 0's count, the other ranks' are skipped."""
+    if not is_main():
+        return
     selection, test = _predictions(selection), _predictions(test)
     path = Path(os.environ.get(ENV_PREDICTIONS_FILE, "predictions.npz"))
     tmp = path.with_suffix(".tmp.npz")
@@ -227,6 +230,8 @@ def save_checkpoint(state: dict) -> None:
     """
     global _last_save
     folder = _checkpoint_dir()
+    if not is_main():  # data-parallel ranks hold the same weights: rank 0's checkpoint serves them all
+        return
     if folder is None or time.monotonic() - _last_save < float(os.environ.get(ENV_CHECKPOINT_EVERY_S) or 0):
         return
     import torch
@@ -324,3 +329,75 @@ def _fmt(value: float | int | str) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return f"{value:.4g}"
     return str(value)
+
+
+# -----------------------------------------------------------------------------
+# Data parallel (resources.workers_per_trial=N): the engine starts N copies of train.py with the torch.distributed
+# environment set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With N = 1 (or a hand run) every
+# helper below is a no-op, so a trainer written with them runs unchanged as a single trial.
+
+SHARD_FILE = "shard.json"  # in the work dir: which train rows this rank saw (for people and tests)
+
+
+def rank() -> int:
+    """This worker's rank among the trial's workers (0 in a single trial)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def world_size() -> int:
+    """How many workers train this trial together (1 in a single trial)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main() -> bool:
+    """True on rank 0: the worker that reports for the trial, checkpoints and writes predictions."""
+    return rank() == 0
+
+
+def init_distributed() -> None:
+    """Join the trial's process group (NCCL on GPU, gloo on CPU); each rank takes its own GPU. N = 1: nothing."""
+    if world_size() < 2:
+        return
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    cuda = device().startswith("cuda")
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank(), world_size=world_size())
+
+
+def shard(rows: int) -> np.ndarray:
+    """This rank's rows of a split of `rows` rows: every world_size-th from its rank, disjoint, all of equal size
+    (the last rows % world_size rows are left out, so every rank takes as many steps and DDP stays in step)."""
+    indices = np.arange(rank(), rows - rows % world_size(), world_size())
+    if world_size() > 1:
+        Path(SHARD_FILE).write_text(json.dumps({"rank": rank(), "world_size": world_size(), "rows": indices.tolist()}))
+    return indices
+
+
+def wrap(model: object) -> object:
+    """The model wrapped for data-parallel training (DistributedDataParallel); the model itself when N = 1.
+
+    Its state_dict's keys gain a `module.` prefix: a checkpoint resumes with the same number of workers.
+    """
+    if world_size() < 2:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    cuda = device().startswith("cuda")
+    return DistributedDataParallel(model, device_ids=[int(os.environ.get("LOCAL_RANK", "0"))] if cuda else None)  # type: ignore[arg-type]
+
+
+def mean_across(value: float) -> float:
+    """The mean of `value` over the trial's ranks (a local train loss becomes the trial's); itself when N = 1."""
+    if world_size() < 2:
+        return float(value)
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(value)], device=device() if device().startswith("cuda") else "cpu")
+    dist.all_reduce(tensor)
+    return float(tensor.item()) / world_size()

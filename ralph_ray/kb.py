@@ -165,6 +165,23 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("written_at", TS),
         ]
     ),
+    # scheduler=pbt: the epochs a trial trained with one variant and knobs, from its weights or a donor's
+    # (ralph_ray.pbt); a KB written before this table reads it as empty (sql.SEGMENTS_EMPTY).
+    "segments": pa.schema(
+        [
+            ("run_id", pa.string()),
+            ("cycle", pa.int32()),
+            ("trial_id", pa.string()),
+            ("segment", pa.int32()),
+            ("from_epoch", pa.int32()),
+            ("to_epoch", pa.int32()),
+            ("variant_id", pa.string()),
+            ("knobs", pa.string()),
+            ("donor_trial_id", pa.string()),
+            ("donor_epoch", pa.int32()),
+            ("written_at", TS),
+        ]
+    ),
 }
 
 

@@ -18,6 +18,7 @@ from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 
 from ralph_ray.knobs import resolve_knobs
+from ralph_ray.pbt import SegmentLog
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
@@ -72,10 +73,14 @@ class TrialLedger(Callback):
         sink: Sink,
         relative: frozenset[str] = frozenset(),
         own_knobs: dict[str, dict[str, Any]] | None = None,
+        segments: SegmentLog | None = None,
+        segment_sink: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.run_id, self.cycle, self.labels = run_id, cycle, labels
         self.relative, self.own_knobs = relative, own_knobs or {}  # to record the knob values trials really ran
         self.trials_root, self.seed, self.metric, self.sink = trials_root, seed, metric, sink
+        # scheduler=pbt: the trial's segments (variant and knobs from an epoch on), written before its row
+        self.segments, self.segment_sink = segments, segment_sink
         self.started: dict[str, float] = {}
         self.epochs: dict[str, dict[int, dict[str, float]]] = {}
         self.records: list[TrialRecord] = []
@@ -94,9 +99,10 @@ class TrialLedger(Callback):
         epoch = result.get("epoch")
         if epoch is None:
             return
-        for record in json.loads(result.get(HELD_KEY) or "[]"):  # epochs past the last rung, sent at the end
+        for record in [*json.loads(result.get(HELD_KEY) or "[]"), result]:  # held: epochs past the last rung
             self._epoch_metrics(trial, record)
-        self._epoch_metrics(trial, result)
+            if self.segments is not None:
+                self.segments.observe(trial.trial_id, int(record["epoch"]), dict(trial.config or {}))
 
     def _epoch_metrics(self, trial: Trial, result: dict[str, Any]) -> None:
         epoch = result["epoch"]
@@ -174,6 +180,16 @@ class TrialLedger(Callback):
             for name, value in metrics.items()
         ]
         self.records.append(record)
+        if self.segments is not None and self.segment_sink is not None:
+            own = self.own_knobs
+            self.segment_sink(
+                self.segments.rows(
+                    self.run_id,
+                    self.cycle,
+                    trial.trial_id,
+                    lambda c: resolve_knobs(c, own.get(str(c.get("variant")), {}), self.relative),
+                )
+            )
         self.sink(record, rows)
 
 

@@ -11,16 +11,17 @@ rows), the stopper (STOP file, campaign deadline) and the live progress view, an
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.search import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 from rich.console import Console
 
-from ralph_ray import forecast, harness
+from ralph_ray import dataparallel, forecast, harness, pbt
 from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
@@ -113,8 +114,11 @@ def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace], relative: 
 
 
 def scheduler(cfg: Config) -> TrialScheduler:
-    """ASHA over epochs (over training seconds under trial.budget_s), or FIFO (every trial to the end) for baselines."""
-    if cfg.scheduler.name is SchedulerKind.fifo:
+    """ASHA over epochs (over training seconds under trial.budget_s), or FIFO (every trial to the end) for baselines.
+
+    scheduler=pbt needs the cycle's search space: `run_search` builds it (ralph_ray.pbt).
+    """
+    if cfg.scheduler.name in (SchedulerKind.fifo, SchedulerKind.pbt):
         return FIFOScheduler()
     budget = cfg.trial.budget_s
     if budget is not None:
@@ -159,6 +163,9 @@ def storage_path(cfg: Config, local: Path) -> str:
     return f"{root}/{tail}"
 
 
+PBT_CHECKPOINTS = 4  # checkpoints kept per trial under scheduler=pbt
+
+
 def run_search(
     cfg: Config,
     spec: TrialSpec,
@@ -167,18 +174,51 @@ def run_search(
     name: str,
     callbacks: list[tune.Callback],
     stopper: tune.Stopper | None = None,
+    segments: pbt.SegmentLog | None = None,
 ) -> tune.ResultGrid:
-    """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`)."""
+    """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`).
+
+    Under scheduler=pbt, `segments` hears of each exploit step; Tune's PBT takes no searcher, so the children's
+    own knobs go first and the other trials sample the space at random (a population, not a sequential search).
+    """
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec),
         {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu},
     )
+    parallel = cfg.resources.workers_per_trial > 1
+    if parallel:  # the trial is a driver of a Ray Train group: its workers hold the CPUs and GPUs
+        workers = dataparallel.Workers(
+            cfg.resources.workers_per_trial,
+            cfg.resources.cpu,
+            cfg.resources.gpu,
+            cfg.resources.placement,
+            cfg.safeguards.max_failures,
+            f"{storage_path(cfg, storage)}/{name}_workers",
+        )
+        trainable = tune.with_resources(
+            tune.with_parameters(dataparallel.run_parallel_trial, spec=spec, workers=workers),
+            dataparallel.DRIVER_RESOURCES,
+        )
     _quiet_optuna()
     space = {
         "variant": tune.choice(list(plan.variants)),
         **param_space(cfg.search.space, plan.relative, cfg.search.relative_span),
     }
-    searcher = OptunaSearch(seed=plan.seed, points_to_evaluate=list(plan.first_points) or None)
+    points = list(plan.first_points) or None
+    searcher: Any = OptunaSearch(seed=plan.seed, points_to_evaluate=points)
+    chosen = scheduler(cfg)
+    if cfg.scheduler.name is SchedulerKind.pbt:
+        searcher = BasicVariantGenerator(points_to_evaluate=points, random_state=plan.seed)
+        sched = cfg.scheduler
+        chosen = pbt.scheduler(
+            segments or pbt.SegmentLog(),
+            space,
+            sched.perturbation_interval,
+            sched.quantile_fraction,
+            sched.resample_probability,
+            sched.mutate,
+            sched.synch,
+        )
     tuner = tune.Tuner(
         trainable,
         param_space=space,
@@ -186,11 +226,12 @@ def run_search(
             metric=cfg.search.metric,
             mode=cfg.search.mode,
             search_alg=searcher,
-            scheduler=scheduler(cfg),
+            scheduler=chosen,
             num_samples=plan.num_samples,
             max_concurrent_trials=cfg.search.max_concurrent,
             time_budget_s=cfg.safeguards.cycle_time_s,
-            reuse_actors=cfg.search.reuse_actors,
+            # A data-parallel trial's driver must end with its trial (its worker group goes with it).
+            reuse_actors=cfg.search.reuse_actors and not parallel,
             trial_dirname_creator=lambda trial: trial.trial_id,
         ),
         run_config=tune.RunConfig(
@@ -202,7 +243,10 @@ def run_search(
             # Retries are for lost nodes and actors (a trainer's own failure ends its trial as a result); a retry
             # resumes from the trial's last checkpoint, of which storage keeps only the newest.
             failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # PBT clones a donor's checkpoint after it may have saved newer ones: keep a few.
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=PBT_CHECKPOINTS if cfg.scheduler.name is SchedulerKind.pbt else 1
+            ),
         ),
     )
     return tuner.fit()
@@ -237,6 +281,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
         relative=relative_knobs(cfg.search.space) if relative else frozenset(),
     )
     budget = cfg.trial.budget_s  # the trainer's deadline (harness.time_left) and the runner's stop past it + grace
+    parallel = cfg.resources.workers_per_trial > 1
     return TrialSpec(
         code,
         data,
@@ -244,7 +289,8 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
             cfg.safeguards.trial_timeout_s,
             cfg.sandbox.output_mb * MIB,
             max(1, int(cfg.resources.cpu)),
-            sandbox_policy(cfg),
+            # A data-parallel trial's workers meet over TCP (gloo, NCCL): their trainers keep the host's network.
+            replace(sandbox_policy(cfg), network=True) if parallel else sandbox_policy(cfg),
             budget,
             cfg.trial.grace_s,
             warm=cfg.trial.warm,
@@ -255,7 +301,9 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
             cfg.search.metric,
             cfg.search.mode,
             cfg.scheduler.max_t if budget is None else None,
-            checkpoint_interval(cfg),
+            # PBT restarts trials from checkpoints (their own after a pause, a donor's after an exploit), a
+            # data-parallel group after a lost worker: every epoch
+            0.0 if cfg.scheduler.name is SchedulerKind.pbt or parallel else checkpoint_interval(cfg),
         ),
         seed=cfg.search.seed,
         env={} if budget is None else {harness.ENV_BUDGET_S: str(budget)},
@@ -279,12 +327,14 @@ def run_cycle(
     console: Console,
     deadline: float | None,
     say: Callable[[str], None],
+    segment_sink: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> bool:
     """Run what is left of a cycle's trials of `children` in one Tune run; True when a stop or the deadline cut it
     short.
 
     `done` holds the variant of each trial already recorded (a resumed cycle runs only the rest); each trial's
-    rows reach `sink` as it ends; `say` shows what the run will do (or why nothing runs).
+    rows reach `sink` as it ends (under scheduler=pbt its segments reach `segment_sink` first); `say` shows what
+    the run will do (or why nothing runs).
     """
     planned = planned_trials(cfg, cycle, len(children), coder)
     remaining = planned - len(done)  # resume: finished trials stay, only the rest run
@@ -311,6 +361,7 @@ def run_cycle(
     )
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
     progress = LiveProgress(console, f"cycle {cycle}", remaining)
+    segments = pbt.SegmentLog() if cfg.scheduler.name is SchedulerKind.pbt else None
     forecaster = forecast.make(cfg)
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
@@ -328,8 +379,10 @@ def run_cycle(
         record,
         spec.code.relative,
         spec.code.own_knobs,
+        segments,
+        segment_sink,
     )
     stopper = StopRequest(str(run_dir), deadline)
     both = forecast.combined(stopper, forecaster)
-    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], both)
+    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], both, segments)
     return stopper.stop_all()

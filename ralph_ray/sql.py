@@ -22,6 +22,12 @@ T975 = (
     "2.0518, 2.0484, 2.0452, 2.0423]"
 )
 
+# The segments view of a KB without segment parts (written before scheduler=pbt): typed, empty.
+SEGMENTS_EMPTY = (
+    "select null::varchar as run_id, null::integer as cycle, null::varchar as trial_id, null::integer as segment, "
+    "null::integer as from_epoch, null::integer as to_epoch, null::varchar as variant_id, null::varchar as knobs, "
+    "null::varchar as donor_trial_id, null::integer as donor_epoch, null::timestamptz as written_at where false"
+)
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_seconds")
 # harness.probes: pivoted into the curves view too, after the metrics every trainer reports
 # (agents.base.EpochPoint's order)
@@ -82,6 +88,19 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         else:
             body = f"select * from {source}"
         statements.append(f"create or replace view {p}{table} as {body}")
+    # Added after KBs were written without it: an old KB (no parts yet) reads it as an empty table.
+    all_parts = sorted(path.resolve() for path in (parquet_root / "segments").glob("*.parquet"))
+    kept = [path for path in all_parts if path not in skipped]
+    files = parquet_glob(parquet_root, "segments")
+    if len(kept) < len(all_parts):
+        files = "[" + ", ".join(_quoted(str(path)) for path in kept) + "]"
+    segments = (
+        f"select * from read_parquet({files}, union_by_name = true) "
+        "qualify row_number() over (partition by run_id, trial_id, segment order by written_at) = 1"
+        if kept
+        else SEGMENTS_EMPTY
+    )
+    statements.append(f"create or replace view {p}segments as {segments}")
     for name, body in (
         ("leaderboard", _leaderboard(p)),
         ("curves", _curves(p)),
@@ -235,6 +254,7 @@ LEADERBOARD_FOR_RUN = "select * from leaderboard where run_id = ? order by rank 
 LEADERBOARD_ROW = "select * from leaderboard where run_id = ? and variant_id = ?"
 TRIALS_FOR_RUN = "select * from trials where run_id = ? order by cycle, trial_id"
 TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ? group by status order by status"
+SEGMENTS_FOR_RUN = "select * from segments where run_id = ? order by cycle, trial_id, segment"
 CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order by epoch"
 RUN = "select * from runs where run_id = ?"
 RUN_CONFIG = "select config from runs where run_id = ?"

@@ -112,9 +112,20 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
         tune.report({spec.schedule.metric: worst, FAILED_KEY: str(err)})
 
 
-def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
+def _run_trial(
+    config: dict[str, Any],
+    spec: TrialSpec,
+    work: Path,
+    report: Any = None,
+    checkpoint: Any = None,
+    extra_env: dict[str, str] | None = None,
+) -> None:
+    """Run train.py in `work`; a data-parallel worker (dataparallel) passes Ray Train's report, checkpoint, env."""
     from ray import tune
 
+    report = report or tune.report
+    if report is tune.report:
+        checkpoint = tune.get_checkpoint()
     code = spec.code
     data_dir = materialise_data(spec.data)
     frozen = {str(data_dir / name): digest for name, digest in spec.data.hashes.items()}
@@ -124,18 +135,18 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
         raise TrialFailed(f"unknown variant {variant!r} (this cycle runs {', '.join(code.variants)})")
     write_variant(code.variants[variant], work)
     set_knobs(work, resolve_knobs(config, code.own_knobs.get(variant, {}), code.relative), entry=code.entry)
-    restored = restore_checkpoint(tune.get_checkpoint(), work / CHECKPOINT_DIR)
-    env = {**spec.env, **gpu_env()}
+    restored = restore_checkpoint(checkpoint, work / CHECKPOINT_DIR)
+    env = {**spec.env, **gpu_env(), **(extra_env or {})}
     write_node_info(work, data_dir, restored, env)
     seed = int(config.get(SEED_KEY, spec.seed))
     trainer = Trainer(work, data_dir, code.entry, seed, env, spec.schedule.checkpoint_every_s)
     every_epoch = (
-        tune.report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR)
+        report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR, report)
     )
     outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested)
     if outcome.status is Status.stopped and outcome.reason and outcome.last is not None:  # past its time budget
         final = {**outcome.last, STOPPED_KEY: outcome.reason}
-        tune.report({**final, HELD_KEY: json.dumps(outcome.held)} if outcome.held else final)
+        report({**final, HELD_KEY: json.dumps(outcome.held)} if outcome.held else final)
         return
     if outcome.status is Status.stopped:
         return  # Tune stopped the trial (ASHA or a stop rule)
@@ -153,7 +164,7 @@ def _run_trial(config: dict[str, Any], spec: TrialSpec, work: Path) -> None:
     if outcome.held:  # the held epochs before the last ride along, so the curve keeps every epoch
         final[HELD_KEY] = json.dumps(outcome.held)
     # The driver scores these against labels that never leave it.
-    tune.report({**final, PREDICTIONS_KEY: encode_predictions(predictions)})
+    report({**final, PREDICTIONS_KEY: encode_predictions(predictions)})
 
 
 def work_dir(spec: TrialSpec, trial_id: str) -> Path:

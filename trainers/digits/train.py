@@ -78,6 +78,8 @@ def resume(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         return 1
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    for group in optimizer.param_groups:  # this run's knobs, not the saved ones (PBT may have perturbed them)
+        group.update(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     torch.set_rng_state(state["rng"])  # the same batches as a run that was never interrupted
     return state["epoch"] + 1
 
@@ -87,6 +89,7 @@ def resume(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 
 def main() -> None:
+    harness.init_distributed()  # a data-parallel trial's process group (a single trial: nothing)
     seed = harness.seed()
     torch.manual_seed(seed)
     data = harness.load_data()
@@ -96,8 +99,12 @@ def main() -> None:
     n_val = int(len(x_all) * VAL_FRACTION)
     x_val, y_val = x_all[perm[:n_val]], y_all[perm[:n_val]]
     x_train, y_train = x_all[perm[n_val:]], y_all[perm[n_val:]]
+    mine = torch.from_numpy(harness.shard(len(x_train)))  # this worker's share (all of it in a single trial)
+    x_train, y_train = x_train[mine], y_train[mine]
+    batch = max(1, BATCH_SIZE // harness.world_size())  # BATCH_SIZE stays the global batch
 
     model = Net(WIDTH, data.num_classes, DROPOUT)
+    model = harness.wrap(model)  # DistributedDataParallel across workers; the net itself in a single trial
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     first_epoch = resume(model, optimizer)
 
@@ -108,8 +115,8 @@ def main() -> None:
         model.train()
         order = torch.randperm(len(x_train))
         total_loss, norm_sum, steps = 0.0, 0.0, 0
-        for i in range(0, len(order), BATCH_SIZE):
-            idx = order[i : i + BATCH_SIZE]
+        for i in range(0, len(order), batch):
+            idx = order[i : i + batch]
             loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -128,7 +135,7 @@ def main() -> None:
         )
         harness.report(
             epoch=epoch,
-            train_loss=total_loss / steps,
+            train_loss=harness.mean_across(total_loss / steps),
             val_loss=val_loss,
             val_acc=val_acc,
             lr=optimizer.param_groups[0]["lr"],
