@@ -21,6 +21,7 @@ from ralph_ray.variants import MUTABLE, is_mutable, variant_files
 from ralph_ray.workdir import prepare_workdir
 
 REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
+MODEL_CALLS = ("harness.save_model",)  # also required where the task scores the exported model
 SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
 SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
 SMOKE_OUTPUT_BYTES = 10 * 1024 * 1024  # stdout and stderr of a smoke run
@@ -43,6 +44,7 @@ class Gate:
     entry: str = "train.py"
     sandbox: Policy = Policy()  # the smoke run runs in the same sandbox as the trials
     output_bytes: int = SMOKE_OUTPUT_BYTES
+    scores_model: bool = False  # the task scores the exported model (ralph_ray.modeleval): save_model is required
     resumes: bool = False  # scheduler=pbt: the child must save and restore checkpoints (ralph_ray.pbt)
 
     def check(self, child: Path, parent: Path) -> None:
@@ -50,7 +52,7 @@ class Gate:
         check_frozen_files(child, parent)
         sources = check_parses(child)
         check_reach(sources)
-        check_required_calls(sources.get(self.entry, ""), self.entry)
+        check_required_calls(sources.get(self.entry, ""), self.entry, MODEL_CALLS if self.scores_model else ())
         if self.resumes and (missing := missing_resume_calls(sources.get(self.entry, ""))):
             raise GateError(refusal(self.entry, missing))
         check_knobs(sources[self.entry], self.searched_knobs)
@@ -165,7 +167,7 @@ def _is_engine(module: str) -> bool:
     return (module == PACKAGE or module.startswith(f"{PACKAGE}.")) and module != f"{PACKAGE}.harness"
 
 
-def check_required_calls(source: str, entry: str) -> None:
+def check_required_calls(source: str, entry: str, extra: tuple[str, ...] = ()) -> None:
     """The harness calls the engine relies on are still there."""
     if not source:
         raise GateError(f"{entry} is missing")
@@ -177,7 +179,7 @@ def check_required_calls(source: str, entry: str) -> None:
             and isinstance(node.func.value, ast.Name)
         ):
             called.add(f"{node.func.value.id}.{node.func.attr}")
-    missing = [name for name in REQUIRED_CALLS if name not in called]
+    missing = [name for name in (*REQUIRED_CALLS, *extra) if name not in called]
     if missing:
         raise GateError(f"{entry} no longer calls {', '.join(missing)}: the engine needs them (see program.md)")
 

@@ -35,7 +35,7 @@ from ralph_ray.rundir import CycleFiles, write_data
 from ralph_ray.sandbox import MIB
 from ralph_ray.search import run_cycle
 from ralph_ray.state import CampaignState, Phase, RunStatus
-from ralph_ray.tasks.base import Splits
+from ralph_ray.tasks.base import ScoredBy, Splits
 from ralph_ray.variants import VariantStatus
 
 
@@ -79,6 +79,7 @@ class Campaign:
             cfg.safeguards.smoke_timeout_s,
             sandbox=sandbox_policy(cfg),
             output_bytes=cfg.sandbox.output_mb * MIB,
+            scores_model=cfg.task.scored_by == ScoredBy.model.value,
             resumes=cfg.scheduler.name is SchedulerKind.pbt,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)

@@ -135,3 +135,14 @@ def test_a_campaign_on_a_model_scored_task_records_the_models_score(ray_session,
     query = "select selection_score, test_score from trials where run_id = 'cheat' and status = 'completed'"
     scores = open_reader(outcome.kb_root).execute(query).fetchall()
     assert scores and all(-s == pytest.approx(8.0) and -t == pytest.approx(8.0) for s, t in scores)
+
+
+def test_the_gate_requires_save_model_where_the_task_scores_the_model():
+    from ralph_ray.gate import MODEL_CALLS, GateError, check_required_calls
+
+    source = (PROJECT_ROOT / "trainers" / "lm" / "train.py").read_text()
+    check_required_calls(source, "train.py", MODEL_CALLS)
+    dropped = "\n".join(line for line in source.splitlines() if "harness.save_model(" not in line)
+    check_required_calls(dropped, "train.py")  # a task scored by its predictions does not ask for it
+    with pytest.raises(GateError, match=r"harness\.save_model"):
+        check_required_calls(dropped, "train.py", MODEL_CALLS)
