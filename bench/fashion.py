@@ -56,6 +56,9 @@ def campaign_command(root: Path, agent: str, seed: int, args: argparse.Namespace
         f"trial.budget_s={args.trial_s}",
         f"safeguards.campaign_time_s={args.campaign_s}",
         "safeguards.plateau_cycles=1000",  # the campaign's clock ends every run: the same budget for both kinds
+        # Knob search alone runs as barrier cycles: in async mode an agent=none campaign ends as soon as its breeder
+        # gives up (no children), long before its clock; each cycle re-searches the best variants' knobs.
+        *(["population.mode=generations", "safeguards.max_cycles=1000"] if agent == "none" else []),
     ]
 
 
