@@ -424,8 +424,8 @@ def _task_path(overrides: list[str]) -> Path | None:
 def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
     """The composed config with the task folder's task.yaml merged in, then the user's key=value overrides again.
 
-    So a task brings its own search space and defaults (task.yaml wins over conf/ groups), and an override on the
-    command line still wins over the task.
+    So a task brings its own search space and defaults (task.yaml wins over conf/ groups), an experiment file's own
+    keys win over its task's (it is the more specific of the two), and an override on the command line wins over both.
     """
     trainer = Path(str(raw.task.trainer)).expanduser()
     task_yaml = (trainer if trainer.is_absolute() else PROJECT_ROOT / trainer) / "task.yaml"
@@ -436,6 +436,9 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
         if OmegaConf.select(own, "search.space") is not None:
             raw.search.space = {}  # the task's knobs replace the default group's, not join them
         merged = OmegaConf.merge(raw, own)
+        experiment = _experiment_keys(overrides)
+        if experiment is not None:
+            merged = OmegaConf.merge(merged, experiment)
         plain = [
             o.lstrip("+")
             for o in overrides
@@ -448,6 +451,25 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
             f"{task_yaml}: {_first_line(err)}",
             "task.yaml holds config keys at the top level (search:, task:, scheduler:, ...), as conf/ does",
         ) from None
+
+
+def _experiment_keys(overrides: list[str]) -> Any:
+    """The keys of the `+experiment=NAME` file (`# @package _global_`, its defaults list left out: Hydra has composed
+    those), found as Hydra finds it: conf/ first, then each `hydra.searchpath` folder (--config-dir); None if none."""
+    names = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")]
+    if not names:
+        return None
+    folders = [CONF_DIR]
+    for o in overrides:
+        if o.startswith("hydra.searchpath="):
+            folders += [Path(p.strip().removeprefix("file://")) for p in o.split("=", 1)[1].strip("[]").split(",")]
+    for folder in folders:
+        path = folder / "experiment" / f"{names[-1]}.yaml"
+        if path.is_file() and "@package _global_" in path.read_text():
+            keys = OmegaConf.load(path)
+            keys.pop("defaults", None)
+            return keys
+    return None
 
 
 def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:

@@ -45,12 +45,15 @@ def test_config_dir_adds_the_users_own_experiments(tmp_path: Path, capsys):
     (tmp_path / "conf" / "experiment").mkdir(parents=True)
     (tmp_path / "conf" / "experiment" / "mine.yaml").write_text(
         "# @package _global_\n# python -m ralph_ray --config-dir ./conf +experiment=mine\n"
-        "safeguards:\n  max_cycles: 7\n"
+        "safeguards:\n  max_cycles: 7\nsearch:\n  num_samples: 3  # digits' task.yaml says 8: the experiment wins\n"
     )
     conf = str(tmp_path / "conf")
     for flags in (["--config-dir", conf], ["-cd", conf], [f"--config-dir={conf}"]):
         assert main([*flags, "+experiment=mine", "--cfg"]) == 0
-        assert "max_cycles: 7" in capsys.readouterr().out
+        shown = capsys.readouterr().out
+        assert "max_cycles: 7" in shown and "num_samples: 3" in shown
+    assert main(["-cd", conf, "+experiment=mine", "search.num_samples=5", "--cfg"]) == 0
+    assert "num_samples: 5" in capsys.readouterr().out  # the command line wins over the experiment
     assert main(["--config-dir", str(tmp_path / "nope"), "+experiment=mine"]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["+experiment=mine", "--cfg"]) == 2  # without the folder Hydra does not know it
