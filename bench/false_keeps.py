@@ -6,17 +6,18 @@ child was judged against: the parent's best search trial's); a keep is true when
 its parent's. Reduced to fit a 2-core box shared with other jobs: 2 campaigns per mode (not 3), 6 epochs per
 trial (not 12, so seed noise is larger than the default trainer's), 3 cycles of 1 parent x 2 children.
 
-    python bench/false_keeps.py [campaigns per mode]
+    python bench/false_keeps.py [campaigns per mode] [index of the first: adds to the recorded ones]
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import config, save
+from _common import RESULTS, config, save
 from rich.console import Console
 
 from ralph_ray import history, replicates
@@ -101,18 +102,20 @@ def check(root: Path, name: str, overrides: list[str]) -> list[dict]:
 
 def main() -> None:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    first = int(sys.argv[2]) if len(sys.argv) > 2 else 0  # a later batch of campaigns adds to the recorded ones
     root = Path(tempfile.mkdtemp(prefix="bench-false-keeps-"))
-    results = {}
+    recorded = RESULTS / "false_keeps.json"
+    results = json.loads(recorded.read_text())["modes"] if first and recorded.exists() else {}
     for mode, overrides in MODES.items():
-        rows = []
-        for i in range(repeats):
+        rows = results.get(mode, [])
+        for i in range(first, first + repeats):
             tag = "before" if "before" in mode else "after"
             rows += check(root, f"{tag}-{i}", [*overrides, f"search.seed={i}", f"agent.seed={i}"])
         results[mode] = rows
     lines = [
-        f"digits, {repeats} campaign(s) per mode (3 cycles, 1 parent x 2 children, 6 epochs per trial); every kept "
-        f"child and its parent re-run with seeds {CHECK_SEEDS}: a keep is true when the child's mean beats the "
-        "parent's.",
+        f"digits, {first + repeats} campaign(s) per mode (3 cycles, 1 parent x 2 children, 6 epochs per trial); "
+        f"every kept child and its parent re-run with seeds {CHECK_SEEDS}: a keep is true when the child's mean "
+        "beats the parent's.",
         "",
         "| mode | kept children | really better | share | mean gain of the kept (5-seed means) |",
         "| --- | --- | --- | --- | --- |",
@@ -130,7 +133,7 @@ def main() -> None:
                 f"{statistics.fmean(r['child_5_seeds']):.4f} vs {statistics.fmean(r['parent_5_seeds']):.4f} "
                 f"({'true' if r['really_better'] else 'FALSE'} keep); judged on: {r['judged_on']}"
             )
-    save("false_keeps", {"repeats": repeats, "check_seeds": CHECK_SEEDS, "modes": results}, lines)
+    save("false_keeps", {"repeats": first + repeats, "check_seeds": CHECK_SEEDS, "modes": results}, lines)
 
 
 if __name__ == "__main__":

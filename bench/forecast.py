@@ -1,8 +1,9 @@
 """The learning-curve forecaster beside ASHA: epochs and wall saved, and whether the best-at-end config survives.
 
-The same N knob configs (Optuna's seeded random start-up samples, so every run draws the same ones) run three
-ways on digits: FIFO (every config to the end: which one is best at the end), ASHA alone, and ASHA with the
-forecaster (scheduler.forecast=true). Reduced to fit a 2-core box: N = 10 configs, one campaign per way.
+The same N knob configs (Optuna's seeded random start-up samples, so every run draws the same ones) run four
+ways on digits: FIFO (every config to the end: which one is best at the end), ASHA alone, ASHA with the
+forecaster (scheduler.forecast=true), and the forecaster alone (FIFO + forecast). Reduced to fit a 2-core box:
+N = 10 configs, one campaign per way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import config, save
+from _common import RESULTS, config, save
 
 from ralph_ray.campaign import run
 
@@ -22,6 +23,7 @@ WAYS = {
     "fifo": ["scheduler=fifo"],
     "asha": ["scheduler=asha"],
     "asha+forecast": ["scheduler=asha", "scheduler.forecast=true"],
+    "fifo+forecast": ["scheduler=fifo", "scheduler.forecast=true"],  # the forecaster alone
 }
 
 
@@ -48,12 +50,17 @@ def one(root: Path, name: str, overrides: list[str]) -> dict:
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-forecast-"))
-    ways = {name: one(root, name.replace("+", "-"), overrides) for name, overrides in WAYS.items()}
+    # `python bench/forecast.py WAY ...` runs only those ways and keeps the others' recorded figures.
+    wanted = sys.argv[1:] or list(WAYS)
+    recorded = RESULTS / "forecast.json"
+    ways = json.loads(recorded.read_text())["ways"] if sys.argv[1:] and recorded.exists() else {}
+    ways |= {name: one(root, name.replace("+", "-"), WAYS[name]) for name in wanted}
+    ways = {name: ways[name] for name in WAYS if name in ways}
     fifo = ways["fifo"]["trials"]
     finished = {k: t["selection"] for k, t in fifo.items() if t["selection"] is not None}
     best_knobs = max(finished, key=finished.get)
     lines = [
-        f"{N} digits configs (12 epochs each, 2 at a time), the same configs three ways; the best at the end (FIFO, "
+        f"{N} digits configs (12 epochs each, 2 at a time), the same configs each way; the best at the end (FIFO, "
         f"every config to the end): selection {finished[best_knobs]:.4f} with {best_knobs}",
         "",
         "| way | epochs trained | of all | wall s | completed | forecast stops | best-at-end config | best selection |",
@@ -66,7 +73,10 @@ def main() -> None:
             f"{way['completed']} | {way['forecast_stops']} | {ended} | {way['best_selection']:.4f} |"
         )
     stops = [
-        t["reason"] for t in ways["asha+forecast"]["trials"].values() if (t["reason"] or "").startswith("forecast")
+        f"{name}: {t['reason']}"
+        for name, way in ways.items()
+        for t in way["trials"].values()
+        if (t["reason"] or "").startswith("forecast")
     ]
     lines += ["", "Forecast stops (as recorded in the trials' reason):", *[f"- {s}" for s in stops]]
     lines += ["", "Reduced: one campaign per way on a shared 2-core box (wall times include other jobs' load)."]
