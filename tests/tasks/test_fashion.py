@@ -146,7 +146,7 @@ def test_missing_data_exits_2_before_a_run_starts(tmp_path: Path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "apt-get install dataset-fashion-mnist" in done.stderr
