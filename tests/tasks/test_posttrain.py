@@ -169,6 +169,27 @@ def test_the_analyst_reads_rl_telemetry_and_moves_the_grpo_knobs(
     assert moved != knobs  # a knob move on the GRPO script, no code transform needed
 
 
+def test_every_rl_entry_applies_to_the_grpo_seed_and_none_to_the_digits_seed():
+    from ralph_ray.agents.catalog import NotApplicable, apply, load_catalog
+
+    catalog = load_catalog()
+    rl_entries = [
+        i
+        for i in catalog.interventions
+        if any(
+            "GROUP_SIZE" in p or "BETA" in p or "LORA" in p or "TEMPERATURE" in p or "_WEIGHT" in p
+            for p in i.applies_if
+        )
+    ]
+    assert len(rl_entries) == 9
+    grpo = (PROJECT_ROOT / "trainers" / "grpo" / "train.py").read_text()
+    digits = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    for entry in rl_entries:
+        assert read_knobs(apply(entry, grpo)) != read_knobs(grpo), entry.name
+        with pytest.raises(NotApplicable):
+            apply(entry, digits)
+
+
 @pytest.mark.slow
 def test_a_two_cycle_grpo_campaign_runs_scores_and_exports(
     ray_session, cached: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
