@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,30 +111,58 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
     }
 
 
-def run_all(args: argparse.Namespace) -> list[dict[str, object]]:
-    """Every (seed, agent) campaign; side by side per seed with --parallel, else one after another."""
-    root = Path(tempfile.mkdtemp(prefix="bench-fashion-"))
+RAY_START_TIMEOUT = "timed out during startup"  # Ray's own message when its node does not come up in time
+RETRIES = 3
+
+
+def launch(folder: Path, agent: str, seed: int, args: argparse.Namespace) -> tuple[subprocess.Popen, float]:
+    """Start one campaign in the background, its output in folder/campaign.log."""
+    cmd = campaign_command(folder, agent, seed, args)
+    print(f"[{time.strftime('%H:%M:%S')}] {' '.join(cmd[2:])}  (log: {folder / 'campaign.log'})", flush=True)
+    log = (folder / "campaign.log").open("a")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT), time.monotonic()
+
+
+def run_all(args: argparse.Namespace) -> list[dict[str, object]]:
+    """Every (seed, agent) campaign; side by side per seed with --parallel, else one after another.
+
+    A campaign whose Ray did not start (a loaded machine) is started again, up to RETRIES times.
+    """
+    root = Path(tempfile.mkdtemp(prefix="bench-fashion-"))
     results = []
     for seed in args.seeds:
-        started = {}
+        running: dict[str, tuple[subprocess.Popen, float, int]] = {}
         for agent in args.agents:
-            folder = root / f"{agent}-{seed}"
-            folder.mkdir()
-            log = (folder / "campaign.log").open("w")
-            cmd = campaign_command(folder, agent, seed, args)
-            print(f"[{time.strftime('%H:%M:%S')}] {' '.join(cmd[2:])}  (log: {folder / 'campaign.log'})", flush=True)
-            proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
-            started[agent] = (proc, folder, time.monotonic())
+            (root / f"{agent}-{seed}").mkdir()
+            proc, began = launch(root / f"{agent}-{seed}", agent, seed, args)
+            running[agent] = (proc, began, 0)
             if not args.parallel:
                 proc.wait()
             elif agent != args.agents[-1]:
                 time.sleep(60)  # two Ray starts at once time out on a loaded 2-core machine
-        for agent, (proc, folder, began) in started.items():
-            code = proc.wait()
-            wall = time.monotonic() - began
-            results.append({"agent": agent, "seed": seed, **measure(folder, f"fashion-{agent}-{seed}", wall, code)})
-            print(json.dumps(results[-1], default=str), flush=True)
+        while running:
+            for agent, (proc, began, tries) in list(running.items()):
+                code = proc.poll()
+                if code is None:
+                    continue
+                folder = root / f"{agent}-{seed}"
+                if code != 0 and RAY_START_TIMEOUT in (folder / "campaign.log").read_text() and tries < RETRIES:
+                    shutil.rmtree(folder / "runs", ignore_errors=True)
+                    shutil.rmtree(folder / "kb", ignore_errors=True)
+                    (folder / "campaign.log").write_text("")
+                    print(f"[{time.strftime('%H:%M:%S')}] {agent}: Ray did not start; again", flush=True)
+                    proc, began = launch(folder, agent, seed, args)
+                    running[agent] = (proc, began, tries + 1)
+                    continue
+                del running[agent]
+                wall = time.monotonic() - began
+                run_id = f"fashion-{agent}-{seed}"
+                results.append(
+                    {"agent": agent, "seed": seed, "ray_start_retries": tries, **measure(folder, run_id, wall, code)}
+                )
+                print(json.dumps(results[-1], default=str), flush=True)
+            time.sleep(5)
     return results
 
 
