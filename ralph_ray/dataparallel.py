@@ -17,6 +17,7 @@ as any other. A lost worker fails the whole group; Ray Train restarts it from th
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,7 @@ def _worker(payload: dict[str, Any]) -> None:
         report=_report,
         checkpoint=ray.train.get_checkpoint(),
         extra_env=env,
+        predicts=rank == 0,
     )
 
 
@@ -149,7 +151,7 @@ def _reason(err: BaseException) -> str:
             return str(cause)
         cause = cause.__cause__ or cause.__context__
     text = str(err).strip()
-    for line in text.splitlines():
-        if "TrialFailed" in line:
-            return line.split("TrialFailed: ")[-1].strip()[:500]
+    said = re.findall(r"TrialFailed: (.+)", text)  # the worker's error arrives as its traceback's text
+    if said:
+        return said[-1].strip()[:500]
     return (text.splitlines() or ["the trial's worker group failed"])[0][:500]

@@ -119,8 +119,10 @@ def _run_trial(
     report: Any = None,
     checkpoint: Any = None,
     extra_env: dict[str, str] | None = None,
+    predicts: bool = True,
 ) -> None:
-    """Run train.py in `work`; a data-parallel worker (dataparallel) passes Ray Train's report, checkpoint, env."""
+    """Run train.py in `work`; a data-parallel worker (dataparallel) passes Ray Train's report, checkpoint, env
+    (and `predicts=False` on the ranks whose trainers leave predictions to rank 0)."""
     from ray import tune
 
     report = report or tune.report
@@ -152,6 +154,9 @@ def _run_trial(
         return  # Tune stopped the trial (ASHA or a stop rule)
     if outcome.status is Status.failed or outcome.last is None:
         raise TrialFailed(outcome.reason or "train.py failed")
+    if not predicts:  # its last report keeps it in step with rank 0's final one
+        report({**outcome.last, HELD_KEY: json.dumps(outcome.held)} if outcome.held else outcome.last)
+        return
     predictions = outcome.predictions
     if spec.model_scored:  # run the trainer's exported model on the held-out inputs; its own predictions don't count
         predictions = modeleval.evaluate(work, data_dir, spec.limits, trainer.seed)
