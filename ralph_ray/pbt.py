@@ -59,6 +59,9 @@ class Segment:
 class _Exploit:
     donor: str
     donor_epoch: int
+    # Tune hands a result to the scheduler before the callbacks: when that very result made this trial exploit,
+    # the ledger still sees it afterwards, and it belongs to the segment before the exploit.
+    before: int | None = None
 
 
 @dataclass
@@ -77,17 +80,24 @@ class SegmentLog:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.Lock())
 
-    def exploited(self, trial_id: str, donor: str, donor_epoch: int) -> None:
-        """PBT cloned `donor` (its checkpoint of `donor_epoch`) into `trial_id`; its next report opens a segment."""
+    def exploited(self, trial_id: str, donor: str, donor_epoch: int, before: int | None = None) -> None:
+        """PBT cloned `donor` (its checkpoint of `donor_epoch`) into `trial_id`; its next report opens a segment
+        (but a report of epoch `before`, the result that triggered the exploit, still closes the old one)."""
         with self._lock:
-            self._pending[trial_id] = _Exploit(donor, donor_epoch)
+            self._pending[trial_id] = _Exploit(donor, donor_epoch, before)
             self.exploits += 1
 
     def observe(self, trial_id: str, epoch: int, config: dict[str, Any]) -> None:
         """A report of `epoch` by `trial_id`, running `config`."""
         with self._lock:
             segments = self.segments.setdefault(trial_id, [])
-            pending = self._pending.pop(trial_id, None)
+            pending = self._pending.get(trial_id)
+            if pending is not None and pending.before == epoch:  # the old segment's last report, seen late
+                if segments and segments[-1].to_epoch == epoch - 1:
+                    segments[-1].to_epoch = epoch
+                pending.before = None
+                return
+            self._pending.pop(trial_id, None)
             # A restart (exploit, pause, retry) trains again from a checkpoint: epochs from here on are replaced.
             while segments and segments[-1].from_epoch >= epoch:
                 segments.pop()
@@ -137,12 +147,18 @@ class RecordingPBT(PopulationBasedTraining):
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict[str, Any]) -> str:
         if any(key in result for key in _FINAL_KEYS):
             return TrialScheduler.CONTINUE
-        return super().on_trial_result(tune_controller, trial, result)
+        self._current = (trial.trial_id, result.get("epoch"))
+        try:
+            return super().on_trial_result(tune_controller, trial, result)
+        finally:
+            self._current = None
 
     def _exploit(self, tune_controller: Any, trial: Trial, trial_to_clone: Trial) -> None:
         donor_epoch = int(self._trial_state[trial_to_clone].last_train_time)
         super()._exploit(tune_controller, trial, trial_to_clone)
-        self.log.exploited(trial.trial_id, trial_to_clone.trial_id, donor_epoch)
+        current = getattr(self, "_current", None)
+        before = int(current[1]) if current and current[0] == trial.trial_id and current[1] is not None else None
+        self.log.exploited(trial.trial_id, trial_to_clone.trial_id, donor_epoch, before)
 
 
 def scheduler(

@@ -118,3 +118,15 @@ def test_segments_follow_exploits_pauses_and_retries():
         (3, 4, "v2", "t2"),
     ]
     assert json.loads(rows[1]["knobs"]) == {"LR": 0.12} and log.exploits == 1
+
+    # The result that triggers a synchronous perturbation reaches the ledger after the scheduler cloned into its
+    # trial: that report still closes the old segment.
+    log.observe("t3", 1, a)
+    log.exploited("t3", "t2", 2, before=2)
+    log.observe("t3", 2, b)
+    log.observe("t3", 3, b)
+    rows = log.rows("r", 1, "t3", lambda config: {"LR": config["LR"]})
+    assert [(r["from_epoch"], r["to_epoch"], r["variant_id"], r["donor_trial_id"]) for r in rows] == [
+        (1, 2, "v1", None),
+        (3, 3, "v2", "t2"),
+    ]
