@@ -33,6 +33,7 @@ from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, seed_child
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide
+from ralph_ray.events import TrialStarts
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import kill_point
 from ralph_ray.generations import Campaign, Outcome
@@ -140,7 +141,7 @@ class AsyncCampaign(Campaign):
             run_config=tune.RunConfig(
                 name=f"session_{session:02d}",
                 storage_path=storage_path(cfg, tune_dir),
-                callbacks=[ledger, _KillDuringTrial()],
+                callbacks=[ledger, _KillDuringTrial(), TrialStarts(self.run_dir, self.run_id, None)],
                 stop=forecast.combined(_StopNow(self), self.forecaster),
                 verbose=0,
                 failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),

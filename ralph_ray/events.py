@@ -2,7 +2,8 @@
 
 Every step of a campaign leaves its outcome in the KB, so the events are taken where the rows are written: a
 KnowledgeBase that also appends a line per phase change (the runs row), gate verdict and judgement (variants),
-trial end (trials), recorded cycle and decision. Both campaign modes (barrier and async) write through it.
+trial end (trials), recorded cycle and decision. Both campaign modes (barrier and async) write through it. A trial's
+start reaches no table, so `TrialStarts`, a Tune callback beside the ledger, writes its line.
 Each line has `ts` (UTC, ISO 8601), `event` and `run_id`; the rest are the row's fields that matter to a follower.
 """
 
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from ray.tune import Callback
 
 from ralph_ray.kb import KnowledgeBase
 
@@ -74,3 +77,22 @@ class EventedKB(KnowledgeBase):
         if lines:
             with self._lock, self.events_path.open("a") as out:
                 out.write("\n".join(lines) + "\n")
+
+
+class TrialStarts(Callback):
+    """A Tune callback: a `trial_start` line (trial, variant, cycle in the barrier mode) as each trial starts."""
+
+    def __init__(self, run_dir: Path, run_id: str, cycle: int | None) -> None:
+        self.path, self.run_id, self.cycle = run_dir / EVENTS_FILE, run_id, cycle
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # Tune pickles its run config; the events file is this driver's
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+        event = {"ts": stamp, "event": "trial_start", "run_id": self.run_id, "trial_id": trial.trial_id}
+        event["variant_id"] = trial.config.get("variant")
+        if self.cycle is not None:
+            event["cycle"] = self.cycle
+        with self.path.open("a") as out:
+            out.write(json.dumps(event, default=str) + "\n")

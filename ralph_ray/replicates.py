@@ -23,6 +23,7 @@ from rich.console import Console
 from ralph_ray import sql
 from ralph_ray.children import Child
 from ralph_ray.config import Config
+from ralph_ray.events import TrialStarts
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, Sink, TrialLedger, TrialRecord
 from ralph_ray.noise import Comparison, Sample, describe, floor, welch_greater, worth_replicating
 from ralph_ray.progress import LiveProgress
@@ -261,7 +262,7 @@ def run(
         run_config=tune.RunConfig(
             name=f"cycle_{cycle:04d}_replicates_{len(list((cycle_dir / 'tune').glob('*replicates*'))) + 1}",
             storage_path=storage_path(cfg, cycle_dir / "tune"),
-            callbacks=[ledger, progress],
+            callbacks=[ledger, progress, TrialStarts(run_dir, run_id, cycle)],
             stop=stopper,
             verbose=0,
             failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),

@@ -25,6 +25,7 @@ from ralph_ray import dataparallel, forecast, harness, pbt
 from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
+from ralph_ray.events import TrialStarts
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
@@ -384,5 +385,6 @@ def run_cycle(
     )
     stopper = StopRequest(str(run_dir), deadline)
     both = forecast.combined(stopper, forecaster)
-    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress], both, segments)
+    starts = TrialStarts(run_dir, run_id, cycle)  # events.jsonl's trial_start lines
+    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress, starts], both, segments)
     return stopper.stop_all()

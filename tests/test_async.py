@@ -76,6 +76,15 @@ def test_generations_are_written_as_cycles(three_generations: Outcome):
     assert (three_generations.run_dir / "report" / "final_report.md").exists()
 
 
+def test_events_hold_each_trials_start_and_end(three_generations: Outcome):
+    from ralph_ray.events import EVENTS_FILE
+
+    events = [json.loads(line) for line in (three_generations.run_dir / EVENTS_FILE).read_text().splitlines()]
+    starts = {e["trial_id"]: e for e in events if e["event"] == "trial_start"}
+    ends = [e for e in events if e["event"] == "trial_end"]
+    assert ends and all(starts[e["trial_id"]]["variant_id"] == e["variant_id"] for e in ends)
+
+
 @pytest.mark.slow
 def test_a_slow_agent_leaves_no_slot_idle(ray_session, tmp_path: Path):
     """Each LLM call takes 6 s (12 s or more per child); between trials no slot waits longer than a trial start."""

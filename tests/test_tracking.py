@@ -280,6 +280,8 @@ def test_events_follow_phases_verdicts_trial_ends_and_the_decision(campaign: Out
     assert (1, "train") in phases and (2, "write") in phases and phases[-1][1] == "done"
     ends = [e for e in events if e["event"] == "trial_end"]
     assert sorted(e["trial_id"] for e in ends) == sorted(r["trial_id"] for r in _kb_trials(campaign))
+    starts = {e["trial_id"]: e for e in events if e["event"] == "trial_start"}
+    assert all(starts[e["trial_id"]]["ts"] <= e["ts"] and starts[e["trial_id"]]["cycle"] == e["cycle"] for e in ends)
     child = [e for e in events if e["event"] == "variant" and e["parent_id"]]
     assert child and child[0]["status"] in ("candidate", "rejected")  # the gate's verdict, then the judgement
     decisions = [e for e in events if e["event"] == "decision"]
