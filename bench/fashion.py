@@ -60,6 +60,7 @@ def campaign_command(root: Path, agent: str, seed: int, args: argparse.Namespace
         # Knob search alone runs as barrier cycles: in async mode an agent=none campaign ends as soon as its breeder
         # gives up (no children), long before its clock; each cycle re-searches the best variants' knobs.
         *(["population.mode=generations", "safeguards.max_cycles=1000"] if agent == "none" else []),
+        *([f"search.num_samples={args.knob_samples}"] if args.knob_samples else []),
     ]
 
 
@@ -213,6 +214,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=2, help="trials at a time per campaign")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=AGENTS)
+    parser.add_argument("--knob-samples", type=int, default=0, help="search.num_samples (0: the task's)")
     parser.add_argument("--parallel", action="store_true", help="run the kinds of one seed side by side")
     parser.add_argument("--name", default="fashion", help="results file name under bench/results/")
     args = parser.parse_args()
@@ -226,6 +228,7 @@ def main() -> None:
         "slots_per_campaign": args.slots,
         "seeds": args.seeds,
         "parallel": args.parallel,
+        "knob_samples": args.knob_samples or "the task's (4)",
         "load_average": load,
         "summary": {agent: summary(results, agent) for agent in args.agents},
         "campaigns": results,
