@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ralph_ray import environment, history, records, timeline, tracking, warmstart
+from ralph_ray import environment, history, records, timeline, tracking, warmcheck
 from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import Config, PopulationMode, sandbox_policy
 from ralph_ray.events import EventedKB
@@ -29,7 +29,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     run_id, run_dir, resuming = locate(cfg)
     # The sandbox first, then the data: either missing stops here, before a run is recorded or Ray starts.
     announce(sandbox_policy(cfg), console.print)
-    cfg.trial.warm = warmstart.announce(sandbox_policy(cfg), cfg.trial.warm, console.print)
+    cfg.trial.warm = warmcheck.announce(sandbox_policy(cfg), cfg.trial.warm, console.print)
     tracking.check(cfg.tracking)
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
     splits = prepare_splits(cfg)

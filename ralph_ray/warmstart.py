@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 
 from ralph_ray import zygote
 from ralph_ray.sandbox import Jail, Policy, SandboxMode, View
@@ -252,52 +252,6 @@ def unavailable(policy: Policy) -> str | None:
 def reason() -> str | None:
     """The first reason trials of this process started cold, if any."""
     return _said[0] if _said else None
-
-
-def probe(policy: Policy) -> str | None:
-    """Start a server without preloads and fork one trainer through it: None where warm starts work, else why."""
-    problem = unavailable(policy)
-    if problem:
-        return problem
-    from ralph_ray import runner  # a cycle: the runner uses this module
-
-    with tempfile.TemporaryDirectory(prefix="ralph-warm-probe-") as folder:
-        work, data = Path(folder) / "trials" / "probe", Path(folder) / "data"
-        work.mkdir(parents=True)
-        data.mkdir()
-        (work / "train.py").write_text("print('warm')\n")
-        key = Key(policy, 1, work.parent, data, preload=())
-        try:
-            found = Server(key)
-        except WarmStartError as err:
-            return str(err)
-        try:
-            jail = Jail(policy, View(writable=(work,), readable=(data,)))
-            try:
-                proc = found.spawn(runner.warm_request(runner.Trainer(work, data), jail, {}, 1, key), [])
-                code = proc.wait(timeout=30)
-                proc.stdout.close()
-                proc.stderr.close()
-            except (WarmStartError, subprocess.TimeoutExpired) as err:
-                return str(err)
-            finally:
-                jail.close()
-            return None if code == 0 else f"a forked trainer exited with code {code}"
-        finally:
-            found.close()
-
-
-def announce(policy: Policy, wanted: bool, say: Callable[[str], None]) -> bool:
-    """Say how trials will start (checked by forking a probe trainer); True where they start warm."""
-    if not wanted:
-        say("trial starts: cold (trial.warm=false): each trial starts a new interpreter")
-        return False
-    problem = probe(policy)
-    if problem is not None:
-        say(f"trial starts: cold, as warm starts cannot work here: {problem}")
-        return False
-    say(f"trial starts: warm: a fork server per worker imports {', '.join(PRELOAD)} once and forks each trial")
-    return True
 
 
 def close_all() -> None:
