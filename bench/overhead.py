@@ -85,7 +85,8 @@ def main() -> None:
     d_wall, d_trials = direct(root / "d")
     warm, c_trials = campaign(root, "warm")
     cold_starts, cold_trials = campaign(root, "coldstarts", "trial.warm=false")
-    no_reuse, _ = campaign(root, "noreuse", "search.reuse_actors=false")
+    # `--quick` leaves this one out (a loaded machine): its figure is then the cold-starts campaign's.
+    no_reuse = cold_starts if "--quick" in sys.argv else campaign(root, "noreuse", "search.reuse_actors=false")[0]
     d_mean, c_mean = sum(d_trials) / N, sum(c_trials) / N
     figures = {
         "trials": N,
