@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 from ralph_ray import harness, warmstart
-from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, SandboxMode, View, classify
+from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, SandboxMode, View, classify, python_dirs
 from ralph_ray.secretenv import public_env
 
 POLL_S = 0.05
@@ -204,6 +204,8 @@ def warm_request(trainer: Trainer, jail: Jail, env: Mapping[str, str], threads: 
     """What the fork server needs to start one trainer as `start` would: the same view, environment and limits."""
     work = trainer.work.resolve()
     keep = [[str(work), True]] + ([[str(trainer.data_dir.resolve()), False]] if trainer.data_dir.exists() else [])
+    # The trainer gets a fresh /tmp: a Python environment under /tmp (a CI checkout there) is bound back read-only.
+    keep += [[str(folder), False] for folder in python_dirs() if folder.is_relative_to("/tmp")]
     return {
         "entry": trainer.entry,
         "cwd": str(work),

@@ -206,9 +206,10 @@ class Jail:
             elif Path(folder).is_dir():
                 args += ["--ro-bind", folder, folder]
         bound = [Path(p) for p in SYSTEM_DIRS] + python_dirs() + [p.resolve() for p in self.view.extra_readable]
+        # The private /tmp before the Python environment: a venv under /tmp (a CI checkout there) stays visible.
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
         for folder in python_dirs():
             args += ["--ro-bind", str(folder), str(folder)]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm", "--tmpfs", "/tmp"]
         for device in sorted(Path("/dev").glob("nvidia*")):  # GPU trials keep their devices
             args += ["--dev-bind", str(device), str(device)]
         if any(Path("/dev").glob("nvidia*")) and Path("/sys").is_dir():

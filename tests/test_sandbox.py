@@ -345,3 +345,16 @@ def test_a_node_without_bwrap_fails_the_trial_with_the_fix(
     write_variant({"train.py": b"print('never runs')\n"}, work)
     outcome = run(Trainer(work, public), Limits(30, sandbox=Policy(SandboxMode.bwrap)))
     assert outcome.status is Status.failed and "apt-get install bubblewrap" in (outcome.reason or "")
+
+
+def test_a_python_environment_under_tmp_is_bound_after_the_private_tmp():
+    # A CI checkout under /tmp keeps its venv there: binding it before `--tmpfs /tmp` would hide the interpreter.
+    jail = Jail(POLICY, View(writable=()))
+    try:
+        args = jail.command(["python", "train.py"], Path.cwd())
+    finally:
+        jail.close()
+    private_tmp = next(i for i in range(len(args) - 1) if args[i : i + 2] == ["--tmpfs", "/tmp"])
+    for folder in sb.python_dirs():
+        bind = next(i for i in range(len(args) - 2) if args[i : i + 3] == ["--ro-bind", str(folder), str(folder)])
+        assert bind > private_tmp, f"{folder} is bound before the private /tmp covers it"
