@@ -232,7 +232,9 @@ def _not_applicable(p: str) -> str:
     # on the rejected child's variants.reason.
     return rf"""
 with sections as (
-    select run_id, cycle, unnest(string_split(analysis, '### Parent `')[2:]) as section from {p}cycles
+    -- union by name: a KB from before the analysis column reads it as NULL (no rows), not a binder error
+    select run_id, cycle, unnest(string_split(analysis, '### Parent `')[2:]) as section
+    from (select * from {p}cycles union all by name select null::varchar as analysis where false)
 ), skipped as (
     select run_id, cycle, split_part(section, '`', 1) as parent_id,
            unnest(regexp_extract_all(split_part(section, '**Skipped**', 2), '\n- `[^`]+`: [^\n]*')) as line
