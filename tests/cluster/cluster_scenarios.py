@@ -175,6 +175,7 @@ def node_loss(out: Path) -> dict[str, Any]:
             "scheduler=fifo",
             "scheduler.max_t=5",
             "safeguards.max_failures=2",
+            "safeguards.replicates=0",  # the node-loss counts are of search trials alone
             "safeguards.trial_timeout_s=120",
             "~search.space",
             "+search.space={SLEEP: {type: choice, values: [1.0]}}",
