@@ -36,6 +36,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from ralph_ray.campaign import Outcome, run  # noqa: E402
 from ralph_ray.config import load_config  # noqa: E402
 
+DIGITS_TASK = Path(__file__).resolve().parents[2] / "trainers" / "digits"
+
 TINY = [
     "agent=none",
     "safeguards.max_cycles=1",
@@ -139,6 +141,8 @@ def node_loss(out: Path) -> dict[str, Any]:
     """Remove node a while its trial runs (after its second epoch); the trial resumes on node b from its checkpoint."""
     trainer = out / "slow"
     trainer.mkdir(parents=True)
+    for part in ("prepare.py", "program.md", "task.yaml"):  # a task folder: digits' frozen parts, a slow trainer
+        shutil.copy(DIGITS_TASK / part, trainer / part)
     (trainer / "train.py").write_text(textwrap.dedent(SLOW_TRAINER))
     cluster, nodes = start_cluster(out, {"a": {"num_cpus": 1}, "b": {"num_cpus": 1}})
     killed: dict[str, Any] = {}
