@@ -439,6 +439,8 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
         experiment = _experiment_keys(overrides)
         if experiment is not None:
             merged = OmegaConf.merge(merged, experiment)
+        for removed in (o[1:].split("=", 1)[0] for o in overrides if o.startswith("~")):
+            _delete(merged, removed)  # `~search.space +search.space={...}` replaces the task's space, as in Hydra
         plain = [
             o.lstrip("+")
             for o in overrides
@@ -451,6 +453,14 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
             f"{task_yaml}: {_first_line(err)}",
             "task.yaml holds config keys at the top level (search:, task:, scheduler:, ...), as conf/ does",
         ) from None
+
+
+def _delete(cfg: Any, dotted: str) -> None:
+    """Remove a dotted key from a composed config (a `~key` override), if it is there."""
+    parent_key, _, leaf = dotted.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    if parent is not None and leaf in parent:
+        del parent[leaf]
 
 
 def _experiment_keys(overrides: list[str]) -> Any:

@@ -93,6 +93,9 @@ def improved(new: float | None, old: float | None, min_delta: float, *, beyond: 
     return new > old + min_delta if beyond else (new > old and new >= old + min_delta)
 
 
+NO_SCORE_REASON = "no trial completed: the scheduler stopped every trial before its last epoch"
+
+
 def child_verdict(
     trials: int,
     failed: int,
@@ -110,6 +113,8 @@ def child_verdict(
     """
     if trials and failed == trials:
         return VariantStatus.crashed, "every trial failed"
+    if score is None and trials:
+        return VariantStatus.discarded, NO_SCORE_REASON  # nothing to judge: its trials were stopped before the end
     if comparison is not None:
         status = VariantStatus.kept if comparison.better else VariantStatus.discarded
         return status, comparison.text()

@@ -57,15 +57,25 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
 
 
 def ensure_writable(key: str, folder: Path) -> None:
-    """Make `folder` (a config key's) or stop with the key and the fix: a campaign writes there from its first step."""
+    """Check that `folder` (a config key's) can be made and written, or stop with the key and the fix.
+
+    A probe that leaves nothing behind: folders it had to make are removed again, so a campaign that stops at
+    a later check (a missing dataset) leaves no empty runs/ or kb/ in the user's working directory.
+    """
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
     except OSError as err:
         raise CampaignError(
             f"{key}={folder} cannot be created ({err.strerror}): point {key} at a folder you can "
             f"write, e.g. {key}=./{folder.name or 'runs'}"
         ) from None
-    if not os.access(folder, os.W_OK | os.X_OK):
+    finally:
+        for made in missing:  # deepest first
+            if made.is_dir():
+                made.rmdir()
+    if not writable:
         raise CampaignError(
             f"{key}={folder} is not writable: point {key} at a folder you can write, or fix its permissions"
         )

@@ -124,10 +124,11 @@ def scheduler(cfg: Config) -> TrialScheduler:
     budget = cfg.trial.budget_s
     if budget is not None:
         # The same rungs as a share of training: grace_period / max_t of the budget, then x reduction_factor. max_t
-        # past any report (train_seconds stays below the budget) so a trainer that used its budget ends on its own.
+        # past any report (train_seconds stays below the budget) so a trainer that used its budget ends on its own,
+        # and past budget + grace, so a trainer that ignores its deadline meets the runner's stop, which says why.
         return ASHAScheduler(
             time_attr=harness.TRAIN_SECONDS,
-            max_t=2 * budget,
+            max_t=2 * budget + cfg.trial.grace_s,
             grace_period=budget * cfg.scheduler.grace_period / cfg.scheduler.max_t,
             reduction_factor=cfg.scheduler.reduction_factor,
         )

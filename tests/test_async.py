@@ -22,6 +22,7 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE
 
 sys.path.insert(0, str(Path(__file__).parent / "agents"))
 from slow_llm import SlowLLM  # noqa: E402
+from taskdirs import digits_task  # noqa: E402
 
 TINY = [
     "population.mode=async",
@@ -139,12 +140,9 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     )
     assert curve and max(c["value"] for c in curve) <= 3.0  # ASHA's time attribute: training seconds
 
-    greedy = tmp_path / "greedy"
-    greedy.mkdir()
     source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
     ignoring = source.replace("for epoch in harness.epochs(EPOCHS):", "for epoch in range(1, 10**6):")
-    (greedy / "train.py").write_text(ignoring)
-    (greedy / "program.md").write_text("a trainer that ignores its deadline\n")
+    greedy = digits_task(tmp_path / "greedy", ignoring, program="a trainer that ignores its deadline\n")
     outcome = run(
         tiny(
             tmp_path,

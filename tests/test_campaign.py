@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from procs import pid_alive
+from taskdirs import digits_task
 
 from ralph_ray.__main__ import main
 from ralph_ray.harness import PUBLIC_FILES
@@ -27,6 +28,7 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
             "run_id=digits-e2e",
             "safeguards.max_cycles=1",
             "search.num_samples=6",
+            "safeguards.replicates=0",  # six search trials alone (replicates: tests/test_noise.py)
             "search.max_concurrent=2",
             "scheduler.max_t=4",
             "scheduler.grace_period=1",
@@ -111,7 +113,7 @@ for epoch in range(1, EPOCHS + 1):
         time.sleep(300)
     time.sleep(0.2)
     harness.report(epoch=epoch, val_acc=LR * epoch / EPOCHS, train_loss=1.0 - LR)
-harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
+harness.save_predictions(selection=np.zeros(len(data.selection_x), int), test=np.zeros(len(data.test_x), int))
 """
 
 
@@ -119,10 +121,8 @@ harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zero
 def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config, tmp_path: Path):
     from ralph_ray.campaign import run
 
-    trainer = tmp_path / "scripted"
-    trainer.mkdir()
     (tmp_path / "tickets").mkdir()
-    (trainer / "train.py").write_text(textwrap.dedent(SCRIPTED.format(tickets=str(tmp_path / "tickets"))))
+    trainer = digits_task(tmp_path / "scripted", textwrap.dedent(SCRIPTED.format(tickets=str(tmp_path / "tickets"))))
     cfg = tiny_config(
         f"task.trainer={trainer}",
         "run_id=scripted",
@@ -133,6 +133,7 @@ def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config
         "safeguards.trial_timeout_s=15",
         "~search.space",
         "+search.space={LR: {type: uniform, low: 0.0, high: 1.0}}",
+        "sandbox=none",  # the trials share a tickets folder outside their work dirs (sandboxed: tests/test_sandbox.py)
     )
     outcome = run(cfg)
 

@@ -41,6 +41,19 @@ def test_overrides_apply():
     assert cfg.scheduler.name is SchedulerKind.fifo
 
 
+def test_a_removed_space_replaces_the_task_yamls_space():
+    """`~search.space` then `+search.space={...}` leaves only the new knobs, though task.yaml brings its own."""
+    assert set(load_config([]).search.space) == {"LR", "BATCH_SIZE", "WIDTH"}  # digits' task.yaml
+    cfg = load_config(["~search.space", "+search.space={SLEEP: {type: choice, values: [1.0]}}"])
+    assert set(cfg.search.space) == {"SLEEP"}
+    assert set(load_config(["+search.space.EPOCHS={type: choice, values: [4]}"]).search.space) == {
+        "LR",
+        "BATCH_SIZE",
+        "WIDTH",
+        "EPOCHS",
+    }  # an added knob still joins the task's
+
+
 @pytest.mark.parametrize(
     ("overrides", "key", "fix_words"),
     [

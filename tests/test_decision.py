@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from ralph_ray.config import SafeguardsConfig
-from ralph_ray.decision import CycleFacts, StopReason, child_verdict, decide, gate_fail_streak, improved, plateau_length
+from ralph_ray.decision import (
+    NO_SCORE_REASON,
+    CycleFacts,
+    StopReason,
+    child_verdict,
+    decide,
+    gate_fail_streak,
+    improved,
+    plateau_length,
+)
 from ralph_ray.variants import VariantStatus
 
 
@@ -47,6 +56,7 @@ def test_improved_by_min_delta_rises_by_at_least_it_and_beyond_by_more():
         (2, 0, 0.905, 0.9, None, (VariantStatus.discarded, None)),  # not by more than min_delta=0.01
         (0, 0, None, 0.9, None, (VariantStatus.discarded, "not trained (stopped)")),
         (0, 0, None, 0.9, "earlier reason", (VariantStatus.discarded, "earlier reason")),
+        (2, 1, None, 0.9, None, (VariantStatus.discarded, NO_SCORE_REASON)),  # one failed, one stopped by ASHA
     ],
 )
 def test_child_verdict(trials, failed, score, parent, reason, expected):

@@ -26,9 +26,12 @@ def test_an_unwritable_folder_exits_2_naming_the_key(key: str, tmp_path: Path) -
     assert f"{key}=/proc/ralph_ray_x cannot be created" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_writable_folder_is_made(tmp_path: Path) -> None:
+def test_a_writable_folder_is_checked_and_left_unmade(tmp_path: Path) -> None:
     ensure_writable("paths.runs", tmp_path / "a" / "b")
-    assert (tmp_path / "a" / "b").is_dir()
+    assert not (tmp_path / "a").exists()  # the probe leaves nothing behind (a later check may still stop the run)
+    (tmp_path / "kept").mkdir()
+    ensure_writable("paths.runs", tmp_path / "kept")
+    assert (tmp_path / "kept").is_dir()
     (tmp_path / "file").write_text("")
     with pytest.raises(CampaignError, match="paths.kb"):
         ensure_writable("paths.kb", tmp_path / "file" / "kb")  # a file in the way

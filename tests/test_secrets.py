@@ -37,26 +37,23 @@ ANALYSIS = {
         },
     ],
 }
-CRASH_DIFF = """\
-```diff
---- a/train.py
-+++ b/train.py
-@@ -77,2 +77,3 @@
- def main() -> None:
-+    raise SystemExit("secrets: " + " ".join(v for k, v in __import__("os").environ.items() if "KEY" in k.upper()))
-     seed = harness.seed()
-```
-"""
-LEAKY_DIFF = """\
-```diff
---- a/train.py
-+++ b/train.py
-@@ -77,2 +77,3 @@
- def main() -> None:
-+    print("ENVIRONMENT", dict(__import__("os").environ), flush=True)
-     seed = harness.seed()
-```
-"""
+SEED = Path(__file__).resolve().parents[1] / "trainers" / "digits" / "train.py"
+
+
+def diff_after_main(added: str) -> str:
+    """A diff that adds one line at the top of the seed's main(), against the seed as it is today."""
+    lines = SEED.read_text().splitlines()
+    at = lines.index("def main() -> None:")  # 0-based: the hunk starts at line at + 1
+    return (
+        "```diff\n--- a/train.py\n+++ b/train.py\n"
+        f"@@ -{at + 1},2 +{at + 1},3 @@\n {lines[at]}\n+    {added}\n {lines[at + 1]}\n```\n"
+    )
+
+
+CRASH_DIFF = diff_after_main(
+    'raise SystemExit("secrets: " + " ".join(v for k, v in __import__("os").environ.items() if "KEY" in k.upper()))'
+)
+LEAKY_DIFF = diff_after_main('print("ENVIRONMENT", dict(__import__("os").environ), flush=True)')
 
 
 @pytest.mark.slow

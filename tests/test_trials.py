@@ -25,7 +25,7 @@ EPOCHS = 3  # epochs
 data = harness.load_data()
 for epoch in range(1, EPOCHS + 1):
     harness.report(epoch=epoch, val_acc=epoch / 10)
-harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
+harness.save_predictions(selection=np.zeros(len(data.selection_x), int), test=np.zeros(len(data.test_x), int))
 """
 DIVERGES = """\
 from ralph_ray import harness

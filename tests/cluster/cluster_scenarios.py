@@ -65,7 +65,7 @@ for epoch in range(state["epoch"] + 1, EPOCHS + 1):
     time.sleep(SLEEP)
     harness.save_checkpoint({"epoch": epoch})
     harness.report(epoch=epoch, val_acc=0.5 + epoch / 100, train_loss=1.0 / epoch)
-harness.save_predictions(selection=np.zeros(len(data.selection_x)), test=np.zeros(len(data.test_x)))
+harness.save_predictions(selection=np.zeros(len(data.selection_x), int), test=np.zeros(len(data.test_x), int))
 """
 
 
