@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -15,7 +17,7 @@ import pytest
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.campaign import Outcome, run
-from ralph_ray.config import load_config
+from ralph_ray.config import load_config, resume_config
 from ralph_ray.faults import ENV_KILL_AT
 from ralph_ray.kb import open_reader
 from ralph_ray.ledger import STOPPED_WITH_CYCLE
@@ -120,6 +122,56 @@ def test_a_slow_agent_leaves_no_slot_idle(ray_session, tmp_path: Path):
         running += step
         since = moment
     assert max(gaps) < 6.0, f"a slot idled {max(gaps):.1f}s while the agent wrote children (gaps: {gaps})"
+
+
+@pytest.mark.slow
+def test_a_manual_stop_ends_the_async_run_at_once_and_resume_goes_on(ray_session, tmp_path: Path):
+    """`python -m ralph_ray stop` while the seed's trials train: the one Tune run ends, its trials in flight are
+    recorded as stopped with the run, the decision says manual_stop; a resume then runs to max_cycles."""
+    from ralph_ray.__main__ import main
+
+    cfg = tiny(
+        tmp_path,
+        "run_id=stopme",
+        "safeguards.max_cycles=3",
+        "search.num_samples=2",
+        "scheduler.max_t=30",
+        "search.space.EPOCHS.values=[30]",
+    )
+    run_dir = tmp_path / "runs" / "stopme"
+    asked: list[float] = []
+
+    def stop_when_training() -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not list(run_dir.rglob("metrics.jsonl")):
+            time.sleep(0.1)
+        asked.append(time.time())
+        assert main(["stop", "stopme", "--runs", str(tmp_path / "runs")]) == 0
+
+    stopper = threading.Thread(target=stop_when_training)
+    stopper.start()
+    outcome = run(cfg)
+    stopper.join()
+    assert outcome.exit_code == 0 and outcome.stop_reason == "manual_stop"
+    con = open_reader(outcome.kb_root)
+    assert rows(con, "select status, stop_reason from runs where run_id = ?", ["stopme"]) == [
+        {"status": "finished", "stop_reason": "manual_stop"}
+    ]
+    trials = rows(
+        con, "select status, reason, epochs, epoch(written_at) as at from trials where run_id = ?", ["stopme"]
+    )
+    # At once: the trials in flight (30 epochs each) were cut with the run, none ran to its end.
+    assert trials and all(t["status"] != "completed" for t in trials)
+    assert any(t["reason"] == STOPPED_WITH_CYCLE for t in trials)
+    assert rows(con, "select reason from decisions where run_id = ?", ["stopme"]) == [{"reason": "manual_stop"}]
+
+    resumed = run(
+        resume_config(run_dir, ["safeguards.max_cycles=1", "scheduler.max_t=2", "search.space.EPOCHS.values=[2]"])
+    )
+    assert resumed.exit_code == 0 and resumed.stop_reason == "max_cycles"
+    assert not (run_dir / "STOP").exists()
+    con = open_reader(outcome.kb_root)
+    assert con.execute("select count(*) from trials where run_id = 'stopme' and status = 'completed'").fetchone()[0]
 
 
 @pytest.mark.slow
