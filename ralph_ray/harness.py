@@ -7,6 +7,7 @@ trainer also runs by hand (`python train.py`) against data prepared with `python
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -27,6 +28,9 @@ ENV_DEVICE = "RALPH_DEVICE"
 ENV_CHECKPOINT_DIR = "RALPH_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_S = "RALPH_CHECKPOINT_EVERY_S"
 ENV_BUDGET_S = "RALPH_BUDGET_S"  # the trial's time budget in seconds (unset: none, train for EPOCHS)
+ENV_USAGE_FILE = "RALPH_USAGE_FILE"  # where this process's peak memory goes at each report and at exit
+PEAK_RSS_KEY = "peak_rss_mb"  # usage file keys (MiB): ru_maxrss, and torch.cuda.max_memory_allocated where used
+PEAK_GPU_KEY = "peak_gpu_mb"
 MODEL_FILE = "model.pt2"  # save_model's export, in the work dir: what a task scored by its model is scored on
 CHECKPOINT_FILE = "checkpoint.pt"
 TRAIN_SECONDS = "train_seconds"  # the key every report carries: ASHA's time attribute under a time budget
@@ -177,6 +181,31 @@ def report(**metrics: float) -> None:
         handle.flush()
     if is_main():  # every rank writes its line (the engine keeps the ranks in step); one prints
         print(" ".join(f"{k}={_fmt(v)}" for k, v in record.items()), flush=True)
+    _write_usage()
+
+
+@atexit.register
+def _write_usage() -> None:
+    """Write this process's peak memory (MiB) where the engine reads it; a hand run (no RALPH_USAGE_FILE) skips it."""
+    value = os.environ.get(ENV_USAGE_FILE)
+    if not value:
+        return
+    import resource
+
+    # ru_maxrss is in KiB on Linux; the children's covers data-loader workers this process has reaped.
+    kib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    usage = {PEAK_RSS_KEY: kib / 1024}
+    torch = sys.modules.get("torch")  # only a trainer that imported torch and started CUDA has a GPU peak
+    if torch is not None and torch.cuda.is_initialized():
+        cuda = torch.cuda
+        usage[PEAK_GPU_KEY] = sum(cuda.max_memory_allocated(d) for d in range(cuda.device_count())) / 2**20
+    path = Path(value)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(usage))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # the work dir is gone (the trial was cleaned up): the engine's own samples stand
 
 
 def save_predictions(selection: np.ndarray, test: np.ndarray) -> None:

@@ -153,6 +153,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("work_dir", pa.string()),
             ("written_at", TS),
             ("replicate", pa.bool_()),  # a fresh-seed run of the variant's best knobs (noise.py); NULL in old KBs
+            ("peak_rss_mb", pa.float64()),  # the trainer's peak memory in MiB (peakmemory.py); NULL in old KBs
+            ("peak_gpu_mb", pa.float64()),  # its CUDA peak (max_memory_allocated); NULL without a GPU
         ]
     ),
     "epochs": pa.schema(

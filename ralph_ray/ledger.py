@@ -19,6 +19,7 @@ from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
 
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.pbt import SegmentLog
+from ralph_ray.peakmemory import GPU_KEY, RSS_KEY
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
@@ -26,7 +27,7 @@ from ralph_ray.trials import FAILED_KEY, HELD_KEY, REPLICATE_KEY, SEED_KEY, STOP
 
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
-_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, STOPPED_KEY, "variant"}
+_SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, STOPPED_KEY, "variant", RSS_KEY, GPU_KEY}
 # The reason of trials cut short by a stop of the whole cycle: a resumed cycle runs them again.
 STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"
 
@@ -50,6 +51,8 @@ class TrialRecord:
     seconds: float
     work_dir: str
     replicate: bool = False  # a fresh-seed run of its variant's best knobs (noise.py), not a search sample
+    peak_rss_mb: float | None = None  # the trainer's peak memory (peakmemory.py); GPU only where it used CUDA
+    peak_gpu_mb: float | None = None
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -83,6 +86,7 @@ class TrialLedger(Callback):
         self.segments, self.segment_sink = segments, segment_sink
         self.started: dict[str, float] = {}
         self.epochs: dict[str, dict[int, dict[str, float]]] = {}
+        self.peaks: dict[str, dict[str, float]] = {}  # trial -> the largest peak memory any of its reports carried
         self.records: list[TrialRecord] = []
 
     def __getstate__(self) -> dict[str, Any]:
@@ -96,6 +100,11 @@ class TrialLedger(Callback):
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
     ) -> None:
+        peaks = self.peaks.setdefault(trial.trial_id, {})
+        for key in (RSS_KEY, GPU_KEY):
+            value = _float(result.get(key))
+            if value is not None:
+                peaks[key] = max(value, peaks.get(key, value))
         epoch = result.get("epoch")
         if epoch is None:
             return
@@ -173,6 +182,8 @@ class TrialLedger(Callback):
             seconds=time.time() - self.started.get(trial.trial_id, time.time()),
             work_dir=f"{self.trials_root}/{trial.trial_id}",
             replicate=bool(config.get(REPLICATE_KEY, False)),
+            peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
+            peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
         )
         rows = [
             {"run_id": self.run_id, "trial_id": trial.trial_id, "epoch": epoch, "metric": name, "value": value}

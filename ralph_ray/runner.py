@@ -13,6 +13,7 @@ gate's smoke run both call `run`.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import json
 import math
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 from ralph_ray import harness, warmstart
+from ralph_ray.peakmemory import USAGE_FILE, PeakMemory
 from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, SandboxMode, View, classify, python_dirs
 from ralph_ray.secretenv import public_env
 
@@ -99,6 +101,8 @@ class Outcome:
     last: Record | None = None
     held: list[Record] = field(default_factory=list)  # held-back epochs before the last one (see `run`)
     predictions: Path | None = None  # the trainer's predictions file, when it wrote one
+    peak_rss_mb: float | None = None  # its peak memory (`peakmemory`): CPU RSS, and GPU where it used CUDA
+    peak_gpu_mb: float | None = None
 
 
 def run(
@@ -107,20 +111,26 @@ def run(
     on_epoch: Callable[[Record], None] = lambda record: None,
     hold_from_epoch: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    peak: PeakMemory | None = None,
 ) -> Outcome:
     """Run a trainer to its end; every epoch report goes to `on_epoch` unless its epoch is `hold_from_epoch` or later.
 
     Held reports come back in the outcome instead (the last one as `last`, the earlier ones as `held`): ASHA's
-    last rung would otherwise stop a fully trained trial between its last epoch and its predictions.
+    last rung would otherwise stop a fully trained trial between its last epoch and its predictions. `peak` (if
+    given) follows the trainer's peak memory as it runs, for a caller that reports it with each epoch.
     """
+    peak = peak or PeakMemory()
     try:
         running = start(trainer, limits)
     except TrialFailed as err:  # the sandbox could not start on this node: final, not a lost node to retry
         return Outcome(Status.failed, str(err))
     try:
-        return tail(running, trainer, limits, on_epoch, hold_from_epoch, should_stop)
+        outcome = tail(running, trainer, limits, on_epoch, hold_from_epoch, should_stop, peak)
     finally:
+        peak.sample(running.proc.pid, force=True)  # a trainer stopped mid-run: its last mark before the kill
         running.stop()
+    peak.read_usage(trainer.work / USAGE_FILE)
+    return dataclasses.replace(outcome, peak_rss_mb=peak.rss_mb, peak_gpu_mb=peak.gpu_mb)
 
 
 Process = subprocess.Popen[bytes] | warmstart.WarmProcess  # a cold start's Popen or a warm start's fork
@@ -150,6 +160,7 @@ def start(trainer: Trainer, limits: Limits) -> Running:
         harness.ENV_METRICS_FILE: str(work / METRICS_FILE),
         harness.ENV_PREDICTIONS_FILE: str(work / PREDICTIONS_FILE),
         harness.ENV_SEED: str(trainer.seed),
+        harness.ENV_USAGE_FILE: str(work / USAGE_FILE),
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "PYTHONUNBUFFERED": "1",
@@ -157,6 +168,7 @@ def start(trainer: Trainer, limits: Limits) -> Running:
     if trainer.checkpoint_every_s is not None:
         env[harness.ENV_CHECKPOINT_DIR] = str(work / CHECKPOINT_DIR)
         env[harness.ENV_CHECKPOINT_EVERY_S] = str(trainer.checkpoint_every_s)
+    (work / USAGE_FILE).unlink(missing_ok=True)  # a retried trial's earlier attempt is not this one's peak
     jail = Jail(limits.sandbox, View(writable=(work,), readable=(trainer.data_dir,)))
     if limits.warm:
         warm = _start_warm(trainer, limits, jail, env)
@@ -226,8 +238,9 @@ def tail(
     on_epoch: Callable[[Record], None],
     hold_from_epoch: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    peak: PeakMemory | None = None,
 ) -> Outcome:
-    """Follow a started trainer until it exits, fails a limit, or `should_stop` says so."""
+    """Follow a started trainer until it exits, fails a limit, or `should_stop` says so (sampling its peak memory)."""
     work, proc = trainer.work, running.proc
     reports = JsonLinesTail(work / METRICS_FILE)
     deadline = time.monotonic() + limits.timeout_s
@@ -238,6 +251,8 @@ def tail(
     held: list[Record] = []
     try:
         while True:
+            if peak is not None:
+                peak.sample(proc.pid)
             exited = proc.poll() is not None  # read the lines after checking, so none written before exit is missed
             for record in reports.read_new():
                 check_finite(record)

@@ -24,6 +24,7 @@ from typing import Any
 from ralph_ray import harness, modeleval, runner
 from ralph_ray.datacache import PublicData, check_frozen, materialise_data
 from ralph_ray.knobs import resolve_knobs
+from ralph_ray.peakmemory import USAGE_FILE, PeakMemory
 from ralph_ray.runner import CHECKPOINT_DIR, Limits, Status, Trainer, TrialFailed
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
 from ralph_ray.workdir import read_files, set_knobs, write_variant
@@ -103,13 +104,14 @@ def run_trial(config: dict[str, Any], spec: TrialSpec) -> None:
     from ray import tune
 
     trial_id = tune.get_context().get_trial_id() or "manual"
+    peak = PeakMemory()
     try:
-        _run_trial(config, spec, work_dir(spec, trial_id))
+        _run_trial(config, spec, work_dir(spec, trial_id), peak=peak)
     except TrialFailed as err:
         # Final: Tune retries exceptions (max_failures), which must spend retries on lost nodes, not on a
-        # trainer that would crash, diverge or hang again. The ledger records the reason.
+        # trainer that would crash, diverge or hang again. The ledger records the reason (and the peak memory).
         worst = float("-inf") if spec.schedule.mode == "max" else float("inf")
-        tune.report({spec.schedule.metric: worst, FAILED_KEY: str(err)})
+        tune.report({spec.schedule.metric: worst, FAILED_KEY: str(err), **peak.fields()})
 
 
 def _run_trial(
@@ -120,10 +122,14 @@ def _run_trial(
     checkpoint: Any = None,
     extra_env: dict[str, str] | None = None,
     predicts: bool = True,
+    peak: PeakMemory | None = None,
 ) -> None:
     """Run train.py in `work`; a data-parallel worker (dataparallel) passes Ray Train's report, checkpoint, env
-    (and `predicts=False` on the ranks whose trainers leave predictions to rank 0)."""
+    (and `predicts=False` on the ranks whose trainers leave predictions to rank 0). Every report carries the
+    trainer's peak memory so far (`peak`), so a trial stopped early still has one."""
     from ray import tune
+
+    peak = peak or PeakMemory()
 
     report = report or tune.report
     if report is tune.report:
@@ -142,12 +148,15 @@ def _run_trial(
     write_node_info(work, data_dir, restored, env)
     seed = int(config.get(SEED_KEY, spec.seed))
     trainer = Trainer(work, data_dir, code.entry, seed, env, spec.schedule.checkpoint_every_s)
-    every_epoch = (
-        report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR, report)
-    )
-    outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested)
+    forward = report if spec.schedule.checkpoint_every_s is None else CheckpointForwarder(work / CHECKPOINT_DIR, report)
+
+    def every_epoch(record: dict[str, Any]) -> None:
+        peak.read_usage(work / USAGE_FILE)  # the harness wrote it with this report
+        forward({**record, **peak.fields()})
+
+    outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested, peak)
     if outcome.status is Status.stopped and outcome.reason and outcome.last is not None:  # past its time budget
-        final = {**outcome.last, STOPPED_KEY: outcome.reason}
+        final = {**outcome.last, STOPPED_KEY: outcome.reason, **peak.fields()}
         report({**final, HELD_KEY: json.dumps(outcome.held)} if outcome.held else final)
         return
     if outcome.status is Status.stopped:
@@ -155,7 +164,8 @@ def _run_trial(
     if outcome.status is Status.failed or outcome.last is None:
         raise TrialFailed(outcome.reason or "train.py failed")
     if not predicts:  # its last report keeps it in step with rank 0's final one
-        report({**outcome.last, HELD_KEY: json.dumps(outcome.held)} if outcome.held else outcome.last)
+        last = {**outcome.last, **peak.fields()}
+        report({**last, HELD_KEY: json.dumps(outcome.held)} if outcome.held else last)
         return
     predictions = outcome.predictions
     if spec.model_scored:  # run the trainer's exported model on the held-out inputs; its own predictions don't count
@@ -165,7 +175,7 @@ def _run_trial(
             f"train.py finished without writing {runner.PREDICTIONS_FILE}: "
             "call harness.save_predictions(selection=..., test=...)"
         )
-    final = dict(outcome.last)
+    final = {**outcome.last, **peak.fields()}
     if outcome.held:  # the held epochs before the last ride along, so the curve keeps every epoch
         final[HELD_KEY] = json.dumps(outcome.held)
     # The driver scores these against labels that never leave it.

@@ -27,6 +27,12 @@ COLUMNS = {
         "last val", format="%.4f", help="the trainer's last reported validation metric"
     ),
     "seconds": st.column_config.NumberColumn("seconds", format="%.1f"),
+    "peak_rss_mb": st.column_config.NumberColumn(
+        "peak RSS MiB", format="%.0f", help="the trainer's peak CPU memory (blank in older KBs)"
+    ),
+    "peak_gpu_mb": st.column_config.NumberColumn(
+        "peak GPU MiB", format="%.0f", help="torch.cuda.max_memory_allocated at its end (blank without CUDA)"
+    ),
     "seed": st.column_config.NumberColumn("seed", width="small"),
     "work_dir": st.column_config.TextColumn("work dir", help="on the node that ran the driver"),
 }
