@@ -1,9 +1,9 @@
 """`python -m ralph_ray export RUN_ID [VARIANT] [--out DIR]`: the best (or a named) variant as a self-contained bundle.
 
 The bundle holds the variant's trainer with its best trial's knobs written in, its `program.md`, the diff against
-the seed, its scores (with the spread over replicates where there are any), the knobs, the lineage with each
-step's interventions, the run's config and environment, the best trial's checkpoint where one was kept, a model
-card, and `reproduce.py`, which prepares the task's data, trains the variant by hand and scores it as the
+the seed, its scores (with the replicates' mean and 95% Student-t interval where there are any), the knobs, the
+lineage with each step's interventions, the run's config and environment, the best trial's checkpoint where one was
+kept, a model card, and `reproduce.py`, which prepares the task's data, trains the variant by hand and scores it as the
 campaign did (ralph_ray must be importable: the trainer's helper and the frozen scoring live there).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,14 @@ from ralph_ray import sql
 from ralph_ray.environment import ENV_FILE
 from ralph_ray.kb import open_reader
 from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.noise import Sample, half_width
 from ralph_ray.rundir import CampaignError
 from ralph_ray.tracking import readable_path
 from ralph_ray.variants import unified_diff
 
 TRAINER = "trainer"  # the bundle's folder with the trainer's files
 TRAIN_FILE = "train.py"
+CONFIDENCE = 0.95  # the replicates' interval, as the leaderboard's ci_low/ci_high
 REPRODUCE = '''"""Train this exported variant by hand and score it as the campaign did: python reproduce.py [--seed N].
 
 Needs ralph_ray importable (pip install -e <the ralph_ray checkout>): the trainer imports its small helper
@@ -136,7 +137,7 @@ def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path 
     train.write_text(rewrite_knobs(train.read_text(), {k: v for k, v in knobs.items() if k in present}))
     (out / "diff_vs_seed.patch").write_text(unified_diff(seed.files_dir, trainer))
     trial = _trial(con, run_id, str(best["best_trial_id"]))
-    scores = _scores(con, run_id, variant.variant_id, str(best["best_knobs"]), best, trial)
+    scores = _scores(con, run_id, variant.variant_id, best, trial)
     _write_json(out / "scores.json", scores)
     _write_json(out / "knobs.json", knobs)
     _write_json(out / "lineage.json", [_step_json(s) for s in chain])
@@ -183,18 +184,24 @@ def _trial(con: duckdb.DuckDBPyConnection, run_id: str, trial_id: str) -> dict[s
     return {} if row.empty else row.iloc[0].to_dict()
 
 
-def _scores(
-    con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, knobs: str, best: Any, trial: dict[str, Any]
-) -> dict[str, Any]:
-    """The recorded scores of the best trial, and the replicates' mean with a normal 95% interval where n >= 2."""
-    replicates = con.execute(sql.EXPORT_REPLICATES, [run_id, variant_id, knobs]).fetchall()
-    spread: dict[str, Any] = {"n": len(replicates)}
+def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: Any, trial: dict[str, Any]) -> dict:
+    """The recorded scores of the best trial, and its replicates' mean with a 95% Student-t interval where n >= 2.
+
+    The replicates are the ones the leaderboard counts (fresh seeds of the variant's best knobs, `noise`), so the
+    interval is its ci_low/ci_high; the best search trial is not one of them (it was picked for its luck too).
+    """
+    replicates = con.execute(sql.EXPORT_REPLICATES, [run_id, variant_id]).fetchall()
+    spread: dict[str, Any] = {"n": len(replicates), "seeds": [int(r[2]) for r in replicates], "confidence": CONFIDENCE}
     for i, name in enumerate(("selection", "test")):
-        values = [float(r[i]) for r in replicates if r[i] is not None]
-        if len(values) >= 2:
-            mean, sd = statistics.fmean(values), statistics.stdev(values)
-            half = 1.96 * sd / math.sqrt(len(values))
-            spread[name] = {"mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
+        sample = Sample.of([r[i] for r in replicates])
+        half = half_width(sample, CONFIDENCE)
+        if sample.mean is not None and half is not None:
+            spread[name] = {
+                "mean": sample.mean,
+                "sd": sample.sd,
+                "n": sample.n,
+                "ci95": [sample.mean - half, sample.mean + half],
+            }
     return {
         "variant_id": variant_id,
         "trial_id": str(best["best_trial_id"]),
@@ -203,7 +210,7 @@ def _scores(
         "seed": int(trial.get("seed", 0)),
         "epochs": int(trial.get("epochs", 0)),
         "trials_of_variant": int(best["trials"]),
-        "replicates_at_these_knobs": spread,
+        "replicates": spread,
         "scores_are_oriented": "higher is better (a min metric's value is negated)",
     }
 
@@ -212,13 +219,7 @@ def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, 
     """The bundle's README: what it is, how it scored, how it came to be, how to run it."""
     r, v = run.iloc[0], chain[-1]
     path = readable_path(" > ".join(json.dumps(s.interventions) for s in chain))
-    rep = scores["replicates_at_these_knobs"]
-    spread = (
-        f"mean {rep['selection']['mean']:.4f}, 95% CI [{rep['selection']['ci95'][0]:.4f}, "
-        f"{rep['selection']['ci95'][1]:.4f}] over {rep['n']} replicates"
-        if "selection" in rep
-        else "one trial at these knobs: no interval"
-    )
+    rep = scores["replicates"]
     steps = "\n".join(
         f"| {s.cycle} | `{s.variant_id}` | {' + '.join(s.interventions) or 'seed'} | "
         f"{s.diagnosis or '-'} | {'-' if s.selection_score is None else f'{s.selection_score:.4f}'} |"
@@ -232,8 +233,9 @@ Exported by `python -m ralph_ray export`. Path from the seed: **{path}**.
 
 ## Scores (frozen evaluation, higher is better)
 
-- selection: {scores["selection_score"]:.4f} (best trial `{scores["trial_id"]}`; {spread})
-- test: {"-" if scores["test_score"] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select)
+- selection: {scores["selection_score"]:.4f} (best trial `{scores["trial_id"]}`); {_interval(rep, "selection")}
+- test: {"-" if scores["test_score"] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select);
+  {_interval(rep, "test")}
 
 ## Knobs written into `trainer/train.py`
 
@@ -263,6 +265,15 @@ Or by hand: `python -m ralph_ray.prepare` with the campaign's task and data sett
 `RALPH_DATA_DIR=<printed dir> python trainer/train.py` (predictions go to `predictions.npz`).
 Scores reproduce within the noise of one training run (seed {scores["seed"]}; GPU kernels are not bit-exact).
 """
+
+
+def _interval(replicates: dict[str, Any], name: str) -> str:
+    """`replicates: mean 0.9712, 95% CI [0.9650, 0.9774] (Student t, n=3)`, or why there is no interval."""
+    spread = replicates.get(name)
+    if spread is None:
+        return f"no interval ({replicates['n']} replicate(s) at the best knobs: an interval needs 2)"
+    low, high = spread["ci95"]
+    return f"replicates: mean {spread['mean']:.4f}, 95% CI [{low:.4f}, {high:.4f}] (Student t, n={spread['n']})"
 
 
 def _step_json(s: Step) -> dict[str, Any]:

@@ -436,7 +436,10 @@ select trial_id, max(value) from epochs where run_id = ? and metric = 'train_sec
 EPOCHS_FOR_RUN = "select trial_id, epoch, metric, value from epochs where run_id = ? order by trial_id, epoch, metric"
 VARIANT_LINEAGE = APP_LINEAGE  # each variant with its lineage path, scores, files and diff
 # A variant's completed trials at its best knobs (seeds apart): the spread its exported score is quoted with.
+# A variant's replicates as the leaderboard's interval counts them (completed, scored fresh-seed runs).
 EXPORT_REPLICATES = """
-select selection_score, test_score from trials
-where run_id = ? and variant_id = ? and knobs = ? and status = 'completed' and selection_score is not null
+select selection_score, test_score, seed from trials
+where run_id = ? and variant_id = ? and coalesce(replicate, false) and status = 'completed'
+  and selection_score is not null
+order by seed, trial_id
 """
