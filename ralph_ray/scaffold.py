@@ -7,10 +7,17 @@ import sys
 from pathlib import Path
 
 from ralph_ray.exit_codes import ExitCode
+from ralph_ray.tasks import SHIPPED
 from ralph_ray.tasks.folder import PARTS
 
+# Starters written for a user's data (a `load()` with stand-in data, a model for flat inputs): their own files.
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
-TEMPLATES = tuple(sorted(p.name for p in TEMPLATES_DIR.iterdir() if (p / "prepare.py").is_file()))
+# Templates that are a shipped task as it is: copied from trainers/<task>/ (one source, so the copy cannot drift
+# from the task the engine tests and benchmarks), with `task=<task>` in its text pointed at the new folder.
+SHIPPED_TEMPLATES = {"lm": "lm"}
+TEMPLATES = tuple(
+    sorted([p.name for p in TEMPLATES_DIR.iterdir() if (p / "prepare.py").is_file()] + list(SHIPPED_TEMPLATES))
+)
 
 
 class ScaffoldError(ValueError):
@@ -23,10 +30,19 @@ def init_task(folder: Path, template: str) -> Path:
         raise ScaffoldError(f"unknown template {template!r}: use one of {', '.join(TEMPLATES)}")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ScaffoldError(f"{folder} exists and is not empty: pick a new name, or delete it first")
+    task = SHIPPED_TEMPLATES.get(template)
+    source, placeholder = (SHIPPED / task, f"task={task}") if task else (TEMPLATES_DIR / template, "./<this folder>")
+    missing = [name for name in PARTS if not (source / name).is_file()]
+    if missing:
+        raise ScaffoldError(
+            f"the {template} template copies {source}, which lacks {', '.join(missing)}: run init from a checkout "
+            "of the repository (the shipped task folders live in its trainers/)"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     for name in PARTS:
-        text = (TEMPLATES_DIR / template / name).read_text()
-        (folder / name).write_text(text.replace("./<this folder>", _shown(folder)))
+        text = (source / name).read_text()
+        new = _shown(folder) if task is None else f"task={_shown(folder)}"
+        (folder / name).write_text(text.replace(placeholder, new))
     return folder
 
 
@@ -51,7 +67,8 @@ def main(argv: list[str]) -> int:
         print(f"  {name:<11} {what}")
     print(
         "next:\n"
-        f"  1. put your data in {shown}/prepare.py (load) and your model in {shown}/train.py (Net)\n"
+        f"  1. put your data in {shown}/prepare.py ({'corpus' if args.template == 'lm' else 'load'}) and your model in "
+        f"{shown}/train.py (Net)\n"
         f"  2. check it by hand: python -m ralph_ray.prepare task={shown}   (then the lines it prints)\n"
         f"  3. improve it:       python -m ralph_ray task={shown}"
     )

@@ -3,6 +3,7 @@ repository, then a 2-cycle campaign on it with task=<that folder>; nothing under
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -10,11 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ralph_ray import PROJECT_ROOT, sandbox
 from ralph_ray.__main__ import main
 from ralph_ray.kb import open_reader
-from ralph_ray.scaffold import TEMPLATES
+from ralph_ray.scaffold import TEMPLATES, TEMPLATES_DIR
+from ralph_ray.tasks import SHIPPED
 from ralph_ray.tasks.folder import PARTS
 
 
@@ -59,6 +62,46 @@ def test_init_writes_every_part_and_refuses_to_overwrite(tmp_path: Path):
         timeout=60,
     )
     assert wrong.returncode == 2 and "classification" in wrong.stderr
+
+
+def test_the_lm_template_is_the_shipped_lm_task(tmp_path: Path):
+    # One source: `init --template lm` copies trainers/lm/ (it once kept a copy that missed the model scoring).
+    assert main(["init", str(tmp_path / "my_lm"), "--template", "lm"]) == 0
+    shown = str(tmp_path / "my_lm")
+    for name in PARTS:
+        shipped = (SHIPPED / "lm" / name).read_text()
+        assert (tmp_path / "my_lm" / name).read_text() == shipped.replace("task=lm", f"task={shown}")
+    assert "harness.save_model(" in (tmp_path / "my_lm" / "train.py").read_text()  # scored by its exported model
+    assert not (PROJECT_ROOT / "ralph_ray" / "templates" / "lm").exists()
+
+
+def _harness_calls(path: Path) -> set[str]:
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "harness"
+    }
+
+
+def _metric(path: Path) -> dict:
+    assign = next(
+        node
+        for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "METRIC" for t in node.targets)
+    )
+    return ast.literal_eval(assign.value)
+
+
+@pytest.mark.parametrize("template, task", [("classification", "digits"), ("regression", "diabetes")])
+def test_a_starter_keeps_the_contract_of_its_shipped_seed(template: str, task: str):
+    # The starters differ from the shipped seeds on purpose (a `load()` with stand-in data for the user's own, a model
+    # for flat inputs); what must not drift is the contract: the harness calls, the metric, what ASHA compares.
+    starter, seed = TEMPLATES_DIR / template, SHIPPED / task
+    calls = _harness_calls(starter / "train.py")
+    assert {"load_data", "report", "save_predictions"} <= calls <= _harness_calls(seed / "train.py")
+    assert _metric(starter / "prepare.py") == _metric(seed / "prepare.py")
+    ours, theirs = (yaml.safe_load((folder / "task.yaml").read_text())["search"] for folder in (starter, seed))
+    assert (ours["metric"], ours["mode"]) == (theirs["metric"], theirs["mode"])
 
 
 @pytest.mark.slow
