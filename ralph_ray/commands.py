@@ -16,12 +16,14 @@ from ralph_ray.state import CampaignState
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
-       ralph-ray export RUN_ID [VARIANT] [--out DIR] | track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
+       ralph-ray export RUN_ID [VARIANT] [--out DIR] [--to hf REPO_ID]
+       ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
        ralph-ray kb check [--repair] [--kb DIR]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
-  export   the best (or named) variant as a self-contained bundle (default <runs>/<run_id>/export/<variant>)
+  export   the best (or named) variant as a self-contained bundle (default <runs>/<run_id>/export/<variant>);
+           --to hf REPO_ID also pushes it to the Hugging Face Hub (needs HF_TOKEN; a private repo if new)
   track    publish a recorded campaign to MLflow, TensorBoard and/or W&B (offline) (default: mlflow and tensorboard;
            under <runs>/<run_id>/tracking)
   kb check list the knowledge base's damaged Parquet parts; --repair moves them to <kb>/damaged/ (deletes nothing)
@@ -117,22 +119,34 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
 
 
 def _publish(argv: list[str], console: Console) -> int:
-    """`export RUN_ID [VARIANT] [--out DIR]` and `track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]`."""
+    """`export RUN_ID [VARIANT] [--out DIR] [--to hf REPO_ID]` and `track RUN_ID [mlflow] [tensorboard] [wandb]
+    [--mlflow-uri URI]`."""
     from ralph_ray.rundir import CampaignError
 
     argv, out = _take(argv, "--out")
     argv, uri = _take(argv, "--mlflow-uri")
+    argv, repo_id, well_formed = _take_hub(argv)
     args, _runs, kb = _options(argv)
     command, rest = args[0], args[1:]
     if not rest:
         console.print(f"[red]error:[/] `{command}` needs a run id\n{USAGE}", highlight=False)
         return ExitCode.safeguard_or_config
+    if not well_formed or (repo_id is not None and command != "export"):
+        console.print(f"[red]error:[/] --to takes `hf REPO_ID` (e.g. --to hf me/digits-best) after export\n{USAGE}")
+        return ExitCode.safeguard_or_config
     try:
         if command == "export":
+            from ralph_ray import hub
             from ralph_ray.export import export
 
+            # A push that cannot happen (no package, no token) fails before a bundle is written.
+            api = hub.client(repo_id) if repo_id is not None else None
             bundle = export(kb.resolve(), rest[0], rest[1] if len(rest) > 1 else None, Path(out) if out else None)
             console.print(f"exported {bundle} (run it: python {bundle / 'reproduce.py'})")
+            if api is not None and repo_id is not None:
+                message = f"ralph_ray export of variant {bundle.name} from campaign {rest[0]}"
+                url = hub.push(api, bundle, repo_id, message)
+                console.print(f"pushed to the Hugging Face Hub: {url}", highlight=False)
             return ExitCode.ok
         from ralph_ray import tracking
         from ralph_ray.kb import open_reader
@@ -153,6 +167,16 @@ def _take(argv: list[str], flag: str) -> tuple[list[str], str | None]:
         return argv, None
     i = argv.index(flag)
     return argv[:i] + argv[i + 2 :], argv[i + 1]
+
+
+def _take_hub(argv: list[str]) -> tuple[list[str], str | None, bool]:
+    """`argv` without `--to hf REPO_ID`, the repo id (None when absent), and False for a `--to` not of that form."""
+    if "--to" not in argv:
+        return argv, None, True
+    i = argv.index("--to")
+    if argv[i + 1 : i + 2] != ["hf"] or len(argv) < i + 3 or argv[i + 2].startswith("-"):
+        return argv, None, False
+    return argv[:i] + argv[i + 3 :], argv[i + 2], True
 
 
 def _options(argv: list[str]) -> tuple[list[str], Path, Path]:

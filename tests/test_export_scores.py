@@ -36,6 +36,12 @@ def trial(trial_id: str, variant: str, selection: float | None, test: float | No
 
 @pytest.fixture()
 def kb(tmp_path: Path) -> KnowledgeBase:
+    return write_kb(tmp_path)
+
+
+def write_kb(tmp_path: Path) -> KnowledgeBase:
+    """A finished campaign's record as the real writer leaves it: a seed, a child with three replicates and a
+    failed one, their trainer folders and run dir under `tmp_path`."""
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
     run_dir = tmp_path / "runs" / RUN
