@@ -1,7 +1,8 @@
-"""Pure builders for what the pages draw: the lineage DOT, altair charts, budget rows. No Streamlit here."""
+"""Pure builders for what the pages draw: the lineage graph, altair charts, budget rows. No Streamlit here."""
 
 from __future__ import annotations
 
+import colorsys
 import json
 import math
 import re
@@ -9,20 +10,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import altair as alt
+import networkx as nx
 import pandas as pd
 
-# How each variant status the KB records looks in the lineage graph: (shape, border style, border colour).
+# How each variant status the KB records looks in the lineage graph: (Vega point shape, border colour).
 # The keys are the values of `ralph_ray.variants.VariantStatus` (tests/app checks they agree; the app imports no
 # engine module to learn them).
 STATUS_STYLE = {
-    "seed": ("doubleoctagon", "filled,bold", "#1f2937"),
-    "candidate": ("box", "filled,rounded", "#2563eb"),
-    "kept": ("box", "filled,rounded,bold", "#166534"),
-    "discarded": ("box", "filled,rounded,dashed", "#6b7280"),
-    "rejected": ("box", "filled,dashed", "#b91c1c"),
-    "crashed": ("octagon", "filled,dashed", "#b91c1c"),
+    "seed": ("diamond", "#1f2937"),
+    "candidate": ("circle", "#2563eb"),
+    "kept": ("square", "#166534"),
+    "discarded": ("circle", "#9ca3af"),
+    "rejected": ("triangle-down", "#b91c1c"),
+    "crashed": ("cross", "#b91c1c"),
 }
-NO_SCORE_FILL = "#f3f4f6"
+NO_SCORE_FILL = "#e5e7eb"
+LINEAGE_PICK = "pick"  # the lineage chart's click selection (the page reads the clicked variant from it)
 # How a trial ended: the values of `ralph_ray.statuses.TrialStatus` (tests/app checks they agree).
 TRIAL_STATUSES = ["completed", "stopped_early", "failed"]
 # Distinct hues for variants (Streamlit's default palette gives neighbours near-identical blues).
@@ -119,47 +122,124 @@ def score_text(value: Any, digits: int = 4) -> str:
 
 
 def _fill(score: Any, low: float, high: float) -> str:
-    """Red (worst of the run) to green (best), in graphviz's "H S V" form; grey without a score."""
+    """Red (worst of the run) to green (best) as a hex colour; light grey without a score."""
     if score is None or (isinstance(score, float) and math.isnan(score)):
         return NO_SCORE_FILL
     share = 1.0 if high <= low else (float(score) - low) / (high - low)
-    return f"{0.33 * share:.3f} 0.45 0.95"
+    red, green, blue = colorsys.hsv_to_rgb(0.33 * share, 0.45, 0.95)
+    return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
 
 
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+def lineage_frames(lineage: pd.DataFrame, best_id: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The lineage graph as two tables: nodes (position, fill, status, label) and edges (ends, interventions).
 
-
-def lineage_dot(lineage: pd.DataFrame, best_id: str | None = None) -> str:
-    """A DOT digraph of one run's variants: fill = selection score, shape/border = status, edge = interventions."""
+    Layout: networkx's layered BFS layout from the seed (a column per generation, left to right); variants whose
+    parent is not in the run hang from a hidden root, so several roots still make one graph.
+    """
+    records_ = lineage.to_dict("records")
+    ids = [str(rec["variant_id"]) for rec in records_]
+    known, root = set(ids), "\0root"
+    graph = nx.Graph()
+    graph.add_node(root)
+    for rec in records_:
+        parent = rec.get("parent_id")
+        has_parent = isinstance(parent, str) and parent in known and parent != rec["variant_id"]
+        graph.add_edge(parent if has_parent else root, str(rec["variant_id"]))
+    position = nx.bfs_layout(graph, root)
     scores = [s for s in lineage["selection_score"] if s is not None and not pd.isna(s)]
     low, high = (min(scores), max(scores)) if scores else (0.0, 1.0)
-    lines = [
-        "digraph lineage {",
-        "  rankdir=LR;",
-        "  ranksep=0.35; nodesep=0.12;",
-        '  node [fontname="Helvetica", fontsize=10];',
-        '  edge [fontname="Helvetica", fontsize=9, color="#4b5563"];',
-    ]
-    known = set(lineage["variant_id"])
-    for rec in lineage.to_dict("records"):
-        status = rec.get("status") or "candidate"
-        shape, style, border = STATUS_STYLE.get(status, STATUS_STYLE["candidate"])
-        label = f"{short(rec['variant_id'])}\n{status} · {score_text(rec.get('selection_score'))}"
-        width = 3 if rec["variant_id"] == best_id else 1.2
-        tooltip = f"cycle {rec.get('cycle')}: {', '.join(interventions(rec.get('interventions'))) or 'seed'}"
-        lines.append(
-            f"  {_quote(rec['variant_id'])} [label={_quote(label)}, shape={shape}, style={_quote(style)}, "
-            f"fillcolor={_quote(_fill(rec.get('selection_score'), low, high))}, color={_quote(border)}, "
-            f"penwidth={width}, tooltip={_quote(tooltip)}];"
+    nodes = pd.DataFrame(
+        [
+            {
+                "variant_id": variant,
+                "x": float(position[variant][0]),
+                "y": float(position[variant][1]),
+                "status": rec.get("status") or "candidate",
+                "score": score_text(rec.get("selection_score")),
+                "fill": _fill(rec.get("selection_score"), low, high),
+                "best": variant == best_id,
+                "label": f"{short(variant)} · {score_text(rec.get('selection_score'))}",
+                "cycle": rec.get("cycle"),
+                "interventions": ", ".join(interventions(rec.get("interventions")))
+                or ("knobs" if rec.get("parent_id") else "seed"),
+                "aria": f"variant {variant}",  # what the browser reads (and a test clicks)
+            }
+            for variant, rec in zip(ids, records_)
+        ],
+        columns=["variant_id", "x", "y", "status", "score", "fill", "best", "label", "cycle", "interventions", "aria"],
+    )
+    edges = pd.DataFrame(
+        [
+            {
+                "parent_id": rec["parent_id"],
+                "variant_id": str(rec["variant_id"]),
+                "x": float(position[rec["parent_id"]][0]),
+                "y": float(position[rec["parent_id"]][1]),
+                "x2": float(position[str(rec["variant_id"])][0]),
+                "y2": float(position[str(rec["variant_id"])][1]),
+                "label": ", ".join(interventions(rec.get("interventions"))) or "knobs",
+            }
+            for rec in records_
+            if graph.has_edge(rec.get("parent_id"), str(rec["variant_id"]))
+        ],
+        columns=["parent_id", "variant_id", "x", "y", "x2", "y2", "label"],
+    )
+    edges["mx"], edges["my"] = (edges["x"] + edges["x2"]) / 2, (edges["y"] + edges["y2"]) / 2
+    return nodes, edges
+
+
+def lineage_chart(lineage: pd.DataFrame, best_id: str | None = None) -> alt.LayerChart:
+    """The lineage tree, clickable: fill = score, shape and border = status, edge label = interventions.
+
+    A click selects a node (the selection `LINEAGE_PICK`, field `variant_id`); the page opens that variant.
+    Drawn as SVG so each node is an element the browser (and a test) can address by its aria label.
+    """
+    nodes, edges = lineage_frames(lineage, best_id)
+    widest = int(nodes.groupby("x").size().max()) if not nodes.empty else 1
+    x = alt.X("x:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=60))
+    y = alt.Y("y:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=30))
+    statuses = [s for s in STATUS_STYLE if s in set(nodes["status"])] or ["candidate"]
+    pick = alt.selection_point(name=LINEAGE_PICK, fields=["variant_id"], on="click", empty=True)
+    links = alt.Chart(edges).mark_rule(color="#9ca3af", aria=False).encode(x=x, y=y, x2="x2:Q", y2="y2:Q")
+    link_text = (
+        alt.Chart(edges)
+        .mark_text(fontSize=10, color="#4b5563", dy=-7, aria=False)
+        .encode(x=alt.X("mx:Q", axis=None), y=alt.Y("my:Q", axis=None), text="label:N")
+    )
+    points = (
+        alt.Chart(nodes)
+        .mark_point(filled=True, size=520, cursor="pointer")
+        .encode(
+            x=x,
+            y=y,
+            fill=alt.Fill("fill:N", scale=None),
+            shape=alt.Shape(
+                "status:N",
+                scale=alt.Scale(domain=statuses, range=[STATUS_STYLE[s][0] for s in statuses]),
+                legend=alt.Legend(title="status", orient="bottom"),
+            ),
+            stroke=alt.Stroke(
+                "status:N", scale=alt.Scale(domain=statuses, range=[STATUS_STYLE[s][1] for s in statuses])
+            ),
+            strokeWidth=alt.condition("datum.best", alt.value(4), alt.value(1.5)),
+            opacity=alt.condition(pick, alt.value(1.0), alt.value(0.45)),
+            description="aria:N",
+            tooltip=[
+                alt.Tooltip("variant_id:N", title="variant"),
+                "status:N",
+                alt.Tooltip("score:N", title="selection score"),
+                "cycle:Q",
+                "interventions:N",
+            ],
         )
-    for rec in lineage.to_dict("records"):
-        parent = rec.get("parent_id")
-        if isinstance(parent, str) and parent in known and parent != rec["variant_id"]:
-            edge = ", ".join(interventions(rec.get("interventions"))) or "knobs"
-            lines.append(f"  {_quote(parent)} -> {_quote(rec['variant_id'])} [label={_quote(edge)}];")
-    lines.append("}")
-    return "\n".join(lines)
+        .add_params(pick)
+    )
+    labels = alt.Chart(nodes).mark_text(fontSize=11, dy=22, aria=False).encode(x=x, y=y, text="label:N")
+    return (
+        alt.layer(links, link_text, points, labels)
+        .properties(height=max(180, 80 * widest), usermeta={"embedOptions": {"renderer": "svg"}})
+        .configure_view(stroke=None)
+    )
 
 
 def curves_chart(curves: pd.DataFrame, metric: str) -> alt.LayerChart:

@@ -155,6 +155,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("replicate", pa.bool_()),  # a fresh-seed run of the variant's best knobs (noise.py); NULL in old KBs
             ("peak_rss_mb", pa.float64()),  # the trainer's peak memory in MiB (peakmemory.py); NULL in old KBs
             ("peak_gpu_mb", pa.float64()),  # its CUDA peak (max_memory_allocated); NULL without a GPU
+            ("node", pa.string()),  # the IP of the Ray node the trial ran on (Tune's node_ip); NULL in old KBs
         ]
     ),
     "epochs": pa.schema(

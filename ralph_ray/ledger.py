@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ray.tune import Callback
 from ray.tune.experiment import Trial
-from ray.tune.result import AUTO_RESULT_KEYS, DONE, TRIAL_ID
+from ray.tune.result import AUTO_RESULT_KEYS, DONE, NODE_IP, TRIAL_ID
 
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.pbt import SegmentLog
@@ -53,6 +53,7 @@ class TrialRecord:
     replicate: bool = False  # a fresh-seed run of its variant's best knobs (noise.py), not a search sample
     peak_rss_mb: float | None = None  # the trainer's peak memory (peakmemory.py); GPU only where it used CUDA
     peak_gpu_mb: float | None = None
+    node: str | None = None  # the IP of the Ray node it ran on (its last result's); None if it never reported
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -184,6 +185,7 @@ class TrialLedger(Callback):
             replicate=bool(config.get(REPLICATE_KEY, False)),
             peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
             peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
+            node=(trial.last_result or {}).get(NODE_IP),  # a retried trial: the node of its last attempt
         )
         rows = [
             {"run_id": self.run_id, "trial_id": trial.trial_id, "epoch": epoch, "metric": name, "value": value}

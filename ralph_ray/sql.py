@@ -79,10 +79,11 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
             )
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
-            # A KB written before replicates (or peak memory) has no `replicate` (`peak_*_mb`) column: it reads as
-            # NULL (UNION BY NAME adds it).
+            # A KB written before replicates (or nodes, or peak memory) has no `replicate` (`node`, `peak_*_mb`)
+            # column: it reads as NULL (UNION BY NAME adds it).
             source = (
-                f"(select * from {source} union all by name select cast(null as boolean) as replicate, "
+                f"(select * from {source} union all by name "
+                "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
                 "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb where false)"
             )
             body = (
@@ -347,7 +348,7 @@ where l.run_id = ? order by l.rank, l.variant_id
 # Every trial of a campaign with what the Trials and Knobs pages show (knobs as recorded: a JSON object).
 APP_TRIALS = """
 select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
-       t.selection_score, t.test_score, t.seconds, t.peak_rss_mb, t.peak_gpu_mb, t.work_dir, t.written_at,
+       t.selection_score, t.test_score, t.seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir, t.written_at,
        v.status as variant_status
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 where t.run_id = ? order by t.written_at, t.trial_id

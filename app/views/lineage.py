@@ -1,6 +1,8 @@
-"""Lineage: the tree of variants grown from the seed; pick a node for its story."""
+"""Lineage: the tree of variants grown from the seed; click a node (or pick it) for its story."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import figures
 import kbdata
@@ -10,8 +12,6 @@ import streamlit as st
 
 from ralph_ray import sql
 
-SMALL_TREE = 8  # variants drawn at natural size; more are fitted to the page width
-
 
 def body(run: shell.Campaign) -> None:
     tree = kbdata.frame(run.kb_root, sql.APP_LINEAGE, (run.run_id,))
@@ -20,14 +20,25 @@ def body(run: shell.Campaign) -> None:
         return
     scored = tree.dropna(subset=["selection_score"])
     best_id = scored.sort_values("selection_score", ascending=False)["variant_id"].iloc[0] if not scored.empty else None
-    st.graphviz_chart(figures.lineage_dot(tree, best_id), width="stretch" if len(tree) > SMALL_TREE else "content")
+    event = st.altair_chart(
+        figures.lineage_chart(tree, best_id),
+        width="stretch",
+        on_select="rerun",
+        selection_mode=figures.LINEAGE_PICK,
+        key="lineage_graph",
+    )
     st.caption(
-        "Fill: selection score (red = the run's worst, green = its best, grey = none). Double octagon: the seed; "
-        "bold border: kept; dashed: discarded or rejected; thick border: the best variant. Edges: the interventions."
+        "Click a node for its story below. Fill: selection score (red = the run's worst, green = its best, grey = "
+        "none). Shape and border: status (legend); thick border: the best variant. Edges: the interventions."
     )
 
     records = {r["variant_id"]: r for r in figures.records(tree)}
     order = [best_id] + [v for v in records if v != best_id] if best_id else list(records)
+    clicked = _clicked(event)
+    if clicked != st.session_state.get("lineage_clicked"):  # a new click on the graph picks the variant below
+        st.session_state.lineage_clicked = clicked
+        if clicked in records:
+            st.session_state.lineage_variant = clicked
     picked = st.selectbox(
         "variant",
         order,
@@ -37,6 +48,12 @@ def body(run: shell.Campaign) -> None:
         ),
     )
     details(records[picked])
+
+
+def _clicked(event: Any) -> str | None:
+    """The variant of the node clicked last (None when the selection is empty)."""
+    points = event.selection.get(figures.LINEAGE_PICK) if event is not None else None
+    return str(points[0]["variant_id"]) if points else None
 
 
 def details(rec: dict) -> None:

@@ -34,7 +34,10 @@ COLUMNS = {
         "peak GPU MiB", format="%.0f", help="torch.cuda.max_memory_allocated at its end (blank without CUDA)"
     ),
     "seed": st.column_config.NumberColumn("seed", width="small"),
-    "work_dir": st.column_config.TextColumn("work dir", help="on the node that ran the driver"),
+    "node": st.column_config.TextColumn("node", help="the IP of the Ray node the trial ran on (blank in older KBs)"),
+    "work_dir": st.column_config.TextColumn(
+        "work dir", help="on the driver's node; a trial on another node worked under that node's RALPH_WORK_DIR"
+    ),
 }
 
 
@@ -106,7 +109,7 @@ def details(rec: dict, knobs: list[str]) -> None:
     st.markdown(
         f"**{rec.get('status') or '-'}** after {rec.get('epochs') or 0} epoch(s), {rec.get('seconds') or 0:.1f} s · "
         f"variant `{rec.get('variant_id')}` ({rec.get('variant_status') or '-'}) · reason: "
-        f"{rec.get('reason') or 'none recorded'}"
+        f"{rec.get('reason') or 'none recorded'} · node {rec.get('node') or 'not recorded'}"
     )
     if knobs:
         st.caption("knobs: " + ", ".join(f"`{k} = {rec.get(k)}`" for k in knobs if rec.get(k) is not None))

@@ -63,30 +63,29 @@ def test_the_env_var_points_the_app_at_a_kb(tmp_path: Path, monkeypatch: pytest.
     assert at.session_state["kb_root"] == str(tmp_path / "kb") and at.selectbox(key="run_id").value == "r1"
 
 
-def test_lineage_dot_escapes_and_styles_nodes():
+def test_lineage_graph_lays_out_generations_and_styles_nodes():
+    row = {"status": "kept", "selection_score": 0.95, "interventions": "[]", "cycle": 2}
     tree = pd.DataFrame(
         [
-            {
-                "variant_id": "seed",
-                "parent_id": None,
-                "status": "seed",
-                "selection_score": 0.9,
-                "interventions": "[]",
-                "cycle": 1,
-            },
-            {
-                "variant_id": "kid",
-                "parent_id": "seed",
-                "status": "rejected",
-                "selection_score": None,
-                "interventions": '["say \\"hi\\""]',
-                "cycle": 2,
-            },
+            row | {"variant_id": "seed", "parent_id": None, "status": "seed", "selection_score": 0.9, "cycle": 1},
+            row | {"variant_id": "kid", "parent_id": "seed", "status": "rejected", "selection_score": None},
+            row | {"variant_id": "kid2", "parent_id": "seed", "interventions": '["say \\"hi\\""]'},
+            row | {"variant_id": "orphan", "parent_id": "gone", "status": "discarded"},  # its parent is not in the run
         ]
     )
-    dot = figures.lineage_dot(tree, best_id="seed")
-    assert '"seed" -> "kid" [label="say \\"hi\\""];' in dot
-    assert "shape=doubleoctagon" in dot and "penwidth=3" in dot and figures.NO_SCORE_FILL in dot
+    nodes, edges = figures.lineage_frames(tree, best_id="kid2")
+    x = dict(zip(nodes["variant_id"], nodes["x"]))
+    assert x["kid"] == x["kid2"] > x["seed"] == x["orphan"]
+    assert list(zip(edges["parent_id"], edges["variant_id"], edges["label"])) == [
+        ("seed", "kid", "knobs"),
+        ("seed", "kid2", 'say "hi"'),
+    ]
+    fill = dict(zip(nodes["variant_id"], nodes["fill"]))
+    assert fill["kid"] == figures.NO_SCORE_FILL and fill["seed"] != fill["kid2"]
+    assert list(nodes.loc[nodes["best"], "variant_id"]) == ["kid2"]
+    spec = figures.lineage_chart(tree, best_id="kid2").to_dict()
+    assert [p["name"] for p in spec["params"]] == [figures.LINEAGE_PICK]  # the click selection the page reads
+    assert spec["usermeta"]["embedOptions"]["renderer"] == "svg"  # nodes are elements a browser can click
 
 
 def test_budgets_compare_spending_with_the_safeguards():

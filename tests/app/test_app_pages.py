@@ -78,12 +78,15 @@ def test_lineage_graph_holds_the_seed_and_its_children(tiny: Tiny):
     seed = next(v for v in variants if v["parent_id"] is None)
     children = [v for v in variants if v["parent_id"] == seed["variant_id"]]
     assert children
-    dot = at.get("graphviz_chart")[0].proto.spec
-    assert dot.startswith("digraph lineage")
+    tables = chart_rows(at)
+    nodes = {n["variant_id"]: n for n in next(t for t in tables if "aria" in t.column_names).to_pylist()}
+    edges = {e["variant_id"]: e for e in next(t for t in tables if "x2" in t.column_names).to_pylist()}
+    assert set(nodes) == {v["variant_id"] for v in variants}
     for child in children:
-        assert f'"{seed["variant_id"]}" -> "{child["variant_id"]}"' in dot
-        edge = ", ".join(json.loads(child["interventions"])) or "knobs"
-        assert f'[label="{edge}"]' in dot
+        edge = edges[child["variant_id"]]
+        assert edge["parent_id"] == seed["variant_id"]
+        assert edge["label"] == (", ".join(json.loads(child["interventions"])) or "knobs")
+        assert nodes[child["variant_id"]]["x"] > nodes[seed["variant_id"]]["x"]  # a column per generation
     picker = at.selectbox(key="lineage_variant")
     picker.set_value(children[0]["variant_id"]).run()
     assert {m.label: m.value for m in at.metric}["status"] == children[0]["status"]
@@ -307,3 +310,29 @@ def test_status_page_reads_where_a_running_campaign_is_from_the_kb(tmp_path: Pat
     at = open_page(kb_with_run(tmp_path, "running", cycle=2, phase="analyse"), "views/status.py")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["status"] == "running" and metrics["cycle"] == "2 / 3" and metrics["phase"] == "analyse"
+
+
+def test_trials_page_shows_the_node_each_trial_ran_on(tiny: Tiny):
+    import ray
+
+    reported = "select node from trials where run_id = ? and epochs > 0"
+    nodes = {r["node"] for r in view_rows(tiny.kb_root, reported, [tiny.run_id])}
+    assert nodes == {ray.util.get_node_ip_address()}  # one local node: every trial that reported ran there
+    at = open_page(tiny.kb_root, "views/trials.py")
+    assert set(at.dataframe[0].value["node"].dropna()) == nodes
+    assert f"node {next(iter(nodes))}" in texts(at)  # the picked trial's line
+
+
+def test_trials_page_reads_a_kb_from_before_the_node_column(tmp_path: Path):
+    kb_root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    folder = kb_root / "parquet" / "trials"
+    old = pa.schema([f for f in KB_SCHEMAS["trials"] if f.name not in ("node", "replicate")])
+    pq.write_table(old.empty_table(), folder / "_schema.parquet")  # no part of an old KB has `node`
+    row = {"run_id": "r1", "cycle": 1, "trial_id": "t1", "variant_id": "seed", "status": "completed", "epochs": 2}
+    pq.write_table(
+        pa.Table.from_pylist([row | {"selection_score": 0.9, "written_at": now()}], old), folder / "r1.parquet"
+    )
+    at = open_page(kb_root, "views/trials.py")
+    table = at.dataframe[0].value
+    assert list(table["trial_id"]) == ["t1"] and table["node"].isna().all()
+    assert "node not recorded" in texts(at)
