@@ -425,8 +425,8 @@ TRIALS_PER_CYCLE = "select cycle, count(*) from trials where run_id = ? group by
 RUN_SPAN = "select epoch(started_at), epoch(finished_at) from runs where run_id = ?"
 TRIAL_SPANS = """
 select epoch(written_at) - seconds as started, epoch(written_at) as ended, seconds, status, reason, selection_score,
-       test_score, variant_id, cycle, trial_id
-from trials where run_id = ? order by started
+       test_score, variant_id, cycle, trial_id, node
+from trials where run_id = ? order by started, trial_id
 """
 # Each trial's training seconds (its last report's train_seconds): the cost of its score under a time budget.
 TRAIN_SECONDS_PER_TRIAL = """

@@ -1,9 +1,11 @@
 """A campaign's trials over time as a Chrome/Perfetto trace: `<run_dir>/timeline.json`.
 
 Open it in https://ui.perfetto.dev or chrome://tracing. Each trial is a complete event ("ph": "X") from its start to
-its end, on the slot (a row) it ran in; slots are recovered from the trials' spans (a trial takes the first slot
-free at its start), so the rows show how busy the campaign kept its workers and where it waited. The format is
-the Trace Event Format's JSON object form (`traceEvents`, microsecond timestamps).
+its end, in the lane of the node it ran on (a process, "pid") and the worker slot it took there (a thread, "tid");
+slots are recovered per node from the trials' spans (a trial takes the node's first slot free at its start), so the
+lanes show how busy the campaign kept each node's workers and where it waited. Trials from a KB that did not record
+their node share one lane, "node not recorded". The format is the Trace Event Format's JSON object form
+(`traceEvents`, microsecond timestamps).
 """
 
 from __future__ import annotations
@@ -16,25 +18,35 @@ from ralph_ray import sql
 from ralph_ray.kb import open_reader
 
 TIMELINE_FILE = "timeline.json"
+UNKNOWN_NODE = "node not recorded"
 _US = 1_000_000
 
 
 def trace(kb_root: Path, run_id: str) -> dict[str, Any]:
-    """The campaign's trace: one event per trial, on the slot it ran in, with its outcome in `args`."""
+    """The campaign's trace: one event per trial, on its node's lane and slot, with its outcome in `args`."""
     spans = open_reader(kb_root).execute(sql.TRIAL_SPANS, [run_id]).fetchall()
-    free_at: list[float] = []  # per slot: when its last trial ended
-    events: list[dict[str, Any]] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": f"run {run_id}"}}]
+    nodes: dict[str, int] = {}  # node -> its pid, in the order nodes first ran a trial
+    free_at: dict[str, list[float]] = {}  # per node, per slot: when its last trial ended
+    events: list[dict[str, Any]] = []
     origin = min((s[0] for s in spans), default=0.0)
-    for started, ended, seconds, status, reason, selection, test, variant, cycle, trial_id in spans:
-        slot = next((i for i, free in enumerate(free_at) if free <= started), len(free_at))
-        if slot == len(free_at):
-            free_at.append(ended)
-            events.append({"ph": "M", "pid": 1, "tid": slot, "name": "thread_name", "args": {"name": f"slot {slot}"}})
-        free_at[slot] = ended
+    for started, ended, seconds, status, reason, selection, test, variant, cycle, trial_id, node in spans:
+        name = str(node) if node else UNKNOWN_NODE
+        if name not in nodes:
+            nodes[name] = pid = len(nodes) + 1
+            free_at[name] = []
+            label = name if name == UNKNOWN_NODE else f"node {name}"
+            events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
+            events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+        pid, slots = nodes[name], free_at[name]
+        slot = next((i for i, free in enumerate(slots) if free <= started), len(slots))
+        if slot == len(slots):
+            slots.append(ended)
+            events.append({"ph": "M", "pid": pid, "tid": slot, "name": "thread_name", "args": {"name": f"slot {slot}"}})
+        slots[slot] = ended
         events.append(
             {
                 "ph": "X",
-                "pid": 1,
+                "pid": pid,
                 "tid": slot,
                 "name": f"{variant} {trial_id}",
                 "cat": str(status),
@@ -44,6 +56,7 @@ def trace(kb_root: Path, run_id: str) -> dict[str, Any]:
                     "trial_id": trial_id,
                     "variant_id": variant,
                     "cycle": cycle,
+                    "node": node,
                     "status": status,
                     "reason": reason,
                     "selection_score": selection,
@@ -51,7 +64,7 @@ def trace(kb_root: Path, run_id: str) -> dict[str, Any]:
                 },
             }
         )
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"run_id": run_id}}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"run_id": run_id, "nodes": list(nodes)}}
 
 
 def write(kb_root: Path, run_id: str, run_dir: Path) -> Path:
