@@ -1,14 +1,20 @@
-"""How fast the Streamlit leaderboard first renders each page over a knowledge base of 10,000 trials (goal: <= 2 s).
+"""How fast the Streamlit leaderboard shows each page, in a real browser, against a bare Streamlit page.
 
-    python bench/app_render.py [--trials 10000] [--keep DIR]
+    python bench/app_render.py [--trials 10000] [--rounds 3] [--keep DIR]    # Chromium, the goal below
+    python bench/app_render.py --apptest                                       # the in-process figures only
 
-Builds the KB with the real `KnowledgeBase` writer in a temp dir, twice: the baseline layout (one `trials`
-and one `epochs` part per trial, a `runs` part per phase: what campaigns wrote before compaction, and what a
-cycle still in training looks like), and the layout campaigns leave now (the record phase compacts a cycle's
-parts into one per table, and a run keeps one `runs` part). Then, per page: the first
-`AppTest.from_file(app/leaderboard.py)` run with every cache
-cleared (as after a fresh `streamlit run`: the app's snapshot reads every part), and a live refresh (a new
-trial written, the query cache expired: the snapshot reads the new parts only).
+Browser (the default): `streamlit run` serves the app and, beside it, a bare one-table Streamlit page (same
+flags, same machine, same moment); headless Chromium (Debian's, driven by Playwright) opens each page in a
+fresh browser context (no HTTP cache: the browser loads Streamlit's scripts anew, as a first visit does) and
+times from navigation to the page's content (its table, chart, code or metric). Goal: every page within
+1.5x of the bare page. Two KBs: a live one (a real digits campaign with the offline agent, measured while it
+runs) and one of 10,000 trials in the layout campaigns leave (parts compacted per cycle). Round 1 is each
+page's first visit on a fresh server (the first page visited also reads the KB into the app's snapshot);
+the median is over every round.
+
+`--apptest`: the first `AppTest.from_file(app/leaderboard.py)` run of each page with every cache cleared and a
+live refresh after a new trial, over two layouts of the 10,000-trial KB (one part per trial, as a cycle in
+training still writes; and compacted per cycle). No browser; goal <= 2 s.
 """
 
 from __future__ import annotations
@@ -18,29 +24,78 @@ import json
 import os
 import random
 import shutil
+import signal
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import duckdb
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save  # noqa: E402
 
-from ralph_ray.kb import KnowledgeBase, now  # noqa: E402
+from ralph_ray.kb import KnowledgeBase, now, open_reader  # noqa: E402
 
-ENTRY = Path(__file__).resolve().parent.parent / "app" / "leaderboard.py"
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = ROOT / "app" / "leaderboard.py"
 PAGES = (
     "views/board.py",
+    "views/trials.py",
+    "views/knobs.py",
     "views/lineage.py",
     "views/curves.py",
+    "views/compare.py",
     "views/diff.py",
     "views/interventions.py",
     "views/status.py",
 )
-GOAL_S = 2.0
+GOAL_S = 2.0  # --apptest
+GOAL_RATIO = 1.5  # browser: time to content against the bare page's
+# What shows that a page has drawn its content (the first such element, visible), by URL path ("" = the bare page).
+CONTENT = {
+    "": '[data-testid="stDataFrame"]',
+    "views/board.py": '[data-testid="stDataFrame"]',
+    "views/trials.py": '[data-testid="stDataFrame"]',
+    "views/knobs.py": '[data-testid="stVegaLiteChart"]',
+    "views/lineage.py": '[aria-label^="variant "]',  # a node of the (SVG) lineage graph
+    "views/curves.py": '[data-testid="stVegaLiteChart"]',
+    "views/compare.py": '[data-testid="stVegaLiteChart"]',
+    "views/diff.py": '[data-testid="stCode"]',
+    "views/interventions.py": '[data-testid="stVegaLiteChart"]',
+    "views/status.py": '[data-testid="stMetric"]',
+}
+BARE_PAGE = 'import streamlit as st\n\nst.title("bare")\nst.dataframe({"a": [1, 2, 3], "b": [4, 5, 6]})\n'
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# The live campaign: a real digits campaign with the offline agent, long enough to outlast the measurement.
+LIVE_OVERRIDES = (
+    "agent=heuristic",
+    "safeguards.max_cycles=40",
+    "safeguards.campaign_time_s=3600",
+    "safeguards.replicates=0",
+    "safeguards.plateau_cycles=40",  # a plateau would end it mid-measurement
+    "search.num_samples=4",
+    "search.max_concurrent=1",
+    "population.parents=1",
+    "population.children_per_parent=2",
+    "population.trials_per_child=1",
+)
 CAMPAIGNS, CYCLES = 50, 10  # 500 cycles; trials per cycle = trials / 500 (20 for 10,000)
 PARENTS, CHILDREN = 2, 5
 EPOCHS = 10
@@ -369,12 +424,233 @@ def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def url_path(page: str) -> str:
+    """The page's URL path under the app (st.navigation names it after its file; the default page is `/`)."""
+    return "" if page in ("", "views/board.py") else Path(page).stem
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def served(script: Path, log: Path, *args: str) -> Iterator[str]:
+    """`streamlit run script` on a free loopback port with the app's own flags; yields its URL."""
+    port = free_port()
+    flags = ["--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1"]
+    flags += ["--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer"]
+    with log.open("w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(script), *flags, "--", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=30)
+
+
+def time_to_content(browser: Any, url: str, selector: str, timeout_s: float = 180) -> float:
+    """Seconds from navigating a fresh browser context (no cache) to `selector` being visible."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    try:
+        start = time.perf_counter()
+        page.goto(url, wait_until="commit", timeout=timeout_s * 1000)
+        page.locator(selector).first.wait_for(state="visible", timeout=timeout_s * 1000)
+        return time.perf_counter() - start
+    finally:
+        context.close()
+
+
+def wait_until_up(url: str, wait_s: float = 60) -> None:
+    """Until the server answers its health check."""
+    import urllib.request
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def browser_pages(kb_root: Path, work: Path, rounds: int) -> dict[str, Any]:
+    """Time to content of the bare page and of every app page over `kb_root`, `rounds` times each, interleaved."""
+    from playwright.sync_api import sync_playwright
+
+    bare = work / "bare" / "bare.py"
+    bare.parent.mkdir(parents=True, exist_ok=True)
+    bare.write_text(BARE_PAGE)
+    times: dict[str, list[float]] = {"": [], **{page: [] for page in PAGES}}
+    with (
+        served(bare, work / "bare.log") as bare_url,
+        served(ENTRY, work / "app.log", "--kb", str(kb_root)) as app_url,
+        sync_playwright() as pw,
+    ):
+        wait_until_up(bare_url)
+        wait_until_up(app_url)
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            for n in range(rounds):
+                for page in times:  # the bare page first in every round: the pages are measured around it
+                    url = f"{bare_url}/" if page == "" else f"{app_url}/{url_path(page)}"
+                    seconds = time_to_content(browser, url, CONTENT[page])
+                    times[page].append(round(seconds, 3))
+                    print(f"  round {n + 1} {page or 'bare page':24s} {seconds:6.2f} s", flush=True)
+        finally:
+            browser.close()
+    bare_first, bare_median = times[""][0], statistics.median(times[""])
+    pages = {
+        page: {
+            "seconds": got,
+            "first_s": got[0],
+            "median_s": statistics.median(got),
+            "ratio_first": round(got[0] / bare_first, 2),
+            "ratio_median": round(statistics.median(got) / bare_median, 2),
+        }
+        for page, got in times.items()
+        if page
+    }
+    return {
+        "bare": {"seconds": times[""], "first_s": bare_first, "median_s": bare_median},
+        "pages": pages,
+        "worst_ratio_median": max(p["ratio_median"] for p in pages.values()),
+        "worst_ratio_first": max(p["ratio_first"] for p in pages.values()),
+    }
+
+
+@contextmanager
+def live_campaign(root: Path, min_trials: int = 4, wait_s: float = 900) -> Iterator[tuple[Path, str]]:
+    """A real digits campaign running in the background; yields its KB once `min_trials` trials are recorded."""
+    kb_root, run_id = root / "kb", "live-bench"
+    overrides = [f"paths.runs={root / 'runs'}", f"paths.kb={kb_root}", f"run_id={run_id}", *LIVE_OVERRIDES]
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / "campaign.log").open("w") as out:
+        campaign = subprocess.Popen(
+            [sys.executable, "-m", "ralph_ray", *overrides],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + wait_s
+            while _trials(kb_root, run_id) < min_trials:
+                if campaign.poll() is not None:
+                    raise RuntimeError(
+                        f"the live campaign ended early (exit {campaign.returncode}): {root}/campaign.log"
+                    )
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the live campaign recorded < {min_trials} trials in {wait_s} s")
+                time.sleep(5)
+            yield kb_root, run_id
+        finally:
+            still_running = campaign.poll() is None
+            os.killpg(campaign.pid, signal.SIGTERM)
+            try:
+                campaign.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(campaign.pid, signal.SIGKILL)
+                campaign.wait()
+            if not still_running:
+                raise RuntimeError(f"the live campaign ended during the measurement: {root}/campaign.log")
+
+
+def _trials(kb_root: Path, run_id: str) -> int:
+    try:
+        return open_reader(kb_root).execute("select count(*) from trials where run_id = ?", [run_id]).fetchall()[0][0]
+    except (FileNotFoundError, duckdb.Error):
+        return 0  # no KB yet, or its first parts are being written
+
+
+def browser_main(args: argparse.Namespace, root: Path) -> None:
+    """Both KBs in the browser; writes bench/results/app_render.{json,md}."""
+    figures: dict[str, Any] = {
+        "mode": "browser",
+        "trials": args.trials,
+        "rounds": args.rounds,
+        "goal_ratio": GOAL_RATIO,
+        "streamlit": version("streamlit"),
+        "playwright": version("playwright"),
+        "chromium": subprocess.run([str(CHROMIUM), "--version"], capture_output=True, text=True).stdout.strip(),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "kbs": {},
+    }
+    with live_campaign(root / "live") as (kb_root, run_id):
+        trials = _trials(kb_root, run_id)
+        print(f"live: campaign {run_id} running, {trials} trials recorded; measuring", flush=True)
+        figures["kbs"]["live"] = {"trials_at_start": trials, **browser_pages(kb_root, root / "live", args.rounds)}
+        figures["kbs"]["live"]["trials_at_end"] = _trials(kb_root, run_id)
+    kb_root = root / "big" / "kb"
+    start = time.perf_counter()
+    parts = build(kb_root, args.trials, compact=True)
+    print(f"big: built in {time.perf_counter() - start:.1f} s, parts {parts}", flush=True)
+    figures["kbs"]["big"] = {"parts": parts, **browser_pages(kb_root, root / "big", args.rounds)}
+    figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    lines = [
+        f"# time to content in Chromium, each page against a bare Streamlit page in the same run; goal: every page "
+        f"within {GOAL_RATIO}x of the bare page",
+        "",
+        f"{figures['chromium']}, Playwright {figures['playwright']}, Streamlit {figures['streamlit']}; a fresh browser "
+        f"context per visit (no HTTP cache); {args.rounds} rounds, pages interleaved with the bare page.",
+        "",
+        f"load average (1, 5, 15 min) before {figures['load_average_before']}, after {figures['load_average_after']}: "
+        "**the machine was busy** (2 cores shared with other sessions' tests and campaigns), so the seconds are "
+        "inflated and noisy; the ratios to the bare page, measured in the same minutes, are the figure to read.",
+        "",
+    ]
+    titles = {
+        "live": "live KB: a real digits campaign (offline agent) running during the measurement "
+        f"({figures['kbs']['live']['trials_at_start']} -> {figures['kbs']['live']['trials_at_end']} trials)",
+        "big": f"10,000-trial KB ({CAMPAIGNS} campaigns x {CYCLES} cycles, compacted per cycle; parts {parts})",
+    }
+    for name, data in figures["kbs"].items():
+        bare = data["bare"]
+        lines += [
+            f"## {titles[name]}",
+            "",
+            "| page | first visit s | median s | first / bare first | median / bare median |",
+            "| --- | --- | --- | --- | --- |",
+            f"| bare Streamlit page | {bare['first_s']:.2f} | {bare['median_s']:.2f} | 1.00 | 1.00 |",
+        ]
+        lines += [
+            f"| {page} | {p['first_s']:.2f} | {p['median_s']:.2f} | {p['ratio_first']:.2f} | {p['ratio_median']:.2f} |"
+            for page, p in data["pages"].items()
+        ]
+        met = "met" if data["worst_ratio_median"] <= GOAL_RATIO else "NOT met"
+        lines += [
+            "",
+            f"worst page: **{data['worst_ratio_median']:.2f}x** the bare page (median), "
+            f"{data['worst_ratio_first']:.2f}x on first visits; goal {GOAL_RATIO}x: {met}",
+            "",
+        ]
+    save("app_render", figures, lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3, help="browser: visits per page")
+    parser.add_argument("--apptest", action="store_true", help="the in-process AppTest figures instead (no browser)")
     parser.add_argument("--keep", type=Path, help="build the KBs here and keep them (default: a temp dir, removed)")
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="app_render-"))
+    if not args.apptest:
+        try:
+            browser_main(args, root)
+        finally:
+            if args.keep is None:
+                shutil.rmtree(root, ignore_errors=True)
+        return
     figures: dict[str, Any] = {
         "trials": args.trials,
         "goal_s": GOAL_S,
