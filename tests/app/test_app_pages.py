@@ -323,6 +323,15 @@ def test_trials_page_shows_the_node_each_trial_ran_on(tiny: Tiny):
     assert f"node {next(iter(nodes))}" in texts(at)  # the picked trial's line
 
 
+def test_trials_page_shows_each_trials_peak_memory(tiny: Tiny):
+    reported = "select peak_rss_mb, peak_gpu_mb from trials where run_id = ? and epochs > 0"
+    peaks = view_rows(tiny.kb_root, reported, [tiny.run_id])
+    # Python, numpy and torch alone pass 50 MiB; a CPU campaign never started CUDA: NULL, not 0.
+    assert peaks and all(r["peak_rss_mb"] > 50 and r["peak_gpu_mb"] is None for r in peaks)
+    at = open_page(tiny.kb_root, "views/trials.py")
+    assert at.dataframe[0].value["peak_rss_mb"].dropna().gt(50).any()
+
+
 def test_trials_page_reads_a_kb_from_before_the_node_column(tmp_path: Path):
     kb_root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
     folder = kb_root / "parquet" / "trials"
