@@ -12,6 +12,7 @@ import ast
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ralph_ray import PROJECT_ROOT
@@ -22,7 +23,8 @@ from ralph_ray.agents.transforms import (
     apply_transform,
 )
 from ralph_ray.gate import Gate, write_smoke_data
-from ralph_ray.knobs import read_knobs
+from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.tasks.base import Splits
 from ralph_ray.tasks.digits import prepare
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "trainers"
@@ -62,7 +64,16 @@ APPLIES = {
         "channels_last",
     },
     "digits": ALL - {"widen_layers", "add_dropout", "add_weight_decay"},
-    "cifar10": {"deepen", "hard_example_replay", "self_model_head", "add_dropout"},
+    "cifar10": {
+        "deepen",
+        "hard_example_replay",
+        "self_model_head",
+        "add_dropout",
+        "gradient_clipping",
+        "edge_of_chaos_curriculum",
+        "ema_weights",
+        "widen_layers",
+    },
 }
 
 
@@ -74,7 +85,7 @@ def test_applicability_table(trainer: str):
 
 
 def test_at_least_eight_code_interventions_apply_to_every_differently_written_trainer():
-    for trainer in (*(p.parent.name for p in FIXTURES.glob("*/train.py")), "digits"):
+    for trainer in (*(p.parent.name for p in FIXTURES.glob("*/train.py")), "digits", "cifar10"):
         assert len(APPLIES[trainer]) >= 8, trainer
 
 
@@ -84,7 +95,9 @@ def test_at_least_eight_code_interventions_apply_to_every_differently_written_tr
         ("functional_mlp", "batchnorm", "functional model"),
         ("functional_mlp", "ema_weights", "no nn.Module model found"),
         ("cifar10", "cosine_lr_schedule", 'sets group\\["lr"\\] itself'),
-        ("cifar10", "gradient_clipping", 'reduction="none"'),
+        ("cifar10", "grokfast_filter", "BatchNorm"),
+        ("cifar10", "mixed_precision", "already uses autocast"),
+        ("cifar10", "adamw_optimizer", "parameter groups"),
         ("airbench_style", "one_cycle_schedule", "already has a schedule"),
         ("digits", "widen_layers", "the width is the knob WIDTH"),
         ("module_loader", "adamw_optimizer", "already Adam"),
@@ -106,7 +119,8 @@ def test_output_parses_and_keeps_knobs_module_level_literals(trainer: str, name:
     before, after = read_knobs(source), read_knobs(result)
     assert set(before) <= set(after), "a knob disappeared"
     changed = {k for k in before if before[k] != after[k]}
-    assert changed <= ({"LR", "LEARNING_RATE", "WEIGHT_DECAY"} if name == "adamw_optimizer" else set())
+    moved = {"adamw_optimizer": {"LR", "LEARNING_RATE", "WEIGHT_DECAY"}, "widen_layers": {"WIDTH1", "WIDTH2", "WIDTH3"}}
+    assert changed <= moved.get(name, set())
     for knob in set(after) - set(before):  # new knobs: one module-level `NAME = literal  # comment` line each
         line = next(
             node for node in tree.body if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == knob
@@ -156,6 +170,97 @@ def test_schedules_count_epochs_from_the_loop():
     result = apply_transform("cosine_lr_schedule", SOURCES["module_loader"])
     assert "CosineAnnealingLR(optimizer, T_max=len(range(1, EPOCHS + 1)))" in result
     assert "cosine.step()" in apply_transform("cosine_lr_schedule", SOURCES["digits"])
+
+
+# -----------------------------------------------------------------------------
+# The tuned cifar10 seed (airbench-style): a summed per-example loss, evaluation by a TTA function, width knobs
+
+
+def lines_of(source: str) -> list[str]:
+    return [line.strip() for line in source.splitlines()]
+
+
+def test_cifar10_clip_sits_between_backward_and_step_scaled_to_the_summed_loss():
+    lines = lines_of(apply_transform("gradient_clipping", SOURCES["cifar10"]))
+    clip = lines.index("torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP * len(y_train[idx]))")
+    assert lines[clip - 1] == "loss.backward()" and lines[clip + 1] == "optimizer.step()"
+    # a mean loss keeps the plain limit
+    assert "clip_grad_norm_(net.parameters(), GRAD_CLIP)" in apply_transform(
+        "gradient_clipping", SOURCES["sequential_flat"]
+    )
+
+
+def test_cifar10_curriculum_weights_the_per_example_losses_inside_the_trainers_sum():
+    result = apply_transform("edge_of_chaos_curriculum", SOURCES["cifar10"])
+    loss = ast.parse(result)
+    assigned = [
+        node.value
+        for node in ast.walk(loss)
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "loss"
+    ]
+    (value,) = [v for v in assigned if "edge_of_chaos_weight" in ast.unparse(v)]
+    # (weight * cross_entropy(..., reduction="none")).sum(): the weights multiply the per-example losses, then sum
+    assert isinstance(value, ast.Call) and value.func.attr == "sum"  # type: ignore[union-attr]
+    product = value.func.value  # type: ignore[union-attr]
+    assert isinstance(product, ast.BinOp) and isinstance(product.op, ast.Mult)
+    assert ast.unparse(product.left) == "edge_of_chaos_weight(logits.float(), y_train[idx])"
+    assert "reduction='none'" in ast.unparse(product.right) and "label_smoothing=LABEL_SMOOTHING" in ast.unparse(
+        product.right
+    )
+    assert "return weight / weight.mean()" in result  # mean-1 weights: the summed loss keeps its size
+    with pytest.raises(NotApplicable, match="already weights"):
+        apply_transform("edge_of_chaos_curriculum", result)
+
+
+def test_a_per_example_loss_reduced_elsewhere_is_refused():
+    source = SOURCES["sequential_flat"].replace(
+        "crit = nn.CrossEntropyLoss()", 'crit = nn.CrossEntropyLoss(reduction="none")'
+    )
+    source = source.replace("loss = crit(out, Yt[i])", "loss = crit(out, Yt[i])\n        loss = loss.mean()")
+    for name in ("gradient_clipping", "edge_of_chaos_curriculum"):
+        with pytest.raises(NotApplicable, match="reduction"):
+            apply_transform(name, source)
+
+
+def test_cifar10_ema_evaluates_and_predicts_through_its_tta_function():
+    result = apply_transform("ema_weights", SOURCES["cifar10"])
+    lines = lines_of(result)
+    assert "val_logits = logits_tta(ema, x_val, autocast)" in lines
+    assert result.count("logits_tta(ema, to_tensor(") == 2 and "logits_tta(model, " not in result
+    assert lines[lines.index("optimizer.step()") + 1] == "ema.update_parameters(model)"
+    assert "logits = model(x_epoch[idx])" in lines  # training still runs the model itself
+    assert "model.eval()" in lines  # inside logits_tta: the function is left alone, its argument changes
+
+
+def test_cifar10_widen_doubles_its_width_knobs_only():
+    before, after = read_knobs(SOURCES["cifar10"]), read_knobs(apply_transform("widen_layers", SOURCES["cifar10"]))
+    assert {k: after[k] for k in ("WIDTH1", "WIDTH2", "WIDTH3")} == {"WIDTH1": 128, "WIDTH2": 512, "WIDTH3": 512}
+    assert {k: v for k, v in after.items() if not k.startswith("WIDTH")} == {
+        k: v for k, v in before.items() if not k.startswith("WIDTH")
+    }
+
+
+def cifar_shaped(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(rows, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, size=rows)
+
+
+def test_cifar10_with_the_widened_transforms_still_trains(tmp_path: Path):
+    """The four transforms stacked on the cifar10 seed pass the real gate: one epoch (one step of 157 examples:
+    the gate's 160-row sliver less the validation share) on CIFAR-shaped random data, predictions for every input."""
+    (train_x, train_y), (sel_x, sel_y), (test_x, test_y) = (cifar_shaped(n, s) for s, n in enumerate((160, 40, 40)))
+    splits = Splits(train_x, train_y, sel_x, sel_y, test_x, test_y, num_classes=10)
+    gate = Gate(write_smoke_data(splits, tmp_path / "smoke", "cifar10"), (), timeout_s=300)
+    parent, child = tmp_path / "parent", tmp_path / "child"
+    shutil.copytree(TRAINERS["cifar10"], parent, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(parent, child)
+    # narrow widths: the run proves the transformed code runs, not the net's size (widen_layers still doubles them)
+    source = rewrite_knobs(SOURCES["cifar10"], {"WIDTH1": 8, "WIDTH2": 16, "WIDTH3": 16})
+    for name in ("gradient_clipping", "edge_of_chaos_curriculum", "ema_weights", "widen_layers"):
+        source = apply_transform(name, source)
+    assert read_knobs(source)["WIDTH3"] == 32
+    (child / "train.py").write_text(source)
+    gate.check(child, parent)
 
 
 # -----------------------------------------------------------------------------

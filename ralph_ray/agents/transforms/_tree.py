@@ -60,7 +60,17 @@ LINEAR = re.compile(r"^((torch\.)?nn\.)?Linear$")
 SEQUENTIAL = re.compile(r"^((torch\.)?nn\.)?Sequential$")
 NO_GRAD = re.compile(r"^torch\.(no_grad|inference_mode)$")
 # Module-level helpers the transforms add (their layers and calls are not the trainer's own).
-HELPERS = frozenset({"SelfModel", "DreamReplay", "gradfilter_ema", "edge_of_chaos_loss", "shift_images", "flip_images"})
+HELPERS = frozenset(
+    {
+        "SelfModel",
+        "DreamReplay",
+        "gradfilter_ema",
+        "edge_of_chaos_loss",
+        "edge_of_chaos_weight",
+        "shift_images",
+        "flip_images",
+    }
+)
 # Call names that mean "evaluate or predict with this model" (its argument becomes the EMA model).
 EVAL_CALL = re.compile(r"eval|predict|infer|accuracy|score|test", re.IGNORECASE)
 
@@ -382,16 +392,44 @@ class Trainer:
                     return call
         raise NotApplicable(f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)")
 
-    def loss_reduction_mean(self) -> None:
-        """NotApplicable when the loss is summed (batch-sized gradients: fixed clips and weights misfit)."""
+    def loss_reduction(self) -> str:
+        """How the back-propagated loss reduces the per-example losses: "mean" (the default), or "sum" (its
+        gradient is the batch size times the mean's). `reduction="none"` counts as the `.mean()`/`.sum()`
+        the trainer applies to the call itself (`F.cross_entropy(..., reduction="none").sum()`)."""
         call = self.loss_call()
-        reduction = kwarg(call, "reduction")
-        if reduction is not None:
-            raise NotApplicable(f"the loss uses reduction={code(reduction.value)}, not the mean")
-        criterion = call_name(call)
-        for ctor in self.calls(CROSS_ENTROPY_CLS):
-            if assign_target(self.statement_of(ctor)) == criterion and kwarg(ctor, "reduction") is not None:
-                raise NotApplicable("the criterion is built with a reduction other than the mean")
+        reduction = self.loss_reduction_argument()
+        if reduction in ("mean", "sum"):
+            return reduction
+        if reduction == "none":
+            outer = self.parent(call)
+            if isinstance(outer, cst.Attribute) and outer.attr.value in ("mean", "sum"):
+                reducer = self.parent(outer)
+                if isinstance(reducer, cst.Call) and reducer.func is outer and not reducer.args:
+                    return outer.attr.value
+            raise NotApplicable(
+                'the loss uses reduction="none" without a `.mean()` or `.sum()` on the call itself (reduced elsewhere)'
+            )
+        raise NotApplicable(f"the loss uses reduction={reduction}, not a literal mean, sum or none")
+
+    def loss_reduction_argument(self) -> str:
+        """The loss call's `reduction=` (or its criterion's), as a string ("mean" when not given); a non-literal
+        value comes back as its source text."""
+        call = self.loss_call()
+        found = kwarg(call, "reduction")
+        if found is None:
+            criterion = call_name(call)
+            ctor = next(
+                (c for c in self.calls(CROSS_ENTROPY_CLS) if assign_target(self.statement_of(c)) == criterion), None
+            )
+            if isinstance(call.func, cst.Call):  # nn.CrossEntropyLoss(reduction=...)(logits, y)
+                ctor = call.func
+            found = kwarg(ctor, "reduction") if ctor is not None else None
+        if found is None:
+            return "mean"
+        value = found.value
+        if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+            return value.evaluated_value
+        return code(value)
 
     def layers(self) -> list[Layer]:
         """nn.Conv2d / nn.Linear constructions, in source order."""

@@ -12,6 +12,7 @@ from ralph_ray.agents.transforms._tree import (
     LINEAR,
     Edits,
     NotApplicable,
+    Trainer,
     analyse,
     call_name,
     classifier,
@@ -27,11 +28,12 @@ WIDTH_KNOB = r"(WIDTH|HIDDEN|CHANNELS|DIM|N_HIDDEN|HIDDEN_SIZE)\w*"
 
 @register("widen_layers", "capacity")
 def widen_layers(source: str) -> str:
-    """Double the literal hidden widths (out sizes of non-final conv/linear layers) and the sizes that follow them."""
+    """Double the literal hidden widths (out sizes of non-final conv/linear layers) and the sizes that follow them;
+    where the widths are knobs the `widen` knob move does not reach (WIDTH1, WIDTH2, ...), double those knobs."""
     trainer = analyse(source)
     knob = trainer.knob_like(WIDTH_KNOB)
     if knob is not None:
-        raise NotApplicable(f"the width is the knob {knob} (the `widen` knob move doubles it)")
+        return _widen_knobs(trainer)
     layers = trainer.layers()
     if len(layers) < 2:
         raise NotApplicable("fewer than two conv/linear layers: no hidden width to widen")
@@ -58,6 +60,26 @@ def widen_layers(source: str) -> str:
         changed += 1
     if not changed:
         raise NotApplicable("no literal hidden width in the conv/linear layers (sizes come from variables)")
+    return edits.apply()
+
+
+def _widen_knobs(trainer: Trainer) -> str:
+    """Double every integer width knob, unless the `widen` knob move (WIDTH or its aliases) already reaches one."""
+    from ralph_ray.agents.catalog import KNOB_ALIASES  # (here: the catalog imports the transforms)
+
+    knobs = trainer.knobs()
+    reached = next((k for k in ("WIDTH", *KNOB_ALIASES["WIDTH"]) if k in knobs), None)
+    if reached is not None:
+        raise NotApplicable(f"the width is the knob {reached} (the `widen` knob move doubles it)")
+    widths = {
+        k: v for k, v in knobs.items() if re.fullmatch(WIDTH_KNOB, k) and isinstance(v, int) and not isinstance(v, bool)
+    }
+    if not widths:
+        raise NotApplicable(
+            f"the width knobs ({', '.join(k for k in knobs if re.fullmatch(WIDTH_KNOB, k))}) are not integers"
+        )
+    edits = Edits(trainer)
+    edits.set_knobs.update({k: 2 * v for k, v in widths.items()})
     return edits.apply()
 
 

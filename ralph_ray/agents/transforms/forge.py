@@ -41,6 +41,15 @@ def edge_of_chaos_loss(logits: torch.Tensor, targets: torch.Tensor, label_smooth
     return (weight * losses).sum() / weight.sum()
 '''
 
+EDGE_WEIGHT_HELPER = '''
+def edge_of_chaos_weight(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-example weights towards the edge of what the model can do (p(correct) near 1/2), for a trainer that
+    reduces the per-example losses itself; scaled to mean 1 so its summed or averaged loss keeps its size."""
+    p = logits.detach().float().softmax(1).gather(1, targets.view(-1, 1)).squeeze(1)
+    weight = (1 - EDGE_MIX) + EDGE_MIX * 4 * p * (1 - p)
+    return weight / weight.mean()
+'''
+
 REPLAY_HELPER = '''
 class DreamReplay:
     """Hard-example replay: keep each batch's most-missed REPLAY_SHARE, train on them again after the epoch."""
@@ -131,11 +140,23 @@ def grokfast_filter(source: str) -> str:
 def edge_of_chaos_curriculum(source: str) -> str:
     """Weight each example's loss by how near the edge of the model's ability it is (p(correct) near 1/2)."""
     trainer = analyse(source)
-    if trainer.has(r"edge_of_chaos_loss"):
+    if trainer.has(r"edge_of_chaos_(loss|weight)"):
         raise NotApplicable("the trainer already weights examples by difficulty")
     call = trainer.loss_call()
-    trainer.loss_reduction_mean()
+    reduction = trainer.loss_reduction_argument()
     logits, targets = (code(a.value) for a in positional(call)[:2])
+    if reduction == "none":  # per-example losses: weight them, the trainer's own .mean()/.sum() follows
+        trainer.loss_reduction()
+        edits = Edits(trainer)
+        edits.knob("EDGE_MIX", 0.5, "how far the curriculum leans the loss towards examples at p(correct) ~ 1/2")
+        edits.helper(EDGE_WEIGHT_HELPER)
+        edits.sub(call, lambda old: expression(f"(edge_of_chaos_weight({logits}, {targets}) * {code(old)})"))
+        return edits.apply()
+    if reduction != "mean":
+        raise NotApplicable(
+            f'the loss uses reduction={reduction}: the curriculum weights per-example losses (reduction="none") '
+            "or replaces a mean"
+        )
     smoothing = kwarg(call, "label_smoothing")
     extra = (
         f", label_smoothing={code(smoothing.value)}"

@@ -14,8 +14,10 @@ from ralph_ray.agents.transforms._tree import (
     analyse,
     assign_target,
     call_name,
+    code,
     dotted,
     free_name,
+    positional,
     statement,
 )
 
@@ -26,10 +28,15 @@ def gradient_clipping(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"clip_grad"):
         raise NotApplicable("the trainer already clips gradients")
-    trainer.loss_reduction_mean()  # a summed loss has batch-sized gradient norms that a fixed clip throttles
+    trainer.backward_statement()  # the clip goes between the backward pass and the step
+    limit = "GRAD_CLIP"
+    if trainer.loss_reduction() == "sum":
+        # a summed loss's gradient is the batch size times the mean's: scale the limit with the batch so GRAD_CLIP
+        # bounds the per-example-mean gradient norm, as it does for a mean loss (a fixed limit would throttle it)
+        limit = f"GRAD_CLIP * len({code(positional(trainer.loss_call())[1].value)})"
     params, edits = trainer.parameters_code(), Edits(trainer)
-    edits.knob("GRAD_CLIP", 2.0, "max global gradient norm per step")
-    edits.insert_before(trainer.step_statement(), f"torch.nn.utils.clip_grad_norm_({params}, GRAD_CLIP)")
+    edits.knob("GRAD_CLIP", 2.0, "max global gradient norm per step (of the per-example mean loss)")
+    edits.insert_before(trainer.step_statement(), f"torch.nn.utils.clip_grad_norm_({params}, {limit})")
     return edits.apply()
 
 
@@ -43,6 +50,7 @@ def ema_weights(source: str) -> str:
     ema = free_name(trainer, "ema")
     scope = _scope(trainer, trainer.epoch_loop())
     batch = trainer.batch_loop()
+    evaluators = _evaluators(trainer)
     swapped = 0
     for node in trainer.nodes:
         if not isinstance(node, cst.Call) or _scope(trainer, node) is not scope or trainer.inside(node, batch):
@@ -51,14 +59,15 @@ def ema_weights(source: str) -> str:
         if name == f"{model}.eval" or (name == model and _under_no_grad(trainer, node)):
             edits.sub(node.func, cst.parse_expression(name.replace(model, ema, 1)))
             swapped += 1
-        elif EVAL_CALL.search(name.rsplit(".", 1)[-1]):  # evaluate(model, ...), predict(model, ...)
+        elif EVAL_CALL.search(name.rsplit(".", 1)[-1]) or name in evaluators:  # evaluate(model, ...), predict(...)
             for arg in node.args:
                 if dotted(arg.value) == model:
                     edits.sub(arg.value, cst.Name(ema))
                     swapped += 1
     if not swapped:
         raise NotApplicable(
-            f"no evaluation of `{model}` found (evaluate({model}, ...) or {model}(x) under torch.no_grad())"
+            f"no evaluation of `{model}` found (evaluate({model}, ...), {model}(x) under torch.no_grad(), or a "
+            f"function under @torch.no_grad() or calling .eval() on the model it is given)"
         )
     edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
     edits.insert_after(
@@ -137,3 +146,20 @@ def _under_no_grad(trainer: Trainer, node: cst.CSTNode) -> bool:
         if isinstance(ancestor, cst.With) and any(NO_GRAD.match(call_name(i.item) or "") for i in ancestor.items):
             return True
     return False
+
+
+def _evaluators(trainer: Trainer) -> set[str]:
+    """Module-level functions that evaluate the model they are given, whatever their name (`logits_tta(model, x)`):
+    they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode()
+    or call `.eval()` on it (a no-grad helper that only copies weights is no evaluation)."""
+    found = set()
+    for node in trainer.module.body:
+        if not isinstance(node, cst.FunctionDef) or not node.params.params:
+            continue
+        first = node.params.params[0].name.value
+        decorated = any(NO_GRAD.match(call_name(d.decorator) or dotted(d.decorator) or "") for d in node.decorators)
+        evals = any(call_name(c) == f"{first}.eval" for c in trainer.calls(within=node))
+        forwards = any(call_name(c) == first for c in trainer.calls(within=node))
+        if forwards and (decorated or evals):
+            found.add(node.name.value)
+    return found
