@@ -1,6 +1,6 @@
 """Which code interventions apply to which trainer, and (with --compare) the offline agent against knob search.
 
-    python bench/interventions.py                      # the applicability table (seconds)
+    python bench/interventions.py                      # the applicability table (seconds; the last comparison kept)
     python bench/interventions.py --compare            # + campaigns: agent=heuristic vs agent=none per trainer
     python bench/interventions.py --compare --trainers digits module_loader --seeds 0 --cycles 3   # reduced
 
@@ -15,13 +15,14 @@ A fixture runs as a task folder: a copy of trainers/digits (its prepare and prog
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from _common import config, rows, save
+from _common import RESULTS, config, rows, save
 
 from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.agents.catalog import NotApplicable, check, load_catalog
@@ -110,6 +111,29 @@ def campaign(root: Path, trainer: str, task: Path, agent: str, seed: int, cycles
     }
 
 
+KEPT = "(comparison recorded by `--compare` on"
+
+
+def previous_comparison() -> tuple[dict[str, object], list[str]]:
+    """The last recorded comparison (its json keys and markdown section), which a table-only run keeps as it was:
+    the table takes seconds, the comparison hours."""
+    json_path, md_path = RESULTS / "interventions.json", RESULTS / "interventions.md"
+    if not json_path.exists() or not md_path.exists():
+        return {}, []
+    old = json.loads(json_path.read_text())
+    if "comparison" not in old:
+        return {}, []
+    figures = {k: old[k] for k in ("comparison", "comparison_ran") if k in old}
+    figures["comparison_recorded"] = old.get("comparison_recorded", old["date"])
+    text = md_path.read_text()
+    start, end = text.find("Offline agent vs knob search"), text.rfind("\n- date:")
+    if start < 0:
+        return figures, []
+    section = "\n".join(line for line in text[start:end].splitlines() if not line.startswith(KEPT)).strip()
+    note = f"{KEPT} {figures['comparison_recorded']}; this run rebuilt only the table)"
+    return figures, ["", *section.splitlines(), "", note]
+
+
 def compare(trainers: list[str], seeds: list[int], cycles: int) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="bench-interventions-"))
     out: dict[str, object] = {}
@@ -178,6 +202,10 @@ def main() -> None:
                 f"- {trainer}: heuristic best test {s['heuristic']['best_test_mean']} vs agent=none "
                 f"{s['none']['best_test_mean']} (std {s['heuristic']['best_test_std']} / {s['none']['best_test_std']})"
             )
+    else:
+        kept, kept_lines = previous_comparison()
+        figures |= kept
+        lines += kept_lines
     save("interventions", figures, lines)
 
 
