@@ -69,8 +69,12 @@ class PeakMemory:
 
 def _group_members(group: int) -> list[int]:
     """The processes whose process group is `group` (the trainer, its sandbox's init, its workers)."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:  # no procfs (not Linux): the harness's own figure is all there is
+        return []
     members = []
-    for name in os.listdir("/proc"):
+    for name in names:
         if not name.isdigit():
             continue
         try:
