@@ -43,6 +43,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save  # noqa: E402
 
+from ralph_ray import sql  # noqa: E402
 from ralph_ray.kb import KnowledgeBase, now, open_reader  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -529,8 +530,12 @@ def browser_pages(kb_root: Path, work: Path, rounds: int) -> dict[str, Any]:
 
 
 @contextmanager
-def live_campaign(root: Path, min_trials: int = 4, wait_s: float = 900) -> Iterator[tuple[Path, str]]:
-    """A real digits campaign running in the background; yields its KB once `min_trials` trials are recorded."""
+def live_campaign(root: Path, min_trials: int = 6, wait_s: float = 1200) -> Iterator[tuple[Path, str]]:
+    """A real digits campaign running in the background; yields its KB once every page has something to draw.
+
+    That is `min_trials` trials and a recorded cycle of children (an intervention's measured effect): before it,
+    the Knobs and Interventions pages show only why they are empty, and their charts never come.
+    """
     kb_root, run_id = root / "kb", "live-bench"
     overrides = [f"paths.runs={root / 'runs'}", f"paths.kb={kb_root}", f"run_id={run_id}", *LIVE_OVERRIDES]
     root.mkdir(parents=True, exist_ok=True)
@@ -544,7 +549,7 @@ def live_campaign(root: Path, min_trials: int = 4, wait_s: float = 900) -> Itera
         )
         try:
             deadline = time.monotonic() + wait_s
-            while _trials(kb_root, run_id) < min_trials:
+            while _trials(kb_root, run_id) < min_trials or _count(kb_root, sql.INTERVENTIONS_FOR_RUN, run_id) < 1:
                 if campaign.poll() is not None:
                     raise RuntimeError(
                         f"the live campaign ended early (exit {campaign.returncode}): {root}/campaign.log"
@@ -566,8 +571,13 @@ def live_campaign(root: Path, min_trials: int = 4, wait_s: float = 900) -> Itera
 
 
 def _trials(kb_root: Path, run_id: str) -> int:
+    return _count(kb_root, sql.BENCH_TRIAL_ENDS, run_id)
+
+
+def _count(kb_root: Path, query: str, run_id: str) -> int:
+    """Rows of a query over the KB (0 while there is no KB yet)."""
     try:
-        return open_reader(kb_root).execute("select count(*) from trials where run_id = ?", [run_id]).fetchall()[0][0]
+        return len(open_reader(kb_root).execute(query, [run_id]).fetchall())
     except (FileNotFoundError, duckdb.Error):
         return 0  # no KB yet, or its first parts are being written
 
