@@ -76,6 +76,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"- cycles: {budget.get('cycles', 0) if budget else 0}, trials: {budget.get('trials', 0) if budget else 0}, "
         f"trial-hours: {_f(budget and budget['trial_hours'])}",
         f"- wall time: {_f(last.get('elapsed_s'), 0)} s",
+        f"- peak memory per trial: {_peak_memory(con.execute(sql.PEAK_MEMORY_FOR_RUN, [run_id]).fetchone())}",
         f"- agent tokens: {budget.get('tokens', 0) if budget else 0}, cost: {_f(budget and budget['cost'])}, "
         f"kept improvements: {len(kept)}, cost per kept improvement: "
         f"{_f((budget['cost'] / len(kept)) if budget and kept else None)}",
@@ -149,6 +150,15 @@ def cost_front(points: list[Point]) -> list[Point]:
         if not front or point.selection > front[-1].selection:
             front.append(point)
     return front
+
+
+def _peak_memory(row: tuple[Any, ...] | None) -> str:
+    """`trainer RSS up to 412 MiB (median 388, 12 trial(s)); GPU up to 2,310 MiB (12 trial(s))`, or `not recorded`."""
+    if not row or not row[2]:
+        return "not recorded"
+    rss_max, rss_median, rss_n, gpu_max, gpu_n = row
+    gpu = f"GPU up to {gpu_max:,.0f} MiB ({gpu_n} trial(s))" if gpu_n else "no GPU memory (no trial used CUDA)"
+    return f"trainer RSS up to {rss_max:,.0f} MiB (median {rss_median:,.0f}, {rss_n} trial(s)); {gpu}"
 
 
 def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value: Any) -> list[str]:

@@ -428,6 +428,11 @@ select epoch(written_at) - seconds as started, epoch(written_at) as ended, secon
        test_score, variant_id, cycle, trial_id, node
 from trials where run_id = ? order by started, trial_id
 """
+# The trainers' peak memory over a run's trials (peakmemory.py; NULL where not recorded, GPU only where CUDA ran).
+PEAK_MEMORY_FOR_RUN = """
+select max(peak_rss_mb), median(peak_rss_mb), count(peak_rss_mb), max(peak_gpu_mb), count(peak_gpu_mb)
+from trials where run_id = ?
+"""
 # Each trial's training seconds (its last report's train_seconds): the cost of its score under a time budget.
 TRAIN_SECONDS_PER_TRIAL = """
 select trial_id, max(value) from epochs where run_id = ? and metric = 'train_seconds' group by trial_id

@@ -107,6 +107,8 @@ def test_peak_rss_reaches_the_kb(ray_session, tiny_config, tmp_path: Path):
     assert rows and all(status == "completed" for status, _, _ in rows)
     assert all(rss is not None and rss >= 240 for _, rss, _ in rows)
     assert all(gpu is None for _, _, gpu in rows)  # a CPU trainer: NULL, not 0
+    report = (outcome.run_dir / "report" / "final_report.md").read_text()
+    assert "- peak memory per trial: trainer RSS up to " in report and "no GPU memory (no trial used CUDA)" in report
 
 
 def test_a_kb_from_before_peak_memory_reads_it_as_null(tmp_path: Path):
