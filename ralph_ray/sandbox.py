@@ -32,6 +32,9 @@ from typing import Callable
 from ralph_ray import PROJECT_ROOT, harness
 
 BWRAP = "bwrap"
+# A jail's cgroup: ralph-<PID namespace>-<pid of the engine process that made it>-<count>. The namespace lets
+# `reap_orphans` judge an owner's pid only where it means that process (two containers may share a cgroup).
+_JAIL_GROUP = re.compile(r"ralph-(\d+)-(\d+)-\d+")
 INSTALL_FIX = (
     "install bubblewrap (`apt-get install bubblewrap` on Debian/Ubuntu, `dnf install bubblewrap` on Fedora) "
     "and "
@@ -160,9 +163,10 @@ class Jail:
 
     def __init__(self, policy: Policy, view: View) -> None:
         self.policy, self.view = policy, view
+        reap_orphans()
         with Jail._lock:
             Jail._count += 1
-            name = f"ralph-{os.getpid()}-{Jail._count}"
+            name = f"ralph-{_pid_namespace()}-{os.getpid()}-{Jail._count}"
         self.memory_cgroup = _make_cgroup(
             "memory",
             name,
@@ -288,23 +292,66 @@ class Jail:
             os.close(fd)
         self._fds = []
         for group in (self.memory_cgroup, self.pids_cgroup):
-            if group is None:
-                continue
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                pids = _pids(group)
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.02)
+            if group is not None:
+                _empty(group)
+
+
+def reap_orphans() -> int:
+    """Empty and remove the cgroups of jails whose engine process died without closing them; how many.
+
+    A Ray worker killed with SIGKILL (a lost data-parallel worker, the OOM killer) takes its trainer with it
+    (PDEATHSIG), but not the trainer's own children: without bubblewrap's PID namespace (sandbox=none) they
+    would outlive the trial. They are still in the jail's cgroups, named after the dead owner's pid, so the next
+    jail made on the node (a restarted group's, the next trial's) kills them.
+    """
+    reaped = 0
+    for controller in ("memory", "pids"):
+        parent = _cgroup_parent(controller)
+        if parent is None:
+            continue
+        for group in parent[0].glob("ralph-*-*-*"):
+            owner = _JAIL_GROUP.fullmatch(group.name)
+            if owner is not None and int(owner[1]) == _pid_namespace() and not _alive(int(owner[2])):
+                _empty(group)
+                reaped += 1
+    return reaped
+
+
+@functools.cache
+def _pid_namespace() -> int:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _empty(group: Path) -> None:
+    """SIGKILL every process in a cgroup (for up to 5 s) and remove it."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        pids = _pids(group)
+        if not pids:
+            break
+        for pid in pids:
             try:
-                group.rmdir()
-            except OSError:
-                pass  # a process is still being reaped; the empty group is harmless
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+    try:
+        group.rmdir()
+    except OSError:
+        pass  # a process is still being reaped (or another engine process removed it); an empty group is harmless
 
 
 def classify(returncode: int, stderr_tail: str, jail: Jail | None, work: Path) -> Breach | None:
@@ -368,20 +415,26 @@ def _harness_lib() -> Path:
     return root
 
 
-def _make_cgroup(controller: str, name: str, v1: dict[str, int], v2: dict[str, int]) -> Path | None:
-    """A child cgroup of this process's own, with its limits written; None where none can be made."""
+def _cgroup_parent(controller: str) -> tuple[Path, bool] | None:
+    """Where this process makes its jails' cgroups of `controller` (its own cgroup), and whether it is cgroup v1."""
     for line in _read("/proc/self/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         if controller in controllers.split(","):
-            group, limits = Path(f"/sys/fs/cgroup/{controller}") / path.lstrip("/") / name, v1
-            break
-    else:
-        lines = _read("/proc/self/cgroup").splitlines()
-        own = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
-        parent = Path("/sys/fs/cgroup") / (own or "/").lstrip("/")
-        if own is None or controller not in _read(parent / "cgroup.subtree_control").split():
-            return None
-        group, limits = parent / name, v2
+            return Path(f"/sys/fs/cgroup/{controller}") / path.lstrip("/"), True
+    lines = _read("/proc/self/cgroup").splitlines()
+    own = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    parent = Path("/sys/fs/cgroup") / (own or "/").lstrip("/")
+    if own is None or controller not in _read(parent / "cgroup.subtree_control").split():
+        return None
+    return parent, False
+
+
+def _make_cgroup(controller: str, name: str, v1: dict[str, int], v2: dict[str, int]) -> Path | None:
+    """A child cgroup of this process's own, with its limits written; None where none can be made."""
+    found = _cgroup_parent(controller)
+    if found is None:
+        return None
+    group, limits = found[0] / name, (v1 if found[1] else v2)
     try:
         group.mkdir()
         for key, value in limits.items():
