@@ -6,6 +6,15 @@ import ast
 import threading
 from typing import Any, TypeGuard, cast
 
+# Names a trainer may give a catalog knob (the knob moves and the transforms look a knob up under these too).
+KNOB_ALIASES = {
+    "LR": ("LEARNING_RATE", "BASE_LR"),
+    "EPOCHS": ("NUM_EPOCHS", "N_EPOCHS", "MAX_EPOCHS"),
+    "BATCH_SIZE": ("BATCH", "BS"),
+    "WIDTH": ("HIDDEN", "HIDDEN_SIZE", "CHANNELS"),
+    "WEIGHT_DECAY": ("WD",),
+}
+
 # CPython 3.11's AST constructor is not thread-safe ("AST constructor recursion depth mismatch" when two
 # threads parse at once), and children are written and gated in a thread pool: every parse goes through here.
 _PARSE_LOCK = threading.Lock()

@@ -22,7 +22,7 @@ import yaml
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
 from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable, apply_transform, check_transform
-from ralph_ray.knobs import KnobError, is_knob_name, knob_nodes, parse, read_knobs, rewrite_knobs
+from ralph_ray.knobs import KNOB_ALIASES, KnobError, is_knob_name, knob_nodes, parse, read_knobs, rewrite_knobs
 
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 
@@ -373,13 +373,6 @@ def apply(intervention: Intervention, source: str) -> str:
 
 
 # Other spellings of the catalog's knob names in users' trainers: a knob move uses the trainer's own (first found).
-KNOB_ALIASES = {
-    "LR": ("LEARNING_RATE", "BASE_LR"),
-    "EPOCHS": ("NUM_EPOCHS", "N_EPOCHS", "MAX_EPOCHS"),
-    "BATCH_SIZE": ("BATCH", "BS"),
-    "WIDTH": ("HIDDEN", "HIDDEN_SIZE", "CHANNELS"),
-    "WEIGHT_DECAY": ("WD",),
-}
 
 
 def _apply_knob_edits(intervention: Intervention, source: str) -> str:

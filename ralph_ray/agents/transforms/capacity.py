@@ -21,6 +21,7 @@ from ralph_ray.agents.transforms._tree import (
     layer_size,
     size_code,
 )
+from ralph_ray.knobs import KNOB_ALIASES
 
 NORM_CALL = r"^((torch\.)?nn\.)?(BatchNorm[12]d|LayerNorm)$"
 WIDTH_KNOB = r"(WIDTH|HIDDEN|CHANNELS|DIM|N_HIDDEN|HIDDEN_SIZE)\w*"
@@ -65,8 +66,6 @@ def widen_layers(source: str) -> str:
 
 def _widen_knobs(trainer: Trainer) -> str:
     """Double every integer width knob, unless the `widen` knob move (WIDTH or its aliases) already reaches one."""
-    from ralph_ray.agents.catalog import KNOB_ALIASES  # (here: the catalog imports the transforms)
-
     knobs = trainer.knobs()
     reached = next((k for k in ("WIDTH", *KNOB_ALIASES["WIDTH"]) if k in knobs), None)
     if reached is not None:
