@@ -67,7 +67,7 @@ class Snapshot:
         """Take in the parts written since the last look (at most every `min_interval_s`)."""
         if self._con is not None and time.monotonic() - self._checked < self.min_interval_s:
             return
-        for table in sql.TABLES:
+        for table in sql.ALL_TABLES:
             self._refresh_table(table)
         if self._con is None:
             self._con = connect_views(self.folder)
@@ -78,7 +78,7 @@ class Snapshot:
         for _ in range(READ_TRIES):
             parts = {
                 entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size)
-                for entry in os.scandir(folder)
+                for entry in (os.scandir(folder) if folder.is_dir() else ())  # a KB from before the table: empty
                 if entry.name.endswith(".parquet") and not entry.name.startswith(".")
             }
             seen = self._seen.get(table, {})

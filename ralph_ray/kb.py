@@ -360,7 +360,7 @@ def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
 def damaged_parts(parquet_root: Path) -> dict[Path, str]:
     """Every part under `parquet_root` whose Parquet footer cannot be read, with the reason."""
     damaged: dict[Path, str] = {}
-    for table in sql.TABLES:
+    for table in sql.ALL_TABLES:
         for path in sorted((parquet_root / table).glob("*.parquet")):
             try:
                 pq.read_metadata(path)

@@ -13,6 +13,9 @@ from pathlib import Path
 # Base tables: one Parquet folder each, append-only. Tables listed in LATEST keep the newest row per key
 # (a run or a variant is re-written as its status changes).
 TABLES = ("runs", "cycles", "variants", "trials", "epochs", "interventions", "decisions", "agent_usage")
+# Every Parquet folder of a KB: the base tables, then those added later that an old KB lacks (view_statements reads
+# them as empty).
+ALL_TABLES = (*TABLES, "segments")
 LATEST = {"runs": "run_id", "variants": "run_id, variant_id", "cycles": "run_id, cycle", "decisions": "run_id, cycle"}
 
 # Student's t at 97.5% for 1..30 degrees of freedom (normal beyond): the views' 95% intervals over replicates.
@@ -352,6 +355,11 @@ select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t
        v.status as variant_status
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 where t.run_id = ? order by t.written_at, t.trial_id
+"""
+# One trial's PBT segments for the Trials page (none outside scheduler=pbt).
+APP_SEGMENTS = """
+select segment, from_epoch, to_epoch, variant_id, knobs, donor_trial_id, donor_epoch
+from segments where run_id = ? and trial_id = ? order by segment
 """
 # Every scored variant of every campaign in the KB, for the Compare page's pickers.
 APP_COMPARABLE = """

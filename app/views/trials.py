@@ -101,6 +101,7 @@ def body(run: shell.Campaign) -> None:
         st.session_state.trials_pick = (failed or ids)[0]  # a failure first: that is what one comes here for
     trial = st.selectbox("trial", ids, key="trials_pick")
     details(figures.records(shown[shown["trial_id"] == trial])[0], knobs)
+    segments(run, trial)
 
 
 def details(rec: dict, knobs: list[str]) -> None:
@@ -130,6 +131,30 @@ def details(rec: dict, knobs: list[str]) -> None:
     st.code(stderr if stderr is not None else "(no stderr.log)", language="text")
     with st.expander("train.py as run (knobs written in)", expanded=False):
         st.code(code if code is not None else "(no train.py in the work dir)", language="python")
+
+
+SEGMENT_COLUMNS = {
+    "segment": st.column_config.NumberColumn("segment", width="small"),
+    "from_epoch": st.column_config.NumberColumn("from epoch", width="small"),
+    "to_epoch": st.column_config.NumberColumn("to epoch", width="small"),
+    "variant_id": st.column_config.TextColumn("variant"),
+    "knobs": st.column_config.TextColumn("knobs"),
+    "donor_trial_id": st.column_config.TextColumn("weights from", help="the donor of an exploit step (PBT)"),
+    "donor_epoch": st.column_config.NumberColumn("donor epoch", width="small"),
+}
+
+
+def segments(run: shell.Campaign, trial: str) -> None:
+    """scheduler=pbt: the epochs the trial trained with each variant and knobs, and whose weights it took."""
+    rows = kbdata.frame(run.kb_root, sql.APP_SEGMENTS, (run.run_id, trial))
+    if rows.empty:
+        return
+    st.markdown("**Segments (population based training)**")
+    st.dataframe(
+        rows, width="stretch", hide_index=True, column_config=SEGMENT_COLUMNS, placeholder="-", key="trials_segments"
+    )
+    exploits = int(rows["donor_trial_id"].notna().sum())
+    st.caption(f"{len(rows)} segment(s), {exploits} exploit step(s): a segment with a donor began from its weights.")
 
 
 def _tail(path: Path) -> str | None:

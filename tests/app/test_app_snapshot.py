@@ -62,7 +62,7 @@ def test_snapshot_reads_each_part_once_and_keeps_few_files(tmp_path: Path):
         kb.append("trials", [trial(f"t{i}", 0.5 + i / 100)], f"r1-t{i}")
     snap = Snapshot(kb.root, min_interval_s=0)
     assert snap_rows(snap, "select count(*) from trials", []) == [(5,)]
-    assert len(list(snap.folder.rglob("*.parquet"))) == len(sql.TABLES)  # one file per table, whatever the parts
+    assert len(list(snap.folder.rglob("*.parquet"))) == len(sql.ALL_TABLES)  # one file per table, whatever the parts
     read_before = dict(snap._seen["trials"])
     kb.append("trials", [trial("t9", 0.99)], "r1-t9")
     assert snap_rows(snap, "select count(*) from trials", []) == [(6,)]
