@@ -48,11 +48,18 @@ class SpaceKind(enum.Enum):
 
 class SchedulerKind(enum.Enum):
     """Trial schedulers: ASHA stops laggards; FIFO runs every trial to the end (for baselines); PBT clones and
-    perturbs trials while they train (population based training, ralph_ray.pbt)."""
+    perturbs trials while they train (population based training, ralph_ray.pbt); PB2 does so with a Gaussian-process
+    bandit choosing the new knobs (Parker-Holder et al. 2020, for small populations)."""
 
     asha = "asha"
     fifo = "fifo"
     pbt = "pbt"
+    pb2 = "pb2"
+
+    @property
+    def population_based(self) -> bool:
+        """PBT or PB2: trials clone and perturb each other through checkpoints (ralph_ray.pbt)."""
+        return self in (SchedulerKind.pbt, SchedulerKind.pb2)
 
 
 @dataclass
@@ -550,7 +557,7 @@ def validate(cfg: Config) -> None:
             f"must be > 1, got {cfg.scheduler.reduction_factor}",
             "set scheduler.reduction_factor=2",
         )
-    if cfg.scheduler.name is SchedulerKind.pbt:
+    if cfg.scheduler.name.population_based:
         _check_pbt(cfg)
     _positive("safeguards.trial_timeout_s", cfg.safeguards.trial_timeout_s)
     _positive("safeguards.max_cycles", cfg.safeguards.max_cycles)
@@ -856,6 +863,14 @@ def _check_pbt(cfg: Config) -> None:
             "scheduler.mutate",
             f"names knobs outside search.space: {', '.join(unknown)}" if unknown else "no knob to perturb",
             f"list knobs of search.space ({', '.join(cfg.search.space) or 'none yet'}), e.g. scheduler.mutate=[LR]",
+        )
+    ranged = (SpaceKind.uniform, SpaceKind.loguniform)
+    unbounded = [name for name in mutate if name in cfg.search.space and cfg.search.space[name].type not in ranged]
+    if sched.name is SchedulerKind.pb2 and unbounded:  # PB2's bandit proposes reals between a knob's bounds
+        raise ConfigError(
+            "scheduler.mutate",
+            f"pb2 perturbs real-valued knobs only (uniform or loguniform), not {', '.join(unbounded)}",
+            "list only such knobs, e.g. scheduler.mutate=[LR], or set scheduler=pbt",
         )
     entry = cfg.trainer_dir() / "train.py"
     missing = missing_resume_calls(entry.read_text()) if entry.exists() else []

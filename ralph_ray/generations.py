@@ -22,7 +22,7 @@ from ralph_ray import history, records, replicates
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
-from ralph_ray.config import Config, SchedulerKind, sandbox_policy
+from ralph_ray.config import Config, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import budgets_line, decide, gate_fail_streak
 from ralph_ray.exit_codes import ExitCode
@@ -80,7 +80,7 @@ class Campaign:
             sandbox=sandbox_policy(cfg),
             output_bytes=cfg.sandbox.output_mb * MIB,
             scores_model=cfg.task.scored_by == ScoredBy.model.value,
-            resumes=cfg.scheduler.name is SchedulerKind.pbt,
+            resumes=cfg.scheduler.name.population_based,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 

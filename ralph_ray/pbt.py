@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import PopulationBasedTraining, TrialScheduler
-from ray.tune.search.sample import Categorical
+from ray.tune.schedulers.pb2 import PB2
+from ray.tune.search.sample import Categorical, Float
 
 from ralph_ray.scoring import PREDICTIONS_KEY
 from ralph_ray.trials import FAILED_KEY, STOPPED_KEY
@@ -133,8 +134,14 @@ class SegmentLog:
         ]
 
 
-class RecordingPBT(PopulationBasedTraining):
-    """Tune's PBT that tells a `SegmentLog` of each exploit and leaves a trial's final report alone.
+def bounds(space: dict[str, Any], mutate: list[str] | None) -> dict[str, list[float]]:
+    """PB2's hyperparam_bounds: each real-valued knob's [low, high] (the config refused pb2 over other knobs)."""
+    names = [name for name in space if name != "variant" and (mutate is None or name in mutate)]
+    return {name: [space[name].lower, space[name].upper] for name in names if isinstance(space[name], Float)}
+
+
+class _Recording(PopulationBasedTraining):
+    """Tune's PBT (or PB2) that tells a `SegmentLog` of each exploit and leaves a trial's final report alone.
 
     The final report carries the predictions: pausing or cloning into a trial there would restart a trainer that
     has nothing left to train.
@@ -161,6 +168,14 @@ class RecordingPBT(PopulationBasedTraining):
         self.log.exploited(trial.trial_id, trial_to_clone.trial_id, donor_epoch, before)
 
 
+class RecordingPBT(_Recording):
+    """Tune's PBT, recording its segments."""
+
+
+class RecordingPB2(_Recording, PB2):
+    """Tune's PB2 (a Gaussian-process bandit picks the explored knobs), recording its segments."""
+
+
 def scheduler(
     log: SegmentLog,
     space: dict[str, Any],
@@ -169,8 +184,19 @@ def scheduler(
     resample_probability: float,
     mutate: list[str] | None,
     synch: bool,
-) -> RecordingPBT:
-    """PBT over epochs (the harness's report key), perturbing the knobs of `space` named in `mutate`."""
+    bandit: bool = False,
+) -> PopulationBasedTraining:
+    """PBT over epochs (the harness's report key), perturbing the knobs of `space` named in `mutate`; `bandit`: PB2."""
+    if bandit:
+        return RecordingPB2(
+            log,
+            time_attr="epoch",
+            perturbation_interval=perturbation_interval,
+            hyperparam_bounds=bounds(space, mutate),
+            quantile_fraction=quantile_fraction,
+            log_config=False,
+            synch=synch,
+        )
     return RecordingPBT(
         log,
         time_attr="epoch",

@@ -119,7 +119,7 @@ def scheduler(cfg: Config) -> TrialScheduler:
 
     scheduler=pbt needs the cycle's search space: `run_search` builds it (ralph_ray.pbt).
     """
-    if cfg.scheduler.name in (SchedulerKind.fifo, SchedulerKind.pbt):
+    if cfg.scheduler.name is SchedulerKind.fifo or cfg.scheduler.name.population_based:
         return FIFOScheduler()
     budget = cfg.trial.budget_s
     if budget is not None:
@@ -209,7 +209,7 @@ def run_search(
     points = list(plan.first_points) or None
     searcher: Any = OptunaSearch(seed=plan.seed, points_to_evaluate=points)
     chosen = scheduler(cfg)
-    if cfg.scheduler.name is SchedulerKind.pbt:
+    if cfg.scheduler.name.population_based:
         searcher = BasicVariantGenerator(points_to_evaluate=points, random_state=plan.seed)
         sched = cfg.scheduler
         chosen = pbt.scheduler(
@@ -220,6 +220,7 @@ def run_search(
             sched.resample_probability,
             sched.mutate,
             sched.synch,
+            bandit=sched.name is SchedulerKind.pb2,
         )
     tuner = tune.Tuner(
         trainable,
@@ -247,7 +248,7 @@ def run_search(
             failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
             # PBT clones a donor's checkpoint after it may have saved newer ones: keep a few.
             checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=PBT_CHECKPOINTS if cfg.scheduler.name is SchedulerKind.pbt else 1
+                num_to_keep=PBT_CHECKPOINTS if cfg.scheduler.name.population_based else 1
             ),
         ),
     )
@@ -305,7 +306,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
             cfg.scheduler.max_t if budget is None else None,
             # PBT restarts trials from checkpoints (their own after a pause, a donor's after an exploit), a
             # data-parallel group after a lost worker: every epoch
-            0.0 if cfg.scheduler.name is SchedulerKind.pbt or parallel else checkpoint_interval(cfg),
+            0.0 if cfg.scheduler.name.population_based or parallel else checkpoint_interval(cfg),
         ),
         seed=cfg.search.seed,
         env={} if budget is None else {harness.ENV_BUDGET_S: str(budget)},
@@ -363,7 +364,7 @@ def run_cycle(
     )
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
     progress = LiveProgress(console, f"cycle {cycle}", remaining)
-    segments = pbt.SegmentLog() if cfg.scheduler.name is SchedulerKind.pbt else None
+    segments = pbt.SegmentLog() if cfg.scheduler.name.population_based else None
     forecaster = forecast.make(cfg)
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
