@@ -187,23 +187,16 @@ def scheduler(
     bandit: bool = False,
 ) -> PopulationBasedTraining:
     """PBT over epochs (the harness's report key), perturbing the knobs of `space` named in `mutate`; `bandit`: PB2."""
-    if bandit:
-        return RecordingPB2(
-            log,
-            time_attr="epoch",
-            perturbation_interval=perturbation_interval,
-            hyperparam_bounds=bounds(space, mutate),
-            quantile_fraction=quantile_fraction,
-            log_config=False,
-            synch=synch,
-        )
-    return RecordingPBT(
-        log,
+    # Both: epochs are the clock, the KB's segments table is the record (not Tune's config log).
+    common = dict(
         time_attr="epoch",
         perturbation_interval=perturbation_interval,
-        hyperparam_mutations=mutations(space, mutate),
         quantile_fraction=quantile_fraction,
-        resample_probability=resample_probability,
-        log_config=False,  # the KB's segments table is the record
+        log_config=False,
         synch=synch,
+    )
+    if bandit:
+        return RecordingPB2(log, hyperparam_bounds=bounds(space, mutate), **common)
+    return RecordingPBT(
+        log, hyperparam_mutations=mutations(space, mutate), resample_probability=resample_probability, **common
     )

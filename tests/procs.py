@@ -1,11 +1,31 @@
-"""Process helpers the tests share (not in conftest: tests/app/conftest.py shadows `from conftest import`)."""
+"""Process, port and browser helpers the tests share (not in conftest: tests/app/conftest.py shadows
+`from conftest import`)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+# Debian's Chromium, driven by Playwright (never `playwright install`): quiet, offline, no GPU.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def free_port() -> int:
+    """A loopback port free at the time of asking."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def pid_alive(pid: int) -> bool:

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from procs import gcs_probe
+from procs import CHROMIUM, CHROMIUM_ARGS, free_port, gcs_probe
 from rich.console import Console
 from streamlit.testing.v1 import AppTest
 
@@ -32,7 +31,6 @@ from ralph_ray.kb import KnowledgeBase, now, open_reader
 from ralph_ray.raycluster import DEFAULT_TOKEN_PATH, split_address
 
 ENTRY = PROJECT_ROOT / "app" / "leaderboard.py"
-CHROMIUM = Path("/usr/bin/chromium")
 SECRET_FIELD = "stop_secret_given"
 TINY = [
     "agent=none",
@@ -53,12 +51,6 @@ def session_token() -> str:
     from ray._raylet import AuthenticationTokenLoader
 
     return AuthenticationTokenLoader.instance().get_raw_token(ignore_auth_mode=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -222,14 +214,7 @@ def test_no_request_leaves_the_machine_on_any_page(app_server, campaign: Outcome
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=str(CHROMIUM),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
+            args=CHROMIUM_ARGS,
         )
         page = browser.new_page()
         page.route("**/*", route)

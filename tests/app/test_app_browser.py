@@ -6,7 +6,6 @@ download (`playwright install`) is never used. Saves docs/leaderboard.png (the R
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -18,26 +17,12 @@ import pytest
 from app_support import ENTRY, Tiny, tiny_fixture  # noqa: F401 (the `tiny` fixture)
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, sync_playwright
+from procs import CHROMIUM, CHROMIUM_ARGS, free_port
 
 from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.kb import open_reader
 
-CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = PROJECT_ROOT / "docs" / "leaderboard.png"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

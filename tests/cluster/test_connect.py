@@ -15,16 +15,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from procs import free_port
 
 from ralph_ray.config import ClusterMode, ConfigError, load_config
 
 TOKEN = "0123456789abcdef" * 4
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import pytest
 import yaml
-from procs import gcs_probe
+from procs import free_port, gcs_probe
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.kb import open_reader
@@ -58,12 +58,6 @@ while True:
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ensure_packages() -> None:
