@@ -1,11 +1,13 @@
 """Real-browser checks: `streamlit run` serves the app; headless Chromium renders its rows and clicks the lineage.
 
 Needs Debian's Chromium (`apt-get install -y chromium`) and `playwright` from PyPI; Playwright's own browser
-download (`playwright install`) is never used. Saves docs/leaderboard.png (the README's picture).
+download (`playwright install`) is never used. RALPH_SCREENSHOT=1 saves the picture as docs/leaderboard.png (the
+README's); otherwise it goes to the test's tmp dir, so a test run leaves the checkout clean.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from procs import CHROMIUM, CHROMIUM_ARGS, free_port
 from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.kb import open_reader
 
-SCREENSHOT = PROJECT_ROOT / "docs" / "leaderboard.png"
+README_PICTURE = PROJECT_ROOT / "docs" / "leaderboard.png"
 
 
 @contextmanager
@@ -76,6 +78,7 @@ def open_when_up(page: Page, url: str, wait_s: float = 30) -> None:
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed: apt-get install -y chromium")
 def test_the_leaderboard_renders_in_a_real_browser(tiny: Tiny, tmp_path: Path):
     best = open_reader(tiny.kb_root).execute(sql.APP_LEADERBOARD, [tiny.run_id]).fetchall()[0][1]
+    picture = README_PICTURE if os.environ.get("RALPH_SCREENSHOT") == "1" else tmp_path / "leaderboard.png"
     with served(tiny.kb_root, tmp_path / "streamlit.log") as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -87,10 +90,10 @@ def test_the_leaderboard_renders_in_a_real_browser(tiny: Tiny, tmp_path: Path):
         assert table.locator("canvas").first.is_visible()
         assert page.get_by_text("Leaderboard", exact=True).first.is_visible()
         page.wait_for_timeout(500)  # let the chart settle for the picture
-        SCREENSHOT.parent.mkdir(exist_ok=True)
-        page.screenshot(path=str(SCREENSHOT), full_page=True)
+        picture.parent.mkdir(exist_ok=True)
+        page.screenshot(path=str(picture), full_page=True)
         browser.close()
-    assert SCREENSHOT.stat().st_size > 10_000
+    assert picture.stat().st_size > 10_000
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's Chromium is not installed: apt-get install -y chromium")
