@@ -21,7 +21,7 @@ from ralph_ray.knobs import is_knob_name
 from ralph_ray.resumable import missing_resume_calls, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
-from ralph_ray.tasks import TASKS
+from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 
 CONF_DIR = PROJECT_ROOT / "conf"
@@ -398,34 +398,44 @@ def load_config(overrides: list[str] | None = None) -> Config:
     from omegaconf.errors import ConfigKeyError
 
     overrides = list(overrides or [])
-    folder = _task_path(overrides)
-    composed = [o for o in overrides if not (folder is not None and o.startswith("task="))]
+    chosen = _task_path(overrides)
+    composed = [o for o in overrides if not (chosen is not None and o.startswith("task="))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             raw = compose(config_name="config", overrides=composed)
     except (HydraException, ConfigKeyError) as err:
         raise _override_error(err) from None
     OmegaConf.set_struct(raw, False)
-    if folder is not None:
-        raw.task.name, raw.task.trainer = folder.name, str(folder)
+    if chosen is not None:
+        raw.task.name, raw.task.trainer = chosen[0], str(chosen[1])
     if not any(o.lstrip("+").startswith("experiment=") for o in composed):
         raw.experiment = raw.task.name  # task=diabetes without an experiment file is the diabetes experiment
     return to_config(_with_task_yaml(raw, composed))
 
 
-def _task_path(overrides: list[str]) -> Path | None:
-    """The folder of `task=<value with a path separator>` (e.g. task=./my_task), resolved; None for task=<name>.
+def _task_path(overrides: list[str]) -> tuple[str, Path] | None:
+    """The name and folder of `task=<value with a path separator>` (e.g. task=./my_task, resolved) or of an installed
+    plug-in (task=<its entry point's name>); None for a shipped task=<name>, which conf/task/ composes.
 
-    A bare name that is no shipped task but a folder here (task=my_task) is a folder too.
+    A bare name is a shipped task, else an installed plug-in, else a folder here (task=my_task); ./my_task is always
+    the folder.
     """
     values = [o.split("=", 1)[1] for o in overrides if o.startswith("task=")]
     if not values:
         return None
     value = values[-1]
     is_path = any(sep in value for sep in ("/", os.sep)) or value.startswith((".", "~"))
-    if not is_path and ((CONF_DIR / "task" / f"{value}.yaml").exists() or not Path(value).is_dir()):
-        return None
-    return Path(value).expanduser().resolve()
+    if not is_path:
+        try:
+            known = find_task(value)
+        except TaskError as err:
+            raise ConfigError("task", err.problem, err.fix) from None
+        if known is not None and value not in TASKS:
+            return value, known.folder
+        if (CONF_DIR / "task" / f"{value}.yaml").exists() or not Path(value).is_dir():
+            return None
+    folder = Path(value).expanduser().resolve()
+    return folder.name, folder
 
 
 def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
@@ -662,9 +672,11 @@ def _check_task(cfg: Config) -> TaskFolder:
         raise ConfigError(
             "task.name",
             f"unknown task {cfg.task.name!r}",
-            f"use one of {', '.join(TASKS)}, or a task folder of your own: task=./path/to/folder",
+            f"use one of {', '.join(task_names())}, or a task folder of your own: task=./path/to/folder",
         )
     try:
+        if folder in shipped:
+            find_task(shipped[folder])  # a plug-in that claims a shipped task's name is refused, naming both
         task = load_task(folder)
     except TaskError as err:
         raise ConfigError("task", err.problem, err.fix) from None
@@ -902,6 +914,11 @@ def _override_error(err: Exception) -> ConfigError:
             key = missing.group(1)
             options = sorted(p.stem for p in (PROJECT_ROOT / "conf" / key).glob("*.yaml"))
             fix = f"choose one of {key}={', '.join(options)} (files in conf/{key}/)"
+            plugins = [name for name in task_names() if name not in options] if key == "task" else []
+            if plugins:
+                fix += f", or an installed plug-in: {', '.join(plugins)}"
+            if key == "task":
+                fix += ", or a task folder: task=./path/to/folder"
     return ConfigError(key, _first_line(err), fix)
 
 

@@ -1,9 +1,10 @@
-"""Tasks are folders (see `ralph_ray.tasks.folder`); this is the list of the ones shipped with the project.
+"""Tasks are folders (see `ralph_ray.tasks.folder`); this is the registry of the ones a bare name can pick.
 
 `TASKS` maps each shipped task's name to its folder under `trainers/` (any folder there with a prepare.py);
-`task=<name>` picks one, `task=./path` any folder anywhere. The engine holds no task-specific code: a task's
-splits and metric come from its own frozen prepare.py, loaded on the driver only. This package imports no
-config (config imports it), so the registry adds no import cycle.
+installed packages add theirs through the entry-point group `ralph_ray.tasks` (`ralph_ray.tasks.plugins`), in the
+same namespace (`find_task`, `task_names`). `task=<name>` picks one, `task=./path` any folder anywhere. The engine
+holds no task-specific code: a task's splits and metric come from its own frozen prepare.py, loaded on the driver
+only. This package imports no config (config imports it), so the registry adds no import cycle.
 """
 
 from __future__ import annotations
@@ -17,8 +18,21 @@ import numpy as np
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.tasks.base import DataError, Experiment, Labels, Metric, Splits
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
+from ralph_ray.tasks.plugins import GROUP, installed
 
-__all__ = ["TASKS", "DataError", "Labels", "Metric", "Splits", "TaskError", "TaskRef", "prepare_splits", "prepare_task"]
+__all__ = [
+    "TASKS",
+    "DataError",
+    "Labels",
+    "Metric",
+    "Splits",
+    "TaskError",
+    "TaskRef",
+    "find_task",
+    "prepare_splits",
+    "prepare_task",
+    "task_names",
+]
 
 SHIPPED = PROJECT_ROOT / "trainers"
 
@@ -43,6 +57,32 @@ class TaskRef:
 TASKS: dict[str, TaskRef] = {
     p.parent.name: TaskRef(p.parent.name, p.parent) for p in sorted(SHIPPED.glob("*/prepare.py"))
 }
+
+
+def find_task(name: str) -> TaskRef | None:
+    """The task a bare name picks: a shipped one or an installed plug-in (None: neither).
+
+    Shipped tasks and plug-ins share one namespace: a name that two of them claim is refused (TaskError naming
+    each), never settled silently; so is a plug-in whose entry point names no package folder.
+    """
+    plugins = [plugin for plugin in installed() if plugin.name == name]
+    shipped = TASKS.get(name)
+    claims = ([f"the shipped task {shipped.folder}"] if shipped is not None else []) + [str(p) for p in plugins]
+    if len(claims) > 1:
+        raise TaskError(
+            f"{len(claims)} tasks are named {name!r}: {'; '.join(claims)}",
+            f'rename the plug-in\'s entry point under [project.entry-points."{GROUP}"] in its pyproject.toml and '
+            f"reinstall it, or uninstall it (pip uninstall {' '.join(sorted({p.project for p in plugins}))}); "
+            "task=./path/to/folder runs a folder whatever its name",
+        )
+    if shipped is not None:
+        return shipped
+    return TaskRef(name, plugins[0].folder()) if plugins else None
+
+
+def task_names() -> list[str]:
+    """Every name a bare `task=<name>` can pick: the shipped tasks, then the installed plug-ins (sorted)."""
+    return list(TASKS) + sorted({plugin.name for plugin in installed()} - set(TASKS))
 
 
 def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
