@@ -22,6 +22,7 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
   python -m ralph_ray agent=none                                               # knob search only
   python -m ralph_ray task=diabetes                                # a regression task (MSE, lower is better)
   python -m ralph_ray task=./my_task                                           # your own task folder (see init)
+  python -m ralph_ray task=mytask       # a task installed as a package (entry-point group ralph_ray.tasks)
   python -m ralph_ray resume=RUN_ID safeguards.max_cycles=8                     # continue after a crash or stop
   python -m ralph_ray cluster=address paths.storage=s3://bucket/ralph   # on a Ray cluster's head (ray up cluster.yaml)
   --cfg   print the composed config and exit

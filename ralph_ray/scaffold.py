@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.tasks import SHIPPED
-from ralph_ray.tasks.folder import PARTS
+from ralph_ray.tasks import SHIPPED, TASKS, find_task, task_names
+from ralph_ray.tasks.folder import PARTS, TaskError, check_parts
 
 # Starters written for a user's data (a `load()` with stand-in data, a model for flat inputs): their own files.
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
@@ -24,14 +24,21 @@ class ScaffoldError(ValueError):
     """A folder `init` will not write; the message says what to do instead."""
 
 
+def plugin_templates() -> list[str]:
+    """The installed plug-in tasks (entry-point group `ralph_ray.tasks`): each is a template, init copies it."""
+    return [name for name in task_names() if name not in TASKS and name not in TEMPLATES]
+
+
 def init_task(folder: Path, template: str) -> Path:
     """Copy a template's parts into a new (or empty) folder; returns the folder."""
-    if template not in TEMPLATES:
-        raise ScaffoldError(f"unknown template {template!r}: use one of {', '.join(TEMPLATES)}")
+    if template not in TEMPLATES and template not in plugin_templates():
+        raise ScaffoldError(f"unknown template {template!r}: use one of {', '.join((*TEMPLATES, *plugin_templates()))}")
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ScaffoldError(f"{folder} exists and is not empty: pick a new name, or delete it first")
-    task = SHIPPED_TEMPLATES.get(template)
-    source, placeholder = (SHIPPED / task, f"task={task}") if task else (TEMPLATES_DIR / template, "./<this folder>")
+    task = SHIPPED_TEMPLATES.get(template, None if template in TEMPLATES else template)
+    source, placeholder = (
+        (_task_folder(task), f"task={task}") if task else (TEMPLATES_DIR / template, "./<this folder>")
+    )
     missing = [name for name in PARTS if not (source / name).is_file()]
     if missing:
         raise ScaffoldError(
@@ -50,7 +57,12 @@ def main(argv: list[str]) -> int:
     """Parse `init` arguments, write the folder, print what to run next; exit 2 with the fix on a problem."""
     parser = argparse.ArgumentParser(prog="python -m ralph_ray init", description=__doc__)
     parser.add_argument("name", help="the task folder to create (a name in the current directory, or a path)")
-    parser.add_argument("--template", choices=TEMPLATES, default="classification", help="what kind of task")
+    parser.add_argument(
+        "--template",
+        choices=TEMPLATES + tuple(plugin_templates()),
+        default="classification",
+        help="what kind of task (or an installed plug-in task, to start from a copy of it)",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # argparse has printed the usage and the problem
@@ -73,6 +85,19 @@ def main(argv: list[str]) -> int:
         f"  3. improve it:       python -m ralph_ray task={shown}"
     )
     return ExitCode.ok
+
+
+def _task_folder(name: str) -> Path:
+    """The folder of a shipped task or an installed plug-in, which a template copies."""
+    if name in TASKS:
+        return SHIPPED / name
+    try:
+        ref = find_task(name)
+        assert ref is not None  # plugin_templates() listed it
+        check_parts(ref.folder)
+    except TaskError as err:
+        raise ScaffoldError(f"{err.problem}\n  fix: {err.fix}") from None
+    return ref.folder
 
 
 def _shown(folder: Path) -> str:

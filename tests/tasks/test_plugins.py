@@ -15,9 +15,11 @@ import pytest
 from taskdirs import DIGITS_TASK, digits_task
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.__main__ import main
 from ralph_ray.config import ConfigError, load_config
 from ralph_ray.kb import open_reader
 from ralph_ray.tasks import find_task, prepare_splits, task_names
+from ralph_ray.tasks.folder import PARTS
 
 # The package's own code must never run to find its task folder (its prepare.py loads only through tasks.folder).
 TRAP = "raise RuntimeError('ralph_ray imported the plug-in package to find its task folder')\n"
@@ -100,6 +102,21 @@ def test_a_plugin_that_is_no_task_folder_gets_the_fix(tmp_path: Path, monkeypatc
     with pytest.raises(ConfigError, match="lacks program.md"):  # the task folder's own check, as for task=./path
         load_config(["task=partial"])
     assert "mypkg" not in sys.modules
+
+
+def test_init_starts_a_task_folder_from_an_installed_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    folder = _install(tmp_path / "site", {"myplug": "mypkg.mytask", "gone": "mypkg.nothing"})
+    (folder / "program.md").write_text("Run it: python -m ralph_ray task=myplug\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert main(["init", str(tmp_path / "mine"), "--template", "myplug"]) == 0
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == sorted(PARTS)
+    assert (tmp_path / "mine" / "train.py").read_bytes() == (folder / "train.py").read_bytes()
+    assert (tmp_path / "mine" / "program.md").read_text() == f"Run it: python -m ralph_ray task={tmp_path / 'mine'}\n"
+    assert main(["init", str(tmp_path / "bad"), "--template", "gone"]) == 2
+    assert "no package folder" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(["init", str(tmp_path / "x"), "--template", "digits"]) == 2  # a shipped task is no template
 
 
 @pytest.mark.slow
