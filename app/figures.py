@@ -372,6 +372,41 @@ def score_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
     return alt.layer(*layers).properties(height=260)
 
 
+def front_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
+    """Each scored variant's best selection score against its cost, the front as a step line with its points ringed.
+
+    `board` carries `cost_s` and `on_front` (views/board.py's `with_cost`, through `ralph_ray.front`).
+    """
+    data = board.dropna(subset=["selection_score", "cost_s"]).assign(variant=lambda d: d["variant_id"].map(short))
+    on_front = data[data["on_front"]].sort_values("cost_s")
+    x = alt.X("cost_s:Q", title="cost of the best trial (s)")
+    y = alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False))
+    tooltip = [
+        "variant_id",
+        "status",
+        alt.Tooltip("cost_s:Q", title="cost s", format=".1f"),
+        alt.Tooltip("selection_score:Q", format=".4f"),
+        alt.Tooltip("test_score:Q", format=".4f"),
+        alt.Tooltip("on_front:N", title="on the front"),
+    ]
+    layers = [
+        alt.Chart(on_front).mark_line(interpolate="step-after", color="#111827").encode(x=x, y=y),
+        alt.Chart(data)
+        .mark_circle(size=90, opacity=0.9)
+        .encode(x=x, y=y, color=alt.Color("status:N"), tooltip=tooltip),
+        alt.Chart(on_front)
+        .mark_point(shape="circle", size=260, filled=False, color="#111827", strokeWidth=2)
+        .encode(x=x, y=y, tooltip=tooltip),
+    ]
+    if target is not None:
+        layers.append(
+            alt.Chart(pd.DataFrame({"target": [target]}))
+            .mark_rule(strokeDash=[6, 4], color="#dc2626", size=2)
+            .encode(y="target:Q", tooltip=[alt.Tooltip("target:Q", title="target")])
+        )
+    return alt.layer(*layers).properties(height=300)
+
+
 def effects_chart(effects: pd.DataFrame) -> alt.LayerChart:
     """Mean delta per intervention with its 95% interval (the interventions table, drawn)."""
     data = effects.dropna(subset=["mean_delta"]).assign(

@@ -1,7 +1,8 @@
 """The app's only door to the knowledge base: cached, read-only queries from `ralph_ray.sql`.
 
 Everything a page shows comes from here; the app imports nothing else of the engine but `ralph_ray.kb` (the
-reader), `ralph_ray.sql` and `ralph_ray.control` (the Stop button).
+reader), `ralph_ray.sql`, `ralph_ray.front` (the score-against-cost front, the report's rule) and
+`ralph_ray.control` (the Stop button).
 
 One snapshot per KB root (`snapshot.Snapshot`: the KB's own views over a compacted private copy of its
 Parquet parts, refreshed incrementally; never a file lock, never half a part), shared by every browser

@@ -9,6 +9,7 @@ from typing import Any
 
 from ralph_ray import sql
 from ralph_ray.environment import summary
+from ralph_ray.front import cost_front, cost_seconds
 from ralph_ray.kb import open_reader
 from ralph_ray.variants import unified_diff
 
@@ -142,16 +143,6 @@ class Point:
     test: float | None
 
 
-def cost_front(points: list[Point]) -> list[Point]:
-    """The trials no other trial beats at the same or lower cost (the Pareto front of score against cost), cheapest
-    first: a gain bought with more compute shows as a point further right."""
-    front: list[Point] = []
-    for point in sorted(points, key=lambda p: (p.cost_s, -p.selection)):
-        if not front or point.selection > front[-1].selection:
-            front.append(point)
-    return front
-
-
 def _peak_memory(row: tuple[Any, ...] | None) -> str:
     """`trainer RSS up to 412 MiB (median 388, 12 trial(s)); GPU up to 2,310 MiB (12 trial(s))`, or `not recorded`."""
     if not row or not row[2]:
@@ -167,7 +158,7 @@ def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value:
         Point(
             t["trial_id"],
             t["variant_id"],
-            float(train_s.get(t["trial_id"]) or t["seconds"] or 0.0),
+            cost_seconds(train_s.get(t["trial_id"]), t["seconds"]) or 0.0,
             t["selection_score"],
             t["test_score"],
         )
@@ -188,7 +179,7 @@ def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value:
     lines += ["| cost s | selection | test | trial | variant |", "| --- | --- | --- | --- | --- |"]
     lines += [
         f"| {p.cost_s:.1f} | {_f(value(p.selection))} | {_f(value(p.test))} | {p.trial_id} | {p.variant_id} |"
-        for p in cost_front(points)
+        for p in cost_front(points, cost=lambda p: p.cost_s, score=lambda p: p.selection)
     ]
     costs = sorted(p.cost_s for p in points)
     lines += [

@@ -343,10 +343,18 @@ select run_id, experiment, task, status, stop_reason, run_dir, started_at, finis
 from runs order by started_at desc nulls last, run_id desc
 """
 APP_LEADERBOARD = "select * from leaderboard where run_id = ? order by rank, variant_id"
-# The leaderboard with each variant's recorded reason (why it was discarded, rejected or crashed).
+# The leaderboard with each variant's recorded reason (why it was discarded, rejected or crashed) and what its best
+# trial cost: wall seconds and training seconds (its last report's train_seconds), for front.cost_seconds.
 APP_BOARD = """
-select l.*, v.reason from leaderboard l left join variants v on v.run_id = l.run_id and v.variant_id = l.variant_id
-where l.run_id = ? order by l.rank, l.variant_id
+select l.*, v.reason, b.seconds as best_seconds, e.train_seconds as best_train_seconds
+from leaderboard l
+left join variants v on v.run_id = l.run_id and v.variant_id = l.variant_id
+left join trials b on b.run_id = l.run_id and b.trial_id = l.best_trial_id
+left join (
+    select trial_id, max(value) as train_seconds from epochs where run_id = $1 and metric = 'train_seconds'
+    group by trial_id
+) e on e.trial_id = l.best_trial_id
+where l.run_id = $1 order by l.rank, l.variant_id
 """
 # Every trial of a campaign with what the Trials and Knobs pages show (knobs as recorded: a JSON object).
 APP_TRIALS = """

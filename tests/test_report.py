@@ -1,20 +1,8 @@
-"""The report's score-against-cost front: a gain bought with more compute is visible as such."""
+"""The report's score-against-cost front: a gain bought with more compute is visible as such (the rule: test_front)."""
 
 from __future__ import annotations
 
-from ralph_ray.report import Point, cost_front, cost_section
-
-
-def test_the_front_keeps_only_trials_no_cheaper_trial_beats():
-    points = [
-        Point("slow-best", "c", 90.0, 0.99, 0.98),
-        Point("cheap", "a", 10.0, 0.95, 0.94),
-        Point("dominated", "b", 50.0, 0.94, 0.93),  # costs more than `cheap` and scores less
-        Point("mid", "b", 30.0, 0.97, None),
-        Point("tie-dearer", "d", 30.0, 0.96, None),  # same cost as `mid`, lower score
-    ]
-    assert [p.trial_id for p in cost_front(points)] == ["cheap", "mid", "slow-best"]
-    assert cost_front([]) == []
+from ralph_ray.report import cost_section
 
 
 def test_the_section_reads_training_seconds_and_shows_a_min_metrics_own_values():

@@ -9,7 +9,7 @@ import pandas as pd
 import shell
 import streamlit as st
 
-from ralph_ray import sql
+from ralph_ray import front, sql
 
 STATUSES = list(figures.STATUS_STYLE)  # every variant status the KB records
 COLUMNS = {
@@ -20,6 +20,10 @@ COLUMNS = {
     ),
     "test_score": st.column_config.NumberColumn(
         "test", format="%.4f", help="that trial's test score (never used for selection)"
+    ),
+    "cost_s": st.column_config.NumberColumn("cost s", format="%.1f", help=f"the best trial's cost: {front.COST_HELP}"),
+    "on_front": st.column_config.CheckboxColumn(
+        "front", width="small", help="no other variant scores at least as well for no more cost"
     ),
     "parent_id": st.column_config.TextColumn("parent"),
     "interventions": st.column_config.ListColumn("interventions"),
@@ -36,7 +40,8 @@ COLUMNS = {
     "reason": st.column_config.TextColumn("why", help="the variant's recorded reason, else how its trials ended"),
     "best_trial_id": st.column_config.TextColumn("best trial"),
 }
-LEAD = ["rank", "variant_id", "selection_score", "test_score", "spread"]  # then the best trial's knobs, then the rest
+# Then the best trial's knobs, then the rest.
+LEAD = ["rank", "variant_id", "selection_score", "test_score", "cost_s", "on_front", "spread"]
 
 
 def body(run: shell.Campaign) -> None:
@@ -48,7 +53,7 @@ def body(run: shell.Campaign) -> None:
         interventions=board["interventions"].map(figures.interventions),
         reason=[figures.why(r) for r in figures.records(board)],
     )
-    board = with_spread(board, kbdata.frame(run.kb_root, sql.APP_REPLICATES, (run.run_id,)))
+    board = with_cost(with_spread(board, kbdata.frame(run.kb_root, sql.APP_REPLICATES, (run.run_id,))))
     board, knobs = knobstats.with_knobs(board, "best_knobs")
     best = figures.records(board.head(1))[0]
     cols = st.columns(5)
@@ -95,6 +100,12 @@ def body(run: shell.Campaign) -> None:
         "Trials."
     )
     st.altair_chart(figures.score_chart(shown, target), width="stretch")
+    st.altair_chart(figures.front_chart(board, target), width="stretch")
+    st.caption(
+        "Score against cost: every scored variant at its best trial's cost (training seconds where reported, else "
+        "wall seconds); the step line is the front, the variants no other variant beats for the same or less "
+        "cost (ringed). A gain bought with compute sits further right. All variants, whatever the filters."
+    )
     tie = within_noise(board)
     if tie:
         st.caption(tie)
@@ -122,6 +133,19 @@ def with_spread(board: pd.DataFrame, replicates: pd.DataFrame) -> pd.DataFrame:
         spread.append(None if rep is None else figures.spread_text(rep["mean"], rep["sd"], rep["n"]))
         width.append(None if rep is None else figures.half_width(rep["sd"], rep["n"]))
     return board.assign(spread=spread, half_width=width)
+
+
+def with_cost(board: pd.DataFrame) -> pd.DataFrame:
+    """The board with its best trial's cost (`cost_s`) and whether the variant is on the score-against-cost front."""
+    rows = figures.records(board)
+    for row in rows:
+        row["cost_s"] = front.cost_seconds(row["best_train_seconds"], row["best_seconds"])
+    # The KB's scores are oriented (higher is better) whatever the metric's direction: "max" here.
+    on = {
+        r["variant_id"]
+        for r in front.cost_front(rows, cost=lambda r: r["cost_s"], score=lambda r: r["selection_score"])
+    }
+    return board.assign(cost_s=[r["cost_s"] for r in rows], on_front=board["variant_id"].isin(on))
 
 
 def within_noise(board: pd.DataFrame) -> str | None:
