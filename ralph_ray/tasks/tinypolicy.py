@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ralph_ray.tasks.base import DataError
+from ralph_ray.tasks.base import DataError, Splits
 
 if TYPE_CHECKING:  # torch and transformers load on first use: the task registry imports this module's task
     from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
@@ -36,6 +36,7 @@ ALPHABET = "0123456789+="
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 ENV_CACHE = "RALPH_POLICY_CACHE"  # where pre-trained bases are kept (default ~/.cache/ralph_ray/policies)
 POLICY_ZIP = "base_policy.zip"  # the public file a trainer fine-tunes: an HF model folder, zipped
+METRIC = {"name": "exact_match", "direction": "max", "kind": "custom"}  # the post-training tasks' metric
 
 
 @dataclass(frozen=True)
@@ -283,3 +284,32 @@ def exact_match(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, problems:
     longest = max(len(a) for a in answers)
     completions = generate(model, tok, prompts, max_new_tokens=longest + 1)
     return float(np.mean([c.strip() == a for c, a in zip(completions, answers)]))
+
+
+# -----------------------------------------------------------------------------
+# The frozen part of the post-training tasks: one owner of their splits and score (each task's prepare.py calls these)
+
+
+def task_splits(spec: PolicySpec) -> Splits:
+    """Train prompts and answers as text, the held-out pairs as the engine's targets, the base policy as a file."""
+    train, selection, test = split_problems(spec)
+    base = base_policy(spec)
+    placeholder = np.zeros((1, 1), dtype=np.int64)  # one "input": the policy is scored as a whole
+    return Splits(
+        train_x=np.array([p for p, _ in train]),
+        train_y=np.array([a for _, a in train]),
+        selection_x=placeholder,
+        selection_y=np.array([selection]),  # (1, held-out problems, 2): prompt, answer
+        test_x=placeholder,
+        test_y=np.array([test]),
+        files={POLICY_ZIP: zip_folder(base)},
+    )
+
+
+def task_score(spec: PolicySpec, predictions: np.ndarray, targets: np.ndarray) -> float:
+    """Exact-match accuracy of the saved policy's greedy completions of the held-out prompts."""
+    vector = np.asarray(predictions, dtype=np.float64)
+    if vector.ndim != 2 or vector.shape[0] != 1:
+        raise ValueError(f"expected the policy's weights as one row (1, N), got shape {vector.shape}")
+    model, tok = with_vector(base_policy(spec), vector[0])
+    return exact_match(model, tok, np.asarray(targets)[0])
