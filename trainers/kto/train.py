@@ -20,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local: never reach
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import logging
 import random
 import statistics
 import time
@@ -153,6 +154,7 @@ def main() -> None:
     hf_logging.set_verbosity_error()  # the epoch reports say it shorter than each epoch's trainer and its bars
     hf_logging.disable_progress_bar()
     disable_progress_bars()
+    logging.getLogger("trl").setLevel(logging.ERROR)  # its per-epoch weight advice: desirable_frac is in the reports
     seed = harness.seed()
     random.seed(seed)
     torch.manual_seed(seed)
@@ -168,7 +170,7 @@ def main() -> None:
     per_epoch = min(len(train), PROMPTS_PER_EPOCH * (GPU_PROMPT_FACTOR if on_gpu else 1))
 
     model, tokenizer = load_policy(Path("policy"))
-    reference = load_policy(Path("reference"))[0].to(device)  # the frozen base: KTO's KL anchor, every epoch
+    reference = type(model).from_pretrained("policy").to(device)  # the frozen base: KTO's reference, every epoch
     lora = LoraConfig(
         r=LORA_RANK,
         lora_alpha=LORA_ALPHA,
