@@ -373,14 +373,18 @@ def score_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
 
 
 def front_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
-    """Each scored variant's best selection score against its cost, the front as a step line with its points ringed.
+    """Each scored variant's best selection score against its cost, the front as a step line, its points ringed.
 
-    `board` carries `cost_s` and `on_front` (views/board.py's `with_cost`, through `ralph_ray.front`).
+    `board` carries `cost_s` and `on_front` (views/board.py's `with_cost`, through `ralph_ray.front`). One slim data
+    set filtered per layer: the chart's share of the page's redraw stays small.
     """
-    data = board.dropna(subset=["selection_score", "cost_s"]).assign(variant=lambda d: d["variant_id"].map(short))
-    on_front = data[data["on_front"]].sort_values("cost_s")
-    x = alt.X("cost_s:Q", title="cost of the best trial (s)")
-    y = alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False))
+    columns = ["variant_id", "status", "cost_s", "selection_score", "test_score", "on_front"]
+    data = board.dropna(subset=["selection_score", "cost_s"])[columns].sort_values("cost_s")
+    base = alt.Chart(data).encode(
+        # From zero: a variant that cost twice as much sits twice as far right.
+        x=alt.X("cost_s:Q", title="cost of the best trial (s)", scale=alt.Scale(zero=True)),
+        y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),
+    )
     tooltip = [
         "variant_id",
         "status",
@@ -390,13 +394,13 @@ def front_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
         alt.Tooltip("on_front:N", title="on the front"),
     ]
     layers = [
-        alt.Chart(on_front).mark_line(interpolate="step-after", color="#111827").encode(x=x, y=y),
-        alt.Chart(data)
-        .mark_circle(size=90, opacity=0.9)
-        .encode(x=x, y=y, color=alt.Color("status:N"), tooltip=tooltip),
-        alt.Chart(on_front)
-        .mark_point(shape="circle", size=260, filled=False, color="#111827", strokeWidth=2)
-        .encode(x=x, y=y, tooltip=tooltip),
+        base.transform_filter(alt.datum.on_front).mark_line(interpolate="step-after", color="#111827"),
+        # The front's points ringed in the same layer (a layer costs the redraw ~15 ms of altair's own work).
+        base.mark_point(filled=True, size=110, opacity=0.9, stroke="#111827").encode(
+            color=alt.Color("status:N", legend=alt.Legend(symbolStrokeWidth=0)),
+            strokeWidth=alt.condition(alt.datum.on_front, alt.value(2.5), alt.value(0)),
+            tooltip=tooltip,
+        ),
     ]
     if target is not None:
         layers.append(

@@ -137,7 +137,7 @@ def with_spread(board: pd.DataFrame, replicates: pd.DataFrame) -> pd.DataFrame:
 
 def with_cost(board: pd.DataFrame) -> pd.DataFrame:
     """The board with its best trial's cost (`cost_s`) and whether the variant is on the score-against-cost front."""
-    rows = figures.records(board)
+    rows = figures.records(board[["variant_id", "selection_score", "best_seconds", "best_train_seconds"]])
     for row in rows:
         row["cost_s"] = front.cost_seconds(row["best_train_seconds"], row["best_seconds"])
     # The KB's scores are oriented (higher is better) whatever the metric's direction: "max" here.
