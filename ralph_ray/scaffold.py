@@ -77,12 +77,18 @@ def main(argv: list[str]) -> int:
     print(f"wrote {folder.resolve()}/ ({args.template} template):")
     for name, what in PARTS.items():
         print(f"  {name:<11} {what}")
+    step_one = (
+        f"  1. it is a copy of the installed task {args.template}: edit {shown}/prepare.py and {shown}/train.py as "
+        "you like (the installed package stays as it is)\n"
+        if args.template in plugin_templates()
+        else f"  1. put your data in {shown}/prepare.py ({'corpus' if args.template == 'lm' else 'load'}) and your "
+        f"model in {shown}/train.py (Net)\n"
+    )
     print(
         "next:\n"
-        f"  1. put your data in {shown}/prepare.py ({'corpus' if args.template == 'lm' else 'load'}) and your model in "
-        f"{shown}/train.py (Net)\n"
-        f"  2. check it by hand: python -m ralph_ray.prepare task={shown}   (then the lines it prints)\n"
-        f"  3. improve it:       python -m ralph_ray task={shown}"
+        + step_one
+        + f"  2. check it by hand: python -m ralph_ray.prepare task={shown}   (then the lines it prints)\n"
+        + f"  3. improve it:       python -m ralph_ray task={shown}"
     )
     return ExitCode.ok
 

@@ -137,6 +137,7 @@ MUST_NOT_REACH = {
     "gate": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
     "tasks.base": {"config"},
     "tasks.folder": {"config"},
+    "tasks.plugins": {"config"},
     "scoring": {"config"},
     "decision": {"kb"},
     "population": {"kb", "config"},

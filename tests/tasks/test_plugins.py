@@ -114,6 +114,7 @@ def test_init_starts_a_task_folder_from_an_installed_plugin(
     assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == sorted(PARTS)
     assert (tmp_path / "mine" / "train.py").read_bytes() == (folder / "train.py").read_bytes()
     assert (tmp_path / "mine" / "program.md").read_text() == f"Run it: python -m ralph_ray task={tmp_path / 'mine'}\n"
+    assert "a copy of the installed task myplug" in capsys.readouterr().out  # not "put your data in"
     assert main(["init", str(tmp_path / "bad"), "--template", "gone"]) == 2
     assert "no package folder" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["init", str(tmp_path / "x"), "--template", "digits"]) == 2  # a shipped task is no template
