@@ -11,6 +11,7 @@ import atexit
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ MODEL_FILE = "model.pt2"  # save_model's export, in the work dir: what a task sc
 CHECKPOINT_FILE = "checkpoint.pt"
 TRAIN_SECONDS = "train_seconds"  # the key every report carries: ASHA's time attribute under a time budget
 _last_save = -math.inf  # monotonic time of this process's last checkpoint
+_unreported_save = False  # a checkpoint was saved since the last report (the next report names it by its epoch)
 # The budget's clock starts when training starts: the first step of `epochs()` (or, for a trainer that does not
 # loop over it, the import of this module). Start-up (Python, torch's lazy imports, data, model) is not training
 # time; the engine's grace margin covers it, and its own limit counts from the process start.
@@ -173,6 +175,7 @@ def report(**metrics: float) -> None:
         raise ValueError("report() needs epoch=<int>: ASHA's time attribute is the epoch")
     metrics.setdefault(TRAIN_SECONDS, round(train_seconds(), 3))
     record = {key: _plain(value) for key, value in metrics.items()}
+    _keep_for_epoch(int(record["epoch"]))  # before the line: once the driver reads it, the file is there
     line = json.dumps(record, allow_nan=True)
     path = Path(os.environ.get(ENV_METRICS_FILE, "metrics.jsonl"))
     # One write of a whole line, then flush: the driver never reads half a record.
@@ -257,7 +260,7 @@ def save_checkpoint(state: dict) -> None:
     checkpoints (RALPH_CHECKPOINT_DIR: a cluster with shared storage), at most every RALPH_CHECKPOINT_EVERY_S
     seconds; otherwise (one machine, a hand run, the gate's smoke run) it returns at once.
     """
-    global _last_save
+    global _last_save, _unreported_save
     folder = _checkpoint_dir()
     if not is_main():  # data-parallel ranks hold the same weights: rank 0's checkpoint serves them all
         return
@@ -269,7 +272,28 @@ def save_checkpoint(state: dict) -> None:
     tmp = folder / f".{CHECKPOINT_FILE}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, folder / CHECKPOINT_FILE)  # the driver never uploads half a file
-    _last_save = time.monotonic()
+    _last_save, _unreported_save = time.monotonic(), True
+
+
+def epoch_checkpoint(epoch: int | str) -> str:
+    """The name under which the checkpoint saved for `epoch` waits in the checkpoint dir for the driver."""
+    return f"epoch-{epoch}.{CHECKPOINT_FILE}"
+
+
+def _keep_for_epoch(epoch: int) -> None:
+    """Link the checkpoint just saved under its epoch's name: the driver may read this report only after the
+    trainer has saved newer ones, and must send Tune this epoch's weights with it, not the latest file's."""
+    global _unreported_save
+    folder = _checkpoint_dir()
+    if folder is None or not _unreported_save:
+        return
+    _unreported_save = False
+    kept = folder / epoch_checkpoint(epoch)
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(folder / CHECKPOINT_FILE, kept)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(folder / CHECKPOINT_FILE, kept)
 
 
 def load_checkpoint() -> dict | None:

@@ -195,34 +195,38 @@ def work_dir(spec: TrialSpec, trial_id: str) -> Path:
 
 
 def restore_checkpoint(checkpoint: Any, folder: Path) -> bool:
-    """Materialise a retried trial's last checkpoint (from Tune's storage) where its trainer looks; True if any."""
+    """Materialise a retried trial's last checkpoint (from Tune's storage) where its trainer looks; True if any.
+
+    An earlier attempt's files go first: a trainer runs ahead of the reports Tune has taken, so its own last
+    checkpoint may be epochs past the one Tune restarts it from (or Tune has none, and it must start fresh).
+    """
+    shutil.rmtree(folder, ignore_errors=True)
     if checkpoint is None:
         return False
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True)
     checkpoint.to_directory(str(folder))
     return (folder / harness.CHECKPOINT_FILE).exists()
 
 
 class CheckpointForwarder:
-    """Sends epoch reports to Tune, each with the trainer's checkpoint if it is new since the last one sent.
+    """Sends epoch reports to Tune, each with the checkpoint the trainer saved for that epoch (if it saved one).
 
-    The trainer saves its checkpoint right before it reports the epoch, so a new file present when a report
-    is read belongs to that epoch. A hard link freezes it for the upload: the trainer's next save replaces the
-    file (a new inode) instead of writing into the one being copied.
+    The trainer may be epochs ahead of the report being sent (Tune holds a report while it pauses or
+    synchronises trials), so the checkpoint goes by the epoch's own file (`harness.epoch_checkpoint`), never
+    the latest one; it is moved out for the upload, and the files of epochs never sent are dropped.
     """
 
     def __init__(self, folder: Path, report: Any = None) -> None:
         self.folder, self._report = folder, report
-        self.sent: tuple[int, int, int] | None = None
         self.count = 0
 
     def __call__(self, record: dict[str, Any]) -> None:
         from ray import tune
 
         report = self._report or tune.report
-        path = self.folder / harness.CHECKPOINT_FILE
-        signature = _signature(path)
-        if signature is None or signature == self.sent:
+        epoch = _epoch_of(record)
+        kept = self.folder / harness.epoch_checkpoint(epoch) if epoch is not None else None
+        if kept is None or not kept.exists():
             report(record)
             return
         self.count += 1
@@ -230,16 +234,27 @@ class CheckpointForwarder:
         shutil.rmtree(snapshot, ignore_errors=True)
         snapshot.mkdir()
         try:
-            try:
-                os.link(path, snapshot / harness.CHECKPOINT_FILE)
-            except OSError:  # a filesystem without hard links
-                shutil.copy2(path, snapshot / harness.CHECKPOINT_FILE)
+            os.replace(kept, snapshot / harness.CHECKPOINT_FILE)
+            self._drop_before(epoch)
             report(
                 record, checkpoint=tune.Checkpoint.from_directory(str(snapshot))
             )  # copied to storage before it returns
         finally:
             shutil.rmtree(snapshot, ignore_errors=True)
-        self.sent = signature
+
+    def _drop_before(self, epoch: int) -> None:
+        """Remove kept checkpoints of earlier epochs (held reports, never sent with their own)."""
+        for path in self.folder.glob(harness.epoch_checkpoint("*")):  # type: ignore[arg-type]
+            number = path.name.split(".", 1)[0].removeprefix("epoch-")
+            if number.isdigit() and int(number) < epoch:
+                path.unlink(missing_ok=True)
+
+
+def _epoch_of(record: dict[str, Any]) -> int | None:
+    try:
+        return int(record["epoch"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def gpu_env() -> dict[str, str]:
@@ -272,14 +287,6 @@ def _node_id() -> str:
     import ray
 
     return ray.get_runtime_context().get_node_id()
-
-
-def _signature(path: Path) -> tuple[int, int, int] | None:
-    try:
-        stat = path.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
 
 def _stop_requested() -> bool:

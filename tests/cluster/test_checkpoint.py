@@ -50,26 +50,59 @@ def test_save_and_load_only_where_the_engine_asks_for_checkpoints(tmp_path: Path
     assert json.loads(throttled.stdout) == {"epoch": 1}  # the first save, then none within 600 s
 
 
-def test_forwarder_sends_each_new_checkpoint_once_with_its_report(tmp_path: Path):
-    folder = tmp_path / "checkpoint"
-    sent: list[tuple[int, bytes | None]] = []
+AHEAD_RUN = """
+from ralph_ray import harness
+for epoch in (1, 2, 3, 4):
+    if epoch != 3:  # epoch 3 saves nothing (a throttled save)
+        harness.save_checkpoint({"epoch": epoch})
+    harness.report(epoch=epoch, val_acc=0.5)
+"""
+
+
+def test_forwarder_sends_each_epoch_its_own_checkpoint_though_the_trainer_ran_ahead(tmp_path: Path):
+    folder, metrics = tmp_path / "checkpoint", tmp_path / "metrics.jsonl"
+    # The trainer finishes all its epochs before the driver reads a single report (as while Tune holds one).
+    ran = run_python(
+        AHEAD_RUN, RALPH_CHECKPOINT_DIR=str(folder), RALPH_CHECKPOINT_EVERY_S="0", RALPH_METRICS_FILE=str(metrics)
+    )
+    assert ran.returncode == 0, ran.stderr
+    sent: list[tuple[int, int | None]] = []
 
     def report(record: dict, checkpoint=None) -> None:
-        content = (Path(checkpoint.path) / harness.CHECKPOINT_FILE).read_bytes() if checkpoint is not None else None
-        sent.append((record["epoch"], content))
+        import torch
+
+        saved = None
+        if checkpoint is not None:
+            saved = torch.load(Path(checkpoint.path) / harness.CHECKPOINT_FILE, weights_only=False)["epoch"]
+        sent.append((record["epoch"], saved))
 
     forward = CheckpointForwarder(folder, report)
-    forward({"epoch": 1})  # the trainer has not saved yet
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    forward(records[1])  # epoch 1's report was held back (the last rung): never sent with its checkpoint
+    for record in records[2:]:
+        forward(record)
+    assert sent == [(2, 2), (3, None), (4, 4)]  # each report with its own epoch's weights, not the latest
+    assert sorted(p.name for p in folder.iterdir()) == [harness.CHECKPOINT_FILE]  # kept copies all gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "metrics.jsonl"]  # no snapshot left
+
+
+def test_a_restart_never_resumes_from_an_earlier_attempts_own_checkpoint(tmp_path: Path):
+    from ray import tune
+
+    from ralph_ray.trials import restore_checkpoint
+
+    folder = tmp_path / "checkpoint"
     folder.mkdir()
-    (folder / harness.CHECKPOINT_FILE).write_bytes(b"epoch 2")
-    forward({"epoch": 2})
-    forward({"epoch": 3})  # unchanged: not sent again
-    tmp = folder / "new"
-    tmp.write_bytes(b"epoch 4")
-    os.replace(tmp, folder / harness.CHECKPOINT_FILE)  # as harness.save_checkpoint replaces it
-    forward({"epoch": 4})
-    assert sent == [(1, None), (2, b"epoch 2"), (3, None), (4, b"epoch 4")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # the upload snapshots are gone
+    (folder / harness.CHECKPOINT_FILE).write_bytes(b"epoch 4: ahead of what Tune took")
+    assert restore_checkpoint(None, folder) is False and not folder.exists()  # Tune has none: start fresh
+    tunes = tmp_path / "tunes"
+    tunes.mkdir()
+    (tunes / harness.CHECKPOINT_FILE).write_bytes(b"epoch 2")
+    folder.mkdir()
+    (folder / harness.epoch_checkpoint(3)).write_bytes(b"epoch 3")
+    assert restore_checkpoint(tune.Checkpoint.from_directory(str(tunes)), folder) is True
+    assert sorted(p.name for p in folder.iterdir()) == [harness.CHECKPOINT_FILE]
+    assert (folder / harness.CHECKPOINT_FILE).read_bytes() == b"epoch 2"
 
 
 def run_trainer(task: str, data: Path, work: Path, knobs: dict, checkpoint: Path) -> tuple[list[dict], dict]:
