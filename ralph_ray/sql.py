@@ -356,13 +356,18 @@ left join (
 ) e on e.trial_id = l.best_trial_id
 where l.run_id = $1 order by l.rank, l.variant_id
 """
-# Every trial of a campaign with what the Trials and Knobs pages show (knobs as recorded: a JSON object).
+# Every trial of a campaign with what the Trials and Knobs pages show (knobs as recorded: a JSON object), and its
+# training seconds (its last report's train_seconds) for front.cost_seconds.
 APP_TRIALS = """
 select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
-       t.selection_score, t.test_score, t.seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir, t.written_at,
-       v.status as variant_status
+       t.selection_score, t.test_score, t.seconds, e.train_seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir,
+       t.written_at, v.status as variant_status
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
-where t.run_id = ? order by t.written_at, t.trial_id
+left join (
+    select trial_id, max(value) as train_seconds from epochs where run_id = $1 and metric = 'train_seconds'
+    group by trial_id
+) e on e.trial_id = t.trial_id
+where t.run_id = $1 order by t.written_at, t.trial_id
 """
 # One trial's PBT segments for the Trials page (none outside scheduler=pbt).
 APP_SEGMENTS = """

@@ -10,7 +10,7 @@ import knobstats
 import shell
 import streamlit as st
 
-from ralph_ray import sql
+from ralph_ray import front, sql
 
 STATUSES = figures.TRIAL_STATUSES
 TAIL_BYTES = 4096
@@ -26,7 +26,8 @@ COLUMNS = {
     "val_metric": st.column_config.NumberColumn(
         "last val", format="%.4f", help="the trainer's last reported validation metric"
     ),
-    "seconds": st.column_config.NumberColumn("seconds", format="%.1f"),
+    "cost_s": st.column_config.NumberColumn("cost s", format="%.1f", help=front.COST_HELP),
+    "seconds": st.column_config.NumberColumn("wall s", format="%.1f", help="from the trial's start to its end"),
     "peak_rss_mb": st.column_config.NumberColumn(
         "peak RSS MiB", format="%.0f", help="the trainer's peak CPU memory (blank in older KBs)"
     ),
@@ -46,6 +47,7 @@ def body(run: shell.Campaign) -> None:
     if trials.empty:
         shell.no_trials_yet(run, "trial")
         return
+    trials["cost_s"] = [front.cost_seconds(t, w) for t, w in zip(trials["train_seconds"], trials["seconds"])]
     table, knobs = knobstats.with_knobs(trials, "knobs")
     left, right = st.columns([2, 3])
     chosen = left.multiselect("status", STATUSES, default=STATUSES, key="trials_status")
@@ -108,7 +110,8 @@ def details(rec: dict, knobs: list[str]) -> None:
     """One trial: how it ended and why, its knobs, its stderr tail and its train.py as run (from its work dir)."""
     st.subheader(f"Trial `{rec['trial_id']}`")
     st.markdown(
-        f"**{rec.get('status') or '-'}** after {rec.get('epochs') or 0} epoch(s), {rec.get('seconds') or 0:.1f} s · "
+        f"**{rec.get('status') or '-'}** after {rec.get('epochs') or 0} epoch(s), {rec.get('cost_s') or 0:.1f} s of "
+        f"cost ({rec.get('seconds') or 0:.1f} s wall) · "
         f"variant `{rec.get('variant_id')}` ({rec.get('variant_status') or '-'}) · reason: "
         f"{rec.get('reason') or 'none recorded'} · node {rec.get('node') or 'not recorded'}"
     )

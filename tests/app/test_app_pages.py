@@ -15,6 +15,7 @@ import streamlit as st
 from app_support import ENTRY, PAGES, Tiny, copy_run_dir, kb_with_run, open_page, texts, tiny_fixture  # noqa: F401 (the `tiny` fixture)
 
 from ralph_ray import sql
+from ralph_ray.front import cost_seconds
 from ralph_ray.kb import SCHEMAS as KB_SCHEMAS
 from ralph_ray.kb import KnowledgeBase, now, open_reader
 
@@ -331,6 +332,19 @@ def test_trials_page_shows_each_trials_peak_memory(tiny: Tiny):
     assert peaks and all(r["peak_rss_mb"] > 50 and r["peak_gpu_mb"] is None for r in peaks)
     at = open_page(tiny.kb_root, "views/trials.py")
     assert at.dataframe[0].value["peak_rss_mb"].dropna().gt(50).any()
+
+
+def test_trials_page_shows_each_trials_cost_next_to_its_wall_seconds(tiny: Tiny):
+    con = open_reader(tiny.kb_root)
+    wall = dict(con.execute("select trial_id, seconds from trials where run_id = ?", [tiny.run_id]).fetchall())
+    train = dict(con.execute(sql.TRAIN_SECONDS_PER_TRIAL, [tiny.run_id]).fetchall())
+    assert train and all(train[t] < wall[t] for t in train)  # training seconds leave out start-up: cost < wall
+    table = open_page(tiny.kb_root, "views/trials.py").dataframe[0].value
+    assert len(table) == len(wall)
+    for row in table.to_dict("records"):
+        expected = cost_seconds(train.get(row["trial_id"]), wall[row["trial_id"]])
+        assert (row["cost_s"] == expected) if expected is not None else row["cost_s"] != row["cost_s"], row  # NaN
+    assert table["cost_s"].notna().sum() >= len(train)
 
 
 def test_trials_page_reads_a_kb_from_before_the_node_column(tmp_path: Path):
