@@ -162,6 +162,7 @@ RAY_FREE = (
     "control",
     "state",
     "report",
+    "front",
 )
 
 
