@@ -244,13 +244,14 @@ class CheckpointForwarder:
 
     def _drop_before(self, epoch: int) -> None:
         """Remove kept checkpoints of earlier epochs (held reports, never sent with their own)."""
-        for path in self.folder.glob(harness.epoch_checkpoint("*")):  # type: ignore[arg-type]
+        for path in self.folder.glob(harness.epoch_checkpoint("*")):
             number = path.name.split(".", 1)[0].removeprefix("epoch-")
             if number.isdigit() and int(number) < epoch:
                 path.unlink(missing_ok=True)
 
 
 def _epoch_of(record: dict[str, Any]) -> int | None:
+    """The epoch a report names (None: it names none, so no epoch checkpoint goes with it)."""
     try:
         return int(record["epoch"])
     except (KeyError, TypeError, ValueError):
