@@ -14,7 +14,7 @@ USAGE = """usage: python -m ralph_ray [+experiment=NAME] [key=value ...] [--cfg]
        python -m ralph_ray resume=RUN_ID [key=value ...]
        python -m ralph_ray status [RUN_ID] | stop RUN_ID | report RUN_ID   (also: ralph-ray ...)
        python -m ralph_ray kb check [--repair]   (damaged knowledge-base parts, moved aside with --repair)
-       python -m ralph_ray init NAME --template classification|regression|lm   (a task folder of your own)
+       python -m ralph_ray init NAME --template classification|regression|lm|PLUGIN   (a task folder of your own)
 
 Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU).
   python -m ralph_ray +experiment=cifar10 data.root=/path/to/cifar
