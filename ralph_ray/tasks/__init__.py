@@ -39,7 +39,7 @@ SHIPPED = PROJECT_ROOT / "trainers"
 
 @dataclass(frozen=True)
 class TaskRef:
-    """A shipped task: its name and folder; the folder's prepare.py loads on first use."""
+    """A task a bare name picks (shipped, or an installed plug-in): its name and folder (prepare.py loads on use)."""
 
     name: str
     folder: Path
