@@ -73,7 +73,7 @@ def find_task(name: str) -> TaskRef | None:
             f"{len(claims)} tasks are named {name!r}: {'; '.join(claims)}",
             f'rename the plug-in\'s entry point under [project.entry-points."{GROUP}"] in its pyproject.toml and '
             f"reinstall it, or uninstall it (pip uninstall {' '.join(sorted({p.project for p in plugins}))}); "
-            "task=./path/to/folder runs a folder whatever its name",
+            "task=./path/to/folder runs a folder of your own (a copy, not a shipped one) whatever its name",
         )
     if shipped is not None:
         return shipped
