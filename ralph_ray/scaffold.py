@@ -99,7 +99,8 @@ def _task_folder(name: str) -> Path:
         return SHIPPED / name
     try:
         ref = find_task(name)
-        assert ref is not None  # plugin_templates() listed it
+        if ref is None:  # plugin_templates() listed it, but its package went away since
+            raise ScaffoldError(f"no installed task {name!r} any more: reinstall its package, or pick another template")
         check_parts(ref.folder)
     except TaskError as err:
         raise ScaffoldError(f"{err.problem}\n  fix: {err.fix}") from None
