@@ -12,6 +12,7 @@ import pytest
 from ralph_ray import PROJECT_ROOT, harness, modeleval
 from ralph_ray.campaign import run
 from ralph_ray.config import load_config, sandbox_policy
+from ralph_ray.gate import Gate, write_smoke_data
 from ralph_ray.kb import open_reader
 from ralph_ray.runner import Limits, Status, Trainer, TrialFailed
 from ralph_ray.runner import run as run_trainer
@@ -95,6 +96,16 @@ def test_the_seeds_exported_model_scores_what_its_own_logits_score(lm, tmp_path:
     scored = score_predictions(modeleval.evaluate(work, data, limits), labels)
     assert scored.selection == pytest.approx(own.selection, abs=1e-4) and 3.0 < -scored.selection < 8.5
     assert scored.test == pytest.approx(own.test, abs=1e-4)
+
+
+def test_the_seed_passes_the_gates_smoke_run(lm, tmp_path: Path):
+    # The smoke sliver (160 train rows, ~10 kB of text) is shorter than the seed's per-epoch validation stretch; a
+    # seed that assumed the full text failed every child's smoke run, so no child of task=lm could ever train.
+    cfg = lm[0]
+    smoke = write_smoke_data(prepare_splits(cfg), tmp_path / "smoke", "lm")
+    seed = PROJECT_ROOT / "trainers" / "lm"
+    gate = Gate(smoke, tuple(cfg.search.space), timeout_s=300, sandbox=sandbox_policy(cfg), scores_model=True)
+    gate.check(seed, seed)
 
 
 def test_a_cheating_trainer_earns_what_its_model_earns(lm, tmp_path: Path):
