@@ -33,11 +33,11 @@ def fixed_knobs(cfg: Config, **knobs: object) -> Config:
     return cfg
 
 
-def save(name: str, figures: dict, lines: list[str]) -> None:
-    """Write bench/results/<name>.json and .md with the machine and versions."""
+def save(name: str, figures: dict, lines: list[str], command: str | None = None) -> None:
+    """Write bench/results/<name>.json and .md with the machine, versions and command (default: no arguments)."""
     meta = {
         "date": time.strftime("%Y-%m-%d"),
-        "command": f"python bench/{name}.py",
+        "command": command or f"python bench/{name}.py",
         "machine": f"{platform.machine()}, 2 CPU cores, no GPU",
         "python": sys.version.split()[0],
         **{pkg: version(pkg) for pkg in ("ray", "optuna", "torch", "duckdb")},
