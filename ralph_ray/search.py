@@ -11,6 +11,7 @@ rows), the stopper (STOP file, campaign deadline) and the live progress view, an
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -233,8 +234,10 @@ def run_search(
             num_samples=plan.num_samples,
             max_concurrent_trials=cfg.search.max_concurrent,
             time_budget_s=cfg.safeguards.cycle_time_s,
-            # A data-parallel trial's driver must end with its trial (its worker group goes with it).
-            reuse_actors=cfg.search.reuse_actors and not parallel,
+            # A data-parallel trial's driver must end with its trial (its worker group goes with it). Under PBT a
+            # paused trial's cached actor would keep its trainer running in the work dir that the trial's next
+            # attempt (in another actor) trains in: each attempt gets an actor of its own.
+            reuse_actors=cfg.search.reuse_actors and not parallel and not cfg.scheduler.name.population_based,
             trial_dirname_creator=lambda trial: trial.trial_id,
         ),
         run_config=tune.RunConfig(
@@ -252,7 +255,9 @@ def run_search(
             ),
         ),
     )
-    return tuner.fit()
+    with warnings.catch_warnings():  # Tune's advice to reuse actors under PBT: declined on purpose (above)
+        warnings.filterwarnings("ignore", message="Consider boosting PBT performance", category=UserWarning)
+        return tuner.fit()
 
 
 class StopRequest(tune.Stopper):
