@@ -389,7 +389,9 @@ class AsyncCampaign(Campaign):
             state.floor_by_cycle[:-1] + [floor] if guards.replicates else None,
         )
         decision = decide(facts, cfg.safeguards)
-        if decision.reason is StopReason.no_trial_completed and not final and closed == 0:
+        # "No trial completed" only once none can: the seed's search still open, or a trial still running (a
+        # resumed run re-runs the trials the dead driver had running, beyond the seed's queued ones).
+        if decision.reason is StopReason.no_trial_completed and not final and (closed == 0 or self.pool.pending):
             return
         kill_point("decision")
         if decision.stop or advanced or final:
