@@ -283,7 +283,12 @@ def test_a_campaign_scores_a_label_thief_by_what_its_model_earns(ray_session, ti
     assert anchor in source
     (thief / "train.py").write_text(source.replace(anchor, textwrap.indent(textwrap.dedent(STEAL), "    ") + anchor))
     cfg = tiny_config(
-        "agent=none", "safeguards.max_cycles=1", "search.num_samples=2", f"task.trainer={thief}", "run_id=thief"
+        "agent=none",
+        "safeguards.max_cycles=1",
+        "search.num_samples=2",
+        "scheduler=fifo",  # both trials to the end: ASHA may stop the worse of two, and both must be scored
+        f"task.trainer={thief}",
+        "run_id=thief",
     )
     outcome = run_campaign(cfg)
     rows = (
