@@ -343,32 +343,42 @@ select run_id, experiment, task, status, stop_reason, run_dir, started_at, finis
 from runs order by started_at desc nulls last, run_id desc
 """
 APP_LEADERBOARD = "select * from leaderboard where run_id = ? order by rank, variant_id"
+# Each trial's training seconds (its last report's train_seconds; the cost of its score), joined as `e` on
+# the trial named after it: one subquery for every query that shows a cost.
+_TRAIN_SECONDS_JOIN = """
+left join (
+    select trial_id, max(value) as train_seconds from epochs where run_id = $1 and metric = 'train_seconds'
+    group by trial_id
+) e on e.trial_id ="""
+
 # The leaderboard with each variant's recorded reason (why it was discarded, rejected or crashed) and what its best
 # trial cost: wall seconds and training seconds (its last report's train_seconds), for front.cost_seconds.
-APP_BOARD = """
+APP_BOARD = (
+    """
 select l.*, v.reason, b.seconds as best_seconds, e.train_seconds as best_train_seconds
 from leaderboard l
 left join variants v on v.run_id = l.run_id and v.variant_id = l.variant_id
 left join trials b on b.run_id = l.run_id and b.trial_id = l.best_trial_id
-left join (
-    select trial_id, max(value) as train_seconds from epochs where run_id = $1 and metric = 'train_seconds'
-    group by trial_id
-) e on e.trial_id = l.best_trial_id
+"""
+    + _TRAIN_SECONDS_JOIN
+    + """ l.best_trial_id
 where l.run_id = $1 order by l.rank, l.variant_id
 """
+)
 # Every trial of a campaign with what the Trials and Knobs pages show (knobs as recorded: a JSON object), and its
 # training seconds (its last report's train_seconds) for front.cost_seconds.
-APP_TRIALS = """
+APP_TRIALS = (
+    """
 select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
        t.selection_score, t.test_score, t.seconds, e.train_seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir,
        t.written_at, v.status as variant_status
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
-left join (
-    select trial_id, max(value) as train_seconds from epochs where run_id = $1 and metric = 'train_seconds'
-    group by trial_id
-) e on e.trial_id = t.trial_id
+"""
+    + _TRAIN_SECONDS_JOIN
+    + """ t.trial_id
 where t.run_id = $1 order by t.written_at, t.trial_id
 """
+)
 # One trial's PBT segments for the Trials page (none outside scheduler=pbt).
 APP_SEGMENTS = """
 select segment, from_epoch, to_epoch, variant_id, knobs, donor_trial_id, donor_epoch
