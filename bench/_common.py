@@ -34,10 +34,11 @@ def fixed_knobs(cfg: Config, **knobs: object) -> Config:
 
 
 def save(name: str, figures: dict, lines: list[str], command: str | None = None) -> None:
-    """Write bench/results/<name>.json and .md with the machine, versions and command (default: no arguments)."""
+    """Write bench/results/<name>.json and .md with the machine, versions and command (default: this script's own
+    command line, its arguments included)."""
     meta = {
         "date": time.strftime("%Y-%m-%d"),
-        "command": command or f"python bench/{name}.py",
+        "command": command or " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, 2 CPU cores, no GPU",
         "python": sys.version.split()[0],
         **{pkg: version(pkg) for pkg in ("ray", "optuna", "torch", "duckdb")},

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -116,7 +115,7 @@ def main() -> None:
         + " | ".join(f"{show(median[role]['selection'])} / {show(median[role]['test'])}" for role in ROLES)
         + " |",
     ]
-    save(args.task, figures, lines, command=" ".join(["python bench/task_cycles.py", *sys.argv[1:]]))
+    save(args.task, figures, lines)
 
 
 if __name__ == "__main__":
