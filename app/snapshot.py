@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ralph_ray import sql
-from ralph_ray.kb import PARQUET_DIR, SCHEMAS, connect_views
+from ralph_ray.kb import PARQUET_DIR, SCHEMAS, connect_views, replaced_parts
 
 PART_COLUMN = "_part"  # which part a row came from (dropped in the snapshot's files)
 MAX_DELTAS = 16  # new rows go to small delta files; past this many, a table is rewritten as one file
@@ -81,6 +81,10 @@ class Snapshot:
                 for entry in (os.scandir(folder) if folder.is_dir() else ())  # a KB from before the table: empty
                 if entry.name.endswith(".parquet") and not entry.name.startswith(".")
             }
+            # A part folded into a `_kb-*` file of this listing (kb.compact_kb) counts as removed: its rows are
+            # in that file (the KB's views leave it out the same way).
+            for name in replaced_parts(folder, among=list(parts)):
+                parts.pop(name, None)
             seen = self._seen.get(table, {})
             fresh = [name for name, signature in parts.items() if seen.get(name) != signature]
             stale = [name for name in seen if parts.get(name) != seen[name]]  # replaced or removed since

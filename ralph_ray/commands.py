@@ -18,7 +18,7 @@ COMMANDS = ("status", "stop", "report", "export", "track", "kb")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
        ralph-ray export RUN_ID [VARIANT] [--out DIR] [--to hf REPO_ID]
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
-       ralph-ray kb check [--repair] [--kb DIR]
+       ralph-ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
@@ -27,6 +27,7 @@ USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--r
   track    publish a recorded campaign to MLflow, TensorBoard and/or W&B (offline) (default: mlflow and tensorboard;
            under <runs>/<run_id>/tracking)
   kb check list the knowledge base's damaged Parquet parts; --repair moves them to <kb>/damaged/ (deletes nothing)
+  kb compact merge finished campaigns' parts into one sorted file per table (fast queries on a big KB)
 """
 
 

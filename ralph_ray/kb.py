@@ -7,8 +7,10 @@ sees half a file. Readers in Python use an in-memory DuckDB with the same views 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import time
 import uuid
 import warnings
@@ -29,6 +31,29 @@ PARQUET_DIR = "parquet"
 # The duckdb shell on PyPI (duckdb-cli 1.5) cannot read files in 2.0's default storage format.
 STORAGE_VERSION = "v1.4.0"
 TS = pa.timestamp("us", tz="UTC")
+# `compact_kb`: every finished run's folded part (`<run_id>-all`) merged into one sorted file per table, named
+# `_kb-<generation>.parquet`, whose Parquet metadata lists the parts it replaced (the views hide those: sql.py).
+COMPACTED_PREFIX = sql.COMPACTED_PREFIX
+REPLACES_KEY = sql.REPLACES_KEY.encode()
+FOLDED_PART = re.compile(r"^[^_.].*-all(-r[0-9]+)?\.parquet$")  # a finished run's part, written by compact_run
+# compact_kb keeps the parts it replaced this long after its commit: a query lists the compacted files' metadata, then
+# the parts (milliseconds apart; seconds on a machine under heavy load), and must find what it listed.
+COMPACT_GRACE_S = 5.0
+COMPACT_KB_AFTER = 32  # compact_run calls compact_kb once this many finished runs' parts sit beside the file
+LOCK_FILE = ".compact.lock"  # held by every compaction: two never pick the same parts
+ROW_GROUP_ROWS = 122_880  # DuckDB's own row-group size: min/max of run_id prune by run, few footer entries
+# The compacted file's order: a run's rows are contiguous, so row-group statistics prune by run_id (and trial_id).
+SORT_KEYS: dict[str, tuple[str, ...]] = {
+    "runs": ("run_id", "written_at"),
+    "cycles": ("run_id", "cycle", "written_at"),
+    "variants": ("run_id", "variant_id", "written_at"),
+    "interventions": ("run_id", "cycle", "variant_id"),
+    "decisions": ("run_id", "cycle", "written_at"),
+    "agent_usage": ("run_id", "cycle", "written_at"),
+    "trials": ("run_id", "trial_id", "written_at"),
+    "epochs": ("run_id", "trial_id", "epoch", "metric"),
+    "segments": ("run_id", "trial_id", "segment"),
+}
 
 SCHEMAS: dict[str, pa.Schema] = {
     "runs": pa.schema(
@@ -199,6 +224,7 @@ class KnowledgeBase:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self.parquet = self.root / PARQUET_DIR
+        self.compact_grace_s = COMPACT_GRACE_S
 
     def init(self) -> None:
         """Create the folders, an empty schema part per table, and the views in kb.duckdb (if stale)."""
@@ -249,36 +275,95 @@ class KnowledgeBase:
         """
         folder = self.parquet / table
         target = folder / f"{name}.parquet"
-        sources = sorted(p for p in folder.glob(f"{prefix}*.parquet") if p != target)
-        if not sources:
-            return 0
-        parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
-        self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
-        for path in sources:
-            path.unlink()
-        return len(sources)
+        with self._compaction_lock():
+            hidden = replaced_parts(folder)  # left over from a compact_kb cut short: already in `_kb-*`
+            sources = sorted(p for p in folder.glob(f"{prefix}*.parquet") if p != target and p.name not in hidden)
+            if not sources:
+                return 0
+            parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
+            self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
+            for path in sources:
+                path.unlink()
+            return len(sources)
 
     def compact_run(self, run_id: str) -> int:
         """Merge every part of a finished run into one per table; returns the parts merged.
 
         Readers pay per file opened (a query over a KB of many campaigns opened thousands): a campaign that ends
         folds its cycles' parts into `<run_id>-all`. Parts are picked by name and kept only if every row is this
-        run's (another run's id may start with this one's). Same atomic order as `compact`.
+        run's (another run's id may start with this one's). Same atomic order as `compact`. Once COMPACT_KB_AFTER
+        runs' parts have piled up this way, they are merged into the KB's sorted file (`compact_kb`).
         """
         merged = 0
-        for table in SCHEMAS:
-            folder = self.parquet / table
-            target = folder / f"{run_id}-all.parquet"
-            found = sorted(folder.glob(f"{run_id}*.parquet"))
-            sources = [path for path in found if path != target and _only_run(path, run_id)]
-            if not sources:
-                continue
-            parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
-            self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
-            for path in sources:
-                path.unlink()
-            merged += len(sources)
+        with self._compaction_lock():
+            for table in SCHEMAS:
+                folder = self.parquet / table
+                hidden = replaced_parts(folder)
+                target = folder / f"{run_id}-all.parquet"
+                k = 1
+                while target.name in hidden:  # folded into `_kb-*` already (a resumed run): never reuse a hidden name
+                    k += 1
+                    target = folder / f"{run_id}-all-r{k}.parquet"
+                found = sorted(folder.glob(f"{run_id}*.parquet"))
+                sources = [p for p in found if p != target and p.name not in hidden and _only_run(p, run_id)]
+                if not sources:
+                    continue
+                parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
+                self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
+                for path in sources:
+                    path.unlink()
+                merged += len(sources)
+        folded = [p for p in (self.parquet / "trials").glob("*-all*.parquet") if FOLDED_PART.search(p.name)]
+        if len(folded) >= COMPACT_KB_AFTER:  # enough finished campaigns apart: one sorted file again (compact_kb)
+            self.compact_kb()
         return merged
+
+    def compact_kb(self) -> dict[str, int]:
+        """Merge every finished run's part (`<run_id>-all*`, from `compact_run`) into one sorted file per table.
+
+        Readers pay per file opened: a KB of 500 campaigns is 500 parts per table and every query opens them all.
+        This folds them, with the previous `_kb-<g>` file, into `_kb-<g+1>.parquet`, sorted by run (SORT_KEYS) in
+        row groups of ROW_GROUP_ROWS so a run's query reads its row groups only. Crash-safe and invisible to
+        readers: the new file is written under a temp name and renamed (the commit); its Parquet metadata lists
+        the parts it replaces. A query reads the `_kb-*` files' metadata first: a `_kb-*` file it saw counts and
+        the parts that file lists do not; one it did not see (committed since) does not count yet (sql.py
+        `_read_parts`). So every query reads each row once, from the old parts or from the new file. The replaced
+        parts are deleted COMPACT_GRACE_S after the commit (a query that listed them before it still reads them);
+        a run cut short before that leaves them listed (hidden), and the next call deletes them first.
+        Runs under the compaction lock (never beside compact_run or another compact_kb). Returns parts merged per
+        table (tables with nothing to merge left out).
+        """
+        merged: dict[str, int] = {}
+        done: list[Path] = []
+        with self._compaction_lock():
+            for table in SCHEMAS:
+                folder = self.parquet / table
+                if not folder.is_dir():
+                    continue
+                schema_part = folder / "_schema.parquet"  # the views' `_*` glob never comes up empty
+                if not schema_part.exists():
+                    self._write(schema_part, SCHEMAS[table].empty_table())
+                hidden = replaced_parts(folder)
+                for name in sorted(hidden):  # left over from a call cut short after its commit
+                    (folder / name).unlink(missing_ok=True)
+                current = sorted(folder.glob(f"{COMPACTED_PREFIX}*.parquet"))
+                sources = sorted(p for p in folder.glob("*-all*.parquet") if FOLDED_PART.search(p.name))
+                if not sources:
+                    continue
+                generation = 1 + max((_generation(p) for p in current), default=0)
+                target = folder / f"{COMPACTED_PREFIX}{generation:06d}.parquet"
+                replaced = current + sources
+                _write_compacted(target, table, current, sources, json.dumps([p.name for p in replaced]))
+                merged[table] = len(sources)
+                done.extend(replaced)
+            if done:
+                time.sleep(self.compact_grace_s)  # a query that listed its files before the commit may still read them
+            for path in done:  # each is listed by a committed `_kb-*` file: hidden from the views already
+                path.unlink()
+        return merged
+
+    def _compaction_lock(self) -> _FileLock:
+        return _FileLock(self.root / LOCK_FILE)
 
     def reader(self) -> duckdb.DuckDBPyConnection:
         """An in-memory connection with the KB's views: never takes a lock on kb.duckdb."""
@@ -306,6 +391,83 @@ class KnowledgeBase:
             con.execute(sql.DETACH_KB_FILE)
         finally:
             con.close()
+
+
+class _FileLock:
+    """An exclusive flock on a file under the KB root, for the duration of a `with` block (across processes)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def __enter__(self) -> _FileLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._fd is not None
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+
+def _write_compacted(target: Path, table: str, compacted: list[Path], parts: list[Path], replaces: str) -> None:
+    """Write `target` (temp name, then rename): the rows of the earlier `_kb-*` files as they are (already in
+    order), then each part's rows sorted by SORT_KEYS (a part is one run's), in row groups of ROW_GROUP_ROWS;
+    one row group and one part in memory at a time. Its metadata lists the files it replaces (`replaces`)."""
+    schema = SCHEMAS[table].with_metadata({REPLACES_KEY: replaces.encode()})
+    tmp = target.with_name(f".{target.name}.tmp")
+    pending: list[pa.Table] = []
+
+    def flush(writer: pq.ParquetWriter, final: bool) -> None:
+        rows = pa.concat_tables(pending) if pending else schema.empty_table()
+        whole = rows.num_rows if final else rows.num_rows - rows.num_rows % ROW_GROUP_ROWS
+        if whole:
+            writer.write_table(rows.slice(0, whole), row_group_size=ROW_GROUP_ROWS)
+        pending[:] = [rows.slice(whole)] if whole < rows.num_rows else []
+
+    def add(rows: pa.Table, writer: pq.ParquetWriter) -> None:
+        pending.append(rows.select(schema.names).cast(schema))
+        if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+            flush(writer, final=False)
+
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for path in compacted:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=ROW_GROUP_ROWS):
+                add(pa.Table.from_batches([batch]), writer)
+        for path in parts:
+            rows = pq.read_table(path)
+            for name in set(schema.names) - set(rows.column_names):  # a part written before a column was added
+                rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
+            add(rows.sort_by([(key, "ascending") for key in SORT_KEYS[table]]), writer)
+        flush(writer, final=True)
+    os.replace(tmp, target)  # the commit: from here the views read `target` and leave out what it replaces
+
+
+def _generation(path: Path) -> int:
+    """The generation number of a `_kb-<g>.parquet` file (0 if its name has none)."""
+    digits = path.stem[len(COMPACTED_PREFIX) :]
+    return int(digits) if digits.isdigit() else 0
+
+
+def replaced_parts(folder: Path, among: Collection[str] | None = None) -> set[str]:
+    """Names of the parts that a `_kb-*` file of this table's folder replaced (the views leave them out).
+
+    `among`: a listing of the folder taken earlier; only its `_kb-*` files count (a reader consistent with it).
+    """
+    names: set[str] = set()
+    found = folder.glob(f"{COMPACTED_PREFIX}*.parquet")
+    if among is not None:
+        found = (folder / name for name in among if name.startswith(COMPACTED_PREFIX))
+    for path in found:
+        try:
+            metadata = pq.read_schema(path).metadata or {}
+        except (OSError, pa.ArrowException):
+            continue  # gone since the listing (a newer compaction), or damaged (the readers name it)
+        names.update(json.loads(metadata.get(REPLACES_KEY, b"[]")))
+    return names
 
 
 def _only_run(path: Path, run_id: str) -> bool:

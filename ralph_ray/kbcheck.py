@@ -1,6 +1,9 @@
 """`python -m ralph_ray kb check [--repair] [--kb DIR]`: list the knowledge base's damaged Parquet parts, and with
 --repair move them aside to `<kb>/damaged/<table>/` (nothing is deleted). Readers already skip a damaged part with a
-warning naming it (`kb.open_reader`); this names them all at once and makes the warnings stop."""
+warning naming it (`kb.open_reader`); this names them all at once and makes the warnings stop.
+
+`python -m ralph_ray kb compact [--kb DIR]`: merge every finished campaign's parts into one sorted file per table
+(`KnowledgeBase.compact_kb`), safe beside running campaigns and open readers."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import PARQUET_DIR, damaged_parts
+from ralph_ray.kb import PARQUET_DIR, KnowledgeBase, damaged_parts
 
 DAMAGED_DIR = "damaged"  # under the KB root: parts moved aside by --repair, one folder per table
 
@@ -42,9 +45,16 @@ def check(kb_root: Path, repair: bool = False) -> list[Damaged]:
 
 
 def main(args: list[str], kb: Path, console: Console) -> int:
-    """`kb check [--repair]`: 0 when the KB is whole (or was repaired), 2 when damaged parts remain."""
+    """`kb check [--repair]`: 0 when the KB is whole (or was repaired), 2 when damaged parts remain.
+
+    `kb compact`: 0 once the finished campaigns' parts are merged (or there were none)."""
+    if args == ["compact"]:
+        return compact(kb, console)
     if args[:1] != ["check"] or any(a not in ("check", "--repair") for a in args):
-        console.print("[red]error:[/] usage: python -m ralph_ray kb check [--repair] [--kb DIR]", highlight=False)
+        console.print(
+            "[red]error:[/] usage: python -m ralph_ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR]",
+            highlight=False,
+        )
         return ExitCode.safeguard_or_config
     repair = "--repair" in args
     try:
@@ -65,3 +75,19 @@ def main(args: list[str], kb: Path, console: Console) -> int:
         f"{len(found)} damaged part(s); move them aside with: python -m ralph_ray kb check --repair --kb {kb}"
     )
     return ExitCode.safeguard_or_config
+
+
+def compact(kb: Path, console: Console) -> int:
+    """`kb compact`: fold every finished campaign's parts (`<run_id>-all`) into the KB's one sorted file per table."""
+    if not (kb.resolve() / PARQUET_DIR / "trials" / "_schema.parquet").exists():
+        console.print(
+            f"[red]error:[/] no knowledge base at {kb}: pass --kb DIR (where paths.kb points)", highlight=False
+        )
+        return ExitCode.safeguard_or_config
+    merged = KnowledgeBase(kb).compact_kb()
+    if not merged:
+        console.print(f"{kb}: nothing to compact (no finished campaign's parts outside the compacted files)")
+        return ExitCode.ok
+    folded = ", ".join(f"{table} {n}" for table, n in merged.items())
+    console.print(f"{kb}: merged finished campaigns' parts into one sorted file per table ({folded} parts)")
+    return ExitCode.ok

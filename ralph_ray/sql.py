@@ -39,6 +39,50 @@ PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_r
 RL_METRICS = ("reward_mean", "reward_std", "kl", "entropy", "completion_length")
 
 
+# KnowledgeBase.compact_kb's files: `_kb-<generation>.parquet`, whose Parquet key-value metadata lists (JSON) the
+# names of the parts it replaced. Every view leaves those parts out, so a reader sees each row once while they are
+# being deleted (or after a compaction cut short left them).
+COMPACTED_PREFIX = "_kb-"
+REPLACES_KEY = "ralph_ray.replaces"
+
+
+def _compacted_state(parquet_root: Path, table: str, files: list[Path] | None) -> str:
+    """SQL for the `_kb-*` files of `table` as one listing sees them: each such file (`hidden` false) and each part
+    it replaced (`hidden` true), one row per path (`name`); `files`: the `_*` files to read (None: a glob)."""
+    folder = (parquet_root / table).resolve()
+    source = _quoted(str(folder / "_*.parquet"))  # `_schema.parquet` is always there: the glob never comes up empty
+    if files is not None:
+        source = "[" + ", ".join(_quoted(str(path)) for path in files) + "]"
+    entries = (
+        "list_concat([{'name': file_name, 'hidden': false}], list_transform(from_json(decode(value), "
+        f"'[\"VARCHAR\"]'), lambda x: {{'name': {_quoted(str(folder) + '/')} || x, 'hidden': true}}))"
+    )
+    return (
+        f"select e.name, bool_or(e.hidden) as hidden from (select unnest({entries}) as e "
+        f"from parquet_kv_metadata({source}) where decode(key) = {_quoted(REPLACES_KEY)}) group by e.name"
+    )
+
+
+def _read_parts(parquet_root: Path, table: str, files: str, kept: list[Path] | None) -> str:
+    """A subquery of the rows of `table`'s parts (`files`) as of one consistent state of its compaction.
+
+    The `_kb-*` files' metadata is read first (DuckDB binds the FROM clause left to right, listing files as it
+    binds): a `_kb-*` file's rows count only if that read saw it, and then the parts it lists do not. So a query
+    that binds across a compaction's commit reads the old parts (kept for kb.COMPACT_GRACE_S after it)
+    or the new file, never both, never neither. The right join is an anti join that keeps the filters on the
+    parts' own columns pushed into their scan.
+    """
+    underscored = None if kept is None else [path for path in kept if path.name.startswith("_")]
+    if not (underscored if kept is not None else any((parquet_root / table).glob("_*.parquet"))):
+        return f"read_parquet({files}, union_by_name = true)"  # no `_*` file (an app snapshot's copy): none replaced
+    compacted = _quoted(str((parquet_root / table).resolve() / COMPACTED_PREFIX))
+    return (
+        f"(select p.* exclude (_part) from ({_compacted_state(parquet_root, table, underscored)}) seen "
+        f"right join read_parquet({files}, union_by_name = true, filename = '_part') p on seen.name = p._part "
+        f"where coalesce(not seen.hidden, not starts_with(p._part, {compacted})))"
+    )
+
+
 def parquet_glob(root: Path, table: str) -> str:
     """A quoted SQL string literal for one table's Parquet parts (absolute, so any cwd works)."""
     return _quoted(str((root / table / "*.parquet").resolve()))
@@ -71,10 +115,12 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
     skipped = {Path(path).resolve() for path in skip}
     for table in TABLES:
         files = parquet_glob(parquet_root, table)
+        kept = None
         if any(path.parent.name == table for path in skipped):
-            kept = sorted(path.resolve() for path in (parquet_root / table).glob("*.parquet"))
-            files = "[" + ", ".join(_quoted(str(path)) for path in kept if path not in skipped) + "]"
-        source = f"read_parquet({files}, union_by_name = true)"
+            found = sorted(path.resolve() for path in (parquet_root / table).glob("*.parquet"))
+            kept = [path for path in found if path not in skipped]
+            files = "[" + ", ".join(_quoted(str(path)) for path in kept) + "]"
+        source = _read_parts(parquet_root, table, files, kept)
         if table in LATEST:
             body = (
                 f"select * from {source} qualify row_number() "
@@ -103,7 +149,7 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
     if len(kept) < len(all_parts):
         files = "[" + ", ".join(_quoted(str(path)) for path in kept) + "]"
     segments = (
-        f"select * from read_parquet({files}, union_by_name = true) "
+        f"select * from {_read_parts(parquet_root, 'segments', files, kept if len(kept) < len(all_parts) else None)} "
         "qualify row_number() over (partition by run_id, trial_id, segment order by written_at) = 1"
         if kept
         else SEGMENTS_EMPTY
