@@ -361,6 +361,7 @@ class AsyncCampaign(Campaign):
         closed = self._closed()
         best = self.pool.best()
         state.best_variant_id, state.best_selection_score = (best.variant_id, best.best) if best else (None, None)
+        state.best_trial_id = best.best_trial_id if best else None
         advanced = closed > len(state.best_by_cycle)
         guards = cfg.safeguards
         floor = replicates.campaign_floor(self.pool.replicated(), guards.confidence) if guards.replicates else None
@@ -554,7 +555,7 @@ class AsyncCampaign(Campaign):
             member.finished = len(mine)
             member.failed = sum(t[2] == TrialStatus.failed.value for t in mine)
             self.pool.add(member)
-            for _, _, trial_status, knobs, score in mine:
+            for trial_id, _, trial_status, knobs, score in mine:
                 self.pool.warm_start(variant_id, json.loads(knobs or "{}"), score, TrialStatus(trial_status))
                 if (
                     trial_status == TrialStatus.completed.value
@@ -562,6 +563,7 @@ class AsyncCampaign(Campaign):
                     and (member.best is None or score > member.best)
                 ):
                     member.best, member.best_knobs = float(score), json.loads(knobs or "{}")
+                    member.best_trial_id = trial_id
             if status not in (VariantStatus.candidate, VariantStatus.seed):
                 self.judged.add(variant_id)
             elif member.judged and status is VariantStatus.candidate:

@@ -35,7 +35,8 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     splits = prepare_splits(cfg)
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
-        f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value})\n"
+        f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value}, "
+        f"population.mode={cfg.population.mode})\n"
         f"  run dir: {run_dir}\n  knowledge base: {kb_root}"
     )
     kb = EventedKB(kb_root, run_dir)  # a KnowledgeBase that also writes <run_dir>/events.jsonl

@@ -227,6 +227,7 @@ class PopulationMode(enum.Enum):
 
     asynchronous = "async"
     generations = "generations"
+    auto = "auto"  # async, or generations where the run needs a barrier (resolved at load: `resolve_mode`)
 
 
 @dataclass
@@ -266,8 +267,10 @@ class PopulationConfig:
     """How each cycle branches: parents x children, and the knob samples each child gets."""
 
     # async: one Tune run per campaign, children bred in the background while every slot trains (a child's
-    # generation is its parent's + 1); generations: the barrier loop, one Tune run per cycle.
-    mode: str = PopulationMode.generations.value  # a string: `async` is no Python name for an enum member
+    # generation is its parent's + 1); generations: the barrier loop, one Tune run per cycle; auto: async unless
+    # the run needs barrier cycles (PBT/PB2, data-parallel trials), resolved at load so a run's config.yaml
+    # records the mode it ran in.
+    mode: str = PopulationMode.auto.value  # a string: `async` is no Python name for an enum member
 
     @property
     def run_mode(self) -> PopulationMode:
@@ -530,8 +533,18 @@ def to_config(raw: Any) -> Config:
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "?"
         raise ConfigError(str(key), _first_line(err), _fix_for(str(key))) from None
+    if cfg.population.mode == PopulationMode.auto.value:
+        cfg.population.mode = resolve_mode(cfg).value
     validate(cfg)
     return cfg
+
+
+def resolve_mode(cfg: Config) -> PopulationMode:
+    """What `population.mode=auto` runs: async (it measures better), or barrier cycles where only they work."""
+    # PBT/PB2 train a cycle's trials as one population; data-parallel trials have their own trainable.
+    if cfg.scheduler.name.population_based or cfg.resources.workers_per_trial > 1:
+        return PopulationMode.generations
+    return PopulationMode.asynchronous
 
 
 def validate(cfg: Config) -> None:
@@ -622,8 +635,8 @@ def validate(cfg: Config) -> None:
     if cfg.population.mode not in {m.value for m in PopulationMode}:
         raise ConfigError(
             "population.mode",
-            f"must be async or generations, got {cfg.population.mode!r}",
-            "set population.mode=async (one Tune run) or population.mode=generations (barrier cycles)",
+            f"must be auto, async or generations, got {cfg.population.mode!r}",
+            "set population.mode=async (one Tune run), generations (barrier cycles) or auto (the default)",
         )
     if cfg.trial.budget_s is not None:
         _positive("trial.budget_s", cfg.trial.budget_s)

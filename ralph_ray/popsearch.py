@@ -63,6 +63,7 @@ class Member:
     failed: int = 0
     best: float | None = None
     best_knobs: dict[str, Any] = field(default_factory=dict)
+    best_trial_id: str | None = None  # the completed trial that scored `best` (state.json's best_trial_id)
     # Replicates (noise.py): the seeds recorded, the selection and test scores of those that completed, and how
     # many are asked for but not recorded yet.
     replica_seeds: list[int] = field(default_factory=list)
@@ -239,6 +240,7 @@ class Pool:
             better = score is not None and (member.best is None or score > member.best)
             if record.status is TrialStatus.completed and better:
                 member.best, member.best_knobs = score, json.loads(record.knobs or "{}")
+                member.best_trial_id = record.trial_id
             if entry is not None:
                 study = self._study(member)
                 if record.status is TrialStatus.completed and score is not None:

@@ -47,6 +47,9 @@ def tiny_config(tmp_path: Path):
             "scheduler.grace_period=1",
             "safeguards.trial_timeout_s=120",
             "+search.space.EPOCHS={type: choice, values: [4]}",
+            # The barrier loop, step by step (the default `auto` runs async): the loop's tests read its cycle
+            # folders and per-cycle records; tests/test_async.py and the CLI's default-run test run async.
+            "population.mode=generations",
         ]
         if (
             sandbox.available() is not None

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ralph_ray import PROJECT_ROOT
+from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.campaign import Outcome, run
 from ralph_ray.config import load_config, resume_config
 from ralph_ray.faults import ENV_KILL_AT
@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent / "agents"))
 from slow_llm import SlowLLM  # noqa: E402
 from taskdirs import digits_task  # noqa: E402
 
-TINY = [
-    "population.mode=async",
+TINY = [  # no population.mode: the default (auto) runs async
     "search.num_samples=2",
     "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
     "search.max_concurrent=2",
@@ -77,6 +76,10 @@ def test_generations_are_written_as_cycles(three_generations: Outcome):
     sessions = list((three_generations.run_dir / "async" / "tune").glob("session_*"))
     assert len(sessions) == 1  # one Tune run for the whole campaign
     assert (three_generations.run_dir / "report" / "final_report.md").exists()
+    assert "mode: async" in (three_generations.run_dir / "config.yaml").read_text()  # auto, resolved and recorded
+    state = json.loads((three_generations.run_dir / "state.json").read_text())
+    best = con.execute(sql.BEST_TRIAL, ["gens"]).fetchone()
+    assert state["best_trial_id"] == best[0] and state["best_selection_score"] == pytest.approx(best[1])
 
 
 def test_events_hold_each_trials_start_and_end(three_generations: Outcome):

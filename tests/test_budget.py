@@ -122,7 +122,11 @@ def test_config_names_the_fix_for_a_bad_mode_or_budget():
 
     cfg = load_config(["population.mode=async", "trial.budget_s=30"])
     assert cfg.population.run_mode is PopulationMode.asynchronous and cfg.trial.budget_s == 30
-    assert load_config([]).population.run_mode is PopulationMode.generations and load_config([]).trial.budget_s is None
+    default = load_config([])  # auto: async, unless the run needs barrier cycles
+    assert default.population.run_mode is PopulationMode.asynchronous and default.trial.budget_s is None
+    assert load_config(["scheduler=pbt"]).population.run_mode is PopulationMode.generations
+    assert load_config(["resources.workers_per_trial=2"]).population.run_mode is PopulationMode.generations
+    assert load_config(["population.mode=generations"]).population.run_mode is PopulationMode.generations
     with pytest.raises(ConfigError, match="population.mode=async"):
         load_config(["population.mode=barrier"])
     with pytest.raises(ConfigError, match="trial.budget_s"):

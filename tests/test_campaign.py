@@ -26,6 +26,7 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
     code = main(
         [
             "run_id=digits-e2e",
+            "population.mode=generations",  # one barrier cycle's folder and records (async: tests/test_async.py)
             "safeguards.max_cycles=1",
             "search.num_samples=6",
             "safeguards.replicates=0",  # six search trials alone (replicates: tests/test_noise.py)

@@ -36,6 +36,7 @@ def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Out
         f"paths.runs={root / 'runs'}",
         f"paths.kb={root / 'kb'}",
         f"run_id={RUN_ID}",
+        "population.mode=generations",  # the barrier loop's cycle folders and records (the default auto runs async)
         "safeguards.max_cycles=2",
         "search.num_samples=2",
         "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)

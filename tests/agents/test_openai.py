@@ -295,6 +295,7 @@ def campaign_overrides(server: ScriptedLLM, *extra: str) -> list[str]:
         "agent.timeout_s=10",
         "agent.http_retries=1",
         "safeguards.max_cycles=2",
+        "population.mode=generations",  # the barrier loop's cycle folders and records (the default auto runs async)
         "population.parents=1",
         "population.children_per_parent=1",
         "population.trials_per_child=1",

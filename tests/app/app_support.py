@@ -67,6 +67,7 @@ def build_tiny(root: Path) -> Tiny:
                 "population.children_per_parent=2",
                 "population.trials_per_child=1",
                 "+search.space.EPOCHS={type: choice, values: [3]}",
+                "population.mode=generations",  # two barrier cycles, page by page (the default auto runs async)
             ]
         )
         outcome = run(cfg, Console(file=io.StringIO()))

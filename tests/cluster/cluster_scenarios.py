@@ -40,6 +40,7 @@ DIGITS_TASK = Path(__file__).resolve().parents[2] / "trainers" / "digits"
 
 TINY = [
     "agent=none",
+    "population.mode=generations",  # one barrier cycle: the placement tests count its trials' attempts
     "safeguards.max_cycles=1",
     "search.max_concurrent=2",
     "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
@@ -171,6 +172,7 @@ def node_loss(out: Path) -> dict[str, Any]:
             f"paths.kb={out / 'kb'}",
             f"paths.storage=file://{out / 'storage'}",
             "agent=none",
+            "population.mode=generations",  # one barrier cycle: the node-loss counts are of its trials
             "safeguards.max_cycles=1",
             "run_id=faults",
             f"task.trainer={trainer}",

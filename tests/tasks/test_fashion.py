@@ -167,6 +167,7 @@ def test_a_two_cycle_campaign_on_a_subsample_of_the_real_data(
         "task=fashion",
         "task.subsample=1200",  # 1,000 train, 200 selection, 200 test images, stratified
         "run_id=fashion-small",
+        "population.mode=generations",  # the barrier loop's cycle folders and records (the default auto runs async)
         "safeguards.max_cycles=2",
         "search.num_samples=2",
         "search.max_concurrent=2",

@@ -120,6 +120,7 @@ def test_an_init_task_runs_a_two_cycle_campaign(
     overrides = [
         f"task={folder}",
         f"run_id={run_id}",
+        "population.mode=generations",  # the barrier loop's cycle folders and records (the default auto runs async)
         "safeguards.max_cycles=2",
         "safeguards.plateau_cycles=3",
         "search.num_samples=2",

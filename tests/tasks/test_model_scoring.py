@@ -135,6 +135,7 @@ def test_a_campaign_on_a_model_scored_task_records_the_models_score(ray_session,
                 f"paths.runs={tmp_path / 'runs'}",
                 f"paths.kb={tmp_path / 'kb'}",
                 "run_id=cheat",
+                "population.mode=generations",  # one barrier cycle (the default auto runs async)
                 "agent=none",
                 "safeguards.max_cycles=1",
                 "search.num_samples=1",

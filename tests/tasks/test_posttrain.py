@@ -200,6 +200,7 @@ def test_a_two_cycle_grpo_campaign_runs_scores_and_exports(
     monkeypatch.chdir(tmp_path)
     run_id = "grpo-tiny"
     overrides = [
+        "population.mode=generations",  # the barrier loop's cycle folders and records (the default auto runs async)
         "task=grpo",
         f"run_id={run_id}",
         f"paths.runs={tmp_path / 'runs'}",
@@ -238,6 +239,7 @@ def test_a_kto_trial_reports_its_epochs_and_the_engine_scores_its_policy(
     monkeypatch.chdir(tmp_path)
     run_id = "kto-tiny"
     overrides = [
+        "population.mode=generations",  # the barrier loop's cycle folders and records (the default auto runs async)
         "task=kto",
         f"run_id={run_id}",
         f"paths.runs={tmp_path / 'runs'}",
