@@ -20,6 +20,7 @@ from ralph_ray.config import load_config, resume_config
 from ralph_ray.kb import open_reader
 
 TINY = [
+    "population.mode=generations",  # the barrier loop, cycle by cycle (the default auto runs async: test_async.py)
     "search.num_samples=3",
     "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
     "search.max_concurrent=2",
