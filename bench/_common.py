@@ -22,6 +22,9 @@ def config(root: Path, name: str, *overrides: str) -> Config:
             f"paths.kb={root / 'kb'}",
             f"run_id={name}",
             "safeguards.max_cycles=1",
+            # The barrier loop, as every figure recorded before auto became the default; the clock benches pass
+            # population.mode=async themselves.
+            "population.mode=generations",
             *overrides,
         ]
     )

@@ -174,6 +174,7 @@ def chaos_run(root: Path, p: float) -> dict[str, Any]:
             f"paths.runs={out / 'runs'}",
             f"paths.kb={out / 'kb'}",
             f"paths.storage=file://{out / 'storage'}",
+            "population.mode=generations",  # one barrier cycle, as recorded
             f"run_id=chaos-p{p}",
             *CAMPAIGN,
         ]

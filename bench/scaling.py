@@ -61,6 +61,7 @@ def timed_search(root: Path, nodes: int, count: int, name: str) -> tuple[float, 
             f"paths.kb={root / 'kb'}",
             "cluster=address",
             "scheduler=fifo",
+            "population.mode=generations",  # one barrier cycle, as recorded
             f"scheduler.max_t={EPOCHS}",
             f"search.max_concurrent={nodes}",
             "~search.space",
