@@ -125,6 +125,11 @@ class SchedulerConfig:
     max_t: int = 12
     grace_period: int = 2
     reduction_factor: float = 2.0
+    # A trial stops at a rung only when its metric is below the rung's cutoff by more than `margin` (ralph_ray.asha):
+    # auto = margin_z standard errors of an accuracy over the validation examples its reported values reveal
+    # (0, plain ASHA, for a metric that is no such accuracy); a number sets it by hand (0: plain ASHA).
+    margin: str = "auto"
+    margin_z: float = 2.0
     # A learning-curve forecaster beside the scheduler (ralph_ray.forecast): a trial whose power-law forecast of its
     # final metric cannot beat the best final so far at safeguards.confidence stops early, its forecast recorded.
     forecast: bool = False
@@ -574,6 +579,16 @@ def validate(cfg: Config) -> None:
             f"{cfg.scheduler.grace_period} exceeds scheduler.max_t={cfg.scheduler.max_t}",
             "lower grace_period or raise max_t",
         )
+    if cfg.scheduler.margin != "auto" and not _non_negative_number(cfg.scheduler.margin):
+        raise ConfigError(
+            "scheduler.margin",
+            f"must be auto or a number >= 0, got {cfg.scheduler.margin!r}",
+            "set scheduler.margin=auto (the metric's noise) or scheduler.margin=0 (plain ASHA)",
+        )
+    if cfg.scheduler.margin_z < 0:
+        raise ConfigError(
+            "scheduler.margin_z", f"must be >= 0, got {cfg.scheduler.margin_z}", "set scheduler.margin_z=2"
+        )
     if cfg.scheduler.reduction_factor <= 1:
         raise ConfigError(
             "scheduler.reduction_factor",
@@ -901,6 +916,14 @@ def _check_pbt(cfg: Config) -> None:
     missing = missing_resume_calls(entry.read_text()) if entry.exists() else []
     if missing:
         raise ConfigError("scheduler", refusal(str(entry), missing), "add the calls, or set scheduler=asha")
+
+
+def _non_negative_number(text: str) -> bool:
+    """Whether `text` reads as a finite number >= 0."""
+    try:
+        return 0.0 <= float(text) < float("inf")
+    except ValueError:
+        return False
 
 
 def _positive(key: str, value: float) -> None:

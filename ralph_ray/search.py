@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ray import tune
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 from rich.console import Console
 
 from ralph_ray import dataparallel, forecast, harness, pbt
+from ralph_ray.asha import NoiseAwareASHA
 from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
@@ -118,28 +119,36 @@ def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace], relative: 
 def scheduler(cfg: Config) -> TrialScheduler:
     """ASHA over epochs (over training seconds under trial.budget_s), or FIFO (every trial to the end) for baselines.
 
+    ASHA is Tune's ASHAScheduler with a noise margin at its rungs (`scheduler.margin`, ralph_ray.asha).
     scheduler=pbt needs the cycle's search space: `run_search` builds it (ralph_ray.pbt).
     """
     if cfg.scheduler.name is SchedulerKind.fifo or cfg.scheduler.name.population_based:
         return FIFOScheduler()
+    sched = cfg.scheduler
+    margin = None if sched.margin == "auto" else float(sched.margin)
     budget = cfg.trial.budget_s
     if budget is not None:
         # The same rungs as a share of training: grace_period / max_t of the budget, then x reduction_factor. max_t
         # past any report (train_seconds stays below the budget) so a trainer that used its budget ends on its own,
         # and past budget + grace, so a trainer that ignores its deadline meets the runner's stop, which says why.
-        return ASHAScheduler(
+        return NoiseAwareASHA(
+            margin=margin,
+            z=sched.margin_z,
             time_attr=harness.TRAIN_SECONDS,
             max_t=2 * budget + cfg.trial.grace_s,
-            grace_period=budget * cfg.scheduler.grace_period / cfg.scheduler.max_t,
-            reduction_factor=cfg.scheduler.reduction_factor,
+            grace_period=budget * sched.grace_period / sched.max_t,
+            reduction_factor=sched.reduction_factor,
         )
-    return ASHAScheduler(
+    return NoiseAwareASHA(
+        margin=margin,
+        z=sched.margin_z,
+        # ASHA stops any trial that reaches max_t, which would race the trial's final scoring report; one past the
+        # last epoch lets a finished trainer end on its own. A rung at the last epoch (it could save none) is dropped.
+        last=sched.max_t,
         time_attr="epoch",
-        # ASHA stops any trial that reaches max_t, which would race the trial's final scoring report;
-        # one past the last epoch keeps the same rungs and lets a finished trainer end on its own.
-        max_t=cfg.scheduler.max_t + 1,
-        grace_period=cfg.scheduler.grace_period,
-        reduction_factor=cfg.scheduler.reduction_factor,
+        max_t=sched.max_t + 1,
+        grace_period=sched.grace_period,
+        reduction_factor=sched.reduction_factor,
     )
 
 

@@ -1,0 +1,131 @@
+"""The noise margin at ASHA's rungs (ralph_ray/asha.py), on real digits curves: val_acc as the seed trainer reports it
+(float32 accuracies over its 161 validation images), recorded from runs of bench/asha.py's configs (seed 1)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from ralph_ray.asha import NoiseAwareASHA, binomial_margin, examples_behind
+from ralph_ray.config import ConfigError, load_config
+from ralph_ray.search import scheduler
+
+# val_acc of epochs 1-4 and the frozen selection score after 12 epochs (digits, training seed 1)
+FAST = [0.7204968929290771, 0.95652174949646, 0.9503105878829956, 0.9192546606063843]  # LR 0.065, batch 32, width 8
+# LR 0.106, batch 128, width 16: behind at epoch 4, yet tied best after 12 epochs (selection 0.9610, as FAST)
+SLOW_STARTER = [0.7142857313156128, 0.5279502868652344, 0.8944099545478821, 0.8944099545478821]
+LAGGARD = [0.2484472095966339, 0.42236024141311646, 0.7018633484840393, 0.8012422323226929]  # LR 0.004: 0.883
+
+
+class Trial:
+    """What Tune's scheduler reads of a trial."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
+def feed(sched: NoiseAwareASHA | ASHAScheduler, trial_id: str, curve: list[float]) -> str:
+    """Report a curve epoch by epoch; the scheduler's last decision (STOP ends the feed)."""
+    trial = Trial(trial_id)
+    sched.on_trial_add(None, trial)  # type: ignore[arg-type]
+    action = "CONTINUE"
+    for epoch, value in enumerate(curve, start=1):
+        action = sched.on_trial_result(None, trial, {"epoch": epoch, "val_acc": value})  # type: ignore[arg-type]
+        if action == "STOP":
+            break
+    return action
+
+
+def digits_asha(margin: float | None) -> NoiseAwareASHA:
+    """digits' rungs (grace 4, reduction 3, 12 epochs) as search.scheduler builds them."""
+    sched = NoiseAwareASHA(
+        margin=margin, z=2.0, last=12, time_attr="epoch", max_t=13, grace_period=4, reduction_factor=3
+    )
+    sched.set_search_properties("val_acc", "max")
+    return sched
+
+
+def test_the_split_size_is_read_off_the_reported_accuracies():
+    assert examples_behind(FAST) == 161  # float32 accuracies: 116, 154, 153, 148 of 161
+    assert examples_behind(FAST + SLOW_STARTER + LAGGARD) == 161
+    assert examples_behind(FAST[:2]) is None  # two values: too few to tell
+    assert examples_behind([0.5, 0.25, 0.75]) == 4
+    assert examples_behind([2.31, 1.87, 1.52]) is None  # a loss is no proportion
+    assert examples_behind([0.3172, 0.2718281828, 0.1415926535]) is None  # no split of <= 10,000 examples fits
+
+
+def test_the_margin_is_two_standard_errors_of_an_accuracy():
+    assert binomial_margin(0.95, 161, 2.0) == pytest.approx(2 * math.sqrt(0.95 * 0.05 / 161))  # 0.034
+    assert binomial_margin(0.9192546606063843, 161, 2.0) == pytest.approx(0.0429, abs=1e-4)
+    assert binomial_margin(1.0, 161, 2.0) > 0  # held 1/n from the edge: a perfect score is no certainty
+    assert binomial_margin(0.9, 5000, 2.0) < 0.01  # a large split: a small margin
+
+
+def test_a_trial_within_the_noise_of_the_cutoff_goes_on():
+    """Epoch 4: FAST 148/161 sets the cutoff; SLOW_STARTER's 144/161 is 0.025 behind (less than the 0.043 margin)
+    and goes on, as it should (it ties FAST after 12 epochs); plain ASHA stops it. LAGGARD, 0.11 behind, stops."""
+    noisy = digits_asha(None)
+    assert feed(noisy, "fast", FAST) == "CONTINUE"
+    assert feed(noisy, "slow", SLOW_STARTER) == "CONTINUE"
+    assert noisy.examples == 161
+    assert feed(noisy, "laggard", LAGGARD) == "STOP"
+
+    plain = digits_asha(0.0)
+    assert feed(plain, "fast", FAST) == "CONTINUE"
+    assert feed(plain, "slow", SLOW_STARTER) == "STOP"
+
+    tune_asha = ASHAScheduler(time_attr="epoch", max_t=13, grace_period=4, reduction_factor=3)
+    tune_asha.set_search_properties("val_acc", "max")
+    assert feed(tune_asha, "fast", FAST) == "CONTINUE"
+    assert feed(tune_asha, "slow", SLOW_STARTER) == "STOP"  # margin 0 is Tune's own rule
+
+
+def test_a_metric_that_is_no_accuracy_gets_no_margin():
+    sched = NoiseAwareASHA(margin=None, z=2.0, last=4, time_attr="epoch", max_t=5, grace_period=1, reduction_factor=2)
+    sched.set_search_properties("val_loss", "min")
+
+    def losses(trial_id: str, values: list[float]) -> str:
+        trial = Trial(trial_id)
+        sched.on_trial_add(None, trial)  # type: ignore[arg-type]
+        action = "CONTINUE"
+        for epoch, value in enumerate(values, start=1):
+            action = sched.on_trial_result(None, trial, {"epoch": epoch, "val_loss": value})  # type: ignore[arg-type]
+        return action
+
+    assert losses("a", [2.31, 1.87, 1.52]) == "CONTINUE"
+    assert losses("b", [2.3101]) == "STOP"  # 0.0001 worse than a at the first rung: plain ASHA stops it
+    assert sched.examples is None and sched.margin_at(-2.31) == 0.0
+
+
+def test_a_rung_at_the_last_epoch_is_dropped():
+    assert [m for m, _ in ASHAScheduler(max_t=13, grace_period=4, reduction_factor=3)._brackets[0]._rungs] == [12, 4]
+    assert digits_asha(None).rungs() == [4.0]
+    assert NoiseAwareASHA(margin=0, z=2, last=12, max_t=13, grace_period=2, reduction_factor=2).rungs() == [2, 4, 8]
+
+
+def test_the_config_builds_it():
+    digits = scheduler(load_config([]))
+    assert isinstance(digits, NoiseAwareASHA)
+    assert digits.rungs() == [4.0] and digits.fixed_margin is None and digits.z == 2.0  # trainers/digits/task.yaml
+    plain = scheduler(load_config(["scheduler.margin=0", "scheduler.grace_period=2", "scheduler.reduction_factor=2"]))
+    assert isinstance(plain, NoiseAwareASHA) and plain.fixed_margin == 0.0 and plain.rungs() == [2.0, 4.0, 8.0]
+    assert scheduler(load_config(["scheduler.margin=0.05"])).margin_at(0.9) == 0.05
+    assert isinstance(scheduler(load_config(["scheduler=fifo"])), FIFOScheduler)
+    budget = scheduler(load_config(["trial.budget_s=60"]))
+    assert isinstance(budget, NoiseAwareASHA) and budget.rungs()[0] == pytest.approx(60 * 4 / 12)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("scheduler.margin=abc", "scheduler.margin"),
+        ("scheduler.margin=-1", "scheduler.margin"),
+        ("scheduler.margin_z=-1", "scheduler.margin_z"),
+    ],
+)
+def test_a_bad_margin_is_refused(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config([override])
+    assert err.value.key == key
