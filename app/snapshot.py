@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ralph_ray import sql
-from ralph_ray.kb import PARQUET_DIR, SCHEMAS, connect_views, replaced_parts
+from ralph_ray.kb import COMPACTED_PREFIX, PARQUET_DIR, SCHEMAS, compaction_state, connect_views
 
 PART_COLUMN = "_part"  # which part a row came from (dropped in the snapshot's files)
 MAX_DELTAS = 16  # new rows go to small delta files; past this many, a table is rewritten as one file
@@ -76,15 +76,21 @@ class Snapshot:
     def _refresh_table(self, table: str) -> None:
         folder = self.source / table
         for _ in range(READ_TRIES):
-            parts = {
+            listing = {
                 entry.name: (entry.stat().st_mtime_ns, entry.stat().st_size)
                 for entry in (os.scandir(folder) if folder.is_dir() else ())  # a KB from before the table: empty
-                if entry.name.endswith(".parquet") and not entry.name.startswith(".")
+                if not entry.name.startswith(".")
             }
-            # A part folded into a `_kb-*` file of this listing (kb.compact_kb) counts as removed: its rows are
-            # in that file (the KB's views leave it out the same way).
-            for name in replaced_parts(folder, among=list(parts)):
-                parts.pop(name, None)
+            # As the KB's views: a part that a manifest of this listing lists as replaced (kb.compact_kb) counts as
+            # removed (its rows are in a `_kb-*` file), and a `_kb-*` file counts once a manifest lists it live.
+            hidden, live = compaction_state(folder, among=list(listing))
+            parts = {
+                name: signature
+                for name, signature in listing.items()
+                if name.endswith(".parquet")
+                and name not in hidden
+                and (name in live or not name.startswith(COMPACTED_PREFIX))
+            }
             seen = self._seen.get(table, {})
             fresh = [name for name, signature in parts.items() if seen.get(name) != signature]
             stale = [name for name in seen if parts.get(name) != seen[name]]  # replaced or removed since

@@ -32,9 +32,11 @@ PARQUET_DIR = "parquet"
 STORAGE_VERSION = "v1.4.0"
 TS = pa.timestamp("us", tz="UTC")
 # `compact_kb`: every finished run's folded part (`<run_id>-all`) merged into one sorted file per table, named
-# `_kb-<generation>.parquet`, whose Parquet metadata lists the parts it replaced (the views hide those: sql.py).
+# `_kb-<generation>.parquet`, committed by its manifest `_m-<generation>.manifest` (it live, what it replaced hidden).
 COMPACTED_PREFIX = sql.COMPACTED_PREFIX
-REPLACES_KEY = sql.REPLACES_KEY.encode()
+MANIFEST_PREFIX = sql.MANIFEST_PREFIX
+MANIFEST_SUFFIX = sql.MANIFEST_SUFFIX
+MANIFEST = pa.schema([("part", pa.string()), ("hidden", pa.bool_())])
 FOLDED_PART = re.compile(r"^[^_.].*-all(-r[0-9]+)?\.parquet$")  # a finished run's part, written by compact_run
 # compact_kb keeps the parts it replaced this long after its commit: a query lists the compacted files' metadata, then
 # the parts (milliseconds apart; seconds on a machine under heavy load), and must find what it listed.
@@ -324,9 +326,9 @@ class KnowledgeBase:
         Readers pay per file opened: a KB of 500 campaigns is 500 parts per table and every query opens them all.
         This folds them, with the previous `_kb-<g>` file, into `_kb-<g+1>.parquet`, sorted by run (SORT_KEYS) in
         row groups of ROW_GROUP_ROWS so a run's query reads its row groups only. Crash-safe and invisible to
-        readers: the new file is written under a temp name and renamed (the commit); its Parquet metadata lists
-        the parts it replaces. A query reads the `_kb-*` files' metadata first: a `_kb-*` file it saw counts and
-        the parts that file lists do not; one it did not see (committed since) does not count yet (sql.py
+        readers: the new file is written (temp name, rename), then its manifest `_m-<g+1>.parquet` (the commit),
+        which lists it live and the parts it replaces hidden. A query reads the manifests first: a `_kb-*` file
+        counts only if a manifest it read lists it live, and the parts listed hidden do not (sql.py
         `_read_parts`). So every query reads each row once, from the old parts or from the new file. The replaced
         parts are deleted COMPACT_GRACE_S after the commit (a query that listed them before it still reads them);
         a run cut short before that leaves them listed (hidden), and the next call deletes them first.
@@ -340,25 +342,34 @@ class KnowledgeBase:
                 folder = self.parquet / table
                 if not folder.is_dir():
                     continue
-                schema_part = folder / "_schema.parquet"  # the views' `_*` glob never comes up empty
+                schema_part = folder / "_schema.parquet"  # the views' glob of `_*` files never comes up empty
                 if not schema_part.exists():
                     self._write(schema_part, SCHEMAS[table].empty_table())
-                hidden = replaced_parts(folder)
+                hidden, live = compaction_state(folder)
                 for name in sorted(hidden):  # left over from a call cut short after its commit
                     (folder / name).unlink(missing_ok=True)
+                for path in folder.glob(f"{COMPACTED_PREFIX}*.parquet"):
+                    if path.name not in live:  # written by a call cut short before its commit: never counted
+                        path.unlink()
+                manifests = sorted(folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}"))
                 current = sorted(folder.glob(f"{COMPACTED_PREFIX}*.parquet"))
                 sources = sorted(p for p in folder.glob("*-all*.parquet") if FOLDED_PART.search(p.name))
                 if not sources:
                     continue
-                generation = 1 + max((_generation(p) for p in current), default=0)
+                generation = 1 + max((_generation(p) for p in manifests + current), default=0)
                 target = folder / f"{COMPACTED_PREFIX}{generation:06d}.parquet"
-                replaced = current + sources
-                _write_compacted(target, table, current, sources, json.dumps([p.name for p in replaced]))
+                _write_compacted(target, table, current, sources)
+                replaced = current + sources + manifests
+                manifest = pa.table(
+                    {"part": [target.name] + [p.name for p in replaced], "hidden": [False] + [True] * len(replaced)},
+                    schema=MANIFEST,
+                )
+                self._write(folder / f"{MANIFEST_PREFIX}{generation:06d}{MANIFEST_SUFFIX}", manifest)  # the commit
                 merged[table] = len(sources)
                 done.extend(replaced)
             if done:
                 time.sleep(self.compact_grace_s)  # a query that listed its files before the commit may still read them
-            for path in done:  # each is listed by a committed `_kb-*` file: hidden from the views already
+            for path in done:  # each is listed hidden by a committed manifest: out of the views already
                 path.unlink()
         return merged
 
@@ -413,11 +424,11 @@ class _FileLock:
         self._fd = None
 
 
-def _write_compacted(target: Path, table: str, compacted: list[Path], parts: list[Path], replaces: str) -> None:
+def _write_compacted(target: Path, table: str, compacted: list[Path], parts: list[Path]) -> None:
     """Write `target` (temp name, then rename): the rows of the earlier `_kb-*` files as they are (already in
     order), then each part's rows sorted by SORT_KEYS (a part is one run's), in row groups of ROW_GROUP_ROWS;
-    one row group and one part in memory at a time. Its metadata lists the files it replaces (`replaces`)."""
-    schema = SCHEMAS[table].with_metadata({REPLACES_KEY: replaces.encode()})
+    one row group and one part in memory at a time. It counts once its manifest is written."""
+    schema = SCHEMAS[table]
     tmp = target.with_name(f".{target.name}.tmp")
     pending: list[pa.Table] = []
 
@@ -443,7 +454,7 @@ def _write_compacted(target: Path, table: str, compacted: list[Path], parts: lis
                 rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
             add(rows.sort_by([(key, "ascending") for key in SORT_KEYS[table]]), writer)
         flush(writer, final=True)
-    os.replace(tmp, target)  # the commit: from here the views read `target` and leave out what it replaces
+    os.replace(tmp, target)  # not counted yet: the manifest's rename is the commit
 
 
 def _generation(path: Path) -> int:
@@ -452,22 +463,29 @@ def _generation(path: Path) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
-def replaced_parts(folder: Path, among: Collection[str] | None = None) -> set[str]:
-    """Names of the parts that a `_kb-*` file of this table's folder replaced (the views leave them out).
+def compaction_state(folder: Path, among: Collection[str] | None = None) -> tuple[set[str], set[str]]:
+    """The names a table folder's manifests list hidden (replaced parts) and live (`_kb-*` files that count).
 
-    `among`: a listing of the folder taken earlier; only its `_kb-*` files count (a reader consistent with it).
+    `among`: a listing of the folder taken earlier; only its manifests count (a reader consistent with it).
     """
-    names: set[str] = set()
-    found = folder.glob(f"{COMPACTED_PREFIX}*.parquet")
+    found = folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}")
     if among is not None:
-        found = (folder / name for name in among if name.startswith(COMPACTED_PREFIX))
+        found = (folder / n for n in among if n.startswith(MANIFEST_PREFIX) and n.endswith(MANIFEST_SUFFIX))
+    hidden: set[str] = set()
+    listed: set[str] = set()
     for path in found:
         try:
-            metadata = pq.read_schema(path).metadata or {}
+            rows = pq.read_table(path, schema=MANIFEST).to_pylist()
         except (OSError, pa.ArrowException):
             continue  # gone since the listing (a newer compaction), or damaged (the readers name it)
-        names.update(json.loads(metadata.get(REPLACES_KEY, b"[]")))
-    return names
+        hidden.update(row["part"] for row in rows if row["hidden"])
+        listed.update(row["part"] for row in rows if not row["hidden"])
+    return hidden, listed - hidden
+
+
+def replaced_parts(folder: Path, among: Collection[str] | None = None) -> set[str]:
+    """Names of the parts that a manifest of this table's folder lists as replaced (the views leave them out)."""
+    return compaction_state(folder, among)[0]
 
 
 def _only_run(path: Path, run_id: str) -> bool:
@@ -523,7 +541,8 @@ def damaged_parts(parquet_root: Path) -> dict[Path, str]:
     """Every part under `parquet_root` whose Parquet footer cannot be read, with the reason."""
     damaged: dict[Path, str] = {}
     for table in sql.ALL_TABLES:
-        for path in sorted((parquet_root / table).glob("*.parquet")):
+        folder = parquet_root / table
+        for path in sorted([*folder.glob("*.parquet"), *folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}")]):
             try:
                 pq.read_metadata(path)
             except (OSError, pa.ArrowException) as err:

@@ -39,45 +39,52 @@ PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_r
 RL_METRICS = ("reward_mean", "reward_std", "kl", "entropy", "completion_length")
 
 
-# KnowledgeBase.compact_kb's files: `_kb-<generation>.parquet`, whose Parquet key-value metadata lists (JSON) the
-# names of the parts it replaced. Every view leaves those parts out, so a reader sees each row once while they are
-# being deleted (or after a compaction cut short left them).
+# KnowledgeBase.compact_kb's files: `_kb-<generation>.parquet` (the merged rows) and its manifest
+# `_m-<generation>.manifest` (Parquet rows of `part`, `hidden`: the merged file, live, and each part it replaced,
+# hidden; not `*.parquet`, so never read as rows of the table). The manifest's rename is the commit: a `_kb-*` file
+# counts only once a manifest lists it live, and every view leaves out the parts a manifest lists hidden.
 COMPACTED_PREFIX = "_kb-"
-REPLACES_KEY = "ralph_ray.replaces"
+MANIFEST_PREFIX = "_m-"
+MANIFEST_SUFFIX = ".manifest"
 
 
 def _compacted_state(parquet_root: Path, table: str, files: list[Path] | None) -> str:
-    """SQL for the `_kb-*` files of `table` as one listing sees them: each such file (`hidden` false) and each part
-    it replaced (`hidden` true), one row per path (`name`); `files`: the `_*` files to read (None: a glob)."""
+    """SQL for the state the manifests of `table` give, as one listing sees them: one row per full path (`name`),
+    `hidden` true for a replaced part, false for a live `_kb-*` file; `files`: the `_*` files to read (None: a glob
+    of `_schema.parquet`, always there, and the manifests)."""
     folder = (parquet_root / table).resolve()
-    source = _quoted(str(folder / "_*.parquet"))  # `_schema.parquet` is always there: the glob never comes up empty
+    source = _quoted(str(folder / "_[ms]*"))
     if files is not None:
         source = "[" + ", ".join(_quoted(str(path)) for path in files) + "]"
-    entries = (
-        "list_concat([{'name': file_name, 'hidden': false}], list_transform(from_json(decode(value), "
-        f"'[\"VARCHAR\"]'), lambda x: {{'name': {_quoted(str(folder) + '/')} || x, 'hidden': true}}))"
-    )
+    # DuckDB 2.0 fails (internal error) on parquet_kv_metadata inside the lineage view's recursive CTE: plain rows
     return (
-        f"select e.name, bool_or(e.hidden) as hidden from (select unnest({entries}) as e "
-        f"from parquet_kv_metadata({source}) where decode(key) = {_quoted(REPLACES_KEY)}) group by e.name"
+        f"select {_quoted(str(folder) + '/')} || part as name, bool_or(hidden) as hidden from ("
+        f"select * from read_parquet({source}, union_by_name = true) "
+        "union all by name select null::varchar as part, null::boolean as hidden where false"
+        ") where part is not null group by part"
     )
 
 
-def _read_parts(parquet_root: Path, table: str, files: str, kept: list[Path] | None) -> str:
+def _read_parts(parquet_root: Path, table: str, files: str, skipped: Collection[Path] = ()) -> str:
     """A subquery of the rows of `table`'s parts (`files`) as of one consistent state of its compaction.
 
-    The `_kb-*` files' metadata is read first (DuckDB binds the FROM clause left to right, listing files as it
-    binds): a `_kb-*` file's rows count only if that read saw it, and then the parts it lists do not. So a query
-    that binds across a compaction's commit reads the old parts (kept for kb.COMPACT_GRACE_S after it)
-    or the new file, never both, never neither. The right join is an anti join that keeps the filters on the
-    parts' own columns pushed into their scan.
+    The manifests are read first (DuckDB binds the FROM clause left to right, listing files as it binds): a
+    `_kb-*` file's rows count only if a manifest that read saw lists it live, and then the parts it lists hidden
+    do not. So a query that binds across a compaction's commit reads the old parts (kept for kb.COMPACT_GRACE_S
+    after it) or the new file, never both, never neither. The right join is an anti join that keeps the filters
+    on the parts' own columns pushed into their scan. `skipped`: damaged files to leave out.
     """
-    underscored = None if kept is None else [path for path in kept if path.name.startswith("_")]
-    if not (underscored if kept is not None else any((parquet_root / table).glob("_*.parquet"))):
+    folder = (parquet_root / table).resolve()
+    found = [
+        p.resolve() for p in folder.glob("_*") if p.name == "_schema.parquet" or p.name.startswith(MANIFEST_PREFIX)
+    ]
+    kept = [p for p in found if p not in skipped]
+    if not kept:
         return f"read_parquet({files}, union_by_name = true)"  # no `_*` file (an app snapshot's copy): none replaced
-    compacted = _quoted(str((parquet_root / table).resolve() / COMPACTED_PREFIX))
+    compacted = _quoted(str(folder / COMPACTED_PREFIX))
+    state = _compacted_state(parquet_root, table, sorted(kept) if len(kept) < len(found) else None)
     return (
-        f"(select p.* exclude (_part) from ({_compacted_state(parquet_root, table, underscored)}) seen "
+        f"(select p.* exclude (_part) from ({state}) seen "
         f"right join read_parquet({files}, union_by_name = true, filename = '_part') p on seen.name = p._part "
         f"where coalesce(not seen.hidden, not starts_with(p._part, {compacted})))"
     )
@@ -115,12 +122,11 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
     skipped = {Path(path).resolve() for path in skip}
     for table in TABLES:
         files = parquet_glob(parquet_root, table)
-        kept = None
         if any(path.parent.name == table for path in skipped):
             found = sorted(path.resolve() for path in (parquet_root / table).glob("*.parquet"))
             kept = [path for path in found if path not in skipped]
             files = "[" + ", ".join(_quoted(str(path)) for path in kept) + "]"
-        source = _read_parts(parquet_root, table, files, kept)
+        source = _read_parts(parquet_root, table, files, skipped)
         if table in LATEST:
             body = (
                 f"select * from {source} qualify row_number() "
@@ -149,7 +155,7 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
     if len(kept) < len(all_parts):
         files = "[" + ", ".join(_quoted(str(path)) for path in kept) + "]"
     segments = (
-        f"select * from {_read_parts(parquet_root, 'segments', files, kept if len(kept) < len(all_parts) else None)} "
+        f"select * from {_read_parts(parquet_root, 'segments', files, skipped)} "
         "qualify row_number() over (partition by run_id, trial_id, segment order by written_at) = 1"
         if kept
         else SEGMENTS_EMPTY

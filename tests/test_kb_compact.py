@@ -1,5 +1,5 @@
-"""KnowledgeBase.compact_kb: finished runs' parts merged into one sorted `_kb-<g>` file per table, crash-safe, with
-readers never seeing a row twice or missing one (on real Parquet files and real DuckDB views)."""
+"""KnowledgeBase.compact_kb: finished runs' parts merged into one sorted `_kb-<g>` file per table, committed by its
+manifest `_m-<g>`, crash-safe, with readers never seeing a row twice or missing one (real Parquet, real DuckDB)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ QUERIES = {
     "leaderboard": "select run_id, variant_id, selection_score, trials, rank from leaderboard order by all",
     "curves": "select run_id, trial_id, epoch, val_acc, val_loss from curves order by all",
     "budgets": "select run_id, cycles, trials, trial_hours from budgets order by all",
+    "lineage": "select run_id, variant_id, depth from lineage order by all",  # a recursive CTE over variants
 }
 
 
@@ -76,7 +77,7 @@ def kb(tmp_path: Path) -> KnowledgeBase:
 
 
 def parts(kb: KnowledgeBase, table: str) -> list[str]:
-    return sorted(p.name for p in (kb.parquet / table).glob("*.parquet"))
+    return sorted(p.name for p in (kb.parquet / table).iterdir() if not p.name.startswith("."))
 
 
 def test_compact_kb_folds_finished_runs_into_one_sorted_file_and_reads_the_same(kb: KnowledgeBase):
@@ -85,8 +86,8 @@ def test_compact_kb_folds_finished_runs_into_one_sorted_file_and_reads_the_same(
     write_run(kb, "r4", fold=False)  # still running: its cycle parts stay as they are
     before = snapshot(kb.root)
     assert kb.compact_kb() == {t: 3 for t in ("runs", "cycles", "variants", "trials", "epochs")}
-    assert parts(kb, "trials") == ["_kb-000001.parquet", "_schema.parquet", "r4-c0001-trials.parquet",
-                                   "r4-c0002-trials.parquet"]  # fmt: skip
+    assert parts(kb, "trials") == ["_kb-000001.parquet", "_m-000001.manifest", "_schema.parquet",
+                                   "r4-c0001-trials.parquet", "r4-c0002-trials.parquet"]  # fmt: skip
     assert snapshot(kb.root) == before
     compacted = pq.read_table(kb.parquet / "epochs" / "_kb-000001.parquet")
     keys = list(zip(*(compacted.column(k).to_pylist() for k in kbmod.SORT_KEYS["epochs"])))
@@ -95,12 +96,12 @@ def test_compact_kb_folds_finished_runs_into_one_sorted_file_and_reads_the_same(
     kb.put("runs", [{"run_id": "r4", "status": "finished"}], "r4")
     kb.compact_run("r4")
     assert kb.compact_kb()["trials"] == 1
-    assert parts(kb, "trials") == ["_kb-000002.parquet", "_schema.parquet"]
+    assert parts(kb, "trials") == ["_kb-000002.parquet", "_m-000002.manifest", "_schema.parquet"]
     after = snapshot(kb.root)
     assert after["trials"] == before["trials"] and after["epochs"] == before["epochs"]
     assert ("r4", "finished") in after["runs"]
     assert kb.compact_kb() == {}  # nothing new: nothing rewritten
-    assert parts(kb, "trials") == ["_kb-000002.parquet", "_schema.parquet"]
+    assert parts(kb, "trials") == ["_kb-000002.parquet", "_m-000002.manifest", "_schema.parquet"]
 
 
 def test_a_run_filter_reads_one_row_group_of_the_compacted_file(kb: KnowledgeBase, monkeypatch):
@@ -136,7 +137,7 @@ def test_a_crash_after_the_commit_leaves_each_row_once_and_the_next_call_cleans_
     assert "_kb-000001.parquet" in parts(kb, "trials") and "r1-all.parquet" in parts(kb, "trials")
     assert snapshot(kb.root) == before  # the replaced parts are still there, hidden: no row twice
     assert kb.compact_kb() == {}  # leftovers deleted first; nothing new to merge
-    assert parts(kb, "trials") == ["_kb-000001.parquet", "_schema.parquet"]
+    assert parts(kb, "trials") == ["_kb-000001.parquet", "_m-000001.manifest", "_schema.parquet"]
     assert snapshot(kb.root) == before
 
 
@@ -147,17 +148,18 @@ def test_a_crash_before_the_commit_changes_nothing(kb: KnowledgeBase, monkeypatc
     real_replace = kbmod.os.replace
 
     def crash(src, dst):
-        if Path(dst).name.startswith(kbmod.COMPACTED_PREFIX):
-            raise KeyboardInterrupt  # killed with the new file written under its temp name
+        if Path(dst).name.startswith(kbmod.MANIFEST_PREFIX):
+            raise KeyboardInterrupt  # killed with the merged file in place but its manifest not yet renamed
         real_replace(src, dst)
 
     monkeypatch.setattr(kbmod.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         kb.compact_kb()
     monkeypatch.undo()
-    assert not any(n.startswith("_kb-") for n in parts(kb, "runs"))
-    assert snapshot(kb.root) == before
-    kb.compact_kb()
+    assert "_kb-000001.parquet" in parts(kb, "runs") and "_m-000001.manifest" not in parts(kb, "runs")
+    assert snapshot(kb.root) == before  # the merged file counts only once a manifest lists it
+    kb.compact_kb()  # deletes the uncommitted file, then merges
+    assert parts(kb, "runs") == ["_kb-000001.parquet", "_m-000001.manifest", "_schema.parquet"]
     assert snapshot(kb.root) == before
 
 
@@ -205,8 +207,13 @@ def test_readers_in_other_processes_see_every_row_once_while_compactions_run(kb:
         from pathlib import Path
         import duckdb
         from ralph_ray.kb import open_reader
-        con = open_reader(Path({str(kb.root)!r}))
         seen, queries, vanished = set(), 0, 0
+        while True:
+            try:
+                con = open_reader(Path({str(kb.root)!r}))
+                break
+            except duckdb.IOException:  # a part deleted between listing and reading: open again
+                vanished += 1
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not Path({str(kb.root / "STOP")!r}).exists():
             try:
@@ -230,7 +237,7 @@ def test_readers_in_other_processes_see_every_row_once_while_compactions_run(kb:
     finally:
         (kb.root / "STOP").write_text("")
         outputs = [reader.communicate(timeout=120) for reader in readers]
-    assert parts(kb, "epochs") == ["_kb-000006.parquet", "_schema.parquet"]
+    assert parts(kb, "epochs") == ["_kb-000006.parquet", "_m-000006.manifest", "_schema.parquet"]
     assert snapshot(kb.root) == expected
     for out, err in outputs:
         assert out.strip(), err[-2000:]

@@ -51,7 +51,7 @@ def test_snapshot_reads_each_row_once_across_a_compaction(tmp_path: Path, monkey
     with pytest.raises(KeyboardInterrupt):
         kb.compact_kb()
     monkeypatch.undo()
-    assert (kb.parquet / "trials" / "r1-all.parquet").exists()  # still on disk, listed by _kb-000001
+    assert (kb.parquet / "trials" / "r1-all.parquet").exists()  # still on disk, listed hidden by _m-000001
     assert rows(snap, QUERY) == before and rows(snap, EPOCHS) == before_epochs
     kb.compact_kb()  # deletes them
     assert rows(snap, QUERY) == before and rows(snap, EPOCHS) == before_epochs
