@@ -1,88 +1,190 @@
-"""ASHA's saving: epochs trained / epochs if every trial ran to the end, and whether the best survived."""
+"""ASHA against running every config to the end: wall, epochs, and whether the best-at-end config survives.
+
+`python bench/asha.py [R] [N]`: R repeats (default 10), each with its own campaign seed (search.seed = 1..R), so each
+repeat trains other digits configs with another training seed. In each repeat three one-cycle campaigns
+(agent=none, safeguards.replicates=0) run the same N configs (default 10: Optuna's first 10 are the seed's own knobs
+and seeded random samples, whatever the scheduler does), 2 at a time, in one Ray that is started before any clock:
+
+- all to the end (scheduler=fifo): the counterfactual, which gives the best-at-end config (highest frozen selection
+  score after 12 epochs; ties count as one set) and the wall that ASHA is measured against;
+- the old rule: plain ASHA, grace 2, reduction 2, no margin (`scheduler.margin=0`);
+- the new rule: the defaults (digits' rungs in trainers/digits/task.yaml: grace 4, reduction 3; the margin in
+  conf/scheduler/asha.yaml: `scheduler.margin=auto`, ralph_ray/asha.py).
+
+The three run in a rotating order per repeat, so drift in the machine's load falls on each alike. Kept: a config of
+the best-at-end set completed under that rule (so the rule's own best equals the all-to-the-end best).
+Also printed: a trial's fixed cost (start, data, predictions, bookkeeping) and its per-epoch cost, from a least-
+squares fit of every trial's seconds on its epochs; their ratio bounds the wall ASHA can save on this task. The wall
+ratio is noisy on a shared machine, so two steadier ratios are printed beside it: the trials' own seconds summed,
+and each run's trials priced at that one fitted cost (the modelled wall ratio: epochs and trial counts only).
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from _common import config, save
 
-from ralph_ray import PROJECT_ROOT
 from ralph_ray.campaign import run
-from ralph_ray.knobs import rewrite_knobs
-from ralph_ray.scoring import score_predictions
-from ralph_ray.tasks.base import write_public
-from ralph_ray.tasks.digits import prepare
+from ralph_ray.raycluster import ensure_ray
 
-N = 12
+RULES = {
+    "all to the end": ["scheduler=fifo"],
+    "old rule": ["scheduler=asha", "scheduler.margin=0", "scheduler.grace_period=2", "scheduler.reduction_factor=2"],
+    "new rule": ["scheduler=asha"],
+}
+MAX_T = 12
 
 
-def run_to_the_end(root: Path, knobs: dict) -> float:
-    """Train one config for all its epochs outside Ray and return its frozen selection score."""
-    data = root / "data"
-    if not data.exists():
-        write_public(prepare(0, 0.2, 0.2), data, "digits")
-    work = Path(tempfile.mkdtemp(dir=root, prefix="full-"))
-    (work / "train.py").write_text(rewrite_knobs((PROJECT_ROOT / "trainers/digits/train.py").read_text(), knobs))
-    env = {
-        **os.environ,
-        "RALPH_DATA_DIR": str(data),
-        "RALPH_METRICS_FILE": str(work / "m.jsonl"),
-        "RALPH_PREDICTIONS_FILE": str(work / "p.npz"),
-        "OMP_NUM_THREADS": "1",
+def campaign(root: Path, name: str, seed: int, n: int, overrides: list[str]) -> dict:
+    """One one-cycle campaign; its wall and each trial's outcome, keyed by its knobs."""
+    start = time.perf_counter()
+    outcome = run(
+        config(
+            root,
+            name,
+            f"search.num_samples={n}",
+            f"search.seed={seed}",
+            "agent=none",
+            "safeguards.replicates=0",
+            "population.mode=async",  # the default campaign's mode (bench's config() pins the barrier loop)
+            *overrides,
+        )
+    )
+    wall = time.perf_counter() - start
+    trials: dict[str, dict] = {}
+    for r in outcome.records:
+        # A trial started as the cycle ended ("stopped with the cycle") is no sample of the N; keep the N's rows.
+        if r.knobs in trials and trials[r.knobs]["status"] == "completed":
+            continue
+        trials[r.knobs] = {"status": r.status.value, "epochs": r.epochs, "selection": r.selection_score}
+    return {
+        "wall_s": round(wall, 2),
+        "epochs": sum(r.epochs for r in outcome.records),
+        "trial_costs": [(r.epochs, round(r.seconds, 3)) for r in outcome.records],
+        "trials": trials,
     }
-    subprocess.run([sys.executable, "train.py"], cwd=work, env=env, check=True, capture_output=True)
-    return score_predictions(work / "p.npz", prepare(0, 0.2, 0.2).labels()).selection
 
 
 def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 10
     root = Path(tempfile.mkdtemp(prefix="bench-asha-"))
-    start = time.perf_counter()
-    asha = run(config(root, "asha", f"search.num_samples={N}"))
-    asha_wall = time.perf_counter() - start
+    ensure_ray(2)  # started before any clock: no campaign pays ray.init
+    rows = []
+    names = list(RULES)
+    for rep in range(repeats):
+        seed = rep + 1
+        order = names[rep % 3 :] + names[: rep % 3]
+        runs = {name: campaign(root, f"s{seed}-{name.replace(' ', '-')}", seed, n, RULES[name]) for name in order}
+        full = runs["all to the end"]["trials"]
+        scored = {
+            k: t["selection"] for k, t in full.items() if t["status"] == "completed" and t["selection"] is not None
+        }
+        best = max(scored.values())
+        best_set = [k for k, v in scored.items() if v == best]
+        row = {"seed": seed, "order": order, "best_at_end": best, "best_set": [json.loads(k) for k in best_set]}
+        for name in ("old rule", "new rule"):
+            got = runs[name]
+            same = set(got["trials"]) >= set(scored)
+            completed = [k for k, t in got["trials"].items() if t["status"] == "completed" and k in scored]
+            row[name] = {
+                "kept": any(got["trials"].get(k, {}).get("status") == "completed" for k in best_set),
+                "its_best_at_end": max((scored[k] for k in completed), default=None),
+                "best_config_status": [got["trials"].get(k, {}).get("status", "not run") for k in best_set],
+                "wall_ratio": round(got["wall_s"] / runs["all to the end"]["wall_s"], 3),
+                "epochs_fraction": round(got["epochs"] / runs["all to the end"]["epochs"], 3),
+                "same_configs": same,
+            }
+        row["runs"] = runs
+        rows.append(row)
+        print(
+            f"repeat {rep + 1}/{repeats} (seed {seed}): all-to-end {runs['all to the end']['wall_s']:.1f} s; "
+            + "; ".join(
+                f"{name} kept {row[name]['kept']} wall {row[name]['wall_ratio']:.2f} epochs "
+                f"{row[name]['epochs_fraction']:.2f}"
+                for name in ("old rule", "new rule")
+            ),
+            flush=True,
+        )
 
-    # The counterfactual: every config ASHA sampled, trained to the end (2 at a time, as the campaign).
-    start = time.perf_counter()
-    with ThreadPoolExecutor(2) as pool:
-        full = list(pool.map(lambda r: run_to_the_end(root, json.loads(r.knobs)), asha.records))
-    full_wall = time.perf_counter() - start
+    costs = [c for row in rows for r in row["runs"].values() for c in r["trial_costs"] if c[0] > 0]
+    epochs = np.array([c[0] for c in costs], float)
+    seconds = np.array([c[1] for c in costs], float)
+    per_epoch, fixed = np.polyfit(epochs, seconds, 1)
 
-    max_t = 12
-    trained = sum(r.epochs for r in asha.records)
-    best_index = max(range(N), key=lambda i: full[i])
-    best = asha.records[best_index]
-    best_asha = max((r for r in asha.records if r.selection_score is not None), key=lambda r: r.selection_score)
-    figures = {
-        "trials": N,
-        "max_epochs": max_t,
-        "epochs_trained": trained,
-        "epochs_if_all_ran": N * max_t,
-        "fraction": round(trained / (N * max_t), 3),
-        "best_config_if_all_ran": json.loads(best.knobs),
-        "its_selection_if_run_to_the_end": full[best_index],
-        "its_status_under_asha": best.status.value,
-        "asha_best_selection": best_asha.selection_score,
-        "asha_best_test": best_asha.test_score,
-        "asha_wall_s": round(asha_wall, 1),
-        "all_to_the_end_wall_s": round(full_wall, 1),
-        "completed_under_asha": sum(r.status.value == "completed" for r in asha.records),
-    }
+    def modelled(run: dict) -> float:
+        """The run's trial-seconds under the fitted cost, the same for every run: wall without the load's noise."""
+        return sum(fixed + per_epoch * e for e, _ in run["trial_costs"])
+
+    summary = {}
+    for name in ("old rule", "new rule"):
+        walls = [row[name]["wall_ratio"] for row in rows]
+        measured = [
+            sum(s for _, s in row["runs"][name]["trial_costs"])
+            / sum(s for _, s in row["runs"]["all to the end"]["trial_costs"])
+            for row in rows
+        ]
+        summary[name] = {
+            "kept": sum(row[name]["kept"] for row in rows),
+            "mean_wall_ratio": round(statistics.mean(walls), 3),
+            "median_wall_ratio": round(statistics.median(walls), 3),
+            "mean_trial_seconds_ratio": round(statistics.mean(measured), 3),
+            "modelled_ratio": round(
+                statistics.mean(modelled(row["runs"][name]) / modelled(row["runs"]["all to the end"]) for row in rows),
+                3,
+            ),
+            "mean_epochs_fraction": round(statistics.mean(row[name]["epochs_fraction"] for row in rows), 3),
+            "within_one_selection_sd": sum(
+                row[name]["its_best_at_end"] is not None and row[name]["its_best_at_end"] >= row["best_at_end"] - 0.0043
+                for row in rows
+            ),
+            "same_configs": sum(row[name]["same_configs"] for row in rows),
+        }
+    walls = [row["runs"]["all to the end"]["wall_s"] for row in rows]
     lines = [
-        f"ASHA on {N} digits trials (max {max_t} epochs, grace 2, reduction 2):",
-        f"  epochs trained {trained} / {N * max_t} if all ran = {trained / (N * max_t):.2f}",
-        f"  the best config when every config runs to the end (selection {full[best_index]:.4f}) was "
-        f"{best.status.value} under ASHA",
-        f"  ASHA's best: selection {best_asha.selection_score:.4f}, test {best_asha.test_score:.4f}; "
-        f"{sum(r.status.value == 'completed' for r in asha.records)} of {N} completed",
-        f"  wall: campaign with ASHA {asha_wall:.1f} s; the same configs run to the end outside Ray {full_wall:.1f} s",
+        f"ASHA vs every config to the end: {repeats} repeats (campaign seeds 1-{repeats}), {n} digits configs each "
+        f"(max {MAX_T} epochs, 2 at a time, async, agent=none, no replicates); all to the end took "
+        f"{statistics.mean(walls):.1f} s on average ({min(walls):.1f}-{max(walls):.1f})",
+        "",
+        "| rule | best-at-end config kept | its best within 0.0043 of it | wall ratio: mean / median | "
+        "trial-seconds ratio | modelled wall ratio | epochs fraction |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *(
+            f"| {name} | {s['kept']} of {repeats} | {s['within_one_selection_sd']} of {repeats} | "
+            f"{s['mean_wall_ratio']:.2f} / {s['median_wall_ratio']:.2f} | {s['mean_trial_seconds_ratio']:.2f} | "
+            f"{s['modelled_ratio']:.2f} | {s['mean_epochs_fraction']:.2f} |"
+            for name, s in summary.items()
+        ),
+        "",
+        "old rule: grace 2, reduction 2, scheduler.margin=0 (plain ASHA); new rule: the defaults (digits: grace 4, "
+        "reduction 3 from trainers/digits/task.yaml; scheduler.margin=auto, ralph_ray/asha.py)",
+        f"a trial's cost: {fixed:.2f} s fixed + {per_epoch:.3f} s per epoch (least squares over {len(costs)} trials); "
+        f"a trial stopped after 1 of {MAX_T} epochs still costs "
+        f"{(fixed + per_epoch) / (fixed + MAX_T * per_epoch):.2f} of a full one",
+        "ratios are to all-to-the-end in the same repeat, averaged over repeats; trial-seconds: the trials' own "
+        "seconds summed; modelled: each run's trials priced at the fitted cost (the same for every run), which takes "
+        "the machine's load out",
+        "2-core machine shared with other jobs: walls are noisy.",
     ]
-    save("asha", figures, lines)
+    save(
+        "asha",
+        {
+            "repeats": repeats,
+            "configs": n,
+            "summary": summary,
+            "trial_fixed_s": round(float(fixed), 3),
+            "trial_per_epoch_s": round(float(per_epoch), 4),
+            "rows": rows,
+        },
+        lines,
+    )
 
 
 if __name__ == "__main__":
