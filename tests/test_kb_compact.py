@@ -148,18 +148,19 @@ def test_a_crash_before_the_commit_changes_nothing(kb: KnowledgeBase, monkeypatc
     real_replace = kbmod.os.replace
 
     def crash(src, dst):
-        if Path(dst).name.startswith(kbmod.MANIFEST_PREFIX):
-            raise KeyboardInterrupt  # killed with the merged file in place but its manifest not yet renamed
+        if Path(dst).name.startswith(kbmod.MANIFEST_PREFIX) and Path(dst).parent.name == "epochs":
+            raise KeyboardInterrupt  # killed with epochs' merged file in place but its manifest not yet renamed
         real_replace(src, dst)
 
     monkeypatch.setattr(kbmod.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         kb.compact_kb()
     monkeypatch.undo()
-    assert "_kb-000001.parquet" in parts(kb, "runs") and "_m-000001.manifest" not in parts(kb, "runs")
-    assert snapshot(kb.root) == before  # the merged file counts only once a manifest lists it
-    kb.compact_kb()  # deletes the uncommitted file, then merges
-    assert parts(kb, "runs") == ["_kb-000001.parquet", "_m-000001.manifest", "_schema.parquet"]
+    assert "_kb-000001.parquet" in parts(kb, "epochs") and "_m-000001.manifest" not in parts(kb, "epochs")
+    assert "r1-all.parquet" in parts(kb, "epochs")  # and the parts it would replace
+    assert snapshot(kb.root) == before  # the merged file counts only once a manifest lists it: no row twice
+    kb.compact_kb()  # deletes the uncommitted file (and the other tables' leftovers), then merges
+    assert parts(kb, "epochs") == ["_kb-000001.parquet", "_m-000001.manifest", "_schema.parquet"]
     assert snapshot(kb.root) == before
 
 
