@@ -78,12 +78,14 @@ def write_gguf(model, tok, path: Path) -> None:  # noqa: ANN001 - a transformers
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     vocab = sorted(tok.get_vocab().items(), key=lambda item: item[1])
     special = set(tok.all_special_ids)
-    # Single characters with no merges: llama.cpp's BPE tokenizer splits text into exactly these tokens.
+    # Single characters: llama.cpp's BPE tokenizer splits text into exactly these tokens. llama.cpp refuses a BPE
+    # vocabulary without a merges list (and GGUFWriter drops an empty one), so the list holds one merge that can
+    # never fire: BPE merges symbols of the text, and no text symbol is a whole special token (bench/gguf_llamacpp.py).
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list([token for token, _ in vocab])
     writer.add_token_types([int(gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL) for _, i in vocab])
-    writer.add_token_merges([])
+    writer.add_token_merges([f"{tok.bos_token} {tok.eos_token}"])
     writer.add_bos_token_id(tok.bos_token_id)
     writer.add_eos_token_id(tok.eos_token_id)
     writer.add_pad_token_id(tok.pad_token_id)

@@ -124,6 +124,8 @@ def test_export_writes_an_hf_folder_and_a_gguf_file_that_reads_back(cached: Path
     tokens = reader.fields["tokenizer.ggml.tokens"]
     expected = [token for token, _ in sorted(tok.get_vocab().items(), key=lambda item: item[1])]
     assert [bytes(tokens.parts[i]).decode() for i in tokens.data] == expected
+    merges = reader.fields["tokenizer.ggml.merges"]  # llama.cpp refuses a BPE vocabulary without one
+    assert [bytes(merges.parts[i]).decode() for i in merges.data] == [f"{tok.bos_token} {tok.eos_token}"]
 
 
 def rl_curve(reward_std: float, kl: float, rewards: tuple[float, ...]) -> list[EpochPoint]:
