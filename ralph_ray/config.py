@@ -573,11 +573,12 @@ def validate(cfg: Config) -> None:
         )
     _positive("scheduler.max_t", cfg.scheduler.max_t)
     _positive("scheduler.grace_period", cfg.scheduler.grace_period)
-    if cfg.scheduler.grace_period > cfg.scheduler.max_t:
+    # ASHA's first rung; the other schedulers never read it (a task.yaml's grace must not refuse a short fifo run).
+    if cfg.scheduler.name is SchedulerKind.asha and cfg.scheduler.grace_period > cfg.scheduler.max_t:
         raise ConfigError(
             "scheduler.grace_period",
             f"{cfg.scheduler.grace_period} exceeds scheduler.max_t={cfg.scheduler.max_t}",
-            "lower grace_period or raise max_t",
+            f"set scheduler.grace_period={cfg.scheduler.max_t} (or less), or raise scheduler.max_t",
         )
     if cfg.scheduler.margin != "auto" and not _non_negative_number(cfg.scheduler.margin):
         raise ConfigError(

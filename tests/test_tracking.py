@@ -42,6 +42,7 @@ def campaign(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Out
         "safeguards.replicates=0",  # one trial decides (replicates: tests/test_noise.py)
         "search.max_concurrent=2",
         "scheduler.max_t=3",
+        "scheduler.grace_period=1",  # digits' task.yaml sets 4
         "+search.space.EPOCHS={type: choice, values: [3]}",
         "population.parents=1",
         "population.children_per_parent=1",
