@@ -270,13 +270,14 @@ def test_a_kto_trial_reports_its_epochs_and_the_engine_scores_its_policy(
     # The KB's scores are the engine's: the frozen score of the weights the trial saved, on the held-out problems.
     splits = prepare_splits(load_config(["task=kto"]))
     with np.load(Path(work_dir) / "predictions.npz") as saved:
-        assert tinypolicy.task_score(prepare_module_spec(), saved["selection"], splits.selection_y) == selection
-        assert tinypolicy.task_score(prepare_module_spec(), saved["test"], splits.test_y) == test
+        kto_spec = prepare_module_spec("kto")  # the kto task's own frozen prepare.py scores it
+        assert tinypolicy.task_score(kto_spec, saved["selection"], splits.selection_y) == selection
+        assert tinypolicy.task_score(kto_spec, saved["test"], splits.test_y) == test
     assert selection > 0.2  # still answering: the base's 0.415 is not unlearned (an untrained net scores < 0.05)
 
 
-def prepare_module_spec() -> tinypolicy.PolicySpec:
-    """The shipped task's base policy spec (its frozen prepare.py's SPEC)."""
+def prepare_module_spec(task: str = "grpo") -> tinypolicy.PolicySpec:
+    """A shipped post-training task's base policy spec (its frozen prepare.py's SPEC)."""
     from ralph_ray.tasks.folder import prepare_module
 
-    return prepare_module(PROJECT_ROOT / "trainers" / "grpo").SPEC
+    return prepare_module(PROJECT_ROOT / "trainers" / task).SPEC
