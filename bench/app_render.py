@@ -1,6 +1,7 @@
 """How fast the Streamlit leaderboard shows each page, in a real browser, against a bare Streamlit page.
 
     python bench/app_render.py [--trials 10000] [--rounds 3] [--keep DIR]    # Chromium, the goal below
+    python bench/app_render.py --kb-compact [--skip-live]                      # the 10k KB before/after kb compact
     python bench/app_render.py --apptest                                       # the in-process figures only
 
 Browser (the default): `streamlit run` serves the app and, beside it, a bare one-table Streamlit page (same
@@ -8,9 +9,16 @@ flags, same machine, same moment); headless Chromium (Debian's, driven by Playwr
 fresh browser context (no HTTP cache: the browser loads Streamlit's scripts anew, as a first visit does) and
 times from navigation to the page's content (its table, chart, code or metric). Goal: every page within
 1.5x of the bare page. Two KBs: a live one (a real digits campaign with the offline agent, measured while it
-runs) and one of 10,000 trials in the layout campaigns leave (parts compacted per cycle). Round 1 is each
-page's first visit on a fresh server (the first page visited also reads the KB into the app's snapshot);
-the median is over every round.
+runs) and one of 10,000 trials in parts per table and cycle (`--kb-compact`: also folded and compacted, below).
+Round 1 is each page's first visit on a fresh server (the first page visited also reads the KB into the app's
+snapshot); the median is over every round.
+
+`--kb-compact`: the 10,000-trial KB measured three times in the same run, on a fresh server each time: in cycle
+parts (the layout above, of the earlier figures); as campaigns leave it today (each finished campaign's cycle
+parts folded into one part per table by `compact_run`, as campaign.py does at the end; compact_run's own call of
+compact_kb held off, as bench/kb_scale.py does); then after `KnowledgeBase.compact_kb()` (`python -m ralph_ray kb
+compact`: one sorted `_kb-*` file per table).
+`--skip-live`: no live campaign (the previous run's live-KB figure is carried over into the record, marked so).
 
 `--apptest`: the first `AppTest.from_file(app/leaderboard.py)` run of each page with every cache cleared and a
 live refresh after a new trial, over two layouts of the 10,000-trial KB (one part per trial, as a cycle in
@@ -43,6 +51,7 @@ import duckdb
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save  # noqa: E402
 
+from ralph_ray import kb as kbmod  # noqa: E402
 from ralph_ray import sql  # noqa: E402
 from ralph_ray.kb import KnowledgeBase, now, open_reader  # noqa: E402
 
@@ -367,10 +376,41 @@ def build(root: Path, trials: int, compact: bool, seed: int = 0) -> dict[str, in
             )
             writer.flush(tag)
         kb.append("runs", [{**run, "status": "finished", "stop_reason": "max_cycles", "finished_at": clock}], run_id)
+    return part_counts(root)
+
+
+def part_counts(root: Path) -> dict[str, int]:
+    """Parquet files per table (the `_schema` file compact_kb adds counted too: the views open it)."""
     return {
         table: len(list((root / "parquet" / table).glob("*.parquet")))
         for table in ("runs", "variants", "trials", "epochs")
     }
+
+
+def fold_finished(root: Path) -> float:
+    """Each finished campaign's parts folded into one per table (`compact_run`, as campaign.py does at the end).
+
+    compact_run's own call of compact_kb (after COMPACT_KB_AFTER runs) is held off: the layout before `kb compact`.
+    Returns seconds.
+    """
+    kb, held = KnowledgeBase(root), kbmod.COMPACT_KB_AFTER
+    kbmod.COMPACT_KB_AFTER = 10**9
+    start = time.perf_counter()
+    try:
+        for c in range(CAMPAIGNS):
+            kb.compact_run(run_name(c))
+    finally:
+        kbmod.COMPACT_KB_AFTER = held
+    return time.perf_counter() - start
+
+
+def compact_all(root: Path) -> float:
+    """`KnowledgeBase.compact_kb()` (what `python -m ralph_ray kb compact` runs); returns seconds."""
+    kb = KnowledgeBase(root)
+    kb.compact_grace_s = 0.0  # no reader runs beside it here: the grace is idle time, not work
+    start = time.perf_counter()
+    kb.compact_kb()
+    return time.perf_counter() - start
 
 
 def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
@@ -570,6 +610,22 @@ def live_campaign(root: Path, min_trials: int = 6, wait_s: float = 1200) -> Iter
                 raise RuntimeError(f"the live campaign ended during the measurement: {root}/campaign.log")
 
 
+def _previous_live() -> dict[str, Any] | None:
+    """The live-KB figures of the last recorded run (bench/results/app_render.json), marked with its date."""
+    path = ROOT / "bench" / "results" / "app_render.json"
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    live = old.get("kbs", {}).get("live")
+    if live is None:
+        return None
+    return {
+        **live,
+        "carried_from": live.get("carried_from") or f"the run of {old.get('date')} (`{old.get('command')}`)",
+    }
+
+
 def _trials(kb_root: Path, run_id: str) -> int:
     return _count(kb_root, sql.BENCH_TRIAL_ENDS, run_id)
 
@@ -595,16 +651,38 @@ def browser_main(args: argparse.Namespace, root: Path) -> None:
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "kbs": {},
     }
-    with live_campaign(root / "live") as (kb_root, run_id):
-        trials = _trials(kb_root, run_id)
-        print(f"live: campaign {run_id} running, {trials} trials recorded; measuring", flush=True)
-        figures["kbs"]["live"] = {"trials_at_start": trials, **browser_pages(kb_root, root / "live", args.rounds)}
-        figures["kbs"]["live"]["trials_at_end"] = _trials(kb_root, run_id)
+    if args.skip_live:
+        previous = _previous_live()
+        if previous is not None:
+            figures["kbs"]["live"] = previous
+    else:
+        with live_campaign(root / "live") as (kb_root, run_id):
+            trials = _trials(kb_root, run_id)
+            print(f"live: campaign {run_id} running, {trials} trials recorded; measuring", flush=True)
+            figures["kbs"]["live"] = {"trials_at_start": trials, **browser_pages(kb_root, root / "live", args.rounds)}
+            figures["kbs"]["live"]["trials_at_end"] = _trials(kb_root, run_id)
     kb_root = root / "big" / "kb"
     start = time.perf_counter()
     parts = build(kb_root, args.trials, compact=True)
     print(f"big: built in {time.perf_counter() - start:.1f} s, parts {parts}", flush=True)
-    figures["kbs"]["big"] = {"parts": parts, **browser_pages(kb_root, root / "big", args.rounds)}
+    if not args.kb_compact:
+        figures["kbs"]["big"] = {"parts": parts, **browser_pages(kb_root, root / "big", args.rounds)}
+    else:
+        steps = (
+            ("big_cycle_parts", lambda _root: 0.0, "no_step_s"),  # the layout of the earlier figures
+            ("big_folded", fold_finished, "fold_s"),
+            ("big_kb_compact", compact_all, "compact_kb_s"),
+        )
+        for name, step, key in steps:
+            seconds = step(kb_root)
+            parts = part_counts(kb_root)
+            print(f"{name}: {key} {seconds:.1f} s, parts {parts}; load {os.getloadavg()[0]:.2f}", flush=True)
+            figures["kbs"][name] = {
+                "parts": parts,
+                key: round(seconds, 2),
+                "load_average_before": [round(x, 2) for x in os.getloadavg()],
+                **browser_pages(kb_root, root / name, args.rounds),
+            }
     figures["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     lines = [
         f"# time to content in Chromium, each page against a bare Streamlit page in the same run; goal: every page "
@@ -618,16 +696,40 @@ def browser_main(args: argparse.Namespace, root: Path) -> None:
         "inflated and noisy; the ratios to the bare page, measured in the same minutes, are the figure to read.",
         "",
     ]
+    big = f"{args.trials:,}-trial KB ({CAMPAIGNS} campaigns x {CYCLES} cycles"
     titles = {
-        "live": "live KB: a real digits campaign (offline agent) running during the measurement "
-        f"({figures['kbs']['live']['trials_at_start']} -> {figures['kbs']['live']['trials_at_end']} trials)",
-        "big": f"10,000-trial KB ({CAMPAIGNS} campaigns x {CYCLES} cycles, compacted per cycle; parts {parts})",
+        "big": f"{big}, compacted per cycle; parts {figures['kbs'].get('big', {}).get('parts')})",
+        "big_cycle_parts": f"{big}) in cycle parts (one part per table and cycle: the layout of the earlier "
+        "figures, before campaigns folded their parts at the end)",
+        "big_folded": f"{big}) as campaigns leave it: each finished campaign's cycle parts folded into one part per "
+        "table (`compact_run`, campaign.py's end; no `kb compact` yet)",
+        "big_kb_compact": f"{big}) after `kb compact` (`KnowledgeBase.compact_kb()`: one sorted `_kb-*` file per "
+        "table), the same KB, a fresh server",
     }
     for name, data in figures["kbs"].items():
+        if name == "live":
+            title = (
+                "live KB: a real digits campaign (offline agent) running during the measurement "
+                f"({data['trials_at_start']} -> {data['trials_at_end']} trials)"
+            )
+            if data.get("carried_from"):
+                title += f"; **not re-measured in this run (`--skip-live`): the figures of {data['carried_from']}**"
+        else:
+            title = titles[name]
         bare = data["bare"]
+        lines += [f"## {title}", ""]
+        if name.startswith("big_"):
+            if "fold_s" in data:
+                step = f"`compact_run` x {CAMPAIGNS}: {data['fold_s']:.1f} s"
+            elif "compact_kb_s" in data:
+                step = f"`compact_kb`: {data['compact_kb_s']:.1f} s"
+            else:
+                step = "as built"
+            lines += [
+                f"parts {data['parts']}; {step}; load average at the start {data['load_average_before']}",
+                "",
+            ]
         lines += [
-            f"## {titles[name]}",
-            "",
             "| page | first visit s | median s | first / bare first | median / bare median |",
             "| --- | --- | --- | --- | --- |",
             f"| bare Streamlit page | {bare['first_s']:.2f} | {bare['median_s']:.2f} | 1.00 | 1.00 |",
@@ -637,9 +739,10 @@ def browser_main(args: argparse.Namespace, root: Path) -> None:
             for page, p in data["pages"].items()
         ]
         met = "met" if data["worst_ratio_median"] <= GOAL_RATIO else "NOT met"
+        worst = max(data["pages"], key=lambda page: data["pages"][page]["ratio_median"])
         lines += [
             "",
-            f"worst page: **{data['worst_ratio_median']:.2f}x** the bare page (median), "
+            f"worst page: **{data['worst_ratio_median']:.2f}x** the bare page (median; {worst}), "
             f"{data['worst_ratio_first']:.2f}x on first visits; goal {GOAL_RATIO}x: {met}",
             "",
         ]
@@ -652,6 +755,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="browser: visits per page")
     parser.add_argument("--apptest", action="store_true", help="the in-process AppTest figures instead (no browser)")
     parser.add_argument("--keep", type=Path, help="build the KBs here and keep them (default: a temp dir, removed)")
+    parser.add_argument(
+        "--kb-compact", action="store_true", help="browser: the 10k KB as campaigns leave it, then after kb compact"
+    )
+    parser.add_argument(
+        "--skip-live", action="store_true", help="browser: no live campaign (the last live figure is kept)"
+    )
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="app_render-"))
     if not args.apptest:
