@@ -27,7 +27,17 @@ from ralph_ray.config import ClusterConfig, ClusterMode, Config
 
 # Usage stats would try the network. The old console reporter honours `verbose=0`; the new one prints its own
 # tables over ours. Processes that only call set_ray_env() (benchmarks, test helpers) get token auth too.
-RAY_ENV_DEFAULTS = {"RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AIR_NEW_OUTPUT": "0"}
+RAY_ENV_DEFAULTS = {
+    "RAY_AUTH_MODE": "token",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AIR_NEW_OUTPUT": "0",
+    # Tune reuses a trial's actor for the next trial after waiting this long for the stopped trial's thread (its
+    # trainer killed, its last report handled); Tune's 2 s is short on a loaded node, and a reuse that times out
+    # fails the next trial before it starts ("Trainable runner reuse requires reset_config()"): measured with the
+    # LLM agent at load 9-14, a slot then sat idle for the rest of a 600-s campaign. Read by the trial actors, which
+    # inherit a local Ray's environment (a cluster's nodes need it in theirs: cluster.yaml's ray start commands).
+    "TUNE_FUNCTION_THREAD_TIMEOUT_S": "30",
+}
 DEFAULT_PORT = 6379
 DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"  # where Ray itself looks (and `ray get-auth-token` writes)
 # Ray's own knob for how long a joining process retries the head (about one try per second).
