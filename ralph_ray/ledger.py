@@ -151,9 +151,15 @@ class TrialLedger(Callback):
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         # A stop of the whole run (STOP file, campaign time) ends running trials without a completion
         # callback; they were stopped early, and they are recorded so no started trial goes missing.
+        # A trial Tune failed before it started calls no callback either (a reused actor whose reset timed out:
+        # "Trainable runner reuse requires reset_config()"): it is recorded failed with Tune's reason.
         finished = {record.trial_id for record in self.records}
         for trial in trials:
-            if trial.trial_id in self.started and trial.trial_id not in finished:
+            if trial.trial_id in finished:
+                continue
+            if trial.status == Trial.ERROR:
+                self._finish(trial, TrialStatus.failed, failure_reason(trial))
+            elif trial.trial_id in self.started:
                 self._finish(trial, TrialStatus.stopped_early, STOPPED_WITH_CYCLE)
 
     def _finish(
