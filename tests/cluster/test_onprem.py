@@ -247,7 +247,7 @@ def test_ray_up_on_prem_runs_a_campaign_and_ray_down_stops_only_its_cluster(loop
         campaign = (
             f"cd ~/ralph_ray && python -m ralph_ray cluster=address cluster.address=127.0.0.1:{gcs_port} run_id=onprem "
             "agent=none safeguards.max_cycles=1 safeguards.replicates=0 search.num_samples=2 search.max_concurrent=2 "
-            "scheduler=fifo "
+            "scheduler=fifo population.mode=generations "  # one barrier cycle: exactly its 2 trials
             "scheduler.max_t=1 scheduler.grace_period=1 '+search.space.EPOCHS={type: choice, values: [1]}'"
         )
         ray("exec", str(config), campaign)
