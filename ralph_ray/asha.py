@@ -44,17 +44,37 @@ def fitting(value: float, counts: np.ndarray) -> np.ndarray:
 ALL_COUNTS = np.arange(1, MAX_EXAMPLES + 1, dtype=np.float64)
 
 
+class SplitSize:
+    """The split size n an accuracy's values reveal: the smallest n such that every value seen is a multiple of 1/n.
+    Fed one value at a time (the scheduler narrows it as reports arrive); None while fewer than MIN_DISTINCT
+    distinct values strictly between 0 and 1 are seen, once a value outside [0, 1] is (no proportion), or when no
+    n up to MAX_EXAMPLES fits."""
+
+    def __init__(self) -> None:
+        self._counts, self._distinct, self._seen = ALL_COUNTS, 0, set[float]()
+
+    @property
+    def examples(self) -> int | None:
+        return int(self._counts[0]) if self._distinct >= MIN_DISTINCT and len(self._counts) else None
+
+    def observe(self, value: float) -> None:
+        """Narrow the sizes the values fit (a value outside [0, 1] rules every size out)."""
+        if not len(self._counts) or value in self._seen:
+            return
+        self._seen.add(value)
+        if not 0.0 <= value <= 1.0:
+            self._counts = ALL_COUNTS[:0]
+        elif 0.0 < value < 1.0:
+            self._counts = fitting(value, self._counts)
+            self._distinct += 1
+
+
 def examples_behind(values: list[float] | set[float]) -> int | None:
-    """The smallest n such that every value is a multiple of 1/n (an accuracy over n examples), or None when the
-    values are no proportions, are too few to tell (fewer than MIN_DISTINCT distinct values strictly between 0 and
-    1), or need more than MAX_EXAMPLES."""
-    counts = ALL_COUNTS
-    inner = {float(v) for v in values if 0.0 < float(v) < 1.0}
-    if any(not 0.0 <= float(v) <= 1.0 for v in values):
-        return None
-    for value in inner:
-        counts = fitting(value, counts)
-    return int(counts[0]) if len(inner) >= MIN_DISTINCT and len(counts) else None
+    """The split size a batch of values reveals (SplitSize, fed them all)."""
+    size = SplitSize()
+    for value in values:
+        size.observe(float(value))
+    return size.examples
 
 
 def binomial_margin(cutoff: float, examples: int, z: float) -> float:
@@ -80,8 +100,7 @@ class NoiseAwareASHA(ASHAScheduler):
     def __init__(self, *, margin: float | None, z: float, last: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fixed_margin, self.z = margin, z
-        # margin=None: the example counts every value reported so far fits, and how many distinct values in (0, 1)
-        self._counts, self._distinct, self._seen = ALL_COUNTS, 0, set[float]()
+        self._split = SplitSize()  # margin=None: the split size the values reported so far reveal
         for bracket in self._brackets:
             bracket.__class__ = _MarginBracket
             bracket.owner = self  # type: ignore[attr-defined]
@@ -90,8 +109,8 @@ class NoiseAwareASHA(ASHAScheduler):
 
     @property
     def examples(self) -> int | None:
-        """The split size the reported values reveal (see examples_behind), None while unknown or when none fits."""
-        return int(self._counts[0]) if self._distinct >= MIN_DISTINCT and len(self._counts) else None
+        """The split size the reported values reveal (SplitSize), None while unknown or when none fits."""
+        return self._split.examples
 
     def rungs(self) -> list[float]:
         """The milestones at which trials can be stopped, in order."""
@@ -105,23 +124,16 @@ class NoiseAwareASHA(ASHAScheduler):
         return 0.0 if examples is None else binomial_margin(cutoff, examples, self.z)
 
     def observe(self, value: float) -> None:
-        """Narrow the split sizes the metric's values fit (a value outside [0, 1] rules every size out)."""
-        if not len(self._counts) or value in self._seen:
-            return
-        self._seen.add(value)
-        if not 0.0 <= value <= 1.0:
-            self._counts = ALL_COUNTS[:0]
-        elif 0.0 < value < 1.0:
-            known = self.examples
-            self._counts = fitting(value, self._counts)
-            self._distinct += 1
-            if known is None and self.examples is not None:  # say once what the margin is
-                print(
-                    f"ASHA: {self._metric} reads as an accuracy over {self.examples} examples: a trial stops at a rung "
-                    f"only below its cutoff by more than {self.z:g} standard errors "
-                    f"({binomial_margin(0.9, self.examples, self.z):.3f} at 0.9; scheduler.margin)",
-                    file=sys.stderr,
-                )
+        """Narrow the split size by one reported value; say once what the margin is when the size becomes known."""
+        known = self.examples
+        self._split.observe(value)
+        if known is None and self.examples is not None:
+            print(
+                f"ASHA: {self._metric} reads as an accuracy over {self.examples} examples: a trial stops at a rung "
+                f"only below its cutoff by more than {self.z:g} standard errors "
+                f"({binomial_margin(0.9, self.examples, self.z):.3f} at 0.9; scheduler.margin)",
+                file=sys.stderr,
+            )
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         value = result.get(self._metric) if self._metric else None
