@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -11,7 +12,16 @@ from pathlib import Path
 
 from ralph_ray.config import Config, KnobSpace, SpaceKind, load_config
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# BENCH_RESULTS=<dir>: write the result files there instead (a GPU machine whose files come back from one folder).
+RESULTS = Path(os.environ.get("BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+
+
+def machine() -> str:
+    """The machine in words: architecture, CPU cores and the GPU torch sees (or none)."""
+    import torch  # here, not at import: most benchmarks never need it
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, {gpu}"
 
 
 def config(root: Path, name: str, *overrides: str) -> Config:
@@ -42,7 +52,7 @@ def save(name: str, figures: dict, lines: list[str], command: str | None = None)
     meta = {
         "date": time.strftime("%Y-%m-%d"),
         "command": command or " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, 2 CPU cores, no GPU",
+        "machine": machine(),
         "python": sys.version.split()[0],
         **{pkg: version(pkg) for pkg in ("ray", "optuna", "torch", "duckdb")},
     }
