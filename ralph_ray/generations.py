@@ -29,12 +29,14 @@ from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
 from ralph_ray.kb import KnowledgeBase
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
+from ralph_ray.peakmemory import GpuUse
 from ralph_ray.population import Candidate, select_parents
 from ralph_ray.raycluster import ensure_ray
 from ralph_ray.rundir import CycleFiles, write_data
 from ralph_ray.sandbox import MIB
 from ralph_ray.search import run_cycle
 from ralph_ray.state import CampaignState, Phase, RunStatus
+from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import ScoredBy, Splits
 from ralph_ray.variants import VariantStatus
 
@@ -69,6 +71,7 @@ class Campaign:
         self.cfg, self.console, self.run_dir, self.kb, self.state = cfg, console, run_dir, kb, state
         self.run_row, self.run_id, self.labels = run_row, state.run_id, splits.labels()
         self.trials: list[TrialRecord] = []
+        self.gpu_use = GpuUse(cfg.resources.gpu)  # a trial given a GPU that never started CUDA is said once
         self._views: dict[tuple[int, str], ParentView] = {}
         self.mark = time.monotonic()
         self.analyst, self.coder = make_agents(cfg, self.run_id)
@@ -260,6 +263,8 @@ class Campaign:
         self.kb.append("epochs", epoch_rows, tag)
         self.kb.append("trials", [trial.row()], tag)  # after its epochs: a visible trial always has its curve
         self.trials.append(trial)
+        if warning := self.gpu_use.check(trial.trial_id, trial.status is TrialStatus.completed, trial.peak_gpu_mb):
+            self._log(warning)
 
     def record(self) -> None:
         """Judge each child against its parent; write variant statuses, intervention effects, the cycle row."""

@@ -31,6 +31,7 @@ class PeakMemory:
     def __init__(self) -> None:
         self.rss_mb: float | None = None
         self.gpu_mb: float | None = None
+        self.current_mb = 0.0  # the group's RSS at the last sample (the sum over its processes)
         self._next_sample = 0.0
 
     def sample(self, group: int, force: bool = False) -> None:
@@ -39,10 +40,13 @@ class PeakMemory:
         if not force and now < self._next_sample:
             return
         self._next_sample = now + SAMPLE_EVERY_S
+        current = 0.0
         for pid in _group_members(group):
-            hwm = _vm_hwm_kib(pid)
+            hwm, rss = _vm_kib(pid)
             if hwm is not None:
                 self._see_rss(hwm * MIB_PER_KIB)
+            current += (rss or 0) * MIB_PER_KIB
+        self.current_mb = current
 
     def read_usage(self, path: Path) -> None:
         """Take what the harness wrote (`usage.json`); a missing or garbled file adds nothing."""
@@ -67,6 +71,25 @@ class PeakMemory:
         self.rss_mb = mib if self.rss_mb is None else max(self.rss_mb, mib)
 
 
+class GpuUse:
+    """Says once per campaign when a trial that was given a GPU finished without starting CUDA: its trainer fell back
+    to the CPU without a word (torch.cuda.is_available() False inside the trial), and every figure is a CPU one."""
+
+    def __init__(self, gpus_per_trial: float) -> None:
+        self.gpus_per_trial, self.said = gpus_per_trial, False
+
+    def check(self, trial_id: str, finished: bool, gpu_mb: float | None) -> str | None:
+        """The warning, the first time a finished trial given a GPU has no GPU peak; else None."""
+        if self.said or self.gpus_per_trial <= 0 or not finished or gpu_mb is not None:
+            return None
+        self.said = True
+        return (
+            f"  [yellow]warning:[/] trial {trial_id} was given {self.gpus_per_trial:g} GPU but never started CUDA "
+            "(no GPU peak in its usage.json): its trainer ran on the CPU. Check `harness.device()` and "
+            "`torch.cuda.is_available()` in the trial's environment (its stderr.log, node.json)"
+        )
+
+
 def _group_members(group: int) -> list[int]:
     """The processes whose process group is `group` (the trainer, its sandbox's init, its workers)."""
     try:
@@ -87,15 +110,17 @@ def _group_members(group: int) -> list[int]:
     return members
 
 
-def _vm_hwm_kib(pid: int) -> int | None:
+def _vm_kib(pid: int) -> tuple[int | None, int | None]:
+    """A process's peak and current resident memory (VmHWM, VmRSS) in KiB; None for what it lacks."""
     try:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
-        return None
+        return None, None
+    found: dict[str, int] = {}
     for line in text.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return None  # a zombie or a kernel thread: no memory of its own
+        if line.startswith(("VmHWM:", "VmRSS:")):
+            found[line[:5]] = int(line.split()[1])
+    return found.get("VmHWM"), found.get("VmRSS")  # none: a zombie or a kernel thread, no memory of its own
 
 
 def _mib(value: object) -> float | None:

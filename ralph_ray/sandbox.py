@@ -151,6 +151,11 @@ def _bwrap_problem() -> str | None:
     return None
 
 
+# Present where NVIDIA's driver is loaded. There RLIMIT_AS can't stand in for a missing memory cgroup: CUDA reserves
+# far more address space than any trial's memory limit, cuInit fails, and torch quietly trains on the CPU.
+NVIDIA_CONTROL = Path("/dev/nvidiactl")
+
+
 class Jail:
     """One sandboxed process: its bwrap command line, environment, cgroups (or rlimits), and what it breached.
 
@@ -177,11 +182,14 @@ class Jail:
         groups = [group for group in (self.memory_cgroup, self.pids_cgroup) if group is not None]
         self._fds = [os.open(group / "cgroup.procs", os.O_WRONLY) for group in groups]
         self.lib = _harness_lib() if view.harness else None
+        # No memory cgroup on a CUDA node: the runner watches the process group's RSS instead of RLIMIT_AS.
+        self.rss_watch_mb = policy.memory_mb if self.memory_cgroup is None and NVIDIA_CONTROL.exists() else None
+        self.rss_breached = False  # set by the runner when it killed the run at rss_watch_mb
 
     @property
     def limits_note(self) -> str:
         """How the limits are enforced here, for people reading a log."""
-        memory = "cgroup" if self.memory_cgroup else "rlimit"
+        memory = "cgroup" if self.memory_cgroup else "rlimit" if self.rss_watch_mb is None else "the runner's RSS watch"
         processes = "cgroup" if self.pids_cgroup else "rlimit (not enforced for root)"
         return f"memory {self.policy.memory_mb} MiB by {memory}, processes {self.policy.processes} by {processes}"
 
@@ -265,7 +273,7 @@ class Jail:
         """The rlimits a run gets (by `resource` name): memory and processes where no cgroup holds them, file size
         and core dumps always."""
         limits = {}
-        if self.memory_cgroup is None:
+        if self.memory_cgroup is None and self.rss_watch_mb is None:
             limits["RLIMIT_AS"] = self.policy.memory_mb * MIB
         if self.pids_cgroup is None:
             limits["RLIMIT_NPROC"] = self.policy.processes
@@ -276,7 +284,10 @@ class Jail:
         return list(self._fds)
 
     def breach(self) -> Breach | None:
-        """What the cgroups saw: the kernel's OOM killer at the memory limit, or a fork refused at the pids limit."""
+        """What the cgroups saw: the kernel's OOM killer at the memory limit, or a fork refused at the pids limit
+        (or the runner's RSS watch at the memory limit, where no memory cgroup holds it)."""
+        if self.rss_breached:
+            return Breach.memory
         if self.memory_cgroup is not None:
             group = self.memory_cgroup
             counters = _counters(group / "memory.oom_control") | _counters(group / "memory.events")  # v1 | v2

@@ -12,6 +12,7 @@ from test_sandbox import POLICY, needs_bwrap
 
 from ralph_ray import warmstart
 from ralph_ray.kb import SCHEMAS, KnowledgeBase, open_reader
+from ralph_ray.peakmemory import GpuUse
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.tasks.base import write_public
@@ -121,3 +122,13 @@ def test_a_kb_from_before_peak_memory_reads_it_as_null(tmp_path: Path):
     pq.write_table(pa.Table.from_pylist([row], schema=pa.schema([old.field(k) for k in row])), trials / "old.parquet")
     got = open_reader(kb.root).execute("select trial_id, peak_rss_mb, peak_gpu_mb from trials").fetchall()
     assert got == [("a", None, None)]
+
+
+def test_a_trial_given_a_gpu_that_never_started_cuda_is_said_once():
+    use = GpuUse(0.25)
+    assert use.check("t0", finished=True, gpu_mb=812.5) is None  # it used CUDA
+    assert use.check("t1", finished=False, gpu_mb=None) is None  # stopped before its end: no verdict
+    warning = use.check("t2", finished=True, gpu_mb=None)
+    assert warning is not None and "trial t2 was given 0.25 GPU but never started CUDA" in warning
+    assert use.check("t3", finished=True, gpu_mb=None) is None  # once per campaign
+    assert GpuUse(0.0).check("t4", finished=True, gpu_mb=None) is None  # a CPU campaign: nothing to say

@@ -104,6 +104,36 @@ def test_memory_bomb_without_a_cgroup_meets_the_rlimit(tmp_path: Path, public: P
 
 
 @needs_bwrap
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_memory_bomb_on_a_cuda_node_without_a_cgroup_meets_the_runners_rss_watch(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch, warm: bool
+):
+    # On a CUDA node RLIMIT_AS can't hold memory: cuInit reserves more address space than any trial's limit, and
+    # torch would quietly train on the CPU. There the runner watches the trainer's resident memory instead.
+    monkeypatch.setattr(sb, "_make_cgroup", lambda *args: None)
+    control = tmp_path / "nvidiactl"  # what NVIDIA's driver creates on a GPU node
+    control.touch()
+    monkeypatch.setattr(sb, "NVIDIA_CONTROL", control)
+    policy = Policy(SandboxMode.bwrap, memory_mb=1024)
+    jail = Jail(policy, View(writable=(tmp_path,)))
+    assert "RLIMIT_AS" not in jail.rlimits() and jail.rss_watch_mb == 1024
+    assert "memory 1024 MiB by the runner's RSS watch" in jail.limits_note
+    jail.close()
+    outcome, work = hostile_run(tmp_path, public, "memory_bomb", policy=policy, warm=warm)
+    assert_breach(outcome, Breach.memory)
+    assert "watched by the runner" in (outcome.reason or "")
+    assert "unhindered" not in (work / "stdout.log").read_text()
+
+
+def test_without_a_cuda_node_or_with_a_cgroup_memory_is_not_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sb, "NVIDIA_CONTROL", tmp_path / "absent")
+    monkeypatch.setattr(sb, "_make_cgroup", lambda *args: None)
+    jail = Jail(Policy(SandboxMode.none, memory_mb=512), View(writable=(tmp_path,)))
+    assert jail.rss_watch_mb is None and jail.rlimits()["RLIMIT_AS"] == 512 * sb.MIB
+    jail.close()
+
+
+@needs_bwrap
 def test_fork_bomb_is_refused_at_the_process_limit(tmp_path: Path, public: Path):
     outcome, work = hostile_run(tmp_path, public, "fork_bomb")
     assert_breach(outcome, Breach.processes)
