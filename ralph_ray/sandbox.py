@@ -166,7 +166,8 @@ class Jail:
     _count = 0
     _lock = threading.Lock()
 
-    def __init__(self, policy: Policy, view: View) -> None:
+    def __init__(self, policy: Policy, view: View, cuda: bool = True) -> None:
+        """`cuda`: the run may start CUDA (trainers); a CLI agent never does, so it keeps RLIMIT_AS everywhere."""
         self.policy, self.view = policy, view
         reap_orphans()
         with Jail._lock:
@@ -183,7 +184,8 @@ class Jail:
         self._fds = [os.open(group / "cgroup.procs", os.O_WRONLY) for group in groups]
         self.lib = _harness_lib() if view.harness else None
         # No memory cgroup on a CUDA node: the runner watches the process group's RSS instead of RLIMIT_AS.
-        self.rss_watch_mb = policy.memory_mb if self.memory_cgroup is None and NVIDIA_CONTROL.exists() else None
+        watch = cuda and self.memory_cgroup is None and NVIDIA_CONTROL.exists()
+        self.rss_watch_mb = policy.memory_mb if watch else None
         self.rss_breached = False  # set by the runner when it killed the run at rss_watch_mb
 
     @property

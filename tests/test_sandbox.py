@@ -119,6 +119,9 @@ def test_memory_bomb_on_a_cuda_node_without_a_cgroup_meets_the_runners_rss_watch
     assert "RLIMIT_AS" not in jail.rlimits() and jail.rss_watch_mb == 1024
     assert "memory 1024 MiB by the runner's RSS watch" in jail.limits_note
     jail.close()
+    agent = Jail(policy, View(writable=(tmp_path,)), cuda=False)  # a CLI agent: nothing watches it, the rlimit holds
+    assert agent.rss_watch_mb is None and agent.rlimits()["RLIMIT_AS"] == 1024 * sb.MIB
+    agent.close()
     outcome, work = hostile_run(tmp_path, public, "memory_bomb", policy=policy, warm=warm)
     assert_breach(outcome, Breach.memory)
     assert "watched by the runner" in (outcome.reason or "")

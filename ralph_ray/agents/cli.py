@@ -145,7 +145,7 @@ class CliCoder:
                 extra_readable=program_files(argv, (workdir, scratch)),
                 home=Path.home() if self.paths else None,
             )
-            jail = Jail(self.sandbox, view)
+            jail = Jail(self.sandbox, view, cuda=False)  # no runner watches its memory: RLIMIT_AS without a cgroup
             command, env = jail.command(argv, workdir), jail.env(env)
         else:
             command = argv
