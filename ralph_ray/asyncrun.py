@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ray import tune
+from ray.tune.search import ConcurrencyLimiter
 
 from ralph_ray import forecast, history, records, replicates, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
@@ -124,7 +125,20 @@ class AsyncCampaign(Campaign):
         tune_dir = root / "tune"
         session = len(list(tune_dir.glob("session_*"))) + 1 if tune_dir.exists() else 1
         spec = trial_spec(cfg, [], root / "trials", self.data, relative=False)  # code comes with each trial's config
-        ledger = TrialLedger(self.run_id, 0, self.labels, spec.trials_root, spec.seed, cfg.search.metric, self._sink)
+        # The slots: Tune's own ConcurrencyLimiter, made here so the ledger can free the slot of a trial Tune failed
+        # without telling the searcher (a failed actor reset once left one of two slots idle for 547 of 600 s).
+        searcher = PopulationSearcher(self.pool, cfg.search.metric, cfg.search.mode)
+        slots = ConcurrencyLimiter(searcher, max_concurrent=cfg.search.max_concurrent)
+        ledger = TrialLedger(
+            self.run_id,
+            0,
+            self.labels,
+            spec.trials_root,
+            spec.seed,
+            cfg.search.metric,
+            self._sink,
+            on_silent_error=lambda trial_id: slots.on_trial_complete(trial_id, error=True),
+        )
         trainable = tune.with_resources(
             tune.with_parameters(run_member_trial, spec=spec), {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu}
         )
@@ -133,10 +147,9 @@ class AsyncCampaign(Campaign):
             tune_config=tune.TuneConfig(
                 metric=cfg.search.metric,
                 mode=cfg.search.mode,
-                search_alg=PopulationSearcher(self.pool, cfg.search.metric, cfg.search.mode),
+                search_alg=slots,
                 scheduler=replicates.SpareReplicates(scheduler(cfg)),  # replicates run to the end
                 num_samples=-1,
-                max_concurrent_trials=cfg.search.max_concurrent,
                 reuse_actors=cfg.search.reuse_actors,
                 trial_dirname_creator=lambda trial: trial.trial_id,
             ),

@@ -79,6 +79,7 @@ class TrialLedger(Callback):
         own_knobs: dict[str, dict[str, Any]] | None = None,
         segments: SegmentLog | None = None,
         segment_sink: Callable[[list[dict[str, Any]]], None] | None = None,
+        on_silent_error: Callable[[str], None] | None = None,
     ) -> None:
         self.run_id, self.cycle, self.labels = run_id, cycle, labels
         self.relative, self.own_knobs = relative, own_knobs or {}  # to record the knob values trials really ran
@@ -89,6 +90,9 @@ class TrialLedger(Callback):
         self.epochs: dict[str, dict[int, dict[str, float]]] = {}
         self.peaks: dict[str, dict[str, float]] = {}  # trial -> the largest peak memory any of its reports carried
         self.records: list[TrialRecord] = []
+        # Told the id of a trial Tune failed without telling its searcher (an actor reset that failed): the async
+        # run frees the trial's slot in its ConcurrencyLimiter, which would otherwise count it live for good.
+        self.on_silent_error = on_silent_error
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its run config; the sink (KB writer, console) lives only in this driver process.
@@ -147,6 +151,17 @@ class TrialLedger(Callback):
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._finish(trial, TrialStatus.failed, failure_reason(trial))
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        # Tune fails a trial whose reused actor could not be reset ("Trainable runner reuse requires reset_config()")
+        # with no callback and no word to the searcher: record it as soon as the controller's step has marked it.
+        errored = [trial for trial in trials if trial.status == Trial.ERROR]
+        finished = {record.trial_id for record in self.records} if errored else set()
+        for trial in errored:
+            if trial.trial_id not in finished:
+                self._finish(trial, TrialStatus.failed, failure_reason(trial))
+                if self.on_silent_error is not None:
+                    self.on_silent_error(trial.trial_id)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         # A stop of the whole run (STOP file, campaign time) ends running trials without a completion

@@ -8,6 +8,7 @@ from typing import Any
 from ray.train._internal.storage import StorageContext
 from ray.tune.error import _AbortTrialExecution
 from ray.tune.experiment import Trial
+from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
 from ralph_ray.statuses import TrialStatus
@@ -42,3 +43,45 @@ def test_a_trial_tune_failed_before_it_started_is_recorded_failed_with_tunes_rea
     assert by_id["running1"].status is TrialStatus.stopped_early and by_id["running1"].reason == STOPPED_WITH_CYCLE
     ledger.on_experiment_end([running, never_started])  # a second end records nothing twice
     assert len(recorded) == 2
+
+
+class OneVariant(Searcher):
+    """A searcher that always has another sample (as the population's does)."""
+
+    def suggest(self, trial_id: str) -> dict[str, Any]:
+        return {"variant": "v1"}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        pass
+
+
+def test_a_trial_tune_failed_without_telling_the_searcher_frees_its_slot_at_the_next_step(ray_session, tmp_path: Path):
+    recorded: list[TrialRecord] = []
+    # The async run's slots: Tune's own limiter, which counts a trial live until its searcher hears it completed.
+    slots = ConcurrencyLimiter(OneVariant(metric="val_acc", mode="max"), max_concurrent=2)
+    assert slots.suggest("running1") and slots.suggest("reset001")
+    assert slots.suggest("waiting1") is None  # both slots live
+    ledger = TrialLedger(
+        "r",
+        1,
+        prepare(0, 0.2, 0.2).labels(),
+        str(tmp_path / "trials"),
+        0,
+        "val_acc",
+        lambda record, rows: recorded.append(record),
+        on_silent_error=lambda trial_id: slots.on_trial_complete(trial_id, error=True),
+    )
+    running, failed = tune_trial(tmp_path, "running1"), tune_trial(tmp_path, "reset001")
+    ledger.on_trial_start(0, [running], running)
+    ledger.on_step_end(0, [running, failed])
+    assert recorded == []  # nothing has ended yet
+    # Tune's controller after a failed actor reset: the trial errors, and neither callbacks nor searcher hear of it.
+    failed.handle_error(_AbortTrialExecution(RESET_FAILED))
+    failed.set_status(Trial.ERROR)
+    ledger.on_step_end(1, [running, failed])
+    assert [(r.trial_id, r.status) for r in recorded] == [("reset001", TrialStatus.failed)]
+    assert "reset_config" in str(recorded[0].reason)
+    assert slots.suggest("waiting2") == {"variant": "v1"}  # its slot is free again
+    ledger.on_step_end(2, [running, failed])
+    ledger.on_experiment_end([running, failed])
+    assert [r.trial_id for r in recorded] == ["reset001", "running1"]  # nothing recorded twice
