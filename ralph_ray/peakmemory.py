@@ -31,7 +31,10 @@ class PeakMemory:
     def __init__(self) -> None:
         self.rss_mb: float | None = None
         self.gpu_mb: float | None = None
-        self.current_mb = 0.0  # the group's RSS at the last sample (the sum over its processes)
+        # With track_current (the runner's memory watch): the group's memory at the last sample, as the sum of its
+        # processes' proportional set sizes (Pss), so pages they share (a warm fork, data-loader workers) count once.
+        self.track_current = False
+        self.current_mb = 0.0
         self._next_sample = 0.0
 
     def sample(self, group: int, force: bool = False) -> None:
@@ -42,10 +45,11 @@ class PeakMemory:
         self._next_sample = now + SAMPLE_EVERY_S
         current = 0.0
         for pid in _group_members(group):
-            hwm, rss = _vm_kib(pid)
+            hwm = _vm_hwm_kib(pid)
             if hwm is not None:
                 self._see_rss(hwm * MIB_PER_KIB)
-            current += (rss or 0) * MIB_PER_KIB
+            if self.track_current:
+                current += (_pss_kib(pid) or 0) * MIB_PER_KIB
         self.current_mb = current
 
     def read_usage(self, path: Path) -> None:
@@ -110,17 +114,24 @@ def _group_members(group: int) -> list[int]:
     return members
 
 
-def _vm_kib(pid: int) -> tuple[int | None, int | None]:
-    """A process's peak and current resident memory (VmHWM, VmRSS) in KiB; None for what it lacks."""
+def _vm_hwm_kib(pid: int) -> int | None:
+    return _status_field(Path(f"/proc/{pid}/status"), "VmHWM:")  # none: a zombie or a kernel thread
+
+
+def _pss_kib(pid: int) -> int | None:
+    """A process's proportional set size in KiB (its private pages, plus its share of pages it shares)."""
+    return _status_field(Path(f"/proc/{pid}/smaps_rollup"), "Pss:")
+
+
+def _status_field(path: Path, key: str) -> int | None:
     try:
-        text = Path(f"/proc/{pid}/status").read_text()
+        text = path.read_text()
     except OSError:
-        return None, None
-    found: dict[str, int] = {}
+        return None
     for line in text.splitlines():
-        if line.startswith(("VmHWM:", "VmRSS:")):
-            found[line[:5]] = int(line.split()[1])
-    return found.get("VmHWM"), found.get("VmRSS")  # none: a zombie or a kernel thread, no memory of its own
+        if line.startswith(key):
+            return int(line.split()[1])
+    return None
 
 
 def _mib(value: object) -> float | None:

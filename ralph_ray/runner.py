@@ -249,9 +249,12 @@ def tail(
     overrun: float | None = None
     last: Record | None = None
     held: list[Record] = []
-    # Where no memory cgroup holds the trainer on a CUDA node (`sandbox.Jail.rss_watch_mb`), its RSS is watched here.
+    # Where no memory cgroup holds the trainer on a CUDA node (`sandbox.Jail.rss_watch_mb`), its memory (the sum of
+    # its processes' Pss) is watched here.
     watch = running.jail.rss_watch_mb
     peak = peak if peak is not None or watch is None else PeakMemory()
+    if watch is not None and peak is not None:
+        peak.track_current = True
     try:
         while True:
             if peak is not None:
@@ -260,7 +263,7 @@ def tail(
                 running.jail.rss_breached = True
                 raise Breached(
                     Breach.memory,
-                    f"{_BREACH_TEXT[Breach.memory].format(policy=limits.sandbox)}: {peak.current_mb:.0f} MiB resident "
+                    f"{_BREACH_TEXT[Breach.memory].format(policy=limits.sandbox)}: {peak.current_mb:.0f} MiB in use "
                     "(watched by the runner: no memory cgroup here, and RLIMIT_AS would stop CUDA)",
                 )
             exited = proc.poll() is not None  # read the lines after checking, so none written before exit is missed

@@ -183,7 +183,7 @@ class Jail:
         groups = [group for group in (self.memory_cgroup, self.pids_cgroup) if group is not None]
         self._fds = [os.open(group / "cgroup.procs", os.O_WRONLY) for group in groups]
         self.lib = _harness_lib() if view.harness else None
-        # No memory cgroup on a CUDA node: the runner watches the process group's RSS instead of RLIMIT_AS.
+        # No memory cgroup on a CUDA node: the runner watches the process group's memory (Pss) instead of RLIMIT_AS.
         watch = cuda and self.memory_cgroup is None and NVIDIA_CONTROL.exists()
         self.rss_watch_mb = policy.memory_mb if watch else None
         self.rss_breached = False  # set by the runner when it killed the run at rss_watch_mb
