@@ -13,6 +13,7 @@ no CPUs, so every trial runs on a worker node while the driver stays on the head
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -32,6 +33,7 @@ set_ray_env("token")  # the cluster's nodes and the campaign's driver (cluster.a
 ensure_local_token()
 
 from ray.cluster_utils import Cluster  # noqa: E402
+from rich.console import Console  # noqa: E402
 
 from ralph_ray.campaign import Outcome, run  # noqa: E402
 from ralph_ray.config import load_config  # noqa: E402
@@ -126,8 +128,9 @@ def multinode(out: Path) -> dict[str, Any]:
         f"paths.runs={out / 'runs'}",
         f"paths.kb={out / 'kb'}",
     ]
-    cpu = run(load_config([*join, *TINY, "run_id=cpu", "search.num_samples=2"]))
-    gpu = run(load_config([*join, *TINY, "run_id=gpu", "search.num_samples=2", "resources.gpu=1"]))
+    logs = {name: Console(file=io.StringIO(), record=True, width=240) for name in ("cpu", "gpu")}
+    cpu = run(load_config([*join, *TINY, "run_id=cpu", "search.num_samples=2"]), logs["cpu"])
+    gpu = run(load_config([*join, *TINY, "run_id=gpu", "search.num_samples=2", "resources.gpu=1"]), logs["gpu"])
     found = attempts(out, list(nodes))
     stop(cluster)
     return {
@@ -135,11 +138,14 @@ def multinode(out: Path) -> dict[str, Any]:
         "cpu": summary(cpu),
         "gpu": summary(gpu),
         "attempts": found,
+        # The campaign's word on trials given a GPU that never started CUDA (a logical GPU here: none can).
+        "never_started_cuda": {name: log.export_text().count("never started CUDA") for name, log in logs.items()},
     }
 
 
-def node_loss(out: Path) -> dict[str, Any]:
-    """Remove node a while its trial runs (after its second epoch); the trial resumes on node b from its checkpoint."""
+def node_loss(out: Path, mode: str = "generations") -> dict[str, Any]:
+    """Remove node a while its trial runs (after its second epoch); the trial resumes on node b from its checkpoint.
+    `mode`: one barrier cycle (generations), or the default asynchronous run."""
     trainer = out / "slow"
     trainer.mkdir(parents=True)
     for part in ("prepare.py", "program.md", "task.yaml"):  # a task folder: digits' frozen parts, a slow trainer
@@ -172,7 +178,7 @@ def node_loss(out: Path) -> dict[str, Any]:
             f"paths.kb={out / 'kb'}",
             f"paths.storage=file://{out / 'storage'}",
             "agent=none",
-            "population.mode=generations",  # one barrier cycle: the node-loss counts are of its trials
+            f"population.mode={mode}",
             "safeguards.max_cycles=1",
             "run_id=faults",
             f"task.trainer={trainer}",
@@ -201,7 +207,11 @@ def node_loss(out: Path) -> dict[str, Any]:
     }
 
 
-SCENARIOS = {"multinode": multinode, "node_loss": node_loss}
+SCENARIOS = {
+    "multinode": multinode,
+    "node_loss": node_loss,
+    "node_loss_async": lambda out: node_loss(out, "async"),
+}
 
 
 def launch(name: str, out: Path, timeout_s: float = 240) -> dict[str, Any]:

@@ -60,3 +60,5 @@ def test_gpu_trials_run_only_on_the_gpu_node_and_see_their_gpu(multinode):
         assert attempt["folder"] == "gpu" and attempt["node_id"] == result["node_ids"]["gpu"]
         assert attempt["gpu_ids"] == ["0"] and attempt["cuda_visible_devices"] == "0"
     assert {r["status"] for r in result["gpu"]["records"]} == {"completed"}
+    # The node's GPU is a logical one and digits' trainer never asks for CUDA: the campaign says so, once.
+    assert result["never_started_cuda"] == {"cpu": 0, "gpu": 1}
