@@ -1,6 +1,7 @@
 """Slot utilisation and best test score at an equal wall budget: asynchronous vs generations, on digits.
 
-    python bench/clock_utilisation.py [heuristic|llm] [BUDGET_S]
+    python bench/clock_utilisation.py [heuristic|llm] [BUDGET_S] [OVERRIDES...]
+    python bench/clock_utilisation.py heuristic 600 +experiment=fashion trial.budget_s=30   # Fashion-MNIST
 
 `heuristic`: the offline agent. `llm`: agent=openai against a loopback server that answers every call after
 20 s (tests/agents/slow_llm.py), as a hosted model would. Each mode runs the digits experiment (2 slots, the seed's
@@ -24,6 +25,7 @@ from ralph_ray.campaign import run
 AGENT = sys.argv[1] if len(sys.argv) > 1 else "heuristic"
 BUDGET_S = int(sys.argv[2]) if len(sys.argv) > 2 else 180
 SLOTS = 2
+EXTRA = sys.argv[3:]  # more config overrides for both modes (another task, its trial budget)
 # The seed's knob search trimmed to 4 trials so that a few minutes reach the agents on a 2-core machine.
 FREE = [
     "safeguards.max_cycles=1000",
@@ -46,14 +48,17 @@ def main() -> None:
     figures = {}
     try:
         for mode in ("generations", "async"):
-            outcome = run(config(root, f"{AGENT}-{mode}", *FREE, f"population.mode={mode}", *agent))
+            outcome = run(config(root, f"{AGENT}-{mode}", *FREE, *EXTRA, f"population.mode={mode}", *agent))
             figures[mode] = measure(outcome, mode, SLOTS)
     finally:
         if llm is not None:
             llm.close()
-    name = f"clock_utilisation_{AGENT}"
+    task = config(root, "probe", *EXTRA).task.name
+    name = f"clock_utilisation_{AGENT}" + ("" if task == "digits" else f"_{task}")
     lines = [
-        f"digits, agent {AGENT}{' (20 s per call)' if llm else ''}, {SLOTS} slots, equal wall budget {BUDGET_S}s:",
+        f"{task}, agent {AGENT}{' (20 s per call)' if llm else ''}, {SLOTS} slots, equal wall budget {BUDGET_S}s"
+        + (f", overrides `{' '.join(EXTRA)}`" if EXTRA else "")
+        + ":",
         "| mode | utilisation (campaign wall) | busy within the trials' span | trials | trial s | wall s | "
         "best selection | its test |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -65,7 +70,7 @@ def main() -> None:
             f"{f.best_selection or 0:.4f} | {f.best_test or 0:.4f} |"
         )
     figures_json = {m: asdict(f) for m, f in figures.items()}
-    save(name, {"agent": AGENT, "budget_s": BUDGET_S, "slots": SLOTS, **figures_json}, lines)
+    save(name, {"agent": AGENT, "budget_s": BUDGET_S, "slots": SLOTS, "overrides": EXTRA, **figures_json}, lines)
 
 
 if __name__ == "__main__":
