@@ -40,7 +40,6 @@ from ralph_ray.faults import kill_point
 from ralph_ray.generations import Campaign, Outcome
 from ralph_ray.knobs import read_knobs
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
-from ralph_ray.peakmemory import GpuUse
 from ralph_ray.popsearch import Member, Pool, PoolSettings, PopulationSearcher, member_code, run_member_trial
 from ralph_ray.population import Candidate
 from ralph_ray.search import scheduler, storage_path, trial_spec
@@ -61,7 +60,6 @@ class AsyncCampaign(Campaign):
         self.children: dict[str, Child] = {}  # every bred child in breed order, rejected ones too
         self.judged: set[str] = set()
         self.awaiting: set[str] = set()  # children whose verdict waits for replicates (theirs or their parent's)
-        self.gpu_use = GpuUse(cfg.resources.gpu)  # a trial given a GPU that never started CUDA is said once
         self.forecaster = forecast.make(cfg)  # scheduler.forecast: stops trials whose forecast cannot win
         self.decision: Decision | None = None
         self.stop_now = False
@@ -180,8 +178,7 @@ class AsyncCampaign(Campaign):
             self.kb.append("trials", [trial.row()], tag)  # after its epochs: a visible trial always has its curve
         self.trials.append(trial)
         kill_point("after_completion")
-        if warning := self.gpu_use.check(trial.trial_id, trial.status is TrialStatus.completed, trial.peak_gpu_mb):
-            self._log(warning)
+        self._note_gpu_use(trial)
         score = f"{trial.selection_score:.4f}" if trial.selection_score is not None else "-"
         self._log(
             f"  trial {trial.trial_id} gen {trial.cycle} {trial.variant_id}: {trial.status.value} {score} "

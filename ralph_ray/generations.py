@@ -263,6 +263,10 @@ class Campaign:
         self.kb.append("epochs", epoch_rows, tag)
         self.kb.append("trials", [trial.row()], tag)  # after its epochs: a visible trial always has its curve
         self.trials.append(trial)
+        self._note_gpu_use(trial)
+
+    def _note_gpu_use(self, trial: TrialRecord) -> None:
+        """Say once when a finished trial that was given a GPU never started CUDA (its trainer ran on the CPU)."""
         if warning := self.gpu_use.check(trial.trial_id, trial.status is TrialStatus.completed, trial.peak_gpu_mb):
             self._log(warning)
 

@@ -1,12 +1,5 @@
 # Device diagnosis (carry [".gpu", ".gpudiag"]): does a trial given a GPU start CUDA, cold and warm? Prints node.json and usage.json.
-set -e
-S=/tmp/site; mkdir -p $S
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S .gpu/*.whl
-for t in ray duckdb antlr; do tar xJf .gpu/$t.tar.xz -C $S; done
-export PYTHONPATH=$S:$PWD PYTHONUNBUFFERED=1
-nvidia-smi -L; nproc; free -g | head -2; df -h /dev/shm | tail -1
-python3 -c "import ray, duckdb, optuna, hydra, libcst, torch, ralph_ray; print('ray', ray.__version__, 'duckdb', duckdb.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-set +e
+source bench/device/unpack.sh
 set +e
 for pre in unset empty; do python3 - $pre <<'PY' 2>&1 | tee -a $OUT/diag.txt
 import os, sys
