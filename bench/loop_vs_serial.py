@@ -1,7 +1,14 @@
-"""Equal wall budget on digits: the population loop vs the serial Ralph loop (1x1) vs knob search only.
+"""Equal wall budget: the population loop vs the serial Ralph loop (1x1) vs knob search only (digits unless overridden).
 
-Each mode gets the same campaign time budget (safeguards.campaign_time_s) and no other stop rule, 3 repeats.
-Reported: the best selection score reached, and the minutes until the best first reached TARGET.
+    python bench/loop_vs_serial.py [BUDGET_S] [REPEATS] [OVERRIDES...]
+    python bench/loop_vs_serial.py 300 2                                   # digits, 2 repeats of 300 s per kind
+    python bench/loop_vs_serial.py 300 2 population.mode=generations       # the barrier loop (the 2026-11-22 record)
+
+Each kind gets the same campaign time budget (safeguards.campaign_time_s) and no other stop rule, in the default
+population mode (asynchronous) unless the overrides say otherwise; the kinds alternate within each repeat, so a busy
+spell of the machine falls on each alike. Reported per kind: the best selection score (mean ± sd over repeats), its
+trial's test score, and the minutes until a trial first reached TARGET
+(measured from the KB; no campaign stops at it).
 """
 
 from __future__ import annotations
@@ -9,55 +16,71 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
-from _common import config, rows, save
+from _clock import measure
+from _common import config, save
 
-from ralph_ray import sql
 from ralph_ray.campaign import run
-from ralph_ray.kb import open_reader
 
 BUDGET_S = int(sys.argv[1]) if len(sys.argv) > 1 else 240
+REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+EXTRA = sys.argv[3:]  # more config overrides for every campaign (another task, population.mode=generations)
 TARGET = 0.985
-MODES = {
-    "population (2 parents x 3 children)": [],
+KINDS = {
+    "population (default: 2 parents x 3 children)": [],
     "serial Ralph loop (1 x 1)": ["population.parents=1", "population.children_per_parent=1"],
     "knob search only (agent=none)": ["agent=none"],
 }
 FREE = ["safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000", f"safeguards.campaign_time_s={BUDGET_S}"]
 
 
-def one(root: Path, name: str, overrides: list[str], seed: int) -> dict[str, float | None]:
-    """One budgeted campaign: best selection and minutes to TARGET (None if never)."""
-    outcome = run(config(root, name, *FREE, f"agent.seed={seed}", f"search.seed={seed}", *overrides))
-    con = open_reader(outcome.kb_root)
-    timeline = rows(con, sql.TRIAL_TIMELINE, [outcome.run_id])
-    started = con.execute(sql.RUN_STARTED_AT, [outcome.run_id]).fetchone()[0]
-    reached = next((t["written_at"] for t in timeline if (t["selection_score"] or 0) >= TARGET), None)
-    return {
-        "best": outcome.best_selection_score,
-        "minutes_to_target": round((reached - started).total_seconds() / 60, 2) if reached else None,
-    }
+def _stat(values: list[float]) -> str:
+    """Mean ± sd (sd only from two values on)."""
+    mean = statistics.mean(values)
+    return f"{mean:.4f} ± {statistics.stdev(values):.4f}" if len(values) > 1 else f"{mean:.4f}"
 
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-modes-"))
-    figures: dict[str, object] = {"budget_s": BUDGET_S, "target": TARGET}
-    lines = [f"digits, equal wall budget {BUDGET_S}s per campaign, 3 repeats; target selection {TARGET}:"]
-    for index, (mode, overrides) in enumerate(MODES.items()):
-        results = [one(root, f"m{index}-s{seed}", overrides, seed) for seed in (0, 1, 2)]
-        best = [r["best"] for r in results]
-        times = [r["minutes_to_target"] for r in results]
-        reached = [t for t in times if t is not None]
-        figures[mode] = {"best": best, "minutes_to_target": times}
+    probe = config(root, "probe", "population.mode=async", *EXTRA)
+    results: dict[str, list] = {kind: [] for kind in KINDS}
+    for seed in range(REPEATS):
+        for index, (kind, overrides) in enumerate(KINDS.items()):
+            cfg = config(
+                root,
+                f"k{index}-s{seed}",
+                *FREE,
+                f"agent.seed={seed}",
+                f"search.seed={seed}",
+                "population.mode=async",  # the default (bench's config() pins the barrier loop)
+                *overrides,
+                *EXTRA,
+            )
+            results[kind].append(measure(run(cfg), probe.population.mode, probe.search.max_concurrent, TARGET))
+    lines = [
+        f"{probe.task.name}, equal wall budget {BUDGET_S}s per campaign, {REPEATS} repeat(s), population.mode="
+        f"{probe.population.mode}; target selection {TARGET}"
+        + (f"; overrides `{' '.join(EXTRA)}`" if EXTRA else "")
+        + ":",
+        "| kind | best selection | its test | trials | reached the target | minutes to it (each) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for kind, runs in results.items():
+        times = [None if f.seconds_to_target is None else round(f.seconds_to_target / 60, 2) for f in runs]
         lines.append(
-            f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; "
-            f"reached {TARGET} in {len(reached)}/3 runs, mean {statistics.mean(reached):.1f} min"
-            if reached
-            else f"- {mode}: best selection {statistics.mean(best):.4f} ± {statistics.stdev(best):.4f}; "
-            f"never reached {TARGET}"
+            f"| {kind} | **{_stat([f.best_selection or 0.0 for f in runs])}** "
+            f"| {_stat([f.best_test or 0.0 for f in runs])} "
+            f"| {statistics.mean(f.trials for f in runs):.0f} | {sum(t is not None for t in times)}/{len(runs)} "
+            f"| {', '.join('-' if t is None else str(t) for t in times)} |"
         )
-    save("loop_vs_serial", figures, lines)
+    save(
+        "loop_vs_serial" if not EXTRA else "loop_vs_serial_" + "_".join(o.split("=")[-1] for o in EXTRA),
+        {"budget_s": BUDGET_S, "repeats": REPEATS, "target": TARGET, "overrides": EXTRA}
+        | {kind: [asdict(f) for f in runs] for kind, runs in results.items()},
+        lines,
+    )
 
 
 if __name__ == "__main__":

@@ -297,10 +297,15 @@ RL_ENTRIES = {
     "stronger_length_penalty",
     "more_rl_steps",
 }
+# The KTO entries move task=kto's knobs only (tests/tasks/test_posttrain.py).
+KTO_ENTRIES = {"more_samples_per_prompt", "raise_desirable_weight", "add_true_answers", "more_kto_prompts"}
 
 
 def test_all_but_three_entries_apply_to_the_seed():
-    assert set(CATALOG.names()) - set(ON_SEED) == {"add_dropout", "add_weight_decay", "widen_layers"} | RL_ENTRIES
+    assert (
+        set(CATALOG.names()) - set(ON_SEED)
+        == {"add_dropout", "add_weight_decay", "widen_layers"} | RL_ENTRIES | KTO_ENTRIES
+    )
 
 
 def variants() -> dict[str, str]:

@@ -172,6 +172,9 @@ def test_the_analyst_reads_rl_telemetry_and_moves_the_grpo_knobs(
     assert moved != knobs  # a knob move on the GRPO script, no code transform needed
 
 
+KTO_ENTRIES = {"more_samples_per_prompt", "raise_desirable_weight", "add_true_answers", "more_kto_prompts"}
+
+
 def test_every_rl_entry_applies_to_the_grpo_seed_and_none_to_the_digits_seed():
     from ralph_ray.agents.catalog import NotApplicable, apply, load_catalog
 
@@ -179,7 +182,8 @@ def test_every_rl_entry_applies_to_the_grpo_seed_and_none_to_the_digits_seed():
     rl_entries = [
         i
         for i in catalog.interventions
-        if any(
+        if i.name not in KTO_ENTRIES
+        and any(
             "GROUP_SIZE" in p or "BETA" in p or "LORA" in p or "TEMPERATURE" in p or "_WEIGHT" in p
             for p in i.applies_if
         )
@@ -191,6 +195,62 @@ def test_every_rl_entry_applies_to_the_grpo_seed_and_none_to_the_digits_seed():
         assert read_knobs(apply(entry, grpo)) != read_knobs(grpo), entry.name
         with pytest.raises(NotApplicable):
             apply(entry, digits)
+
+
+def test_the_kto_entries_move_only_the_kto_scripts_knobs():
+    """Each KTO entry applies to the KTO seed (add_true_answers once a variant turned TRUE_ANSWERS off) and to
+    neither the GRPO nor the digits seed."""
+    from ralph_ray.agents.catalog import NotApplicable, apply, load_catalog
+
+    catalog = load_catalog()
+    kto = (PROJECT_ROOT / "trainers" / "kto" / "train.py").read_text()
+    without_answers = kto.replace("\nTRUE_ANSWERS = 1", "\nTRUE_ANSWERS = 0")
+    assert without_answers != kto
+    moved = {
+        name: read_knobs(apply(catalog.get(name), without_answers if name == "add_true_answers" else kto))
+        for name in KTO_ENTRIES
+    }
+    assert moved["more_samples_per_prompt"]["SAMPLES_PER_PROMPT"] == 2 * read_knobs(kto)["SAMPLES_PER_PROMPT"]
+    assert moved["raise_desirable_weight"]["DESIRABLE_WEIGHT"] == 1.5 * read_knobs(kto)["DESIRABLE_WEIGHT"]
+    assert moved["more_kto_prompts"]["PROMPTS_PER_EPOCH"] == 2 * read_knobs(kto)["PROMPTS_PER_EPOCH"]
+    assert moved["add_true_answers"]["TRUE_ANSWERS"] == 1
+    with pytest.raises(NotApplicable, match="already applied"):
+        apply(catalog.get("add_true_answers"), kto)  # the seed already has them
+    for other in ("grpo", "digits"):
+        source = (PROJECT_ROOT / "trainers" / other / "train.py").read_text()
+        for name in KTO_ENTRIES:
+            with pytest.raises(NotApplicable):
+                apply(catalog.get(name), source)
+
+
+@pytest.mark.parametrize(
+    ("points", "diagnosis", "first_choice"),
+    [
+        (rl_curve(0.0, 0.01, (0.4, 0.4, 0.4)), Diagnosis.plateau, "more_samples_per_prompt"),
+        (rl_curve(0.3, 0.9, (0.4, 0.3, 0.2)), Diagnosis.divergence, "raise_desirable_weight"),
+    ],
+)
+def test_the_analyst_reads_kto_telemetry_and_moves_the_kto_knobs(
+    tmp_path: Path, points: list[EpochPoint], diagnosis: Diagnosis, first_choice: str
+):
+    """A KTO curve whose samples all agree (plateau) or whose KL climbs while the reward falls (divergence): the
+    KTO-only entry for it is among the analyst's first three, and the coder's child moves the KTO knob."""
+    files = tmp_path / "files"
+    files.mkdir()
+    seed = PROJECT_ROOT / "trainers" / "kto" / "train.py"
+    (files / "train.py").write_text(seed.read_text())
+    knobs = read_knobs(seed.read_text())
+    trial = TrialSummary("t0", "completed", None, knobs, 0.4, points)
+    parent = ParentView("v0", files, 0.4, [trial], [], [], "program")
+    analysis = HeuristicAnalyst(exploration=0.0).analyse(parent, [], Usage())
+    assert analysis.diagnoses[0] is diagnosis
+    ranked = [r.intervention for r in analysis.recommendations]
+    assert first_choice in ranked[:3], ranked
+    pick = next(r for r in analysis.recommendations if r.intervention == first_choice)
+    child = tmp_path / "child"
+    shutil.copytree(files, child)
+    HeuristicCoder().write(parent, pick, child, None, Usage())
+    assert read_knobs((child / "train.py").read_text()) != knobs
 
 
 @pytest.mark.slow

@@ -1,0 +1,156 @@
+"""Replay recorded learning curves through ASHA's rungs: which rule keeps the best-at-end config, for what epochs.
+
+    python bench/asha_replay.py KB_DIR RUN_ID [DRAWS] [CONFIGS] [-- OVERRIDES...]
+
+The curves come from a campaign that ran every trial to its end, for example (digits, 100 configs, ~5 min on 2 cores):
+
+    python -m ralph_ray agent=none scheduler=fifo search.num_samples=100 safeguards.max_cycles=1 \\
+        population.mode=generations safeguards.replicates=0 paths.kb=/tmp/replay/kb run_id=fifo100
+    python bench/asha_replay.py /tmp/replay/kb fifo100
+    python bench/asha_replay.py /tmp/bench-asha-XXXX/kb '%all-to-the-end'   # RUN_ID is a LIKE pattern: pool runs
+
+Reads each completed trial's per-epoch ranking metric (`search.metric`, val_acc) and its frozen selection score from
+the KB. Each draw picks CONFIGS curves (default 10) at random and replays them through each rule's scheduler, built by
+`ralph_ray.search.scheduler` from the config as a campaign builds it (Tune's own brackets, the noise margin of
+ralph_ray/asha.py), as `search.max_concurrent` trials side by side: one epoch each in turn, the next curve starting
+in a slot when its trial stops or ends. A draw keeps the best when a curve of its best-at-end set (the highest
+selection score; ties count as one set) runs to the end. Epoch share: the epochs replayed over CONFIGS x the last
+epoch (what running every config to the end costs). No training runs here: the replay takes seconds, so a rule can
+be tried on hundreds of draws that bench/asha.py would need hours of campaigns for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import save
+
+from ralph_ray.config import Config, load_config
+from ralph_ray.kb import open_reader
+from ralph_ray.search import scheduler
+
+ARGS, OVERRIDES = (
+    (sys.argv[1:], [])
+    if "--" not in sys.argv
+    else (sys.argv[1 : sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1 :])
+)
+RULES = {  # name: scheduler overrides over the task's own (the last is the task's default)
+    "plain ASHA, grace 2, reduction 2": [
+        "scheduler.margin=0",
+        "scheduler.grace_period=2",
+        "scheduler.reduction_factor=2",
+    ],
+    "margin only: grace 2, reduction 2, margin auto": ["scheduler.grace_period=2", "scheduler.reduction_factor=2"],
+    "rungs only: grace 4, reduction 3, no margin": [
+        "scheduler.margin=0",
+        "scheduler.grace_period=4",
+        "scheduler.reduction_factor=3",
+    ],
+    "the default (the task's rungs, margin auto)": [],
+}
+CURVES = """
+select t.trial_id, t.selection_score, e.epoch, e.value
+from trials t join epochs e on e.run_id = t.run_id and e.trial_id = t.trial_id
+where t.run_id like ? and t.status = 'completed' and e.metric = ? and t.selection_score is not null
+order by t.trial_id, e.epoch
+"""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One trial run to its end: its ranking metric per epoch and its frozen selection score."""
+
+    trial_id: str
+    values: tuple[float, ...]
+    selection: float
+
+
+class _Trial:
+    """What Tune's scheduler reads of a trial."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
+def load_curves(kb: Path, run_id: str, metric: str, last_epoch: int) -> list[Curve]:
+    """Every completed trial of the run with a report at each epoch 1..last_epoch."""
+    rows = open_reader(kb).execute(CURVES, [run_id, metric]).fetchall()
+    by_trial: dict[str, tuple[float, dict[int, float]]] = {}
+    for trial_id, selection, epoch, value in rows:
+        by_trial.setdefault(trial_id, (selection, {}))[1][int(epoch)] = float(value)
+    return [
+        Curve(trial_id, tuple(epochs[e] for e in range(1, last_epoch + 1)), selection)
+        for trial_id, (selection, epochs) in sorted(by_trial.items())
+        if all(e in epochs for e in range(1, last_epoch + 1))
+    ]
+
+
+def replay(cfg: Config, curves: list[Curve], slots: int) -> tuple[set[str], int]:
+    """Run the curves through a fresh scheduler, `slots` at a time; the trials that reached the end, and the epochs."""
+    sched = scheduler(cfg)
+    sched.set_search_properties(cfg.search.metric, cfg.search.mode)
+    queue, running, finished, epochs = list(curves), [], set(), 0
+    while queue or running:
+        while queue and len(running) < slots:
+            curve = queue.pop(0)
+            trial = _Trial(curve.trial_id)
+            sched.on_trial_add(None, trial)  # type: ignore[arg-type]
+            running.append([curve, trial, 0])
+        for slot in list(running):
+            curve, trial, done = slot
+            slot[2] = done = done + 1
+            epochs += 1
+            action = sched.on_trial_result(None, trial, {"epoch": done, cfg.search.metric: curve.values[done - 1]})  # type: ignore[arg-type]
+            if done == len(curve.values):
+                finished.add(curve.trial_id)
+            if action == "STOP" or done == len(curve.values):
+                sched.on_trial_complete(None, trial, {})  # type: ignore[arg-type]
+                running.remove(slot)
+    return finished, epochs
+
+
+def main() -> None:
+    if len(ARGS) < 2:
+        sys.exit(__doc__)
+    kb, run_id = Path(ARGS[0]), ARGS[1]
+    draws = int(ARGS[2]) if len(ARGS) > 2 else 96
+    configs = int(ARGS[3]) if len(ARGS) > 3 else 10
+    base = load_config(OVERRIDES)
+    last = base.scheduler.max_t
+    curves = load_curves(kb, run_id, base.search.metric, last)
+    if len(curves) < configs:
+        sys.exit(f"error: {len(curves)} complete curves of {last} epochs in run {run_id} of {kb}; need >= {configs}")
+    figures: dict[str, dict] = {}
+    for rule, overrides in RULES.items():
+        cfg = load_config([*OVERRIDES, "scheduler=asha", *overrides])
+        kept, shares = 0, []
+        for draw in range(draws):
+            picked = random.Random(draw).sample(curves, configs)  # the same draws for every rule
+            best = max(c.selection for c in picked)
+            with contextlib.redirect_stderr(io.StringIO()):  # the scheduler says its margin once per replay
+                finished, epochs = replay(cfg, picked, base.search.max_concurrent)
+            kept += any(c.selection == best and c.trial_id in finished for c in picked)
+            shares.append(epochs / (configs * last))
+        rungs = scheduler(cfg).rungs()
+        figures[rule] = {"kept": kept, "draws": draws, "epoch_share": sum(shares) / draws, "rungs": rungs}
+    lines = [
+        f"{base.task.name}: {len(curves)} curves of {last} epochs from run `{run_id}`, {draws} draws of {configs} "
+        f"configs, {base.search.max_concurrent} side by side; kept = a config of the best-at-end set ran to the end:",
+        "| rule | rungs (epochs) | best-at-end kept | epoch share |",
+        "| --- | --- | --- | --- |",
+    ]
+    for rule, f in figures.items():
+        lines.append(
+            f"| {rule} | {', '.join(f'{r:g}' for r in f['rungs'])} | **{f['kept']}/{f['draws']}** "
+            f"({f['kept'] / f['draws']:.2f}) | {f['epoch_share']:.2f} |"
+        )
+    save("asha_replay", {"run_id": run_id, "curves": len(curves), "configs": configs, "rules": figures}, lines)
+
+
+if __name__ == "__main__":
+    main()
