@@ -64,6 +64,7 @@ def campaign(root: Path, name: str, *overrides: str) -> tuple[float, list[float]
             f"search.num_samples={N}",
             f"search.max_concurrent={CONCURRENCY}",
             f"scheduler.max_t={KNOBS['EPOCHS']}",
+            "safeguards.replicates=0",  # the N trials only: replicates of the best would be trials direct() never runs
             *overrides,
         ),
         **KNOBS,
@@ -71,6 +72,7 @@ def campaign(root: Path, name: str, *overrides: str) -> tuple[float, list[float]
     start = time.perf_counter()
     outcome = run(cfg)
     wall = time.perf_counter() - start
+    assert len(outcome.records) == N, len(outcome.records)
     assert all(r.status.value == "completed" for r in outcome.records), [r.reason for r in outcome.records]
     return wall, [r.seconds for r in outcome.records]
 
