@@ -364,6 +364,11 @@ class AsyncCampaign(Campaign):
             return 0
         limit = self.cfg.safeguards.max_cycles
         if self.breeder.done and len(self.judged) >= len(self.children):
+            if self.breeder.out_of_ideas and self._time_left():
+                # No new child (agent=none's knob-search child repeats its parent at once), but the clock was given:
+                # the slots go on with knob samples of promising variants until the time budget stops the run, as
+                # the barrier loop's knob-search cycles do. Without a time budget the run ends here.
+                return min(limit, 1 + len(self.judged) // self.per_generation)
             return limit  # every child the campaign may breed has been judged
         return min(limit, 1 + len(self.judged) // self.per_generation)
 
@@ -503,6 +508,10 @@ class AsyncCampaign(Campaign):
     def _time_spent(self) -> bool:
         limit = self.cfg.safeguards.campaign_time_s
         return limit is not None and self._elapsed() >= limit
+
+    def _time_left(self) -> bool:
+        """A campaign time budget is set and not spent yet."""
+        return self.cfg.safeguards.campaign_time_s is not None and not self._time_spent()
 
     def _save_state(self) -> None:
         now = time.monotonic()

@@ -52,6 +52,7 @@ class BackgroundBreeder(threading.Thread):
         self.bred = bred  # children bred so far (a resumed campaign counts those in the KB)
         self.busy = False  # a parent is being analysed, written or gated right now
         self.done = False  # nothing more to breed (budget spent, or no new idea): set once, never cleared
+        self.out_of_ideas = False  # done because parent picks gave only known variants (not the children budget)
         self.error: BaseException | None = None
         self._halt = threading.Event()
         self._rng = random.Random(plan.seed)
@@ -81,7 +82,7 @@ class BackgroundBreeder(threading.Thread):
                     self._empty = 0 if children else self._empty + 1
                     if self._empty >= EMPTY_PICKS_LIMIT:
                         self.log(f"  breeder: {self._empty} parent picks in a row gave no new child; breeding ends")
-                        self.done = True
+                        self.done = self.out_of_ideas = True
                     self.pool.changed.notify_all()
         except BaseException as err:  # noqa: BLE001 - the driver reads it and ends the campaign with the cause
             self.error = err

@@ -228,6 +228,29 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
     assert seconds < 2 + 20 + 1  # stopped at budget + grace of training (plus a poll)
 
 
+def test_knob_search_alone_uses_the_whole_time_budget(ray_session, tmp_path: Path):
+    """agent=none: its knob-search child repeats its parent at once, so breeding ends within seconds; with a time
+    budget the slots go on with knob samples until the budget stops the run (it used to end there, at max_cycles)."""
+    start = time.monotonic()
+    outcome = run(
+        tiny(
+            tmp_path,
+            "run_id=knobs",
+            "agent=none",
+            "safeguards.max_cycles=1000",
+            "safeguards.plateau_cycles=1000",
+            "safeguards.campaign_time_s=20",
+        )
+    )
+    wall = time.monotonic() - start
+    assert outcome.stop_reason == "campaign_time", outcome.stop_reason
+    assert wall >= 20
+    con = open_reader(outcome.kb_root)
+    variants = con.execute("select count(*) from variants where run_id = 'knobs'").fetchone()[0]
+    trials = con.execute("select count(*) from trials where run_id = 'knobs'").fetchone()[0]
+    assert trials > 2 + (variants - 1)  # beyond the seed's 2 samples and one trial per child: knob samples went on
+
+
 KILL_ARGS = [
     *TINY,
     "safeguards.max_cycles=2",
