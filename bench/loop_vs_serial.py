@@ -3,6 +3,7 @@
     python bench/loop_vs_serial.py [BUDGET_S] [REPEATS] [OVERRIDES...]
     python bench/loop_vs_serial.py 300 2                                   # digits, 2 repeats of 300 s per kind
     python bench/loop_vs_serial.py 300 2 population.mode=generations       # the barrier loop (the 2026-11-22 record)
+    python bench/loop_vs_serial.py 300 2 --kinds knob                      # only the kinds whose name starts so
 
 Each kind gets the same campaign time budget (safeguards.campaign_time_s) and no other stop rule, in the default
 population mode (asynchronous) unless the overrides say otherwise; the kinds alternate within each repeat, so a busy
@@ -24,9 +25,12 @@ from _common import config, save
 
 from ralph_ray.campaign import run
 
-BUDGET_S = int(sys.argv[1]) if len(sys.argv) > 1 else 240
-REPEATS = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-EXTRA = sys.argv[3:]  # more config overrides for every campaign (another task, population.mode=generations)
+ARGV = sys.argv[1:]
+ONLY = ARGV.pop(ARGV.index("--kinds") + 1) if "--kinds" in ARGV else ""  # a prefix of the kinds to run
+ARGV = [a for a in ARGV if a != "--kinds"]
+BUDGET_S = int(ARGV[0]) if ARGV else 240
+REPEATS = int(ARGV[1]) if len(ARGV) > 1 else 3
+EXTRA = ARGV[2:]  # more config overrides for every campaign (another task, population.mode=generations)
 TARGET = 0.985
 KINDS = {
     "population (default: 2 parents x 3 children)": [],
@@ -45,9 +49,11 @@ def _stat(values: list[float]) -> str:
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-modes-"))
     probe = config(root, "probe", "population.mode=async", *EXTRA)
-    results: dict[str, list] = {kind: [] for kind in KINDS}
+    results: dict[str, list] = {kind: [] for kind in KINDS if kind.startswith(ONLY)}
     for seed in range(REPEATS):
         for index, (kind, overrides) in enumerate(KINDS.items()):
+            if kind not in results:
+                continue
             cfg = config(
                 root,
                 f"k{index}-s{seed}",
@@ -76,7 +82,7 @@ def main() -> None:
             f"| {', '.join('-' if t is None else str(t) for t in times)} |"
         )
     save(
-        "loop_vs_serial" if not EXTRA else "loop_vs_serial_" + "_".join(o.split("=")[-1] for o in EXTRA),
+        "loop_vs_serial" + "".join(f"_{o.split('=')[-1]}" for o in EXTRA) + (f"_{ONLY.split()[0]}" if ONLY else ""),
         {"budget_s": BUDGET_S, "repeats": REPEATS, "target": TARGET, "overrides": EXTRA}
         | {kind: [asdict(f) for f in runs] for kind, runs in results.items()},
         lines,
