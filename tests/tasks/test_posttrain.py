@@ -8,6 +8,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -143,6 +144,26 @@ def rl_curve(reward_std: float, kl: float, rewards: tuple[float, ...]) -> list[E
     ]
 
 
+def analyse_seed(tmp_path: Path, trainer: str, points: list[EpochPoint]) -> tuple[ParentView, dict, Any]:
+    """The heuristic analyst on one trial of a shipped seed trainer with the given curve: (parent, knobs, analysis)."""
+    files = tmp_path / "files"
+    files.mkdir()
+    seed = PROJECT_ROOT / "trainers" / trainer / "train.py"
+    (files / "train.py").write_text(seed.read_text())
+    knobs = read_knobs(seed.read_text())
+    trial = TrialSummary("t0", "completed", None, knobs, 0.4, points)
+    parent = ParentView("v0", files, 0.4, [trial], [], [], "program")
+    return parent, knobs, HeuristicAnalyst(exploration=0.0).analyse(parent, [], Usage())
+
+
+def write_child(tmp_path: Path, parent: ParentView, recommendation: Any) -> Path:
+    """The heuristic coder's child of `parent` for one recommendation; its folder."""
+    child = tmp_path / "child"
+    shutil.copytree(parent.files_dir, child)
+    HeuristicCoder().write(parent, recommendation, child, None, Usage())
+    return child
+
+
 @pytest.mark.parametrize(
     ("points", "diagnosis", "first_choices"),
     [
@@ -154,20 +175,11 @@ def rl_curve(reward_std: float, kl: float, rewards: tuple[float, ...]) -> list[E
 def test_the_analyst_reads_rl_telemetry_and_moves_the_grpo_knobs(
     tmp_path: Path, points: list[EpochPoint], diagnosis: Diagnosis, first_choices: set[str]
 ):
-    files = tmp_path / "files"
-    files.mkdir()
-    seed = PROJECT_ROOT / "trainers" / "grpo" / "train.py"
-    (files / "train.py").write_text(seed.read_text())
-    knobs = read_knobs(seed.read_text())
-    trial = TrialSummary("t0", "completed", None, knobs, 0.4, points)
-    parent = ParentView("v0", files, 0.4, [trial], [], [], "program")
-    analysis = HeuristicAnalyst(exploration=0.0).analyse(parent, [], Usage())
+    parent, knobs, analysis = analyse_seed(tmp_path, "grpo", points)
     assert analysis.diagnoses[0] is diagnosis
     ranked = [r.intervention for r in analysis.recommendations]
     assert set(ranked[:3]) & first_choices, ranked
-    child = tmp_path / "child"
-    shutil.copytree(files, child)
-    HeuristicCoder().write(parent, analysis.recommendations[0], child, None, Usage())
+    child = write_child(tmp_path, parent, analysis.recommendations[0])
     moved = read_knobs((child / "train.py").read_text())
     assert moved != knobs  # a knob move on the GRPO script, no code transform needed
 
@@ -235,21 +247,12 @@ def test_the_analyst_reads_kto_telemetry_and_moves_the_kto_knobs(
 ):
     """A KTO curve whose samples all agree (plateau) or whose KL climbs while the reward falls (divergence): the
     KTO-only entry for it is among the analyst's first three, and the coder's child moves the KTO knob."""
-    files = tmp_path / "files"
-    files.mkdir()
-    seed = PROJECT_ROOT / "trainers" / "kto" / "train.py"
-    (files / "train.py").write_text(seed.read_text())
-    knobs = read_knobs(seed.read_text())
-    trial = TrialSummary("t0", "completed", None, knobs, 0.4, points)
-    parent = ParentView("v0", files, 0.4, [trial], [], [], "program")
-    analysis = HeuristicAnalyst(exploration=0.0).analyse(parent, [], Usage())
+    parent, knobs, analysis = analyse_seed(tmp_path, "kto", points)
     assert analysis.diagnoses[0] is diagnosis
     ranked = [r.intervention for r in analysis.recommendations]
     assert first_choice in ranked[:3], ranked
     pick = next(r for r in analysis.recommendations if r.intervention == first_choice)
-    child = tmp_path / "child"
-    shutil.copytree(files, child)
-    HeuristicCoder().write(parent, pick, child, None, Usage())
+    child = write_child(tmp_path, parent, pick)
     assert read_knobs((child / "train.py").read_text()) != knobs
 
 
