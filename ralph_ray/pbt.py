@@ -166,6 +166,21 @@ class _Recording(PopulationBasedTraining):
         current = getattr(self, "_current", None)
         before = int(current[1]) if current and current[0] == trial.trial_id and current[1] is not None else None
         self.log.exploited(trial.trial_id, trial_to_clone.trial_id, donor_epoch, before)
+        drop_stale_decision(tune_controller, trial)
+
+
+def drop_stale_decision(tune_controller: Any, trial: Trial) -> None:
+    """Forget what Tune cached for a trial that an exploit just paused: its actor, and the save it waited for, are gone.
+
+    Ray Tune (2.60) bug, ray-project/ray#57906 (fix proposed in PR #61448): synchronous PBT exploits a trial whose own
+    pause is still saving; Tune's stop then caches a STOP "for after the save", but drops the save. The stale STOP
+    outlives the pause and ends the restarted trial at its first checkpoint, before its last epoch and predictions
+    (3 of 12 two-cycle campaigns of tests/test_pbt.py lost a trial so, `stopped_early` at epoch 3; none of 28 since).
+    """
+    controller = getattr(tune_controller, "_tune_controller", tune_controller)  # schedulers get a wrapper
+    decisions = getattr(controller, "_cached_trial_decisions", None)
+    if isinstance(decisions, dict) and trial.status == Trial.PAUSED:
+        decisions.pop(trial.trial_id, None)
 
 
 class RecordingPBT(_Recording):

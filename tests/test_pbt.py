@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pytest
 from ray import tune
+from ray.train._internal.storage import StorageContext
+from ray.tune.execution.tune_controller import TuneController
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import TrialScheduler
 
 from ralph_ray import sandbox
 from ralph_ray.campaign import run
 from ralph_ray.config import ConfigError, load_config
 from ralph_ray.kb import open_reader
-from ralph_ray.pbt import SegmentLog, mutations
+from ralph_ray.pbt import SegmentLog, drop_stale_decision, mutations
 from ralph_ray.resumable import missing_resume_calls
 
 PBT = [
@@ -130,3 +134,21 @@ def test_segments_follow_exploits_pauses_and_retries():
         (1, 2, "v1", None),
         (3, 3, "v2", "t2"),
     ]
+
+
+def test_an_exploited_trial_forgets_the_stop_that_tune_cached_for_its_lost_save(ray_session, tmp_path: Path):
+    # Ray Tune 2.60 (ray-project/ray#57906): an exploit of a trial whose pause is saving caches a STOP and drops the
+    # save; the stale STOP then ended the restarted trial at its next checkpoint (3 of 12 two-cycle campaigns).
+    storage = StorageContext(storage_path=str(tmp_path), experiment_dir_name="pbt")
+    controller = TuneController(storage=storage)
+    paused, running = (Trial("__fake", config={"LR": 0.1}, stub=True, storage=storage) for _ in range(2))
+    for trial in (paused, running):
+        controller.add_trial(trial)
+        controller._cached_trial_decisions[trial.trial_id] = TrialScheduler.STOP  # what the bug leaves behind
+    controller._set_trial_status(paused, Trial.PAUSED)
+    controller._set_trial_status(running, Trial.RUNNING)
+    wrapped = controller._wrapped()  # what a scheduler is handed
+    drop_stale_decision(wrapped, paused)
+    drop_stale_decision(wrapped, running)
+    # The exploited (paused) trial restarts clean; a running trial's pending decision is Tune's to keep.
+    assert controller._cached_trial_decisions == {running.trial_id: TrialScheduler.STOP}
