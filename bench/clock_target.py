@@ -26,7 +26,8 @@ DEFAULT_TARGET = 0.98
 TARGET = float(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_TARGET
 CAP_S = int(sys.argv[2]) if len(sys.argv) > 2 else 150
 EXTRA = sys.argv[3:]  # more config overrides for every campaign (another task, its trial budget)
-SEEDS = tuple(int(s) for s in os.environ.get("BENCH_SEEDS", "0,1,2").split(","))
+DEFAULT_SEEDS = (0, 1, 2)
+SEEDS = tuple(int(s) for s in os.environ["BENCH_SEEDS"].split(",")) if "BENCH_SEEDS" in os.environ else DEFAULT_SEEDS
 
 
 def main() -> None:
@@ -68,7 +69,7 @@ def main() -> None:
     save(
         # one file per task and target, so a harder target's run keeps the easier one's record
         ("clock_target" if task == "digits" and TARGET == DEFAULT_TARGET else f"clock_target_{task}_{TARGET:g}")
-        + ("" if SEEDS == (0, 1, 2) else "_s" + "".join(map(str, SEEDS))),
+        + ("" if SEEDS == DEFAULT_SEEDS else "_s" + "".join(map(str, SEEDS))),
         {"target": TARGET, "cap_s": CAP_S, **{m: [asdict(f) for f in r] for m, r in figures.items()}},
         lines,
     )

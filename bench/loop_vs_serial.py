@@ -14,8 +14,8 @@ trial's test score, and the minutes until a trial first reached TARGET
 
 from __future__ import annotations
 
+import argparse
 import statistics
-import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -25,12 +25,13 @@ from _common import config, save
 
 from ralph_ray.campaign import run
 
-ARGV = sys.argv[1:]
-ONLY = ARGV.pop(ARGV.index("--kinds") + 1) if "--kinds" in ARGV else ""  # a prefix of the kinds to run
-ARGV = [a for a in ARGV if a != "--kinds"]
-BUDGET_S = int(ARGV[0]) if ARGV else 240
-REPEATS = int(ARGV[1]) if len(ARGV) > 1 else 3
-EXTRA = ARGV[2:]  # more config overrides for every campaign (another task, population.mode=generations)
+_parser = argparse.ArgumentParser(description="population loop vs serial 1x1 vs knob search, equal wall budget")
+_parser.add_argument("budget_s", nargs="?", type=int, default=240)
+_parser.add_argument("repeats", nargs="?", type=int, default=3)
+_parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=lm, population.mode=...)")
+_parser.add_argument("--kinds", default="", help="run only the kinds whose name starts so (knob, serial, population)")
+_ARGS = _parser.parse_args()
+BUDGET_S, REPEATS, EXTRA, ONLY = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds
 TARGET = 0.985
 KINDS = {
     "population (default: 2 parents x 3 children)": [],

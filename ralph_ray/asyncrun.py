@@ -363,12 +363,11 @@ class AsyncCampaign(Campaign):
         if not seeds or any(not self._settled(m) for m in seeds):
             return 0
         limit = self.cfg.safeguards.max_cycles
-        if self.breeder.done and len(self.judged) >= len(self.children):
-            if self.breeder.out_of_ideas and self._time_left():
-                # No new child (agent=none's knob-search child repeats its parent at once), but the clock was given:
-                # the slots go on with knob samples of promising variants until the time budget stops the run, as
-                # the barrier loop's knob-search cycles do. Without a time budget the run ends here.
-                return min(limit, 1 + len(self.judged) // self.per_generation)
+        # Out of ideas (agent=none's knob-search child repeats its parent at once) with the clock given: the slots go
+        # on with knob samples of promising variants until the time budget stops the run, as the barrier loop's
+        # knob-search cycles do. Without a time budget the run ends once every child is judged.
+        go_on = self.breeder.out_of_ideas and self.cfg.safeguards.campaign_time_s is not None and not self._time_spent()
+        if self.breeder.done and len(self.judged) >= len(self.children) and not go_on:
             return limit  # every child the campaign may breed has been judged
         return min(limit, 1 + len(self.judged) // self.per_generation)
 
@@ -508,10 +507,6 @@ class AsyncCampaign(Campaign):
     def _time_spent(self) -> bool:
         limit = self.cfg.safeguards.campaign_time_s
         return limit is not None and self._elapsed() >= limit
-
-    def _time_left(self) -> bool:
-        """A campaign time budget is set and not spent yet."""
-        return self.cfg.safeguards.campaign_time_s is not None and not self._time_spent()
 
     def _save_state(self) -> None:
         now = time.monotonic()
