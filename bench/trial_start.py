@@ -8,7 +8,9 @@ server's own start (the first warm trial of a worker pays it) is reported apart.
 
 from __future__ import annotations
 
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,12 +32,15 @@ import numpy as np
 import torch
 from ralph_ray import harness
 data = harness.load_data()
-harness.report(epoch=1, val_acc=0.1, first_line=FIRST_LINE, imported=time.time())
+imported = time.time()
+if torch.cuda.is_available():  # on a GPU node: CUDA's start is part of every trial's start (not warm: see zygote)
+    torch.zeros(1, device="cuda").add_(1).cpu()
+harness.report(epoch=1, val_acc=0.1, first_line=FIRST_LINE, imported=imported, cuda_ready=time.time())
 """
 
 
-def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[float, float, float]:
-    """(request -> first line, request -> imports done, request -> exit seen) in seconds."""
+def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[float, float, float, float]:
+    """(request -> first line, -> imports done, -> exit seen, -> CUDA ready (= imports where no GPU)) in seconds."""
     work = root / "trials" / name
     write_variant({"train.py": TRAINER.encode()}, work)
     start = time.time()
@@ -43,11 +48,18 @@ def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[
     done = time.time()
     if outcome.status is not Status.finished or outcome.last is None:
         sys.exit(f"{name}: {outcome.reason}")
-    return outcome.last["first_line"] - start, outcome.last["imported"] - start, done - start
+    last = outcome.last
+    return last["first_line"] - start, last["imported"] - start, done - start, last["cuda_ready"] - start
 
 
 def main() -> None:
     policy = Policy(SandboxMode.bwrap if sandbox.available() is None else SandboxMode.none)
+    # The GPU's name from nvidia-smi, not torch: this process must not start CUDA before the trials do.
+    gpu = (
+        subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.split("\n")[0]
+        if shutil.which("nvidia-smi")
+        else ""
+    )
     root = Path(tempfile.mkdtemp(prefix="bench-trial-start-"))
     data = root / "data"
     write_public(prepare(0, 0.2, 0.2), data, "digits")
@@ -77,8 +89,14 @@ def main() -> None:
         "ratio_imports_done": round(median(warm, 1) / median(cold, 1), 3),
         "first_warm_trial_with_server_start_s": round(server_s, 2),
         "first_warm_trial_imports_done_s": round(server_first[1], 2),
-        "gpu": "none lent to this task: the GPU figure (CIFAR-10 seed trial wall / epochs' time) is not measured",
     }
+    if gpu:
+        figures |= {
+            "gpu": gpu,
+            "cold_cuda_ready_s": round(median(cold, 3), 3),
+            "warm_cuda_ready_s": round(median(warm, 3), 3),
+            "ratio_cuda_ready": round(median(warm, 3) / median(cold, 3), 3),
+        }
     lines = [
         f"trial start, {ROUNDS} cold and {ROUNDS} warm trials alternating (sandbox {policy.mode.value}, 1 thread), "
         "medians:",
@@ -89,6 +107,12 @@ def main() -> None:
         f"  request -> exit seen (whole trial)     cold {median(cold, 2):6.3f} s   warm {median(warm, 2):6.3f} s",
         f"  the first warm trial of a worker also starts its server: {server_s:.2f} s",
     ]
+    if gpu:
+        lines.insert(
+            -1,
+            f"  request -> CUDA ready (first kernel)   cold {median(cold, 3):6.3f} s   warm {median(warm, 3):6.3f} s   "
+            f"ratio {median(warm, 3) / median(cold, 3):.3f}   ({gpu})",
+        )
     save("trial_start", figures, lines)
 
 

@@ -21,7 +21,9 @@ for kb in /tmp/bench-fashion-*/*/kb; do python3 - "$kb" <<'PY' > $OUT/$(basename
 import sys
 from ralph_ray.kb import open_reader
 con = open_reader(sys.argv[1])
-print(con.execute("""select t.status, count(distinct t.trial_id), avg(t.peak_gpu_mb), count(t.peak_gpu_mb),
+print('status, trials, mean GPU peak MiB (per epoch row), trials with a GPU peak, median epoch s, max epoch')
+print(con.execute("""select t.status, count(distinct t.trial_id), avg(t.peak_gpu_mb),
+  count(distinct t.trial_id) filter (where t.peak_gpu_mb is not null),
   median(e.value) filter (where e.metric = 'epoch_seconds'), max(e.epoch)
   from trials t left join epochs e using (run_id, trial_id) group by t.status""").fetchall())
 PY
