@@ -1,0 +1,29 @@
+# Device call (carry [".gpu"]): the CIFAR-10 seed trial's wall / its epochs' time on one GPU (issue: warm starts).
+# CIFAR-10 can't be reached from the device, so the batches are CIFAR-shaped synthetic data (random uint8 images,
+# random labels, the real file format): a speed figure only, its accuracy means nothing.
+source bench/device/unpack.sh
+set +e
+mkdir -p /tmp/cifar/cifar-10-batches-py && python3 - <<'PY'
+import pickle
+import numpy as np
+rng = np.random.default_rng(0)
+for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
+    batch = {b"data": rng.integers(0, 256, (10000, 3072), dtype=np.uint8), b"labels": rng.integers(0, 10, 10000).tolist()}
+    with open(f"/tmp/cifar/cifar-10-batches-py/{name}", "wb") as handle:
+        pickle.dump(batch, handle)
+PY
+# One seed cycle of 4 trials one after another on the whole GPU, no early stops (each trial its 12 epochs).
+timeout ${CIFAR_TIMEOUT:-220} python3 -m ralph_ray +experiment=cifar10 data.root=/tmp/cifar sandbox=none agent=none \
+  population.mode=generations safeguards.max_cycles=1 search.num_samples=4 search.max_concurrent=1 scheduler=fifo \
+  resources.gpu=1 resources.cpu=8 paths.runs=/tmp/c/runs paths.kb=/tmp/c/kb run_id=c > $OUT/cifar.log 2>&1
+echo "campaign rc=$?"; tail -15 $OUT/cifar.log
+python3 - <<'PY' | tee $OUT/cifar_speed.txt
+from ralph_ray.kb import open_reader
+con = open_reader("/tmp/c/kb")
+rows = con.execute("""select t.trial_id, t.status, t.seconds, t.epochs, sum(e.value), min(e.value), max(e.value),
+  t.peak_gpu_mb, min(t.written_at) as written from trials t join epochs e using (run_id, trial_id)
+  where e.metric = 'epoch_seconds' group by all order by written""").fetchall()
+print("trial, status, trial wall s, epochs, epochs' time s, fastest / slowest epoch s, GPU peak MiB, wall / epochs' time")
+for r in rows:
+    print(*r[:8], round(r[2] / r[4], 2) if r[2] and r[4] else None)
+PY
