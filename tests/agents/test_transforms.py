@@ -29,7 +29,7 @@ from ralph_ray.tasks.digits import prepare
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "trainers"
 TRAINERS = {path.parent.name: path.parent for path in sorted(FIXTURES.glob("*/train.py"))}
-TRAINERS |= {"digits": PROJECT_ROOT / "trainers" / "digits", "cifar10": PROJECT_ROOT / "trainers" / "cifar10"}
+TRAINERS |= {name: PROJECT_ROOT / "trainers" / name for name in ("digits", "cifar10", "fashion", "lm", "diabetes")}
 SOURCES = {name: (folder / "train.py").read_text() for name, folder in TRAINERS.items()}
 
 ALL = set(TRANSFORMS)
@@ -64,6 +64,21 @@ APPLIES = {
         "channels_last",
     },
     "digits": ALL - {"widen_layers", "add_dropout", "add_weight_decay"},
+    "fashion": ALL - {"widen_layers", "add_dropout", "add_weight_decay"},
+    # tokens in (nn.Embedding): no image augmentation
+    "lm": ALL - {"widen_layers", "adamw_optimizer", "channels_last", "shift_augmentation", "flip_augmentation"},
+    # regression (F.mse_loss): neither image augmentation nor the cross-entropy transforms
+    "diabetes": {
+        "add_dropout",
+        "batchnorm",
+        "cosine_lr_schedule",
+        "deepen",
+        "ema_weights",
+        "grokfast_filter",
+        "lr_warmup",
+        "mixed_precision",
+        "one_cycle_schedule",
+    },
     "cifar10": {
         "deepen",
         "hard_example_replay",
@@ -101,6 +116,9 @@ def test_at_least_eight_code_interventions_apply_to_every_differently_written_tr
         ("airbench_style", "one_cycle_schedule", "already has a schedule"),
         ("digits", "widen_layers", "the width is the knob WIDTH"),
         ("module_loader", "adamw_optimizer", "already Adam"),
+        ("lm", "shift_augmentation", "token ids, not images"),
+        ("lm", "flip_augmentation", "token ids, not images"),
+        ("diabetes", "shift_augmentation", "regression loss"),
     ],
 )
 def test_not_applicable_names_the_missing_idiom(trainer: str, name: str, reason: str):

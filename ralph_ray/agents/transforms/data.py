@@ -6,6 +6,7 @@ from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
     Edits,
     NotApplicable,
+    Trainer,
     analyse,
     code,
     expression,
@@ -53,10 +54,20 @@ def flip_images(x: torch.Tensor) -> torch.Tensor:
 '''
 
 
+def _images_only(trainer: Trainer) -> None:
+    """Shifts and flips move pixels: refuse a trainer whose inputs are token ids or regression features (found on the
+    lm and diabetes seeds, where the helpers' shape check failed only at the gate's smoke run)."""
+    if trainer.has(r"nn\.Embedding\("):
+        raise NotApplicable("the model embeds tokens (nn.Embedding): its batches are token ids, not images")
+    if trainer.has(r"\b(mse_loss|MSELoss|l1_loss|L1Loss|smooth_l1_loss|SmoothL1Loss|huber_loss|HuberLoss)\b"):
+        raise NotApplicable("a regression loss: the inputs are features, not images")
+
+
 @register("shift_augmentation", "data")
 def shift_augmentation(source: str) -> str:
     """Shift a random AUGMENT_PROB share of each training batch by up to SHIFT pixels (fresh draws every batch)."""
     trainer = analyse(source)
+    _images_only(trainer)
     if trainer.has(r"def (augment|shift_images)\(|RandomCrop|RandomAffine|TRANSLATE\b|\bSHIFT\b"):
         raise NotApplicable("the trainer already shifts its images")
     batch, edits = trainer.forward_input(), Edits(trainer)
@@ -71,6 +82,7 @@ def shift_augmentation(source: str) -> str:
 def flip_augmentation(source: str) -> str:
     """Mirror a random FLIP_PROB share of each training batch (natural images; digits and letters change meaning)."""
     trainer = analyse(source)
+    _images_only(trainer)
     if trainer.has(r"def flip_images\(|\.flip\(3\)|RandomHorizontalFlip|hflip"):
         raise NotApplicable("the trainer already flips its images")
     batch, edits = trainer.forward_input(), Edits(trainer)
