@@ -15,7 +15,7 @@ from ralph_ray import sql
 CAMPAIGN = "every variant"
 
 
-@st.cache_data(ttl=kbdata.TTL_S, show_spinner=False, max_entries=64)
+@st.cache_data(show_spinner=False, max_entries=64)  # keyed by the trials themselves: no TTL needed
 def importances(table: pd.DataFrame, names: tuple[str, ...], minimize: bool) -> dict[str, float]:
     """Cached: the same trials give the same importances on every redraw."""
     return knobstats.importances(table, list(names), minimize)
@@ -52,8 +52,9 @@ def body(run: shell.Campaign) -> None:
     if found:
         st.altair_chart(knobstats.importance_chart(found), width="stretch")
         st.caption(
-            "Optuna's fANOVA importance evaluator over a study rebuilt from these trials (the newest "
-            f"{knobstats.MAX_TRIALS}): the share of the score's variance each parameter explains"
+            "Optuna's PED-ANOVA importance evaluator over a study rebuilt from these trials (the newest "
+            f"{knobstats.MAX_TRIALS}): how much each parameter's values in the best "
+            f"{knobstats.top_quantile(len(rows)):.0%} of scores differ from its values over all of them"
             + (" (`variant`: which code the trial ran)." if knobstats.VARIANT in params else ".")
         )
     else:

@@ -139,7 +139,7 @@ def test_knobs_page_ranks_the_knob_that_moves_the_score_first(tmp_path: Path):
     bars = pa.ipc.open_stream(at.get("vega_lite_chart")[0].proto.datasets[0].data.data).read_all().to_pylist()
     ranked = sorted(bars, key=lambda b: -b["importance"])
     assert ranked[0]["parameter"] == "LR"
-    assert "fANOVA" in texts(at)
+    assert "PED-ANOVA" in texts(at)
     parallel = pa.ipc.open_stream(at.get("vega_lite_chart")[1].proto.datasets[0].data.data).read_all()
     assert set(parallel.column("knob").to_pylist()) == {"LR", "WIDTH"} and parallel.num_rows == 2 * len(LRS)
     assert len(at.get("vega_lite_chart")) == 3  # importance, parallel coordinates, slices
