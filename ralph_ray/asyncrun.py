@@ -86,6 +86,7 @@ class AsyncCampaign(Campaign):
             explore=pop.explore,
             one_per_lineage=pop.one_per_lineage,
             seed=cfg.agent.seed * 1000 + len(self.children),
+            nice=pop.breeder_nice,
         )
         self.breeder = BackgroundBreeder(self.pool, plan, bred, self._grow, self._log)
         self.breeder.start()

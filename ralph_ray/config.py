@@ -287,6 +287,9 @@ class PopulationConfig:
     trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
     explore: float = 0.2  # chance a parent slot goes to a random non-top variant
     one_per_lineage: bool = True  # prefer parents from different first-generation branches
+    # async: the background breeder (analysis, coding, the gate's smoke runs) runs this much nicer than the trials,
+    # so a trial under a time budget keeps its CPU while children are written (0: the trials' priority).
+    breeder_nice: int = 10
 
 
 @dataclass
@@ -658,6 +661,12 @@ def validate(cfg: Config) -> None:
         _positive("trial.budget_s", cfg.trial.budget_s)
     if cfg.trial.grace_s < 0:
         raise ConfigError("trial.grace_s", f"must be >= 0, got {cfg.trial.grace_s}", "set trial.grace_s=10")
+    if not 0 <= cfg.population.breeder_nice <= 19:
+        raise ConfigError(
+            "population.breeder_nice",
+            f"must be a niceness step in 0..19, got {cfg.population.breeder_nice}",
+            "set population.breeder_nice=10 (0: breed at the trials' CPU priority)",
+        )
     if not 0.0 <= cfg.population.explore <= 1.0:
         raise ConfigError(
             "population.explore", f"must be in [0, 1], got {cfg.population.explore}", "set population.explore=0.2"

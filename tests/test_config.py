@@ -71,6 +71,7 @@ def test_a_removed_space_replaces_the_task_yamls_space():
         (["search.space.LR.low=1", "search.space.LR.high=0.1"], "search.space.LR.low", "range"),
         (["resources.gpu=-1"], "resources.gpu", "resources.gpu"),
         (["agent.exploration=-1"], "agent.exploration", "agent.exploration=0.01"),
+        (["population.breeder_nice=20"], "population.breeder_nice", "population.breeder_nice=10"),
         (["agent=cli"], "agent.cli_command", "agent.cli_command="),
         (["agent=cli", "agent.cli_template=nope"], "agent.cli_template", "claude"),
     ],

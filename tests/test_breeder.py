@@ -1,0 +1,43 @@
+"""The background breeder's CPU priority: its thread, and the processes it starts (the gate's smoke runs), run
+nicer than the trials, while the driver's other threads keep theirs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from ralph_ray.breeder import lower_priority
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_the_breeder_thread_and_what_it_starts_run_nicer_than_the_trials():
+    seen: dict[str, int] = {}
+    logged: list[str] = []
+
+    def breeder() -> None:
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        seen["expected"] = min(19, before + 5) - before  # a test run already at nice 15+ is clamped at 19
+        lower_priority(5, logged.append)
+        seen["thread"] = os.getpriority(os.PRIO_PROCESS, tid) - before
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.nice(0))"], capture_output=True, text=True)
+        seen["subprocess"] = int(child.stdout) - before
+
+    main_before = os.nice(0)
+    thread = threading.Thread(target=breeder)
+    thread.start()
+    thread.join()
+    assert seen["expected"] > 0 and seen["thread"] == seen["subprocess"] == seen["expected"]
+    assert not logged
+    assert os.nice(0) == main_before  # the driver's own thread (Tune's loop, the records) keeps its priority
+
+
+def test_nice_zero_leaves_the_priority_alone():
+    tid = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, tid)
+    lower_priority(0, lambda line: pytest.fail(line))
+    assert os.getpriority(os.PRIO_PROCESS, tid) == before
