@@ -64,14 +64,16 @@ def _log_scale(values: pd.Series) -> bool:
 def importances(table: pd.DataFrame, names: list[str], minimize: bool = False) -> dict[str, float]:
     """Each parameter's importance for reaching the best tenth of selection scores (`top_quantile`), by Optuna's
     PED-ANOVA evaluator over a study rebuilt from these scored trials (the newest MAX_TRIALS); {} with fewer than
-    MIN_TRIALS or nothing varying. Not fANOVA: its forest took 2.3 s on 200 trials of a real-shaped KB and 10-38 s
-    on 200 noisy ones (a campaign's scores mostly are), on every redraw of a live page; PED-ANOVA takes milliseconds."""
+    MIN_TRIALS, no knob varying or every score equal. Not fANOVA: its forest took 2.3 s on 200 trials of a
+    real-shaped KB and 10-38 s on 200 noisy ones (a campaign's scores mostly are), on every redraw of a live page;
+    PED-ANOVA takes milliseconds."""
     import optuna  # only the Knobs page pays for the import
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
     scored = table.dropna(subset=[SCORE]).tail(MAX_TRIALS)
     params = [n for n in varying(scored, names) if scored[n].notna().all()]
-    if len(scored) < MIN_TRIALS or not params:
+    # Equal scores have no best group: PED-ANOVA would give every parameter 0, shown as equal shares of 1.
+    if len(scored) < MIN_TRIALS or not params or scored[SCORE].nunique() < 2:
         return {}
     distributions: dict[str, Any] = {}
     for name in params:

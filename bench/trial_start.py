@@ -113,7 +113,7 @@ def main() -> None:
             f"  request -> CUDA ready (first kernel)   cold {median(cold, 3):6.3f} s   warm {median(warm, 3):6.3f} s   "
             f"ratio {median(warm, 3) / median(cold, 3):.3f}   ({gpu})",
         )
-    save("trial_start", figures, lines)
+    save("trial_start_gpu" if gpu else "trial_start", figures, lines)  # a GPU run beside the CPU figure, not over it
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ it picks a parent from the population as it stands (the best so far, exploration
 written and gated (`grow`, which uses children.py and the agents), and queues the children, whose generation
 is the parent's + 1. One parent is bred at a time (the agents' own concurrency applies inside), and the gate's
 smoke runs use one thread, so the breeder takes little CPU from the trials. It also runs at a lower CPU priority
-(`population.breeder_nice`, inherited by its agents' threads and the gate's smoke runs): on Fashion-MNIST on 2 cores
-the trials' epochs took 13-15 s beside a breeder at the trials' priority against 8-10 s in the barrier loop, so a
-child under a time budget trained a third fewer epochs than its parent had.
+(`population.breeder_nice`, inherited by its agents' threads and the gate's smoke runs): on Fashion-MNIST on 2 cores,
+beside a breeder at the trials' priority, a completed 30-s trial trained 1.4-2.0 epochs against 2.0-3.75 in the
+barrier loop (bench/breeding.py).
 """
 
 from __future__ import annotations

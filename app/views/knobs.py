@@ -58,7 +58,10 @@ def body(run: shell.Campaign) -> None:
             + (" (`variant`: which code the trial ran)." if knobstats.VARIANT in params else ".")
         )
     else:
-        st.info(f"Importance needs at least {knobstats.MIN_TRIALS} scored trials and a knob that varies.")
+        st.info(
+            f"Importance needs at least {knobstats.MIN_TRIALS} scored trials, a knob that varies "
+            "and scores that differ."
+        )
 
     numeric = knobstats.numeric_knobs(rows, knobs)
     if not numeric:

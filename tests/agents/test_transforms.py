@@ -126,6 +126,13 @@ def test_not_applicable_names_the_missing_idiom(trainer: str, name: str, reason:
         apply_transform(name, SOURCES[trainer])
 
 
+@pytest.mark.parametrize("name", ["shift_augmentation", "flip_augmentation"])
+def test_self_models_auxiliary_mse_is_no_regression_loss(name: str):
+    child = apply_transform("self_model_head", SOURCES["fashion"])
+    assert "mse_loss" in child
+    apply_transform(name, child)  # an image classifier still, not refused as regression
+
+
 CASES = [(trainer, name) for trainer in sorted(TRAINERS) for name in sorted(APPLIES[trainer])]
 
 

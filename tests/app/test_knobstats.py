@@ -44,20 +44,53 @@ def test_at_fifty_trials_the_knob_that_matters_ranks_first_in_most_campaigns():
     assert first.count("LR") >= 6, first
 
 
-def test_a_loss_ranks_the_same_knob_first_when_minimised():
-    table = campaign_like(200)
-    table[knobstats.SCORE] = -table[knobstats.SCORE]
-    found = knobstats.importances(table, ["LR", "BATCH_SIZE"], minimize=True)
-    assert max(found, key=found.get) == "LR"
+def spikes(trials: int) -> pd.DataFrame:
+    """A high score needs A near 0.5, a low score B near 0.5: the best and the worst trials differ in which knob."""
+    rng = np.random.default_rng(0)
+    a, b = rng.uniform(0, 1, trials), rng.uniform(0, 1, trials)
+    score = np.exp(-(((a - 0.5) / 0.05) ** 2)) - np.exp(-(((b - 0.5) / 0.05) ** 2)) + rng.normal(0, 0.01, trials)
+    return pd.DataFrame({"A": a, "B": b, knobstats.SCORE: score})
+
+
+def test_a_loss_ranks_the_same_knob_first_when_minimised_and_the_direction_matters():
+    table = spikes(200)
+    loss = table.assign(**{knobstats.SCORE: -table[knobstats.SCORE]})
+    first = {
+        "max": knobstats.importances(table, ["A", "B"]),
+        "min": knobstats.importances(loss, ["A", "B"], minimize=True),
+        "a loss read as a score": knobstats.importances(loss, ["A", "B"]),
+    }
+    assert {how: max(found, key=found.get) for how, found in first.items()} == {
+        "max": "A",
+        "min": "A",
+        "a loss read as a score": "B",
+    }
+
+
+def test_a_categorical_knob_that_moves_the_score_ranks_first():
+    rng = np.random.default_rng(0)
+    optimiser = rng.choice(["adam", "sgd", "rmsprop"], 40)
+    table = pd.DataFrame(
+        {
+            "OPTIMIZER": optimiser,
+            "ACTIVATION": rng.choice(["relu", "gelu", "silu"], 40),
+            knobstats.SCORE: 0.05 * (optimiser == "adam") + rng.normal(0, 0.01, 40),
+        }
+    )
+    found = knobstats.importances(table, ["OPTIMIZER", "ACTIVATION"])
+    assert max(found, key=found.get) == "OPTIMIZER"
 
 
 def test_the_top_group_is_a_tenth_but_never_fewer_than_three_trials_nor_more_than_half():
     assert knobstats.top_quantile(1000) == 0.1
     assert knobstats.top_quantile(20) == pytest.approx(0.15)
     assert knobstats.top_quantile(4) == 0.5
+    assert knobstats.top_quantile(3) == 0.5
 
 
 def test_too_few_trials_or_nothing_varying_gives_no_importance():
     assert knobstats.importances(campaign_like(2), ["LR"]) == {}
     constant = campaign_like(20).assign(LR=0.01)
     assert knobstats.importances(constant, ["LR"]) == {}
+    tied = campaign_like(20).assign(**{knobstats.SCORE: 0.9})  # no best group: not equal shares of 1
+    assert knobstats.importances(tied, ["LR", "BATCH_SIZE"]) == {}
