@@ -31,9 +31,10 @@ _parser.add_argument("budget_s", nargs="?", type=int, default=240)
 _parser.add_argument("repeats", nargs="?", type=int, default=3)
 _parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=lm, population.mode=...)")
 _parser.add_argument("--kinds", default="", help="run only the kinds whose name starts so (knob, serial, population)")
-_parser.add_argument("--target", type=float, default=0.985, help="selection score to time (the metric's units)")
+_parser.add_argument("--target", type=float, help="selection score to time, in the metric's units (digits: 0.985)")
 _ARGS = _parser.parse_args()
-BUDGET_S, REPEATS, EXTRA, ONLY, TARGET = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds, _ARGS.target
+BUDGET_S, REPEATS, EXTRA, ONLY = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds
+TARGET = 0.985 if _ARGS.target is None else _ARGS.target
 KINDS = {
     "population (default: 2 parents x 3 children)": [],
     "serial Ralph loop (1 x 1)": ["population.parents=1", "population.children_per_parent=1"],
@@ -52,6 +53,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-modes-"))
     probe = config(root, "probe", "population.mode=async", *EXTRA)
     lower = probe.task.direction == "min"
+    if _ARGS.target is None and (lower or probe.task.name != "digits"):
+        _parser.error(f"task {probe.task.name}: name the target in its metric ({probe.task.metric}): --target VALUE")
     sign = -1.0 if lower else 1.0  # shown in the metric's own units: a loss (lm's bits per byte) positive
     results: dict[str, list] = {kind: [] for kind in KINDS if kind.startswith(ONLY)}
     for seed in range(REPEATS):
