@@ -153,12 +153,14 @@ def parallel_chart(table: pd.DataFrame, names: list[str]) -> alt.Chart:
 
 def slice_chart(table: pd.DataFrame, names: list[str]) -> alt.ConcatChart:
     """A slice plot: selection score against each knob's value, one panel per knob (log x where wide)."""
-    scored = table.dropna(subset=[SCORE])
+    # Only the columns a panel draws: the whole trials table (knobs JSON, reasons, paths) went to the browser once
+    # per panel and was most of the Knobs page's payload (150 kB of 190 kB on a 200-trial campaign).
+    scored = table.dropna(subset=[SCORE])[["trial_id", "variant_id", "cycle", SCORE, *names]]
     panels = []
     for name in names:
         values = scored[name].astype(float)
         panels.append(
-            alt.Chart(scored.assign(value=values))
+            alt.Chart(scored[["trial_id", "variant_id", "cycle", SCORE]].assign(value=values))
             .mark_circle(size=60, opacity=0.75)
             .encode(
                 x=alt.X(
