@@ -37,6 +37,11 @@ RAY_ENV_DEFAULTS = {
     # LLM agent at load 9-14, a slot then sat idle for the rest of a 600-s campaign. Read by the trial actors, which
     # inherit a local Ray's environment (a cluster's nodes need it in theirs: cluster.yaml's ray start commands).
     "TUNE_FUNCTION_THREAD_TIMEOUT_S": "30",
+    # Ray starts its workers at niceness 15, so a trial (a worker's child) lost the CPU to the driver's background
+    # breeder (agents, gate smoke runs) at niceness 0: on Fashion-MNIST on 2 cores an async child's epoch took 2x its
+    # barrier-loop time (bench/breeding.py). Trials at 0 and the breeder at population.breeder_nice put it the right
+    # way round. Read by the raylet a local Ray starts (and cluster.yaml's `ray start` commands).
+    "RAY_worker_niceness": "0",
 }
 DEFAULT_PORT = 6379
 DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"  # where Ray itself looks (and `ray get-auth-token` writes)

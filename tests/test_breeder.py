@@ -41,3 +41,14 @@ def test_nice_zero_leaves_the_priority_alone():
     before = os.getpriority(os.PRIO_PROCESS, tid)
     lower_priority(0, lambda line: pytest.fail(line))
     assert os.getpriority(os.PRIO_PROCESS, tid) == before
+
+
+def test_trials_on_a_local_ray_keep_the_drivers_priority_so_the_breeder_is_the_nicer(ray_session):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    # Ray's own default starts workers 15 nicer than the driver: the breeder (at +10) would then outrank the trials.
+    assert ray.get(niceness.remote()) == os.nice(0)
