@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,33 @@ def test_trials_on_a_local_ray_keep_the_drivers_priority_so_the_breeder_is_the_n
 
     # Ray's own default starts workers 15 nicer than the driver: the breeder (at +10) would then outrank the trials.
     assert ray.get(niceness.remote()) == os.nice(0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no scheduler autogroups on this kernel")
+def test_a_trainer_started_by_the_breeder_gets_a_nicer_autogroup_than_the_trials(tmp_path: Path):
+    # Each trainer is a session of its own, so a scheduler autogroup of its own, where only the group's nice weighs
+    # against the trials: the breeder's gate smoke runs must carry its niceness there too.
+    from ralph_ray.runner import Limits, Status, Trainer, run
+    from ralph_ray.sandbox import Policy, SandboxMode
+
+    (tmp_path / "train.py").write_text(
+        "from pathlib import Path\nfrom ralph_ray import harness\n"
+        "Path('group.txt').write_text(Path('/proc/self/autogroup').read_text())\nharness.report(epoch=1, val_acc=0.5)\n"
+    )
+    outcomes = {}
+
+    def start(name: str, nice: int) -> None:
+        lower_priority(nice, pytest.fail)
+        work = tmp_path / name
+        work.mkdir()
+        (work / "train.py").write_text((tmp_path / "train.py").read_text())
+        outcomes[name] = run(Trainer(work, tmp_path), Limits(60, sandbox=Policy(SandboxMode.none)))
+
+    for name, nice in (("breeder", 5), ("trial", 0)):
+        thread = threading.Thread(target=start, args=(name, nice))
+        thread.start()
+        thread.join()
+    assert all(o.status is Status.finished for o in outcomes.values()), outcomes
+    base = os.nice(0)
+    assert (tmp_path / "breeder" / "group.txt").read_text().split()[-1] == str(min(19, base + 5))
+    assert (tmp_path / "trial" / "group.txt").read_text().split()[-1] == "0"
