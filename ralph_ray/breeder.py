@@ -6,9 +6,10 @@ it picks a parent from the population as it stands (the best so far, exploration
 written and gated (`grow`, which uses children.py and the agents), and queues the children, whose generation
 is the parent's + 1. One parent is bred at a time (the agents' own concurrency applies inside), and the gate's
 smoke runs use one thread, so the breeder takes little CPU from the trials. It also runs at a lower CPU priority
-(`population.breeder_nice`, inherited by its agents' threads and the gate's smoke runs): on Fashion-MNIST on 2 cores,
-beside a breeder at the trials' priority, a completed 30-s trial trained 1.4-2.0 epochs against 2.0-3.75 in the
-barrier loop (bench/breeding.py).
+(`population.breeder_nice`, inherited by its agents' threads and the gate's smoke runs, whose scheduler autogroups
+the runner gives the same niceness; Ray's workers run at the driver's, raycluster.RAY_ENV_DEFAULTS): on
+Fashion-MNIST on 2 cores, with the breeder out-ranking the trials, a completed 30-s trial trained 1.4-2.0 epochs
+against 2.0-3.75 in the barrier loop (bench/breeding.py).
 """
 
 from __future__ import annotations
