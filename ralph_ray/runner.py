@@ -29,7 +29,17 @@ from typing import IO, Any, Callable, Mapping
 
 from ralph_ray import harness, warmstart
 from ralph_ray.peakmemory import USAGE_FILE, PeakMemory
-from ralph_ray.sandbox import INSTALL_FIX, Breach, Jail, Policy, SandboxMode, View, classify, python_dirs
+from ralph_ray.sandbox import (
+    INSTALL_FIX,
+    Breach,
+    Jail,
+    Policy,
+    SandboxMode,
+    View,
+    classify,
+    keep_niceness_in_session,
+    python_dirs,
+)
 from ralph_ray.secretenv import public_env
 
 POLL_S = 0.05
@@ -149,22 +159,6 @@ class Running:
         self.output.join()
 
 
-def _group_keeps_niceness() -> None:
-    """In a child just made a session leader: give its scheduler autogroup the niceness it inherited.
-
-    Linux puts each new session in its own autogroup, and niceness only weighs tasks inside one group: a gate smoke
-    run started by the breeder at niceness 10 (population.breeder_nice) still took half a core from each trial
-    beside it on Fashion-MNIST (ps: ~47% each at ni 10). The group's own nice is what counts across groups. A no-op
-    at niceness 0 (every trial) and where the kernel has no autogroups."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice > 0:
-        try:
-            with open("/proc/self/autogroup", "w") as handle:
-                handle.write(str(nice))
-        except OSError:
-            pass
-
-
 def start(trainer: Trainer, limits: Limits) -> Running:
     """Start the trainer in its sandbox and own process group, threads capped, output capped to files, no secrets."""
     work = trainer.work
@@ -193,7 +187,7 @@ def start(trainer: Trainer, limits: Limits) -> Running:
 
     def enter() -> None:  # in the child, before exec
         _die_with_parent()
-        _group_keeps_niceness()
+        keep_niceness_in_session()
         jail.enter()
 
     try:

@@ -480,3 +480,19 @@ def _counters(path: Path) -> dict[str, int]:
 
 def _pids(group: Path) -> list[int]:
     return [int(p) for p in _read(group / "cgroup.procs").split() if p.isdigit()]
+
+
+def keep_niceness_in_session() -> None:
+    """In a child just made a session leader: give its scheduler autogroup the niceness it inherited.
+
+    Linux puts each new session in its own autogroup, and niceness only weighs tasks inside one group: a gate smoke
+    run (runner) or a CLI agent (agents/cli) started by the breeder at niceness 10 (population.breeder_nice) still
+    took half a core from each trial beside it on Fashion-MNIST (ps: ~47% each at ni 10). The group's own nice is
+    what counts across groups. A no-op at niceness 0 (every trial) and where the kernel has no autogroups."""
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice > 0:
+        try:
+            with open("/proc/self/autogroup", "w") as handle:
+                handle.write(str(nice))
+        except OSError:
+            pass

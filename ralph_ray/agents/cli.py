@@ -22,7 +22,7 @@ from ralph_ray.agents import prompts
 from ralph_ray.agents.base import AgentConfigError, AgentError, Draft, ParentView, Recommendation, Usage
 from ralph_ray.cli_templates import CliTemplate, TemplateError
 from ralph_ray.config import AgentConfig
-from ralph_ray.sandbox import Jail, Policy, View
+from ralph_ray.sandbox import Jail, Policy, View, keep_niceness_in_session
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.variants import mutable_names, unified_diff
 
@@ -156,7 +156,7 @@ class CliCoder:
                     cwd=workdir,
                     env=env,
                     start_new_session=True,
-                    preexec_fn=jail and jail.enter,
+                    preexec_fn=lambda: _enter(jail),
                     stdin=subprocess.PIPE if stdin_text is not None else subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -243,3 +243,10 @@ def _redact(text: str) -> str:
 def _tail(text: str) -> str:
     text = text.strip()
     return ("..." + text[-TAIL_CHARS:]) if len(text) > TAIL_CHARS else text
+
+
+def _enter(jail: Jail | None) -> None:
+    """In the agent's child, before exec: its session's autogroup keeps the breeder's niceness, then the jail."""
+    keep_niceness_in_session()
+    if jail is not None:
+        jail.enter()
