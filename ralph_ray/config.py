@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.knobs import is_knob_name
-from ralph_ray.resumable import missing_resume_calls, refusal
+from ralph_ray.resumable import missing_parallel_calls, missing_resume_calls, parallel_refusal, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS, find_task, task_names
@@ -304,6 +304,14 @@ class ResourcesConfig:
     # placement-group strategy: PACK packs a trial's workers on one node when they fit, SPREAD spreads them).
     workers_per_trial: int = 1
     placement: str = "PACK"
+    # true: a trial of one worker runs through Ray Train too (a process group of one: NCCL on a GPU), the
+    # data-parallel path without its scaling: to measure that path's cost, or to keep one code path across N.
+    ray_train: bool = False
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether each trial is a Ray Train worker group (ralph_ray.dataparallel) rather than one process."""
+        return self.workers_per_trial > 1 or self.ray_train
 
 
 @dataclass
@@ -550,7 +558,7 @@ def to_config(raw: Any) -> Config:
 def resolve_mode(cfg: Config) -> PopulationMode:
     """What `population.mode=auto` runs: async (it measures better), or barrier cycles where only they work."""
     # PBT/PB2 train a cycle's trials as one population; data-parallel trials have their own trainable.
-    if cfg.scheduler.name.population_based or cfg.resources.workers_per_trial > 1:
+    if cfg.scheduler.name.population_based or cfg.resources.data_parallel:
         return PopulationMode.generations
     return PopulationMode.asynchronous
 
@@ -878,11 +886,18 @@ def _check_workers(cfg: Config) -> None:
         raise ConfigError(
             "resources.placement", f"must be one of {', '.join(PLACEMENTS)}, got {res.placement!r}", "set PACK"
         )
-    if res.workers_per_trial > 1 and cfg.population.run_mode is not PopulationMode.generations:
+    if res.data_parallel and cfg.population.run_mode is not PopulationMode.generations:
+        raise ConfigError(
+            "resources.workers_per_trial" if res.workers_per_trial > 1 else "resources.ray_train",
+            "data-parallel trials run in barrier cycles only (population.mode=async has its own trainable)",
+            "set population.mode=generations, or resources.workers_per_trial=1 resources.ray_train=false",
+        )
+    entry = cfg.trainer_dir() / "train.py"
+    if res.workers_per_trial > 1 and entry.exists() and missing_parallel_calls(entry.read_text()):
         raise ConfigError(
             "resources.workers_per_trial",
-            "data-parallel trials run in barrier cycles only (population.mode=async has its own trainable)",
-            "set population.mode=generations, or resources.workers_per_trial=1",
+            parallel_refusal(str(entry), res.workers_per_trial),
+            "make the seed data-parallel (above), or set resources.workers_per_trial=1",
         )
 
 

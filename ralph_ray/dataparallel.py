@@ -1,13 +1,14 @@
 """A trial of N data-parallel workers: Ray Train's `TorchTrainer` inside the cycle's Tune trial.
 
-`resources.workers_per_trial=N > 1` makes each Tune trial a small driver (the Train–Tune integration of Ray Train
-V2, the default in Ray 2.60): it starts a `TorchTrainer` whose `ScalingConfig` asks for N workers of
-`resources.cpu` CPUs and `resources.gpu` GPUs each, placed by `resources.placement` (PACK: one node when they
-fit). Each worker runs the variant's train.py exactly as a single trial does (`trials._run_trial`: its own work
-dir, the sandbox, the limits), with the torch.distributed environment set: RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, MASTER_ADDR and a fresh MASTER_PORT that rank 0 picks and shares through the gloo group
-TorchTrainer starts among the workers themselves. The trainer's harness helpers (`harness.init_distributed`,
-`shard`, `wrap`, `mean_across`) do the rest; only rank 0 writes checkpoints and predictions.
+`resources.workers_per_trial=N > 1` (or `resources.ray_train=true`, a group even at N = 1) makes each Tune trial a
+small driver (the Train–Tune integration of Ray Train V2, the default in Ray 2.60): it starts a `TorchTrainer` whose
+`ScalingConfig` asks for N workers of `resources.cpu` CPUs and `resources.gpu` GPUs each, placed by
+`resources.placement` (PACK: one node when they fit). Each worker runs the variant's train.py exactly as a single
+trial does (`trials._run_trial`: its own work dir, the sandbox, the limits), with the torch.distributed environment
+set: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and a fresh MASTER_PORT that rank 0 picks and
+shares through the gloo group TorchTrainer starts among the workers themselves. The trainer's harness helpers
+(`harness.init_distributed`, `shard`, `wrap`, `mean_across`, `any_across`) do the rest; only rank 0 writes
+checkpoints and predictions.
 
 Every worker forwards every epoch to `ray.train.report` (a barrier, so the ranks stay in step); Ray Train keeps
 rank 0's metrics and `TuneReportCallback` hands them to Tune, so Optuna, ASHA, PBT and the ledger see the trial
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ralph_ray.harness import ENV_GROUP
 from ralph_ray.runner import TrialFailed
 from ralph_ray.trials import FAILED_KEY, TrialSpec, _run_trial, work_dir
 
@@ -99,6 +101,7 @@ def _worker(payload: dict[str, Any]) -> None:
         ENV_LOCAL_WORLD_SIZE: str(context.get_local_world_size()),
         ENV_MASTER_ADDR: address,
         ENV_MASTER_PORT: str(port),
+        ENV_GROUP: "1",  # the harness helpers act (a group of one too: resources.ray_train)
     }
     work = rank_dir(work_dir(spec, payload["trial_id"]), rank)
     _run_trial(

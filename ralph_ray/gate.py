@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ralph_ray.knobs import parse, read_knobs
-from ralph_ray.resumable import missing_resume_calls, refusal
+from ralph_ray.resumable import missing_parallel_calls, missing_resume_calls, parallel_refusal, refusal
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy
 from ralph_ray.tasks.base import Splits, write_public
@@ -46,6 +46,7 @@ class Gate:
     output_bytes: int = SMOKE_OUTPUT_BYTES
     scores_model: bool = False  # the task scores the exported model (ralph_ray.modeleval): save_model is required
     resumes: bool = False  # scheduler=pbt: the child must save and restore checkpoints (ralph_ray.pbt)
+    workers: int = 1  # resources.workers_per_trial: N > 1 and the child must join the trial's group
 
     def check(self, child: Path, parent: Path) -> None:
         """Raise GateError naming the first problem; return quietly when the child may run."""
@@ -55,6 +56,8 @@ class Gate:
         check_required_calls(sources.get(self.entry, ""), self.entry, MODEL_CALLS if self.scores_model else ())
         if self.resumes and (missing := missing_resume_calls(sources.get(self.entry, ""))):
             raise GateError(refusal(self.entry, missing))
+        if self.workers > 1 and missing_parallel_calls(sources.get(self.entry, "")):
+            raise GateError(parallel_refusal(self.entry, self.workers))
         check_knobs(sources[self.entry], self.searched_knobs)
         self.smoke(child)
 

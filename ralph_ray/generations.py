@@ -84,6 +84,7 @@ class Campaign:
             output_bytes=cfg.sandbox.output_mb * MIB,
             scores_model=cfg.task.scored_by == ScoredBy.model.value,
             resumes=cfg.scheduler.name.population_based,
+            workers=cfg.resources.workers_per_trial,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 

@@ -8,6 +8,7 @@ trainer also runs by hand (`python train.py`) against data prepared with `python
 from __future__ import annotations
 
 import atexit
+import itertools
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, cast
+from typing import Iterable, Iterator, Sized, cast
 
 import numpy as np
 
@@ -30,6 +31,10 @@ ENV_CHECKPOINT_DIR = "RALPH_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_S = "RALPH_CHECKPOINT_EVERY_S"
 ENV_BUDGET_S = "RALPH_BUDGET_S"  # the trial's time budget in seconds (unset: none, train for EPOCHS)
 ENV_USAGE_FILE = "RALPH_USAGE_FILE"  # where this process's peak memory goes at each report and at exit
+# "1": this trainer is a worker of a data-parallel group (set by ralph_ray.dataparallel beside the torch.distributed
+# variables; by hand under torchrun). Keyed on our own name, so an engine started under torchrun or SLURM, whose
+# environment its single trials inherit, never makes them join a group.
+ENV_GROUP = "RALPH_GROUP"
 PEAK_RSS_KEY = "peak_rss_mb"  # usage file keys (MiB): ru_maxrss, and torch.cuda.max_memory_allocated where used
 PEAK_GPU_KEY = "peak_gpu_mb"
 MODEL_FILE = "model.pt2"  # save_model's export, in the work dir: what a task scored by its model is scored on
@@ -140,6 +145,8 @@ def progress(step: int, total_steps: int) -> float:
     """
     budget = budget_s()
     done = train_seconds() / budget if budget is not None else step / max(1, total_steps)
+    if budget is not None and in_group():  # the ranks' clocks differ a little: one schedule for the whole group
+        done = mean_across(done)
     return min(1.0, max(0.0, done))
 
 
@@ -157,7 +164,7 @@ def epochs(limit: int) -> Iterator[int]:
         if budget_s() is None:
             if epoch >= limit:
                 return
-        elif epoch > 0 and time_left() < _epoch_s:
+        elif epoch > 0 and any_across(time_left() < _epoch_s):  # a group stops together (no rank left waiting)
             return
         began = time.monotonic()
         epoch += 1
@@ -386,20 +393,21 @@ def _fmt(value: float | int | str) -> str:
 
 # -----------------------------------------------------------------------------
 # Data parallel (resources.workers_per_trial=N): the engine starts N copies of train.py with the torch.distributed
-# environment set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). With N = 1 (or a hand run) every
-# helper below is a no-op, so a trainer written with them runs unchanged as a single trial.
+# environment set (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). In a single trial (or a hand run) every
+# helper below is a no-op, so a trainer written with them runs unchanged. A group of one (resources.ray_train with
+# N = 1) is still a group: the helpers start its NCCL/gloo group and wrap the model, the data-parallel path whole.
 
 SHARD_FILE = "shard.json"  # in the work dir: which train rows this rank saw (for people and tests)
 
 
 def rank() -> int:
-    """This worker's rank among the trial's workers (0 in a single trial)."""
-    return int(os.environ.get("RANK", "0"))
+    """This worker's rank among the trial's workers (0 in a single trial, whatever RANK it inherited)."""
+    return int(os.environ.get("RANK", "0")) if in_group() else 0
 
 
 def world_size() -> int:
-    """How many workers train this trial together (1 in a single trial)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """How many workers train this trial together (1 in a single trial, whatever WORLD_SIZE it inherited)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if in_group() else 1
 
 
 def is_main() -> bool:
@@ -407,9 +415,14 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def in_group() -> bool:
+    """Whether this trainer is a worker of a data-parallel group (even of one: resources.ray_train at N = 1)."""
+    return os.environ.get(ENV_GROUP) == "1"
+
+
 def init_distributed() -> None:
-    """Join the trial's process group (NCCL on GPU, gloo on CPU); each rank takes its own GPU. N = 1: nothing."""
-    if world_size() < 2:
+    """Join the trial's process group (NCCL on GPU, gloo on CPU); each rank takes its own GPU. Single trial: nothing."""
+    if not in_group():
         return
     import torch
     import torch.distributed as dist
@@ -431,12 +444,28 @@ def shard(rows: int) -> np.ndarray:
     return indices
 
 
+def stride(batches: Sized) -> Iterable:
+    """This rank's batches of an epoch: every world_size-th from its rank, as many on every rank (the last
+    len % world_size are left out, so every rank takes as many steps and DDP's all-reduces pair up); all of them
+    in a single trial. `batches`: anything with a length (a range of offsets, a list, a DataLoader)."""
+    if not in_group():
+        return batches  # type: ignore[return-value]
+    try:
+        count = len(batches) // world_size()
+    except TypeError:
+        raise TypeError(
+            "harness.stride needs batches with a length (a range, a list, a DataLoader), got "
+            f"{type(batches).__name__}: every rank must take as many steps"
+        ) from None
+    return itertools.islice(batches, rank(), count * world_size(), world_size())  # type: ignore[call-overload]
+
+
 def wrap(model: object) -> object:
-    """The model wrapped for data-parallel training (DistributedDataParallel); the model itself when N = 1.
+    """The model wrapped for data-parallel training (DistributedDataParallel); the model itself in a single trial.
 
     Its state_dict's keys gain a `module.` prefix: a checkpoint resumes with the same number of workers.
     """
-    if world_size() < 2:
+    if not in_group():
         return model
     from torch.nn.parallel import DistributedDataParallel
 
@@ -445,12 +474,25 @@ def wrap(model: object) -> object:
 
 
 def mean_across(value: float) -> float:
-    """The mean of `value` over the trial's ranks (a local train loss becomes the trial's); itself when N = 1."""
-    if world_size() < 2:
+    """The mean of `value` over the trial's ranks (a local train loss becomes the trial's); itself alone."""
+    if not in_group():
         return float(value)
+    return _all_reduce(float(value), "SUM") / world_size()
+
+
+def any_across(flag: bool) -> bool:
+    """True when `flag` is true on any rank: a decision every rank takes together (stop now, under a time budget),
+    so no rank waits in a collective the others left. Itself in a single trial."""
+    if not in_group():
+        return bool(flag)
+    return _all_reduce(float(flag), "MAX") > 0
+
+
+def _all_reduce(value: float, op: str) -> float:
+    """`value` reduced over the trial's ranks with torch.distributed's ReduceOp `op` (on the group's device)."""
     import torch
     import torch.distributed as dist
 
-    tensor = torch.tensor([float(value)], device=device() if device().startswith("cuda") else "cpu")
-    dist.all_reduce(tensor)
-    return float(tensor.item()) / world_size()
+    tensor = torch.tensor([value], device=device() if device().startswith("cuda") else "cpu")
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+    return float(tensor.item())

@@ -1,4 +1,5 @@
-"""Can a trainer resume from a checkpoint? What scheduler=pbt asks of a trainer, read from its source (no Ray)."""
+"""What a scheduler or a trial shape asks of a trainer, read from its source (no Ray): resuming from a checkpoint
+(scheduler=pbt) and joining a data-parallel group (resources.workers_per_trial > 1)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,32 @@ from ralph_ray.knobs import parse
 RESUME_CALLS = ("harness.save_checkpoint", "harness.load_checkpoint")
 
 
+# What a trainer calls to be one worker of N rather than N copies of one trial (the other helpers follow it).
+PARALLEL_CALLS = ("harness.init_distributed",)
+
+
 def missing_resume_calls(source: str) -> list[str]:
     """The harness calls of RESUME_CALLS that `source` never makes (empty: it can resume, so PBT may run it)."""
+    return _missing(source, RESUME_CALLS)
+
+
+def missing_parallel_calls(source: str) -> list[str]:
+    """The harness calls of PARALLEL_CALLS that `source` never makes (empty: its N workers share the work)."""
+    return _missing(source, PARALLEL_CALLS)
+
+
+def _missing(source: str, calls: tuple[str, ...]) -> list[str]:
+    """The `module.function` calls of `calls` that `source` never makes (all of them when it does not parse)."""
     try:
         tree = parse(source)
     except SyntaxError:
-        return list(RESUME_CALLS)
+        return list(calls)
     called = {
         f"{node.func.value.id}.{node.func.attr}"
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
     }
-    return [name for name in RESUME_CALLS if name not in called]
+    return [name for name in calls if name not in called]
 
 
 def refusal(entry: str, missing: list[str]) -> str:
@@ -32,4 +47,14 @@ def refusal(entry: str, missing: list[str]) -> str:
         "(harness.save_checkpoint({...}) right before harness.report) and restore it at the start "
         "(state = harness.load_checkpoint(); continue from state['epoch'] + 1), as trainers/digits/train.py does; "
         "or use scheduler=asha"
+    )
+
+
+def parallel_refusal(entry: str, workers: int) -> str:
+    """Why a trainer cannot be one worker of a data-parallel trial, and the fix."""
+    return (
+        f"{entry} never calls harness.init_distributed: each of the {workers} workers of a trial would train the "
+        "whole model alone (N copies of one trial, rank 0's reported); add the harness helpers (init_distributed, "
+        "wrap, stride or shard; README: Trials bigger than one GPU), or let the data_parallel transform write "
+        f"them where it finds their idioms: python -m ralph_ray.agents.transforms data_parallel {entry}"
     )

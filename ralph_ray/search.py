@@ -175,7 +175,11 @@ def storage_path(cfg: Config, local: Path) -> str:
     return f"{root}/{tail}"
 
 
-PBT_CHECKPOINTS = 4  # checkpoints kept per trial under scheduler=pbt
+# Checkpoints kept per trial under scheduler=pbt: all (at most one per epoch, scheduler.max_t). A clone restores its
+# donor's checkpoint of the boundary epoch after the donor may have reported several newer ones; with the last 4 kept,
+# on an H100 (1-s Fashion epochs) the donor's boundary checkpoint was gone before its clone restored ("does not exist
+# on storage anymore"), the clone failed on every retry and synchronous PBT held the other trials at the boundary.
+PBT_CHECKPOINTS = None
 
 
 def run_search(
@@ -197,7 +201,7 @@ def run_search(
         tune.with_parameters(run_trial, spec=spec),
         {"cpu": cfg.resources.cpu, "gpu": cfg.resources.gpu},
     )
-    parallel = cfg.resources.workers_per_trial > 1
+    parallel = cfg.resources.data_parallel
     if parallel:  # the trial is a driver of a Ray Train group: its workers hold the CPUs and GPUs
         workers = dataparallel.Workers(
             cfg.resources.workers_per_trial,
@@ -258,7 +262,7 @@ def run_search(
             # Retries are for lost nodes and actors (a trainer's own failure ends its trial as a result); a retry
             # resumes from the trial's last checkpoint, of which storage keeps only the newest.
             failure_config=tune.FailureConfig(max_failures=cfg.safeguards.max_failures),
-            # PBT clones a donor's checkpoint after it may have saved newer ones: keep a few.
+            # PBT clones a donor's checkpoint after it may have saved newer ones: keep them (PBT_CHECKPOINTS).
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=PBT_CHECKPOINTS if cfg.scheduler.name.population_based else 1
             ),
@@ -298,7 +302,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
         relative=relative_knobs(cfg.search.space) if relative else frozenset(),
     )
     budget = cfg.trial.budget_s  # the trainer's deadline (harness.time_left) and the runner's stop past it + grace
-    parallel = cfg.resources.workers_per_trial > 1
+    parallel = cfg.resources.data_parallel
     return TrialSpec(
         code,
         data,

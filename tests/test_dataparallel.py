@@ -4,6 +4,10 @@ against the same trial on 1 worker."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +15,7 @@ import pytest
 
 from ralph_ray import sandbox
 from ralph_ray.campaign import run
-from ralph_ray.config import ConfigError, load_config
+from ralph_ray.config import ConfigError, PopulationMode, load_config
 from ralph_ray.dataparallel import rank_dir
 from ralph_ray.kb import open_reader
 
@@ -73,3 +77,71 @@ def test_workers_need_barrier_cycles_and_a_known_placement(tmp_path: Path):
         load_config([*base, "population.mode=async"])
     with pytest.raises(ConfigError, match="resources.placement"):
         load_config([*base, "resources.placement=ANYWHERE"])
+
+
+def test_a_group_of_one_goes_through_ray_train_in_barrier_cycles(tmp_path: Path):
+    base = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}", "resources.ray_train=true"]
+    cfg = load_config(base)
+    assert cfg.resources.data_parallel and cfg.resources.workers_per_trial == 1
+    assert cfg.population.run_mode is PopulationMode.generations  # auto picks barrier cycles for it
+    with pytest.raises(ConfigError, match="resources.ray_train"):
+        load_config([*base, "population.mode=async"])
+    assert not load_config(base[:2]).resources.data_parallel
+
+
+GROUP_PROBE = """
+import torch, torch.distributed as dist
+from ralph_ray import harness
+harness.init_distributed()
+model = harness.wrap(torch.nn.Linear(2, 2))
+print(dist.is_initialized(), type(model).__name__, harness.any_across(True), harness.any_across(False),
+      harness.mean_across(3.0), harness.rank(), harness.world_size(), harness.is_main(), len(harness.shard(10)))
+"""
+
+
+def probe_group(**env: str) -> str:
+    """What the harness helpers do in a fresh process with `env` (the torch.distributed variables of a group)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if k not in ("RALPH_GROUP", "WORLD_SIZE", "RANK")}
+    environ.update(RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RALPH_DEVICE="cpu")
+    environ.update(env)
+    done = subprocess.run([sys.executable, "-c", GROUP_PROBE], env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def test_a_group_of_one_starts_its_process_group_and_wraps_the_model():
+    got = probe_group(RALPH_GROUP="1", WORLD_SIZE="1")
+    assert got == ["True", "DistributedDataParallel", "True", "False", "3.0", "0", "1", "True", "10"]
+
+
+def test_torch_distributed_variables_alone_do_not_make_a_single_trial_join_a_group():
+    """An engine started under torchrun or SLURM passes WORLD_SIZE=2 to its single trials: they must not wait for
+    a rank that never comes (only the engine's own RALPH_GROUP=1 makes a group)."""
+    # Rank 1 of 2 as torchrun would say: still the whole trial (all rows, predictions written), no group.
+    got = probe_group(WORLD_SIZE="2", RANK="1")
+    assert got == ["False", "Linear", "True", "False", "3.0", "0", "1", "True", "10"]
+
+
+def test_a_seed_that_would_run_as_n_copies_is_refused_naming_the_transform(tmp_path: Path):
+    base = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
+    with pytest.raises(ConfigError, match=r"never calls harness.init_distributed.*transforms data_parallel"):
+        load_config([*base, "task=lm", "resources.workers_per_trial=2"])  # the lm seed has no helpers
+    assert load_config([*base, "task=fashion", "resources.workers_per_trial=2"]).resources.workers_per_trial == 2
+
+
+def test_stride_gives_each_rank_as_many_disjoint_batches(monkeypatch: pytest.MonkeyPatch):
+    from ralph_ray import harness
+
+    assert harness.stride(range(10)) == range(10)  # a single trial: every batch
+    monkeypatch.setenv("RALPH_GROUP", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    taken = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        taken.append(list(harness.stride(range(0, 100, 10))))
+    assert taken == [[0, 30, 60], [10, 40, 70], [20, 50, 80]]  # the tenth batch left out: 3 steps on every rank
+    with pytest.raises(TypeError, match="batches with a length"):
+        harness.stride(iter(range(10)))  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,11 @@ def test_reaching_past_the_work_dir_is_refused_before_the_smoke_run(
     )
     with pytest.raises(GateError, match=f"train.py line \\d+: {message}"):
         gate.check(child, parent)
+
+
+def test_a_child_that_left_the_data_parallel_group_is_refused_when_trials_have_workers(gate: Gate, tmp_path: Path):
+    """Under resources.workers_per_trial=N > 1 a child without harness.init_distributed would run as N copies."""
+    child, parent = child_of_seed(tmp_path, lambda s: s.replace("    harness.init_distributed()", "    pass"))
+    with pytest.raises(GateError, match="never calls harness.init_distributed.*data_parallel"):
+        replace(gate, workers=2).check(child, parent)
+    gate.check(child, parent)  # a single-worker campaign does not ask for it

@@ -9,7 +9,12 @@ trainers go through the real validation gate (a real subprocess smoke run on dig
 from __future__ import annotations
 
 import ast
+import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +27,7 @@ from ralph_ray.agents.transforms import (
     applicability,
     apply_transform,
 )
-from ralph_ray.gate import Gate, write_smoke_data
+from ralph_ray.gate import SMOKE_KNOBS, Gate, write_smoke_data
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import Splits
 from ralph_ray.tasks.digits import prepare
@@ -63,10 +68,12 @@ APPLIES = {
         "mixed_precision",
         "channels_last",
     },
-    "digits": ALL - {"widen_layers", "add_dropout", "add_weight_decay"},
-    "fashion": ALL - {"widen_layers", "add_dropout", "add_weight_decay"},
-    # tokens in (nn.Embedding): no image augmentation
-    "lm": ALL - {"widen_layers", "adamw_optimizer", "channels_last", "shift_augmentation", "flip_augmentation"},
+    # already data-parallel (the harness helpers)
+    "digits": ALL - {"widen_layers", "add_dropout", "add_weight_decay", "data_parallel"},
+    "fashion": ALL - {"widen_layers", "add_dropout", "add_weight_decay", "data_parallel"},
+    # tokens in (nn.Embedding): no image augmentation; it exports its model (no DDP wrapper around it)
+    "lm": ALL
+    - {"widen_layers", "adamw_optimizer", "channels_last", "shift_augmentation", "flip_augmentation", "data_parallel"},
     # regression (F.mse_loss): neither image augmentation nor the cross-entropy transforms
     "diabetes": {
         "add_dropout",
@@ -78,6 +85,7 @@ APPLIES = {
         "lr_warmup",
         "mixed_precision",
         "one_cycle_schedule",
+        "data_parallel",
     },
     "cifar10": {
         "deepen",
@@ -119,6 +127,10 @@ def test_at_least_eight_code_interventions_apply_to_every_differently_written_tr
         ("lm", "shift_augmentation", "token ids, not images"),
         ("lm", "flip_augmentation", "token ids, not images"),
         ("diabetes", "shift_augmentation", "regression loss"),
+        ("digits", "data_parallel", "already data-parallel"),
+        ("cifar10", "data_parallel", "model.init_whiten.*model.module"),
+        ("lm", "data_parallel", "exports its model"),
+        ("airbench_style", "data_parallel", "no length to split evenly"),
     ],
 )
 def test_not_applicable_names_the_missing_idiom(trainer: str, name: str, reason: str):
@@ -293,7 +305,7 @@ def test_cifar10_with_the_widened_transforms_still_trains(tmp_path: Path):
 
 GATED = [
     ("sequential_flat", ["ema_weights", "hard_example_replay"]),
-    ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout"]),
+    ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout", "data_parallel"]),
     ("functional_mlp", ["shift_augmentation", "gradient_clipping", "edge_of_chaos_curriculum"]),
     ("airbench_style", ["self_model_head", "deepen"]),
     ("digits", ["edge_of_chaos_curriculum", "self_model_head", "mixed_precision"]),
@@ -316,3 +328,46 @@ def test_transformed_trainer_passes_the_gate(gate: Gate, tmp_path: Path, trainer
         source = apply_transform(name, source)
     (child / "train.py").write_text(source)
     gate.check(child, parent)
+
+
+@pytest.mark.parametrize("trainer", ["sequential_flat", "module_loader"])
+def test_a_data_parallel_child_trains_as_two_gloo_ranks_in_step(gate: Gate, tmp_path: Path, trainer: str):
+    """The transform's output run as a real group of two (the torch.distributed variables the engine sets): both
+    ranks finish (as many steps each: no rank waits in an all-reduce), report every epoch, and only rank 0
+    predicts. Index batches (a range of offsets) and DataLoader batches."""
+    source = apply_transform("data_parallel", SOURCES[trainer])
+    source = rewrite_knobs(source, {k: v for k, v in SMOKE_KNOBS.items() if k in read_knobs(source)})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = []
+    for rank in (0, 1):
+        work = tmp_path / f"rank{rank}"
+        shutil.copytree(TRAINERS[trainer], work, ignore=shutil.ignore_patterns("__pycache__"))
+        (work / "train.py").write_text(source)
+        group = {"RALPH_GROUP": "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        env = {**os.environ, **group, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env |= {"RALPH_DATA_DIR": str(gate.smoke_data), "RALPH_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, "train.py"],
+                cwd=work,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        for process in ranks:
+            _, stderr = process.communicate(timeout=300)
+            assert process.returncode == 0, stderr[-2000:]
+    finally:
+        for process in ranks:  # a rank left waiting for its peer must not outlive the test
+            process.kill()
+    epochs = [
+        [json.loads(line)["epoch"] for line in (tmp_path / f"rank{r}" / "metrics.jsonl").read_text().splitlines()]
+        for r in (0, 1)
+    ]
+    assert epochs[0] and epochs[0] == epochs[1]
+    assert (tmp_path / "rank0" / "predictions.npz").exists() and not (tmp_path / "rank1" / "predictions.npz").exists()

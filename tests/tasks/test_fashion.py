@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +196,68 @@ def test_a_two_cycle_campaign_on_a_subsample_of_the_real_data(
     # 900 training images, 2 epochs: far above chance (0.1) on the real clothes, and scored on 200 of each split
     assert max(selection for _, selection, _ in scores) > 0.5
     assert all(abs(selection * 200 - round(selection * 200)) < 1e-9 for _, selection, _ in scores)
+
+
+def start_trainer(work: Path, data: Path, knobs: dict, **env: str) -> subprocess.Popen:
+    """The fashion seed trainer as a real subprocess in `work`, its knobs rewritten, `env` added."""
+    work.mkdir()
+    source = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
+    (work / "train.py").write_text(rewrite_knobs(source, knobs))
+    environ = {**os.environ, "RALPH_DATA_DIR": str(data), "RALPH_DEVICE": "cpu", "OMP_NUM_THREADS": "1", **env}
+    return subprocess.Popen(
+        [sys.executable, "train.py"], cwd=work, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finished(process: subprocess.Popen) -> None:
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-2000:]
+
+
+def prepared(tmp_path: Path) -> Path:
+    write_dataset(tmp_path / "raw")
+    write_public(fashion.prepare(settings(), DataConfig(root=str(tmp_path / "raw"))), tmp_path / "data", "fashion")
+    return tmp_path / "data"
+
+
+def test_the_seed_trainer_trains_as_two_gloo_workers_on_disjoint_shards(tmp_path: Path):
+    data = prepared(tmp_path)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    group = {"RALPH_GROUP": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    ranks = [
+        start_trainer(
+            tmp_path / f"rank{r}", data, {"EPOCHS": 2, "BATCH_SIZE": 16}, RANK=str(r), LOCAL_RANK=str(r), **group
+        )
+        for r in (0, 1)
+    ]
+    try:
+        for process in ranks:
+            finished(process)
+    finally:
+        for process in ranks:  # a rank left waiting for its peer must not outlive the test
+            process.kill()
+    shards = [json.loads((tmp_path / f"rank{r}" / "shard.json").read_text()) for r in (0, 1)]
+    first, second = (set(s["rows"]) for s in shards)
+    rows = len(np.load(data / "train_x.npy", mmap_mode="r"))
+    train_rows = rows - int(rows * 0.1)  # the trainer's VAL_FRACTION stays out of training
+    assert not first & second and len(first) == len(second) == train_rows // 2
+    # Only rank 0 writes predictions; every rank reports the group's mean train loss (the same number).
+    assert (tmp_path / "rank0" / "predictions.npz").exists() and not (tmp_path / "rank1" / "predictions.npz").exists()
+    losses = [
+        [json.loads(line)["train_loss"] for line in (tmp_path / f"rank{r}" / "metrics.jsonl").read_text().splitlines()]
+        for r in (0, 1)
+    ]
+    assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1])
+
+
+def test_a_resumed_trial_trains_with_its_own_knobs_not_the_checkpoints(tmp_path: Path):
+    """PBT resumes a trial from a donor's checkpoint with perturbed knobs: the optimizer must take this run's LR."""
+    data = prepared(tmp_path)
+    checkpoints = str(tmp_path / "checkpoints")
+    finished(start_trainer(tmp_path / "donor", data, {"EPOCHS": 1, "LR": 0.05}, RALPH_CHECKPOINT_DIR=checkpoints))
+    finished(start_trainer(tmp_path / "clone", data, {"EPOCHS": 2, "LR": 0.011}, RALPH_CHECKPOINT_DIR=checkpoints))
+    records = [json.loads(line) for line in (tmp_path / "clone" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [2]  # it continued after the donor's epoch
+    assert records[0]["lr"] == pytest.approx(0.011)

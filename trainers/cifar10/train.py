@@ -229,8 +229,12 @@ def main() -> None:
     step = 0
     saved = harness.load_checkpoint()  # a trial retried on another node continues after its last saved epoch
     if saved is not None:
+        # this run's knobs, not the saved ones (PBT may have perturbed them): the state brings back the donor's
+        knobs = [{k: g[k] for k in ("initial_lr", "weight_decay", "momentum")} for g in optimizer.param_groups]
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
+        for group, own in zip(optimizer.param_groups, knobs):
+            group.update(own)
         lookahead = [t.to(device) for t in saved["lookahead"]]
         step = saved["step"]
         generator.set_state(saved["generator"])

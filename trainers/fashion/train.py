@@ -8,6 +8,8 @@ the trial's device as one uint8 tensor and batches are cut from it by index (no 
 waits on Python, and an augmentation an agent adds runs there in whole batches.
 Under a time budget (trial.budget_s) it trains until the deadline instead of for EPOCHS (its learning rate is
 constant), stopping mid-epoch when the budget runs out, so a trial on a busy machine still scores.
+As N data-parallel workers (resources.workers_per_trial=N) the harness helpers join the group, give each worker
+its shard of train and wrap the model in DDP; alone they do nothing.
 Run by hand: `python -m ralph_ray.prepare task=fashion` then `RALPH_DATA_DIR=... python train.py`.
 """
 
@@ -104,6 +106,8 @@ def resume(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         return 1
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    for group in optimizer.param_groups:  # this run's knobs, not the saved ones (PBT may have perturbed them)
+        group.update(lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     torch.set_rng_state(state["rng"])  # the same batches as a run that was never interrupted
     return state["epoch"] + 1
 
@@ -113,6 +117,7 @@ def resume(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
 
 
 def main() -> None:
+    harness.init_distributed()  # a data-parallel trial's process group (a single trial: nothing)
     seed = harness.seed()
     torch.manual_seed(seed)
     device = harness.device()
@@ -123,11 +128,16 @@ def main() -> None:
     n_val = int(len(x_all) * VAL_FRACTION)
     x_val, y_val = x_all[perm[:n_val]], y_all[perm[:n_val]]
     x_train, y_train = x_all[perm[n_val:]], y_all[perm[n_val:]]
+    mine = torch.from_numpy(harness.shard(len(x_train))).to(device)  # this worker's share (all of it, alone)
+    x_train, y_train = x_train[mine], y_train[mine]
+    batch = max(1, BATCH_SIZE // harness.world_size())  # BATCH_SIZE stays the global batch
 
     model = Net(WIDTH, data.num_classes, DROPOUT).to(device)
+    model = harness.wrap(model)  # DistributedDataParallel across workers; the net itself in a single trial
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     first_epoch = resume(model, optimizer)
 
+    timed = harness.budget_s() is not None  # the same on every worker: they all ask (or none does) each step
     for epoch in harness.epochs(EPOCHS):
         if epoch < first_epoch:
             continue  # trained before this trial was retried on another node
@@ -135,10 +145,10 @@ def main() -> None:
         model.train()
         order = torch.randperm(len(x_train)).to(device)
         total_loss, norm_sum, steps = 0.0, 0.0, 0
-        for i in range(0, len(order), BATCH_SIZE):
-            if steps and out_of_time():
+        for i in range(0, len(order), batch):
+            if steps and timed and harness.any_across(out_of_time()):  # every worker stops at the same step
                 break  # a slow (busy) machine: a partial epoch scores, an epoch past the budget does not
-            idx = order[i : i + BATCH_SIZE]
+            idx = order[i : i + batch]
             loss = F.cross_entropy(model(as_input(x_train[idx])), y_train[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -157,14 +167,14 @@ def main() -> None:
         )
         harness.report(
             epoch=epoch,
-            train_loss=total_loss / steps,
+            train_loss=harness.mean_across(total_loss / steps),
             val_loss=val_loss,
             val_acc=val_acc,
             lr=optimizer.param_groups[0]["lr"],
             grad_norm=norm_sum / steps,
             epoch_seconds=time.perf_counter() - start,
         )
-        if out_of_time():
+        if harness.any_across(out_of_time()):
             break
 
     selection = to_device(data.selection_x, device)

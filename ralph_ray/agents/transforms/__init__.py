@@ -2,7 +2,7 @@
 
 Each transform takes a trainer's source and returns it edited, or raises `NotApplicable` with the reason
 (the idiom it needs is missing, or the trainer already has what it adds). One module per family of idioms:
-norm layers, regularisation, schedule, step, data, capacity, and the Forge techniques.
+norm layers, regularisation, schedule, step, data, capacity, data parallelism, and the Forge techniques.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from ralph_ray.agents.transforms import (  # noqa: F401 (registers)
     data,
     forge,
     norm,
+    parallel,
     regularisation,
     schedule,
     step,

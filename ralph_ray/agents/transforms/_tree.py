@@ -319,6 +319,18 @@ class Trainer:
 
     # -- the model and the loss -----------------------------------------------------------
 
+    def model_built(self) -> cst.SimpleStatementLine:
+        """The last `<model> = ...` line before the optimizer is built (where the model takes its final form)."""
+        model, optimizer = self.model_name(), self.optimizer_statement()
+        built = [
+            s
+            for s in self.statements(self.module)
+            if assign_target(s) == model and self.order(s) < self.order(optimizer)
+        ]
+        if not built:
+            raise NotApplicable(f"no `{model} = ...` line before the optimizer")
+        return built[-1]
+
     def model_name(self) -> str:
         """The model whose `.parameters()` the optimizer gets (an nn.Module): read in the optimizer call, else in
         the parameter groups built before it (`[p for n, p in model.named_parameters() if ...]`)."""

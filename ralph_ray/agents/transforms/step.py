@@ -122,17 +122,9 @@ def channels_last(source: str) -> str:
         raise NotApplicable("the trainer already uses channels_last")
     if not any(layer.kind == "conv" for layer in trainer.layers()):
         raise NotApplicable("the model has no nn.Conv2d layers")
-    model = trainer.model_name()
-    optimizer = trainer.optimizer_statement()
-    built = [
-        s
-        for s in trainer.statements(trainer.module)
-        if assign_target(s) == model and trainer.order(s) < trainer.order(optimizer)
-    ]
-    if not built:
-        raise NotApplicable(f"no `{model} = ...` line before the optimizer")
+    model, built = trainer.model_name(), trainer.model_built()
     edits = Edits(trainer)
-    edits.insert_after(built[-1], f"{model} = {model}.to(memory_format=torch.channels_last)")
+    edits.insert_after(built, f"{model} = {model}.to(memory_format=torch.channels_last)")
     return edits.apply()
 
 
