@@ -13,7 +13,13 @@ from pathlib import Path
 import numpy as np
 
 from ralph_ray.knobs import parse, read_knobs
-from ralph_ray.resumable import missing_parallel_calls, missing_resume_calls, parallel_refusal, refusal
+from ralph_ray.resumable import (
+    missing_parallel_calls,
+    missing_resume_calls,
+    parallel_refusal,
+    refusal,
+    unsynchronised,
+)
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy
 from ralph_ray.tasks.base import Splits, write_public
@@ -58,6 +64,12 @@ class Gate:
             raise GateError(refusal(self.entry, missing))
         if self.workers > 1 and missing_parallel_calls(sources.get(self.entry, "")):
             raise GateError(parallel_refusal(self.entry, self.workers))
+        if self.workers > 1 and (helper := unsynchronised(sources.get(self.entry, ""))):
+            raise GateError(
+                f"{self.entry} uses {helper}: its copies or extra steps are not synchronised across the trial's "
+                f"{self.workers} workers (a rank could wait forever in an all-reduce); such children run with "
+                "resources.workers_per_trial=1"
+            )
         check_knobs(sources[self.entry], self.searched_knobs)
         self.smoke(child)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 
 from ralph_ray.knobs import parse
 
@@ -13,6 +14,9 @@ RESUME_CALLS = ("harness.save_checkpoint", "harness.load_checkpoint")
 
 # What a trainer calls to be one worker of N rather than N copies of one trial (the other helpers follow it).
 PARALLEL_CALLS = ("harness.init_distributed",)
+# Helpers the offline agent's transforms add that keep state or steps of their own beside the model (a weight
+# average, replayed hard examples, a self-model head): not synchronised across a data-parallel group's ranks.
+UNSYNCHRONISED = re.compile(r"\b(AveragedModel|DreamReplay|SelfModel)\b")
 
 
 def missing_resume_calls(source: str) -> list[str]:
@@ -58,3 +62,9 @@ def parallel_refusal(entry: str, workers: int) -> str:
         "wrap, stride or shard; README: Trials bigger than one GPU), or let the data_parallel transform write "
         f"them where it finds their idioms: python -m ralph_ray.agents.transforms data_parallel {entry}"
     )
+
+
+def unsynchronised(source: str) -> str | None:
+    """The first helper of UNSYNCHRONISED that `source` uses (None: none), which a data-parallel group cannot run."""
+    found = UNSYNCHRONISED.search(source)
+    return found.group(1) if found else None

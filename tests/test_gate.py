@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.transforms import apply_transform
 from ralph_ray.gate import Gate, GateError, write_smoke_data
 from ralph_ray.tasks.digits import prepare
 
@@ -115,3 +116,10 @@ def test_a_child_that_left_the_data_parallel_group_is_refused_when_trials_have_w
     with pytest.raises(GateError, match="never calls harness.init_distributed.*data_parallel"):
         replace(gate, workers=2).check(child, parent)
     gate.check(child, parent)  # a single-worker campaign does not ask for it
+
+
+def test_a_child_with_a_weight_average_is_refused_when_trials_have_workers(gate: Gate, tmp_path: Path):
+    """The offline agent's EMA keeps a copy of the model outside DDP: not for a data-parallel trial's ranks."""
+    child, parent = child_of_seed(tmp_path, lambda s: apply_transform("ema_weights", s))
+    with pytest.raises(GateError, match="uses AveragedModel.*workers_per_trial=1"):
+        replace(gate, workers=2).check(child, parent)

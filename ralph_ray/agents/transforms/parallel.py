@@ -28,6 +28,7 @@ from ralph_ray.agents.transforms._tree import (
     dotted,
     expression,
 )
+from ralph_ray.resumable import unsynchronised
 
 # What DistributedDataParallel answers itself (or forwards as nn.Module does); any other attribute of the model
 # (its layers, a custom method) lives on `model.module` once wrapped, so a trainer that reads one is refused.
@@ -71,7 +72,7 @@ def data_parallel(source: str) -> str:
         )
     if trainer.has(r"harness\.save_model\("):
         raise NotApplicable("the trainer exports its model (harness.save_model): export the unwrapped module")
-    if trainer.has(r"AveragedModel|DreamReplay|SelfModel|\bema\b"):
+    if unsynchronised(source) or trainer.has(r"\bema\b"):
         raise NotApplicable(
             "the trainer keeps a weight average, replays hard examples or trains a self-model head: their copies "
             "and extra steps are not synchronised across ranks"
