@@ -4,14 +4,15 @@
     python bench/app_render.py --kb-compact [--skip-live]                      # the 10k KB before/after kb compact
     python bench/app_render.py --apptest                                       # the in-process figures only
 
-Browser (the default): `streamlit run` serves the app and, beside it, a bare one-table Streamlit page (same
-flags, same machine, same moment); headless Chromium (Debian's, driven by Playwright) opens each page in a
-fresh browser context (no HTTP cache: the browser loads Streamlit's scripts anew, as a first visit does) and
-times from navigation to the page's content (its table, chart, code or metric). Goal: every page within
-1.5x of the bare page. Two KBs: a live one (a real digits campaign with the offline agent, measured while it
-runs) and one of 10,000 trials in parts per table and cycle (`--kb-compact`: also folded and compacted, below).
-Round 1 is each page's first visit on a fresh server (the first page visited also reads the KB into the app's
-snapshot); the median is over every round.
+Browser (the default): `streamlit run` serves the app with one more page in its navigation, a bare one-table page
+(the baseline: same server, same moment, the app's sidebar skipped for it), and, beside it, the same bare page on a
+server of its own (the earlier figures' baseline, kept for comparison: two servers warm up differently); headless
+Chromium (Debian's, driven by Playwright) opens each page in a fresh browser context (no HTTP cache: the browser
+loads Streamlit's scripts anew, as a first visit does) and times from navigation to the page's content (its table,
+chart, code or metric). Goal: every page within 1.5x of the bare page. Two KBs: a live one (a real digits campaign
+with the offline agent, measured while it runs) and one of 10,000 trials in parts per table and cycle (`--kb-
+compact`: also folded and compacted, below). Round 1 is each page's first visit on a fresh server (the first page
+visited also reads the KB into the app's snapshot); the median is over every round.
 
 `--kb-compact`: the 10,000-trial KB measured three times in the same run, on a fresh server each time: in cycle
 parts (the layout above, of the earlier figures); as campaigns leave it today (each finished campaign's cycle
@@ -84,6 +85,52 @@ CONTENT = {
     "views/status.py": '[data-testid="stMetric"]',
 }
 BARE_PAGE = 'import streamlit as st\n\nst.title("bare")\nst.dataframe({"a": [1, 2, 3], "b": [4, 5, 6]})\n'
+# The app as served for the bench: app/leaderboard.py run as is, with one more page, the bare page, in its navigation
+# (same server, same process, same moment as the pages it is the baseline of; the app's shell skipped for it). So
+# the ratio reads a page's own cost, not the difference between two servers' warm-up. Written into the work dir.
+SAME_SERVER_ENTRY = """
+import runpy
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+APP = Path({app!r})
+sys.path.insert(0, str(APP))
+import shell  # noqa: E402
+
+chosen = []  # the page st.navigation picked in this run
+
+
+def bare() -> None:
+    st.title("bare")
+    st.dataframe({{"a": [1, 2, 3], "b": [4, 5, 6]}})
+
+
+def page(target, *args, **kwargs):  # the app's page paths are relative to app/, not to this file
+    if isinstance(target, str):
+        target = str(APP / target)
+    return ORIGINAL["page"](target, *args, **kwargs)
+
+
+def navigation(pages, **kwargs):
+    chosen[:] = [ORIGINAL["navigation"]([*pages, ORIGINAL["page"](bare, title="bare", url_path="bare")], **kwargs)]
+    return chosen[0]
+
+
+def sidebar(*args, **kwargs):
+    if chosen and chosen[0].url_path == "bare":
+        return None
+    return ORIGINAL["sidebar"](*args, **kwargs)
+
+
+ORIGINAL = getattr(st, "_bench_original", None) or {{
+    "page": st.Page, "navigation": st.navigation, "sidebar": shell.sidebar
+}}
+st._bench_original = ORIGINAL
+st.Page, st.navigation, shell.sidebar = page, navigation, sidebar
+runpy.run_path(str(APP / "leaderboard.py"), run_name="__main__")
+"""
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -465,6 +512,9 @@ def time_pages(kb_root: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+SAME_SERVER = "bare"  # the bare page in the app's own navigation (SAME_SERVER_ENTRY), at /bare
+
+
 def url_path(page: str) -> str:
     """The page's URL path under the app (st.navigation names it after its file; the default page is `/`)."""
     return "" if page in ("", "views/board.py") else Path(page).stem
@@ -531,10 +581,14 @@ def browser_pages(kb_root: Path, work: Path, rounds: int) -> dict[str, Any]:
     bare = work / "bare" / "bare.py"
     bare.parent.mkdir(parents=True, exist_ok=True)
     bare.write_text(BARE_PAGE)
-    times: dict[str, list[float]] = {"": [], **{page: [] for page in PAGES}}
+    entry = work / "bench_entry" / "leaderboard_bench.py"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_text(SAME_SERVER_ENTRY.format(app=str(ENTRY.parent)))
+    # "": the bare page on its own server (the earlier figures' baseline); SAME_SERVER: the bare page of the app's.
+    times: dict[str, list[float]] = {"": [], SAME_SERVER: [], **{page: [] for page in PAGES}}
     with (
         served(bare, work / "bare.log") as bare_url,
-        served(ENTRY, work / "app.log", "--kb", str(kb_root)) as app_url,
+        served(entry, work / "app.log", "--kb", str(kb_root)) as app_url,
         sync_playwright() as pw,
     ):
         wait_until_up(bare_url)
@@ -544,12 +598,14 @@ def browser_pages(kb_root: Path, work: Path, rounds: int) -> dict[str, Any]:
             for n in range(rounds):
                 for page in times:  # the bare page first in every round: the pages are measured around it
                     url = f"{bare_url}/" if page == "" else f"{app_url}/{url_path(page)}"
-                    seconds = time_to_content(browser, url, CONTENT[page])
+                    selector = CONTENT["" if page == SAME_SERVER else page]
+                    seconds = time_to_content(browser, url, selector)
                     times[page].append(round(seconds, 3))
                     print(f"  round {n + 1} {page or 'bare page':24s} {seconds:6.2f} s", flush=True)
         finally:
             browser.close()
-    bare_first, bare_median = times[""][0], statistics.median(times[""])
+    # The baseline: the bare page served by the app's own server (the separate server's kept beside it).
+    bare_first, bare_median = times[SAME_SERVER][0], statistics.median(times[SAME_SERVER])
     pages = {
         page: {
             "seconds": got,
@@ -559,10 +615,17 @@ def browser_pages(kb_root: Path, work: Path, rounds: int) -> dict[str, Any]:
             "ratio_median": round(statistics.median(got) / bare_median, 2),
         }
         for page, got in times.items()
-        if page
+        if page not in ("", SAME_SERVER)
     }
+    separate = times[""]
     return {
-        "bare": {"seconds": times[""], "first_s": bare_first, "median_s": bare_median},
+        "bare": {"seconds": times[SAME_SERVER], "first_s": bare_first, "median_s": bare_median, "server": "same"},
+        "bare_separate_server": {
+            "seconds": separate,
+            "first_s": separate[0],
+            "median_s": statistics.median(separate),
+            "ratio_median": round(statistics.median(separate) / bare_median, 2),
+        },
         "pages": pages,
         "worst_ratio_median": max(p["ratio_median"] for p in pages.values()),
         "worst_ratio_first": max(p["ratio_first"] for p in pages.values()),
@@ -729,11 +792,20 @@ def browser_main(args: argparse.Namespace, root: Path) -> None:
                 f"parts {data['parts']}; {step}; load average at the start {data['load_average_before']}",
                 "",
             ]
+        # Records from before the same-server baseline (a carried live figure) timed the bare page on its own server.
+        where = "the app's own server" if bare.get("server") == "same" else "a server of its own"
         lines += [
             "| page | first visit s | median s | first / bare first | median / bare median |",
             "| --- | --- | --- | --- | --- |",
-            f"| bare Streamlit page | {bare['first_s']:.2f} | {bare['median_s']:.2f} | 1.00 | 1.00 |",
+            f"| bare Streamlit page, {where} (the baseline) | {bare['first_s']:.2f} | "
+            f"{bare['median_s']:.2f} | 1.00 | 1.00 |",
         ]
+        if "bare_separate_server" in data:
+            other = data["bare_separate_server"]
+            lines.append(
+                f"| bare Streamlit page, a server of its own | {other['first_s']:.2f} | {other['median_s']:.2f} | "
+                f"{other['first_s'] / bare['first_s']:.2f} | {other['ratio_median']:.2f} |"
+            )
         lines += [
             f"| {page} | {p['first_s']:.2f} | {p['median_s']:.2f} | {p['ratio_first']:.2f} | {p['ratio_median']:.2f} |"
             for page, p in data["pages"].items()
