@@ -32,6 +32,7 @@ _parser.add_argument("repeats", nargs="?", type=int, default=3)
 _parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=lm, population.mode=...)")
 _parser.add_argument("--kinds", default="", help="run only the kinds whose name starts so (knob, serial, population)")
 _parser.add_argument("--target", type=float, help="selection score to time, in the metric's units (digits: 0.985)")
+_parser.add_argument("--first-seed", type=int, default=0, help="more repeats of a run: seeds from here (saved apart)")
 _ARGS = _parser.parse_args()
 BUDGET_S, REPEATS, EXTRA, ONLY = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds
 TARGET = 0.985 if _ARGS.target is None else _ARGS.target
@@ -57,7 +58,7 @@ def main() -> None:
         _parser.error(f"task {probe.task.name}: name the target in its metric ({probe.task.metric}): --target VALUE")
     sign = -1.0 if lower else 1.0  # shown in the metric's own units: a loss (lm's bits per byte) positive
     results: dict[str, list] = {kind: [] for kind in KINDS if kind.startswith(ONLY)}
-    for seed in range(REPEATS):
+    for seed in range(_ARGS.first_seed, _ARGS.first_seed + REPEATS):
         for index, (kind, overrides) in enumerate(KINDS.items()):
             if kind not in results:
                 continue
@@ -75,7 +76,8 @@ def main() -> None:
             figures = measure(run(cfg), probe.population.mode, probe.search.max_concurrent, sign * TARGET)
             results[kind].append(figures)
     lines = [
-        f"{probe.task.name}, equal wall budget {BUDGET_S}s per campaign, {REPEATS} repeat(s), population.mode="
+        f"{probe.task.name}, equal wall budget {BUDGET_S}s per campaign, {REPEATS} repeat(s) (seeds from "
+        f"{_ARGS.first_seed}), population.mode="
         f"{probe.population.mode}; target selection {'<=' if lower else '>='} {TARGET} ({probe.task.metric})"
         + (f"; overrides `{' '.join(EXTRA)}`" if EXTRA else "")
         + ":",
@@ -91,7 +93,10 @@ def main() -> None:
             f"| {', '.join('-' if t is None else str(t) for t in times)} |"
         )
     save(
-        "loop_vs_serial" + "".join(f"_{o.split('=')[-1]}" for o in EXTRA) + (f"_{ONLY.split()[0]}" if ONLY else ""),
+        "loop_vs_serial"
+        + "".join(f"_{o.split('=')[-1]}" for o in EXTRA)
+        + (f"_{ONLY.split()[0]}" if ONLY else "")
+        + (f"_s{_ARGS.first_seed}" if _ARGS.first_seed else ""),
         {"budget_s": BUDGET_S, "repeats": REPEATS, "target": TARGET, "overrides": EXTRA}
         | {kind: [asdict(f) for f in runs] for kind, runs in results.items()},
         lines,
