@@ -18,7 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.knobs import is_knob_name
-from ralph_ray.resumable import missing_parallel_calls, missing_resume_calls, parallel_refusal, refusal
+from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS, find_task, task_names
@@ -893,11 +893,11 @@ def _check_workers(cfg: Config) -> None:
             "set population.mode=generations, or resources.workers_per_trial=1 resources.ray_train=false",
         )
     entry = cfg.trainer_dir() / "train.py"
-    if res.workers_per_trial > 1 and entry.exists() and missing_parallel_calls(entry.read_text()):
+    # The gate's own rule (resumable.parallel_problem), so a seed and its children are held to the same one.
+    problem = parallel_problem(entry.read_text(), str(entry), res.workers_per_trial) if entry.exists() else None
+    if problem:
         raise ConfigError(
-            "resources.workers_per_trial",
-            parallel_refusal(str(entry), res.workers_per_trial),
-            "make the seed data-parallel (above), or set resources.workers_per_trial=1",
+            "resources.workers_per_trial", problem, "make the seed data-parallel (above), or set workers_per_trial=1"
         )
 
 

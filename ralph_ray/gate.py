@@ -13,13 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ralph_ray.knobs import parse, read_knobs
-from ralph_ray.resumable import (
-    missing_parallel_calls,
-    missing_resume_calls,
-    parallel_refusal,
-    refusal,
-    unsynchronised,
-)
+from ralph_ray.resumable import missing_calls, missing_resume_calls, parallel_problem, refusal
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy
 from ralph_ray.tasks.base import Splits, write_public
@@ -62,14 +56,8 @@ class Gate:
         check_required_calls(sources.get(self.entry, ""), self.entry, MODEL_CALLS if self.scores_model else ())
         if self.resumes and (missing := missing_resume_calls(sources.get(self.entry, ""))):
             raise GateError(refusal(self.entry, missing))
-        if self.workers > 1 and missing_parallel_calls(sources.get(self.entry, "")):
-            raise GateError(parallel_refusal(self.entry, self.workers))
-        if self.workers > 1 and (helper := unsynchronised(sources.get(self.entry, ""))):
-            raise GateError(
-                f"{self.entry} uses {helper}: its copies or extra steps are not synchronised across the trial's "
-                f"{self.workers} workers (a rank could wait forever in an all-reduce); such children run with "
-                "resources.workers_per_trial=1"
-            )
+        if problem := parallel_problem(sources.get(self.entry, ""), self.entry, self.workers):
+            raise GateError(problem)
         check_knobs(sources[self.entry], self.searched_knobs)
         self.smoke(child)
 
@@ -186,15 +174,7 @@ def check_required_calls(source: str, entry: str, extra: tuple[str, ...] = ()) -
     """The harness calls the engine relies on are still there."""
     if not source:
         raise GateError(f"{entry} is missing")
-    called = set()
-    for node in ast.walk(parse(source)):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-        ):
-            called.add(f"{node.func.value.id}.{node.func.attr}")
-    missing = [name for name in (*REQUIRED_CALLS, *extra) if name not in called]
+    missing = missing_calls(source, (*REQUIRED_CALLS, *extra))
     if missing:
         raise GateError(f"{entry} no longer calls {', '.join(missing)}: the engine needs them (see program.md)")
 

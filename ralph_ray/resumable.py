@@ -21,15 +21,15 @@ UNSYNCHRONISED = re.compile(r"\b(AveragedModel|DreamReplay|SelfModel)\b")
 
 def missing_resume_calls(source: str) -> list[str]:
     """The harness calls of RESUME_CALLS that `source` never makes (empty: it can resume, so PBT may run it)."""
-    return _missing(source, RESUME_CALLS)
+    return missing_calls(source, RESUME_CALLS)
 
 
 def missing_parallel_calls(source: str) -> list[str]:
     """The harness calls of PARALLEL_CALLS that `source` never makes (empty: its N workers share the work)."""
-    return _missing(source, PARALLEL_CALLS)
+    return missing_calls(source, PARALLEL_CALLS)
 
 
-def _missing(source: str, calls: tuple[str, ...]) -> list[str]:
+def missing_calls(source: str, calls: tuple[str, ...]) -> list[str]:
     """The `module.function` calls of `calls` that `source` never makes (all of them when it does not parse)."""
     try:
         tree = parse(source)
@@ -62,6 +62,21 @@ def parallel_refusal(entry: str, workers: int) -> str:
         "wrap, stride or shard; README: Trials bigger than one GPU), or let the data_parallel transform write "
         f"them where it finds their idioms: python -m ralph_ray.agents.transforms data_parallel {entry}"
     )
+
+
+def parallel_problem(source: str, entry: str, workers: int) -> str | None:
+    """Why `source` cannot be one of a data-parallel trial's `workers` workers (None: it can, or workers is 1)."""
+    if workers < 2:
+        return None
+    if missing_parallel_calls(source):
+        return parallel_refusal(entry, workers)
+    helper = unsynchronised(source)
+    if helper:
+        return (
+            f"{entry} uses {helper}: its copies or extra steps are not synchronised across the trial's {workers} "
+            "workers (a rank could wait forever in an all-reduce); run it with resources.workers_per_trial=1"
+        )
+    return None
 
 
 def unsynchronised(source: str) -> str | None:
