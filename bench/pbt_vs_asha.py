@@ -1,9 +1,11 @@
 """PBT against ASHA at the same wall budget: one cycle of knob search on the digits seed, best test score, epochs.
 
     python bench/pbt_vs_asha.py                    # the REDUCED run recorded in bench/results (7.5 minutes)
-    python bench/pbt_vs_asha.py --budget-s 600 --task fashion --epochs 12   # the issue's figure, on a quiet machine
+    python bench/pbt_vs_asha.py --budget-s 600 --task fashion --epochs 12   # on 2 CPU cores PBT finishes no trial
     python bench/pbt_vs_asha.py --task fashion --epochs 24 --budget-s 120 --cpus 16 --gpus 1 --asha-slots 4 \
         --name pbt_vs_asha_fashion_gpu -- resources=gpu sandbox=none data.root=/tmp/fm   # one GPU (bench/device)
+    python bench/pbt_vs_asha.py --task fashion --epochs 6 --budget-s 720 --kinds asha,pbt \
+        --name pbt_vs_asha_fashion_cpu6                   # Fashion on 2 CPU cores, sized so PBT's population finishes
 
 Each kind is one `agent=none` cycle (the seed's knob search) under the same Tune time budget
 (`safeguards.cycle_time_s`) on the same machine share (--cpus, --gpus; by default 2 CPUs): ASHA samples many configs
@@ -111,12 +113,13 @@ def main() -> None:
     parser.add_argument("--asha-slots", type=int, default=2, help="ASHA's concurrent trials")
     parser.add_argument("--name", default="pbt_vs_asha", help="the results file's name under bench/results")
     parser.add_argument("--note", default=None, help="the REDUCED line (default: the digits run's)")
+    parser.add_argument("--kinds", default="asha,pbt,pbt8", help="which kinds to run, comma-separated")
     parser.add_argument("overrides", nargs="*", help="config overrides for every kind (after --)")
     args = parser.parse_args()
     root = args.root or Path(os.environ.get("TMPDIR", "/tmp")) / f"pbt_vs_asha_{int(time.time())}"
     load = os.getloadavg()[0]
     results: dict[str, dict] = {}
-    for kind in kinds(args):  # saved after each kind: a run cut short (a device call's limit) keeps what it has
+    for kind in [k for k in kinds(args) if k in args.kinds.split(",")]:  # saved after each kind: a run cut short (a device call's limit) keeps what it has
         results[kind] = one(root / kind, kind, args)
         report(args, load, results)
 
