@@ -460,6 +460,55 @@ def stride(batches: Sized) -> Iterable:
     return itertools.islice(batches, rank(), count * world_size(), world_size())  # type: ignore[call-overload]
 
 
+def shard_loader(loader: object) -> object:
+    """A DataLoader that gives this rank its own share of the dataset (torch's DistributedSampler: disjoint, as
+    many batches on every rank, reshuffled each epoch when the loader shuffled), loading only that share, where
+    `harness.stride` would load every batch and skip most; the loader itself in a single trial.
+
+    Its other settings (batch size, workers, collate, pinning, drop_last) are kept. A loader with a custom sampler or
+    an iterable dataset is refused: its order is its own, so nothing here can split it evenly.
+    """
+    if not in_group():
+        return loader
+    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        raise TypeError(f"harness.shard_loader needs a map-style DataLoader, got {type(loader).__name__}")
+    if type(sampler) not in (RandomSampler, SequentialSampler) or loader.batch_size is None:
+        raise TypeError(
+            "harness.shard_loader splits a DataLoader built with batch_size and shuffle only, not one with a sampler "
+            "of its own: use harness.stride over its batches"
+        )
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=_epoch_sampler(loader.dataset, isinstance(sampler, RandomSampler)),
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers,
+    )
+
+
+def _epoch_sampler(dataset: object, shuffle: bool) -> object:
+    """torch's DistributedSampler that moves to the next epoch by itself each time the loader starts one (trainers
+    written for one process never call `set_epoch`, and without it every epoch would repeat the first's order)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    class EpochSampler(DistributedSampler):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            order = super().__iter__()
+            self.set_epoch(self.epoch + 1)
+            return order
+
+    # drop_last: every rank gets len // world_size rows, so as many batches (and all-reduces) on each.
+    return EpochSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed(), drop_last=True)
+
+
 def wrap(model: object) -> object:
     """The model wrapped for data-parallel training (DistributedDataParallel); the model itself in a single trial.
 

@@ -36,7 +36,7 @@ EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "lr", "grad_norm", "epoch_
 # (agents.base.EpochPoint's order)
 PROBE_METRICS = ("gen_gap", "weight_norm", "update_norm", "update_ratio", "eff_rank", "plateau")
 # RL post-training telemetry (task=grpo's trainer): pivoted after the probes, in EpochPoint's order
-RL_METRICS = ("reward_mean", "reward_std", "kl", "entropy", "completion_length")
+RL_METRICS = ("reward_mean", "reward_std", "kl", "entropy", "completion_length", "zero_spread_frac")
 
 
 # KnowledgeBase.compact_kb's files: `_kb-<generation>.parquet` (the merged rows) and its manifest
@@ -353,7 +353,7 @@ where run_id = ? and variant_id = ? order by trial_id
 VARIANT_CURVES = """
 select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seconds,
        gen_gap, weight_norm, update_norm, update_ratio, eff_rank, plateau,
-       reward_mean, reward_std, kl, entropy, completion_length
+       reward_mean, reward_std, kl, entropy, completion_length, zero_spread_frac
 from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.

@@ -145,3 +145,31 @@ def test_stride_gives_each_rank_as_many_disjoint_batches(monkeypatch: pytest.Mon
     assert taken == [[0, 30, 60], [10, 40, 70], [20, 50, 80]]  # the tenth batch left out: 3 steps on every rank
     with pytest.raises(TypeError, match="batches with a length"):
         harness.stride(iter(range(10)))  # type: ignore[arg-type]
+
+
+def test_shard_loader_gives_each_rank_its_own_rows_reshuffled_each_epoch(monkeypatch: pytest.MonkeyPatch):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ralph_ray import harness
+
+    data = TensorDataset(torch.arange(21))
+    plain = DataLoader(data, batch_size=4, shuffle=True)
+    assert harness.shard_loader(plain) is plain  # a single trial: the loader itself
+    monkeypatch.setenv("RALPH_GROUP", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    epochs = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        loader = harness.shard_loader(DataLoader(data, batch_size=4, shuffle=True))
+        epochs.append([[int(v) for (batch,) in loader for v in batch] for _ in range(2)])
+    for epoch in (0, 1):
+        first, second = epochs[0][epoch], epochs[1][epoch]
+        assert len(first) == len(second) == 10  # 21 // 2 rows each: as many batches (3) on both ranks
+        assert not set(first) & set(second)  # disjoint: each row trained once per epoch
+    assert epochs[0][0] != epochs[0][1]  # a new order each epoch without the trainer calling set_epoch
+    ordered = harness.shard_loader(DataLoader(data, batch_size=4))  # no shuffle: still in order (rank 1's share)
+    assert [int(v) for (batch,) in ordered for v in batch] == list(range(1, 21, 2))
+    sampled = DataLoader(data, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 21, 21))
+    with pytest.raises(TypeError, match="sampler of its own"):
+        harness.shard_loader(sampled)

@@ -59,6 +59,7 @@ class EpochPoint:
     kl: float | None = None  # KL divergence from the reference (base) policy
     entropy: float | None = None  # of the policy's next-token distribution on its completions
     completion_length: float | None = None  # mean tokens per completion
+    zero_spread_frac: float | None = None  # share of prompts whose completions all earned the same reward
 
 
 @dataclass(frozen=True)

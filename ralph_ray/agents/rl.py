@@ -1,11 +1,11 @@
 """What the heuristic analyst reads in an RL post-training curve (task=grpo): the trainer's per-epoch telemetry.
 
 GRPO learns only from the spread of rewards within a group of completions, so the readings are about that
-signal: a spread that has collapsed (plateau: larger groups, hotter sampling, partial credit), a KL from the
-base policy that keeps climbing (divergence: a stronger KL term, a smaller learning rate), a policy that barely
-moves while its reward stays flat (underfitting: a weaker KL term, a larger learning rate or LoRA rank), and
-completions that run to the length cap (plateau: a stronger length penalty). Curves without this telemetry
-(every other task) give no finding.
+signal: a spread that has collapsed (a tiny mean spread, or most prompts' completions all scoring alike; plateau:
+larger groups, hotter sampling, partial credit), a KL from the base policy that keeps climbing (divergence: a
+stronger KL term, a smaller learning rate), a policy that barely moves while its reward stays flat (underfitting: a
+weaker KL term, a larger learning rate or LoRA rank), and completions that run to the length cap (plateau: a
+stronger length penalty). Curves without this telemetry (every other task) give no finding.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from ralph_ray.agents.base import Diagnosis, EpochPoint
 
 # The rewards within a group spread less than this (mean over the last epoch's steps): GRPO's advantages are ~0.
 SPREAD_FLOOR = 0.02
+# Or at least this share of the last epoch's prompts had completions that all earned the same reward. With few
+# samples per prompt the mean spread stays far above SPREAD_FLOOR while most groups teach nothing: the KTO seed
+# (4 samples) at temperature 0.1 read 0.054-0.15 mean spread with 0.69-0.875 of its prompts all-equal (58 epochs,
+# 2026-11-26), at its default 1.0 0.38-0.66 (53 epochs).
+ZERO_SPREAD_SHARE = 0.75
 # KL from the base above this at the end and at its highest so far: the policy is drifting away.
 KL_LIMIT = 0.5
 # KL below this while the mean reward rose by less than REWARD_RISE over the curve: the policy is stuck.
@@ -40,15 +45,23 @@ def _series(curve: list[EpochPoint], metric: str) -> list[tuple[int, float]]:
 
 
 def _spread_collapse(curve: list[EpochPoint], knobs: dict[str, Any]) -> tuple[Diagnosis, str] | None:
-    spread = _series(curve, "reward_std")
-    if not spread or spread[-1][1] >= SPREAD_FLOOR:
-        return None
-    epoch, value = spread[-1]
-    return (
-        Diagnosis.plateau,
-        f"reward spread collapsed: reward_std {value:.3g} at epoch {epoch} (below {SPREAD_FLOOR:g}): the groups' "
-        "completions earn the same reward, so GRPO's advantages are zero",
-    )
+    spread, agreeing = _series(curve, "reward_std"), _series(curve, "zero_spread_frac")
+    if spread and spread[-1][1] < SPREAD_FLOOR:
+        epoch, value = spread[-1]
+        return (
+            Diagnosis.plateau,
+            f"reward spread collapsed: reward_std {value:.3g} at epoch {epoch} (below {SPREAD_FLOOR:g}): the groups' "
+            "completions earn the same reward, so GRPO's advantages are zero",
+        )
+    if agreeing and agreeing[-1][1] >= ZERO_SPREAD_SHARE:
+        epoch, value = agreeing[-1]
+        return (
+            Diagnosis.plateau,
+            f"reward spread collapsed: at epoch {epoch} {value:.0%} of the prompts' completions all earned the same "
+            f"reward (zero_spread_frac, {ZERO_SPREAD_SHARE:.0%} or more; TEMPERATURE {knobs.get('TEMPERATURE')}): "
+            "those prompts teach nothing",
+        )
+    return None
 
 
 def _kl_runaway(curve: list[EpochPoint], knobs: dict[str, Any]) -> tuple[Diagnosis, str] | None:

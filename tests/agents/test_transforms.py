@@ -330,6 +330,21 @@ def test_transformed_trainer_passes_the_gate(gate: Gate, tmp_path: Path, trainer
     gate.check(child, parent)
 
 
+@pytest.mark.parametrize(
+    ("trainer", "sharded"),
+    [
+        ("sequential_flat", "harness.stride(range("),  # index batches: every N-th offset
+        ("module_loader", "harness.shard_loader(DataLoader(train_set"),  # a DataLoader: a DistributedSampler
+    ],
+)
+def test_data_parallel_shares_an_epoch_by_offsets_or_by_the_loaders_sampler(trainer: str, sharded: str):
+    source = apply_transform("data_parallel", SOURCES[trainer])
+    assert sharded in source  # and only there: one way of sharing per trainer
+    assert source.count("harness.shard_loader(") + source.count("harness.stride(") == 1
+    if trainer == "module_loader":  # the validation loader stays whole: every rank evaluates all of it
+        assert "val_loader = DataLoader(val_set" in source
+
+
 @pytest.mark.parametrize("trainer", ["sequential_flat", "module_loader"])
 def test_a_data_parallel_child_trains_as_two_gloo_ranks_in_step(gate: Gate, tmp_path: Path, trainer: str):
     """The transform's output run as a real group of two (the torch.distributed variables the engine sets): both

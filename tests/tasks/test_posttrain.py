@@ -129,7 +129,9 @@ def test_export_writes_an_hf_folder_and_a_gguf_file_that_reads_back(cached: Path
     assert [bytes(merges.parts[i]).decode() for i in merges.data] == [f"{tok.bos_token} {tok.eos_token}"]
 
 
-def rl_curve(reward_std: float, kl: float, rewards: tuple[float, ...]) -> list[EpochPoint]:
+def rl_curve(
+    reward_std: float, kl: float, rewards: tuple[float, ...], zero_spread: float | None = None
+) -> list[EpochPoint]:
     return [
         EpochPoint(
             epoch=i + 1,
@@ -139,6 +141,7 @@ def rl_curve(reward_std: float, kl: float, rewards: tuple[float, ...]) -> list[E
             reward_std=reward_std,
             kl=kl,
             completion_length=3.0,
+            zero_spread_frac=zero_spread,
         )
         for i, r in enumerate(rewards)
     ]
@@ -239,6 +242,13 @@ def test_the_kto_entries_move_only_the_kto_scripts_knobs():
     ("points", "diagnosis", "first_choice"),
     [
         (rl_curve(0.0, 0.01, (0.4, 0.4, 0.4)), Diagnosis.plateau, "more_samples_per_prompt"),
+        # The KTO seed at TEMPERATURE 0.1 (2026-11-26): a mean spread far above the floor, yet 84% of the prompts'
+        # four samples all scored alike; the campaign's analyst read it as underfitting before zero_spread_frac.
+        (
+            rl_curve(0.07, 0.04, (0.36, 0.43, 0.34, 0.48), zero_spread=0.84),
+            Diagnosis.plateau,
+            "more_samples_per_prompt",
+        ),
         (rl_curve(0.3, 0.9, (0.4, 0.3, 0.2)), Diagnosis.divergence, "raise_desirable_weight"),
     ],
 )
@@ -249,6 +259,11 @@ def test_the_analyst_reads_kto_telemetry_and_moves_the_kto_knobs(
     KTO-only entry for it is among the analyst's first three, and the coder's child moves the KTO knob."""
     parent, knobs, analysis = analyse_seed(tmp_path, "kto", points)
     assert analysis.diagnoses[0] is diagnosis
+    if points[-1].zero_spread_frac is not None:  # read from the share; at the default sampling's share, not
+        assert "reward spread collapsed" in analysis.summary
+        calm = [dataclasses.replace(p, zero_spread_frac=0.52) for p in points]
+        (tmp_path / "calm").mkdir()
+        assert "reward spread collapsed" not in analyse_seed(tmp_path / "calm", "kto", calm)[2].summary
     ranked = [r.intervention for r in analysis.recommendations]
     assert first_choice in ranked[:3], ranked
     pick = next(r for r in analysis.recommendations if r.intervention == first_choice)

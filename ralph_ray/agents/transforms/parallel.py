@@ -4,7 +4,8 @@ The transform joins the trial's process group where the training code starts (be
 the group's first act is to give each rank its own GPU), wraps the model in DistributedDataParallel right after it
 is built (every rank then starts from rank 0's weights), and hands each rank every N-th batch of an epoch
 (`harness.stride`, as many on every rank), so N workers share an epoch's steps. The ranks draw from the same random
-stream (the same seed), so the same batch order on every rank and their strides partition it. Each step takes
+stream (the same seed), so the same batch order on every rank and their strides partition it; a DataLoader instead
+gets torch's DistributedSampler (`harness.shard_loader`), so each rank loads only its own share. Each step takes
 BATCH_SIZE on every rank: the global batch is N times the knob. In a single trial every helper is a no-op, so the
 child trains as its parent did. Code whose collective steps could differ between ranks is refused: a loop over a
 generator (no length to split evenly), more than one optimizer step per batch, replayed hard examples, a weight
@@ -100,7 +101,7 @@ def data_parallel(source: str) -> str:
     loop = trainer.batch_loop()
     if not trainer.inside(loop, scope):
         raise NotApplicable("the model is built outside the code that trains it (no one place to join the group)")
-    _check_splittable(trainer, loop.iter, scope)
+    loader = _loader_built(trainer, loop.iter, scope)
     edits = Edits(trainer)
     edits.insert_before(
         _start(trainer, scope), "harness.init_distributed()  # a data-parallel trial's process group (alone: nothing)"
@@ -109,15 +110,18 @@ def data_parallel(source: str) -> str:
         built,
         f"{model} = harness.wrap({model})  # DistributedDataParallel: every rank starts from rank 0's weights",
     )
-    edits.sub(loop.iter, lambda old: expression(f"harness.stride({code(old)})"))
+    if loader is None:  # offsets: each rank takes every N-th
+        edits.sub(loop.iter, lambda old: expression(f"harness.stride({code(old)})"))
+    else:  # a DataLoader: each rank loads only its own share (a DistributedSampler)
+        edits.sub(loader, lambda old: expression(f"harness.shard_loader({code(old)})"))
     return edits.apply()
 
 
-def _check_splittable(trainer: Trainer, batches: cst.BaseExpression, scope: cst.CSTNode) -> None:
-    """The batch loop's iterable must have a length every rank agrees on: `range(...)`, or a name bound to a
-    `DataLoader(...)` (a generator of batches has none, so harness.stride could not give each rank as many)."""
+def _loader_built(trainer: Trainer, batches: cst.BaseExpression, scope: cst.CSTNode) -> cst.Call | None:
+    """The `DataLoader(...)` call the batch loop iterates (None for `range(...)` offsets); anything else is refused:
+    a generator of batches has no length, so no rank could be given as many steps as the others."""
     if isinstance(batches, cst.Call) and call_name(batches) == "range":
-        return
+        return None
     name = dotted(batches)
     if name is not None:
         for stmt in trainer.statements(scope):
@@ -127,7 +131,7 @@ def _check_splittable(trainer: Trainer, batches: cst.BaseExpression, scope: cst.
                 and isinstance(value, cst.Call)
                 and (call_name(value) or "").endswith("DataLoader")
             ):
-                return
+                return value
     raise NotApplicable(
         f"the batch loop runs over `{code(batches)}`, not a range of offsets or a DataLoader: its batches have no "
         "length to split evenly between ranks"
