@@ -5,6 +5,7 @@
     python bench/loop_vs_serial.py 300 2 population.mode=generations       # the barrier loop (the 2026-11-22 record)
     python bench/loop_vs_serial.py 300 2 --kinds knob                      # only the kinds whose name starts so
     python bench/loop_vs_serial.py 300 3 task=lm --target 3.1              # the lm task (bits per byte: lower wins)
+    python bench/loop_vs_serial.py 900 1 task=lm --target 3.05 --tag 900s  # a longer budget, saved apart
 
 Each kind gets the same campaign time budget (safeguards.campaign_time_s) and no other stop rule, in the default
 population mode (asynchronous) unless the overrides say otherwise; the kinds alternate within each repeat, so a busy
@@ -33,6 +34,7 @@ _parser.add_argument("overrides", nargs="*", help="config overrides for every ca
 _parser.add_argument("--kinds", default="", help="run only the kinds whose name starts so (knob, serial, population)")
 _parser.add_argument("--target", type=float, help="selection score to time, in the metric's units (digits: 0.985)")
 _parser.add_argument("--first-seed", type=int, default=0, help="more repeats of a run: seeds from here (saved apart)")
+_parser.add_argument("--tag", default="", help="appended to the results name (another budget of a recorded run)")
 _ARGS = _parser.parse_args()
 BUDGET_S, REPEATS, EXTRA, ONLY = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds
 TARGET = 0.985 if _ARGS.target is None else _ARGS.target
@@ -96,7 +98,8 @@ def main() -> None:
         "loop_vs_serial"
         + "".join(f"_{o.split('=')[-1]}" for o in EXTRA)
         + (f"_{ONLY.split()[0]}" if ONLY else "")
-        + (f"_s{_ARGS.first_seed}" if _ARGS.first_seed else ""),
+        + (f"_s{_ARGS.first_seed}" if _ARGS.first_seed else "")
+        + (f"_{_ARGS.tag}" if _ARGS.tag else ""),
         {"budget_s": BUDGET_S, "repeats": REPEATS, "target": TARGET, "overrides": EXTRA}
         | {kind: [asdict(f) for f in runs] for kind, runs in results.items()},
         lines,

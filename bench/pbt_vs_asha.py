@@ -119,7 +119,8 @@ def main() -> None:
     root = args.root or Path(os.environ.get("TMPDIR", "/tmp")) / f"pbt_vs_asha_{int(time.time())}"
     load = os.getloadavg()[0]
     results: dict[str, dict] = {}
-    for kind in [k for k in kinds(args) if k in args.kinds.split(",")]:  # saved after each kind: a run cut short (a device call's limit) keeps what it has
+    chosen = [kind for kind in kinds(args) if kind in args.kinds.split(",")]
+    for kind in chosen:  # saved after each kind: a run cut short (a device call's limit) keeps what it has
         results[kind] = one(root / kind, kind, args)
         report(args, load, results)
 
