@@ -462,7 +462,7 @@ def stride(batches: Sized) -> Iterable:
 
 def shard_loader(loader: object) -> object:
     """A DataLoader that gives this rank its own share of the dataset (torch's DistributedSampler: disjoint, as
-    many batches on every rank, reshuffled each epoch when the loader shuffled), loading only that share, where
+    many batches on every rank, a new order each epoch when the loader shuffled), loading only that share, where
     `harness.stride` would load every batch and skip most; the loader itself in a single trial.
 
     Its other settings (batch size, workers, collate, pinning, drop_last) are kept. A loader with a custom sampler or
@@ -490,23 +490,28 @@ def shard_loader(loader: object) -> object:
         drop_last=loader.drop_last,
         timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        prefetch_factor=loader.prefetch_factor,
         persistent_workers=loader.persistent_workers,
     )
 
 
 def _epoch_sampler(dataset: object, shuffle: bool) -> object:
-    """torch's DistributedSampler that moves to the next epoch by itself each time the loader starts one (trainers
-    written for one process never call `set_epoch`, and without it every epoch would repeat the first's order)."""
+    """torch's DistributedSampler that draws a new order each epoch from the global random stream, as the
+    RandomSampler it replaces does (trainers written for one process never call `set_epoch`, and may build their
+    loader anew each epoch). The ranks share that stream (the same seed, the same code), so they draw the same
+    order and their shares partition it."""
+    import torch
     from torch.utils.data.distributed import DistributedSampler
 
     class EpochSampler(DistributedSampler):
         def __iter__(self):  # type: ignore[no-untyped-def]
-            order = super().__iter__()
-            self.set_epoch(self.epoch + 1)
-            return order
+            if self.shuffle:
+                self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
+            return super().__iter__()
 
     # drop_last: every rank gets len // world_size rows, so as many batches (and all-reduces) on each.
-    return EpochSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, seed=seed(), drop_last=True)
+    return EpochSampler(dataset, num_replicas=world_size(), rank=rank(), shuffle=shuffle, drop_last=True)
 
 
 def wrap(model: object) -> object:

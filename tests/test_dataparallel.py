@@ -158,17 +158,26 @@ def test_shard_loader_gives_each_rank_its_own_rows_reshuffled_each_epoch(monkeyp
     assert harness.shard_loader(plain) is plain  # a single trial: the loader itself
     monkeypatch.setenv("RALPH_GROUP", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    epochs = []
-    for rank in (0, 1):
+
+    def rank_epochs(rank: int, rebuild: bool) -> list[list[int]]:
+        """Three epochs of one rank; every rank starts from the same seed, as the ranks of a trial do."""
         monkeypatch.setenv("RANK", str(rank))
+        torch.manual_seed(7)
         loader = harness.shard_loader(DataLoader(data, batch_size=4, shuffle=True))
-        epochs.append([[int(v) for (batch,) in loader for v in batch] for _ in range(2)])
-    for epoch in (0, 1):
-        first, second = epochs[0][epoch], epochs[1][epoch]
-        assert len(first) == len(second) == 10  # 21 // 2 rows each: as many batches (3) on both ranks
-        assert not set(first) & set(second)  # disjoint: each row trained once per epoch
-    assert epochs[0][0] != epochs[0][1]  # a new order each epoch without the trainer calling set_epoch
-    ordered = harness.shard_loader(DataLoader(data, batch_size=4))  # no shuffle: still in order (rank 1's share)
+        epochs = []
+        for _ in range(3):
+            if rebuild:  # a trainer that builds its loader inside the epoch loop
+                loader = harness.shard_loader(DataLoader(data, batch_size=4, shuffle=True))
+            epochs.append([int(v) for (batch,) in loader for v in batch])
+        return epochs
+
+    for rebuild in (False, True):
+        first, second = rank_epochs(0, rebuild), rank_epochs(1, rebuild)
+        for mine, theirs in zip(first, second):
+            assert len(mine) == len(theirs) == 10  # 21 // 2 rows each: as many batches (3) on both ranks
+            assert not set(mine) & set(theirs)  # disjoint: each row trained once per epoch
+        assert len({tuple(epoch) for epoch in first}) == 3  # a new order every epoch, without set_epoch
+    ordered = harness.shard_loader(DataLoader(data, batch_size=4))  # no shuffle: in order (rank 1's share)
     assert [int(v) for (batch,) in ordered for v in batch] == list(range(1, 21, 2))
     sampled = DataLoader(data, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 21, 21))
     with pytest.raises(TypeError, match="sampler of its own"):
