@@ -1,7 +1,8 @@
 """task=grpo (GRPO + LoRA post-training of a tiny policy): the seed script's held-out exact-match accuracy and the
 best variant's after a short campaign, with wall time.
 
-    python bench/posttrain.py [CYCLES] [CAP_S]
+    python bench/posttrain.py [CYCLES] [CAP_S] [OVERRIDES...]
+    python bench/posttrain.py 5 600 resources=gpu sandbox=none     # on a GPU (bench/device/posttrain.sh): posttrain_gpu
 
 One campaign (heuristic agent, barrier generations, the task's own search space and population from
 trainers/grpo/task.yaml), stopped after CYCLES generations or CAP_S seconds. The base policy is built first (and
@@ -27,6 +28,8 @@ from ralph_ray.tasks.folder import prepare_module
 
 CYCLES = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 CAP_S = int(sys.argv[2]) if len(sys.argv) > 2 else 1800
+OVERRIDES = sys.argv[3:]  # for every campaign setting; resources=gpu saves as posttrain_gpu
+NAME = "posttrain_gpu" if "resources=gpu" in OVERRIDES else "posttrain"
 
 
 def main() -> None:
@@ -39,6 +42,7 @@ def main() -> None:
         f"safeguards.max_cycles={CYCLES}",
         "safeguards.plateau_cycles=1000",
         f"safeguards.campaign_time_s={CAP_S}",
+        *OVERRIDES,
     )
     splits = prepare_splits(cfg)  # builds (or finds) the cached base policy
     prepared = time.monotonic() - start
@@ -57,6 +61,7 @@ def main() -> None:
     figures = {
         "cycles": CYCLES,
         "cap_s": CAP_S,
+        "overrides": OVERRIDES,
         "prepare_s": round(prepared, 1),
         "wall_s": round(wall, 1),
         "exit_code": int(outcome.exit_code),
@@ -70,7 +75,8 @@ def main() -> None:
         f"task=grpo (two-digit addition, 200 held-out problems per split; exact match of the engine's greedy "
         f"answers), heuristic agent, up to {CYCLES} generations or {CAP_S} s: {figures['trials']} trials over "
         f"{figures['variants']} variants in {wall:.0f} s (exit {figures['exit_code']}; preparing the data and "
-        f"finding or building the base: {prepared:.0f} s)",
+        f"finding or building the base: {prepared:.0f} s)"
+        + (f"; overrides: {' '.join(OVERRIDES)}" if OVERRIDES else ""),
         "| policy | selection exact match | test exact match |",
         "| --- | --- | --- |",
         f"| pre-trained base (no post-training) | {base['selection']:.3f} | {base['test']:.3f} |",
@@ -79,7 +85,7 @@ def main() -> None:
         f"| best {best['variant_id']} ({best['interventions']}) | {best['selection_score']:.3f} | "
         f"{best['test_score']:.3f} |",
     ]
-    save("posttrain", figures, lines)
+    save(NAME, figures, lines)
 
 
 if __name__ == "__main__":

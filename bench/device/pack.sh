@@ -31,4 +31,11 @@ mkdir "$tmp/fm" && for f in "$fm"/*.gz; do zcat "$f" > "$tmp/fm/$(basename "$f" 
 tar cf - -C "$tmp/fm" . | xz -T0 -9e > .gpudata/fm.tar.xz
 cp "$fm"/t10k-* .gpudiag/ && cp "$fm"/t10k-images-idx3-ubyte.gz .gpudiag/train-images-idx3-ubyte.gz \
   && cp "$fm"/t10k-labels-idx1-ubyte.gz .gpudiag/train-labels-idx1-ubyte.gz
-rm -rf "$tmp"; du -sh .gpu .gpudata .gpudiag
+# .gpupost/: the post-training task's packages the device image lacks (trl, datasets, multiprocess, gguf) and pyarrow
+# (datasets needs >= 24; the image's version is not on record), 57 MB, for bench/device/posttrain.sh; the image's
+# transformers, peft, tokenizers and accelerate serve.
+grep -qx "/.gpupost/" .git/info/exclude || echo "/.gpupost/" >> .git/info/exclude
+mkdir -p .gpupost && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpupost \
+  $(for p in trl datasets multiprocess gguf pyarrow; do echo "$p==$(ver "$p")"; done)
+rm -rf "$tmp"; du -sh .gpu .gpudata .gpudiag .gpupost
