@@ -120,6 +120,8 @@ def main() -> None:
     load = os.getloadavg()[0]
     results: dict[str, dict] = {}
     chosen = [kind for kind in kinds(args) if kind in args.kinds.split(",")]
+    if not chosen:
+        parser.error(f"--kinds {args.kinds!r} names none of {', '.join(kinds(args))}")
     for kind in chosen:  # saved after each kind: a run cut short (a device call's limit) keeps what it has
         results[kind] = one(root / kind, kind, args)
         report(args, load, results)

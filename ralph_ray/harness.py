@@ -475,7 +475,8 @@ def shard_loader(loader: object) -> object:
     sampler = getattr(loader, "sampler", None)
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         raise TypeError(f"harness.shard_loader needs a map-style DataLoader, got {type(loader).__name__}")
-    if type(sampler) not in (RandomSampler, SequentialSampler) or loader.batch_size is None:
+    drawn = isinstance(sampler, RandomSampler) and (sampler.replacement or sampler._num_samples is not None)
+    if type(sampler) not in (RandomSampler, SequentialSampler) or loader.batch_size is None or drawn:
         raise TypeError(
             "harness.shard_loader splits a DataLoader built with batch_size and shuffle only, not one with a sampler "
             "of its own: use harness.stride over its batches"
@@ -483,7 +484,8 @@ def shard_loader(loader: object) -> object:
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
-        sampler=_epoch_sampler(loader.dataset, isinstance(sampler, RandomSampler)),
+        sampler=_epoch_sampler(loader.dataset, isinstance(sampler, RandomSampler), loader.generator),
+        generator=loader.generator,
         num_workers=loader.num_workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
@@ -496,18 +498,23 @@ def shard_loader(loader: object) -> object:
     )
 
 
-def _epoch_sampler(dataset: object, shuffle: bool) -> object:
-    """torch's DistributedSampler that draws a new order each epoch from the global random stream, as the
-    RandomSampler it replaces does (trainers written for one process never call `set_epoch`, and may build their
-    loader anew each epoch). The ranks share that stream (the same seed, the same code), so they draw the same
-    order and their shares partition it."""
+def _epoch_sampler(dataset: object, shuffle: bool, generator: object) -> object:
+    """torch's DistributedSampler that draws a new order each epoch from the loader's random stream (its generator,
+    else the global one), as the RandomSampler it replaces does: trainers written for one process never call
+    `set_epoch`, and may build their loader anew each epoch. Rank 0's draw is every rank's: ranks that load different
+    rows may have drawn different amounts of randomness (augmentations, collate), and shares of different orders
+    would overlap."""
     import torch
+    import torch.distributed as dist
     from torch.utils.data.distributed import DistributedSampler
 
     class EpochSampler(DistributedSampler):
         def __iter__(self):  # type: ignore[no-untyped-def]
             if self.shuffle:
-                self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
+                drawn = [int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())]
+                if dist.is_initialized():  # every rank starts each epoch's iteration: the broadcasts pair up
+                    dist.broadcast_object_list(drawn, src=0)
+                self.seed = drawn[0]
             return super().__iter__()
 
     # drop_last: every rank gets len // world_size rows, so as many batches (and all-reduces) on each.

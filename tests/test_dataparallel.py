@@ -179,6 +179,19 @@ def test_shard_loader_gives_each_rank_its_own_rows_reshuffled_each_epoch(monkeyp
         assert len({tuple(epoch) for epoch in first}) == 3  # a new order every epoch, without set_epoch
     ordered = harness.shard_loader(DataLoader(data, batch_size=4))  # no shuffle: in order (rank 1's share)
     assert [int(v) for (batch,) in ordered for v in batch] == list(range(1, 21, 2))
-    sampled = DataLoader(data, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 21, 21))
-    with pytest.raises(TypeError, match="sampler of its own"):
-        harness.shard_loader(sampled)
+    seeded = harness.shard_loader(
+        DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    )
+    again = harness.shard_loader(
+        DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    )
+    torch.manual_seed(1)
+    mine = [int(v) for (batch,) in seeded for v in batch]
+    torch.manual_seed(2)  # the global stream differs: a loader with its own generator draws from that
+    assert [int(v) for (batch,) in again for v in batch] == mine
+    for own in (
+        torch.utils.data.WeightedRandomSampler([1.0] * 21, 21),
+        torch.utils.data.RandomSampler(data, replacement=True),  # draws with replacement: not a permutation to split
+    ):
+        with pytest.raises(TypeError, match="sampler of its own"):
+            harness.shard_loader(DataLoader(data, batch_size=4, sampler=own))

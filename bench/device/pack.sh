@@ -10,7 +10,8 @@
 set -euo pipefail
 V=.venv/bin/python
 ver() { $V -c "import importlib.metadata as m; print(m.version('$1'))"; }
-grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || printf '/.gpu/\n/.gpudata/\n/.gpudiag/\n' >> .git/info/exclude
+grep -qx "/.gpu/" "$(git rev-parse --git-path info/exclude)" 2>/dev/null \
+  || printf '/.gpu/\n/.gpudata/\n/.gpudiag/\n' >> "$(git rev-parse --git-path info/exclude)"
 tmp=$(mktemp -d); mkdir -p .gpu .gpudata .gpudiag
 pkgs=(ray duckdb optuna hydra-core omegaconf libcst alembic SQLAlchemy colorlog pydantic pydantic_core annotated-types
       typing-inspection jsonschema jsonschema-specifications referencing rpds-py tensorboardX pytz dill platformdirs
@@ -32,9 +33,10 @@ tar cf - -C "$tmp/fm" . | xz -T0 -9e > .gpudata/fm.tar.xz
 cp "$fm"/t10k-* .gpudiag/ && cp "$fm"/t10k-images-idx3-ubyte.gz .gpudiag/train-images-idx3-ubyte.gz \
   && cp "$fm"/t10k-labels-idx1-ubyte.gz .gpudiag/train-labels-idx1-ubyte.gz
 # .gpupost/: the post-training task's packages the device image lacks (trl, datasets, multiprocess, gguf) and pyarrow
-# (datasets needs >= 24; the image's version is not on record), 57 MB, for bench/device/posttrain.sh; the image's
+# (datasets needs >= 24; the image's version is not on record), 55 MB, for bench/device/posttrain.sh; the image's
 # transformers, peft, tokenizers and accelerate serve.
-grep -qx "/.gpupost/" .git/info/exclude || echo "/.gpupost/" >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+grep -qx "/.gpupost/" "$exclude" || echo "/.gpupost/" >> "$exclude"
 mkdir -p .gpupost && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpupost \
   $(for p in trl datasets multiprocess gguf pyarrow; do echo "$p==$(ver "$p")"; done)

@@ -10,7 +10,9 @@ python3 -m pip show transformers trl peft datasets pyarrow huggingface_hub 2>/de
 python3 -c "import trl, peft, datasets, transformers, torch; print('posttrain stack ok, cuda', torch.cuda.is_available())" \
   || { echo "the post-training stack does not import: see the versions above (datasets needs pyarrow>=24)"; exit 4; }
 CYCLES=${CYCLES:-5}
-CAP_S=${CAP_S:-420}
-timeout $((CAP_S + 150)) python3 bench/posttrain.py $CYCLES $CAP_S resources=gpu sandbox=none \
+CAP_S=${CAP_S:-300}  # leaves room in a 600-s call for the install, the base policy's build (not carried) and the save
+timeout $((CAP_S + 200)) python3 bench/posttrain.py $CYCLES $CAP_S resources=gpu sandbox=none \
   2>&1 | tee $OUT/posttrain.log | grep -v "^\s*trial " | tail -30
-echo "posttrain rc=${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+echo "posttrain rc=$rc"
+exit $rc

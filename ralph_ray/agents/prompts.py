@@ -98,6 +98,11 @@ def _show_trials(trials: list[TrialSummary]) -> str:
     return "\n\n".join(out)
 
 
+# RL post-training telemetry (agents.rl reads it), shown only where a curve carries it: the LLM reads what the
+# heuristic analyst reads.
+RL_COLUMNS = ("reward_mean", "reward_std", "zero_spread_frac", "kl", "entropy", "completion_length")
+
+
 def _show_curve(trial: TrialSummary) -> str:
     points = trial.curve
     if not points:
@@ -105,16 +110,13 @@ def _show_curve(trial: TrialSummary) -> str:
     if len(points) > MAX_CURVE_ROWS:
         step = (len(points) - 1) / (MAX_CURVE_ROWS - 1)
         points = [points[round(i * step)] for i in range(MAX_CURVE_ROWS)]
-    rows = ["| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |", "|---|---|---|---|---|---|---|"]
+    extra = [name for name in RL_COLUMNS if any(getattr(p, name) is not None for p in points)]
+    header = ["epoch", "train_loss", "val_loss", "val_acc", "lr", "grad_norm", "seconds", *extra]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in points:
-        rows.append(
-            "| "
-            + " | ".join(
-                [str(p.epoch)]
-                + [_num(v) for v in (p.train_loss, p.val_loss, p.val_acc, p.lr, p.grad_norm, p.epoch_seconds)]
-            )
-            + " |"
-        )
+        values = [p.train_loss, p.val_loss, p.val_acc, p.lr, p.grad_norm, p.epoch_seconds]
+        values += [getattr(p, name) for name in extra]
+        rows.append("| " + " | ".join([str(p.epoch)] + [_num(v) for v in values]) + " |")
     return "\n".join(rows)
 
 

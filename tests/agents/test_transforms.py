@@ -345,6 +345,26 @@ def test_data_parallel_shares_an_epoch_by_offsets_or_by_the_loaders_sampler(trai
         assert "val_loader = DataLoader(val_set" in source
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        # a sampler of its own: its order is its own, so the loop's batches are strided instead
+        ("shuffle=True)", "sampler=torch.utils.data.RandomSampler(train_set, replacement=True))"),
+        # built twice (again inside the epoch loop): stride at the loop covers both bindings
+        (
+            "        model.train()\n",
+            "        model.train()\n        train_loader = DataLoader(train_set, batch_size=BATCH_SIZE)\n",
+        ),
+    ],
+    ids=["own_sampler", "rebuilt"],
+)
+def test_data_parallel_strides_a_loader_it_cannot_rebuild(change: tuple[str, str]):
+    source = SOURCES["module_loader"].replace(*change)
+    assert source != SOURCES["module_loader"]
+    result = apply_transform("data_parallel", source)
+    assert "harness.stride(train_loader)" in result and "harness.shard_loader(" not in result
+
+
 @pytest.mark.parametrize("trainer", ["sequential_flat", "module_loader"])
 def test_a_data_parallel_child_trains_as_two_gloo_ranks_in_step(gate: Gate, tmp_path: Path, trainer: str):
     """The transform's output run as a real group of two (the torch.distributed variables the engine sets): both

@@ -58,6 +58,12 @@ MODULE_API = frozenset(
 )
 
 
+# DataLoaders harness.shard_loader rebuilds with a DistributedSampler, unless a keyword gives them an order of their
+# own (then harness.stride shares their batches).
+PLAIN_LOADERS = frozenset({"DataLoader", "torch.utils.data.DataLoader", "data.DataLoader", "utils.data.DataLoader"})
+OWN_ORDER = frozenset({"sampler", "batch_sampler"})
+
+
 @register("data_parallel", "parallel")
 def data_parallel(source: str) -> str:
     """Add the harness's data-parallel helpers: a process group, DDP, per-rank batches, an epoch's steps shared."""
@@ -112,30 +118,40 @@ def data_parallel(source: str) -> str:
     )
     if loader is None:  # offsets: each rank takes every N-th
         edits.sub(loop.iter, lambda old: expression(f"harness.stride({code(old)})"))
-    else:  # a DataLoader: each rank loads only its own share (a DistributedSampler)
+    else:  # a plain DataLoader: each rank loads only its own share (a DistributedSampler)
         edits.sub(loader, lambda old: expression(f"harness.shard_loader({code(old)})"))
     return edits.apply()
 
 
 def _loader_built(trainer: Trainer, batches: cst.BaseExpression, scope: cst.CSTNode) -> cst.Call | None:
-    """The `DataLoader(...)` call the batch loop iterates (None for `range(...)` offsets); anything else is refused:
-    a generator of batches has no length, so no rank could be given as many steps as the others."""
+    """The plain `DataLoader(dataset, batch_size, shuffle)` call the batch loop iterates, to shard by its sampler;
+    None where `harness.stride` at the loop shares the epoch instead: `range(...)` offsets, or a DataLoader with a
+    sampler of its own, of another class, or bound more than once (stride covers every binding). Anything else is
+    refused: a generator of batches has no length, so no rank could be given as many steps as the others."""
     if isinstance(batches, cst.Call) and call_name(batches) == "range":
         return None
     name = dotted(batches)
-    if name is not None:
-        for stmt in trainer.statements(scope):
-            value = assign_value(stmt)
-            if (
-                assign_target(stmt) == name
-                and isinstance(value, cst.Call)
-                and (call_name(value) or "").endswith("DataLoader")
-            ):
-                return value
-    raise NotApplicable(
-        f"the batch loop runs over `{code(batches)}`, not a range of offsets or a DataLoader: its batches have no "
-        "length to split evenly between ranks"
+    built = [
+        value
+        for stmt in (trainer.statements(scope) if name is not None else [])
+        if assign_target(stmt) == name
+        and isinstance(value := assign_value(stmt), cst.Call)
+        and (call_name(value) or "").endswith("DataLoader")
+    ]
+    if not built:
+        raise NotApplicable(
+            f"the batch loop runs over `{code(batches)}`, not a range of offsets or a DataLoader: its batches have no "
+            "length to split evenly between ranks"
+        )
+    call = built[0]
+    plain = (
+        len(built) == 1
+        and call_name(call) in PLAIN_LOADERS
+        and sum(arg.keyword is None for arg in call.args) <= 3  # dataset, batch_size, shuffle; the 4th is a sampler
+        and not any(arg.keyword is not None and arg.keyword.value in OWN_ORDER for arg in call.args)
+        and not any(arg.star for arg in call.args)
     )
+    return call if plain else None
 
 
 def _start(trainer: Trainer, scope: cst.CSTNode) -> cst.CSTNode:

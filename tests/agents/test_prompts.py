@@ -1,0 +1,28 @@
+"""What an LLM analyst is shown of a parent: its curves carry the RL telemetry where the trainer reports it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ralph_ray.agents.base import EpochPoint, ParentView, TrialSummary
+from ralph_ray.agents.prompts import show_parent
+
+
+def parent_with(tmp_path: Path, curve: list[EpochPoint]) -> ParentView:
+    (tmp_path / "train.py").write_text("LR = 0.001\n")
+    trial = TrialSummary("t0", "completed", None, {"LR": 0.001}, 0.4, curve)
+    return ParentView("v0", tmp_path, 0.4, [trial], [], [], "program")
+
+
+def test_an_rl_curve_shows_its_telemetry_and_a_vision_curve_does_not(tmp_path: Path):
+    rl = [
+        EpochPoint(epoch=e, val_acc=0.4, reward_mean=0.3, reward_std=0.07, kl=0.04, zero_spread_frac=0.84)
+        for e in (1, 2)
+    ]
+    shown = show_parent(parent_with(tmp_path, rl), [], [])
+    header = next(line for line in shown.splitlines() if line.startswith("| epoch"))
+    assert header.endswith("| seconds | reward_mean | reward_std | zero_spread_frac | kl |")  # none of the absent ones
+    assert "| 2 | - | - | 0.4 | - | - | - | 0.3 | 0.07 | 0.84 | 0.04 |" in shown
+    vision = [EpochPoint(epoch=1, train_loss=0.5, val_acc=0.9)]
+    header = next(line for line in show_parent(parent_with(tmp_path, vision), [], []).splitlines() if "| epoch" in line)
+    assert header == "| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |"
