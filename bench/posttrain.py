@@ -32,6 +32,11 @@ OVERRIDES = sys.argv[3:]  # for every campaign setting; resources=gpu saves as p
 NAME = "posttrain_gpu" if "resources=gpu" in OVERRIDES else "posttrain"
 
 
+def _score(value: float | None) -> str:
+    """A score to three places; '-' where no trial completed (the campaign's log says why)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-posttrain-"))
     start = time.monotonic()
@@ -80,10 +85,10 @@ def main() -> None:
         "| policy | selection exact match | test exact match |",
         "| --- | --- | --- |",
         f"| pre-trained base (no post-training) | {base['selection']:.3f} | {base['test']:.3f} |",
-        f"| seed {seed['variant_id']} (GRPO + LoRA, best knob sample) | {seed['selection_score']:.3f} | "
-        f"{seed['test_score']:.3f} |",
-        f"| best {best['variant_id']} ({best['interventions']}) | {best['selection_score']:.3f} | "
-        f"{best['test_score']:.3f} |",
+        f"| seed {seed['variant_id']} (GRPO + LoRA, best knob sample) | {_score(seed['selection_score'])} | "
+        f"{_score(seed['test_score'])} |",
+        f"| best {best['variant_id']} ({best['interventions']}) | {_score(best['selection_score'])} | "
+        f"{_score(best['test_score'])} |",
     ]
     save(NAME, figures, lines)
 

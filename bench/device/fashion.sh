@@ -1,6 +1,6 @@
 # Device call B (carry [".gpudata"], right after call A): the Fashion-MNIST data, then bench/fashion.py on one GPU (results to $OUT).
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_RESULTS=$OUT
-test -d /tmp/site/ray || { echo "no /tmp/site: the machine went back after call A"; exit 3; }
+export PYTHONPATH=/tmp/site-packages:$PWD PYTHONUNBUFFERED=1 BENCH_RESULTS=$OUT
+test -d /tmp/site-packages/ray || { echo "no /tmp/site-packages: the machine went back after call A"; exit 3; }
 mkdir -p /tmp/fm && tar xJf .gpudata/fm.tar.xz -C /tmp/fm && gzip -1 -f /tmp/fm/*-ubyte && ls -la /tmp/fm
 CAMPAIGN_S=${CAMPAIGN_S:-440}
 # First a 20-s campaign on a 3,000-image subsample: every trial given a GPU must record a GPU peak (the harness writes

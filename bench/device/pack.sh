@@ -5,7 +5,7 @@
 #   .gpudata/  Fashion-MNIST's four idx files (tar.xz: 26 MB), from Debian's dataset-fashion-mnist
 #   .gpudiag/  the 10k test files twice (as train and test: a small real-format set for quick checks)
 # The two big folders don't fit one call together: call A carries .gpu (bench/device/setup.sh unpacks it into
-# /tmp/site, kept while the machine stays warm, 30 s), call B at once carries .gpudata (bench/device/fashion.sh).
+# /tmp/site-packages, kept while the machine stays warm, 30 s), call B at once carries .gpudata (bench/device/fashion.sh).
 # Run from the repo root: bash bench/device/pack.sh
 set -euo pipefail
 V=.venv/bin/python
@@ -39,5 +39,5 @@ exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
 grep -qx "/.gpupost/" "$exclude" || echo "/.gpupost/" >> "$exclude"
 mkdir -p .gpupost && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpupost \
-  $(for p in trl datasets multiprocess gguf pyarrow; do echo "$p==$(ver "$p")"; done)
+  $(for p in trl datasets multiprocess dill gguf pyarrow; do echo "$p==$(ver "$p")"; done)
 rm -rf "$tmp"; du -sh .gpu .gpudata .gpudiag .gpupost

@@ -1,8 +1,8 @@
 # Device call B (carry [".gpudata"], right after call A `source bench/device/unpack.sh`): on one GPU with the real
 # Fashion-MNIST files, PBT against ASHA at the same wall budget (bench/pbt_vs_asha.py), then one trial plain against
 # the same trial as a Ray Train group of one (NCCL, DDP: bench/dp_scaling.py). Results to $OUT.
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_RESULTS=$OUT
-test -d /tmp/site/ray || { echo "no /tmp/site: the machine went back after call A"; exit 3; }
+export PYTHONPATH=/tmp/site-packages:$PWD PYTHONUNBUFFERED=1 BENCH_RESULTS=$OUT
+test -d /tmp/site-packages/ray || { echo "no /tmp/site-packages: the machine went back after call A"; exit 3; }
 mkdir -p /tmp/fm && tar xJf .gpudata/fm.tar.xz -C /tmp/fm && gzip -1 -f /tmp/fm/*-ubyte && ls /tmp/fm
 BUDGET_S=${BUDGET_S:-90}
 EPOCHS=${EPOCHS:-20}

@@ -2,10 +2,10 @@
 # task=grpo on one GPU (bf16, GPU_GROUP_FACTOR x larger groups, chosen by the trainer from harness.device()), the seed
 # and the best variant after a short campaign (bench/posttrain.py), results to $OUT as posttrain_gpu.{md,json}.
 # .gpupost holds what the image lacks or has at another version (bench/device/pack.sh builds it): trl, datasets,
-# multiprocess, gguf and pyarrow, at this checkout's versions. NOT YET RUN on a device (written 2026-11-26 without one).
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 BENCH_RESULTS=$OUT
-test -d /tmp/site/ray || { echo "no /tmp/site: the machine went back after call A"; exit 3; }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpupost/*.whl
+# multiprocess, dill, gguf and pyarrow, at this checkout's versions. First run 2026-11-26 on an H200: README, "On a GPU".
+export PYTHONPATH=/tmp/site-packages:$PWD PYTHONUNBUFFERED=1 BENCH_RESULTS=$OUT
+test -d /tmp/site-packages/ray || { echo "no /tmp/site-packages: the machine went back after call A"; exit 3; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-packages .gpupost/*.whl
 python3 -m pip show transformers trl peft datasets pyarrow huggingface_hub 2>/dev/null | grep -E "^(Name|Version)"
 python3 -c "import trl, peft, datasets, transformers, torch; print('posttrain stack ok, cuda', torch.cuda.is_available())" \
   || { echo "the post-training stack does not import: see the versions above (datasets needs pyarrow>=24)"; exit 4; }

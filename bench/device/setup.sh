@@ -1,4 +1,4 @@
-# Device call A (carry [".gpu"]): unpack the carried wheels into /tmp/site (kept while the machine stays warm), then a smoke campaign.
+# Device call A (carry [".gpu"]): unpack the carried wheels into /tmp/site-packages (kept while the machine stays warm), then a smoke campaign.
 source bench/device/unpack.sh
 set +e
 # A small digits campaign with GPU resources: 4 trials of 0.25 GPU, 40 s. It checks the stack and Ray's GPU placement

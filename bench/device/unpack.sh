@@ -1,7 +1,9 @@
-# Sourced by setup.sh and diag.sh: unpack the carried stack (.gpu) into /tmp/site, put it and the repo on
+# Sourced by setup.sh and diag.sh: unpack the carried stack (.gpu) into /tmp/site-packages, put it and the repo on
 # PYTHONPATH, and show the machine and what imports.
 set -e
-S=/tmp/site; mkdir -p $S
+# The folder's name must hold 'site-packages': dill (datasets' fingerprints) pickles a module found anywhere else
+# by value, and task=grpo's Dataset.from_dict then fails ("Can't pickle <class 'MonthDayNano'>", 2026-11-26).
+S=/tmp/site-packages; mkdir -p $S
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S .gpu/*.whl
 for t in ray duckdb antlr; do tar xJf .gpu/$t.tar.xz -C $S; done
 export PYTHONPATH=$S:$PWD PYTHONUNBUFFERED=1

@@ -19,6 +19,7 @@ from ralph_ray.agents.base import (
     Recommendation,
     TrialSummary,
 )
+from ralph_ray.sql import RL_METRICS
 from ralph_ray.variants import mutable_names
 
 PROMPTS_DIR = PROJECT_ROOT / "agents" / "prompts"
@@ -98,11 +99,6 @@ def _show_trials(trials: list[TrialSummary]) -> str:
     return "\n\n".join(out)
 
 
-# RL post-training telemetry (agents.rl reads it), shown only where a curve carries it: the LLM reads what the
-# heuristic analyst reads.
-RL_COLUMNS = ("reward_mean", "reward_std", "zero_spread_frac", "kl", "entropy", "completion_length")
-
-
 def _show_curve(trial: TrialSummary) -> str:
     points = trial.curve
     if not points:
@@ -110,7 +106,9 @@ def _show_curve(trial: TrialSummary) -> str:
     if len(points) > MAX_CURVE_ROWS:
         step = (len(points) - 1) / (MAX_CURVE_ROWS - 1)
         points = [points[round(i * step)] for i in range(MAX_CURVE_ROWS)]
-    extra = [name for name in RL_COLUMNS if any(getattr(p, name) is not None for p in points)]
+    # RL post-training telemetry (agents.rl reads it; the KB stores sql.RL_METRICS), shown only where a curve
+    # carries it: the LLM reads what the heuristic analyst reads.
+    extra = [name for name in RL_METRICS if any(getattr(p, name) is not None for p in points)]
     header = ["epoch", "train_loss", "val_loss", "val_acc", "lr", "grad_norm", "seconds", *extra]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in points:

@@ -21,8 +21,8 @@ def test_an_rl_curve_shows_its_telemetry_and_a_vision_curve_does_not(tmp_path: P
     ]
     shown = show_parent(parent_with(tmp_path, rl), [], [])
     header = next(line for line in shown.splitlines() if line.startswith("| epoch"))
-    assert header.endswith("| seconds | reward_mean | reward_std | zero_spread_frac | kl |")  # none of the absent ones
-    assert "| 2 | - | - | 0.4 | - | - | - | 0.3 | 0.07 | 0.84 | 0.04 |" in shown
+    assert header.endswith("| seconds | reward_mean | reward_std | kl | zero_spread_frac |")  # none of the absent ones
+    assert "| 2 | - | - | 0.4 | - | - | - | 0.3 | 0.07 | 0.04 | 0.84 |" in shown
     vision = [EpochPoint(epoch=1, train_loss=0.5, val_acc=0.9)]
     header = next(line for line in show_parent(parent_with(tmp_path, vision), [], []).splitlines() if "| epoch" in line)
     assert header == "| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |"
