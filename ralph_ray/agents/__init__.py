@@ -65,7 +65,9 @@ class _Builder:
     def heuristic(self) -> tuple[Analyst, Coder]:
         from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
 
-        return HeuristicAnalyst(seed=self.cfg.agent.seed, exploration=self.cfg.agent.exploration), HeuristicCoder()
+        timed = self.cfg.trial.budget_s is not None
+        analyst = HeuristicAnalyst(seed=self.cfg.agent.seed, exploration=self.cfg.agent.exploration, timed=timed)
+        return analyst, HeuristicCoder()
 
     def analyst(self, kind: AgentBackend) -> Analyst:
         if kind is AgentBackend.heuristic:

@@ -367,6 +367,20 @@ def _best_candidate(
     return best
 
 
+# The knob a trainer's harness.epochs() ignores under trial.budget_s (it trains until the time is spent): a move of
+# this knob alone changes nothing there. A 900-s lm campaign with trial.budget_s=10 bred such children (2026-11-26).
+EPOCHS = "EPOCHS"
+
+
+def _epochs_only(intervention: Intervention) -> bool:
+    """Whether the intervention only moves EPOCHS (no code edit, no transform, no new knob)."""
+    return (
+        bool(intervention.knobs)
+        and all(edit.knob == EPOCHS for edit in intervention.knobs)
+        and not (intervention.add_knobs or intervention.edits or intervention.transform)
+    )
+
+
 # -----------------------------------------------------------------------------
 # The agents
 
@@ -375,13 +389,18 @@ class HeuristicAnalyst:
     """Diagnoses a parent's curves and ranks applicable catalog interventions by measured effect."""
 
     def __init__(
-        self, seed: int = 0, exploration: float = AgentConfig.exploration, catalog: Catalog | None = None
+        self,
+        seed: int = 0,
+        exploration: float = AgentConfig.exploration,
+        catalog: Catalog | None = None,
+        timed: bool = False,
     ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
         self.seed = seed
         self.exploration = exploration
         self.catalog = catalog if catalog is not None else load_catalog()
+        self.timed = timed  # trial.budget_s is set: every trial trains for the same time, whatever its EPOCHS
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
@@ -402,6 +421,11 @@ class HeuristicAnalyst:
         for intervention in self.catalog:
             if intervention.name in parent.lineage and not intervention.repeatable:
                 skipped[intervention.name] = "already in the lineage"
+                continue
+            if self.timed and _epochs_only(intervention):
+                skipped[intervention.name] = (
+                    f"trial.budget_s holds every trial to the same training time: {EPOCHS} is ignored"
+                )
                 continue
             try:
                 check(intervention, source)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import (
     AgentError,
     Diagnosis,
@@ -268,6 +269,24 @@ def test_lineage_and_applied_code_are_skipped_but_repeatable_stay(tmp_path: Path
     assert "lower_lr" in order  # repeatable
     assert "`batchnorm`: already in the lineage" in analysis.summary
     assert "`grokfast_filter`: the model uses BatchNorm" in analysis.summary  # the transform's own reason
+
+
+def test_under_a_time_budget_a_move_of_epochs_alone_is_skipped(tmp_path: Path):
+    parent = parent_view(tmp_path, UNDERTRAINED)
+    free = HeuristicAnalyst().analyse(parent, [], Usage())
+    assert ranked_names(free)[0] == "longer_training"  # the undertrained reading's answer
+    timed = HeuristicAnalyst(timed=True).analyse(parent, [], Usage())
+    assert "longer_training" not in ranked_names(timed)
+    assert "`longer_training`: trial.budget_s holds every trial to the same training time: EPOCHS is ignored" in (
+        timed.summary
+    )
+    assert set(ranked_names(free)) - {"longer_training"} <= set(ranked_names(timed))  # the code edits stay
+
+
+def test_the_campaign_tells_the_analyst_of_a_time_budget(tiny_config):
+    analyst, _ = make_agents(tiny_config("trial.budget_s=10"))
+    assert isinstance(analyst, HeuristicAnalyst) and analyst.timed
+    assert not make_agents(tiny_config())[0].timed
 
 
 def test_falls_back_to_healthy_answers_when_the_diagnosis_has_few(tmp_path: Path):
