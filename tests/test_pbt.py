@@ -81,6 +81,14 @@ def test_a_two_cycle_pbt_campaign_records_segments_and_exploits(ray_session, tmp
     assert {cycle for cycle, *_ in exploits} == {1, 2}, "each cycle's population should exploit at least once"
     ids = {t[0]: t[1] for t in trials}
     assert all(ids[donor] == cycle and donor != trial for cycle, trial, donor, _ in exploits)  # within its cycle
+    # Storage keeps every checkpoint a PBT trial saved (search.PBT_CHECKPOINTS): a clone restores its donor's
+    # boundary checkpoint after the donor may have saved newer ones; with only the newest kept, each trial here
+    # would hold one (it saves at each boundary it pauses at, epochs 2 and 4, and at its end).
+    for trial_id, cycle, *_ in trials:
+        kept = list(
+            (tmp_path / "runs" / "pbt").glob(f"cycle_{cycle:04d}/tune/cycle_{cycle:04d}/{trial_id}/checkpoint_*")
+        )
+        assert len(kept) >= 2, f"trial {trial_id} kept {len(kept)} checkpoint(s)"
 
 
 def test_trainers_that_cannot_resume_are_refused(tmp_path: Path):
