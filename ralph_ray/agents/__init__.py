@@ -77,7 +77,11 @@ class _Builder:
 
         catalog = [(i.name, i.description) for i in load_catalog()]
         return LLMAnalyst(
-            self.chat(), self.cfg.agent, self.cfg.population.children_per_parent + SPARE_RECOMMENDATIONS, catalog
+            self.chat(),
+            self.cfg.agent,
+            self.cfg.population.children_per_parent + SPARE_RECOMMENDATIONS,
+            catalog,
+            self.cfg.trial.budget_s,
         )
 
     def coder(self, kind: AgentBackend) -> Coder:

@@ -151,10 +151,15 @@ class LLMAnalyst:
     """Diagnoses a parent from its code, curves, lineage and the KB's effects; returns ranked recommendations."""
 
     def __init__(
-        self, chat: ChatClient, cfg: AgentConfig, n_recommendations: int, catalog: list[tuple[str, str]]
+        self,
+        chat: ChatClient,
+        cfg: AgentConfig,
+        n_recommendations: int,
+        catalog: list[tuple[str, str]],
+        budget_s: float | None = None,  # trial.budget_s: every trial trains this long, whatever its EPOCHS
     ) -> None:
         self.chat, self.answer_retries, self.json_mode = chat, cfg.answer_retries, cfg.json_mode
-        self.n_recommendations, self.catalog = n_recommendations, catalog
+        self.n_recommendations, self.catalog, self.budget_s = n_recommendations, catalog, budget_s
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Ask, validate, and send a malformed answer back with what was wrong (bounded)."""
@@ -163,6 +168,7 @@ class LLMAnalyst:
             program=parent.program.strip(),
             n_recommendations=str(self.n_recommendations),
             diagnoses=prompts.diagnoses_list(),
+            budget=prompts.budget_note(self.budget_s),
         )
         messages = [
             {"role": "system", "content": system},

@@ -49,6 +49,21 @@ def diagnoses_list() -> str:
     return ", ".join(d.value for d in Diagnosis)
 
 
+def budget_note(budget_s: float | None) -> str:
+    """What a trial's compute is held to, for the analyst: under `trial.budget_s` more EPOCHS buy nothing."""
+    if budget_s is None:
+        return (
+            "Each trial trains for its `EPOCHS` (more epochs cost more time; the campaign's budget is shared by all "
+            "trials)."
+        )
+    return (
+        f"Every trial trains for the same {budget_s:g} s of wall time (trial.budget_s), whatever its `EPOCHS`: the "
+        "trainer's epochs end when `harness.time_left()` runs out. Do not recommend longer training or a higher "
+        "`EPOCHS`: it changes nothing. A gain must come from better training code within the same time (a faster "
+        "epoch counts, since it fits more steps into the budget)."
+    )
+
+
 def show_files(folder: Path) -> str:
     """The mutable files of a variant, each in a fenced block under its path."""
     blocks = []

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,9 @@ from ralph_ray.agents.catalog import CATALOG_PATH, NotApplicable, apply, load_ca
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
+
+sys.path.insert(0, str(Path(__file__).parent))
+from warm_trainer import train_all  # noqa: E402
 
 DIGITS = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
 CIFAR10 = (PROJECT_ROOT / "trainers" / "cifar10" / "train.py").read_text()
@@ -260,7 +260,7 @@ def test_adamw_rewrites_optimizer_and_knob_comments():
 
 
 # -----------------------------------------------------------------------------
-# Every entry, and stacks of them, still train (real subprocesses on prepared digits data)
+# Every entry, and stacks of them, still train (real processes forked warm: tests/agents/warm_trainer.py)
 
 
 SPLITS = prepare(0, 0.2, 0.2)
@@ -315,41 +315,10 @@ def variants() -> dict[str, str]:
     return {name: rewrite_knobs(source, {"EPOCHS": 2}) for name, source in sources.items()}
 
 
-def run_trainer(source: str, data: Path, work: Path) -> dict:
-    work.mkdir(parents=True)
-    (work / "train.py").write_text(source)
-    env = {
-        **os.environ,
-        "RALPH_DATA_DIR": str(data),
-        "RALPH_METRICS_FILE": str(work / "metrics.jsonl"),
-        "RALPH_PREDICTIONS_FILE": str(work / "predictions.npz"),
-        "OMP_NUM_THREADS": "1",
-        "RALPH_DEVICE": "cpu",
-    }
-    result = subprocess.run(
-        [sys.executable, "train.py"], check=False, cwd=work, env=env, capture_output=True, text=True, timeout=120
-    )
-    metrics = work / "metrics.jsonl"
-    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return {
-        "returncode": result.returncode,
-        "stderr": result.stderr[-3000:],
-        "records": records,
-        "predictions": work / "predictions.npz",
-    }
-
-
 @pytest.fixture(scope="module")
 def trained(digits_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    """Run every variant once, in parallel (each trainer uses one thread)."""
-    root = tmp_path_factory.mktemp("variants")
-    jobs = variants()
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {
-            name: pool.submit(run_trainer, source, digits_data, root / name.replace(":", "_"))
-            for name, source in jobs.items()
-        }
-        return {name: future.result() for name, future in futures.items()}
+    """Run every variant once, two at a time, each a fresh fork of a process that imported torch once."""
+    return train_all(variants(), digits_data, tmp_path_factory.mktemp("variants"), workers=max(2, os.cpu_count() or 2))
 
 
 @pytest.mark.parametrize("name", ON_SEED + [f"stack:{s}" for s in STACKS])

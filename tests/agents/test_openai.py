@@ -383,3 +383,21 @@ def test_make_agents_builds_the_openai_pair_after_a_preflight(llm_server: Script
     analyst, coder = make_agents(cfg)
     assert isinstance(analyst, LLMAnalyst) and isinstance(coder, LLMCoder) and analyst.chat is coder.chat
     assert analyst.n_recommendations == 3  # children_per_parent + spares for duplicates
+
+
+@pytest.mark.parametrize(
+    ("budget", "told"),
+    [
+        (["trial.budget_s=30"], "Every trial trains for the same 30 s of wall time (trial.budget_s), whatever its"),
+        ([], "Each trial trains for its `EPOCHS`"),
+    ],
+)
+def test_the_analyst_is_told_whether_trials_train_for_a_fixed_time(
+    llm_server: ScriptedLLM, tiny_config, parent: ParentView, budget: list[str], told: str
+):
+    analyst, _ = make_agents(tiny_config(*campaign_overrides(llm_server), *budget))
+    llm_server.add(Reply(json.dumps(ANALYSIS)))
+    analyst.analyse(parent, [], Usage())
+    system = llm_server.chats()[0][0]["content"]
+    assert told in system
+    assert ("Do not recommend longer training" in system) is bool(budget)  # under a budget EPOCHS buys nothing
