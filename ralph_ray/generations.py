@@ -85,6 +85,7 @@ class Campaign:
             scores_model=cfg.task.scored_by == ScoredBy.model.value,
             resumes=cfg.scheduler.name.population_based,
             workers=cfg.resources.workers_per_trial,
+            warm=cfg.trial.warm,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 

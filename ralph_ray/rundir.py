@@ -1,7 +1,7 @@
 """A run dir: its id, opening it for a new or resumed campaign, and the files each cycle's phases leave there
 for the next phase (and for a resume).
 
-    <runs>/<run_id>/ state.json  config.yaml  data/  data_smoke/  variants/<id>/
+    <runs>/<run_id>/ state.json  config.yaml  data/  data_smoke/  smoke_work/ (warm smoke runs)  variants/<id>/
         cycle_0001/ parents.json  analysis.md  recommendations.json  children.json  decision.json
                     parents/<id>/ (a parent's code, best knobs baked in)  drafts/  trials/  tune/
 """

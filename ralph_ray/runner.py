@@ -239,6 +239,9 @@ def warm_request(trainer: Trainer, jail: Jail, env: Mapping[str, str], threads: 
         "keep": keep,
         "hide": [str(key.root)],
         "rlimits": jail.rlimits(),
+        # The calling thread's niceness, as a cold start's child inherits it: the breeder's smoke runs run nicer
+        # than the trials (population.breeder_nice), also when forked from a server started at another niceness.
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
     }
 
 

@@ -135,6 +135,7 @@ def _trainer(request: dict, stdout: int, stderr: int, status: socket.socket, gro
             os.close(fd)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         os.setsid()  # its own process group: the engine kills it with one killpg
+        _renice(int(request.get("nice", 0)))
         if request["isolate"]:
             _isolate(request)
         for name, value in request["rlimits"].items():
@@ -164,6 +165,21 @@ def _trainer(request: dict, stdout: int, stderr: int, status: socket.socket, gro
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def _renice(nice: int) -> None:
+    """Take the niceness of the engine thread that asked for this trainer (a gate smoke run from the breeder runs
+    nicer than the trials), and give it to the new session's scheduler autogroup, where Linux weighs one session
+    against another (as `sandbox.keep_niceness_in_session` does on the cold path). Best effort: never lower."""
+    try:
+        if nice > os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, nice))
+        current = os.getpriority(os.PRIO_PROCESS, 0)
+        if current > 0:
+            with open("/proc/self/autogroup", "w") as handle:
+                handle.write(str(current))
+    except OSError:
+        pass
 
 
 def _run(entry: str, cwd: str, threads: int) -> int:

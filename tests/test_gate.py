@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray import PROJECT_ROOT
+from ralph_ray import PROJECT_ROOT, warmstart
 from ralph_ray.agents.transforms import apply_transform
-from ralph_ray.gate import Gate, GateError, write_smoke_data
+from ralph_ray.gate import SMOKE_WORK, Gate, GateError, write_smoke_data
 from ralph_ray.tasks.digits import prepare
 
 SEED = PROJECT_ROOT / "trainers" / "digits"
@@ -123,3 +123,18 @@ def test_a_child_with_a_weight_average_is_refused_when_trials_have_workers(gate:
     child, parent = child_of_seed(tmp_path, lambda s: apply_transform("ema_weights", s))
     with pytest.raises(GateError, match="uses AveragedModel.*workers_per_trial=1"):
         replace(gate, workers=2).check(child, parent)
+
+
+def test_a_warm_gate_forks_its_smoke_runs_from_a_server_with_torch_imported(gate: Gate, tmp_path: Path):
+    """trial.warm: smoke runs as warm as trials (the breeder's cold `import torch` took ~50 s beside busy trials);
+    the same child that needs a warm interpreter is refused cold, and no smoke work dir is left behind."""
+    warm = replace(gate, warm=True)
+    needs_warm = "import sys\nassert 'torch' in sys.modules, 'started cold'  # imported by the server, not by me\n"
+    child, parent = child_of_seed(tmp_path, lambda s: needs_warm + s)
+    try:
+        warm.check(child, parent)
+        with pytest.raises(GateError, match="smoke run failed.*started cold"):
+            gate.check(child, parent)
+    finally:
+        warmstart.close_all()
+    assert list((gate.smoke_data.parent / SMOKE_WORK).iterdir()) == []

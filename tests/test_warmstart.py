@@ -8,7 +8,9 @@ entropy, the trainer's exit code, and the cold fallback that says why once.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -180,6 +182,34 @@ def test_without_the_sandbox_a_warm_trainer_still_gets_its_own_folder_group_and_
     assert outcome.status is Status.failed and "exited with code 3" in (outcome.reason or ""), outcome.reason
     pid, group, cwd = (work / "ids.txt").read_text().split()
     assert pid == group and cwd == str(work)
+
+
+@pytest.mark.parametrize("policy", [PLAIN, pytest.param(POLICY, marks=needs_bwrap)], ids=["none", "bwrap"])
+def test_a_warm_trainer_runs_at_the_niceness_of_the_thread_that_asked(tmp_path: Path, public: Path, policy: Policy):
+    """The breeder's smoke runs run nicer than the trials, also when forked by a server started at another niceness:
+    the trainer, and its session's scheduler autogroup (where Linux weighs sessions), take the asking thread's."""
+    source = "import os\nfrom ralph_ray import harness\n"
+    source += "group = open('/proc/self/autogroup').read() if os.path.exists('/proc/self/autogroup') else ''\n"
+    source += "open('nice.txt', 'w').write(f'{os.nice(0)}|{group}')\nharness.report(epoch=1, val_acc=0.1)\n"
+    warm_run(tmp_path, public, "server", source, policy=policy)  # the server starts at this thread's niceness
+    base = os.nice(0)
+    seen: dict[str, tuple[int, str]] = {}
+
+    def nicer() -> None:  # a thread of its own: Linux keeps niceness per thread, as the breeder does
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + 5))
+        outcome, work = warm_run(tmp_path, public, "nicer", source, policy=policy)
+        assert outcome.status is Status.finished, outcome.reason
+        nice, group = (work / "nice.txt").read_text().split("|")
+        seen["nicer"] = (int(nice), group)
+
+    thread = threading.Thread(target=nicer)
+    thread.start()
+    thread.join()
+    assert os.nice(0) == base  # this thread kept its own
+    nice, group = seen["nicer"]
+    assert nice == min(19, base + 5)
+    if group:  # a kernel with autogroups: "/autogroup-N nice K"
+        assert group.split()[-1] == str(nice), group
 
 
 def test_a_server_that_cannot_start_falls_back_to_cold_and_says_why_once(
