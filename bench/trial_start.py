@@ -1,7 +1,8 @@
 """Trial start cost, warm vs cold, side by side in one run: from the runner's request to train.py's first line.
 
 Each trial is the runner's (`ralph_ray.runner.run`, the same call Tune's trainable makes) on a digits-shaped
-trainer that stamps the time on its first line and again after its imports (torch, numpy, the harness), inside
+trainer that stamps the time on its first line, after its imports (torch, numpy, the harness) and after its first
+optimizer (which imports torch._dynamo: warmstart.PRELOAD has it since 2026-11-27), inside
 the sandbox (bwrap) with one thread. Cold and warm trials alternate so machine load hits both alike; the warm
 server's own start (the first warm trial of a worker pays it) is reported apart. Prints the medians and the ratio.
 """
@@ -33,14 +34,19 @@ import torch
 from ralph_ray import harness
 data = harness.load_data()
 imported = time.time()
+torch.optim.SGD(torch.nn.Linear(64, 10).parameters(), lr=0.1)  # the first optimizer imports torch._dynamo
+optimizer = time.time()
 if torch.cuda.is_available():  # on a GPU node: CUDA's start is part of every trial's start (not warm: see zygote)
     torch.zeros(1, device="cuda").add_(1).cpu()
-harness.report(epoch=1, val_acc=0.1, first_line=FIRST_LINE, imported=imported, cuda_ready=time.time())
+harness.report(
+    epoch=1, val_acc=0.1, first_line=FIRST_LINE, imported=imported, optimizer=optimizer, cuda_ready=time.time()
+)
 """
 
 
-def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[float, float, float, float]:
-    """(request -> first line, -> imports done, -> exit seen, -> CUDA ready (= imports where no GPU)) in seconds."""
+def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[float, ...]:
+    """(request -> first line, -> imports done, -> exit seen, -> CUDA ready (= optimizer where no GPU), -> the first
+    optimizer built) in seconds."""
     work = root / "trials" / name
     write_variant({"train.py": TRAINER.encode()}, work)
     start = time.time()
@@ -49,7 +55,13 @@ def one(root: Path, data: Path, name: str, policy: Policy, warm: bool) -> tuple[
     if outcome.status is not Status.finished or outcome.last is None:
         sys.exit(f"{name}: {outcome.reason}")
     last = outcome.last
-    return last["first_line"] - start, last["imported"] - start, done - start, last["cuda_ready"] - start
+    return (
+        last["first_line"] - start,
+        last["imported"] - start,
+        done - start,
+        last["cuda_ready"] - start,
+        last["optimizer"] - start,
+    )
 
 
 def main() -> None:
@@ -68,8 +80,8 @@ def main() -> None:
     server_s = time.time() - start
     if warmstart.reason():
         sys.exit(f"warm starts did not work: {warmstart.reason()}")
-    cold: list[tuple[float, float, float]] = []
-    warm: list[tuple[float, float, float]] = []
+    cold: list[tuple[float, ...]] = []
+    warm: list[tuple[float, ...]] = []
     for index in range(ROUNDS):
         cold.append(one(root, data, f"cold{index}", policy, warm=False))
         warm.append(one(root, data, f"warm{index}", policy, warm=True))
@@ -83,6 +95,8 @@ def main() -> None:
         "warm_first_line_s": round(median(warm, 0), 3),
         "cold_imports_done_s": round(median(cold, 1), 3),
         "warm_imports_done_s": round(median(warm, 1), 3),
+        "cold_optimizer_built_s": round(median(cold, 4), 3),
+        "warm_optimizer_built_s": round(median(warm, 4), 3),
         "cold_trial_wall_s": round(median(cold, 2), 3),
         "warm_trial_wall_s": round(median(warm, 2), 3),
         "ratio_first_line": round(median(warm, 0) / median(cold, 0), 3),
@@ -104,6 +118,8 @@ def main() -> None:
         f"ratio {median(warm, 0) / median(cold, 0):.3f}",
         f"  request -> imports done (torch, data)  cold {median(cold, 1):6.3f} s   warm {median(warm, 1):6.3f} s   "
         f"ratio {median(warm, 1) / median(cold, 1):.3f}",
+        f"  request -> first optimizer built       cold {median(cold, 4):6.3f} s   warm {median(warm, 4):6.3f} s   "
+        f"ratio {median(warm, 4) / median(cold, 4):.3f}",
         f"  request -> exit seen (whole trial)     cold {median(cold, 2):6.3f} s   warm {median(warm, 2):6.3f} s",
         f"  the first warm trial of a worker also starts its server: {server_s:.2f} s",
     ]

@@ -14,7 +14,7 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-PRELOAD = ["numpy", "torch"]
+PRELOAD = ["numpy", "torch", "torch._dynamo"]  # as ralph_ray.warmstart.PRELOAD: the first optimizer imports it
 
 
 def train_all(jobs: dict[str, str], data: Path, root: Path, workers: int = 2) -> dict[str, dict]:
