@@ -36,8 +36,9 @@ TINY = [  # no population.mode: the default (auto) runs async
     "+search.space.EPOCHS={type: choice, values: [2]}",
     "population.trials_per_child=1",
     "population.parents=1",
-    # The breeder at the trials' priority: at the default niceness 10 a gate smoke run on 2 busy cores takes ~50 s
-    # (6 s alone), and a campaign of 3-s trials waits for its children (population.breeder_nice: tests/test_breeder.py)
+    # The breeder at the trials' priority: at the default niceness 10 on 2 busy cores it gets a tenth of a core (a cold
+    # smoke run took ~50 s, a warm one 1.4 s), and a campaign of 3-s trials waits for its children meanwhile
+    # (population.breeder_nice itself: tests/test_breeder.py)
     "population.breeder_nice=0",
 ]
 

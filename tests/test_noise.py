@@ -123,7 +123,7 @@ CAMPAIGN = [
     "population.children_per_parent=2",
     "safeguards.max_cycles=2",
     "safeguards.replicates=2",
-    "population.breeder_nice=0",  # async: children in seconds, not after ~50-s smoke runs at niceness 10 on 2 cores
+    "population.breeder_nice=0",  # async: the breeder at the trials' priority (tests/test_async.py's TINY)
 ]
 
 

@@ -36,7 +36,7 @@ def async_run(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> It
         "population.parents=1",
         "population.children_per_parent=2",
         "population.trials_per_child=1",
-        "population.breeder_nice=0",  # children in seconds, not after ~50-s smoke runs at niceness 10 on 2 cores
+        "population.breeder_nice=0",  # the breeder at the trials' priority (tests/test_async.py's TINY)
     ]
     if sandbox.available() is not None:
         overrides.append("sandbox=none")
