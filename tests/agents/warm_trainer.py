@@ -14,13 +14,14 @@ import traceback
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-PRELOAD = ["numpy", "torch", "torch._dynamo"]  # as ralph_ray.warmstart.PRELOAD: the first optimizer imports it
+from ralph_ray.warmstart import PRELOAD  # what the engine's fork servers import before forking a trainer
 
 
 def train_all(jobs: dict[str, str], data: Path, root: Path, workers: int = 2) -> dict[str, dict]:
-    """Run each named source as `train.py` in root/<name> (one thread each); returns what `run_trainer` returns."""
+    """Run each named source as `train.py` in root/<name> (one thread each); per name its returncode, stderr tail,
+    epoch records and predictions path."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload(list(PRELOAD))
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, max_tasks_per_child=1) as pool:
         futures = {
             name: pool.submit(_train, source, str(data), str(root / name.replace(":", "_")))
