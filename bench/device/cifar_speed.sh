@@ -3,15 +3,7 @@
 # random labels, the real file format): a speed figure only, its accuracy means nothing.
 source bench/device/unpack.sh
 set +e
-mkdir -p /tmp/cifar/cifar-10-batches-py && python3 - <<'PY'
-import pickle
-import numpy as np
-rng = np.random.default_rng(0)
-for name in [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]:
-    batch = {b"data": rng.integers(0, 256, (10000, 3072), dtype=np.uint8), b"labels": rng.integers(0, 10, 10000).tolist()}
-    with open(f"/tmp/cifar/cifar-10-batches-py/{name}", "wb") as handle:
-        pickle.dump(batch, handle)
-PY
+bash bench/device/cifar_data.sh
 # One seed cycle of 4 trials one after another on the whole GPU, no early stops (each trial its 12 epochs).
 timeout ${CIFAR_TIMEOUT:-220} python3 -m ralph_ray +experiment=cifar10 data.root=/tmp/cifar sandbox=none agent=none \
   population.mode=generations safeguards.max_cycles=1 search.num_samples=4 search.max_concurrent=1 scheduler=fifo \

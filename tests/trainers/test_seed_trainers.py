@@ -83,3 +83,28 @@ def test_trainer_by_hand_without_data_says_how_to_prepare(task: str, tmp_path: P
     )
     assert result.returncode != 0
     assert "python -m ralph_ray.prepare" in result.stderr
+
+
+def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
+    """The GPU warm-up trains throwaway steps: the weights, BatchNorm statistics and momentum must be the start's."""
+    import contextlib
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("cifar_train", PROJECT_ROOT / "trainers" / "cifar10" / "train.py")
+    assert spec is not None and spec.loader is not None
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    model = train.Net(10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    start = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    train.warm_up(model, optimizer, x, y, x[:4], contextlib.nullcontext)
+    assert all(torch.equal(start[name], tensor) for name, tensor in model.state_dict().items())
+    assert len(optimizer.state) == 0
+    model.train()
+    loss = torch.nn.functional.cross_entropy(model(x), y)  # the steps did change the weights before the restore
+    loss.backward()
+    optimizer.step()
+    assert not all(torch.equal(start[name], tensor) for name, tensor in model.state_dict().items())
