@@ -1,8 +1,8 @@
 """Split the CIFAR-10 seed trainer's start on a GPU into its steps (device diagnostic; prints, writes nothing).
 
 Imports the seed trainer as a module and times, in a fresh process that has already imported what a warm trial's
-server preloads (`warmstart.PRELOAD`): CUDA's start, the data load, the data to the device, the model, the whitening init, the optimizer, the
-warm-up (twice: the second shows the steady cost once cuDNN has tuned), the final test-time-augmented predictions.
+server preloads (`warmstart.PRELOAD`): CUDA's start, the data load, the data to the device, the model, the
+whitening init, the optimizer, the warm-up (twice: the second shows the steady cost once cuDNN has tuned), the final test-time-augmented predictions.
     CUDNN_BENCHMARK=0|1 python bench/device/cifar_start.py -- +experiment=cifar10 data.root=/tmp/cifar
 """
 
