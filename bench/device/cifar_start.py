@@ -2,7 +2,8 @@
 
 Imports the seed trainer as a module and times, in a fresh process that has already imported what a warm trial's
 server preloads (`warmstart.PRELOAD`): CUDA's start, the data load, the data to the device, the model, the
-whitening init, the optimizer, the warm-up (twice: the second shows the steady cost once cuDNN has tuned), the final test-time-augmented predictions.
+whitening init, the optimizer, the warm-up (twice: the second shows the steady cost once cuDNN has tuned), the
+final test-time-augmented predictions.
     CUDNN_BENCHMARK=0|1 python bench/device/cifar_start.py -- +experiment=cifar10 data.root=/tmp/cifar
 """
 
