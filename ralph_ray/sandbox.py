@@ -398,10 +398,14 @@ def python_dirs() -> list[Path]:
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     prefixes.add(Path(os.path.realpath(sys.executable)).parent.parent)
     hidden = {PROJECT_ROOT.resolve(), Path(__file__).resolve().parent}
+    # Never a whole temp root: a script run from /tmp puts /tmp on sys.path, and binding it would show the trainer
+    # every file there and cover its private /tmp read-only (the fork server's `import torch._dynamo` then failed:
+    # dill's import asks tempfile for a writable folder).
+    never = {Path("/"), Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
     for entry in sys.path:
         path = Path(entry or ".").resolve()
         if path.is_dir() and not any(path == p or path.is_relative_to(p) for p in prefixes | hidden):
-            if not any(h.is_relative_to(path) for h in hidden) and path != Path("/"):
+            if not any(h.is_relative_to(path) for h in hidden) and path not in never:
                 prefixes.add(path)
     system = [Path(p) for p in SYSTEM_DIRS]
     folders = sorted(p for p in prefixes if not any(p == s or p.is_relative_to(s) for s in system))

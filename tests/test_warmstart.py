@@ -225,3 +225,28 @@ def test_a_server_that_cannot_start_falls_back_to_cold_and_says_why_once(
     said = capsys.readouterr().err
     assert said.count("trials start cold: ") == 1 and "fork server did not start" in said
     warmstart.close_all()
+
+
+@needs_bwrap
+def test_a_driver_run_from_the_temp_dir_still_forks_warm_trainers_with_a_private_tmp(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A script run from /tmp puts /tmp on sys.path. Bound read-only into the sandbox it showed the trainer every
+    file there and covered its private /tmp, so the fork server's `import torch._dynamo` failed (dill's import
+    asks tempfile for a writable folder) and every trial started cold."""
+    import tempfile
+
+    monkeypatch.syspath_prepend(tempfile.gettempdir())
+    neighbour = Path(tempfile.mkdtemp()) / "someone_elses.txt"
+    neighbour.write_text("private")
+    source = (
+        "import os, tempfile\n"
+        "with tempfile.NamedTemporaryFile() as handle:\n"  # the private /tmp is writable
+        "    handle.write(b'x')\n"
+        f"assert not os.path.exists({str(neighbour)!r}), 'the host /tmp is visible'\n"
+        "from ralph_ray import harness\n"
+        "harness.report(epoch=1, val_acc=0.5)\n"
+    )
+    outcome, _ = warm_run(tmp_path, public, "from_tmp", source)
+    assert warmstart.reason() is None, warmstart.reason()
+    assert outcome.status is Status.finished, outcome.reason
