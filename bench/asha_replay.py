@@ -51,6 +51,27 @@ RULES = {  # name: scheduler overrides over the task's own (the last is the task
         "scheduler.grace_period=4",
         "scheduler.reduction_factor=3",
     ],
+    # candidates for a default that keeps the best at half the epochs (2026-11-27)
+    "grace 2, reduction 2, margin 1 SE": [
+        "scheduler.grace_period=2",
+        "scheduler.reduction_factor=2",
+        "scheduler.margin_z=1",
+    ],
+    "grace 2, reduction 2, margin 1.5 SE": [
+        "scheduler.grace_period=2",
+        "scheduler.reduction_factor=2",
+        "scheduler.margin_z=1.5",
+    ],
+    "grace 1, reduction 2, margin auto": ["scheduler.grace_period=1", "scheduler.reduction_factor=2"],
+    "grace 1, reduction 3, margin auto": ["scheduler.grace_period=1", "scheduler.reduction_factor=3"],
+    "grace 2, reduction 3, margin auto": ["scheduler.grace_period=2", "scheduler.reduction_factor=3"],
+    "grace 3, reduction 2, margin auto": ["scheduler.grace_period=3", "scheduler.reduction_factor=2"],
+    "grace 2, reduction 4, margin auto": ["scheduler.grace_period=2", "scheduler.reduction_factor=4"],
+    "grace 2, reduction 3, margin 2.5 SE": [
+        "scheduler.grace_period=2",
+        "scheduler.reduction_factor=3",
+        "scheduler.margin_z=2.5",
+    ],
     "the default (the task's rungs, margin auto)": [],
 }
 CURVES = """
