@@ -23,12 +23,14 @@ import time
 from pathlib import Path
 
 from _common import RESULTS, config, rows, save
+from omegaconf import OmegaConf
 
 from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.agents.catalog import NotApplicable, check, load_catalog
 from ralph_ray.agents.transforms import TRANSFORMS
 from ralph_ray.campaign import run
 from ralph_ray.kb import open_reader
+from ralph_ray.knobs import read_knobs
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "trainers"
 SEEDS = PROJECT_ROOT / "trainers"
@@ -81,6 +83,14 @@ def task_folder(root: Path, trainer: str) -> Path:
     return task
 
 
+def foreign_knobs(task: Path) -> list[str]:
+    """The task.yaml's search-space knobs the task's train.py lacks (a fixture names its knobs its own way: `BATCH`,
+    not `BATCH_SIZE`): both arms search without them, as config validation would refuse them."""
+    space = OmegaConf.load(task / "task.yaml").get("search", {}).get("space", {}) or {}
+    knobs = read_knobs((task / "train.py").read_text())
+    return [name for name in space if name not in knobs]
+
+
 def campaign(root: Path, trainer: str, task: Path, agent: str, seed: int, cycles: int) -> dict[str, object]:
     start = time.perf_counter()
     # plateau_cycles past the cycle count: both arms get the same budget (every cycle runs)
@@ -94,6 +104,7 @@ def campaign(root: Path, trainer: str, task: Path, agent: str, seed: int, cycles
             f"search.seed={seed}",
             f"task.trainer={task}",
             f"safeguards.plateau_cycles={cycles + 1}",
+            *(f"~search.space.{name}" for name in foreign_knobs(task)),
         )
     )
     con = open_reader(outcome.kb_root)

@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
-from ralph_ray.knobs import is_knob_name
+from ralph_ray.knobs import KnobError, is_knob_name, read_knobs
 from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
@@ -578,6 +578,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("search.mode", f"must be max or min, got {cfg.search.mode!r}", "set search.mode=max")
     for name, space in cfg.search.space.items():
         _check_space(name, space)
+    _check_space_in_trainer(cfg)
     if cfg.search.relative_span <= 1:
         raise ConfigError(
             "search.relative_span", f"must be > 1, got {cfg.search.relative_span}", "set search.relative_span=2"
@@ -898,6 +899,24 @@ def _check_workers(cfg: Config) -> None:
     if problem:
         raise ConfigError(
             "resources.workers_per_trial", problem, "make the seed data-parallel (above), or set workers_per_trial=1"
+        )
+
+
+def _check_space_in_trainer(cfg: Config) -> None:
+    """Every knob of search.space is a knob of the seed's train.py: else every trial of the campaign would fail
+    (`cannot set knobs`), as a user's own trainer with other knob names than its task.yaml's space did."""
+    entry = cfg.trainer_dir() / "train.py"
+    try:
+        knobs = read_knobs(entry.read_text())
+    except (OSError, SyntaxError, ValueError, KnobError):
+        return  # a missing or broken seed is the task check's and the gate's to explain
+    missing = [name for name in cfg.search.space if name not in knobs]
+    if missing:
+        raise ConfigError(
+            "search.space",
+            f"names {', '.join(missing)}, which {entry} does not define (its knobs: {', '.join(knobs) or 'none'})",
+            "define each as a module-level UPPER_CASE constant in train.py, or drop it from the space: "
+            + " ".join(f"~search.space.{name}" for name in missing),
         )
 
 
