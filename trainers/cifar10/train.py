@@ -46,7 +46,7 @@ TTA_LEVEL = 2  # 0: none, 1: mirror, 2: mirror + 1-pixel translations
 LOOKAHEAD_EVERY = 5  # steps between lookahead updates
 VAL_FRACTION = 0.02  # share of train carved out for per-epoch validation
 MAX_TRAIN_EXAMPLES = None  # subsample train for quick runs (None: all)
-WARMUP_STEPS = 3  # GPU only: untimed steps on a throwaway copy of the start (cuDNN autotuning, first kernels)
+WARMUP_STEPS = 3  # GPU only: steps on a throwaway copy of the start before epoch 1 (the kernels' first launch)
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -181,8 +181,9 @@ def logits_tta(model: nn.Module, x: torch.Tensor, autocast) -> torch.Tensor:
 def warm_up(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, x_val, autocast):
     """Run the training step and the evaluation once on the real shapes, then restore the start.
 
-    The first step of each shape pays cuDNN's autotuning and the kernels' first launch (0.4-1.3 s on an H100, where
-    an epoch takes 0.22 s); done here, that cost stays out of epoch 1's timing and of the schedule's clock.
+    The first steps of each shape pay the kernels' first launch (lazy module loading, library handles): epoch 1 took
+    0.66-1.54 s on an H100 where the others took 0.22 s. Done here (0.38-0.45 s on an H200), that cost stays out of
+    epoch 1's timing and of the schedule's clock; the weights, BatchNorm statistics and momentum are the start's.
     """
     start = copy.deepcopy(model.state_dict())
     for _ in range(WARMUP_STEPS):
