@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--trainers", nargs="+", default=None, help="trainers to compare (default: all but cifar10)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--name", default="interventions", help="results file name (a partial comparison apart)")
     args = parser.parse_args()
     applies = table()
     figures: dict[str, object] = {
@@ -217,7 +218,7 @@ def main() -> None:
         kept, kept_lines = previous_comparison()
         figures |= kept
         lines += kept_lines
-    save("interventions", figures, lines)
+    save(args.name, figures, lines)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from ralph_ray.sandbox import (
     SandboxMode,
     View,
     classify,
+    interpreter,
     keep_niceness_in_session,
     python_dirs,
 )
@@ -192,7 +192,7 @@ def start(trainer: Trainer, limits: Limits) -> Running:
 
     try:
         proc = subprocess.Popen(
-            jail.command([sys.executable, trainer.entry], cwd=work),
+            jail.command([interpreter(), trainer.entry], cwd=work),
             cwd=work,
             env=jail.env(env),
             stdout=subprocess.PIPE,

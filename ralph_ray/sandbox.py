@@ -393,6 +393,13 @@ def classify(returncode: int, stderr_tail: str, jail: Jail | None, work: Path) -
     return None
 
 
+def interpreter() -> str:
+    """This Python as a path the jail can reach: normalised, since `bench/../.venv/bin/python` (a driver started from
+    a subfolder) passes through a folder the jail does not bind; symlinks kept (a venv's python is a link, and the
+    folder it is called through is what makes it the venv's)."""
+    return os.path.abspath(sys.executable)
+
+
 def python_dirs() -> list[Path]:
     """The Python environment to bind read-only: the interpreter's prefixes and any other import path outside them."""
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from ralph_ray import zygote
-from ralph_ray.sandbox import Jail, Policy, SandboxMode, View
+from ralph_ray.sandbox import Jail, Policy, SandboxMode, View, interpreter
 
 # What every trainer imports and costs the most to import. torch._dynamo: torch.optim imports it on the first
 # optimizer a trainer builds (2-3 s on 2 cores: most of a warm digits smoke run, 2.65 s of it); no thread started.
@@ -104,7 +104,7 @@ class Server:
             zygote.ENV_PRELOAD: ",".join(key.preload),
         }
         self._log = tempfile.TemporaryFile()
-        argv = jail.command([sys.executable, "-c", Path(zygote.__file__).read_text()], Path("/"), zygote=True)
+        argv = jail.command([interpreter(), "-c", Path(zygote.__file__).read_text()], Path("/"), zygote=True)
         started: list[subprocess.Popen[bytes] | BaseException] = []
         # bwrap's --die-with-parent follows the thread that starts it: a keeper thread that lives as long as this
         # process starts the server (a Ray trial runs in a thread of its own, which ends with the trial).

@@ -250,3 +250,27 @@ def test_a_driver_run_from_the_temp_dir_still_forks_warm_trainers_with_a_private
     outcome, _ = warm_run(tmp_path, public, "from_tmp", source)
     assert warmstart.reason() is None, warmstart.reason()
     assert outcome.status is Status.finished, outcome.reason
+
+
+@needs_bwrap
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_driver_started_through_a_relative_path_still_starts_trainers_in_the_sandbox(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch, warm: bool
+):
+    """`cd bench && ../.venv/bin/python ...` gives sys.executable `.../bench/../.venv/bin/python`: inside the jail
+    `bench/` is not bound, so bwrap could not exec it and every smoke run failed (`bwrap: execvp ...: No such file
+    or directory`): each child of that campaign was rejected by the gate."""
+    import sys
+
+    hidden = PROJECT_ROOT / "bench"  # a folder of the host the jail does not show
+    climb = "../" * len(hidden.parts[1:])  # from there back to /, then down to this Python
+    monkeypatch.setattr(sys, "executable", f"{hidden}/{climb}{sys.executable.lstrip('/')}")
+    assert Path(sys.executable).resolve() == Path(os.path.realpath(sys.executable))
+    warmstart.close_all()
+    source = "from ralph_ray import harness\nharness.report(epoch=1, val_acc=0.5)\n"
+    work = tmp_path / "trials" / f"relative_{warm}"
+    write_variant({"train.py": source.encode()}, work)
+    outcome = run(Trainer(work, public), Limits(60, sandbox=POLICY, warm=warm))
+    assert outcome.status is Status.finished, outcome.reason
+    assert warmstart.reason() is None, warmstart.reason()
+    warmstart.close_all()
