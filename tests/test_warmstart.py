@@ -234,10 +234,12 @@ def test_a_driver_run_from_the_temp_dir_still_forks_warm_trainers_with_a_private
     """A script run from /tmp puts /tmp on sys.path. Bound read-only into the sandbox it showed the trainer every
     file there and covered its private /tmp, so the fork server's `import torch._dynamo` failed (dill's import
     asks tempfile for a writable folder) and every trial started cold."""
+    import shutil
     import tempfile
 
     monkeypatch.syspath_prepend(tempfile.gettempdir())
-    neighbour = Path(tempfile.mkdtemp()) / "someone_elses.txt"
+    elsewhere = Path(tempfile.mkdtemp())  # in the host's temp root, outside every folder the jail binds
+    neighbour = elsewhere / "someone_elses.txt"
     neighbour.write_text("private")
     source = (
         "import os, tempfile\n"
@@ -247,7 +249,10 @@ def test_a_driver_run_from_the_temp_dir_still_forks_warm_trainers_with_a_private
         "from ralph_ray import harness\n"
         "harness.report(epoch=1, val_acc=0.5)\n"
     )
-    outcome, _ = warm_run(tmp_path, public, "from_tmp", source)
+    try:
+        outcome, _ = warm_run(tmp_path, public, "from_tmp", source)
+    finally:
+        shutil.rmtree(elsewhere)
     assert warmstart.reason() is None, warmstart.reason()
     assert outcome.status is Status.finished, outcome.reason
 
@@ -265,7 +270,7 @@ def test_a_driver_started_through_a_relative_path_still_starts_trainers_in_the_s
     hidden = PROJECT_ROOT / "bench"  # a folder of the host the jail does not show
     climb = "../" * len(hidden.parts[1:])  # from there back to /, then down to this Python
     monkeypatch.setattr(sys, "executable", f"{hidden}/{climb}{sys.executable.lstrip('/')}")
-    assert Path(sys.executable).resolve() == Path(os.path.realpath(sys.executable))
+    assert ".." in sys.executable and os.path.exists(sys.executable)  # a working path on the host
     warmstart.close_all()
     source = "from ralph_ray import harness\nharness.report(epoch=1, val_acc=0.5)\n"
     work = tmp_path / "trials" / f"relative_{warm}"
