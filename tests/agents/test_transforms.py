@@ -264,7 +264,9 @@ def test_cifar10_ema_evaluates_and_predicts_through_its_tta_function():
     lines = lines_of(result)
     assert "val_logits = logits_tta(ema, x_val, autocast)" in lines
     assert result.count("logits_tta(ema, to_tensor(") == 2 and "logits_tta(model, " not in result
-    assert lines[lines.index("optimizer.step()") + 1] == "ema.update_parameters(model)"
+    step = len(lines) - 1 - lines[::-1].index("optimizer.step()")  # the training step's (the warm-up's comes first)
+    assert lines[step + 1] == "ema.update_parameters(model)"
+    assert lines.count("ema.update_parameters(model)") == 1  # not after the warm-up's throwaway steps
     assert "logits = model(x_epoch[idx])" in lines  # training still runs the model itself
     assert "model.eval()" in lines  # inside logits_tta: the function is left alone, its argument changes
 

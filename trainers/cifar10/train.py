@@ -178,23 +178,23 @@ def logits_tta(model: nn.Module, x: torch.Tensor, autocast) -> torch.Tensor:
 # Training
 
 
-def warm_up(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, x_val, autocast):
+def warm_up(net: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, x_val, autocast):
     """Run the training step and the evaluation once on the real shapes, then restore the start.
 
     The first steps of each shape pay the kernels' first launch (lazy module loading, library handles): epoch 1 took
     0.66-1.54 s on an H100 where the others took 0.22 s. Done here (0.38-0.45 s on an H200), that cost stays out of
     epoch 1's timing and of the schedule's clock; the weights, BatchNorm statistics and momentum are the start's.
     """
-    start = copy.deepcopy(model.state_dict())
+    start = copy.deepcopy(net.state_dict())
     for _ in range(WARMUP_STEPS):
-        model.train()
+        net.train()
         with autocast():
-            loss = F.cross_entropy(model(x).float(), y, label_smoothing=LABEL_SMOOTHING)
+            loss = F.cross_entropy(net(x).float(), y, label_smoothing=LABEL_SMOOTHING)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    logits_tta(model, x_val, autocast)
-    model.load_state_dict(start)
+    logits_tta(net, x_val, autocast)
+    net.load_state_dict(start)
     optimizer.zero_grad(set_to_none=True)
     optimizer.state.clear()  # no momentum carried over from the throwaway steps
 

@@ -281,8 +281,13 @@ class Trainer:
         return found  # type: ignore[return-value]
 
     def step_statement(self) -> cst.SimpleStatementLine:
-        """The training step's `<optimizer>.step()` line (the first one, inside the batch loop)."""
-        return self.step_statements()[0]
+        """The training step's `<optimizer>.step()` line: the first inside a loop within a loop (batches within
+        epochs), else the first. A warm-up's steps before training (one loop, as the CIFAR seed's) are not it."""
+        steps = self.step_statements()
+        for stmt in steps:
+            if sum(isinstance(a, (cst.For, cst.While)) for a in self.ancestors(stmt)) >= 2:
+                return stmt
+        return steps[0]
 
     def backward_statement(self) -> cst.SimpleStatementLine:
         """The `<loss>.backward()` line of the training step."""

@@ -84,7 +84,8 @@ def data_parallel(source: str) -> str:
             "the trainer keeps a weight average, replays hard examples or trains a self-model head: their copies "
             "and extra steps are not synchronised across ranks"
         )
-    if len(trainer.step_statements()) > 1:
+    batch = trainer.batch_loop()
+    if sum(trainer.inside(s, batch) for s in trainer.step_statements()) > 1:
         raise NotApplicable("more than one optimizer step per batch: ranks could take different numbers of steps")
     model, built = trainer.model_name(), trainer.model_built()
     wrapped_at = trainer.order(built)
