@@ -398,6 +398,10 @@ class Config:
         path = Path(self.task.trainer)
         return path if path.is_absolute() else PROJECT_ROOT / path
 
+    def seed_entry(self) -> Path:
+        """The seed trainer's train.py (the file the engine sets knobs in and agents edit)."""
+        return self.trainer_dir() / "train.py"
+
     def task_folder(self) -> Path:
         """The task's folder: the seed trainer's folder, which also holds the frozen prepare.py and task.yaml."""
         return self.trainer_dir()
@@ -893,7 +897,7 @@ def _check_workers(cfg: Config) -> None:
             "data-parallel trials run in barrier cycles only (population.mode=async has its own trainable)",
             "set population.mode=generations, or resources.workers_per_trial=1 resources.ray_train=false",
         )
-    entry = cfg.trainer_dir() / "train.py"
+    entry = cfg.seed_entry()
     # The gate's own rule (resumable.parallel_problem), so a seed and its children are held to the same one.
     problem = parallel_problem(entry.read_text(), str(entry), res.workers_per_trial) if entry.exists() else None
     if problem:
@@ -905,7 +909,7 @@ def _check_workers(cfg: Config) -> None:
 def _check_space_in_trainer(cfg: Config) -> None:
     """Every knob of search.space is a knob of the seed's train.py: else every trial of the campaign would fail
     (`cannot set knobs`), as a user's own trainer with other knob names than its task.yaml's space did."""
-    entry = cfg.trainer_dir() / "train.py"
+    entry = cfg.seed_entry()
     try:
         knobs = read_knobs(entry.read_text())
     except (OSError, SyntaxError, ValueError, KnobError):
@@ -956,7 +960,7 @@ def _check_pbt(cfg: Config) -> None:
             f"pb2 perturbs real-valued knobs only (uniform or loguniform), not {', '.join(unbounded)}",
             "list only such knobs, e.g. scheduler.mutate=[LR], or set scheduler=pbt",
         )
-    entry = cfg.trainer_dir() / "train.py"
+    entry = cfg.seed_entry()
     missing = missing_resume_calls(entry.read_text()) if entry.exists() else []
     if missing:
         raise ConfigError("scheduler", refusal(str(entry), missing), "add the calls, or set scheduler=asha")

@@ -29,7 +29,7 @@ root = Path(tempfile.mkdtemp(prefix="cifar-start-"))
 cfg = config(root, "start", *[a for a in sys.argv[1:] if a != "--"])
 write_data(prepare_splits(cfg), root, cfg.task.name)
 os.environ["RALPH_DATA_DIR"] = str(root / "data")
-spec = importlib.util.spec_from_file_location("train", cfg.trainer_dir() / "train.py")
+spec = importlib.util.spec_from_file_location("train", cfg.seed_entry())
 train = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(train)
 from ralph_ray import harness  # noqa: E402

@@ -100,7 +100,10 @@ def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     start = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    steps: list[int] = []
+    optimizer.register_step_post_hook(lambda *_: steps.append(1))
     train.warm_up(model, optimizer, x, y, x[:4], contextlib.nullcontext)
+    assert len(steps) == train.WARMUP_STEPS > 0  # it did train (a no-op warm-up would restore nothing)
     assert all(torch.equal(start[name], tensor) for name, tensor in model.state_dict().items())
     assert len(optimizer.state) == 0
     model.train()
