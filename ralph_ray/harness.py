@@ -150,6 +150,34 @@ def progress(step: int, total_steps: int) -> float:
     return min(1.0, max(0.0, done))
 
 
+# torch's OneCycleLR defaults: it starts at max_lr / 25 and ends at that / 1e4
+_ONE_CYCLE_START, _ONE_CYCLE_END, _ONE_CYCLE_PEAK_AT = 1 / 25, 1 / 25 / 1e4, 0.25
+
+
+def lr_factor(step: int, epochs: int, anneal: str | None = None, warmup_epochs: int = 0) -> float:
+    """The learning rate's multiplier after `step` epochs, for a `LambdaLR` stepped once per epoch.
+
+    A linear warmup from 10% over `warmup_epochs` (torch's `LinearLR(start_factor=0.1)`), times an anneal along
+    `progress(step, epochs)`: "cosine" (`CosineAnnealingLR` to zero) or "one_cycle" (`OneCycleLR`'s shape, up over
+    the first quarter, then down). Under a time budget the progress is by time, so the schedule ends where training
+    does however many epochs run (torch's schedulers need the count up front: OneCycleLR raises past it, and
+    CosineAnnealingLR climbs back up).
+    """
+    factor = min(1.0, 0.1 + 0.9 * step / warmup_epochs) if warmup_epochs > 0 else 1.0
+    if anneal is None:
+        return factor
+    done = progress(step, epochs)
+    if anneal == "cosine":
+        return factor * 0.5 * (1 + math.cos(math.pi * done))
+    if anneal != "one_cycle":
+        raise ValueError(f'lr_factor: anneal must be "cosine", "one_cycle" or None, not {anneal!r}')
+    if done < _ONE_CYCLE_PEAK_AT:
+        low, high, part = _ONE_CYCLE_START, 1.0, done / _ONE_CYCLE_PEAK_AT
+    else:
+        low, high, part = 1.0, _ONE_CYCLE_END, (done - _ONE_CYCLE_PEAK_AT) / (1 - _ONE_CYCLE_PEAK_AT)
+    return factor * (high + (low - high) * 0.5 * (1 + math.cos(math.pi * part)))
+
+
 def epochs(limit: int) -> Iterator[int]:
     """Epoch numbers 1, 2, ...: up to `limit` without a budget; with one, as many as end before the deadline.
 

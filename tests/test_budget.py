@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ralph_ray import PROJECT_ROOT, harness
+from ralph_ray.agents.transforms import apply_transform
 from ralph_ray.config import TrialConfig
 from ralph_ray.knobs import rewrite_knobs
 from ralph_ray.runner import Trainer
@@ -38,12 +39,65 @@ def test_budget_ends_epochs_before_the_deadline(monkeypatch: pytest.MonkeyPatch)
     assert 0.7 < harness.progress(1, 1000) <= 1.0  # by time, not by step
 
 
-def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path):
+def _torch_lrs(scheduler: str, epochs: int) -> list[float]:
+    """The learning rate (of 1.0) each epoch under one of torch's schedulers, stepped once per epoch."""
+    import torch
+
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    build = {
+        "cosine": lambda: torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs),
+        "one_cycle": lambda: torch.optim.lr_scheduler.OneCycleLR(
+            # torch's phases end at steps pct * total - 1 and total - 1: the peak at a quarter of the epochs
+            optimizer,
+            max_lr=1.0,
+            total_steps=epochs + 1,
+            pct_start=(epochs / 4 + 1) / (epochs + 1),
+        ),
+        "warmup": lambda: torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.1, total_iters=2),
+    }[scheduler]()
+    lrs = []
+    for _ in range(epochs):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        build.step()
+    return lrs
+
+
+def test_lr_factor_follows_torchs_schedulers_without_a_budget(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(harness.ENV_BUDGET_S, raising=False)
+    for anneal in ("cosine", "one_cycle"):
+        ours = [harness.lr_factor(step, 8, anneal=anneal) for step in range(8)]
+        assert ours == pytest.approx(_torch_lrs(anneal, 8), rel=1e-6), anneal
+    assert [harness.lr_factor(step, 8, warmup_epochs=2) for step in range(8)] == pytest.approx(_torch_lrs("warmup", 8))
+    both = [harness.lr_factor(step, 8, anneal="cosine", warmup_epochs=2) for step in range(8)]
+    assert both == pytest.approx([w * c for w, c in zip(_torch_lrs("warmup", 8), _torch_lrs("cosine", 8))])
+    with pytest.raises(ValueError, match="anneal must be"):
+        harness.lr_factor(1, 8, anneal="linear")
+
+
+def test_lr_factor_follows_the_budget_past_the_epochs_knob(monkeypatch: pytest.MonkeyPatch):
+    """Under a budget the epochs knob doesn't bound the steps (torch's OneCycleLR raises there): time does."""
+    monkeypatch.setenv(harness.ENV_BUDGET_S, str(harness.train_seconds() / 0.75))  # three quarters gone
+    for step in (1, 4, 40):  # the step no longer matters, the clock does
+        assert harness.lr_factor(step, 4, anneal="cosine") == pytest.approx(
+            0.5 * (1 + math.cos(0.75 * math.pi)), abs=0.02
+        )
+    assert harness.lr_factor(40, 4, anneal="one_cycle") == pytest.approx(0.25, abs=0.02)  # 2/3 of its way down
+    monkeypatch.setenv(harness.ENV_BUDGET_S, "1e-9")  # past the deadline: the anneal's end
+    assert harness.lr_factor(40, 4, anneal="cosine") == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("schedules", [(), ("one_cycle_schedule",), ("cosine_lr_schedule", "lr_warmup")])
+def test_digits_seed_trains_until_its_three_second_budget(tmp_path: Path, schedules: tuple[str, ...]):
+    """Also with the agent's schedules: under a budget more epochs run than EPOCHS says (a one-cycle child built on
+    EPOCHS crashed at epoch EPOCHS + 2 in every Fashion-MNIST campaign; found on a GPU, 2026-11-27)."""
     splits = prepare(0, 0.2, 0.2)
     write_public(splits, tmp_path / "data", "digits")
     work = tmp_path / "work"
     work.mkdir()
     source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    for name in schedules:
+        source = apply_transform(name, source)
     (work / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 1, "WIDTH": 4, "BATCH_SIZE": 256}))  # quick epochs
     env = {
         **os.environ,

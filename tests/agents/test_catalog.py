@@ -239,8 +239,10 @@ def test_transforms_compose_in_either_order():
         assert "self.fc = torch.nn.Sequential(torch.nn.Linear(2 * width * 4 * 4, 2 * width * 4 * 4), " in source
         assert source.count("torch.nn.BatchNorm2d(") == 2
     assert stack(["deepen"]).count("BatchNorm") == 0
-    both = stack(["cosine_lr_schedule", "lr_warmup"])
-    assert both.count(".step()  # once per epoch") == 2
+    for both in (stack(["cosine_lr_schedule", "lr_warmup"]), stack(["lr_warmup", "cosine_lr_schedule"])):
+        # one scheduler with both shapes (two LambdaLRs would each set the rate and undo the other)
+        assert both.count(".step()  # once per epoch") == 1 and both.count("lr_factor(") == 1
+        assert 'anneal="cosine"' in both and "warmup_epochs=WARMUP_EPOCHS" in both
     with pytest.raises(NotApplicable, match="already has a schedule"):
         stack(["cosine_lr_schedule", "one_cycle_schedule"])
 

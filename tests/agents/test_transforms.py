@@ -206,7 +206,10 @@ def test_widen_doubles_literal_widths_and_the_sizes_after_them():
 def test_schedules_count_epochs_from_the_loop():
     result = apply_transform("cosine_lr_schedule", SOURCES["module_loader"])
     assert "CosineAnnealingLR(optimizer, T_max=len(range(1, EPOCHS + 1)))" in result
-    assert "cosine.step()" in apply_transform("cosine_lr_schedule", SOURCES["digits"])
+    # under `harness.epochs(EPOCHS)` a time budget sets the count: one LambdaLR over the budget's progress
+    harnessed = apply_transform("lr_warmup", apply_transform("cosine_lr_schedule", SOURCES["digits"]))
+    assert 'harness.lr_factor(step, EPOCHS, anneal="cosine", warmup_epochs=WARMUP_EPOCHS)' in harnessed
+    assert harnessed.count("lr_schedule.step()") == 1 and "CosineAnnealingLR" not in harnessed
 
 
 # -----------------------------------------------------------------------------
