@@ -210,6 +210,9 @@ def test_schedules_count_epochs_from_the_loop():
     harnessed = apply_transform("lr_warmup", apply_transform("cosine_lr_schedule", SOURCES["digits"]))
     assert 'harness.lr_factor(step, EPOCHS, anneal="cosine", warmup_epochs=WARMUP_EPOCHS)' in harnessed
     assert harnessed.count("lr_schedule.step()") == 1 and "CosineAnnealingLR" not in harnessed
+    # another object's `.epochs(...)` is not the harness: torch's scheduler over the knob
+    other = apply_transform("cosine_lr_schedule", SOURCES["digits"].replace("harness.epochs(", "plan.epochs("))
+    assert "CosineAnnealingLR(optimizer, T_max=EPOCHS)" in other and "lr_factor" not in other
 
 
 # -----------------------------------------------------------------------------

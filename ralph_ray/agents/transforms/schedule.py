@@ -46,11 +46,12 @@ def _epochs(trainer: Trainer) -> str:
 
 
 def _harness(trainer: Trainer) -> str | None:
-    """The harness module's name when the epoch loop is `<harness>.epochs(...)` (a time budget may set its length)."""
+    """The harness module's name when the epoch loop is `harness.epochs(...)` or `ralph_ray.harness.epochs(...)` (a
+    time budget may set its length); None for any other loop (a user's `loader.epochs(...)` is not the harness)."""
     loop = trainer.epoch_loop()
-    func = loop.iter.func if isinstance(loop.iter, cst.Call) else None
-    if isinstance(func, cst.Attribute) and func.attr.value == "epochs" and (call_name(loop.iter) or "").count("."):
-        return code(func.value)
+    name = call_name(loop.iter) or ""
+    if name.endswith(".epochs") and name.removesuffix(".epochs").split(".")[-1] == "harness":
+        return name.removesuffix(".epochs")
     return None
 
 
