@@ -66,7 +66,10 @@ class _Builder:
         from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
 
         timed = self.cfg.trial.budget_s is not None
-        analyst = HeuristicAnalyst(seed=self.cfg.agent.seed, exploration=self.cfg.agent.exploration, timed=timed)
+        gpu = self.cfg.resources.gpu > 0
+        analyst = HeuristicAnalyst(
+            seed=self.cfg.agent.seed, exploration=self.cfg.agent.exploration, timed=timed, gpu=gpu
+        )
         return analyst, HeuristicCoder()
 
     def analyst(self, kind: AgentBackend) -> Analyst:

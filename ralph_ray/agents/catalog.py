@@ -39,6 +39,7 @@ _ENTRY_FIELDS = {
     "add_knobs",
     "edits",
     "transform",
+    "needs_gpu",
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
@@ -116,6 +117,7 @@ class Intervention:
     add_knobs: tuple[NewKnob, ...] = ()
     edits: tuple[TextEdit, ...] = ()
     transform: str | None = None  # a registered syntax-tree transform, applied after the knob and text edits
+    needs_gpu: bool = False  # only changes anything on a GPU (autocast, channels-last): not proposed for CPU trials
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,9 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
     repeatable = raw.get("repeatable", False)
     if not isinstance(repeatable, bool):
         raise fail("repeatable", f"expected true or false, got {repeatable!r}")
+    needs_gpu = raw.get("needs_gpu", False)
+    if not isinstance(needs_gpu, bool):
+        raise fail("needs_gpu", f"expected true or false, got {needs_gpu!r}")
     prior = raw.get("prior", 0.0)
     if isinstance(prior, bool) or not isinstance(prior, (int, float)):
         raise fail("prior", f"expected a number, got {prior!r}")
@@ -210,6 +215,7 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
         add_knobs=tuple(_parse_new_knob(k, fail) for k in _as_list(raw.get("add_knobs"), "add_knobs", fail)),
         edits=tuple(_parse_text_edit(e, fail) for e in _as_list(raw.get("edits"), "edits", fail)),
         transform=_parse_transform(raw.get("transform"), fail),
+        needs_gpu=needs_gpu,
     )
     if not (intervention.knobs or intervention.add_knobs or intervention.edits or intervention.transform):
         raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits, transform")

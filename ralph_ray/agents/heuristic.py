@@ -394,6 +394,7 @@ class HeuristicAnalyst:
         exploration: float = AgentConfig.exploration,
         catalog: Catalog | None = None,
         timed: bool = False,
+        gpu: bool | None = None,
     ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
@@ -401,6 +402,7 @@ class HeuristicAnalyst:
         self.exploration = exploration
         self.catalog = catalog if catalog is not None else load_catalog()
         self.timed = timed  # trial.budget_s is set: every trial trains for the same time, whatever its EPOCHS
+        self.gpu = gpu  # whether trials get a GPU (resources.gpu > 0); None: not known, nothing skipped for it
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
@@ -426,6 +428,9 @@ class HeuristicAnalyst:
                 skipped[intervention.name] = (
                     f"trial.budget_s holds every trial to the same training time: {EPOCHS} is ignored"
                 )
+                continue
+            if intervention.needs_gpu and self.gpu is False:
+                skipped[intervention.name] = "trials run on the CPU (resources.gpu=0): it only changes GPU steps"
                 continue
             try:
                 check(intervention, source)

@@ -289,6 +289,20 @@ def test_the_campaign_tells_the_analyst_of_a_time_budget(tiny_config):
     assert not make_agents(tiny_config())[0].timed
 
 
+def test_gpu_only_interventions_are_not_proposed_to_cpu_trials(tmp_path: Path, tiny_config):
+    """Autocast and channels-last change nothing on a CPU: on 2 cores both were kept on noise, wasting two children."""
+    parent = parent_view(tmp_path, PLATEAU)
+    gpu_only = {i.name for i in load_catalog() if i.needs_gpu}
+    assert gpu_only == {"mixed_precision", "channels_last"}
+    cpu = HeuristicAnalyst(gpu=False).analyse(parent, [], Usage())
+    assert not gpu_only & set(ranked_names(cpu))
+    assert "`mixed_precision`: trials run on the CPU (resources.gpu=0)" in cpu.summary
+    assert "trials run on the CPU" not in HeuristicAnalyst(gpu=True).analyse(parent, [], Usage()).summary
+    # the campaign says which: resources.gpu
+    assert make_agents(tiny_config())[0].gpu is False
+    assert make_agents(tiny_config("resources.gpu=0.5"))[0].gpu is True
+
+
 def test_falls_back_to_healthy_answers_when_the_diagnosis_has_few(tmp_path: Path):
     # Divergence has four answers in the catalog; with batchnorm spent, three are left.
     analysis = HeuristicAnalyst().analyse(parent_view(tmp_path, DIVERGING, lineage=("batchnorm",)), [], Usage())
