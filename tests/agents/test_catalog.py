@@ -254,6 +254,16 @@ def test_a_transform_entry_must_name_a_registered_transform(tmp_path: Path):
         load_catalog(path)
 
 
+def test_needs_gpu_must_be_true_or_false(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "interventions:\n  - {name: x, description: d, answers: [healthy], transform: channels_last,\n"
+        "     needs_gpu: yes please}\n"
+    )
+    with pytest.raises(ValueError, match="needs_gpu.*expected true or false, got 'yes please'"):
+        load_catalog(path)
+
+
 def test_adamw_rewrites_optimizer_and_knob_comments():
     source = apply(CATALOG.get("adamw_optimizer"), DIGITS)
     assert "torch.optim.AdamW(model.parameters(), lr=LR, betas=(MOMENTUM, 0.999), weight_decay=WEIGHT_DECAY)" in source
