@@ -10,6 +10,7 @@ a later schedule transform adds its shape to that call instead of a second sched
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 import libcst as cst
 
@@ -55,102 +56,81 @@ def _harness(trainer: Trainer) -> str | None:
     return None
 
 
-def _guard(trainer: Trainer, conflicts: str) -> None:
-    if trainer.sets_lr_by_hand():
-        raise NotApplicable('the trainer sets group["lr"] itself every step; a second schedule would fight it')
-    if trainer.has(conflicts):
-        raise NotApplicable(f"the trainer already has a schedule (/{conflicts}/)")
+Knob = tuple[str, object, str]
 
 
-def _schedule(source: str, conflicts: str, name: str, build: str, knob: tuple[str, object, str] | None = None) -> str:
+def _schedule(source: str, torch_: tuple[str, str, str], shape: str, value: str, knob: Knob | None = None) -> str:
+    """Add a schedule: over `harness.epochs(...)` (or beside an lr_factor schedule) as `harness.lr_factor(...,
+    shape=value)`, else as torch's scheduler `torch_` = (conflicts regex, variable name, constructor template)."""
     trainer = analyse(source)
-    _guard(trainer, conflicts)
-    optimizer, epochs = trainer.optimizer_name(), _epochs(trainer)
-    edits = Edits(trainer)
-    if knob is not None:
-        edits.knob(*knob)
-    var = free_name(trainer, name)
-    edits.insert_before(trainer.epoch_loop(), f"{var} = {build.format(opt=optimizer, epochs=epochs)}")
-    edits.insert_after(trainer.batch_loop(), f"{var}.step()  # once per epoch")
-    return edits.apply()
-
-
-def _by_progress(source: str, shape: str, value: str, knob: tuple[str, object, str] | None = None) -> str | None:
-    """The schedule as `harness.lr_factor(..., shape=value)`: added to the trainer's lr_factor call if it has one,
-    else a new `LambdaLR` over it; None where the epoch loop is not `harness.epochs(...)` (torch's schedulers fit)."""
-    trainer = analyse(source)
-    harness = _harness(trainer)
-    factors = trainer.calls(_FACTOR)
-    if harness is None and not factors:
-        return None
     if trainer.sets_lr_by_hand():
         raise NotApplicable('the trainer sets group["lr"] itself every step; a second schedule would fight it')
     edits = Edits(trainer)
     if knob is not None:
         edits.knob(*knob)
+    harness, factors = _harness(trainer), trainer.calls(_FACTOR)
     if factors:
-        call = factors[0]
-        anneal = kwarg(call, "anneal")
-        one_cycle = value == '"one_cycle"' or (anneal is not None and "one_cycle" in code(anneal.value))
-        warmup = shape == "warmup_epochs" or kwarg(call, "warmup_epochs") is not None
-        if kwarg(call, shape) is not None or (one_cycle and warmup):  # one-cycle ramps up on its own
-            raise NotApplicable(f"the trainer already has a schedule ({code(call)})")
-        edits.sub(call, lambda updated: with_kwarg(updated, shape, value))
-        return edits.apply()
-    if trainer.has(r"lr_scheduler\."):
-        raise NotApplicable("the trainer already has a schedule (a torch scheduler the budget's progress can't reach)")
-    var = free_name(trainer, "lr_schedule")
-    epochs = _epochs(trainer)
-    edits.insert_before(
-        trainer.epoch_loop(),
-        f"{var} = torch.optim.lr_scheduler.LambdaLR({trainer.optimizer_name()}, "
-        f"lambda step: {harness}.lr_factor(step, {epochs}, {shape}={value}))",
-    )
-    edits.insert_after(trainer.batch_loop(), f"{var}.step()  # once per epoch, along the time budget")
+        edits.sub(factors[0], _merged(factors[0], shape, value))
+    elif harness is not None:
+        if trainer.has(r"lr_scheduler\."):
+            raise NotApplicable(
+                "the trainer already has a schedule (a torch scheduler the budget's progress can't reach)"
+            )
+        factor = f"{harness}.lr_factor(step, {{epochs}}, {shape}={value})"
+        build = f"torch.optim.lr_scheduler.LambdaLR({{opt}}, lambda step: {factor})"
+        _add(trainer, edits, "lr_schedule", build, "once per epoch, along the time budget")
+    else:
+        conflicts, name, build = torch_
+        if trainer.has(conflicts):
+            raise NotApplicable(f"the trainer already has a schedule (/{conflicts}/)")
+        _add(trainer, edits, name, build, "once per epoch")
     return edits.apply()
+
+
+def _merged(call: cst.Call, shape: str, value: str) -> Callable[[cst.Call], cst.Call]:
+    """The edit adding `shape=value` to an lr_factor call, or NotApplicable where it has that shape already."""
+    anneal = kwarg(call, "anneal")
+    one_cycle = value == '"one_cycle"' or (anneal is not None and "one_cycle" in code(anneal.value))
+    warmup = shape == "warmup_epochs" or kwarg(call, "warmup_epochs") is not None
+    if kwarg(call, shape) is not None or (one_cycle and warmup):  # one-cycle ramps up on its own
+        raise NotApplicable(f"the trainer already has a schedule ({code(call)})")
+    return lambda updated: with_kwarg(updated, shape, value)
+
+
+def _add(trainer: Trainer, edits: Edits, name: str, build: str, comment: str) -> None:
+    """A scheduler built before the epoch loop (`build` formatted with {opt}, {epochs}), stepped after the batches."""
+    var = free_name(trainer, name)
+    build = build.format(opt=trainer.optimizer_name(), epochs=_epochs(trainer))
+    edits.insert_before(trainer.epoch_loop(), f"{var} = {build}")
+    edits.insert_after(trainer.batch_loop(), f"{var}.step()  # {comment}")
 
 
 @register("cosine_lr_schedule", "schedule")
 def cosine_lr_schedule(source: str) -> str:
     """Anneal the learning rate to zero along a cosine over the epochs (chainable: composes with warmup)."""
-    by_progress = _by_progress(source, "anneal", '"cosine"')
-    if by_progress is not None:
-        return by_progress
     # LinearLR (warmup) chains with it; any other scheduler sets the learning rate on its own terms
-    return _schedule(
-        source,
+    torch_ = (
         r"lr_scheduler\.(?!LinearLR)",
         "cosine",
         "torch.optim.lr_scheduler.CosineAnnealingLR({opt}, T_max={epochs})",
     )
+    return _schedule(source, torch_, "anneal", '"cosine"')
 
 
 @register("one_cycle_schedule", "schedule")
 def one_cycle_schedule(source: str) -> str:
     """One-cycle: ramp the learning rate up to its value over the first quarter of the epochs, then anneal it."""
-    by_progress = _by_progress(source, "anneal", '"one_cycle"')
-    if by_progress is not None:
-        return by_progress
-    return _schedule(
-        source,
-        r"lr_scheduler",
-        "one_cycle",
+    build = (
         "torch.optim.lr_scheduler.OneCycleLR({opt}, max_lr=[g['lr'] for g in {opt}.param_groups], "
-        "total_steps={epochs} + 1, pct_start=0.25)",
+        "total_steps={epochs} + 1, pct_start=0.25)"
     )
+    return _schedule(source, (r"lr_scheduler", "one_cycle", build), "anneal", '"one_cycle"')
 
 
 @register("lr_warmup", "schedule")
 def lr_warmup(source: str) -> str:
     """Ramp the learning rate linearly from 10% over the first WARMUP_EPOCHS."""
+    build = "torch.optim.lr_scheduler.LinearLR({opt}, start_factor=0.1, total_iters=WARMUP_EPOCHS)"
+    torch_ = (r"lr_scheduler\.(?!CosineAnnealingLR)|warmup", "warmup", build)
     knob = ("WARMUP_EPOCHS", 2, "epochs of linear learning-rate warmup from 10%")
-    by_progress = _by_progress(source, "warmup_epochs", "WARMUP_EPOCHS", knob)
-    if by_progress is not None:
-        return by_progress
-    return _schedule(
-        source,
-        r"lr_scheduler\.(?!CosineAnnealingLR)|warmup",
-        "warmup",
-        "torch.optim.lr_scheduler.LinearLR({opt}, start_factor=0.1, total_iters=WARMUP_EPOCHS)",
-        knob,
-    )
+    return _schedule(source, torch_, "warmup_epochs", "WARMUP_EPOCHS", knob)
