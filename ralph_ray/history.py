@@ -101,7 +101,7 @@ def parent_view(
 def effects(con: duckdb.DuckDBPyConnection, task: str) -> list[InterventionEffect]:
     """Measured effects of interventions on this task, across every campaign in the KB."""
     rows = con.execute(sql.EFFECTS_FOR_TASK, [task]).fetchall()
-    return [InterventionEffect(i, d, int(n), m, w) for i, d, n, m, w in rows]
+    return [InterventionEffect(i, d, int(n), m, w, int(u)) for i, d, n, m, w, u in rows]
 
 
 def trials_done(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int, rerun_reason: str) -> list[str]:

@@ -256,7 +256,9 @@ select task, intervention, diagnosis, count(delta) as n, count(*) as tried,
        avg(delta) + {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_high,
        avg(case when delta > 0 then 1.0 else 0.0 end) filter (where delta is not null) as win_rate,
        count(*) filter (where outcome = 'kept') as kept,
-       count(*) filter (where outcome = 'rejected') as rejected
+       count(*) filter (where outcome = 'rejected') as rejected,
+       -- trained but never scored: every trial stopped at an ASHA rung or crashed (the analyst's "no gain" tries)
+       count(*) filter (where delta is null and outcome in ('discarded', 'crashed')) as unscored
 from {p}interventions
 group by task, intervention, diagnosis
 order by mean_delta desc nulls last
@@ -368,7 +370,7 @@ where run_id = ? and cycle = ? and not coalesce(replicate, false)
 group by variant_id
 """
 EFFECTS_FOR_TASK = """
-select intervention, diagnosis, n, mean_delta, win_rate from intervention_effects where task = ?
+select intervention, diagnosis, n, mean_delta, win_rate, unscored from intervention_effects where task = ?
 """
 INTERVENTIONS_FOR_RUN = "select * from interventions where run_id = ? order by cycle, variant_id"
 DECISIONS_FOR_RUN = "select * from decisions where run_id = ? order by cycle"

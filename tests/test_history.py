@@ -178,3 +178,30 @@ def test_effects_and_start_time_of_an_empty_history(kb: KnowledgeBase):
     [effect] = history.effects(kb.reader(), "digits")
     assert (effect.intervention, effect.diagnosis, effect.count, effect.win_rate) == ("wider", "underfitting", 1, 1.0)
     assert effect.mean_delta == pytest.approx(0.03)
+
+
+def test_children_that_trained_but_got_no_score_are_counted_apart_from_gate_rejections(kb: KnowledgeBase):
+    def row(variant: str, delta: float | None, outcome: str) -> dict:
+        return {
+            "run_id": RUN,
+            "task": "digits",
+            "cycle": 2,
+            "variant_id": variant,
+            "intervention": "replay",
+            "diagnosis": "plateau",
+            "delta": delta,
+            "outcome": outcome,
+        }
+
+    # Stopped at a rung (discarded, no score), every trial crashed, refused by the gate, and one scored loss.
+    rows = [row("a", None, "discarded"), row("b", None, "crashed"), row("c", None, "rejected")]
+    kb.append("interventions", [*rows, row("d", -0.004, "discarded")], "i")
+    [effect] = history.effects(kb.reader(), "digits")
+    assert (effect.count, effect.unscored) == (1, 2)  # the gate's refusal trained nothing: not a try
+    assert effect.mean_delta == pytest.approx(-0.004)
+    tried, rejected, unscored = (
+        kb.reader()
+        .execute("select tried, rejected, unscored from intervention_effects where intervention = 'replay'")
+        .fetchone()
+    )
+    assert (tried, rejected, unscored) == (4, 1, 2)

@@ -25,6 +25,9 @@ COLUMNS = {
     "win_rate": st.column_config.ProgressColumn("win rate", format="percent", min_value=0.0, max_value=1.0),
     "kept": st.column_config.NumberColumn("kept"),
     "rejected": st.column_config.NumberColumn("rejected", help="refused by the validation gate"),
+    "unscored": st.column_config.NumberColumn(
+        "unscored", help="trained but never scored: stopped at an ASHA rung or crashed (the offline agent: no gain)"
+    ),
 }
 
 

@@ -83,9 +83,10 @@ class InterventionEffect:
 
     intervention: str
     diagnosis: str
-    count: int
+    count: int  # children with a measured delta
     mean_delta: float | None
     win_rate: float | None
+    unscored: int = 0  # children that trained but never got a score (stopped at an ASHA rung, or crashed)
 
 
 @dataclass(frozen=True)

@@ -336,17 +336,27 @@ class Candidate:
 def score(
     intervention: Intervention, diagnosis: Diagnosis, effects: list[InterventionEffect], exploration: float
 ) -> tuple[float, str]:
-    """Measured mean delta (or the catalog prior) plus the UCB bonus exploration*sqrt(log(N+1)/(n+1))."""
+    """Measured gain per try (or the catalog prior while untried) plus the UCB bonus exploration*sqrt(log(N+1)/(n+1)),
+    n counting this intervention's tries and N every try under the diagnosis.
+
+    A try that trained but never got a score (every trial stopped at an ASHA rung, or crashed) counts as no gain, or
+    as the measured mean where that is a loss: without it such a child left no trace, and an intervention that never
+    survives a rung kept its prior and its full bonus (one was proposed 7 times in a 30-min Fashion campaign).
+    """
     same = [e for e in effects if e.diagnosis == diagnosis.value]
-    total = sum(e.count for e in same)
+    total = sum(e.count + e.unscored for e in same)
     mine = next((e for e in same if e.intervention == intervention.name), None)
-    count = mine.count if mine is not None else 0
-    bonus = exploration * math.sqrt(math.log(total + 1) / (count + 1))
-    if mine is not None and count > 0 and mine.mean_delta is not None:
-        note = f"measured {mine.mean_delta:+.4f} over {count} children"
-        if mine.win_rate is not None:
-            note += f" (win rate {mine.win_rate:.0%})"
-        return mine.mean_delta + bonus, f"{note}; exploration bonus {bonus:.3g}"
+    count, unscored = (mine.count, mine.unscored) if mine is not None else (0, 0)
+    bonus = exploration * math.sqrt(math.log(total + 1) / (count + unscored + 1))
+    if mine is not None and count + unscored > 0:
+        mean = mine.mean_delta if count and mine.mean_delta is not None else 0.0
+        gain = (mean * count + min(0.0, mean) * unscored) / (count + unscored)
+        notes = [f"measured {mean:+.4f} over {count} children"] if count else []
+        if count and mine.win_rate is not None:
+            notes[0] += f" (win rate {mine.win_rate:.0%})"
+        if unscored:
+            notes.append(f"{unscored} more trained unscored (stopped at a rung or crashed), counted as no gain")
+        return gain + bonus, f"{'; '.join(notes)}: {gain:+.4f} per try; exploration bonus {bonus:.3g}"
     return (
         intervention.prior + bonus,
         f"not measured yet under {diagnosis.value}: prior {intervention.prior:+.4f}, exploration bonus {bonus:.3g}",

@@ -136,9 +136,13 @@ def _show_curve(trial: TrialSummary) -> str:
 def _show_effects(effects: list[InterventionEffect]) -> str:
     if not effects:
         return "nothing measured yet"
-    rows = ["| intervention | diagnosis | children | mean delta | win rate |", "|---|---|---|---|---|"]
+    rows = [
+        "| intervention | diagnosis | children scored | mean delta | win rate | trained, unscored (stopped, crashed) |",
+        "|---|---|---|---|---|---|",
+    ]
     for e in sorted(effects, key=lambda e: (e.diagnosis, -(e.mean_delta or 0.0))):
-        rows.append(f"| {e.intervention} | {e.diagnosis} | {e.count} | {_num(e.mean_delta)} | {_num(e.win_rate)} |")
+        measured = f"{e.count} | {_num(e.mean_delta)} | {_num(e.win_rate)}"
+        rows.append(f"| {e.intervention} | {e.diagnosis} | {measured} | {e.unscored} |")
     return "\n".join(rows)
 
 

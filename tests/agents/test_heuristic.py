@@ -253,6 +253,30 @@ def test_untried_interventions_get_the_exploration_bonus(tmp_path: Path):
     assert tried == pytest.approx(0.0 + 0.01 * math.sqrt(math.log(total + 1) / 11))
 
 
+def test_tries_that_trained_but_were_never_scored_count_as_no_gain(tmp_path: Path):
+    # Every answer to overfitting measured at 0.0 ten times but two: label_smoothing (the highest prior, 0.003) tried
+    # 3 times, each child stopped at an ASHA rung (no score), and augmentation (prior 0.002) untried. Before, the
+    # stopped tries left no trace: label_smoothing kept its prior and full bonus and was proposed first again.
+    others = [
+        effect(i.name, Diagnosis.overfitting, 10, 0.0)
+        for i in CATALOG
+        if Diagnosis.overfitting in i.answers and i.name not in ("label_smoothing", "augmentation")
+    ]
+    stopped = InterventionEffect("label_smoothing", Diagnosis.overfitting.value, 0, None, None, unscored=3)
+    total = 10 * len(others) + 3
+    value, note = score(CATALOG.get("label_smoothing"), Diagnosis.overfitting, [*others, stopped], 0.01)
+    assert value == pytest.approx(0.0 + 0.01 * math.sqrt(math.log(total + 1) / 4))
+    assert "3 more trained unscored" in note and "no gain" in note
+    parent = parent_view(tmp_path, OVERFIT_RISE)
+    order = ranked_names(HeuristicAnalyst(exploration=0.01).analyse(parent, [*others, stopped], Usage()))
+    assert order.index("augmentation") < order.index("label_smoothing")
+    # Beside scored tries: a gain is diluted by the unscored ones, a loss is not softened by them.
+    gain = InterventionEffect("dropout", Diagnosis.overfitting.value, 2, 0.006, 1.0, unscored=2)
+    loss = InterventionEffect("dropout", Diagnosis.overfitting.value, 2, -0.006, 0.0, unscored=2)
+    assert score(CATALOG.get("dropout"), Diagnosis.overfitting, [gain], 0.0)[0] == pytest.approx(0.003)
+    assert score(CATALOG.get("dropout"), Diagnosis.overfitting, [loss], 0.0)[0] == pytest.approx(-0.006)
+
+
 def test_same_inputs_same_recommendations(tmp_path: Path):
     parent = parent_view(tmp_path, PLATEAU)
     effects = [effect("lower_lr", Diagnosis.plateau, 2, 0.003)]

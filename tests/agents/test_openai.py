@@ -66,7 +66,7 @@ ANALYSIS = {
     ],
 }
 REC = Recommendation("add_dropout", Diagnosis.overfitting, "regularise the classifier", 0.9, "set DROPOUT = 0.2")
-EFFECTS = [InterventionEffect("add_dropout", "overfitting", 3, 0.004, 0.67)]
+EFFECTS = [InterventionEffect("add_dropout", "overfitting", 3, 0.004, 0.67, unscored=2)]
 
 
 def agent_config(server: ScriptedLLM, **overrides) -> AgentConfig:
@@ -109,7 +109,7 @@ def test_analyst_returns_validated_ranked_recommendations(llm_server: ScriptedLL
         "All else equal, simpler wins" in system and "Read or guess selection/test labels" in system
     )  # rules + program.md
     assert "harness.save_predictions" in user and "| 8 |" in user  # the parent's code and its curve
-    assert "| add_dropout | overfitting | 3 |" in user  # the knowledge base's measured effects
+    assert "| add_dropout | overfitting | 3 | 0.004 | 0.67 | 2 |" in user  # the KB's effects, unscored tries too
 
 
 def test_malformed_analysis_goes_back_with_the_error(llm_server: ScriptedLLM, parent: ParentView):
