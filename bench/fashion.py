@@ -60,9 +60,9 @@ def campaign_command(root: Path, agent: str, seed: int, args: argparse.Namespace
         f"trial.budget_s={args.trial_s}",
         f"safeguards.campaign_time_s={args.campaign_s}",
         "safeguards.plateau_cycles=1000",  # the campaign's clock ends every run: the same budget for both kinds
-        # Knob search alone runs as barrier cycles: in async mode an agent=none campaign ends as soon as its breeder
-        # gives up (no children), long before its clock; each cycle re-searches the best variants' knobs.
-        *(["population.mode=generations", "safeguards.max_cycles=1000"] if agent == "none" else []),
+        # Both kinds run as a user's `agent=` would: one asynchronous Tune run, where knob search (no children) goes
+        # on sampling the best variants' knobs until the clock (asyncrun `_closed`); max_cycles would end it sooner.
+        "safeguards.max_cycles=1000",
         *([f"search.num_samples={args.knob_samples}"] if args.knob_samples else []),
         *args.overrides,  # e.g. resources=gpu resources.gpu=0.25 data.root=...
     ]
