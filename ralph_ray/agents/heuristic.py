@@ -341,7 +341,8 @@ def score(
 
     A try that trained but never got a score (every trial stopped at an ASHA rung, or crashed) counts as no gain, or
     as the measured mean where that is a loss: without it such a child left no trace, and an intervention that never
-    survives a rung kept its prior and its full bonus (hard_example_replay: 5 children in a 30-min Fashion campaign, none scored).
+    survives a rung kept its prior and its full bonus (hard_example_replay: 5 children of a 30-min Fashion campaign,
+    none scored).
     """
     same = [e for e in effects if e.diagnosis == diagnosis.value]
     total = sum(e.count + e.unscored for e in same)
