@@ -61,7 +61,8 @@ def campaign_command(root: Path, agent: str, seed: int, args: argparse.Namespace
         f"safeguards.campaign_time_s={args.campaign_s}",
         "safeguards.plateau_cycles=1000",  # the campaign's clock ends every run: the same budget for both kinds
         # Both kinds run as a user's `agent=` would: one asynchronous Tune run, where knob search (no children) goes
-        # on sampling the best variants' knobs until the clock (asyncrun `_closed`); max_cycles would end it sooner.
+        # on sampling the best variants' knobs until the clock (asyncrun `_closed`); max_cycles lifted so that only
+        # the clock ends either kind.
         "safeguards.max_cycles=1000",
         *([f"search.num_samples={args.knob_samples}"] if args.knob_samples else []),
         *args.overrides,  # e.g. resources=gpu resources.gpu=0.25 data.root=...

@@ -352,9 +352,10 @@ def score(
     if mine is not None and count + unscored > 0:
         mean = mine.mean_delta if count and mine.mean_delta is not None else 0.0
         gain = (mean * count + min(0.0, mean) * unscored) / (count + unscored)
-        notes = [f"measured {mean:+.4f} over {count} children"] if count else []
-        if count and mine.win_rate is not None:
-            notes[0] += f" (win rate {mine.win_rate:.0%})"
+        notes = []
+        if count:
+            win = f" (win rate {mine.win_rate:.0%})" if mine.win_rate is not None else ""
+            notes.append(f"measured {mean:+.4f} over {count} children{win}")
         if unscored:
             notes.append(f"{unscored} more trained unscored (stopped at a rung or crashed), counted as no gain")
         return gain + bonus, f"{'; '.join(notes)}: {gain:+.4f} per try; exploration bonus {bonus:.3g}"
