@@ -86,16 +86,6 @@ def spread_text(mean: Any, sd: Any, n: Any) -> str:
     return f"{mean:.4f} ± {width:.4f} (n={int(n)}, 95% t)"
 
 
-def path_text(path: Any) -> str:
-    """The lineage view's path (`[] > ["batchnorm"] > …`, JSON lists) as `seed > batchnorm > …`."""
-    if not isinstance(path, str) or not path:
-        return "none"
-    steps = [
-        ", ".join(interventions(step)) or ("seed" if i == 0 else "knobs") for i, step in enumerate(path.split(" > "))
-    ]
-    return " > ".join(steps)
-
-
 def round_floats(text: Any, digits: int = 4) -> Any:
     """Long floats in a recorded text (`best 0.9637883008356546`) at `digits` decimals; other values unchanged."""
     if not isinstance(text, str):

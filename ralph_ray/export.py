@@ -24,7 +24,6 @@ from ralph_ray.kb import open_reader
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.noise import Sample, half_width
 from ralph_ray.rundir import CampaignError
-from ralph_ray.tracking import readable_path
 from ralph_ray.variants import unified_diff
 
 TRAINER = "trainer"  # the bundle's folder with the trainer's files
@@ -218,7 +217,7 @@ def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: 
 def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
     """The bundle's README: what it is, how it scored, how it came to be, how to run it."""
     r, v = run.iloc[0], chain[-1]
-    path = readable_path(" > ".join(json.dumps(s.interventions) for s in chain))
+    path = " > ".join(" + ".join(s.interventions) or ("knobs" if i else "seed") for i, s in enumerate(chain))
     rep = scores["replicates"]
     steps = "\n".join(
         f"| {s.cycle} | `{s.variant_id}` | {' + '.join(s.interventions) or 'seed'} | "

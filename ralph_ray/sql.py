@@ -224,14 +224,20 @@ order by e.run_id, e.trial_id, e.epoch
 """
 
 
+# One lineage step as text: its interventions (a JSON list in `variants`) joined with " + ".
+_STEP = "array_to_string(from_json(coalesce({col}, '[]'), '[\"VARCHAR\"]'), ' + ')"
+
+
 def _lineage(p: str) -> str:
-    # Each variant with its parent, depth from the seed and the chain of interventions that produced it.
+    # Each variant with its parent, depth from the seed and the chain of interventions that produced it, readable:
+    # `seed > batchnorm > raise_lr + mixup` (a step of knob moves only reads `knobs`).
     return f"""
 with recursive tree(run_id, variant_id, parent_id, depth, path) as (
-    select run_id, variant_id, parent_id, 0, coalesce(interventions, '[]')
+    select run_id, variant_id, parent_id, 0, coalesce(nullif({_STEP.format(col="interventions")}, ''), 'seed')
     from {p}variants where parent_id is null
     union all
-    select v.run_id, v.variant_id, v.parent_id, tree.depth + 1, tree.path || ' > ' || coalesce(v.interventions, '[]')
+    select v.run_id, v.variant_id, v.parent_id, tree.depth + 1,
+           tree.path || ' > ' || coalesce(nullif({_STEP.format(col="v.interventions")}, ''), 'knobs')
     from {p}variants v join tree on v.run_id = tree.run_id and v.parent_id = tree.variant_id
     where v.variant_id <> v.parent_id and tree.depth < 1000
 )

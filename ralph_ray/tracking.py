@@ -177,7 +177,7 @@ def load(con: duckdb.DuckDBPyConnection, run_id: str) -> Record:
             int(v.cycle),
             _text(v.status),
             json.loads(v.interventions or "[]"),
-            readable_path(_text(v.path)),
+            _text(v.path),  # the lineage view's `seed > batchnorm > knobs`
             int(v.depth) if _number(v.depth) else None,
             _text(v.diagnosis),
             v.diff or "",
@@ -215,20 +215,6 @@ def publish(
             "(tracking=[mlflow,tensorboard])"
         )
     return {name: writers[name]() for name in trackers}
-
-
-def readable_path(path: str | None) -> str | None:
-    """The lineage view's path (`[] > ["batchnorm"]`, each step's interventions) as `seed > batchnorm`."""
-    if path is None:
-        return None
-    steps = []
-    for step in path.split(" > "):
-        try:
-            names = json.loads(step)
-        except json.JSONDecodeError:
-            names = [step]
-        steps.append(" + ".join(map(str, names)) or "seed")
-    return " > ".join(steps)
 
 
 def default_mlflow_uri(run_dir: Path) -> str:

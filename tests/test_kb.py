@@ -251,3 +251,30 @@ def test_a_finished_run_folds_into_one_part_per_table_and_reads_the_same(tmp_pat
     after = {t: sorted(kb.reader().execute(f"select * exclude (written_at) from {t}").fetchall()) for t in TABLES}
     assert after == before
     assert kb.compact_run("r1") == 0  # nothing left to fold
+
+
+def test_lineage_path_reads_as_interventions_from_the_seed(tmp_path: Path):
+    # A SQL user reads `seed > batchnorm > knobs > raise_lr + mixup`, not the JSON lists the variants table stores.
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    chain = [
+        ("v1", None, None),
+        ("v2", "v1", '["batchnorm"]'),
+        ("v3", "v2", "[]"),
+        ("v4", "v3", '["raise_lr", "mixup"]'),
+    ]
+    kb.append(
+        "variants",
+        [
+            {"run_id": "r", "variant_id": v, "parent_id": p, "cycle": i + 1, "status": "kept", "interventions": iv}
+            for i, (v, p, iv) in enumerate(chain)
+        ],
+        "r",
+    )
+    rows = kb.reader().execute("select variant_id, depth, path from lineage order by variant_id").fetchall()
+    assert rows == [
+        ("v1", 0, "seed"),
+        ("v2", 1, "seed > batchnorm"),
+        ("v3", 2, "seed > batchnorm > knobs"),
+        ("v4", 3, "seed > batchnorm > knobs > raise_lr + mixup"),
+    ]

@@ -23,7 +23,7 @@ from ralph_ray.config import TrackingConfig, load_config
 from ralph_ray.environment import ENV_FILE, PROJECT_ROOT
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.kb import open_reader
-from ralph_ray.tracking import KIND_TAG, RUN_TAG, TrackingError, default_mlflow_uri, load, publish, readable_path
+from ralph_ray.tracking import KIND_TAG, RUN_TAG, TrackingError, default_mlflow_uri, load, publish
 
 RUN_ID = "tracked"
 
@@ -211,11 +211,6 @@ def test_track_republishes_without_duplicating_runs(campaign: Outcome) -> None:
     with pytest.raises(TrackingError, match="wandb_mode"):
         publish(record, ["wandb"], wandb_mode="shared")
     assert TrackingConfig(mlflow=True, wandb=True).trackers() == ["mlflow", "wandb"]
-
-
-def test_readable_lineage_path() -> None:
-    assert readable_path('[] > ["batchnorm"] > ["raise_lr", "mixup"]') == "seed > batchnorm > raise_lr + mixup"
-    assert readable_path(None) is None
 
 
 def test_export_bundle_runs_standalone_and_reproduces_the_score(campaign: Outcome, tmp_path: Path) -> None:

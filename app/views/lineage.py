@@ -75,7 +75,7 @@ def details(rec: dict) -> None:
         "diagnosis": rec.get("diagnosis") or "none",
         "reason": figures.why(rec) or "none",
         "trials": str(int(rec.get("trials") or 0)),
-        "path from the seed": figures.path_text(rec.get("path")),
+        "path from the seed": rec.get("path") or "none",
     }
     st.table(pd.DataFrame({"value": list(facts.values())}, index=list(facts)))
     st.markdown("**Rationale**")

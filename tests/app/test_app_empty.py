@@ -109,10 +109,6 @@ def test_the_app_knows_every_trial_status():
     assert figures.TRIAL_STATUSES == [s.value for s in TrialStatus]
 
 
-def test_the_lineage_path_reads_as_interventions():
-    assert figures.path_text('[] > ["batchnorm"] > []') == "seed > batchnorm > knobs"
-
-
 def test_rationales_show_floats_at_four_decimals():
     assert (
         figures.round_floats("best 0.9637883008356546 (-0.00123456) v1.2.3456789")
