@@ -96,6 +96,8 @@ class Step:
     cycle: int
     status: str | None
     interventions: list[str]
+    step: str  # the lineage view's text for this step (`batchnorm`, `knobs`, `seed`)
+    path: str  # and for the steps from the seed (`seed > batchnorm > knobs`)
     diagnosis: str | None
     rationale: str | None
     selection_score: float | None
@@ -165,6 +167,8 @@ def _lineage(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str) -> li
                 int(r.cycle),
                 _text(r.status),
                 json.loads(r.interventions or "[]"),
+                str(r.step),
+                str(r.path),
                 _text(r.diagnosis),
                 _text(r.rationale),
                 _float(r.selection_score),
@@ -217,10 +221,9 @@ def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: 
 def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
     """The bundle's README: what it is, how it scored, how it came to be, how to run it."""
     r, v = run.iloc[0], chain[-1]
-    path = " > ".join(" + ".join(s.interventions) or ("knobs" if i else "seed") for i, s in enumerate(chain))
     rep = scores["replicates"]
     steps = "\n".join(
-        f"| {s.cycle} | `{s.variant_id}` | {' + '.join(s.interventions) or 'seed'} | "
+        f"| {s.cycle} | `{s.variant_id}` | {s.step} | "
         f"{s.diagnosis or '-'} | {'-' if s.selection_score is None else f'{s.selection_score:.4f}'} |"
         for s in chain
     )
@@ -228,7 +231,7 @@ def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, 
     knob_lines = "\n".join(f"- `{k} = {v!r}`" for k, v in knobs.items())
     return f"""# Variant {v.variant_id} of campaign {r["run_id"]} ({r["experiment"]}, task {r["task"]})
 
-Exported by `python -m ralph_ray export`. Path from the seed: **{path}**.
+Exported by `python -m ralph_ray export`. Path from the seed: **{v.path}**.
 
 ## Scores (frozen evaluation, higher is better)
 

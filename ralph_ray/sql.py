@@ -224,26 +224,29 @@ order by e.run_id, e.trial_id, e.epoch
 """
 
 
-# One lineage step as text: its interventions (a JSON list in `variants`) joined with " + ".
-_STEP = "array_to_string(from_json(coalesce({col}, '[]'), '[\"VARCHAR\"]'), ' + ')"
-
-
 def _lineage(p: str) -> str:
-    # Each variant with its parent, depth from the seed and the chain of interventions that produced it, readable:
-    # `seed > batchnorm > raise_lr + mixup` (a step of knob moves only reads `knobs`).
+    # Each variant with its parent, depth from the seed and the chain of interventions that produced it, readable (the
+    # one place this text is made): `step` is the variant's own (`batchnorm`, `raise_lr + mixup`; `knobs` for knob
+    # moves only, `seed` for the root), `path` the steps from the seed (`seed > batchnorm > knobs`).
     return f"""
-with recursive tree(run_id, variant_id, parent_id, depth, path) as (
-    select run_id, variant_id, parent_id, 0, coalesce(nullif({_STEP.format(col="interventions")}, ''), 'seed')
-    from {p}variants where parent_id is null
+with recursive steps as (
+    select run_id, variant_id, parent_id, coalesce(
+        nullif(array_to_string(from_json(coalesce(interventions, '[]'), '["VARCHAR"]'), ' + '), ''),
+        case when parent_id is null then 'seed' else 'knobs' end
+    ) as step
+    from {p}variants
+),
+tree(run_id, variant_id, parent_id, depth, path) as (
+    select run_id, variant_id, parent_id, 0, step from steps where parent_id is null
     union all
-    select v.run_id, v.variant_id, v.parent_id, tree.depth + 1,
-           tree.path || ' > ' || coalesce(nullif({_STEP.format(col="v.interventions")}, ''), 'knobs')
-    from {p}variants v join tree on v.run_id = tree.run_id and v.parent_id = tree.variant_id
-    where v.variant_id <> v.parent_id and tree.depth < 1000
+    select s.run_id, s.variant_id, s.parent_id, tree.depth + 1, tree.path || ' > ' || s.step
+    from steps s join tree on s.run_id = tree.run_id and s.parent_id = tree.variant_id
+    where s.variant_id <> s.parent_id and tree.depth < 1000
 )
 select v.run_id, v.variant_id, v.parent_id, v.cycle, v.status, v.interventions, v.diagnosis, v.reason,
-       tree.depth, tree.path, v.parent_score, l.selection_score, l.test_score, l.trials
+       tree.depth, s.step, tree.path, v.parent_score, l.selection_score, l.test_score, l.trials
 from {p}variants v
+join steps s on s.run_id = v.run_id and s.variant_id = v.variant_id
 left join (select run_id, variant_id, min(depth) as depth, arg_min(path, depth) as path from tree group by all) tree
        on tree.run_id = v.run_id and tree.variant_id = v.variant_id
 left join {p}leaderboard l on l.run_id = v.run_id and l.variant_id = v.variant_id

@@ -86,6 +86,8 @@ def test_scores_carry_the_replicates_student_t_interval(kb: KnowledgeBase, tmp_p
     low, high = rep["selection"]["ci95"]
     assert f"mean 0.9000, 95% CI [{low:.4f}, {high:.4f}] (Student t, n=3)" in card
     assert f"95% CI [{rep['test']['ci95'][0]:.4f}, {rep['test']['ci95'][1]:.4f}]" in card
+    assert "Path from the seed: **seed > batchnorm**" in card  # the lineage view's text, as SQL users read it
+    assert "| 1 | `seed` | seed |" in card and "| `child` | batchnorm |" in card
 
 
 def test_a_variant_without_replicates_says_why_it_has_no_interval(kb: KnowledgeBase, tmp_path: Path) -> None:

@@ -271,10 +271,10 @@ def test_lineage_path_reads_as_interventions_from_the_seed(tmp_path: Path):
         ],
         "r",
     )
-    rows = kb.reader().execute("select variant_id, depth, path from lineage order by variant_id").fetchall()
+    rows = kb.reader().execute("select variant_id, depth, step, path from lineage order by variant_id").fetchall()
     assert rows == [
-        ("v1", 0, "seed"),
-        ("v2", 1, "seed > batchnorm"),
-        ("v3", 2, "seed > batchnorm > knobs"),
-        ("v4", 3, "seed > batchnorm > knobs > raise_lr + mixup"),
+        ("v1", 0, "seed", "seed"),
+        ("v2", 1, "batchnorm", "seed > batchnorm"),
+        ("v3", 2, "knobs", "seed > batchnorm > knobs"),
+        ("v4", 3, "raise_lr + mixup", "seed > batchnorm > knobs > raise_lr + mixup"),
     ]

@@ -63,7 +63,7 @@ def body(run: shell.Campaign) -> None:
             key="diff_variant",
             format_func=lambda v: (
                 f"{figures.short(v)} · {by_id[v]['status']} · {figures.score_text(by_id[v].get('selection_score'))} · "
-                f"{', '.join(figures.interventions(by_id[v].get('interventions'))) or 'seed'}"
+                f"{by_id[v].get('step') or '-'}"
             ),
         )
     ]
