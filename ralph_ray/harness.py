@@ -394,7 +394,10 @@ def _effective_rank(params: list) -> float:
     matrices = [p.reshape(p.shape[0], -1).float() for p in params if p.dim() >= 2]
     if not matrices:
         return math.nan
-    singular = torch.linalg.svdvals(max(matrices, key=lambda m: m.numel()))
+    largest = max(matrices, key=lambda m: m.numel())
+    if not bool(torch.isfinite(largest).all()):
+        return math.nan  # a diverged model: its report (loss nan) says so; the probe must not crash the trial
+    singular = torch.linalg.svdvals(largest)
     share = singular / singular.sum().clamp_min(1e-12)
     return float(torch.exp(-(share * share.clamp_min(1e-12).log()).sum()))
 

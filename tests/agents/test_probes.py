@@ -38,6 +38,15 @@ def test_probes_take_a_functional_trainers_tensors():
     assert set(out) == {"gen_gap", "weight_norm", "eff_rank"}  # no val_acc: no plateau flag
 
 
+def test_a_diverged_model_still_gets_its_probes():
+    """NaN weights (a trainer that diverged) leave the rank out instead of crashing the trial in the SVD."""
+    model = torch.nn.Linear(16, 8)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    out = harness.probes(model, train_loss=float("nan"), val_loss=float("nan"), val_acc=0.1)
+    assert "eff_rank" not in out and out["plateau"] == 0.0
+
+
 def test_a_fixture_trainer_reports_the_probes(tmp_path: Path):
     write_public(prepare(0, 0.2, 0.2), tmp_path / "data", "digits")
     source = (PROJECT_ROOT / "tests" / "fixtures" / "trainers" / "module_loader" / "train.py").read_text()

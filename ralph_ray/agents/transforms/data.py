@@ -60,7 +60,7 @@ def _images_only(trainer: Trainer) -> None:
     if trainer.has(r"nn\.Embedding\("):
         raise NotApplicable("the model embeds tokens (nn.Embedding): its batches are token ids, not images")
     regression = r"\b(mse_loss|MSELoss|l1_loss|L1Loss|smooth_l1_loss|SmoothL1Loss|huber_loss|HuberLoss)\b"
-    # Beside a cross-entropy an MSE is an auxiliary loss (self_model_head's own), not a regression task.
+    # Beside a cross-entropy a Huber/MSE is an auxiliary loss (self_model_head's own), not a regression task.
     if trainer.has(regression) and not trainer.has(r"cross_entropy|CrossEntropyLoss|nll_loss|NLLLoss"):
         raise NotApplicable("a regression loss: the inputs are features, not images")
 

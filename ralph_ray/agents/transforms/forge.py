@@ -109,11 +109,13 @@ class SelfModel(torch.nn.Module):
         self.logits = output
 
     def aux_loss(self, targets: torch.Tensor) -> torch.Tensor:
-        """How far the head's guess of the last forward's per-example losses is from the real ones (MSE)."""
+        """How far the head's guess of the last forward's per-example log-losses is from the real ones (Huber)."""
         assert self.features is not None and self.logits is not None, "call the model before aux_loss"
         own = torch.nn.functional.cross_entropy(self.logits.detach().float(), targets, reduction="none")
-        guess = self.head(self.features.float()).squeeze(1)
-        return torch.nn.functional.mse_loss(guess, own)
+        # Unit-norm features keep the head's regression stable at the trainer's own learning rate (raw features of
+        # norm ~10 made SGD at lr 0.2 diverge: NaN weights), and log1p + Huber bound what flows into the features.
+        guess = self.head(torch.nn.functional.normalize(self.features.float(), dim=1)).squeeze(1)
+        return torch.nn.functional.smooth_l1_loss(guess, torch.log1p(own))
 '''
 
 

@@ -1,0 +1,114 @@
+"""One intervention's effect on one trainer, outside a campaign: the parent and its child trained in full, side by side.
+
+    python bench/intervention_effect.py self_model_head --trainer airbench_style --seeds 4 --lr 0.2 0.6
+
+Each arm (the trainer as written, and the trainer with the intervention's transform applied) trains as a real
+subprocess on digits (the task's own splits, written in the on-disk format trials read), once per seed and learning
+rate; the figure is the selection accuracy, mean and minimum over the seeds that finished (a run that crashed is
+counted apart, as failed), and the child's mean minus the parent's.
+A campaign mixes an intervention's effect with the knobs Optuna samples and ASHA's stops; this isolates it, which is
+how a child that breaks its trainer (an unstable auxiliary loss, a diverging schedule) shows up in minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from _common import save
+
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.transforms import apply_transform
+from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.tasks.base import write_public
+from ralph_ray.tasks.digits import prepare
+
+FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "trainers"
+
+
+def trainer_source(name: str) -> str:
+    """A fixture trainer's or a seed trainer's train.py."""
+    for folder in (FIXTURES / name, PROJECT_ROOT / "trainers" / name):
+        if (folder / "train.py").is_file():
+            return (folder / "train.py").read_text()
+    raise SystemExit(f"no trainer {name!r} under {FIXTURES} or trainers/")
+
+
+def selection_accuracy(source: str, data_dir: Path, work: Path, seed: int, truth: np.ndarray) -> float:
+    """Train `source` once (a fresh process, one thread) and score its selection predictions; NaN if it failed."""
+    work.mkdir(parents=True)
+    (work / "train.py").write_text(source)
+    env = os.environ | {
+        "RALPH_DATA_DIR": str(data_dir),
+        "RALPH_SEED": str(seed),
+        "RALPH_DEVICE": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=work, env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        print(f"    seed {seed} failed: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else '?'}")
+        return float("nan")
+    return float((np.load(work / "predictions.npz")["selection"] == truth).mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("intervention", help="a code intervention of the catalog, e.g. self_model_head")
+    parser.add_argument("--trainer", default="airbench_style", help="a fixture trainer or a seed trainer (digits)")
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument(
+        "--lr", type=float, nargs="*", default=[], help="learning rates to run at (default: the trainer's)"
+    )
+    parser.add_argument(
+        "--name", default=None, help="result file name (default intervention_effect_<intervention>_<trainer>)"
+    )
+    args = parser.parse_args()
+
+    parent = trainer_source(args.trainer)
+    child = apply_transform(args.intervention, parent)
+    lrs = args.lr or [float(read_knobs(parent)["LR"])]
+    splits = prepare(0, 0.2, 0.2)
+    figures: dict[str, dict] = {}
+    lines = [f"`{args.intervention}` on `{args.trainer}`: selection accuracy over {args.seeds} seeds", ""]
+    lines += ["| LR | parent mean (min) | child mean (min) | child - parent |", "|---|---|---|---|"]
+    with tempfile.TemporaryDirectory(prefix="ralph-effect-") as tmp:
+        root = Path(tmp)
+        write_public(splits, root / "data", "digits")
+        for lr in lrs:
+            arms = {}
+            for arm, source in (("parent", parent), ("child", child)):
+                source = rewrite_knobs(source, {"LR": lr})
+                accs = [
+                    selection_accuracy(source, root / "data", root / f"{arm}_{lr}_{s}", s, splits.selection_y)
+                    for s in range(args.seeds)
+                ]
+                finite = [a for a in accs if a == a]  # a run that crashed (a diverged model, say) has no score
+                arms[arm] = {
+                    "accuracies": accs,
+                    "mean": statistics.fmean(finite) if finite else float("nan"),
+                    "min": min(finite) if finite else float("nan"),
+                    "failed": len(accs) - len(finite),
+                }
+                print(f"LR {lr:g} {arm:6s} mean {arms[arm]['mean']:.4f} min {arms[arm]['min']:.4f} {accs}", flush=True)
+            delta = arms["child"]["mean"] - arms["parent"]["mean"]
+            figures[str(lr)] = arms | {"delta": delta}
+            parent_arm, child_arm = arms["parent"], arms["child"]
+            failed = f", {child_arm['failed']} failed" if child_arm["failed"] else ""
+            lines.append(
+                f"| {lr:g} | {parent_arm['mean']:.4f} ({parent_arm['min']:.4f}) | "
+                f"{child_arm['mean']:.4f} ({child_arm['min']:.4f}){failed} | {delta:+.4f} |"
+            )
+            print(f"LR {lr:g}: child - parent = {delta:+.4f}")
+    save(args.name or f"intervention_effect_{args.intervention}_{args.trainer}", {"effects": figures}, lines)
+
+
+if __name__ == "__main__":
+    main()
