@@ -82,6 +82,9 @@ class TaskConfig:
     selection_fraction: float = 0.2
     test_fraction: float = 0.2
     subsample: int = 0  # a task that reads it (fashion) keeps a stratified sample of this many images (0: all)
+    # Whether mirroring an input left to right keeps its label (garments, natural images: yes; digits, letters: no).
+    # Where false the offline agent does not propose flips (a child that mirrored digits lost 0.033 selection).
+    mirror_invariant: bool = True
     # Read from the task's prepare.py (METRIC) when the config is validated; recorded so reports and the app know
     # how to read a score. Scores are stored oriented (higher is better): a min metric's score is -value.
     metric: Optional[str] = None

@@ -68,7 +68,11 @@ class _Builder:
         timed = self.cfg.trial.budget_s is not None
         gpu = self.cfg.resources.gpu > 0
         analyst = HeuristicAnalyst(
-            seed=self.cfg.agent.seed, exploration=self.cfg.agent.exploration, timed=timed, gpu=gpu
+            seed=self.cfg.agent.seed,
+            exploration=self.cfg.agent.exploration,
+            timed=timed,
+            gpu=gpu,
+            mirror_invariant=self.cfg.task.mirror_invariant,
         )
         return analyst, HeuristicCoder()
 

@@ -40,6 +40,7 @@ _ENTRY_FIELDS = {
     "edits",
     "transform",
     "needs_gpu",
+    "mirrors_images",
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
@@ -118,6 +119,7 @@ class Intervention:
     edits: tuple[TextEdit, ...] = ()
     transform: str | None = None  # a registered syntax-tree transform, applied after the knob and text edits
     needs_gpu: bool = False  # only changes anything on a GPU (autocast, channels-last): not proposed for CPU trials
+    mirrors_images: bool = False  # trains on mirrored inputs: not proposed where the task says task.mirror_invariant=false
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,9 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
     needs_gpu = raw.get("needs_gpu", False)
     if not isinstance(needs_gpu, bool):
         raise fail("needs_gpu", f"expected true or false, got {needs_gpu!r}")
+    mirrors_images = raw.get("mirrors_images", False)
+    if not isinstance(mirrors_images, bool):
+        raise fail("mirrors_images", f"expected true or false, got {mirrors_images!r}")
     prior = raw.get("prior", 0.0)
     if isinstance(prior, bool) or not isinstance(prior, (int, float)):
         raise fail("prior", f"expected a number, got {prior!r}")
@@ -216,6 +221,7 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
         edits=tuple(_parse_text_edit(e, fail) for e in _as_list(raw.get("edits"), "edits", fail)),
         transform=_parse_transform(raw.get("transform"), fail),
         needs_gpu=needs_gpu,
+        mirrors_images=mirrors_images,
     )
     if not (intervention.knobs or intervention.add_knobs or intervention.edits or intervention.transform):
         raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits, transform")

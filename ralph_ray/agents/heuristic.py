@@ -407,6 +407,7 @@ class HeuristicAnalyst:
         catalog: Catalog | None = None,
         timed: bool = False,
         gpu: bool | None = None,
+        mirror_invariant: bool = True,
     ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
@@ -415,6 +416,7 @@ class HeuristicAnalyst:
         self.catalog = catalog if catalog is not None else load_catalog()
         self.timed = timed  # trial.budget_s is set: every trial trains for the same time, whatever its EPOCHS
         self.gpu = gpu  # whether trials get a GPU (resources.gpu > 0); None: not known, nothing skipped for it
+        self.mirror_invariant = mirror_invariant  # task.mirror_invariant: False skips interventions that mirror inputs
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
@@ -443,6 +445,9 @@ class HeuristicAnalyst:
                 continue
             if intervention.needs_gpu and self.gpu is False:
                 skipped[intervention.name] = "trials run on the CPU (resources.gpu=0): it only changes GPU steps"
+                continue
+            if intervention.mirrors_images and not self.mirror_invariant:
+                skipped[intervention.name] = "the task says mirroring changes an input's label (task.mirror_invariant)"
                 continue
             try:
                 check(intervention, source)

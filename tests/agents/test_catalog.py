@@ -264,6 +264,16 @@ def test_needs_gpu_must_be_true_or_false(tmp_path: Path):
         load_catalog(path)
 
 
+def test_mirrors_images_must_be_true_or_false(tmp_path: Path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "interventions:\n  - {name: x, description: d, answers: [healthy], transform: flip_augmentation,\n"
+        "     mirrors_images: 1}\n"
+    )
+    with pytest.raises(ValueError, match="mirrors_images.*expected true or false, got 1"):
+        load_catalog(path)
+
+
 def test_adamw_rewrites_optimizer_and_knob_comments():
     source = apply(CATALOG.get("adamw_optimizer"), DIGITS)
     assert "torch.optim.AdamW(model.parameters(), lr=LR, betas=(MOMENTUM, 0.999), weight_decay=WEIGHT_DECAY)" in source

@@ -21,6 +21,7 @@ from ralph_ray.agents.base import (
     Usage,
 )
 from ralph_ray.agents.catalog import apply, load_catalog
+from ralph_ray.config import load_config
 from ralph_ray.agents.heuristic import (
     MIN_RECOMMENDATIONS,
     TOO_SLOW_EPOCH_SECONDS,
@@ -325,6 +326,20 @@ def test_gpu_only_interventions_are_not_proposed_to_cpu_trials(tmp_path: Path, t
     # the campaign says which: resources.gpu
     assert make_agents(tiny_config())[0].gpu is False
     assert make_agents(tiny_config("resources.gpu=0.5"))[0].gpu is True
+
+
+def test_flips_are_not_proposed_where_the_task_says_mirroring_changes_the_label(tmp_path: Path, tiny_config):
+    """A digits child with horizontal flips lost 0.033 selection: the digits task declares task.mirror_invariant=false."""
+    parent = parent_view(tmp_path, OVERFIT_GAP)
+    mirroring = {i.name for i in load_catalog() if i.mirrors_images}
+    assert mirroring == {"flip_augmentation"}
+    assert "flip_augmentation" in ranked_names(HeuristicAnalyst(mirror_invariant=True).analyse(parent, [], Usage()))
+    digits = HeuristicAnalyst(mirror_invariant=False).analyse(parent, [], Usage())
+    assert "flip_augmentation" not in ranked_names(digits)
+    assert "`flip_augmentation`: the task says mirroring changes an input's label" in digits.summary
+    # the task folder says which: trainers/digits/task.yaml sets it false, a garment task keeps the default
+    assert make_agents(tiny_config())[0].mirror_invariant is False
+    assert load_config(["task=fashion"]).task.mirror_invariant is True
 
 
 def test_falls_back_to_healthy_answers_when_the_diagnosis_has_few(tmp_path: Path):
