@@ -119,7 +119,7 @@ class Intervention:
     edits: tuple[TextEdit, ...] = ()
     transform: str | None = None  # a registered syntax-tree transform, applied after the knob and text edits
     needs_gpu: bool = False  # only changes anything on a GPU (autocast, channels-last): not proposed for CPU trials
-    mirrors_images: bool = False  # trains on mirrored inputs: not proposed where the task says task.mirror_invariant=false
+    mirrors_images: bool = False  # trains on mirrored inputs: not proposed where task.mirror_invariant is false
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ from ralph_ray.agents.base import (
     Usage,
 )
 from ralph_ray.agents.catalog import apply, load_catalog
-from ralph_ray.config import load_config
 from ralph_ray.agents.heuristic import (
     MIN_RECOMMENDATIONS,
     TOO_SLOW_EPOCH_SECONDS,
@@ -31,6 +30,7 @@ from ralph_ray.agents.heuristic import (
     score,
     smoothing_floor,
 )
+from ralph_ray.config import load_config
 
 SEED_TRAINER = PROJECT_ROOT / "trainers" / "digits" / "train.py"
 CATALOG = load_catalog()
@@ -329,7 +329,7 @@ def test_gpu_only_interventions_are_not_proposed_to_cpu_trials(tmp_path: Path, t
 
 
 def test_flips_are_not_proposed_where_the_task_says_mirroring_changes_the_label(tmp_path: Path, tiny_config):
-    """A digits child with horizontal flips lost 0.033 selection: the digits task declares task.mirror_invariant=false."""
+    """A flipped digits child lost 0.033 selection: the digits task declares task.mirror_invariant=false."""
     parent = parent_view(tmp_path, OVERFIT_GAP)
     mirroring = {i.name for i in load_catalog() if i.mirrors_images}
     assert mirroring == {"flip_augmentation"}
