@@ -24,6 +24,7 @@ import numpy as np
 from _common import save
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.catalog import NotApplicable
 from ralph_ray.agents.transforms import apply_transform
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import write_public
@@ -73,7 +74,12 @@ def main() -> None:
     args = parser.parse_args()
 
     parent = trainer_source(args.trainer)
-    child = apply_transform(args.intervention, parent)
+    try:
+        child = apply_transform(args.intervention, parent)
+    except (NotApplicable, KeyError) as reason:  # KeyError: no transform of that name
+        raise SystemExit(f"{args.intervention} does not apply to {args.trainer}: {reason}") from None
+    if "LR" not in read_knobs(parent):
+        raise SystemExit(f"{args.trainer}'s train.py has no LR knob (UPPER_CASE constant) to run at")
     lrs = args.lr or [float(read_knobs(parent)["LR"])]
     splits = prepare(0, 0.2, 0.2)
     figures: dict[str, dict] = {}
