@@ -329,6 +329,8 @@ def test_cifar10_with_the_widened_transforms_still_trains(tmp_path: Path):
 
 GATED = [
     ("sequential_flat", ["ema_weights", "hard_example_replay"]),
+    # a flat script: the head is built at module level before the epoch loop, so its class must come first
+    ("sequential_flat", ["self_model_head"]),
     ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout", "data_parallel"]),
     ("functional_mlp", ["shift_augmentation", "gradient_clipping", "edge_of_chaos_curriculum"]),
     ("airbench_style", ["self_model_head", "deepen"]),
@@ -342,7 +344,7 @@ def gate(tmp_path_factory: pytest.TempPathFactory) -> Gate:
     return Gate(smoke, (), timeout_s=120)
 
 
-@pytest.mark.parametrize(("trainer", "names"), GATED, ids=[t for t, _ in GATED])
+@pytest.mark.parametrize(("trainer", "names"), GATED, ids=[f"{t}-{'+'.join(n)}" for t, n in GATED])
 def test_transformed_trainer_passes_the_gate(gate: Gate, tmp_path: Path, trainer: str, names: list[str]):
     parent, child = tmp_path / "parent", tmp_path / "child"
     shutil.copytree(TRAINERS[trainer], parent, ignore=shutil.ignore_patterns("__pycache__"))

@@ -543,9 +543,13 @@ class Edits:
         """Statements after `anchor` (a statement), in its block."""
         self.after.setdefault(id(anchor), []).extend(_stmts(lines))
 
-    def helper(self, text: str) -> None:
-        """A module-level helper (function or class) placed before the top-level statement holding the training."""
-        anchor = self.trainer.top_statement(self.trainer.epoch_loop())
+    def helper(self, text: str, used_at: cst.CSTNode | None = None) -> None:
+        """A module-level helper (function or class) placed before the top-level statement holding the training, or
+        before the one holding `used_at` where that comes first (a flat script builds it before its epoch loop)."""
+        anchors = [self.trainer.top_statement(self.trainer.epoch_loop())]
+        if used_at is not None:
+            anchors.append(self.trainer.top_statement(used_at))
+        anchor = min(anchors, key=self.trainer.order)
         body = cst.parse_module(text.strip() + "\n").body
         spaced = [body[0].with_changes(leading_lines=[cst.EmptyLine()] * 2), *body[1:]]
         self.before.setdefault(id(anchor), []).extend(spaced)
