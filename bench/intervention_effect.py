@@ -22,23 +22,21 @@ from pathlib import Path
 
 import numpy as np
 from _common import save
+from interventions import trainer_dirs
 
-from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.catalog import NotApplicable
 from ralph_ray.agents.transforms import apply_transform
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
 
-FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "trainers"
-
 
 def trainer_source(name: str) -> str:
-    """A fixture trainer's or a seed trainer's train.py."""
-    for folder in (FIXTURES / name, PROJECT_ROOT / "trainers" / name):
-        if (folder / "train.py").is_file():
-            return (folder / "train.py").read_text()
-    raise SystemExit(f"no trainer {name!r} under {FIXTURES} or trainers/")
+    """A fixture trainer's or a seed trainer's train.py (the trainers bench/interventions.py compares)."""
+    folders = {k: v for k, v in trainer_dirs().items() if k != "cifar10"}  # the bench trains on digits
+    if name not in folders:
+        raise SystemExit(f"no trainer {name!r}: one of {', '.join(folders)}")
+    return (folders[name] / "train.py").read_text()
 
 
 def selection_accuracy(source: str, data_dir: Path, work: Path, seed: int, truth: np.ndarray) -> float:
@@ -78,9 +76,10 @@ def main() -> None:
         child = apply_transform(args.intervention, parent)
     except (NotApplicable, KeyError) as reason:  # KeyError: no transform of that name
         raise SystemExit(f"{args.intervention} does not apply to {args.trainer}: {reason}") from None
-    if "LR" not in read_knobs(parent):
+    knobs = read_knobs(parent)
+    if "LR" not in knobs:
         raise SystemExit(f"{args.trainer}'s train.py has no LR knob (UPPER_CASE constant) to run at")
-    lrs = args.lr or [float(read_knobs(parent)["LR"])]
+    lrs = args.lr or [float(knobs["LR"])]
     splits = prepare(0, 0.2, 0.2)
     figures: dict[str, dict] = {}
     lines = [f"`{args.intervention}` on `{args.trainer}`: selection accuracy over {args.seeds} seeds", ""]

@@ -196,15 +196,7 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
     for answer in answers:
         if answer not in valid:
             raise fail("answers", f"{answer!r} is not a diagnosis (one of {', '.join(valid)})")
-    repeatable = raw.get("repeatable", False)
-    if not isinstance(repeatable, bool):
-        raise fail("repeatable", f"expected true or false, got {repeatable!r}")
-    needs_gpu = raw.get("needs_gpu", False)
-    if not isinstance(needs_gpu, bool):
-        raise fail("needs_gpu", f"expected true or false, got {needs_gpu!r}")
-    mirrors_images = raw.get("mirrors_images", False)
-    if not isinstance(mirrors_images, bool):
-        raise fail("mirrors_images", f"expected true or false, got {mirrors_images!r}")
+    repeatable, needs_gpu, mirrors_images = (_flag(raw, key, fail) for key in _FLAGS)
     prior = raw.get("prior", 0.0)
     if isinstance(prior, bool) or not isinstance(prior, (int, float)):
         raise fail("prior", f"expected a number, got {prior!r}")
@@ -226,6 +218,17 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
     if not (intervention.knobs or intervention.add_knobs or intervention.edits or intervention.transform):
         raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits, transform")
     return intervention
+
+
+_FLAGS = ("repeatable", "needs_gpu", "mirrors_images")  # the entry's true/false fields, all false by default
+
+
+def _flag(raw: dict, key: str, fail: Fail) -> bool:
+    """A true/false field of an entry (false when absent)."""
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise fail(key, f"expected true or false, got {value!r}")
+    return value
 
 
 def _parse_transform(raw: Any, fail: Fail) -> str | None:

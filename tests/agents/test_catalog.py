@@ -254,23 +254,17 @@ def test_a_transform_entry_must_name_a_registered_transform(tmp_path: Path):
         load_catalog(path)
 
 
-def test_needs_gpu_must_be_true_or_false(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("transform", "field", "value", "shown"),
+    [("channels_last", "needs_gpu", "yes please", "'yes please'"), ("flip_augmentation", "mirrors_images", "1", "1")],
+)
+def test_a_flag_must_be_true_or_false(tmp_path: Path, transform: str, field: str, value: str, shown: str):
     path = tmp_path / "bad.yaml"
     path.write_text(
-        "interventions:\n  - {name: x, description: d, answers: [healthy], transform: channels_last,\n"
-        "     needs_gpu: yes please}\n"
+        f"interventions:\n  - {{name: x, description: d, answers: [healthy], transform: {transform},\n"
+        f"     {field}: {value}}}\n"
     )
-    with pytest.raises(ValueError, match="needs_gpu.*expected true or false, got 'yes please'"):
-        load_catalog(path)
-
-
-def test_mirrors_images_must_be_true_or_false(tmp_path: Path):
-    path = tmp_path / "bad.yaml"
-    path.write_text(
-        "interventions:\n  - {name: x, description: d, answers: [healthy], transform: flip_augmentation,\n"
-        "     mirrors_images: 1}\n"
-    )
-    with pytest.raises(ValueError, match="mirrors_images.*expected true or false, got 1"):
+    with pytest.raises(ValueError, match=f"{field}.*expected true or false, got {shown}"):
         load_catalog(path)
 
 

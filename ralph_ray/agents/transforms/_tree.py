@@ -528,6 +528,7 @@ class Edits:
     new_knobs: list[tuple[str, Any, str]] = field(default_factory=list)
     set_knobs: dict[str, Any] = field(default_factory=dict)
     sequential: dict[int, list[tuple[int, bool, str]]] = field(default_factory=dict)  # nn.Sequential insertions
+    helpers: list[cst.BaseStatement] = field(default_factory=list)  # module-level helpers, placed by `apply`
 
     def sub(self, node: cst.CSTNode, new: cst.CSTNode | Callable[[Any], cst.CSTNode]) -> None:
         """Replace `node` (with a node, or a function of its already-edited version)."""
@@ -543,16 +544,23 @@ class Edits:
         """Statements after `anchor` (a statement), in its block."""
         self.after.setdefault(id(anchor), []).extend(_stmts(lines))
 
-    def helper(self, text: str, used_at: cst.CSTNode | None = None) -> None:
-        """A module-level helper (function or class) placed before the top-level statement holding the training, or
-        before the one holding `used_at` where that comes first (a flat script builds it before its epoch loop)."""
-        anchors = [self.trainer.top_statement(self.trainer.epoch_loop())]
-        if used_at is not None:
-            anchors.append(self.trainer.top_statement(used_at))
-        anchor = min(anchors, key=self.trainer.order)
+    def helper(self, text: str) -> None:
+        """A module-level helper (function or class); `apply` places it (see `_place_helpers`)."""
         body = cst.parse_module(text.strip() + "\n").body
-        spaced = [body[0].with_changes(leading_lines=[cst.EmptyLine()] * 2), *body[1:]]
-        self.before.setdefault(id(anchor), []).extend(spaced)
+        self.helpers.extend([body[0].with_changes(leading_lines=[cst.EmptyLine()] * 2), *body[1:]])
+
+    def _place_helpers(self) -> None:
+        """Helpers go before the first top-level statement that holds the training or any edit: in a flat script an
+        edit can run at module level before the epoch loop (SelfModel(net) after the optimizer: a NameError when
+        the class came after it), in a main() every edit sits in the same top-level statement as the loop."""
+        if not self.helpers:
+            return
+        by_id = {id(n): n for n in self.trainer.nodes}
+        touched = [by_id[key] for edits in (self.replace, self.before, self.after, self.sequential) for key in edits]
+        tops = [self.trainer.top_statement(n) for n in [self.trainer.epoch_loop(), *touched]]
+        anchor = min(tops, key=self.trainer.order)
+        self.before[id(anchor)] = [*self.helpers, *self.before.get(id(anchor), [])]
+        self.helpers = []
 
     def knob(self, name: str, value: Any, comment: str) -> None:
         """A new knob at the end of the trainer's knob block."""
@@ -562,10 +570,11 @@ class Edits:
 
     def apply(self) -> str:
         """The edited source (checked to parse, knobs still module-level literals); `Found` in a dry run."""
-        if not (self.replace or self.before or self.after or self.new_knobs or self.set_knobs):
+        if not (self.replace or self.before or self.after or self.helpers or self.new_knobs or self.set_knobs):
             raise NotApplicable("the edit changes nothing")
         if _DRY_RUN.get():
             raise Found
+        self._place_helpers()
         module = self.trainer.module.visit(_Apply(self))
         if self.new_knobs:
             module = _add_knobs(module, self.new_knobs)

@@ -206,8 +206,7 @@ def self_model_head(source: str) -> str:
     edits = Edits(trainer)
     head = free_name(trainer, "self_model")
     edits.knob("SELF_MODEL_WEIGHT", 0.1, "weight of the self-model's loss-prediction loss")
-    # SelfModel(...) is built right after the optimizer: at module level in a flat script, before its epoch loop
-    edits.helper(SELF_MODEL_HELPER, used_at=trainer.optimizer_statement())
+    edits.helper(SELF_MODEL_HELPER)
     edits.insert_after(
         trainer.optimizer_statement(),
         f"{head} = SelfModel({model})",
