@@ -82,13 +82,16 @@ class _Builder:
         from ralph_ray.agents.catalog import load_catalog
         from ralph_ray.agents.llm import LLMAnalyst
 
-        catalog = [(i.name, i.description) for i in load_catalog()]
+        mirror_invariant = self.cfg.task.mirror_invariant
+        # The catalog shown leaves out what the task forbids, as the heuristic analyst skips it.
+        catalog = [(i.name, i.description) for i in load_catalog() if mirror_invariant or not i.mirrors_images]
         return LLMAnalyst(
             self.chat(),
             self.cfg.agent,
             self.cfg.population.children_per_parent + SPARE_RECOMMENDATIONS,
             catalog,
             self.cfg.trial.budget_s,
+            mirror_invariant,
         )
 
     def coder(self, kind: AgentBackend) -> Coder:

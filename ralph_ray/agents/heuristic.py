@@ -2,9 +2,9 @@
 
 The analyst reads a parent's curves (the best completed trial's, plus why others failed), names what
 it sees (`Diagnosis`) with the numbers as evidence, and ranks catalog interventions that answer it:
-score = the knowledge base's measured mean delta for (intervention, diagnosis), or the catalog's prior
-while unmeasured, plus a UCB exploration bonus so untried interventions get their turn. The coder
-applies the chosen intervention to the child's copy of `train.py`.
+score = the knowledge base's measured mean delta for (intervention, diagnosis), else its mean pooled over the
+diagnoses it was measured under, else the catalog's prior, plus a UCB exploration bonus so untried interventions
+get their turn. The coder applies the chosen intervention to the child's copy of `train.py`.
 """
 
 from __future__ import annotations
@@ -343,26 +343,44 @@ def score(
     as the measured mean where that is a loss: without it such a child left no trace, and an intervention that never
     survives a rung kept its prior and its full bonus (hard_example_replay: 5 children of a 30-min Fashion campaign,
     none scored).
+
+    Unmeasured under this diagnosis but measured under others, the intervention is scored by its tries pooled over
+    those: an intervention answering three diagnoses otherwise got its prior and full bonus three times over
+    (hard_example_replay, bred 6 times at -0.009 in 5 cycles of airbench_style, 2026-11-27).
     """
     same = [e for e in effects if e.diagnosis == diagnosis.value]
     total = sum(e.count + e.unscored for e in same)
-    mine = next((e for e in same if e.intervention == intervention.name), None)
-    count, unscored = (mine.count, mine.unscored) if mine is not None else (0, 0)
-    bonus = exploration * math.sqrt(math.log(total + 1) / (count + unscored + 1))
-    if mine is not None and count + unscored > 0:
-        mean = mine.mean_delta if count and mine.mean_delta is not None else 0.0
-        gain = (mean * count + min(0.0, mean) * unscored) / (count + unscored)
-        notes = []
-        if count:
-            win = f" (win rate {mine.win_rate:.0%})" if mine.win_rate is not None else ""
-            notes.append(f"measured {mean:+.4f} over {count} children{win}")
-        if unscored:
-            notes.append(f"{unscored} more trained unscored (stopped at a rung or crashed), counted as no gain")
-        return gain + bonus, f"{'; '.join(notes)}: {gain:+.4f} per try; exploration bonus {bonus:.3g}"
-    return (
-        intervention.prior + bonus,
-        f"not measured yet under {diagnosis.value}: prior {intervention.prior:+.4f}, exploration bonus {bonus:.3g}",
-    )
+    mine = [e for e in same if e.intervention == intervention.name and e.count + e.unscored > 0]
+    where = f"under {diagnosis.value}"
+    if not mine:
+        mine = [e for e in effects if e.intervention == intervention.name and e.count + e.unscored > 0]
+        where = f"not under {diagnosis.value} but pooled over {', '.join(sorted({e.diagnosis for e in mine}))}"
+    if not mine:
+        bonus = exploration * math.sqrt(math.log(total + 1))
+        return (
+            intervention.prior + bonus,
+            f"not measured yet: prior {intervention.prior:+.4f}, exploration bonus {bonus:.3g}",
+        )
+    count = sum(e.count for e in mine)
+    unscored = sum(e.unscored for e in mine)
+    # N never below the intervention's own tries, so a pooled n can't outweigh the diagnosis' total.
+    bonus = exploration * math.sqrt(math.log(max(total, count + unscored) + 1) / (count + unscored + 1))
+    mean = _weighted(mine, "mean_delta") or 0.0
+    gain = (mean * count + min(0.0, mean) * unscored) / (count + unscored)
+    notes = []
+    if count:
+        win_rate = _weighted(mine, "win_rate")
+        win = f" (win rate {win_rate:.0%})" if win_rate is not None else ""
+        notes.append(f"measured {mean:+.4f} over {count} children{win}")
+    if unscored:
+        notes.append(f"{unscored} more trained unscored (stopped at a rung or crashed), counted as no gain")
+    return gain + bonus, f"{where}: {'; '.join(notes)}: {gain:+.4f} per try; exploration bonus {bonus:.3g}"
+
+
+def _weighted(effects: list[InterventionEffect], field: str) -> float | None:
+    """The mean of a per-child field over several effect rows, weighted by their scored children."""
+    rows = [(getattr(e, field), e.count) for e in effects if e.count and getattr(e, field) is not None]
+    return sum(v * n for v, n in rows) / sum(n for _, n in rows) if rows else None
 
 
 def _best_candidate(

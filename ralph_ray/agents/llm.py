@@ -157,15 +157,17 @@ class LLMAnalyst:
         n_recommendations: int,
         catalog: list[tuple[str, str]],
         budget_s: float | None = None,  # trial.budget_s: every trial trains this long, whatever its EPOCHS
+        mirror_invariant: bool = True,  # task.mirror_invariant: False tells the analyst never to mirror inputs
     ) -> None:
         self.chat, self.answer_retries, self.json_mode = chat, cfg.answer_retries, cfg.json_mode
         self.n_recommendations, self.catalog, self.budget_s = n_recommendations, catalog, budget_s
+        self.mirror_invariant = mirror_invariant
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Ask, validate, and send a malformed answer back with what was wrong (bounded)."""
         system = prompts.render(
             "analyst",
-            program=parent.program.strip(),
+            program=parent.program.strip() + prompts.task_note(self.mirror_invariant),
             n_recommendations=str(self.n_recommendations),
             diagnoses=prompts.diagnoses_list(),
             budget=prompts.budget_note(self.budget_s),

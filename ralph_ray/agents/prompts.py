@@ -64,6 +64,16 @@ def budget_note(budget_s: float | None) -> str:
     )
 
 
+def task_note(mirror_invariant: bool) -> str:
+    """What the task forbids, appended to its program: on digits a mirrored 2 is no longer a 2, so flips teach noise."""
+    if mirror_invariant:
+        return ""
+    return (
+        "\n\nMirroring an input changes its label in this task (task.mirror_invariant=false): never recommend a "
+        "horizontal flip or any augmentation that mirrors inputs."
+    )
+
+
 def show_files(folder: Path) -> str:
     """The mutable files of a variant, each in a fenced block under its path."""
     blocks = []

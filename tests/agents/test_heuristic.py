@@ -278,6 +278,31 @@ def test_tries_that_trained_but_were_never_scored_count_as_no_gain(tmp_path: Pat
     assert score(CATALOG.get("dropout"), Diagnosis.overfitting, [loss], 0.0)[0] == pytest.approx(-0.006)
 
 
+def test_an_intervention_unmeasured_under_a_diagnosis_is_scored_by_its_tries_under_others():
+    # hard_example_replay answers plateau, underfitting and undertrained. Measured at -0.009 over 4 children under
+    # plateau and 2 under underfitting, it used to come back under undertrained with its prior and full bonus (bred 6
+    # times in 5 airbench_style cycles); now those 6 tries follow it there.
+    replay = CATALOG.get("hard_example_replay")
+    measured = [
+        InterventionEffect(replay.name, Diagnosis.plateau.value, 4, -0.010, 0.0),
+        InterventionEffect(replay.name, Diagnosis.underfitting.value, 2, -0.007, 0.5, unscored=1),
+        effect("longer_training", Diagnosis.undertrained, 5, 0.001),
+    ]
+    value, note = score(replay, Diagnosis.undertrained, measured, 0.01)
+    mean = (4 * -0.010 + 2 * -0.007) / 6
+    gain = (mean * 6 + mean * 1) / 7  # the unscored try counts at the (negative) mean
+    assert value == pytest.approx(gain + 0.01 * math.sqrt(math.log(7 + 1) / 8))
+    assert "pooled over plateau, underfitting" in note and "win rate 17%" in note
+    assert value < replay.prior + 0.01 * math.sqrt(math.log(5 + 1))  # what it scored before
+    # Measured under the diagnosis itself, that measure wins over the pool.
+    own = [*measured, InterventionEffect(replay.name, Diagnosis.undertrained.value, 1, 0.004, 1.0)]
+    value, note = score(replay, Diagnosis.undertrained, own, 0.0)
+    assert value == pytest.approx(0.004) and note.startswith("under undertrained")
+    # Measured nowhere: the prior.
+    value, note = score(replay, Diagnosis.undertrained, measured[2:], 0.0)
+    assert value == pytest.approx(replay.prior) and "not measured yet" in note
+
+
 def test_same_inputs_same_recommendations(tmp_path: Path):
     parent = parent_view(tmp_path, PLATEAU)
     effects = [effect("lower_lr", Diagnosis.plateau, 2, 0.003)]

@@ -401,3 +401,18 @@ def test_the_analyst_is_told_whether_trials_train_for_a_fixed_time(
     system = llm_server.chats()[0][0]["content"]
     assert told in system
     assert ("Do not recommend longer training" in system) is bool(budget)  # under a budget EPOCHS buys nothing
+
+
+@pytest.mark.parametrize(("task", "mirror_invariant"), [([], False), (["task=fashion"], True)])
+def test_the_analyst_is_told_when_the_task_forbids_mirrored_inputs(
+    llm_server: ScriptedLLM, tiny_config, parent: ParentView, task: list[str], mirror_invariant: bool
+):
+    # Digits (the tiny config's task): a mirrored 2 is not a 2. The heuristic analyst skips flips there; the LLM
+    # analyst must know it too. Fashion: a mirrored shoe is a shoe.
+    analyst, _ = make_agents(tiny_config(*campaign_overrides(llm_server), *task))
+    assert analyst.mirror_invariant is mirror_invariant
+    llm_server.add(Reply(json.dumps(ANALYSIS)))
+    analyst.analyse(parent, [], Usage())
+    system, user = (m["content"] for m in llm_server.chats()[0][:2])
+    assert ("never recommend a horizontal flip" in system) is not mirror_invariant
+    assert ("flip_augmentation" in user) is mirror_invariant  # the catalog shown leaves flips out
