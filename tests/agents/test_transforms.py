@@ -214,6 +214,34 @@ def test_ema_evaluates_with_the_average_in_a_flat_script():
     assert "ema.update_parameters(net)" in result
 
 
+@pytest.mark.parametrize(
+    ("trainer", "forward", "observed"),
+    [
+        # the logits already have a name: observed as they are
+        ("sequential_flat", "out = net(Xt[i])", "dream_replay.observe(out, Xt[i], Yt[i])"),
+        # computed inside the loss call: named there, once
+        (
+            "digits",
+            "loss = F.cross_entropy((dream_logits := model(x_train[idx])), y_train[idx])",
+            "dream_replay.observe(dream_logits, x_train[idx], y_train[idx])",
+        ),
+    ],
+)
+def test_replay_observes_the_steps_own_logits_without_a_second_forward(trainer: str, forward: str, observed: str):
+    """Replay used to run the model again on each batch to find its hardest examples (a third more compute per
+    step, fewer epochs under a time budget); now it reads the losses of the forward the step already ran."""
+    result = apply_transform("hard_example_replay", SOURCES[trainer])
+    assert forward in result and observed in result
+    helper = ast.get_source_segment(
+        result, next(n for n in ast.parse(result).body if getattr(n, "name", "") == "DreamReplay")
+    )
+    observe = helper[helper.index("def observe") : helper.index("def dream")]
+    assert "model(" not in observe  # no forward pass of its own
+    model = "net" if trainer == "sequential_flat" else "model"
+    outside = result.replace(helper, "")
+    assert outside.count(f"{model}(") == SOURCES[trainer].count(f"{model}(")  # the trainer's own forwards, no more
+
+
 def test_widen_doubles_literal_widths_and_the_sizes_after_them():
     result = apply_transform("widen_layers", SOURCES["sequential_flat"])
     assert "nn.Conv2d(1, 32, 3, padding=1)" in result and "nn.Linear(32 * 4 * 4, 10)" in result
@@ -329,6 +357,7 @@ def test_cifar10_with_the_widened_transforms_still_trains(tmp_path: Path):
 
 GATED = [
     ("sequential_flat", ["ema_weights", "hard_example_replay"]),
+    ("digits", ["hard_example_replay"]),  # the step's logits named inside its loss call
     # a flat script: the head is built at module level before the epoch loop, so its class must come first
     ("sequential_flat", ["self_model_head"]),
     ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout", "data_parallel"]),
