@@ -27,6 +27,7 @@ from ralph_ray.agents.transforms import (
     applicability,
     apply_transform,
 )
+from ralph_ray.agents.transforms._tree import analyse
 from ralph_ray.gate import SMOKE_KNOBS, Gate, write_smoke_data
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import Splits, write_public
@@ -215,31 +216,46 @@ def test_ema_evaluates_with_the_average_in_a_flat_script():
 
 
 @pytest.mark.parametrize(
-    ("trainer", "forward", "observed"),
+    ("trainer", "before", "forward", "observed"),
     [
-        # the logits already have a name: observed as they are
-        ("sequential_flat", "out = net(Xt[i])", "dream_replay.observe(out, Xt[i], Yt[i])"),
+        # the logits already have a name: observed as they are; the batch is named where the model reads it
+        ("sequential_flat", [], "out = net((dream_inputs := Xt[i]))", "dream_replay.observe(out, dream_inputs, Yt[i])"),
         # computed inside the loss call: named there, once
         (
             "digits",
-            "loss = F.cross_entropy((dream_logits := model(x_train[idx])), y_train[idx])",
-            "dream_replay.observe(dream_logits, x_train[idx], y_train[idx])",
+            [],
+            "loss = F.cross_entropy((dream_logits := model((dream_inputs := x_train[idx]))), y_train[idx])",
+            "dream_replay.observe(dream_logits, dream_inputs, y_train[idx])",
+        ),
+        # a random augmentation in the forward's argument: the images kept are the ones ranked, not a second draw
+        (
+            "digits",
+            ["shift_augmentation"],
+            "(dream_logits := model((dream_inputs := shift_images(x_train[idx]))))",
+            "dream_replay.observe(dream_logits, dream_inputs, y_train[idx])",
         ),
     ],
+    ids=["named", "in_loss_call", "augmented"],
 )
-def test_replay_observes_the_steps_own_logits_without_a_second_forward(trainer: str, forward: str, observed: str):
+def test_replay_observes_the_steps_own_batch_and_logits_without_a_second_forward(
+    trainer: str, before: list[str], forward: str, observed: str
+):
     """Replay used to run the model again on each batch to find its hardest examples (a third more compute per
-    step, fewer epochs under a time budget); now it reads the losses of the forward the step already ran."""
-    result = apply_transform("hard_example_replay", SOURCES[trainer])
+    step, fewer epochs under a time budget); now it reads the losses of the forward the step already ran, and keeps
+    the very inputs that forward saw (an augmentation evaluated again would have drawn other images)."""
+    parent = SOURCES[trainer]
+    for name in before:
+        parent = apply_transform(name, parent)
+    result = apply_transform("hard_example_replay", parent)
     assert forward in result and observed in result
     helper = ast.get_source_segment(
         result, next(n for n in ast.parse(result).body if getattr(n, "name", "") == "DreamReplay")
     )
     observe = helper[helper.index("def observe") : helper.index("def dream")]
     assert "model(" not in observe  # no forward pass of its own
-    model = "net" if trainer == "sequential_flat" else "model"
     outside = result.replace(helper, "")
-    assert outside.count(f"{model}(") == SOURCES[trainer].count(f"{model}(")  # the trainer's own forwards, no more
+    for called in (analyse(parent).model_name(), "shift_images"):  # the trainer's own calls, no more
+        assert outside.count(f"{called}(") == parent.count(f"{called}(")
 
 
 def test_widen_doubles_literal_widths_and_the_sizes_after_them():
@@ -357,7 +373,7 @@ def test_cifar10_with_the_widened_transforms_still_trains(tmp_path: Path):
 
 GATED = [
     ("sequential_flat", ["ema_weights", "hard_example_replay"]),
-    ("digits", ["hard_example_replay"]),  # the step's logits named inside its loss call
+    ("digits", ["shift_augmentation", "hard_example_replay"]),  # the batch and logits named inside the loss call
     # a flat script: the head is built at module level before the epoch loop, so its class must come first
     ("sequential_flat", ["self_model_head"]),
     ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout", "data_parallel"]),

@@ -182,27 +182,32 @@ def hard_example_replay(source: str) -> str:
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
     model, optimizer = trainer.model_name(), trainer.optimizer_name()
-    inputs = code(positional(trainer.forward_call())[0].value)
     loss_args = positional(trainer.loss_call())
     targets = code(loss_args[1].value)
     edits = Edits(trainer)
     replay = free_name(trainer, "dream_replay")
-    # The step's logits, named where the loss reads them (`(dream_logits := model(x))`) unless they have a name:
-    # observing them costs no second forward pass (it used to: about a third more compute per step).
-    if isinstance(loss_args[0].value, cst.Name):
-        logits = loss_args[0].value.value
-    else:
-        logits = free_name(trainer, "dream_logits")
-        edits.sub(
-            loss_args[0].value,
-            lambda node: cst.NamedExpr(cst.Name(logits), node, lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
-        )
+    # The step's own batch and logits, named where the step computes them (`model((dream_inputs := shift(x)))`,
+    # `(dream_logits := model(...))`) unless they have a name: observing them costs no second forward pass (it used
+    # to: about a third more compute per step), and the examples kept are the ones ranked (a random augmentation
+    # evaluated again would draw other images).
+    inputs = _named(edits, positional(trainer.forward_call())[0].value, free_name(trainer, "dream_inputs"))
+    logits = _named(edits, loss_args[0].value, free_name(trainer, "dream_logits"))
     edits.knob("REPLAY_SHARE", 0.1, "share of each batch (its most-missed examples) replayed after the epoch")
     edits.helper(REPLAY_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{replay} = DreamReplay()")
     edits.insert_after(trainer.step_statement(), f"{replay}.observe({logits}, {inputs}, {targets})")
     edits.insert_after(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # between epochs")
     return edits.apply()
+
+
+def _named(edits: Edits, node: cst.BaseExpression, name: str) -> str:
+    """A name for the value of `node` where the step computes it: its own if it is one, else `(name := node)`."""
+    if isinstance(node, cst.Name):
+        return node.value
+    edits.sub(
+        node, lambda edited: cst.NamedExpr(cst.Name(name), edited, lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    )
+    return name
 
 
 @register("self_model_head", "forge")
