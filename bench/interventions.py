@@ -116,8 +116,12 @@ def campaign(root: Path, trainer: str, task: Path, agent: str, seed: int, cycles
         "stop_reason": outcome.stop_reason,
         "minutes": round((time.perf_counter() - start) / 60, 2),
         "seed_test": seed_row["test_score"],
+        # board[0] is the leaderboard's rank 1: the best replicate mean where any variant was replicated
         "best_test": board[0]["test_score"],
+        "best_mean_test": board[0]["mean_test_score"],  # over its replicates (fresh seeds): less luck than one trial
+        "best_replicates": board[0]["replicates"],
         "best_interventions": board[0]["interventions"],
+        "picked_by_best_trial_test": max(board, key=lambda r: r["selection_score"] or -1.0)["test_score"],
         "children": [{"intervention": i["intervention"], "delta": i["delta"]} for i in interventions],
     }
 
@@ -156,9 +160,12 @@ def compare(trainers: list[str], seeds: list[int], cycles: int) -> dict[str, obj
         summary = {}
         for agent, done in runs.items():
             tests = [r["best_test"] for r in done]
+            means = [r["best_mean_test"] for r in done if r.get("best_mean_test") is not None]
             summary[agent] = {
                 "best_test_mean": round(statistics.mean(tests), 4),
                 "best_test_std": round(statistics.stdev(tests), 4) if len(tests) > 1 else None,
+                "replicate_test_mean": round(statistics.mean(means), 4) if means else None,
+                "best_trial_pick_test_mean": round(statistics.mean(r["picked_by_best_trial_test"] for r in done), 4),
             }
         out[trainer] = {"summary": summary, "runs": runs}
     return out
@@ -212,7 +219,11 @@ def main() -> None:
             s = result["summary"]
             lines.append(
                 f"- {trainer}: heuristic best test {s['heuristic']['best_test_mean']} vs agent=none "
-                f"{s['none']['best_test_mean']} (std {s['heuristic']['best_test_std']} / {s['none']['best_test_std']})"
+                f"{s['none']['best_test_mean']} "
+                f"(std {s['heuristic']['best_test_std']} / {s['none']['best_test_std']}); "
+                f"the picks' replicate test means {s['heuristic']['replicate_test_mean']} vs "
+                f"{s['none']['replicate_test_mean']}; picked by best trial (the old rank) "
+                f"{s['heuristic']['best_trial_pick_test_mean']} vs {s['none']['best_trial_pick_test_mean']}"
             )
     else:
         kept, kept_lines = previous_comparison()

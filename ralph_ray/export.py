@@ -105,7 +105,7 @@ class Step:
 
 
 def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path | None = None) -> Path:
-    """Write the bundle of `variant_id` (default: the run's best by selection score) and return its folder."""
+    """Write the bundle of `variant_id` (default: the run's best: the leaderboard's rank 1) and return its folder."""
     con = open_reader(kb_root)
     run = con.execute(sql.RUN, [run_id]).fetchdf()
     if run.empty:

@@ -82,10 +82,12 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"kept improvements: {len(kept)}, cost per kept improvement: "
         f"{_f((budget['cost'] / len(kept)) if budget and kept else None)}",
         "",
-        "## Leaderboard (top 10 variants by selection score)",
+        "## Leaderboard (top 10 variants)",
         "",
         "Selection and test: the variant's best search trial. Replicates: its best knobs run again with fresh seeds, "
-        "the mean selection score with a 95% Student-t interval (what the keep verdict compared; `-`: not replicated).",
+        "the mean selection score with a 95% Student-t interval (what the keep verdict compared; `-`: not replicated). "
+        "Ranked by the replicate mean where a variant has one (a best trial is the luckiest of its samples), then by "
+        "the best trial.",
         "",
         "| rank | variant | parent | interventions | status | selection | test | replicates | "
         "trials (done/stopped/failed) |",

@@ -176,6 +176,9 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
 def _leaderboard(p: str) -> str:
     # One row per variant: its best completed search trial by selection score, how its trials ended, and the
     # mean of its replicates (fresh seeds of the best knobs) with a 95% Student-t interval (none below n = 2).
+    # Rank: replicated variants first, by their replicate mean, then the rest by their best search trial. A best
+    # trial is the luckiest of a variant's samples (and a variant with more trials draws more), so where fresh
+    # seeds measured a variant they, not that trial, place it: what the report, export and app call "best".
     search = "not coalesce(t.replicate, false)"
     replica = "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
     return f"""
@@ -193,7 +196,9 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
        count(*) filter (where t.status = 'failed') as failed,
        sum(t.seconds) / 3600.0 as trial_hours,
        rank() over (
-           partition by t.run_id order by max(t.selection_score) filter (where {search}) desc nulls last
+           partition by t.run_id
+           order by avg(t.selection_score) filter (where {replica}) desc nulls last,
+                    max(t.selection_score) filter (where {search}) desc nulls last
        ) as rank,
        count(*) filter (where {replica}) as replicates,
        avg(t.selection_score) filter (where {replica}) as mean_score,
@@ -204,7 +209,7 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
 from {p}trials t left join {p}variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 group by t.run_id, t.variant_id
 )
-order by selection_score desc nulls last, test_score desc nulls last
+order by mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last
 """
 
 

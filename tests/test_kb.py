@@ -278,3 +278,30 @@ def test_lineage_path_reads_as_interventions_from_the_seed(tmp_path: Path):
         ("v3", 2, "knobs", "seed > batchnorm > knobs"),
         ("v4", 3, "raise_lr + mixup", "seed > batchnorm > knobs > raise_lr + mixup"),
     ]
+
+
+def test_leaderboard_ranks_replicated_variants_by_their_replicate_mean_before_lucky_best_trials(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+
+    def row(trial: str, variant: str, score: float, replicate: bool = False) -> dict:
+        return {**trial_row("r1", trial, score), "variant_id": variant, "replicate": replicate}
+
+    kb.append(
+        "trials",
+        [
+            row("a1", "lucky", 0.99),  # one lucky search trial, never replicated
+            row("b1", "steady", 0.97),  # best trial below lucky's, replicates 0.96 on average
+            *(row(f"b{i}", "steady", s, True) for i, s in ((2, 0.95), (3, 0.96), (4, 0.97))),
+            row("c1", "flashy", 0.98),  # best trial above steady's, but its replicates average 0.94
+            *(row(f"c{i}", "flashy", s, True) for i, s in ((2, 0.93), (3, 0.94), (4, 0.95))),
+        ],
+        "r1",
+    )
+    rows = kb.reader().execute("select variant_id, rank, selection_score, mean_score from leaderboard").fetchall()
+    assert [(v, r) for v, r, _, _ in rows] == [("steady", 1), ("flashy", 2), ("lucky", 3)]
+    assert rows[0][2:] == (0.97, pytest.approx(0.96)) and rows[2][3] is None
+    # Without replicates the best search trial ranks, as before.
+    kb.append("trials", [{**row("d1", "other", 0.9), "run_id": "r2"}, {**row("d2", "more", 0.8), "run_id": "r2"}], "r2")
+    ranked = kb.reader().execute("select variant_id, rank from leaderboard where run_id = 'r2' order by rank")
+    assert ranked.fetchall() == [("other", 1), ("more", 2)]
