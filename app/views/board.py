@@ -1,4 +1,4 @@
-"""Leaderboard: the campaign's variants ranked by selection score, with the target."""
+"""Leaderboard: the campaign's variants ranked (replicate mean where replicated, else best trial), with the target."""
 
 from __future__ import annotations
 
@@ -153,7 +153,10 @@ def within_noise(board: pd.DataFrame) -> str | None:
     top = figures.records(board.dropna(subset=["selection_score"]).head(2))
     if len(top) < 2 or top[0].get("half_width") is None:
         return None
-    gap = top[0]["selection_score"] - top[1]["selection_score"]
+    # The rank's own measure: both replicate means where both ranks were replicated, else their best trials.
+    means = [r.get("mean_score") for r in top]
+    key = "mean_score" if all(m is not None and not pd.isna(m) for m in means) else "selection_score"
+    gap = top[0][key] - top[1][key]
     if abs(gap) >= top[0]["half_width"]:
         return None
     return (

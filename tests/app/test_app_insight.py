@@ -120,6 +120,25 @@ def test_leaderboard_shows_the_best_knobs_as_columns_the_why_and_replicates(tmp_
     assert dud["reason"] == "no trial completed: 1 failed (see Trials)"
 
 
+def test_leaderboard_ranks_by_replicate_means_and_says_when_ranks_1_and_2_are_within_noise(tmp_path: Path):
+    # "flashy" has the far better best trial (0.99 vs 0.93), but the two replicate means are 0.005 apart, less
+    # than the leader's 95% interval (+-0.0248): the board ranks by those means and says it cannot tell them apart.
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    kb.put(
+        "variants", [{"run_id": "r1", "variant_id": v, "cycle": 1, "status": "kept"} for v in ("flashy", "calm")], "v"
+    )
+    rows = [trial("r1", 1, "flashy", 0.99), trial("r1", 2, "calm", 0.93)]
+    for n, (variant, base) in enumerate((("flashy", 0.955), ("calm", 0.96))):
+        rows += [
+            trial("r1", 10 * (n + 1) + i, variant, base + d, replicate=True) for i, d in enumerate((-0.01, 0, 0.01))
+        ]
+    kb.append("trials", rows, "t")
+    at = open_page(root)
+    assert list(at.dataframe[0].value["variant_id"]) == ["calm", "flashy"]
+    assert "Ranks 1 and 2 are within noise: 0.0050 apart, less than the leader's ±0.0248" in texts(at)
+
+
 def test_trials_page_lists_every_trial_with_knobs_and_opens_a_failure(tmp_path: Path):
     at = open_page(insight_kb(tmp_path), "views/trials.py")
     table = at.dataframe[0].value
