@@ -1,4 +1,4 @@
-"""Equal wall budget: the population loop vs the serial Ralph loop (1x1) vs knob search only (digits unless overridden).
+"""Equal wall budget: the population loop vs the serial Ralph loop (1x1) vs knob search (TPE) vs random search.
 
     python bench/loop_vs_serial.py [BUDGET_S] [REPEATS] [OVERRIDES...]
     python bench/loop_vs_serial.py 300 2                                   # digits, 2 repeats of 300 s per kind
@@ -31,7 +31,7 @@ _parser = argparse.ArgumentParser(description="population loop vs serial 1x1 vs 
 _parser.add_argument("budget_s", nargs="?", type=int, default=240)
 _parser.add_argument("repeats", nargs="?", type=int, default=3)
 _parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=lm, population.mode=...)")
-_parser.add_argument("--kinds", default="", help="run only the kinds whose name starts so (knob, serial, population)")
+_parser.add_argument("--kinds", default="", help="only kinds whose name starts so (knob, serial, population, random)")
 _parser.add_argument("--target", type=float, help="selection score to time, in the metric's units (digits: 0.985)")
 _parser.add_argument("--first-seed", type=int, default=0, help="more repeats of a run: seeds from here (saved apart)")
 _parser.add_argument("--tag", default="", help="appended to the results name (another budget of a recorded run)")
@@ -42,6 +42,7 @@ KINDS = {
     "population (default: 2 parents x 3 children)": [],
     "serial Ralph loop (1 x 1)": ["population.parents=1", "population.children_per_parent=1"],
     "knob search only (agent=none)": ["agent=none"],
+    "random search (agent=none, search.sampler=random)": ["agent=none", "search.sampler=random"],
 }
 FREE = ["safeguards.max_cycles=1000", "safeguards.plateau_cycles=1000", f"safeguards.campaign_time_s={BUDGET_S}"]
 

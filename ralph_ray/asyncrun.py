@@ -73,6 +73,7 @@ class AsyncCampaign(Campaign):
                 pop.explore,
                 pop.one_per_lineage,
                 cfg.search.seed,
+                cfg.search.sampler,
             )
         )
         bred = self._rebuild()

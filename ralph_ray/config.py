@@ -46,6 +46,14 @@ class SpaceKind(enum.Enum):
     choice = "choice"
 
 
+class SamplerKind(enum.Enum):
+    """Optuna's sampler of knob values: TPE (the default, it learns from the trials so far) or plain random
+    sampling (a baseline for benchmarks: what the search adds over drawing knobs blind)."""
+
+    tpe = "tpe"
+    random = "random"
+
+
 class SchedulerKind(enum.Enum):
     """Trial schedulers: ASHA stops laggards; FIFO runs every trial to the end (for baselines); PBT clones and
     perturbs trials while they train (population based training, ralph_ray.pbt); PB2 does so with a Gaussian-process
@@ -118,6 +126,7 @@ class SearchConfig:
     # numeric choices as their ratios to the middle choice.
     relative: bool = True
     relative_span: float = 2.0
+    sampler: SamplerKind = SamplerKind.tpe
 
 
 @dataclass

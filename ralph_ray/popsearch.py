@@ -23,14 +23,14 @@ import optuna
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
-from ralph_ray.config import KnobSpace
+from ralph_ray.config import KnobSpace, SamplerKind
 from ralph_ray.faults import kill_point
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.ledger import TrialRecord
 from ralph_ray.noise import Sample
 from ralph_ray.population import Candidate, branch_of, select_parents
 from ralph_ray.replicates import Replicated
-from ralph_ray.search import clip_to_space, param_space, relative_knobs
+from ralph_ray.search import clip_to_space, optuna_sampler, param_space, relative_knobs
 from ralph_ray.statuses import TrialStatus
 
 CODE_KEY = "_code"  # a trial's config carries its variant's files: children are bred after the Tune run started
@@ -100,6 +100,7 @@ class PoolSettings:
     explore: float
     one_per_lineage: bool
     seed: int
+    sampler: SamplerKind = SamplerKind.tpe  # search.sampler
 
 
 class Pool:
@@ -283,7 +284,7 @@ class Pool:
 
     def _study(self, member: Member) -> optuna.Study:
         if member.variant_id not in self.studies:
-            sampler = optuna.samplers.TPESampler(seed=self.settings.seed + len(self.studies))
+            sampler = optuna_sampler(self.settings.sampler, self.settings.seed + len(self.studies))
             self.studies[member.variant_id] = optuna.create_study(direction="maximize", sampler=sampler)
         return self.studies[member.variant_id]
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from ralph_ray import dataparallel, forecast, harness, pbt
 from ralph_ray.asha import NoiseAwareASHA
 from ralph_ray.children import Child
-from ralph_ray.config import Config, KnobSpace, SchedulerKind, SpaceKind, sandbox_policy
+from ralph_ray.config import Config, KnobSpace, SamplerKind, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.events import TrialStarts
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
@@ -35,6 +35,15 @@ from ralph_ray.runner import Limits
 from ralph_ray.sandbox import MIB
 from ralph_ray.tasks.base import Labels, ScoredBy, sha256_file
 from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec, read_files, run_trial
+
+
+def optuna_sampler(kind: SamplerKind, seed: int) -> Any:
+    """Optuna's sampler for `search.sampler`, seeded (the barrier loop's OptunaSearch and the pool's studies)."""
+    import optuna  # Tune's OptunaSearch imports it too; kept out of this module's import for the CLI's start-up
+
+    if kind is SamplerKind.random:
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
 
 
 def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float = 2.0) -> dict[str, Any]:
@@ -221,7 +230,7 @@ def run_search(
         **param_space(cfg.search.space, plan.relative, cfg.search.relative_span),
     }
     points = list(plan.first_points) or None
-    searcher: Any = OptunaSearch(seed=plan.seed, points_to_evaluate=points)
+    searcher: Any = OptunaSearch(sampler=optuna_sampler(cfg.search.sampler, plan.seed), points_to_evaluate=points)
     chosen = scheduler(cfg)
     if cfg.scheduler.name.population_based:
         searcher = BasicVariantGenerator(points_to_evaluate=points, random_state=plan.seed)

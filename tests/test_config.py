@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray.config import ConfigError, SchedulerKind, SpaceKind, load_config
+from ralph_ray.config import ConfigError, SamplerKind, SchedulerKind, SpaceKind, load_config
 
 
 def test_default_is_digits():
@@ -39,6 +39,8 @@ def test_overrides_apply():
     assert cfg.scheduler.grace_period == 3
     assert cfg.search.num_samples == 16
     assert cfg.scheduler.name is SchedulerKind.fifo
+    assert load_config([]).search.sampler is SamplerKind.tpe
+    assert load_config(["search.sampler=random"]).search.sampler is SamplerKind.random
 
 
 def test_a_removed_space_replaces_the_task_yamls_space():
@@ -64,6 +66,7 @@ def test_a_removed_space_replaces_the_task_yamls_space():
         (["safeguards.trial_timeout_s=-1"], "safeguards.trial_timeout_s", "above 0"),
         (["scheduler.grace_period=20"], "scheduler.grace_period", "max_t"),
         (["scheduler.name=bogus"], "scheduler.name", "schema"),
+        (["search.sampler=grid"], "search.sampler", "schema"),
         (["+experiment=cifar10"], "data.root", "data.root=/path/to/cifar"),
         (["+experiment=nope"], "experiment", "conf/"),
         (["task.name=mnist"], "task.name", "digits"),

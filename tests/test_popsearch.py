@@ -9,7 +9,7 @@ import random
 import pytest
 from ray.tune.search import Searcher
 
-from ralph_ray.config import KnobSpace, SpaceKind
+from ralph_ray.config import KnobSpace, SamplerKind, SpaceKind
 from ralph_ray.ledger import TrialRecord
 from ralph_ray.popsearch import CODE_KEY, Member, Pool, PoolSettings, PopulationSearcher, decode_code, encode_code
 from ralph_ray.statuses import TrialStatus
@@ -87,6 +87,16 @@ def test_finished_trials_update_the_population_and_are_told_to_their_study():
     states = [t.state.name for t in p.studies["seed"].trials]
     assert states == ["COMPLETE", "PRUNED"]
     assert [c.variant_id for c in p.ranked()] == ["seed"]
+
+
+@pytest.mark.parametrize(("kind", "sampler"), [(SamplerKind.tpe, "TPESampler"), (SamplerKind.random, "RandomSampler")])
+def test_search_sampler_picks_the_studies_sampler_seeded_per_variant(kind: SamplerKind, sampler: str):
+    p, q = pool(sampler=kind), pool(sampler=kind)
+    for each in (p, q):
+        each.add(member("seed", None, 1, wanted=4))
+    draws = [[each.suggest(f"t{i}")["LR"] for i in range(4)] for each in (p, q)]
+    assert type(p.studies["seed"].sampler).__name__ == sampler
+    assert draws[0] == draws[1] and len(set(draws[0])) == 4  # seeded: the same draws from the same settings
 
 
 def test_knob_samples_go_to_would_be_parents_only():
