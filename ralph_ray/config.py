@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -437,7 +439,7 @@ def load_config(overrides: list[str] | None = None) -> Config:
     composed = [o for o in overrides if not (chosen is not None and o.startswith("task="))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            raw = compose(config_name="config", overrides=composed)
+            raw = compose(config_name="config", overrides=[_forced(o) for o in composed])
     except (HydraException, ConfigKeyError) as err:
         raise _override_error(err) from None
     OmegaConf.set_struct(raw, False)
@@ -446,6 +448,27 @@ def load_config(overrides: list[str] | None = None) -> Config:
     if not any(o.lstrip("+").startswith("experiment=") for o in composed):
         raw.experiment = raw.task.name  # task=diabetes without an experiment file is the diabetes experiment
     return to_config(_with_task_yaml(raw, composed))
+
+
+def _forced(override: str) -> str:
+    """`key=value` as `++key=value` where the key is a field of the schema that the conf/ yaml may not list (e.g.
+    `task.mirror_invariant`, set by a task's own task.yaml): Hydra refuses to override a key its composed yaml lacks,
+    though the schema has it. Any other override goes to Hydra as written (a typo still gets its error)."""
+    key, eq, _ = override.partition("=")
+    if not eq or "." not in key or key.startswith(("+", "~")) or not _schema_leaf(key):
+        return override
+    return "++" + override
+
+
+def _schema_leaf(dotted: str) -> bool:
+    """Whether a dotted key names a leaf field of `Config` (not a group, not an entry of a dict such as the space)."""
+    kind: Any = Config
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(kind) if dataclasses.is_dataclass(kind) else {}
+        if part not in hints:
+            return False
+        kind = hints[part]
+    return not dataclasses.is_dataclass(kind)
 
 
 def _task_path(overrides: list[str]) -> tuple[str, Path] | None:

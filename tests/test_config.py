@@ -43,6 +43,16 @@ def test_overrides_apply():
     assert load_config(["search.sampler=random"]).search.sampler is SamplerKind.random
 
 
+def test_a_schema_key_the_conf_yaml_lacks_can_be_overridden_and_wins_over_task_yaml():
+    """task.mirror_invariant is set by digits' task.yaml, not by conf/task/digits.yaml: Hydra alone refused it."""
+    assert load_config([]).task.mirror_invariant is False  # digits' task.yaml
+    assert load_config(["task.mirror_invariant=true"]).task.mirror_invariant is True
+    assert load_config(["task=fashion", "task.mirror_invariant=false"]).task.mirror_invariant is False
+    assert load_config(["task.subsample=100"]).task.subsample == 100
+    with pytest.raises(ConfigError, match="task.mirror_invariants"):  # a typo is still refused, by name
+        load_config(["task.mirror_invariants=true"])
+
+
 def test_a_removed_space_replaces_the_task_yamls_space():
     """`~search.space` then `+search.space={...}` leaves only the new knobs, though task.yaml brings its own."""
     assert set(load_config([]).search.space) == {"LR", "BATCH_SIZE", "WIDTH"}  # digits' task.yaml
