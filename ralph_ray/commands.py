@@ -100,23 +100,36 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, "
         f"agent calls {calls}"
     )
+    cursor = con.execute(sql.LEADERBOARD_FOR_RUN, [state.run_id, 10])
+    names = [d[0] for d in cursor.description]
+    board = [dict(zip(names, row)) for row in cursor.fetchall()]
+    if board and board[0]["replicates"]:
+        console.print(f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {_replicates(board[0])}")
     table = Table(title="leaderboard", header_style="bold")
-    for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "trials"):
-        table.add_column(column)
-    for row in con.execute(sql.LEADERBOARD_FOR_RUN, [state.run_id, 10]).fetchall():
-        (run_id, variant, parent, cycle, status, interventions, selection, test, *_rest) = row
+    for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
+        table.add_column(column, no_wrap=column in ("rank", "variant"))  # ids stay whole, to copy into export
+    for row in board:
         table.add_row(
-            str(row[-1]),
-            variant,
-            parent or "-",
-            " + ".join(json.loads(interventions or "[]")) or "-",
-            status or "-",
-            f"{selection:.4f}" if selection is not None else "-",
-            f"{test:.4f}" if test is not None else "-",
-            str(row[10]),
+            str(row["rank"]),
+            row["variant_id"],
+            row["parent_id"] or "-",
+            " + ".join(json.loads(row["interventions"] or "[]")) or "-",
+            row["status"] or "-",
+            f"{row['selection_score']:.4f}" if row["selection_score"] is not None else "-",
+            f"{row['test_score']:.4f}" if row["test_score"] is not None else "-",
+            _replicates(row),
+            str(row["trials"]),
         )
     console.print(table)
     return ExitCode.ok
+
+
+def _replicates(row: dict) -> str:
+    """A leaderboard row's replicate mean with its 95% t half-width and n (the report's form), or `-`."""
+    if not row["replicates"]:
+        return "-"
+    half = f" ± {row['half_width']:.4f}" if row["half_width"] is not None else ""
+    return f"{row['mean_score']:.4f}{half} (n={row['replicates']})"
 
 
 def _publish(argv: list[str], console: Console) -> int:

@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
+from ralph_ray.__main__ import main
 from ralph_ray.campaign import run
 from ralph_ray.children import Child
 from ralph_ray.config import SafeguardsConfig
@@ -147,7 +148,9 @@ def replicate_record(kb_root: Path, run_id: str):
 
 
 @pytest.mark.parametrize("mode", ["generations", "async"])
-def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(ray_session, tiny_config, mode):
+def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(
+    ray_session, tiny_config, mode, capsys: pytest.CaptureFixture[str]
+):
     outcome = run(tiny_config(*CAMPAIGN, f"run_id=noise-{mode}", f"population.mode={mode}"))
     assert outcome.exit_code == 0
     trials, variants, board = replicate_record(outcome.kb_root, f"noise-{mode}")
@@ -176,6 +179,13 @@ def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(
         assert status != "kept" or "better at 90%" in reason
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "| replicates |" in report and "(n=2)" in report
+    # The campaign's pick is the replicated variant with the best replicate mean, in the report and in `status`.
+    top = max(mean for n, mean, *_ in board.values() if n)
+    picks = [v for v, (n, mean, *_) in board.items() if n and mean == top]
+    assert any(f"- best variant: {p}, selection" in report for p in picks)
+    assert main(["status", f"noise-{mode}", "--runs", str(outcome.run_dir.parent), "--kb", str(outcome.kb_root)]) == 0
+    out = capsys.readouterr().out
+    assert any(f"pick (rank 1, by replicate mean): {p}, " in out for p in picks)
 
 
 def test_a_kb_written_before_replicates_reads_them_as_absent(tmp_path: Path):
