@@ -243,12 +243,14 @@ def test_knob_search_alone_uses_the_whole_time_budget(ray_session, tmp_path: Pat
             "agent=none",
             "safeguards.max_cycles=1000",
             "safeguards.plateau_cycles=1000",
-            "safeguards.campaign_time_s=20",
+            # 40 s, not 20: under load (a CI rehearsal beside a benchmark, load ~6 on 2 cores) no trial had
+            # completed within 20 s, and the run stopped as no_trial_completed
+            "safeguards.campaign_time_s=40",
         )
     )
     wall = time.monotonic() - start
     assert outcome.stop_reason == "campaign_time", outcome.stop_reason
-    assert wall >= 20
+    assert wall >= 40
     con = open_reader(outcome.kb_root)
     variants = con.execute("select count(*) from variants where run_id = 'knobs'").fetchone()[0]
     trials = con.execute("select count(*) from trials where run_id = 'knobs'").fetchone()[0]
