@@ -100,11 +100,11 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, "
         f"agent calls {calls}"
     )
-    cursor = con.execute(sql.LEADERBOARD_FOR_RUN, [state.run_id, 10])
-    names = [d[0] for d in cursor.description]
-    board = [dict(zip(names, row)) for row in cursor.fetchall()]
+    from ralph_ray.report import fetch_rows, replicate_spread
+
+    board = fetch_rows(con, sql.LEADERBOARD_FOR_RUN, [state.run_id, 10])
     if board and board[0]["replicates"]:
-        console.print(f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {_replicates(board[0])}")
+        console.print(f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {replicate_spread(board[0])}")
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
         table.add_column(column, no_wrap=column in ("rank", "variant"))  # ids stay whole, to copy into export
@@ -117,19 +117,11 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
             row["status"] or "-",
             f"{row['selection_score']:.4f}" if row["selection_score"] is not None else "-",
             f"{row['test_score']:.4f}" if row["test_score"] is not None else "-",
-            _replicates(row),
+            replicate_spread(row),
             str(row["trials"]),
         )
     console.print(table)
     return ExitCode.ok
-
-
-def _replicates(row: dict) -> str:
-    """A leaderboard row's replicate mean with its 95% t half-width and n (the report's form), or `-`."""
-    if not row["replicates"]:
-        return "-"
-    half = f" ± {row['half_width']:.4f}" if row["half_width"] is not None else ""
-    return f"{row['mean_score']:.4f}{half} (n={row['replicates']})"
 
 
 def _publish(argv: list[str], console: Console) -> int:

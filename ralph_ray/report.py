@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ralph_ray import sql
 from ralph_ray.environment import summary
@@ -23,11 +23,11 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     run = _one(con, sql.RUN, [run_id])
     budget = _one(con, sql.BUDGET_FOR_RUN, [run_id])
-    decisions = _all(con, sql.DECISIONS_FOR_RUN, [run_id])
-    board = _all(con, sql.LEADERBOARD_FOR_RUN, [run_id, 10])
-    interventions = _all(con, sql.INTERVENTIONS_FOR_RUN, [run_id])
-    variants = {v["variant_id"]: v for v in _all(con, sql.VARIANTS_FOR_RUN, [run_id])}
-    timeline = _all(con, sql.TRIAL_TIMELINE, [run_id])
+    decisions = fetch_rows(con, sql.DECISIONS_FOR_RUN, [run_id])
+    board = fetch_rows(con, sql.LEADERBOARD_FOR_RUN, [run_id, 10])
+    interventions = fetch_rows(con, sql.INTERVENTIONS_FOR_RUN, [run_id])
+    variants = {v["variant_id"]: v for v in fetch_rows(con, sql.VARIANTS_FOR_RUN, [run_id])}
+    timeline = fetch_rows(con, sql.TRIAL_TIMELINE, [run_id])
     plot_progress(timeline, out / "progress.png")
 
     config = json.loads(run.get("config") or "{}") if run else {}
@@ -37,14 +37,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     sign = -1.0 if task.get("direction") == "min" else 1.0
     value = lambda score: None if score is None else sign * score  # noqa: E731
 
-    def spread(row: dict[str, Any] | None) -> str:
-        """A variant's replicate mean with its 95% Student-t interval (the leaderboard view's), or `-`."""
-        if not row or not row.get("replicates"):
-            return "-"
-        if row.get("ci_low") is None:
-            return f"{_f(value(row['mean_score']))} (n={row['replicates']})"
-        half = (row["ci_high"] - row["ci_low"]) / 2
-        return f"{_f(value(row['mean_score']))} ± {_f(half)} (n={row['replicates']})"
+    spread = lambda row: replicate_spread(row, value)  # noqa: E731
 
     metric = f"{task.get('metric') or 'accuracy'}, {'lower' if sign < 0 else 'higher'} is better"
     last = decisions[-1] if decisions else {}
@@ -116,7 +109,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
             f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
         )
     lines += cost_section(
-        _all(con, sql.TRIALS_FOR_RUN, [run_id]),
+        fetch_rows(con, sql.TRIALS_FOR_RUN, [run_id]),
         dict(con.execute(sql.TRAIN_SECONDS_PER_TRIAL, [run_id]).fetchall()),
         value,
     )
@@ -229,14 +222,15 @@ def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _all(con: Any, query: str, params: list[Any]) -> list[dict[str, Any]]:
+def fetch_rows(con: Any, query: str, params: list[Any]) -> list[dict[str, Any]]:
+    """A query's rows as dicts by column name (the report and `status` read the views so)."""
     cursor = con.execute(query, params)
     names = [d[0] for d in cursor.description]
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
 def _one(con: Any, query: str, params: list[Any]) -> dict[str, Any]:
-    rows = _all(con, query, params)
+    rows = fetch_rows(con, query, params)
     return rows[0] if rows else {}
 
 
@@ -266,6 +260,15 @@ def _sandbox(config: dict[str, Any]) -> str:
 
 def _names(interventions: str | None) -> str:
     return " + ".join(json.loads(interventions or "[]")) or "-"
+
+
+def replicate_spread(row: dict[str, Any] | None, value: Callable[[Any], Any] = lambda score: score) -> str:
+    """A leaderboard row's replicate mean with its 95% Student-t half-width and n (`value` turns an oriented score
+    back into the metric's), or `-` where the variant was not replicated. The report and `status` both print it."""
+    if not row or not row.get("replicates"):
+        return "-"
+    mean, half = _f(value(row["mean_score"])), row.get("half_width")
+    return f"{mean} (n={row['replicates']})" if half is None else f"{mean} ± {_f(half)} (n={row['replicates']})"
 
 
 def _f(value: Any, digits: int = 4) -> str:
