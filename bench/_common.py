@@ -35,6 +35,9 @@ def config(root: Path, name: str, *overrides: str) -> Config:
             # The barrier loop, as every figure recorded before auto became the default; the clock benches pass
             # population.mode=async themselves.
             "population.mode=generations",
+            # The 2 x 3 shape every figure was recorded with: left null, a short campaign_time_s would run 1 x 1.
+            "population.parents=2",
+            "population.children_per_parent=3",
             *overrides,
         ]
     )

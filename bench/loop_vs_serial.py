@@ -39,7 +39,7 @@ _ARGS = _parser.parse_args()
 BUDGET_S, REPEATS, EXTRA, ONLY = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds
 TARGET = 0.985 if _ARGS.target is None else _ARGS.target
 KINDS = {
-    "population (default: 2 parents x 3 children)": [],
+    "population (2 parents x 3 children)": [],
     "serial Ralph loop (1 x 1)": ["population.parents=1", "population.children_per_parent=1"],
     "knob search only (agent=none)": ["agent=none"],
     "random search (agent=none, search.sampler=random)": ["agent=none", "search.sampler=random"],

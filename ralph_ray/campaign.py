@@ -36,7 +36,8 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
         f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value}, "
-        f"population.mode={cfg.population.mode})\n"
+        f"population.mode={cfg.population.mode}, {cfg.population.parents} x {cfg.population.children_per_parent}"
+        f"{_shape_note(cfg)})\n"
         f"  run dir: {run_dir}\n  knowledge base: {kb_root}"
     )
     kb = EventedKB(kb_root, run_dir)  # a KnowledgeBase that also writes <run_dir>/events.jsonl
@@ -64,3 +65,14 @@ def campaign_class(cfg: Config) -> type[Campaign]:
     if cfg.population.run_mode is PopulationMode.asynchronous:
         return AsyncCampaign
     return Campaign
+
+
+def _shape_note(cfg: Config) -> str:
+    """Why a campaign runs the serial 1x1 shape when its budget chose it (config.resolve_shape)."""
+    pop, budget = cfg.population, cfg.safeguards.campaign_time_s
+    if (pop.parents, pop.children_per_parent) != (1, 1) or budget is None or not 0 < budget <= pop.serial_up_to_s:
+        return ""
+    return (
+        f": the serial loop, as a {budget:g}-s budget <= population.serial_up_to_s={pop.serial_up_to_s:g} calls for;"
+        " population.parents=2 population.children_per_parent=3 for the population"
+    )

@@ -78,12 +78,18 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         f"elapsed {state.elapsed_s:.0f}s"
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
+    # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
+    task = _stored_task(run_dir)
+    sign = -1.0 if task.get("direction") == "min" else 1.0
+    value = lambda score: None if score is None else sign * score  # noqa: E731
     best = (
-        f"{state.best_selection_score:.4f} ({state.best_variant_id})" if state.best_selection_score is not None else "-"
+        f"{value(state.best_selection_score):.4f} ({state.best_variant_id})"
+        if state.best_selection_score is not None
+        else "-"
     )
     console.print(
-        f"  best selection score: {best};  best per cycle: "
-        f"{[round(b, 4) if b is not None else None for b in state.best_by_cycle]}"
+        f"  best selection {task.get('metric') or 'score'} ({'lower' if sign < 0 else 'higher'} is better): {best}; "
+        f" best per cycle: {[round(value(b), 4) if b is not None else None for b in state.best_by_cycle]}"
     )
     try:
         con = open_reader(kb)
@@ -104,7 +110,9 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
 
     board = fetch_rows(con, sql.LEADERBOARD_FOR_RUN, [state.run_id, 10])
     if board and board[0]["replicates"]:
-        console.print(f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {replicate_spread(board[0])}")
+        console.print(
+            f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {replicate_spread(board[0], value)}"
+        )
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
         table.add_column(column, no_wrap=column in ("rank", "variant"))  # ids stay whole, to copy into export
@@ -115,13 +123,22 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
             row["parent_id"] or "-",
             " + ".join(json.loads(row["interventions"] or "[]")) or "-",
             row["status"] or "-",
-            f"{row['selection_score']:.4f}" if row["selection_score"] is not None else "-",
-            f"{row['test_score']:.4f}" if row["test_score"] is not None else "-",
-            replicate_spread(row),
+            f"{value(row['selection_score']):.4f}" if row["selection_score"] is not None else "-",
+            f"{value(row['test_score']):.4f}" if row["test_score"] is not None else "-",
+            replicate_spread(row, value),
             str(row["trials"]),
         )
     console.print(table)
     return ExitCode.ok
+
+
+def _stored_task(run_dir: Path) -> dict:
+    """The task section of the run's config.yaml (its metric and direction), or {} where the file is gone."""
+    from omegaconf import OmegaConf
+
+    stored = run_dir / "config.yaml"
+    raw = OmegaConf.to_container(OmegaConf.load(stored)) if stored.exists() else {}
+    return dict(raw.get("task") or {}) if isinstance(raw, dict) else {}
 
 
 def _publish(argv: list[str], console: Console) -> int:

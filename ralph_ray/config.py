@@ -296,8 +296,13 @@ class PopulationConfig:
         """`mode` as its enum (validated at load)."""
         return PopulationMode(self.mode)
 
-    parents: int = 2
-    children_per_parent: int = 3
+    # The shape: parents x children_per_parent. Left null (the default) it is chosen by the campaign's time budget
+    # at load (`resolve_shape`): the serial 1x1 Ralph loop when safeguards.campaign_time_s <= serial_up_to_s, where
+    # the serial loop measured level with or ahead of 2x3 at equal wall (digits 120 and 300 s, lm 300 s: README,
+    # Figures, bench/loop_vs_serial.py), else 2 x 3 (ahead on lm at 900 s). A number is used as given.
+    parents: Optional[int] = None
+    children_per_parent: Optional[int] = None
+    serial_up_to_s: float = 300.0  # 0: never serial by budget
     trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
     explore: float = 0.2  # chance a parent slot goes to a random non-top variant
     one_per_lineage: bool = True  # prefer parents from different first-generation branches
@@ -590,6 +595,7 @@ def to_config(raw: Any) -> Config:
         raise ConfigError(str(key), _first_line(err), _fix_for(str(key))) from None
     if cfg.population.mode == PopulationMode.auto.value:
         cfg.population.mode = resolve_mode(cfg).value
+    cfg.population.parents, cfg.population.children_per_parent = resolve_shape(cfg)
     validate(cfg)
     return cfg
 
@@ -600,6 +606,21 @@ def resolve_mode(cfg: Config) -> PopulationMode:
     if cfg.scheduler.name.population_based or cfg.resources.data_parallel:
         return PopulationMode.generations
     return PopulationMode.asynchronous
+
+
+POPULATION_SHAPE = (2, 3)  # parents x children when the budget doesn't call for the serial loop
+SERIAL_SHAPE = (1, 1)
+
+
+def resolve_shape(cfg: Config) -> tuple[int, int]:
+    """(parents, children_per_parent): as given, or where left null by the campaign's time budget (see the field)."""
+    pop, budget = cfg.population, cfg.safeguards.campaign_time_s
+    serial = budget is not None and 0 < budget <= pop.serial_up_to_s
+    default = SERIAL_SHAPE if serial else POPULATION_SHAPE
+    return (
+        default[0] if pop.parents is None else pop.parents,
+        default[1] if pop.children_per_parent is None else pop.children_per_parent,
+    )
 
 
 def validate(cfg: Config) -> None:
@@ -699,6 +720,12 @@ def validate(cfg: Config) -> None:
     _positive("population.parents", cfg.population.parents)
     _positive("population.children_per_parent", cfg.population.children_per_parent)
     _positive("population.trials_per_child", cfg.population.trials_per_child)
+    if cfg.population.serial_up_to_s < 0:
+        raise ConfigError(
+            "population.serial_up_to_s",
+            f"must be >= 0, got {cfg.population.serial_up_to_s}",
+            "set population.serial_up_to_s=300 (or 0: never run the serial shape by budget)",
+        )
     if cfg.population.mode not in {m.value for m in PopulationMode}:
         raise ConfigError(
             "population.mode",

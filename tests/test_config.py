@@ -67,6 +67,35 @@ def test_a_removed_space_replaces_the_task_yamls_space():
 
 
 @pytest.mark.parametrize(
+    ("overrides", "shape"),
+    [
+        ([], (2, 3)),  # no budget: the population
+        (["safeguards.campaign_time_s=300"], (1, 1)),  # a short budget: the serial loop
+        (["safeguards.campaign_time_s=301"], (2, 3)),
+        (["safeguards.campaign_time_s=120", "population.serial_up_to_s=0"], (2, 3)),  # 0: never serial by budget
+        (["safeguards.campaign_time_s=120", "population.parents=3"], (3, 1)),  # a number is used as given
+        (["safeguards.campaign_time_s=900", "population.serial_up_to_s=1000"], (1, 1)),
+        (["+experiment=fashion", "safeguards.campaign_time_s=120"], (2, 2)),  # the experiment names its shape
+    ],
+)
+def test_the_shape_left_null_is_chosen_by_the_campaign_budget(overrides: list[str], shape: tuple[int, int]):
+    cfg = load_config(overrides)
+    assert (cfg.population.parents, cfg.population.children_per_parent) == shape
+
+
+def test_a_stored_config_keeps_the_shape_it_ran_with(tmp_path: Path):
+    """The shape is resolved at load, so config.yaml records it and a resume with a longer budget keeps it."""
+    from omegaconf import OmegaConf
+
+    from ralph_ray.config import resume_config
+
+    cfg = load_config(["safeguards.campaign_time_s=120"])
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    resumed = resume_config(tmp_path, ["safeguards.campaign_time_s=3600"])
+    assert (resumed.population.parents, resumed.population.children_per_parent) == (1, 1)
+
+
+@pytest.mark.parametrize(
     ("overrides", "key", "fix_words"),
     [
         (["bogus.key=1"], "bogus", "conf/"),
@@ -88,6 +117,7 @@ def test_a_removed_space_replaces_the_task_yamls_space():
         (["resources.gpu=-1"], "resources.gpu", "resources.gpu"),
         (["agent.exploration=-1"], "agent.exploration", "agent.exploration=0.01"),
         (["population.breeder_nice=20"], "population.breeder_nice", "population.breeder_nice=10"),
+        (["population.serial_up_to_s=-1"], "population.serial_up_to_s", "population.serial_up_to_s=300"),
         (["agent=cli"], "agent.cli_command", "agent.cli_command="),
         (["agent=cli", "agent.cli_template=nope"], "agent.cli_template", "claude"),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,11 +121,31 @@ def test_status_and_report_commands(two_cycles: Outcome, capsys: pytest.CaptureF
     if n:
         shown = f"{mean:.4f} ± {half:.4f} (n={n})" if half is not None else f"{mean:.4f} (n={n})"
         assert f"pick (rank 1, by replicate mean): {pick}, {shown}" in out
+    assert "higher is better" in out
     (two_cycles.run_dir / "report" / "final_report.md").unlink()
     assert main(["report", "loop", "--runs", runs, "--kb", kb]) == 0
     assert (two_cycles.run_dir / "report" / "final_report.md").exists()
     assert main(["stop", "--runs", runs]) == 2  # stop needs a run id
     assert main(["status", "nope", "--runs", runs]) == 2
+
+
+def test_status_shows_a_min_metric_as_its_own_values(two_cycles: Outcome, tmp_path, capsys, monkeypatch):
+    """Scores are stored oriented (a min metric's negated); `status` shows a min task's values as they are."""
+    monkeypatch.setenv("COLUMNS", "240")  # rich's table: no cell cut short
+    runs = tmp_path / "runs"
+    shutil.copytree(two_cycles.run_dir, runs / "loop")
+    stored = runs / "loop" / "config.yaml"
+    stored.write_text(stored.read_text().replace("direction: max", "direction: min"))
+    assert main(["status", "--runs", str(runs), "--kb", str(two_cycles.kb_root)]) == 0
+    out = capsys.readouterr().out
+    assert "lower is better" in out
+    best, score = (
+        open_reader(two_cycles.kb_root)
+        .execute("select variant_id, selection_score from leaderboard where run_id = 'loop' order by rank")
+        .fetchall()[0]
+    )
+    row = next(line for line in out.splitlines() if best in line and "│" in line)
+    assert f"{-score:.4f}" in row.split("│")[6]
 
 
 @pytest.mark.slow

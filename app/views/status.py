@@ -57,6 +57,9 @@ def body(run: shell.Campaign) -> None:
         None if best is None or run.target is None else f"{best - run.target:+.4f} vs target {run.target:.4f}",
     )
 
+    if top:
+        st.caption(pick_line(top[0]))
+
     if not run.live:
         why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
         (st.error if run.status == "crashed" else st.success)(
@@ -101,6 +104,19 @@ def body(run: shell.Campaign) -> None:
         st.caption(environment_line(env))
         with st.expander("env.json: versions, commit, hardware, Ray nodes"):
             st.json(env, expanded=1)
+
+
+def pick_line(row: dict) -> str:
+    """The campaign's pick (the board's rank 1) and what ranks it: its replicate mean, or its best trial alone."""
+    n = row.get("replicates")
+    if n is None or pd.isna(n) or int(n) == 0:
+        return f"Pick (rank 1): **{row['variant_id']}**, by its best trial (not replicated with fresh seeds)."
+    half = row.get("half_width")
+    interval = "" if half is None or pd.isna(half) else f" ± {half:.4f} (95% t)"
+    return (
+        f"Pick (rank 1): **{row['variant_id']}**, by its replicate mean {figures.score_text(row['mean_score'])}"
+        f"{interval} over {int(n)} fresh seeds of its best knobs (what `export` ships by default)."
+    )
 
 
 def environment_line(env: dict) -> str:

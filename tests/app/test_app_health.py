@@ -179,6 +179,7 @@ def test_status_best_is_the_leaderboards_best_mid_cycle(tmp_path: Path):
     status = {m.label: m.value for m in open_page(root, "views/status.py").metric}
     board = {m.label: m.value for m in open_page(root).metric}
     assert status["best selection score"] == board["best selection score"] == "0.9889"
+    assert "Pick (rank 1): **v2**, by its best trial (not replicated" in texts(open_page(root, "views/status.py"))
 
 
 def test_a_quiet_campaign_whose_trials_may_take_longer_is_not_stale(tmp_path: Path):

@@ -137,6 +137,9 @@ def test_leaderboard_ranks_by_replicate_means_and_says_when_ranks_1_and_2_are_wi
     at = open_page(root)
     assert list(at.dataframe[0].value["variant_id"]) == ["calm", "flashy"]
     assert "Ranks 1 and 2 are within noise: 0.0050 apart, less than the leader's ±0.0248" in texts(at)
+    # The Status page names the same pick and what ranked it.
+    status = texts(open_page(root, "views/status.py"))
+    assert "Pick (rank 1): **calm**, by its replicate mean 0.9600 ± 0.0248 (95% t) over 3 fresh seeds" in status
 
 
 def test_trials_page_lists_every_trial_with_knobs_and_opens_a_failure(tmp_path: Path):
