@@ -162,7 +162,7 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         (
             facts.target is not None and reached is not None and reached >= facts.target,
             StopReason.target_met,
-            f"{measure} {reached} reached the target {facts.target}",
+            f"{measure} {_num(reached)} reached the target {_num(facts.target)}",
         ),
         (
             best is None,
@@ -218,9 +218,14 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         False,
         StopReason.none,
         int(ExitCode.ok),
-        f"continue: best {best}, {stale} cycle(s) without improvement, {left} cycle(s) left",
+        f"continue: best {_num(best)}, {stale} cycle(s) without improvement, {left} cycle(s) left",
         best,
     )
+
+
+def _num(score: float | None) -> str:
+    """A score in a rationale at 4 decimals, as every page shows it (the KB row keeps the full value)."""
+    return "-" if score is None else f"{score:.4f}"
 
 
 def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig) -> str:

@@ -99,3 +99,11 @@ def test_each_rule_and_its_exit_code(overrides, guards, reason, code):
 def test_target_is_met_on_equality_and_reports_the_best():
     decision = decide(facts(target=0.95), SafeguardsConfig())
     assert decision.reason is StopReason.target_met and decision.best_selection_score == 0.95
+
+
+def test_rationales_show_scores_at_four_decimals_and_the_decision_keeps_the_full_value():
+    best = 0.9637883008356546
+    going = decide(facts(best_by_cycle=[best]), SafeguardsConfig())
+    assert going.rationale.startswith("continue: best 0.9638, ") and going.best_selection_score == best
+    met = decide(facts(best_by_cycle=[best], target=0.95), SafeguardsConfig())
+    assert "best selection score 0.9638 reached the target 0.9500" in met.rationale
