@@ -13,7 +13,7 @@ from rich.console import Console
 
 from ralph_ray import environment, history, records, timeline, tracking, warmcheck
 from ralph_ray.asyncrun import AsyncCampaign
-from ralph_ray.config import Config, PopulationMode, sandbox_policy
+from ralph_ray.config import Config, PopulationMode, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
 from ralph_ray.generations import Campaign, Outcome
 from ralph_ray.report import write_report
@@ -69,10 +69,11 @@ def campaign_class(cfg: Config) -> type[Campaign]:
 
 def _shape_note(cfg: Config) -> str:
     """Why a campaign runs the serial 1x1 shape when its budget chose it (config.resolve_shape)."""
-    pop, budget = cfg.population, cfg.safeguards.campaign_time_s
-    if (pop.parents, pop.children_per_parent) != (1, 1) or budget is None or not 0 < budget <= pop.serial_up_to_s:
+    pop = cfg.population
+    if (pop.parents, pop.children_per_parent) != (1, 1) or not short_budget(cfg):
         return ""
     return (
-        f": the serial loop, as a {budget:g}-s budget <= population.serial_up_to_s={pop.serial_up_to_s:g} calls for;"
+        f": the serial loop, as a {cfg.safeguards.campaign_time_s:g}-s budget"
+        f" <= population.serial_up_to_s={pop.serial_up_to_s:g} calls for;"
         " population.parents=2 population.children_per_parent=3 for the population"
     )

@@ -612,11 +612,16 @@ POPULATION_SHAPE = (2, 3)  # parents x children when the budget doesn't call for
 SERIAL_SHAPE = (1, 1)
 
 
+def short_budget(cfg: Config) -> bool:
+    """Whether the campaign's time budget is one a shape left null runs serially (population.serial_up_to_s)."""
+    budget = cfg.safeguards.campaign_time_s
+    return budget is not None and 0 < budget <= cfg.population.serial_up_to_s
+
+
 def resolve_shape(cfg: Config) -> tuple[int, int]:
     """(parents, children_per_parent): as given, or where left null by the campaign's time budget (see the field)."""
-    pop, budget = cfg.population, cfg.safeguards.campaign_time_s
-    serial = budget is not None and 0 < budget <= pop.serial_up_to_s
-    default = SERIAL_SHAPE if serial else POPULATION_SHAPE
+    pop = cfg.population
+    default = SERIAL_SHAPE if short_budget(cfg) else POPULATION_SHAPE
     return (
         default[0] if pop.parents is None else pop.parents,
         default[1] if pop.children_per_parent is None else pop.children_per_parent,

@@ -79,8 +79,12 @@ def test_a_removed_space_replaces_the_task_yamls_space():
     ],
 )
 def test_the_shape_left_null_is_chosen_by_the_campaign_budget(overrides: list[str], shape: tuple[int, int]):
+    from ralph_ray.campaign import _shape_note
+
     cfg = load_config(overrides)
     assert (cfg.population.parents, cfg.population.children_per_parent) == shape
+    # The run's first line says when the budget made it serial, and how to ask for the population instead.
+    assert ("the serial loop, as a" in _shape_note(cfg)) is (shape == (1, 1))
 
 
 def test_a_stored_config_keeps_the_shape_it_ran_with(tmp_path: Path):
