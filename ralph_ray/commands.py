@@ -79,9 +79,10 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
+    from ralph_ray.report import fetch_rows, metric_values, replicate_spread
+
     task = _stored_task(run_dir)
-    sign = -1.0 if task.get("direction") == "min" else 1.0
-    value = lambda score: None if score is None else sign * score  # noqa: E731
+    sign, value = metric_values(task)
     best = (
         f"{value(state.best_selection_score):.4f} ({state.best_variant_id})"
         if state.best_selection_score is not None
@@ -106,8 +107,6 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, "
         f"agent calls {calls}"
     )
-    from ralph_ray.report import fetch_rows, replicate_spread
-
     board = fetch_rows(con, sql.LEADERBOARD_FOR_RUN, [state.run_id, 10])
     if board and board[0]["replicates"]:
         console.print(

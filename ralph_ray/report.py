@@ -34,8 +34,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     target = (config.get("target") or {}).get("selection_score")
     task = config.get("task") or {}
     # Scores are stored oriented (higher is better); a min metric's are -value: shown here as the metric's values.
-    sign = -1.0 if task.get("direction") == "min" else 1.0
-    value = lambda score: None if score is None else sign * score  # noqa: E731
+    sign, value = metric_values(task)
 
     spread = lambda row: replicate_spread(row, value)  # noqa: E731
 
@@ -260,6 +259,13 @@ def _sandbox(config: dict[str, Any]) -> str:
 
 def _names(interventions: str | None) -> str:
     return " + ".join(json.loads(interventions or "[]")) or "-"
+
+
+def metric_values(task: dict[str, Any]) -> tuple[float, Callable[[Any], Any]]:
+    """(sign, value): how a stored score (oriented, higher is better) reads as the task's metric (a min metric's
+    score is -value). The report and `status` both show scores through it."""
+    sign = -1.0 if task.get("direction") == "min" else 1.0
+    return sign, lambda score: None if score is None else sign * score
 
 
 def replicate_spread(row: dict[str, Any] | None, value: Callable[[Any], Any] = lambda score: score) -> str:
