@@ -52,10 +52,13 @@ class Campaign:
     @property
     def stale_after_s(self) -> float:
         """How long a running campaign may be silent: STALE_S, or longer where one trial may take longer."""
-        trial = self.config.get("trial") or {}
+        trial, guards = self.config.get("trial") or {}, self.config.get("safeguards") or {}
         longest = max(
-            float((self.config.get("safeguards") or {}).get("trial_timeout_s") or 0),
+            float(guards.get("trial_timeout_s") or 0),
             float(trial.get("budget_s") or 0) + float(trial.get("grace_s") or 0),
+            # the final training of the pick (safeguards.final_share) writes only when it ends
+            float(guards.get("final_share") or 0) * float(guards.get("campaign_time_s") or 0)
+            + float(trial.get("grace_s") or 0),
         )
         return max(STALE_S, longest + 60.0)
 

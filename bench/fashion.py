@@ -9,7 +9,8 @@ alone (`agent=none`) at the same budget, from the plain seed, scored on the offi
 Each campaign is `python -m ralph_ray +experiment=fashion` (asynchronous, every trial trains trial.budget_s seconds)
 in a subprocess with its own runs and KB; --parallel runs the two kinds side by side (each with --slots trial
 slots), so both see the same machine load. Figures: the best variant's (by selection score) test accuracy, its
-trial seconds, what the loop kept and tried, start-up against training time, and the table's rows. Never in CI.
+trial seconds, what the loop kept and tried, start-up against training time, the final training of the pick
+(safeguards.final_share: the experiment keeps the last fifth for it) and the table's rows. Never in CI.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
     scored = [r for r in board if r["selection_score"] is not None]
     best = scored[0] if scored else None
     seed = next((r for r in board if r["status"] == "seed"), None)
+    final = next(iter(rows(con, sql.FINAL_TRIAL, [run_id])), None)  # safeguards.final_share's trial, if it ran
     trial_s = sum(float(t["seconds"] or 0) for t in trials)
     train_s = sum(float(v or 0) for v in trained.values())
     return {
@@ -113,6 +115,17 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
             "knobs": best["best_knobs"],
             "trial_training_s": trained.get(best["best_trial_id"]),
             "trial_wall_s": next((t["seconds"] for t in trials if t["trial_id"] == best["best_trial_id"]), None),
+        },
+        "final": None
+        if final is None
+        else {
+            "variant_id": final["variant_id"],
+            "status": final["status"],
+            "epochs": final["epochs"],
+            "selection": final["selection_score"],
+            "test": final["test_score"],
+            "training_s": final["train_seconds"],
+            "wall_s": final["seconds"],
         },
     }
 
@@ -175,10 +188,17 @@ def run_all(args: argparse.Namespace) -> list[dict[str, object]]:
 def summary(results: list[dict[str, object]], agent: str) -> dict[str, object]:
     """Mean and std of the best variant's test accuracy over the campaign seeds of one kind."""
     tests = [r["best"]["test"] for r in results if r["agent"] == agent and r["best"]]  # type: ignore[index]
+    finals = [
+        r["final"]["test"]  # type: ignore[index]
+        for r in results
+        if r["agent"] == agent and r.get("final") and r["final"]["test"] is not None  # type: ignore[index]
+    ]
     return {
         "campaigns": len(tests),
         "best_test_mean": round(statistics.mean(tests), 4) if tests else None,
         "best_test_std": round(statistics.stdev(tests), 4) if len(tests) > 1 else None,
+        "final_test_mean": round(statistics.mean(finals), 4) if finals else None,
+        "final_test_std": round(statistics.stdev(finals), 4) if len(finals) > 1 else None,
     }
 
 
@@ -191,22 +211,29 @@ def lines_for(results: list[dict[str, object]], args: argparse.Namespace, load: 
         *([f"Overrides: `{' '.join(args.overrides)}`."] if args.overrides else []),
         "",
         "| kind | seed | best variant | selection | test | its trial: training s / wall s | trials (completed) | "
-        "children kept / all | start-up + scoring share | exit |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "children kept / all | start-up + scoring share | final training: test (selection; epochs, training s) | "
+        "exit |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
-        best, children = r["best"] or {}, r["children_by_status"]
+        best, children, final = r["best"] or {}, r["children_by_status"], r.get("final") or {}
+        shown = (
+            f"**{final.get('test')}** ({final.get('selection')}; {final.get('epochs')}, {final.get('training_s')})"
+            if final
+            else "-"
+        )
         out.append(
             f"| {'loop (heuristic)' if r['agent'] == 'heuristic' else 'knob search (agent=none)'} | {r['seed']} | "
             f"{best.get('variant_id')} {best.get('interventions')} | {best.get('selection')} | "
             f"**{best.get('test')}** | {best.get('trial_training_s')} / {best.get('trial_wall_s')} | "
             f"{r['trials']} ({r['trials_completed']}) | {children.get('kept', 0)} / {sum(children.values())} | "
-            f"{r['startup_and_scoring_share']} | {r['exit_code']} |"
+            f"{r['startup_and_scoring_share']} | {shown} | {r['exit_code']} |"
         )
     for agent in args.agents:
         s = summary(results, agent)
         out.append(
-            f"\n{agent}: best test {s['best_test_mean']} ± {s['best_test_std']} over {s['campaigns']} campaign(s)"
+            f"\n{agent}: best test {s['best_test_mean']} ± {s['best_test_std']} over {s['campaigns']} campaign(s); "
+            f"after the final training {s['final_test_mean']} ± {s['final_test_std']}"
         )
     goal = f"one GPU in 10 min: >= {GOAL_GPU}" if gpu(args) else f"2 CPU cores in 30 min: >= {GOAL_CPU}"
     out.append(f"\nGoal on {goal}. The dataset's table (test accuracy):")

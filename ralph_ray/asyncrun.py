@@ -368,7 +368,7 @@ class AsyncCampaign(Campaign):
         # Out of ideas (agent=none's knob-search child repeats its parent at once) with the clock given: the slots go
         # on with knob samples of promising variants until the time budget stops the run, as the barrier loop's
         # knob-search cycles do. Without a time budget the run ends once every child is judged.
-        go_on = self.breeder.out_of_ideas and self.cfg.safeguards.campaign_time_s is not None and not self._time_spent()
+        go_on = self.breeder.out_of_ideas and self.cfg.safeguards.search_time_s is not None and not self._time_spent()
         if self.breeder.done and len(self.judged) >= len(self.children) and not go_on:
             return limit  # every child the campaign may breed has been judged
         return min(limit, 1 + len(self.judged) // self.per_generation)
@@ -507,7 +507,7 @@ class AsyncCampaign(Campaign):
         return self.state.elapsed_s + (time.monotonic() - self.mark)
 
     def _time_spent(self) -> bool:
-        limit = self.cfg.safeguards.campaign_time_s
+        limit = self.cfg.safeguards.search_time_s
         return limit is not None and self._elapsed() >= limit
 
     def _save_state(self) -> None:

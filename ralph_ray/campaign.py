@@ -1,8 +1,8 @@
 """A campaign from start to report: the run dir, the KB, the environment record, then one loop to the end.
 
 The loop is `generations.Campaign` (a barrier per cycle) or `asyncrun.AsyncCampaign` (one asynchronous Tune run,
-population.mode=async); this module only opens the run, picks the loop and closes the run (report, timeline,
-trackers).
+population.mode=async); this module only opens the run, picks the loop, runs the final training of the pick
+(finaltrain, where safeguards.final_share keeps time for it) and closes the run (report, timeline, trackers).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ralph_ray import environment, history, records, timeline, tracking, warmcheck
+from ralph_ray import environment, finaltrain, history, records, timeline, tracking, warmcheck
 from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import Config, PopulationMode, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
@@ -46,7 +46,9 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     base["environment"] = environment.record(run_dir)  # also <run_dir>/env.json; a resume records where it resumed
     kb.put("runs", [records.run_status(base, RunStatus.running, state)], run_id)
     try:
-        outcome = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base).loop()
+        loop = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base)
+        outcome = loop.loop()
+        finaltrain.run(loop, outcome)  # safeguards.final_share: the pick trains once more for the time kept for it
     except BaseException as err:
         state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)

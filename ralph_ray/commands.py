@@ -112,6 +112,11 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         console.print(
             f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {replicate_spread(board[0], value)}"
         )
+    if board and board[0].get("final_test_score") is not None:  # safeguards.final_share: the pick trained longer
+        console.print(
+            f"  final training of the pick {board[0]['variant_id']}: selection "
+            f"{value(board[0]['final_selection_score']):.4f}, test {value(board[0]['final_test_score']):.4f}"
+        )
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
         table.add_column(column, no_wrap=column in ("rank", "variant"))  # ids stay whole, to copy into export

@@ -182,6 +182,17 @@ class SafeguardsConfig:
     checkpoint_every_s: float = (
         0.0  # trainers checkpoint at most this often (0: every epoch); only on a cluster with paths.storage
     )
+    # The share of campaign_time_s kept for the final training of the pick (ralph_ray.finaltrain): the search stops
+    # at campaign_time_s x (1 - final_share), then the rank-1 variant's best knobs train once for the rest, on every
+    # slot's CPUs, as a marked trial. 0: off (the search has the whole budget). Needs campaign_time_s.
+    final_share: float = 0.0
+
+    @property
+    def search_time_s(self) -> Optional[float]:
+        """Seconds the search may run: campaign_time_s less the final training's share (None: no time budget)."""
+        if self.campaign_time_s is None:
+            return None
+        return self.campaign_time_s * (1.0 - self.final_share)
 
 
 @dataclass
@@ -695,6 +706,18 @@ def validate(cfg: Config) -> None:
             "safeguards.checkpoint_every_s",
             f"must be >= 0, got {cfg.safeguards.checkpoint_every_s}",
             "set safeguards.checkpoint_every_s=0 (every epoch)",
+        )
+    if not 0.0 <= cfg.safeguards.final_share < 1.0:
+        raise ConfigError(
+            "safeguards.final_share",
+            f"must be in [0, 1), got {cfg.safeguards.final_share}",
+            "set safeguards.final_share=0.2 (a fifth of the campaign for the final training) or 0 (off)",
+        )
+    if cfg.safeguards.final_share > 0 and cfg.safeguards.campaign_time_s is None:
+        raise ConfigError(
+            "safeguards.final_share",
+            f"is {cfg.safeguards.final_share}, a share of a time budget, but safeguards.campaign_time_s is not set",
+            "set safeguards.campaign_time_s=1800 (or safeguards.final_share=0)",
         )
     if cfg.safeguards.min_delta < 0:
         raise ConfigError(

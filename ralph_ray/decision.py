@@ -199,9 +199,9 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
             f"(safeguards.plateau_cycles={guards.plateau_cycles})",
         ),
         (
-            guards.campaign_time_s is not None and facts.elapsed_s >= guards.campaign_time_s,
+            guards.search_time_s is not None and facts.elapsed_s >= guards.search_time_s,
             StopReason.campaign_time,
-            f"campaign ran {facts.elapsed_s:.0f}s, past safeguards.campaign_time_s={guards.campaign_time_s}",
+            f"campaign ran {facts.elapsed_s:.0f}s, past {_time_rule(guards)}",
         ),
         (
             facts.cycle >= guards.max_cycles,
@@ -220,6 +220,16 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         int(ExitCode.ok),
         f"continue: best {_num(best)}, {stale} cycle(s) without improvement, {left} cycle(s) left",
         best,
+    )
+
+
+def _time_rule(guards: SafeguardsConfig) -> str:
+    """The time rule a campaign stops on: its whole budget, or the search's part of it before the final training."""
+    if not guards.final_share:
+        return f"safeguards.campaign_time_s={guards.campaign_time_s}"
+    return (
+        f"its search time {guards.search_time_s:.0f}s (safeguards.campaign_time_s={guards.campaign_time_s} less "
+        f"final_share={guards.final_share:g} for the final training of the pick)"
     )
 
 

@@ -203,7 +203,7 @@ class Campaign:
         """One Tune run: every passing child x knob samples; each trial's rows reach the KB as it ends."""
         runnable = [c for c in self.files.children() if c.status in (VariantStatus.candidate, VariantStatus.seed)]
         done = history.trials_done(self.kb.reader(), self.run_id, self.state.cycle, STOPPED_WITH_CYCLE)
-        limit, elapsed = self.cfg.safeguards.campaign_time_s, self.state.elapsed_s + (time.monotonic() - self.mark)
+        limit, elapsed = self.cfg.safeguards.search_time_s, self.state.elapsed_s + (time.monotonic() - self.mark)
         deadline = None if limit is None else time.time() + max(1.0, limit - elapsed)
         if run_cycle(
             self.cfg,

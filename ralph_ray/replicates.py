@@ -230,12 +230,14 @@ def run(
     console: Console,
     run_dir: Path,
     deadline: float | None,
+    label: str = "replicates",
 ) -> bool:
     """Run replicate trials (fixed configs, to the end) in one Tune run; True when a stop or the deadline cut it
-    short. `files`: each variant's folder of files."""
+    short. `files`: each variant's folder of files; `label` names the run (finaltrain runs its one trial here too)."""
+    tag = label.replace(" ", "_")
     spec = trial_spec(cfg, [], cycle_dir / "trials", data, relative=False)
     spec = replace(spec, code=replace(spec.code, variants={v: read_files(path) for v, path in files.items()}))
-    progress = LiveProgress(console, f"cycle {cycle} replicates", len(configs))
+    progress = LiveProgress(console, f"cycle {cycle} {label}", len(configs))
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         sink(trial, epoch_rows)
@@ -260,7 +262,7 @@ def run(
             trial_dirname_creator=lambda trial: trial.trial_id,
         ),
         run_config=tune.RunConfig(
-            name=f"cycle_{cycle:04d}_replicates_{len(list((cycle_dir / 'tune').glob('*replicates*'))) + 1}",
+            name=f"cycle_{cycle:04d}_{tag}_{len(list((cycle_dir / 'tune').glob(f'*{tag}*'))) + 1}",
             storage_path=storage_path(cfg, cycle_dir / "tune"),
             callbacks=[ledger, progress, TrialStarts(run_dir, run_id, cycle)],
             stop=stopper,

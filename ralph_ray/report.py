@@ -107,6 +107,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
             f"{_f(value(row['parent_score']))} | "
             f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
         )
+    lines += final_section(fetch_rows(con, sql.FINAL_TRIAL, [run_id]), dict(board and board[0] or {}), value)
     lines += cost_section(
         fetch_rows(con, sql.TRIALS_FOR_RUN, [run_id]),
         dict(con.execute(sql.TRAIN_SECONDS_PER_TRIAL, [run_id]).fetchall()),
@@ -124,6 +125,34 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     path = out / "final_report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def final_section(finals: list[dict[str, Any]], best: dict[str, Any], value: Callable[[Any], Any]) -> list[str]:
+    """The final training of the pick (safeguards.final_share): what it trained, for how long, what it scored."""
+    if not finals:
+        return []
+    lines = [
+        "",
+        "## Final training of the pick",
+        "",
+        "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
+        "kept for it, on every slot's CPUs (search trials had `trial.budget_s` each). Its scores are not ranked with "
+        "the search's: it trained longer than any of them.",
+        "",
+    ]
+    for trial in finals:
+        lines.append(
+            f"- trial {trial['trial_id']} of {trial['variant_id']}: {trial['status']}"
+            f"{' (' + trial['reason'] + ')' if trial['reason'] else ''}, {trial['epochs']} epoch(s), "
+            f"{_f(trial['train_seconds'], 0)} s of training ({_f(trial['seconds'], 0)} s wall): selection "
+            f"{_f(value(trial['selection_score']))}, test **{_f(value(trial['test_score']))}**"
+        )
+    if best:
+        lines.append(
+            f"- the same variant's best search trial: selection {_f(value(best.get('selection_score')))}, test "
+            f"{_f(value(best.get('test_score')))}"
+        )
+    return lines
 
 
 @dataclass(frozen=True)

@@ -134,12 +134,13 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
             )
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
-            # A KB written before replicates (or nodes, or peak memory) has no `replicate` (`node`, `peak_*_mb`)
-            # column: it reads as NULL (UNION BY NAME adds it).
+            # A KB written before replicates (or nodes, peak memory, final trainings) has no `replicate` (`node`,
+            # `peak_*_mb`, `final`) column: it reads as NULL (UNION BY NAME adds it).
             source = (
                 f"(select * from {source} union all by name "
                 "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
-                "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb where false)"
+                "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb, "
+                "cast(null as boolean) as final where false)"
             )
             body = (
                 f"select * from {source} qualify row_number() "
@@ -179,8 +180,11 @@ def _leaderboard(p: str) -> str:
     # Rank: replicated variants first, by their replicate mean, then the rest by their best search trial. A best
     # trial is the luckiest of a variant's samples (and a variant with more trials draws more), so where fresh
     # seeds measured a variant they, not that trial, place it: what the report, export and app call "best".
-    search = "not coalesce(t.replicate, false)"
+    # The final training of the pick (finaltrain.py) is neither: it trained longer than any search trial, so it is
+    # shown in its own columns and never ranks.
+    search = "not coalesce(t.replicate, false) and not coalesce(t.final, false)"
     replica = "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
+    final = "coalesce(t.final, false) and t.status = 'completed'"
     return f"""
 select *, mean_score - half_width as ci_low, mean_score + half_width as ci_high
 from (
@@ -201,6 +205,8 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
                     max(t.selection_score) filter (where {search}) desc nulls last
        ) as rank,
        count(*) filter (where {replica}) as replicates,
+       max(t.selection_score) filter (where {final}) as final_selection_score,
+       arg_max(t.test_score, t.selection_score) filter (where {final}) as final_test_score,
        avg(t.selection_score) filter (where {replica}) as mean_score,
        avg(t.test_score) filter (where {replica}) as mean_test_score,
        stddev_samp(t.selection_score) filter (where {replica}) / sqrt(count(*) filter (where {replica}))
@@ -340,14 +346,34 @@ EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run
 # Search trials only: a replicate re-runs knobs already chosen, and its luck must not pick the best.
 BEST_TRIAL = """
 select trial_id, selection_score, test_score, knobs from trials
-where run_id = ? and status = 'completed' and not coalesce(replicate, false) order by selection_score desc limit 1
+where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
+order by selection_score desc limit 1
 """
 # The campaign's ranking of variants by their best completed search trial (what parent selection reads).
 VARIANT_SCORES = """
 select variant_id, max(selection_score) as selection_score,
        arg_max(knobs, selection_score) as best_knobs, arg_max(test_score, selection_score) as test_score
-from trials where run_id = ? and status = 'completed' and not coalesce(replicate, false) group by variant_id
+from trials where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
+group by variant_id
 order by selection_score desc
+"""
+# The final training of the pick (finaltrain.py): whether it ran (one the run's stop cut short, reason ?, runs again),
+# and the pick it trains: the leaderboard's rank 1 with its best search trial's knobs (ties: the first trial), and
+# its cycle (the final trial's).
+FINAL_TRIALS_DONE = """
+select count(*) from trials where run_id = ? and coalesce(final, false) and reason is distinct from ?
+"""
+FINAL_TRIAL = """
+select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
+       (select max(value) from epochs e where e.run_id = t.run_id and e.trial_id = t.trial_id
+        and e.metric = 'train_seconds') as train_seconds
+from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
+"""
+PICK_FOR_RUN = """
+select l.variant_id, t.knobs, l.cycle from leaderboard l
+join trials t on t.run_id = l.run_id and t.variant_id = l.variant_id and t.status = 'completed'
+ and not coalesce(t.replicate, false) and not coalesce(t.final, false) and t.selection_score is not null
+where l.run_id = ? order by l.rank, l.variant_id, t.selection_score desc, t.trial_id limit 1
 """
 # Each variant's replicates so far (noise.py): how many were run, their seeds and the scores of those that completed.
 REPLICATES_FOR_RUN = """
@@ -376,11 +402,12 @@ from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 CYCLE_TRIALS_DONE = """
 select variant_id from trials
 where run_id = ? and cycle = ? and reason is distinct from ? and not coalesce(replicate, false)
+  and not coalesce(final, false)
 """
 # Per variant of a cycle: search trials run, and how many failed (a child whose every trial failed crashed).
 CYCLE_TRIAL_COUNTS = """
 select variant_id, count(*), count(*) filter (where status = 'failed') from trials
-where run_id = ? and cycle = ? and not coalesce(replicate, false)
+where run_id = ? and cycle = ? and not coalesce(replicate, false) and not coalesce(final, false)
 group by variant_id
 """
 EFFECTS_FOR_TASK = """
@@ -513,10 +540,10 @@ ASYNC_VARIANTS = """
 select variant_id, parent_id, cycle, status, files_dir, diff, interventions, diagnosis, rationale, reason, parent_score
 from variants where run_id = ? order by written_at, variant_id
 """
-# Trials that count: those the end of a run cut short (reason ?) run again.
+# Trials that count: those the end of a run cut short (reason ?) run again; a final training is not the pool's.
 ASYNC_TRIALS = """
 select trial_id, variant_id, status, knobs, selection_score, coalesce(replicate, false), seed, test_score from trials
-where run_id = ? and reason is distinct from ? order by written_at
+where run_id = ? and reason is distinct from ? and not coalesce(final, false) order by written_at
 """
 TRIALS_PER_CYCLE = "select cycle, count(*) from trials where run_id = ? group by cycle order by cycle"
 

@@ -51,6 +51,7 @@ ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials f
 # Config keys of a replicate trial (noise.py): its own seed (else the spec's) and the mark the ledger records.
 SEED_KEY = "_seed"
 REPLICATE_KEY = "_replicate"
+FINAL_KEY = "_final"  # the final training of the pick (finaltrain.py)
 
 
 @dataclass(frozen=True)

@@ -177,3 +177,14 @@ def test_an_unknown_group_option_names_the_group_and_its_options() -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(["agent=gpt"])
     assert "at `agent`" in str(caught.value) and "agent=cli, heuristic, hybrid, none, openai" in str(caught.value)
+
+
+def test_final_share_must_be_a_share_of_a_time_budget():
+    with pytest.raises(ConfigError, match="safeguards.campaign_time_s=1800"):
+        load_config(["safeguards.final_share=0.2"])
+    for bad in ("1.0", "-0.1"):
+        with pytest.raises(ConfigError, match=r"must be in \[0, 1\)"):
+            load_config(["safeguards.campaign_time_s=600", f"safeguards.final_share={bad}"])
+    cfg = load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.25"])
+    assert cfg.safeguards.search_time_s == 450.0
+    assert load_config(["safeguards.campaign_time_s=600"]).safeguards.search_time_s == 600.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ralph_ray.config import SafeguardsConfig
+from ralph_ray.config import SafeguardsConfig, load_config
 from ralph_ray.decision import (
     NO_SCORE_REASON,
     CycleFacts,
@@ -107,3 +107,12 @@ def test_rationales_show_scores_at_four_decimals_and_the_decision_keeps_the_full
     assert going.rationale.startswith("continue: best 0.9638, ") and going.best_selection_score == best
     met = decide(facts(best_by_cycle=[best], target=0.95), SafeguardsConfig())
     assert "best selection score 0.9638 reached the target 0.9500" in met.rationale
+
+
+def test_the_search_stops_at_its_share_of_the_clock_and_says_why():
+    cfg = load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.25", "safeguards.max_cycles=100"])
+    facts_ = facts(elapsed_s=451.0)
+    decision = decide(facts_, cfg.safeguards)
+    assert decision.stop and decision.reason is StopReason.campaign_time
+    assert "search time 450s" in decision.rationale and "final_share=0.25" in decision.rationale
+    assert not decide(facts(elapsed_s=449.0), cfg.safeguards).stop

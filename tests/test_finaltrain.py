@@ -1,0 +1,107 @@
+"""The final training of the pick (safeguards.final_share): its budget and resources, when it is skipped,
+and a real campaign that trains its rank-1 variant once more as a marked trial."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from ralph_ray import finaltrain
+from ralph_ray.__main__ import main
+from ralph_ray.campaign import run
+from ralph_ray.config import resume_config
+from ralph_ray.kb import open_reader
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_async import rows, tiny  # noqa: E402
+
+
+def test_the_budget_is_the_share_less_a_margin_and_never_more_than_the_campaign_has_left():
+    assert finaltrain.budget(360.0, 400.0) == 360.0 - finaltrain.MARGIN_S
+    assert finaltrain.budget(360.0, 200.0) == 200.0 - finaltrain.MARGIN_S  # the search ran over: what is left
+    assert finaltrain.budget(20.0, 100.0) == 15.0  # a short share keeps three quarters for training
+
+
+def test_the_final_trial_takes_every_slot_capped_at_the_largest_node():
+    assert finaltrain.resources(1.0, 0.0, 2, 2.0) == (2.0, 0.0)
+    assert finaltrain.resources(1.0, 0.0, 8, 4.0) == (4.0, 0.0)  # it must fit on one node
+    assert finaltrain.resources(2.0, 0.0, 1, 1.0) == (2.0, 0.0)  # never less than a search trial had
+    assert finaltrain.resources(1.0, 0.25, 4, 16.0) == (4.0, 1.0)  # trials shared a GPU: the whole GPU
+    assert finaltrain.resources(1.0, 1.0, 4, 16.0) == (4.0, 1.0)  # one GPU per trial (more needs data parallel)
+
+
+@pytest.mark.parametrize(
+    ("share", "reason", "recorded", "pick", "budget", "said"),
+    [
+        (0.0, "campaign_time", 0, "v", 100.0, "off"),
+        (0.2, "manual_stop", 0, "v", 100.0, "stopped by hand"),
+        (0.2, "campaign_time", 1, "v", 100.0, "already trained"),
+        (0.2, "no_trial_completed", 0, None, 100.0, "no variant has a completed search trial"),
+        (0.2, "campaign_time", 0, "v", 5.0, "5 s of training left"),
+    ],
+)
+def test_why_the_final_training_is_skipped(share, reason, recorded, pick, budget, said):
+    problem = finaltrain.why_not(share, reason, recorded, pick, budget)
+    assert problem is not None and said in problem
+    assert finaltrain.why_not(0.2, "campaign_time", 0, "v", 100.0) is None
+
+
+def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
+    ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    outcome = run(
+        tiny(
+            tmp_path,
+            "run_id=fin",
+            "agent=none",
+            "trial.budget_s=2",
+            "trial.grace_s=20",
+            "safeguards.max_cycles=1000",
+            "safeguards.plateau_cycles=1000",
+            "safeguards.campaign_time_s=60",
+            "safeguards.final_share=0.5",
+        )
+    )
+    assert outcome.stop_reason == "campaign_time"
+    con = open_reader(outcome.kb_root)
+    finals = rows(con, "select * from trials where run_id = 'fin' and final", [])
+    assert len(finals) == 1 and finals[0]["status"] == "completed" and not finals[0]["replicate"]
+    final = finals[0]
+    board = rows(con, "select * from leaderboard where run_id = 'fin' order by rank, variant_id", [])
+    pick = board[0]
+    assert final["variant_id"] == pick["variant_id"]
+    best = rows(
+        con,
+        """select knobs from trials where run_id = 'fin' and variant_id = ? and status = 'completed' and not final
+           and selection_score = ?""",
+        [pick["variant_id"], pick["selection_score"]],
+    )
+    assert json.loads(final["knobs"]) in [json.loads(b["knobs"]) for b in best]  # its best knobs, as searched
+    assert pick["final_test_score"] == final["test_score"] and pick["final_selection_score"] is not None
+    assert pick["best_trial_id"] != final["trial_id"]  # it never ranks: the best trial is a search trial's
+    assert all(row["final_test_score"] is None for row in board[1:])
+    trained = dict(
+        con.execute(
+            "select trial_id, max(value) from epochs where run_id = 'fin' and metric = 'train_seconds' group by all"
+        ).fetchall()
+    )
+    # budget(30 s, what is left) trains ~22 s; the search trials had 2 s (+ one epoch past it at most)
+    assert trained[final["trial_id"]] > 10
+    assert max(s for t, s in trained.items() if t != final["trial_id"]) < 10
+    decision = con.execute("select rationale from decisions where run_id = 'fin' order by cycle desc").fetchone()[0]
+    assert "search time 30s" in decision
+    report = (outcome.run_dir / "report" / "final_report.md").read_text()
+    assert "## Final training of the pick" in report and final["trial_id"] in report
+
+    assert main(["status", "fin", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
+    shown = capsys.readouterr().out
+    assert f"final training of the pick {pick['variant_id']}: selection" in shown
+    assert f"test {final['test_score']:.4f}" in shown
+
+    # A resume (raised limits not reached) finds the final training recorded and does not run it again.
+    again = run(resume_config(outcome.run_dir))
+    assert again.stop_reason == "campaign_time"
+    assert open_reader(outcome.kb_root).execute("select count(*) from trials where final").fetchone()[0] == 1
