@@ -106,9 +106,38 @@ def short(variant_id: Any) -> str:
     return str(variant_id)[:12] if isinstance(variant_id, str) else "-"
 
 
-def score_text(value: Any, digits: int = 4) -> str:
-    """A score for display; a dash when there is none."""
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+def score_text(value: Any, digits: int = 4, sign: float = 1.0) -> str:
+    """A score for display (`sign` -1: a min metric's stored score, shown as its value); a dash when there is none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{sign * value:.{digits}f}"
+
+
+# The KB stores scores oriented (higher is better): a min metric's (lm's bits per byte) as -value. Pages rank and
+# compare on the stored scores, then show these columns as the metric's values (`as_values`).
+SCORE_COLUMNS = (
+    "selection_score",
+    "test_score",
+    "mean_score",
+    "final_selection_score",
+    "final_test_score",
+    "parent_score",
+    "child_score",
+    "best_selection_score",
+    "running best",
+    "target",
+    "mean",
+)
+
+
+def as_values(frame: pd.DataFrame, sign: float) -> pd.DataFrame:
+    """The frame with its score columns as the metric's values (`sign` -1: negated, an interval's ends swapped)."""
+    if sign > 0:
+        return frame
+    out = frame.assign(**{c: -frame[c] for c in SCORE_COLUMNS if c in frame.columns})
+    if "ci_low" in frame.columns and "ci_high" in frame.columns:
+        out = out.assign(ci_low=-frame["ci_high"], ci_high=-frame["ci_low"])
+    return out
 
 
 def _fill(score: Any, low: float, high: float) -> str:
@@ -120,7 +149,9 @@ def _fill(score: Any, low: float, high: float) -> str:
     return f"#{round(red * 255):02x}{round(green * 255):02x}{round(blue * 255):02x}"
 
 
-def lineage_frames(lineage: pd.DataFrame, best_id: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def lineage_frames(
+    lineage: pd.DataFrame, best_id: str | None = None, sign: float = 1.0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The lineage graph as two tables: nodes (position, fill, status, label) and edges (ends, interventions).
 
     Layout: networkx's layered BFS layout from the seed (a column per generation, left to right); variants whose
@@ -145,10 +176,10 @@ def lineage_frames(lineage: pd.DataFrame, best_id: str | None = None) -> tuple[p
                 "x": float(position[variant][0]),
                 "y": float(position[variant][1]),
                 "status": rec.get("status") or "candidate",
-                "score": score_text(rec.get("selection_score")),
+                "score": score_text(rec.get("selection_score"), sign=sign),
                 "fill": _fill(rec.get("selection_score"), low, high),
                 "best": variant == best_id,
-                "label": f"{short(variant)} · {score_text(rec.get('selection_score'))}",
+                "label": f"{short(variant)} · {score_text(rec.get('selection_score'), sign=sign)}",
                 "cycle": rec.get("cycle"),
                 "interventions": ", ".join(interventions(rec.get("interventions")))
                 or ("knobs" if rec.get("parent_id") else "seed"),
@@ -178,13 +209,13 @@ def lineage_frames(lineage: pd.DataFrame, best_id: str | None = None) -> tuple[p
     return nodes, edges
 
 
-def lineage_chart(lineage: pd.DataFrame, best_id: str | None = None) -> alt.LayerChart:
+def lineage_chart(lineage: pd.DataFrame, best_id: str | None = None, sign: float = 1.0) -> alt.LayerChart:
     """The lineage tree, clickable: fill = score, shape and border = status, edge label = interventions.
 
     A click selects a node (the selection `LINEAGE_PICK`, field `variant_id`); the page opens that variant.
     Drawn as SVG so each node is an element the browser (and a test) can address by its aria label.
     """
-    nodes, edges = lineage_frames(lineage, best_id)
+    nodes, edges = lineage_frames(lineage, best_id, sign)
     widest = int(nodes.groupby("x").size().max()) if not nodes.empty else 1
     x = alt.X("x:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=60))
     y = alt.Y("y:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=30))
@@ -297,9 +328,11 @@ def progress_frame(timeline: pd.DataFrame) -> pd.DataFrame:
     return data
 
 
-def progress_chart(timeline: pd.DataFrame, target: float | None) -> alt.LayerChart:
-    """Every finished trial over time (scored: a point; stopped or failed: a bottom tick) and the running best."""
-    data = progress_frame(timeline)
+def progress_chart(timeline: pd.DataFrame, target: float | None, sign: float = 1.0) -> alt.LayerChart:
+    """Every finished trial over time (scored: a point; stopped or failed: a bottom tick) and the running best.
+    Scores as stored (oriented); `sign` -1 draws a min metric's values."""
+    data = as_values(progress_frame(timeline), sign)
+    target = None if target is None else sign * target
     scored = data.dropna(subset=["selection_score"])
     floor = float(scored["selection_score"].min()) if not scored.empty else 0.0
     unscored = data[data["selection_score"].isna()].assign(y=floor)
@@ -329,16 +362,19 @@ def progress_chart(timeline: pd.DataFrame, target: float | None) -> alt.LayerCha
     return alt.layer(*layers).properties(height=320)
 
 
-def score_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
-    """Each variant's best selection score (best first), with the campaign's target as a dashed rule."""
-    data = board.dropna(subset=["selection_score"]).assign(variant=lambda d: d["variant_id"].map(short))
+def score_chart(board: pd.DataFrame, target: float | None, sign: float = 1.0) -> alt.LayerChart:
+    """Each variant's best selection score (best first), with the campaign's target as a dashed rule. Scores as
+    stored (oriented); `sign` -1 draws a min metric's values, lowest first."""
+    data = as_values(board.dropna(subset=["selection_score"]), sign)
+    data = data.assign(variant=data["variant_id"].map(short))
+    target = None if target is None else sign * target
     points = (
         alt.Chart(data)
         .mark_circle(size=90, opacity=0.9)
         .encode(
             x=alt.X(
                 "variant:N",
-                sort=alt.EncodingSortField("selection_score", order="descending"),
+                sort=alt.EncodingSortField("selection_score", order="descending" if sign > 0 else "ascending"),
                 title="variant (best first)",
                 axis=alt.Axis(labelAngle=-45),
             ),
@@ -362,14 +398,16 @@ def score_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
     return alt.layer(*layers).properties(height=260)
 
 
-def front_chart(board: pd.DataFrame, target: float | None) -> alt.LayerChart:
+def front_chart(board: pd.DataFrame, target: float | None, sign: float = 1.0) -> alt.LayerChart:
     """Each scored variant's best selection score against its cost, the front as a step line, its points ringed.
+    Scores as stored (oriented); `sign` -1 draws a min metric's values.
 
     `board` carries `cost_s` and `on_front` (views/board.py's `with_cost`, through `ralph_ray.front`). One slim data
     set filtered per layer: the chart's share of the page's redraw stays small.
     """
     columns = ["variant_id", "status", "cost_s", "selection_score", "test_score", "on_front"]
-    data = board.dropna(subset=["selection_score", "cost_s"])[columns].sort_values("cost_s")
+    data = as_values(board.dropna(subset=["selection_score", "cost_s"])[columns].sort_values("cost_s"), sign)
+    target = None if target is None else sign * target
     base = alt.Chart(data).encode(
         # From zero: a variant that cost twice as much sits twice as far right.
         x=alt.X("cost_s:Q", title="cost of the best trial (s)", scale=alt.Scale(zero=True)),

@@ -68,6 +68,17 @@ class Campaign:
         return self.live and not self.stale
 
     @property
+    def sign(self) -> float:
+        """-1 for a min metric (its stored scores are -value: pages show `sign * score`), else 1."""
+        return -1.0 if (self.config.get("task") or {}).get("direction") == "min" else 1.0
+
+    @property
+    def metric_note(self) -> str:
+        """The task's metric and which way is better, for the pages' captions."""
+        metric = (self.config.get("task") or {}).get("metric") or "score"
+        return f"{metric}, {'lower' if self.sign < 0 else 'higher'} is better"
+
+    @property
     def target(self) -> float | None:
         """The campaign's target as a selection score (None: no target): oriented like the KB's scores, so a min
         metric's target (an MSE to get below) is -value, as its scores are."""

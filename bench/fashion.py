@@ -70,6 +70,21 @@ def campaign_command(root: Path, agent: str, seed: int, args: argparse.Namespace
     ]
 
 
+FINAL_FIELDS = {
+    "variant_id": "variant_id",
+    "status": "status",
+    "selection_score": "selection",
+    "test_score": "test",
+    "train_seconds": "training_s",
+    "seconds": "wall_s",
+}
+
+
+def renamed(row: dict[str, object], names: dict[str, str]) -> dict[str, object]:
+    """The row's fields in `names`, under their new names."""
+    return {new: row[old] for old, new in names.items()}
+
+
 def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object]:
     """One campaign's figures, read back from its KB."""
     con = open_reader(root / "kb")
@@ -116,17 +131,8 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
             "trial_training_s": trained.get(best["best_trial_id"]),
             "trial_wall_s": next((t["seconds"] for t in trials if t["trial_id"] == best["best_trial_id"]), None),
         },
-        "final": None
-        if final is None
-        else {
-            "variant_id": final["variant_id"],
-            "status": final["status"],
-            "epochs": final["epochs"],
-            "selection": final["selection_score"],
-            "test": final["test_score"],
-            "training_s": final["train_seconds"],
-            "wall_s": final["seconds"],
-        },
+        # the final training of the pick (safeguards.final_share), if it ran: the same fields, renamed for the table
+        "final": None if final is None else {**renamed(final, FINAL_FIELDS), "epochs": final["epochs"]},
     }
 
 

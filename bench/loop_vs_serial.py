@@ -4,6 +4,7 @@
     python bench/loop_vs_serial.py 300 2                                   # digits, 2 repeats of 300 s per kind
     python bench/loop_vs_serial.py 300 2 population.mode=generations       # the barrier loop (the 2026-11-22 record)
     python bench/loop_vs_serial.py 300 2 --kinds knob                      # only the kinds whose name starts so
+    python bench/loop_vs_serial.py 300 3 --kinds population,serial --tag reps   # replicates on and off, interleaved
     python bench/loop_vs_serial.py 300 3 task=lm --target 3.1              # the lm task (bits per byte: lower wins)
     python bench/loop_vs_serial.py 900 1 task=lm --target 3.05 --tag 900s  # a longer budget, saved apart
 
@@ -31,16 +32,29 @@ _parser = argparse.ArgumentParser(description="population loop vs serial 1x1 vs 
 _parser.add_argument("budget_s", nargs="?", type=int, default=240)
 _parser.add_argument("repeats", nargs="?", type=int, default=3)
 _parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=lm, population.mode=...)")
-_parser.add_argument("--kinds", default="", help="only kinds whose name starts so (knob, serial, population, random)")
+_parser.add_argument(
+    "--kinds",
+    default="",
+    help="only kinds whose name starts with one of these comma-separated prefixes (knob, serial, population, random); "
+    "`population` and `serial` include their runs without replicates",
+)
 _parser.add_argument("--target", type=float, help="selection score to time, in the metric's units (digits: 0.985)")
 _parser.add_argument("--first-seed", type=int, default=0, help="more repeats of a run: seeds from here (saved apart)")
 _parser.add_argument("--tag", default="", help="appended to the results name (another budget of a recorded run)")
 _ARGS = _parser.parse_args()
-BUDGET_S, REPEATS, EXTRA, ONLY = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides, _ARGS.kinds
+BUDGET_S, REPEATS, EXTRA = _ARGS.budget_s, _ARGS.repeats, _ARGS.overrides
+ONLY = tuple(prefix.strip() for prefix in _ARGS.kinds.split(",") if prefix.strip())
 TARGET = 0.985 if _ARGS.target is None else _ARGS.target
 KINDS = {
     "population (2 parents x 3 children)": [],
     "serial Ralph loop (1 x 1)": ["population.parents=1", "population.children_per_parent=1"],
+    # Replicates off: a 2x3 generation waits for its children's replicates, which short budgets may punish
+    "population without replicates (safeguards.replicates=0)": ["safeguards.replicates=0"],
+    "serial without replicates (safeguards.replicates=0)": [
+        "population.parents=1",
+        "population.children_per_parent=1",
+        "safeguards.replicates=0",
+    ],
     "knob search only (agent=none)": ["agent=none"],
     "random search (agent=none, search.sampler=random)": ["agent=none", "search.sampler=random"],
 }
@@ -60,7 +74,9 @@ def main() -> None:
     if _ARGS.target is None and (lower or probe.task.name != "digits"):
         _parser.error(f"task {probe.task.name}: name the target in its metric ({probe.task.metric}): --target VALUE")
     sign = -1.0 if lower else 1.0  # shown in the metric's own units: a loss (lm's bits per byte) positive
-    results: dict[str, list] = {kind: [] for kind in KINDS if kind.startswith(ONLY)}
+    # No --kinds: the four recorded kinds (the runs without replicates are asked for by name)
+    wanted = ONLY or ("population (", "serial Ralph", "knob", "random")
+    results: dict[str, list] = {kind: [] for kind in KINDS if kind.startswith(wanted)}
     for seed in range(_ARGS.first_seed, _ARGS.first_seed + REPEATS):
         for index, (kind, overrides) in enumerate(KINDS.items()):
             if kind not in results:
@@ -98,7 +114,7 @@ def main() -> None:
     save(
         "loop_vs_serial"
         + "".join(f"_{o.split('=')[-1]}" for o in EXTRA)
-        + (f"_{ONLY.split()[0]}" if ONLY else "")
+        + "".join(f"_{prefix.split()[0]}" for prefix in ONLY)
         + (f"_s{_ARGS.first_seed}" if _ARGS.first_seed else "")
         + (f"_{_ARGS.tag}" if _ARGS.tag else ""),
         {"budget_s": BUDGET_S, "repeats": REPEATS, "target": TARGET, "overrides": EXTRA}

@@ -466,7 +466,9 @@ APP_TRIALS = (
     """
 select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
        t.selection_score, t.test_score, t.seconds, e.train_seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir,
-       t.written_at, v.status as variant_status
+       t.written_at, v.status as variant_status,
+       case when coalesce(t.final, false) then 'final' when coalesce(t.replicate, false) then 'replicate'
+            else 'search' end as kind
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 """
     + _TRAIN_SECONDS_JOIN
@@ -481,7 +483,8 @@ from segments where run_id = ? and trial_id = ? order by segment
 """
 # Every scored variant of every campaign in the KB, for the Compare page's pickers.
 APP_COMPARABLE = """
-select l.run_id, l.variant_id, l.status, l.selection_score, l.test_score, l.rank, r.experiment, r.task, r.started_at
+select l.run_id, l.variant_id, l.status, l.selection_score, l.test_score, l.rank, r.experiment, r.task, r.started_at,
+       json_extract_string(r.config, '$.task.direction') as direction
 from leaderboard l join runs r on r.run_id = l.run_id
 where l.selection_score is not null order by r.started_at desc nulls last, l.run_id, l.rank
 """

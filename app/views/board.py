@@ -53,7 +53,8 @@ def body(run: shell.Campaign) -> None:
         interventions=board["interventions"].map(figures.interventions),
         reason=[figures.why(r) for r in figures.records(board)],
     )
-    board = with_cost(with_spread(board, kbdata.frame(run.kb_root, sql.APP_REPLICATES, (run.run_id,))))
+    sign = run.sign  # scores are ranked and compared as stored (oriented), shown as the metric's values
+    board = with_cost(with_spread(board, kbdata.frame(run.kb_root, sql.APP_REPLICATES, (run.run_id,)), sign))
     board, knobs = knobstats.with_knobs(board, "best_knobs")
     best = figures.records(board.head(1))[0]
     cols = st.columns(5)
@@ -61,11 +62,16 @@ def body(run: shell.Campaign) -> None:
     delta = (
         None
         if target is None or best["selection_score"] is None
-        else f"{best['selection_score'] - target:+.4f} vs target"
+        else f"{sign * (best['selection_score'] - target):+.4f} vs target"
     )
-    cols[0].metric("best selection score", figures.score_text(best["selection_score"]), delta)
-    cols[1].metric("its test score", figures.score_text(best["test_score"]))
-    cols[2].metric("target", figures.score_text(target) if target is not None else "none")
+    cols[0].metric(
+        "best selection score",
+        figures.score_text(best["selection_score"], sign=sign),
+        delta,
+        delta_color="normal" if sign > 0 else "inverse",  # green when better: lower, for a min metric
+    )
+    cols[1].metric("its test score", figures.score_text(best["test_score"], sign=sign))
+    cols[2].metric("target", figures.score_text(target, sign=sign) if target is not None else "none")
     cols[3].metric("variants ranked", len(board))
     cols[4].metric(
         "trials",
@@ -78,12 +84,18 @@ def body(run: shell.Campaign) -> None:
     left, right = st.columns([3, 1])
     # Every status as an option, whatever this run has now: a live redraw never invalidates the choice.
     chosen = left.multiselect("status", STATUSES, default=STATUSES, key="board_status")
+    # In the metric's units: a floor for a max metric, a ceiling for a min metric (e.g. bits per byte)
     floor = right.number_input(
-        "min selection score", value=None, step=0.01, format="%.4f", key="board_min", placeholder="any"
+        f"{'min' if sign > 0 else 'max'} selection score",
+        value=None,
+        step=0.01,
+        format="%.4f",
+        key="board_min",
+        placeholder="any",
     )
     shown = board[board["status"].isin(chosen) | (board["status"].isna() & (len(chosen) == len(STATUSES)))]
     if floor is not None:
-        shown = shown[shown["selection_score"] >= floor]
+        shown = shown[shown["selection_score"] * sign >= floor * sign]
     order = LEAD + knobs + [c for c in COLUMNS if c not in LEAD]
     if board["spread"].isna().all():
         order.remove("spread")  # no knobs were repeated with other seeds: no column of dashes
@@ -93,14 +105,21 @@ def body(run: shell.Campaign) -> None:
         else st.column_config.TextColumn(k)
         for k in knobs
     }
-    st.dataframe(shown, width="stretch", hide_index=True, column_order=order, column_config=config, placeholder="-")
-    st.caption(
-        f"{len(shown)} of {len(board)} variants; the best trial's knobs ({', '.join(knobs) or 'none'}) follow "
-        "its scores. Variants without a trial (rejected by the gate) are on the Lineage page; every trial is on "
-        "Trials."
+    st.dataframe(
+        figures.as_values(shown, sign),
+        width="stretch",
+        hide_index=True,
+        column_order=order,
+        column_config=config,
+        placeholder="-",
     )
-    st.altair_chart(figures.score_chart(shown, target), width="stretch")
-    st.altair_chart(figures.front_chart(board, target), width="stretch")
+    st.caption(
+        f"{len(shown)} of {len(board)} variants ({run.metric_note}); the best trial's knobs "
+        f"({', '.join(knobs) or 'none'}) follow its scores. Variants without a trial (rejected by the gate) are on the "
+        "Lineage page; every trial is on Trials."
+    )
+    st.altair_chart(figures.score_chart(shown, target, sign), width="stretch")
+    st.altair_chart(figures.front_chart(board, target, sign), width="stretch")
     st.caption(
         "Score against cost: every scored variant at its best trial's cost (training seconds where reported, else "
         "wall seconds); the step line is the front, the variants no other variant beats for the same or less "
@@ -111,7 +130,7 @@ def body(run: shell.Campaign) -> None:
         st.caption(tie)
 
 
-def with_spread(board: pd.DataFrame, replicates: pd.DataFrame) -> pd.DataFrame:
+def with_spread(board: pd.DataFrame, replicates: pd.DataFrame, sign: float = 1.0) -> pd.DataFrame:
     """The board with its best knobs' replicate spread (`spread` text, `half_width`); None where never repeated.
 
     Replicate trials (fresh seeds of the best knobs, what the keep verdict compared) come with the leaderboard
@@ -124,13 +143,12 @@ def with_spread(board: pd.DataFrame, replicates: pd.DataFrame) -> pd.DataFrame:
         if n is not None and not pd.isna(n) and int(n) > 0:
             half = rec.get("half_width")
             known = half is not None and not pd.isna(half)
-            spread.append(
-                f"{rec['mean_score']:.4f} ± {half:.4f} (n={int(n)}, 95% t)" if known else f"n={int(n)}, no interval"
-            )
+            mean = sign * rec["mean_score"]
+            spread.append(f"{mean:.4f} ± {half:.4f} (n={int(n)}, 95% t)" if known else f"n={int(n)}, no interval")
             width.append(float(half) if known else None)
             continue
         rep = found.get((rec["variant_id"], rec["best_knobs"]))
-        spread.append(None if rep is None else figures.spread_text(rep["mean"], rep["sd"], rep["n"]))
+        spread.append(None if rep is None else figures.spread_text(sign * rep["mean"], rep["sd"], rep["n"]))
         width.append(None if rep is None else figures.half_width(rep["sd"], rep["n"]))
     return board.assign(spread=spread, half_width=width)
 

@@ -25,6 +25,11 @@ def key(rec: dict) -> str:
     return f"{rec['run_id']}/{rec['variant_id']}"
 
 
+def _sign(rec: dict) -> float:
+    """-1 for a campaign whose task's metric is minimised (its stored scores are -value), else 1."""
+    return -1.0 if rec.get("direction") == "min" else 1.0
+
+
 def body(run: shell.Campaign) -> None:
     scored = kbdata.frame(run.kb_root, sql.APP_COMPARABLE)
     if scored.empty:
@@ -45,7 +50,7 @@ def body(run: shell.Campaign) -> None:
         key="compare_pick",
         format_func=lambda k: (
             f"{records[k]['run_id']} · {figures.short(records[k]['variant_id'])} · "
-            f"#{records[k]['rank']} · {figures.score_text(records[k]['selection_score'])}"
+            f"#{records[k]['rank']} · {figures.score_text(records[k]['selection_score'], sign=_sign(records[k]))}"
         ),
     )
     if not chosen:
@@ -57,6 +62,9 @@ def body(run: shell.Campaign) -> None:
     )
     metric = right.selectbox("metric", metrics, key="compare_metric")
     picked = scored[scored.apply(lambda r: key(r) in chosen, axis=1)].rename(columns={"run_id": "campaign"})
+    # Each campaign's scores as its own metric's values (a min metric's are stored negated)
+    signs = picked["direction"].map(lambda d: -1.0 if d == "min" else 1.0)
+    picked = picked.assign(selection_score=picked["selection_score"] * signs, test_score=picked["test_score"] * signs)
     st.dataframe(
         picked, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS, placeholder="-"
     )

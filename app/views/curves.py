@@ -19,9 +19,10 @@ def body(run: shell.Campaign) -> None:
         return
     ranked = list(board["variant_id"])
     labels = {
-        r[
-            "variant_id"
-        ]: f"{figures.short(r['variant_id'])} · {r['status']} · {figures.score_text(r['selection_score'])}"
+        r["variant_id"]: (
+            f"{figures.short(r['variant_id'])} · {r['status']} · "
+            f"{figures.score_text(r['selection_score'], sign=run.sign)}"
+        )
         for r in figures.records(board)
     }
     left, right = st.columns([3, 1])
@@ -45,7 +46,7 @@ def body(run: shell.Campaign) -> None:
 
     st.subheader("Progress")
     timeline = kbdata.frame(run.kb_root, sql.TRIAL_TIMELINE, (run.run_id,))
-    st.altair_chart(figures.progress_chart(timeline, run.target), width="stretch")
+    st.altair_chart(figures.progress_chart(timeline, run.target, run.sign), width="stretch")
     st.caption(
         "Every finished trial by the time it ended: scored trials as points, stopped or failed ones as ticks at the "
         "bottom; the line is the best selection score so far"

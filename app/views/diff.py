@@ -62,7 +62,8 @@ def body(run: shell.Campaign) -> None:
             order,
             key="diff_variant",
             format_func=lambda v: (
-                f"{figures.short(v)} · {by_id[v]['status']} · {figures.score_text(by_id[v].get('selection_score'))} · "
+                f"{figures.short(v)} · {by_id[v]['status']} · "
+                f"{figures.score_text(by_id[v].get('selection_score'), sign=run.sign)} · "
                 f"{by_id[v].get('step') or '-'}"
             ),
         )

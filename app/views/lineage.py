@@ -21,7 +21,7 @@ def body(run: shell.Campaign) -> None:
     scored = tree.dropna(subset=["selection_score"])
     best_id = scored.sort_values("selection_score", ascending=False)["variant_id"].iloc[0] if not scored.empty else None
     event = st.altair_chart(
-        figures.lineage_chart(tree, best_id),
+        figures.lineage_chart(tree, best_id, run.sign),
         width="stretch",
         on_select="rerun",
         selection_mode=figures.LINEAGE_PICK,
@@ -44,10 +44,11 @@ def body(run: shell.Campaign) -> None:
         order,
         key="lineage_variant",
         format_func=lambda v: (
-            f"{figures.short(v)} · {records[v]['status']} · {figures.score_text(records[v]['selection_score'])}"
+            f"{figures.short(v)} · {records[v]['status']} · "
+            f"{figures.score_text(records[v]['selection_score'], sign=run.sign)}"
         ),
     )
-    details(records[picked])
+    details(records[picked], run.sign)
 
 
 def _clicked(event: Any) -> str | None:
@@ -56,17 +57,18 @@ def _clicked(event: Any) -> str | None:
     return str(points[0]["variant_id"]) if points else None
 
 
-def details(rec: dict) -> None:
-    """A variant's status, reason, rationale, diagnosis and scores."""
+def details(rec: dict, sign: float = 1.0) -> None:
+    """A variant's status, reason, rationale, diagnosis and scores (`sign` -1: a min metric's, shown as values)."""
     cols = st.columns(4)
     cols[0].metric("status", rec.get("status") or "-")
     score, parent = rec.get("selection_score"), rec.get("parent_score")
     cols[1].metric(
         "selection score",
-        figures.score_text(score),
-        None if score is None or parent is None else f"{score - parent:+.4f} vs parent",
+        figures.score_text(score, sign=sign),
+        None if score is None or parent is None else f"{sign * (score - parent):+.4f} vs parent",
+        delta_color="normal" if sign > 0 else "inverse",  # green when better: lower, for a min metric
     )
-    cols[2].metric("test score", figures.score_text(rec.get("test_score")))
+    cols[2].metric("test score", figures.score_text(rec.get("test_score"), sign=sign))
     cols[3].metric("cycle · depth", f"{rec.get('cycle')} · {rec.get('depth') if rec.get('depth') is not None else '-'}")
     facts = {
         "variant": rec["variant_id"],

@@ -51,14 +51,23 @@ def body(run: shell.Campaign) -> None:
     # The Leaderboard's best (its first row), not the last decision's: the same number on both pages mid-cycle.
     top = figures.records(kbdata.frame(run.kb_root, sql.APP_LEADERBOARD, (run.run_id,)).head(1))
     best = top[0]["selection_score"] if top else None
+    sign = run.sign
     cols[3].metric(
         "best selection score",
-        figures.score_text(best),
-        None if best is None or run.target is None else f"{best - run.target:+.4f} vs target {run.target:.4f}",
+        figures.score_text(best, sign=sign),
+        None
+        if best is None or run.target is None
+        else f"{sign * (best - run.target):+.4f} vs target {sign * run.target:.4f}",
+        delta_color="normal" if sign > 0 else "inverse",  # green when better: lower, for a min metric
     )
+    if sign < 0:
+        st.caption(f"Scores as the metric's values: {run.metric_note}.")
 
     if top:
-        st.caption(pick_line(top[0]))
+        st.caption(pick_line(top[0], sign))
+        final = final_line(top[0], sign)
+        if final:
+            st.caption(final)
 
     if not run.live:
         why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
@@ -84,7 +93,7 @@ def body(run: shell.Campaign) -> None:
         st.info("No decision yet: the first one comes at the end of cycle 1.")
     else:
         st.dataframe(
-            decisions[[c for c in DECISION_COLUMNS if c in decisions]],
+            figures.as_values(decisions[[c for c in DECISION_COLUMNS if c in decisions]], run.sign),
             width="stretch",
             hide_index=True,
             placeholder="-",
@@ -106,16 +115,28 @@ def body(run: shell.Campaign) -> None:
             st.json(env, expanded=1)
 
 
-def pick_line(row: dict) -> str:
+def pick_line(row: dict, sign: float = 1.0) -> str:
     """The campaign's pick (the board's rank 1) and what ranks it: its replicate mean, or its best trial alone."""
     n = row.get("replicates")
     if n is None or pd.isna(n) or int(n) == 0:
         return f"Pick (rank 1): **{row['variant_id']}**, by its best trial (not replicated with fresh seeds)."
     half = row.get("half_width")
     interval = "" if half is None or pd.isna(half) else f" ± {half:.4f} (95% t)"
+    mean = figures.score_text(row["mean_score"], sign=sign)
     return (
-        f"Pick (rank 1): **{row['variant_id']}**, by its replicate mean {figures.score_text(row['mean_score'])}"
+        f"Pick (rank 1): **{row['variant_id']}**, by its replicate mean {mean}"
         f"{interval} over {int(n)} fresh seeds of its best knobs (what `export` ships by default)."
+    )
+
+
+def final_line(row: dict, sign: float = 1.0) -> str | None:
+    """The pick's final training (safeguards.final_share), once it has scored; None before or without one."""
+    test, selection = row.get("final_test_score"), row.get("final_selection_score")
+    if test is None or pd.isna(test):
+        return None
+    return (
+        f"Final training of the pick (its best knobs, trained longer after the search): selection "
+        f"{figures.score_text(selection, sign=sign)}, test **{figures.score_text(test, sign=sign)}**."
     )
 
 

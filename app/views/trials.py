@@ -20,6 +20,11 @@ COLUMNS = {
     "cycle": st.column_config.NumberColumn("cycle", width="small"),
     "status": st.column_config.TextColumn("status"),
     "reason": st.column_config.TextColumn("reason", help="why it stopped or failed, as the engine recorded it"),
+    "kind": st.column_config.TextColumn(
+        "kind",
+        help="search: a knob sample; replicate: the best knobs again with a fresh seed; final: the pick's final "
+        "training (safeguards.final_share), longer than any search trial",
+    ),
     "epochs": st.column_config.NumberColumn("epochs", width="small"),
     "selection_score": st.column_config.NumberColumn("selection", format="%.4f"),
     "test_score": st.column_config.NumberColumn("test", format="%.4f"),
@@ -66,7 +71,7 @@ def body(run: shell.Campaign) -> None:
         for k in knobs
     }
     event = st.dataframe(
-        shown,
+        figures.as_values(shown, run.sign),
         width="stretch",
         hide_index=True,
         column_order=order,

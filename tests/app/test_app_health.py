@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import streamlit as st
 from app_support import PAGES, Tiny, kb_with_run, open_page, texts, tiny_fixture  # noqa: F401 (the `tiny` fixture)
 from rich.console import Console
 
@@ -189,3 +190,78 @@ def test_a_quiet_campaign_whose_trials_may_take_longer_is_not_stale(tmp_path: Pa
     root = kb_with_run(tmp_path, "running", written_at=quiet_since, started_at=quiet_since, config=config)
     at = open_page(root, "views/status.py")
     assert "stopped unexpectedly" not in texts(at) and at.button(key="stop")
+
+
+def test_the_status_page_shows_the_picks_final_training_and_waits_for_it(tmp_path: Path):
+    # A campaign in its final training writes nothing for up to its share of the clock: not stale. Once the final
+    # trial's row lands, the page shows its scores under the pick.
+    quiet_since = now() - timedelta(minutes=7)
+    config = '{"safeguards": {"max_cycles": 3, "campaign_time_s": 1800, "final_share": 0.25}, "trial": {"grace_s": 60}}'
+    root = kb_with_run(tmp_path, "running", written_at=quiet_since, started_at=quiet_since, config=config)
+    kb = KnowledgeBase(root)
+    search = {"run_id": "r1", "cycle": 1, "variant_id": "v1", "status": "completed", "seconds": 1.0, "epochs": 2}
+    kb.append("trials", [{**search, "trial_id": "t1", "selection_score": 0.90, "written_at": quiet_since}], "r1-t1")
+    at = open_page(root, "views/status.py")
+    assert "stopped unexpectedly" not in texts(at) and "Final training" not in texts(at)
+
+    final = {**search, "trial_id": "t2", "selection_score": 0.93, "test_score": 0.925, "final": True, "epochs": 20}
+    kb.append("trials", [final], "r1-t2")
+    st.cache_data.clear()  # what the cache TTL and the snapshot's refresh interval do before the next redraw
+    st.cache_resource.clear()
+    shown = texts(open_page(root, "views/status.py"))
+    assert "Final training of the pick (its best knobs, trained longer after the search): selection 0.9300" in shown
+    assert "test **0.9250**" in shown
+    assert "Pick (rank 1): **v1**, by its best trial" in shown  # the final trial does not rank: v1's best is 0.90
+    board = open_reader(root).execute("select selection_score, final_test_score from leaderboard").fetchall()
+    assert board == [(0.90, 0.925)]
+
+
+def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Path):
+    # lm-like: bits per byte, lower is better; the KB stores -value (oriented), the pages show the value and rank by
+    # it (3.05 beats 3.20), and a target of 3.1 is met by 0.05 ("-0.0500": below it).
+    config = (
+        '{"task": {"metric": "bits_per_byte", "direction": "min"}, "target": {"selection_score": 3.1}, '
+        '"safeguards": {"max_cycles": 3}}'
+    )
+    root = kb_with_run(tmp_path, "finished", config=config)
+    kb = KnowledgeBase(root)
+    kb.append(
+        "variants",
+        [
+            {"run_id": "r1", "variant_id": "seedv", "cycle": 1, "status": "seed"},
+            {"run_id": "r1", "variant_id": "kid", "parent_id": "seedv", "cycle": 2, "status": "kept"},
+        ],
+        "r1-v",
+    )
+    base = {"run_id": "r1", "status": "completed", "seconds": 1.0, "epochs": 2, "knobs": '{"LR": 0.1}'}
+    kb.append(
+        "trials",
+        [
+            {**base, "cycle": 1, "trial_id": "t1", "variant_id": "seedv", "selection_score": -3.2, "test_score": -3.25},
+            {**base, "cycle": 2, "trial_id": "t2", "variant_id": "kid", "selection_score": -3.05, "test_score": -3.07},
+        ],
+        "r1-t",
+    )
+    board = open_page(root)
+    metrics = {m.label: (m.value, m.delta) for m in board.metric}
+    assert metrics["best selection score"] == ("3.0500", "-0.0500 vs target")
+    assert metrics["its test score"][0] == "3.0700" and metrics["target"][0] == "3.1000"
+    shown = board.dataframe[0].value
+    assert list(shown["variant_id"]) == ["kid", "seedv"]  # ranked by the stored score: the lower value first
+    assert list(shown["selection_score"]) == [3.05, 3.2] and list(shown["test_score"]) == [3.07, 3.25]
+    assert "bits_per_byte, lower is better" in texts(board)
+
+    status = open_page(root, "views/status.py")
+    assert {m.label: m.value for m in status.metric}["best selection score"] == "3.0500"
+    assert "Pick (rank 1): **kid**" in texts(status)
+
+    trials = open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id")
+    assert trials.loc["t2", "selection_score"] == 3.05 and trials.loc["t1", "test_score"] == 3.25
+    assert set(trials["kind"]) == {"search"}
+
+    lineage = open_page(root, "views/lineage.py")
+    assert "3.0500" in lineage.selectbox(key="lineage_variant").format_func("kid")
+    assert {m.label: m.value for m in lineage.metric}["selection score"] == "3.0500"
+
+    compare = open_page(root, "views/compare.py").dataframe[0].value
+    assert sorted(compare["selection_score"]) == [3.05]  # this campaign's best, as its value
