@@ -713,6 +713,14 @@ def validate(cfg: Config) -> None:
             f"must be in [0, 1), got {cfg.safeguards.final_share}",
             "set safeguards.final_share=0.2 (a fifth of the campaign for the final training) or 0 (off)",
         )
+    if cfg.safeguards.final_share > 0 and (cfg.resources.data_parallel or cfg.scheduler.name.population_based):
+        what = "data-parallel trials" if cfg.resources.data_parallel else f"scheduler={cfg.scheduler.name.value}"
+        raise ConfigError(
+            "safeguards.final_share",
+            f"is {cfg.safeguards.final_share}, but the final training runs one plain trial: not with {what} "
+            "(a group of workers, a population's checkpoints and schedules)",
+            "set safeguards.final_share=0",
+        )
     if cfg.safeguards.final_share > 0 and cfg.safeguards.campaign_time_s is None:
         raise ConfigError(
             "safeguards.final_share",

@@ -46,7 +46,8 @@ def budget(share_s: float, left_s: float) -> float:
 
 
 def resources(cpu: float, gpu: float, slots: int, largest_node_cpus: float | None) -> tuple[float, float]:
-    """The final trial runs alone: every slot's CPUs (capped at the largest node's), a whole GPU where trials shared."""
+    """The final trial runs alone: every slot's CPUs (capped at the largest node's), and the slots' GPU shares added
+    (at most one GPU: a trial of more is a data-parallel one, which the final training does not run)."""
     cpus = cpu * max(1, slots)
     if largest_node_cpus:
         cpus = min(cpus, largest_node_cpus)
@@ -82,9 +83,9 @@ def run(campaign: Campaign, outcome: Outcome) -> TrialRecord | None:
     if not guards.final_share or guards.campaign_time_s is None:
         return None
     con = campaign.kb.reader()
-    recorded = con.execute(sql.FINAL_TRIALS_DONE, [campaign.run_id, STOPPED_WITH_CYCLE]).fetchone()[0]
     board = con.execute(sql.PICK_FOR_RUN, [campaign.run_id]).fetchone()
     pick, knobs, cycle = (board[0], json.loads(board[1] or "{}"), board[2]) if board else (None, {}, None)
+    recorded = con.execute(sql.FINAL_TRIALS_DONE, [campaign.run_id, pick, STOPPED_WITH_CYCLE]).fetchone()[0]
     seconds = budget(guards.final_share * guards.campaign_time_s, guards.campaign_time_s - campaign.state.elapsed_s)
     problem = why_not(guards.final_share, outcome.stop_reason, recorded, pick, seconds)
     if problem is not None:
@@ -140,6 +141,11 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
     )
     trial = ended[0] if ended else None
     campaign.console.print(f"[bold]final training[/]: {line(trial, -1.0 if cfg.task.direction == 'min' else 1.0)}")
+    if trial is None or trial.reason == STOPPED_WITH_CYCLE:
+        campaign.console.print(
+            f"  the final training was cut short by a stop: `python -m ralph_ray resume={campaign.run_id}` "
+            "trains it again"
+        )
     return trial
 
 

@@ -186,7 +186,7 @@ def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value:
             t["test_score"],
         )
         for t in trials
-        if t["selection_score"] is not None and not t.get("replicate")
+        if t["selection_score"] is not None and not t.get("replicate") and not t.get("final")
     ]
     lines = [
         "",

@@ -357,11 +357,13 @@ from trials where run_id = ? and status = 'completed' and not coalesce(replicate
 group by variant_id
 order by selection_score desc
 """
-# The final training of the pick (finaltrain.py): whether it ran (one the run's stop cut short, reason ?, runs again),
+# The final training of the pick (finaltrain.py): whether the pick has had one (one a stop cut short, reason ?, runs
+# again; a resume whose search found another pick trains that one),
 # and the pick it trains: the leaderboard's rank 1 with its best search trial's knobs (ties: the first trial), and
 # its cycle (the final trial's).
 FINAL_TRIALS_DONE = """
-select count(*) from trials where run_id = ? and coalesce(final, false) and reason is distinct from ?
+select count(*) from trials
+where run_id = ? and variant_id = ? and coalesce(final, false) and reason is distinct from ?
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
@@ -427,7 +429,7 @@ BUDGET_FOR_RUN = "select * from budgets where run_id = ?"
 TRIAL_TIMELINE = """
 select t.trial_id, t.cycle, t.variant_id, t.status, t.selection_score, t.written_at, v.status as variant_status
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
-where t.run_id = ? order by t.written_at
+where t.run_id = ? and not coalesce(t.final, false) order by t.written_at
 """
 
 # ---------------------------------------------------------------------------------------------
@@ -495,7 +497,8 @@ select * from curves where list_contains(?, run_id || '/' || variant_id) order b
 # Replicates: a variant's completed trials that share their knobs (seeds apart), with their spread.
 APP_REPLICATES = """
 select variant_id, knobs, count(selection_score) as n, avg(selection_score) as mean, stddev_samp(selection_score) as sd
-from trials where run_id = ? and status = 'completed' group by variant_id, knobs having count(selection_score) > 1
+from trials where run_id = ? and status = 'completed' and not coalesce(final, false)
+group by variant_id, knobs having count(selection_score) > 1
 """
 APP_LINEAGE = """
 select l.*, v.rationale, v.files_dir, v.diff
@@ -548,7 +551,9 @@ ASYNC_TRIALS = """
 select trial_id, variant_id, status, knobs, selection_score, coalesce(replicate, false), seed, test_score from trials
 where run_id = ? and reason is distinct from ? and not coalesce(final, false) order by written_at
 """
-TRIALS_PER_CYCLE = "select cycle, count(*) from trials where run_id = ? group by cycle order by cycle"
+TRIALS_PER_CYCLE = """
+select cycle, count(*) from trials where run_id = ? and not coalesce(final, false) group by cycle order by cycle
+"""
 
 # The clock benchmarks (bench/clock_*.py): how busy the slots were, and the campaign's wall time.
 RUN_SPAN = "select epoch(started_at), epoch(finished_at) from runs where run_id = ?"

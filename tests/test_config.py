@@ -185,6 +185,9 @@ def test_final_share_must_be_a_share_of_a_time_budget():
     for bad in ("1.0", "-0.1"):
         with pytest.raises(ConfigError, match=r"must be in \[0, 1\)"):
             load_config(["safeguards.campaign_time_s=600", f"safeguards.final_share={bad}"])
+    for plain_only in ("scheduler=pbt", "resources.workers_per_trial=2"):
+        with pytest.raises(ConfigError, match="the final training runs one plain trial"):
+            load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.2", plain_only])
     cfg = load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.25"])
     assert cfg.safeguards.search_time_s == 450.0
     assert load_config(["safeguards.campaign_time_s=600"]).safeguards.search_time_s == 600.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray import finaltrain
+from ralph_ray import finaltrain, sql
 from ralph_ray.__main__ import main
 from ralph_ray.campaign import run
 from ralph_ray.config import resume_config
@@ -91,10 +91,24 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     # budget(30 s, what is left) trains ~22 s; the search trials had 2 s (+ one epoch past it at most)
     assert trained[final["trial_id"]] > 10
     assert max(s for t, s in trained.items() if t != final["trial_id"]) < 10
+    # Left out of every search figure: the replicate spread of shared knobs, the progress timeline, the cycle counts,
+    # the report's cost front (it trained longer than any sample).
+    same = con.execute(
+        """select count(*) from trials where run_id = 'fin' and variant_id = ? and knobs = ? and status = 'completed'
+           and not final""",
+        [final["variant_id"], final["knobs"]],
+    ).fetchone()[0]
+    spreads = {(v, k): n for v, k, n, _, _ in con.execute(sql.APP_REPLICATES, ["fin"]).fetchall()}
+    assert spreads.get((final["variant_id"], final["knobs"]), 1) == same
+    assert final["trial_id"] not in [r[0] for r in con.execute(sql.TRIAL_TIMELINE, ["fin"]).fetchall()]
+    per_cycle = sum(n for _, n in con.execute(sql.TRIALS_PER_CYCLE, ["fin"]).fetchall())
+    assert per_cycle == con.execute("select count(*) from trials where run_id = 'fin' and not final").fetchone()[0]
     decision = con.execute("select rationale from decisions where run_id = 'fin' order by cycle desc").fetchone()[0]
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "## Final training of the pick" in report and final["trial_id"] in report
+    front = report.split("## Score against cost")[1].split("\n## ")[0]
+    assert final["trial_id"] not in front
 
     assert main(["status", "fin", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
     shown = capsys.readouterr().out

@@ -95,7 +95,7 @@ def body(run: shell.Campaign) -> None:
     )
     shown = board[board["status"].isin(chosen) | (board["status"].isna() & (len(chosen) == len(STATUSES)))]
     if floor is not None:
-        shown = shown[shown["selection_score"] * sign >= floor * sign]
+        shown = shown[shown["selection_score"] >= floor * sign]  # the stored score against the bound, stored alike
     order = LEAD + knobs + [c for c in COLUMNS if c not in LEAD]
     if board["spread"].isna().all():
         order.remove("spread")  # no knobs were repeated with other seeds: no column of dashes

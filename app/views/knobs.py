@@ -23,6 +23,8 @@ def importances(table: pd.DataFrame, names: tuple[str, ...], minimize: bool) -> 
 
 def body(run: shell.Campaign) -> None:
     trials = kbdata.frame(run.kb_root, sql.APP_TRIALS, (run.run_id,))
+    # Search trials only: a replicate repeats chosen knobs, a final training trains longer than any sample
+    trials = trials[trials["kind"] == "search"] if "kind" in trials else trials
     table, knobs = knobstats.with_knobs(trials, "knobs")
     scored = table.dropna(subset=[knobstats.SCORE]) if not table.empty else table
     if scored.empty or not knobs:
@@ -41,14 +43,14 @@ def body(run: shell.Campaign) -> None:
     if scope == CAMPAIGN and rows["variant_id"].nunique() > 1:
         rows = rows.assign(**{knobstats.VARIANT: rows["variant_id"].map(figures.short)})
         params.append(knobstats.VARIANT)  # how much the code changes matter, beside the knobs
-    minimize = (run.config.get("task") or {}).get("direction") == "min"
     st.caption(
         f"{len(rows)} scored trial(s); knobs that vary among them: "
         f"{', '.join(knobstats.varying(rows, knobs)) or 'none'}."
     )
 
     st.subheader("Parameter importance")
-    found = importances(rows[[*params, knobstats.SCORE]].reset_index(drop=True), tuple(params), minimize)
+    # Stored scores are oriented (higher is better) whatever the metric's direction: maximised here
+    found = importances(rows[[*params, knobstats.SCORE]].reset_index(drop=True), tuple(params), False)
     if found:
         st.altair_chart(knobstats.importance_chart(found), width="stretch")
         st.caption(
@@ -68,6 +70,7 @@ def body(run: shell.Campaign) -> None:
         st.info("No numeric knob varies among these trials: nothing to draw.")
         return
     st.subheader("Parallel coordinates")
+    rows = figures.as_values(rows, run.sign)  # drawn as the metric's values
     st.altair_chart(knobstats.parallel_chart(rows, numeric), width="stretch")
     st.caption("One line per scored trial; each axis spans that knob's range among them (log where it spans 100x).")
     st.subheader("Slices")

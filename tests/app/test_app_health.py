@@ -239,6 +239,7 @@ def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Pa
         [
             {**base, "cycle": 1, "trial_id": "t1", "variant_id": "seedv", "selection_score": -3.2, "test_score": -3.25},
             {**base, "cycle": 2, "trial_id": "t2", "variant_id": "kid", "selection_score": -3.05, "test_score": -3.07},
+            {**base, "cycle": 2, "trial_id": "t3", "variant_id": "kid", "selection_score": -3.15, "test_score": -3.16},
         ],
         "r1-t",
     )
@@ -250,6 +251,9 @@ def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Pa
     assert list(shown["variant_id"]) == ["kid", "seedv"]  # ranked by the stored score: the lower value first
     assert list(shown["selection_score"]) == [3.05, 3.2] and list(shown["test_score"]) == [3.07, 3.25]
     assert "bits_per_byte, lower is better" in texts(board)
+    # The filter is a ceiling in the metric's units
+    ceiling = open_page(root, board_min=3.1).dataframe[0].value
+    assert list(ceiling["variant_id"]) == ["kid"]
 
     status = open_page(root, "views/status.py")
     assert {m.label: m.value for m in status.metric}["best selection score"] == "3.0500"
@@ -258,6 +262,14 @@ def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Pa
     trials = open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id")
     assert trials.loc["t2", "selection_score"] == 3.05 and trials.loc["t1", "test_score"] == 3.25
     assert set(trials["kind"]) == {"search"}
+
+    # A final training (trained longer) joins the Trials page as `final` and stays off the Knobs page's samples.
+    final = {**base, "cycle": 2, "trial_id": "t4", "variant_id": "kid", "selection_score": -2.9, "final": True}
+    KnowledgeBase(root).append("trials", [final], "r1-t4")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    assert open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id").loc["t4", "kind"] == "final"
+    assert "3 scored trial(s)" in texts(open_page(root, "views/knobs.py"))
 
     lineage = open_page(root, "views/lineage.py")
     assert "3.0500" in lineage.selectbox(key="lineage_variant").format_func("kid")
