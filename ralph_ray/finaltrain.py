@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ralph_ray import records, replicates, sql
 from ralph_ray.decision import StopReason
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
+from ralph_ray.report import metric_values
 from ralph_ray.trials import FINAL_KEY
 
 if TYPE_CHECKING:
@@ -140,7 +141,8 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
         label="final training",
     )
     trial = ended[0] if ended else None
-    campaign.console.print(f"[bold]final training[/]: {line(trial, -1.0 if cfg.task.direction == 'min' else 1.0)}")
+    sign, _ = metric_values({"direction": cfg.task.direction})  # the report's rule: stored score -> metric value
+    campaign.console.print(f"[bold]final training[/]: {line(trial, sign)}")
     if trial is None or trial.reason == STOPPED_WITH_CYCLE:
         campaign.console.print(
             f"  the final training was cut short by a stop: `python -m ralph_ray resume={campaign.run_id}` "

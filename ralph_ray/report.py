@@ -107,7 +107,9 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
             f"{_f(value(row['parent_score']))} | "
             f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
         )
-    lines += final_section(fetch_rows(con, sql.FINAL_TRIAL, [run_id]), dict(board and board[0] or {}), value)
+    finals = fetch_rows(con, sql.FINAL_TRIAL, [run_id])
+    searched = {t["variant_id"]: _one(con, sql.LEADERBOARD_ROW, [run_id, t["variant_id"]]) for t in finals}
+    lines += final_section(finals, searched, value)
     lines += cost_section(
         fetch_rows(con, sql.TRIALS_FOR_RUN, [run_id]),
         dict(con.execute(sql.TRAIN_SECONDS_PER_TRIAL, [run_id]).fetchall()),
@@ -127,8 +129,11 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     return path
 
 
-def final_section(finals: list[dict[str, Any]], best: dict[str, Any], value: Callable[[Any], Any]) -> list[str]:
-    """The final training of the pick (safeguards.final_share): what it trained, for how long, what it scored."""
+def final_section(
+    finals: list[dict[str, Any]], searched: dict[str, dict[str, Any]], value: Callable[[Any], Any]
+) -> list[str]:
+    """The final training of the pick (safeguards.final_share): what it trained, for how long, what it scored, beside
+    the same variant's best search trial (`searched`: its leaderboard row; a resume's new pick has its own)."""
     if not finals:
         return []
     lines = [
@@ -147,9 +152,9 @@ def final_section(finals: list[dict[str, Any]], best: dict[str, Any], value: Cal
             f"{_f(trial['train_seconds'], 0)} s of training ({_f(trial['seconds'], 0)} s wall): selection "
             f"{_f(value(trial['selection_score']))}, test **{_f(value(trial['test_score']))}**"
         )
-    if best:
+        best = searched.get(trial["variant_id"]) or {}
         lines.append(
-            f"- the same variant's best search trial: selection {_f(value(best.get('selection_score')))}, test "
+            f"  - the same variant's best search trial: selection {_f(value(best.get('selection_score')))}, test "
             f"{_f(value(best.get('test_score')))}"
         )
     return lines
