@@ -27,6 +27,8 @@ from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 
 CONF_DIR = PROJECT_ROOT / "conf"
+# safeguards.final_schedule: the schedule the final training adds (finaltrain.SCHEDULE_TRANSFORMS), or None
+FINAL_SCHEDULES: tuple[Optional[str], ...] = (None, "cosine", "one_cycle")
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 
@@ -186,6 +188,10 @@ class SafeguardsConfig:
     # at campaign_time_s x (1 - final_share), then the rank-1 variant's best knobs train once for the rest, on every
     # slot's CPUs, as a marked trial. 0: off (the search has the whole budget). Needs campaign_time_s.
     final_share: float = 0.0
+    # A learning-rate schedule the final training adds to the pick's code where it has none: "cosine" or
+    # "one_cycle" (the offline agent's own transforms, along the final budget), or None (train the code as searched).
+    # A 90-s search trial rewards what learns fast at a constant rate; a long run at one leaves accuracy unharvested.
+    final_schedule: Optional[str] = None
 
     @property
     def search_time_s(self) -> Optional[float]:
@@ -720,6 +726,12 @@ def validate(cfg: Config) -> None:
             f"is {cfg.safeguards.final_share}, but the final training runs one plain trial: not with {what} "
             "(a group of workers, a population's checkpoints and schedules)",
             "set safeguards.final_share=0",
+        )
+    if cfg.safeguards.final_schedule not in FINAL_SCHEDULES:
+        raise ConfigError(
+            "safeguards.final_schedule",
+            f"must be one of {', '.join(map(str, FINAL_SCHEDULES))}, got {cfg.safeguards.final_schedule!r}",
+            "set safeguards.final_schedule=cosine (or null: train the pick's code as searched)",
         )
     if cfg.safeguards.final_share > 0 and cfg.safeguards.campaign_time_s is None:
         raise ConfigError(

@@ -10,14 +10,17 @@ never ranks a variant, never counts as a parent's sample, and the leaderboard sh
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_ray import records, replicates, sql
+from ralph_ray.agents.transforms import NotApplicable, apply_transform
 from ralph_ray.decision import StopReason
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import metric_values
-from ralph_ray.trials import FINAL_KEY
+from ralph_ray.trials import FINAL_KEY, FINAL_SCHEDULE_KEY
 
 if TYPE_CHECKING:
     from ralph_ray.generations import Campaign, Outcome
@@ -26,6 +29,8 @@ MIN_BUDGET_S = 10.0  # below this a final training would not reach a second epoc
 # Kept back from the share for what is not training: the trainer's start, its last evaluation, its predictions and
 # their scoring (a quarter of a short share, so a test's 20-s share still trains).
 MARGIN_S = 30.0
+# safeguards.final_schedule -> the offline agent's transform that adds it (along harness.lr_factor's time budget)
+SCHEDULE_TRANSFORMS = {"cosine": "cosine_lr_schedule", "one_cycle": "one_cycle_schedule"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class Plan:
     cpus: float
     gpus: float
     cycle: int  # the pick's own cycle (generation): its trials', this one's too
+    schedule: str | None = None  # safeguards.final_schedule: added to the pick's code where it has none
 
 
 def budget(share_s: float, left_s: float) -> float:
@@ -70,6 +76,20 @@ def why_not(share: float, stop_reason: str, recorded: int, pick: str | None, bud
     return None
 
 
+def with_schedule(files: Path, out: Path, schedule: str | None, entry: str = "train.py") -> tuple[Path, str | None]:
+    """The folder the final trial runs and the schedule it added: a copy of the pick's `files` with `schedule` added
+    to its entry (`out`), or `files` itself and None when there is none to add, with the reason said by the caller
+    (`NotApplicable`: the pick has a schedule already, or its epoch loop has no idiom a schedule can follow)."""
+    if schedule is None:
+        return files, None
+    source = apply_transform(SCHEDULE_TRANSFORMS[schedule], (files / entry).read_text())  # may raise NotApplicable
+    if out.exists():
+        shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
+    shutil.copytree(files, out)
+    (out / entry).write_text(source)
+    return out, schedule
+
+
 def _largest_node_cpus() -> float | None:
     import ray
 
@@ -94,10 +114,11 @@ def run(campaign: Campaign, outcome: Outcome) -> TrialRecord | None:
         return None
     assert pick is not None
     cpus, gpus = resources(cfg.resources.cpu, cfg.resources.gpu, cfg.search.max_concurrent, _largest_node_cpus())
-    plan = Plan(pick, knobs, seconds, cpus, gpus, max(1, int(cycle or 1)))
+    plan = Plan(pick, knobs, seconds, cpus, gpus, max(1, int(cycle or 1)), guards.final_schedule)
+    added = f", with a {plan.schedule} schedule along it" if plan.schedule else ""
     say(
         f"[bold]final training[/] of the pick {plan.variant_id} (rank 1), its best knobs {json.dumps(plan.knobs)}, "
-        f"for {plan.budget_s:.0f} s on {plan.cpus:g} CPU(s){f' and {plan.gpus:g} GPU' if plan.gpus else ''} "
+        f"for {plan.budget_s:.0f} s{added} on {plan.cpus:g} CPU(s){f' and {plan.gpus:g} GPU' if plan.gpus else ''} "
         f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
     )
     return _train(campaign, plan)
@@ -118,6 +139,13 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
     )
     cycle = plan.cycle
     ended: list[TrialRecord] = []
+    files = campaign.run_dir / "variants" / plan.variant_id / "files"
+    try:
+        files, added = with_schedule(files, campaign.run_dir / "final" / "code" / plan.variant_id, plan.schedule)
+    except NotApplicable as why:
+        files, added = files, None
+        campaign.console.print(f"  no {plan.schedule} schedule added ({why}): the pick's code trains as searched")
+    marks: dict[str, Any] = {FINAL_KEY: True, **({FINAL_SCHEDULE_KEY: added} if added else {})}
 
     def sink(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         tag = records.trial_part(campaign.run_id, cycle, trial.trial_id)
@@ -130,8 +158,8 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
         campaign.run_id,
         cycle,
         campaign.run_dir / "final",
-        {plan.variant_id: campaign.run_dir / "variants" / plan.variant_id / "files"},
-        [{"variant": plan.variant_id, **plan.knobs, FINAL_KEY: True}],
+        {plan.variant_id: files},
+        [{"variant": plan.variant_id, **plan.knobs, **marks}],
         campaign.data,
         campaign.labels,
         sink,

@@ -184,6 +184,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("peak_gpu_mb", pa.float64()),  # its CUDA peak (max_memory_allocated); NULL without a GPU
             ("node", pa.string()),  # the IP of the Ray node the trial ran on (Tune's node_ip); NULL in old KBs
             ("final", pa.bool_()),  # the final training of the pick (finaltrain.py); NULL in old KBs
+            ("final_schedule", pa.string()),  # the schedule the final training added to its code; NULL: none (or old)
         ]
     ),
     "epochs": pa.schema(

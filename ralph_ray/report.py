@@ -141,13 +141,16 @@ def final_section(
         "## Final training of the pick",
         "",
         "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
-        "kept for it, on every slot's CPUs (search trials had `trial.budget_s` each). Its scores are not ranked with "
-        "the search's: it trained longer than any of them.",
+        "kept for it, on every slot's CPUs (search trials had `trial.budget_s` each), with the learning-rate schedule "
+        "`safeguards.final_schedule` added to its code where it had none. Its scores are not ranked with the "
+        "search's: it trained longer than any of them.",
         "",
     ]
     for trial in finals:
+        schedule = trial.get("final_schedule")
         lines.append(
-            f"- trial {trial['trial_id']} of {trial['variant_id']}: {trial['status']}"
+            f"- trial {trial['trial_id']} of {trial['variant_id']}"
+            f"{f' (its code with a {schedule} schedule added)' if schedule else ''}: {trial['status']}"
             f"{' (' + trial['reason'] + ')' if trial['reason'] else ''}, {trial['epochs']} epoch(s), "
             f"{_f(trial['train_seconds'], 0)} s of training ({_f(trial['seconds'], 0)} s wall): selection "
             f"{_f(value(trial['selection_score']))}, test **{_f(value(trial['test_score']))}**"

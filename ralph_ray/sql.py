@@ -135,12 +135,12 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
             # A KB written before replicates (or nodes, peak memory, final trainings) has no `replicate` (`node`,
-            # `peak_*_mb`, `final`) column: it reads as NULL (UNION BY NAME adds it).
+            # `peak_*_mb`, `final`, `final_schedule`) column: it reads as NULL (UNION BY NAME adds it).
             source = (
                 f"(select * from {source} union all by name "
                 "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
                 "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb, "
-                "cast(null as boolean) as final where false)"
+                "cast(null as boolean) as final, cast(null as varchar) as final_schedule where false)"
             )
             body = (
                 f"select * from {source} qualify row_number() "
@@ -367,7 +367,7 @@ where run_id = ? and variant_id = ? and coalesce(final, false) and reason is dis
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
-       (select max(value) from epochs e where e.run_id = t.run_id and e.trial_id = t.trial_id
+       t.final_schedule, (select max(value) from epochs e where e.run_id = t.run_id and e.trial_id = t.trial_id
         and e.metric = 'train_seconds') as train_seconds
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
 """
@@ -469,7 +469,8 @@ APP_TRIALS = (
 select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
        t.selection_score, t.test_score, t.seconds, e.train_seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir,
        t.written_at, v.status as variant_status,
-       case when coalesce(t.final, false) then 'final' when coalesce(t.replicate, false) then 'replicate'
+       case when coalesce(t.final, false) then 'final' || coalesce(' + ' || t.final_schedule, '')
+            when coalesce(t.replicate, false) then 'replicate'
             else 'search' end as kind
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 """

@@ -52,6 +52,7 @@ ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials f
 SEED_KEY = "_seed"
 REPLICATE_KEY = "_replicate"
 FINAL_KEY = "_final"  # the final training of the pick (finaltrain.py)
+FINAL_SCHEDULE_KEY = "_final_schedule"  # the schedule it added to the pick's code (safeguards.final_schedule)
 
 
 @dataclass(frozen=True)

@@ -190,4 +190,9 @@ def test_final_share_must_be_a_share_of_a_time_budget():
             load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.2", plain_only])
     cfg = load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.25"])
     assert cfg.safeguards.search_time_s == 450.0
+    assert cfg.safeguards.final_schedule is None  # the default trains the pick's code as searched
+    with pytest.raises(ConfigError, match="safeguards.final_schedule=cosine") as caught:
+        load_config(["safeguards.final_schedule=linear"])
+    assert "got 'linear'" in str(caught.value)
+    assert load_config(["+experiment=fashion"]).safeguards.final_schedule == "cosine"
     assert load_config(["safeguards.campaign_time_s=600"]).safeguards.search_time_s == 600.0

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray import finaltrain, sql
+from ralph_ray import PROJECT_ROOT, finaltrain, sql
 from ralph_ray.__main__ import main
+from ralph_ray.agents.transforms import NotApplicable
 from ralph_ray.campaign import run
 from ralph_ray.config import resume_config
 from ralph_ray.kb import open_reader
@@ -49,6 +50,27 @@ def test_why_the_final_training_is_skipped(share, reason, recorded, pick, budget
     assert finaltrain.why_not(0.2, "campaign_time", 0, "v", 100.0) is None
 
 
+def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp_path: Path):
+    files = tmp_path / "pick"
+    files.mkdir()
+    seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
+    (files / "train.py").write_text(seed)
+    (files / "notes.txt").write_text("kept")
+    out, added = finaltrain.with_schedule(files, tmp_path / "final", "cosine")
+    assert (out, added) == (tmp_path / "final", "cosine")
+    edited = (out / "train.py").read_text()
+    assert 'harness.lr_factor(step, EPOCHS, anneal="cosine")' in edited and ".step()" in edited
+    assert (out / "notes.txt").read_text() == "kept"
+    assert (files / "train.py").read_text() == seed  # the pick's own code is never touched
+    compile(edited, "train.py", "exec")
+    # A pick with that schedule already: not added twice (the caller says why and trains the code as searched).
+    (files / "train.py").write_text(edited)
+    with pytest.raises(NotApplicable, match="already has a schedule"):
+        finaltrain.with_schedule(files, tmp_path / "again", "cosine")
+    assert finaltrain.with_schedule(files, tmp_path / "none", None) == (files, None)
+    assert not (tmp_path / "none").exists()
+
+
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
@@ -63,6 +85,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "safeguards.plateau_cycles=1000",
             "safeguards.campaign_time_s=60",
             "safeguards.final_share=0.5",
+            "safeguards.final_schedule=cosine",
         )
     )
     assert outcome.stop_reason == "campaign_time"
@@ -82,6 +105,15 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert json.loads(final["knobs"]) in [json.loads(b["knobs"]) for b in best]  # its best knobs, as searched
     assert pick["final_test_score"] == final["test_score"] and pick["final_selection_score"] is not None
     assert pick["best_trial_id"] != final["trial_id"]  # it never ranks: the best trial is a search trial's
+    # It ran the pick's code with a cosine schedule added; the variant's own code is as searched.
+    assert final["final_schedule"] == "cosine"
+    assert "lr_factor(" in (Path(final["work_dir"]) / "train.py").read_text()
+    assert "lr_factor(" not in (outcome.run_dir / "variants" / pick["variant_id"] / "files" / "train.py").read_text()
+    assert all(
+        r["final_schedule"] is None
+        for r in rows(con, "select * from trials where run_id = 'fin'", [])
+        if not r["final"]
+    )
     assert all(row["final_test_score"] is None for row in board[1:])
     trained = dict(
         con.execute(
@@ -107,6 +139,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "## Final training of the pick" in report and final["trial_id"] in report
+    assert "(its code with a cosine schedule added)" in report
     front = report.split("## Score against cost")[1].split("\n## ")[0]
     assert final["trial_id"] not in front
 

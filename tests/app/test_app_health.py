@@ -269,6 +269,12 @@ def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Pa
     st.cache_data.clear()
     st.cache_resource.clear()
     assert open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id").loc["t4", "kind"] == "final"
+    scheduled = {**final, "trial_id": "t5", "final_schedule": "cosine"}  # one with the schedule it added named
+    KnowledgeBase(root).append("trials", [scheduled], "r1-t5")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    kinds = open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id")["kind"]
+    assert kinds["t5"] == "final + cosine" and kinds["t4"] == "final"
     assert "3 scored trial(s)" in texts(open_page(root, "views/knobs.py"))
 
     lineage = open_page(root, "views/lineage.py")
