@@ -43,7 +43,8 @@ class Plan:
     cpus: float
     gpus: float
     cycle: int  # the pick's own cycle (generation): its trials', this one's too
-    schedule: str | None = None  # safeguards.final_schedule: added to the pick's code where it has none
+    files: Path  # the code it runs: the pick's own, or a copy with the schedule added
+    schedule: str | None = None  # the schedule added to that copy (safeguards.final_schedule), None: as searched
 
 
 def budget(share_s: float, left_s: float) -> float:
@@ -114,8 +115,14 @@ def run(campaign: Campaign, outcome: Outcome) -> TrialRecord | None:
         return None
     assert pick is not None
     cpus, gpus = resources(cfg.resources.cpu, cfg.resources.gpu, cfg.search.max_concurrent, _largest_node_cpus())
-    plan = Plan(pick, knobs, seconds, cpus, gpus, max(1, int(cycle or 1)), guards.final_schedule)
-    added = f", with a {plan.schedule} schedule along it" if plan.schedule else ""
+    files = campaign.run_dir / "variants" / pick / "files"
+    try:
+        files, schedule = with_schedule(files, campaign.run_dir / "final" / "code" / pick, guards.final_schedule)
+    except NotApplicable as why:
+        schedule = None
+        say(f"[bold]final training[/]: no {guards.final_schedule} schedule added ({why}): the code trains as searched")
+    plan = Plan(pick, knobs, seconds, cpus, gpus, max(1, int(cycle or 1)), files, schedule)
+    added = f", with a {plan.schedule} schedule added along it" if plan.schedule else ""
     say(
         f"[bold]final training[/] of the pick {plan.variant_id} (rank 1), its best knobs {json.dumps(plan.knobs)}, "
         f"for {plan.budget_s:.0f} s{added} on {plan.cpus:g} CPU(s){f' and {plan.gpus:g} GPU' if plan.gpus else ''} "
@@ -139,13 +146,7 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
     )
     cycle = plan.cycle
     ended: list[TrialRecord] = []
-    files = campaign.run_dir / "variants" / plan.variant_id / "files"
-    try:
-        files, added = with_schedule(files, campaign.run_dir / "final" / "code" / plan.variant_id, plan.schedule)
-    except NotApplicable as why:
-        files, added = files, None
-        campaign.console.print(f"  no {plan.schedule} schedule added ({why}): the pick's code trains as searched")
-    marks: dict[str, Any] = {FINAL_KEY: True, **({FINAL_SCHEDULE_KEY: added} if added else {})}
+    marks: dict[str, Any] = {FINAL_KEY: True, **({FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {})}
 
     def sink(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         tag = records.trial_part(campaign.run_id, cycle, trial.trial_id)
@@ -158,7 +159,7 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
         campaign.run_id,
         cycle,
         campaign.run_dir / "final",
-        {plan.variant_id: files},
+        {plan.variant_id: plan.files},
         [{"variant": plan.variant_id, **plan.knobs, **marks}],
         campaign.data,
         campaign.labels,

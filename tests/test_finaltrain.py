@@ -89,6 +89,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
         )
     )
     assert outcome.stop_reason == "campaign_time"
+    assert "with a cosine schedule added along it" in capsys.readouterr().out
     con = open_reader(outcome.kb_root)
     finals = rows(con, "select * from trials where run_id = 'fin' and final", [])
     assert len(finals) == 1 and finals[0]["status"] == "completed" and not finals[0]["replicate"]
