@@ -13,7 +13,7 @@ from ralph_ray import PROJECT_ROOT, finaltrain, sql
 from ralph_ray.__main__ import main
 from ralph_ray.agents.transforms import NotApplicable
 from ralph_ray.campaign import run
-from ralph_ray.config import resume_config
+from ralph_ray.config import FINAL_SCHEDULES, resume_config
 from ralph_ray.kb import open_reader
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,6 +69,8 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
         finaltrain.with_schedule(files, tmp_path / "again", "cosine")
     assert finaltrain.with_schedule(files, tmp_path / "none", None) == (files, None)
     assert not (tmp_path / "none").exists()
+    # Every schedule the config accepts has its transform.
+    assert set(FINAL_SCHEDULES) - {None} == set(finaltrain.SCHEDULE_TRANSFORMS)
 
 
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
