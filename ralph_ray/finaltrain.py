@@ -83,7 +83,12 @@ def with_schedule(files: Path, out: Path, schedule: str | None, entry: str = "tr
     (`NotApplicable`: the pick has a schedule already, or its epoch loop has no idiom a schedule can follow)."""
     if schedule is None:
         return files, None
-    source = apply_transform(SCHEDULE_TRANSFORMS[schedule], (files / entry).read_text())  # may raise NotApplicable
+    # NotApplicable also where libcst can't parse the code (the transforms say so), or the edit would not compile
+    source = apply_transform(SCHEDULE_TRANSFORMS[schedule], (files / entry).read_text())
+    try:
+        compile(source, entry, "exec")
+    except SyntaxError as error:
+        raise NotApplicable(f"the edited {entry} does not compile (line {error.lineno}: {error.msg})") from None
     if out.exists():
         shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
     shutil.copytree(files, out)

@@ -69,6 +69,10 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
         finaltrain.with_schedule(files, tmp_path / "again", "cosine")
     assert finaltrain.with_schedule(files, tmp_path / "none", None) == (files, None)
     assert not (tmp_path / "none").exists()
+    # Code libcst can't parse is refused with the reason (the final trains it as searched), never a crash.
+    (files / "train.py").write_text("print('ran')\nmatch = (\n")
+    with pytest.raises(NotApplicable, match="does not parse"):
+        finaltrain.with_schedule(files, tmp_path / "broken", "cosine")
     # Every schedule the config accepts has its transform.
     assert set(FINAL_SCHEDULES) - {None} == set(finaltrain.SCHEDULE_TRANSFORMS)
 
