@@ -27,8 +27,8 @@ from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 
 CONF_DIR = PROJECT_ROOT / "conf"
-# safeguards.final_schedule: the schedule the final training adds (finaltrain.SCHEDULE_TRANSFORMS), or None
-FINAL_SCHEDULES: tuple[Optional[str], ...] = (None, "cosine", "one_cycle")
+# safeguards.final_schedule's values (besides None) -> the agents' transform that adds each (finaltrain applies it)
+FINAL_SCHEDULES = {"cosine": "cosine_lr_schedule", "one_cycle": "one_cycle_schedule"}
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 
@@ -727,10 +727,10 @@ def validate(cfg: Config) -> None:
             "(a group of workers, a population's checkpoints and schedules)",
             "set safeguards.final_share=0",
         )
-    if cfg.safeguards.final_schedule not in FINAL_SCHEDULES:
+    if cfg.safeguards.final_schedule is not None and cfg.safeguards.final_schedule not in FINAL_SCHEDULES:
         raise ConfigError(
             "safeguards.final_schedule",
-            f"must be one of {', '.join(map(str, FINAL_SCHEDULES))}, got {cfg.safeguards.final_schedule!r}",
+            f"must be one of {', '.join(FINAL_SCHEDULES)} or null, got {cfg.safeguards.final_schedule!r}",
             "set safeguards.final_schedule=cosine (or null: train the pick's code as searched)",
         )
     if cfg.safeguards.final_share > 0 and cfg.safeguards.campaign_time_s is None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ralph_ray import records, replicates, sql
 from ralph_ray.agents.transforms import NotApplicable, apply_transform
+from ralph_ray.config import FINAL_SCHEDULES
 from ralph_ray.decision import StopReason
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import metric_values
@@ -29,8 +30,6 @@ MIN_BUDGET_S = 10.0  # below this a final training would not reach a second epoc
 # Kept back from the share for what is not training: the trainer's start, its last evaluation, its predictions and
 # their scoring (a quarter of a short share, so a test's 20-s share still trains).
 MARGIN_S = 30.0
-# safeguards.final_schedule -> the offline agent's transform that adds it (along harness.lr_factor's time budget)
-SCHEDULE_TRANSFORMS = {"cosine": "cosine_lr_schedule", "one_cycle": "one_cycle_schedule"}
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,7 @@ def with_schedule(files: Path, out: Path, schedule: str | None, entry: str = "tr
     if schedule is None:
         return files, None
     # NotApplicable also where libcst can't parse the code (the transforms say so), or the edit would not compile
-    source = apply_transform(SCHEDULE_TRANSFORMS[schedule], (files / entry).read_text())
+    source = apply_transform(FINAL_SCHEDULES[schedule], (files / entry).read_text())
     try:
         compile(source, entry, "exec")
     except SyntaxError as error:

@@ -11,7 +11,7 @@ import pytest
 
 from ralph_ray import PROJECT_ROOT, finaltrain, sql
 from ralph_ray.__main__ import main
-from ralph_ray.agents.transforms import NotApplicable
+from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable
 from ralph_ray.campaign import run
 from ralph_ray.config import FINAL_SCHEDULES, resume_config
 from ralph_ray.kb import open_reader
@@ -74,7 +74,7 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
     with pytest.raises(NotApplicable, match="does not parse"):
         finaltrain.with_schedule(files, tmp_path / "broken", "cosine")
     # Every schedule the config accepts has its transform.
-    assert set(FINAL_SCHEDULES) - {None} == set(finaltrain.SCHEDULE_TRANSFORMS)
+    assert set(FINAL_SCHEDULES.values()) <= set(TRANSFORMS) and set(FINAL_SCHEDULES) == {"cosine", "one_cycle"}
 
 
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(

@@ -16,9 +16,10 @@ CAMPAIGN = "every variant"
 
 
 @st.cache_data(show_spinner=False, max_entries=64)  # keyed by the trials themselves: no TTL needed
-def importances(table: pd.DataFrame, names: tuple[str, ...], minimize: bool) -> dict[str, float]:
-    """Cached: the same trials give the same importances on every redraw."""
-    return knobstats.importances(table, list(names), minimize)
+def importances(table: pd.DataFrame, names: tuple[str, ...]) -> dict[str, float]:
+    """Cached: the same trials give the same importances on every redraw. The stored scores are oriented (higher is
+    better) whatever the metric's direction, so they are maximised."""
+    return knobstats.importances(table, list(names))
 
 
 def body(run: shell.Campaign) -> None:
@@ -49,8 +50,7 @@ def body(run: shell.Campaign) -> None:
     )
 
     st.subheader("Parameter importance")
-    # Stored scores are oriented (higher is better) whatever the metric's direction: maximised here
-    found = importances(rows[[*params, knobstats.SCORE]].reset_index(drop=True), tuple(params), False)
+    found = importances(rows[[*params, knobstats.SCORE]].reset_index(drop=True), tuple(params))
     if found:
         st.altair_chart(knobstats.importance_chart(found), width="stretch")
         st.caption(
