@@ -30,6 +30,7 @@ from _common import machine, rows, save
 
 from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.kb import open_reader
+from ralph_ray.report import final_winner
 
 # From the dataset's own benchmark table (Debian: /usr/share/doc/dataset-fashion-mnist/README.md.gz), test accuracy.
 TABLE = {
@@ -95,7 +96,8 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
     scored = [r for r in board if r["selection_score"] is not None]
     best = scored[0] if scored else None
     seed = next((r for r in board if r["status"] == "seed"), None)
-    final = next(iter(rows(con, sql.FINAL_TRIAL, [run_id])), None)  # safeguards.final_share's trial, if it ran
+    finals = rows(con, sql.FINAL_TRIAL, [run_id])  # safeguards.final_share's trials, if they ran
+    final = final_winner(finals) or next(iter(finals), None)  # several candidates: the best selection wins
     trial_s = sum(float(t["seconds"] or 0) for t in trials)
     train_s = sum(float(v or 0) for v in trained.values())
     return {
@@ -133,6 +135,8 @@ def measure(root: Path, run_id: str, wall: float, code: int) -> dict[str, object
         },
         # the final training of the pick (safeguards.final_share), if it ran: the same fields, renamed for the table
         "final": None if final is None else {**renamed(final, FINAL_FIELDS), "epochs": final["epochs"]},
+        # every candidate's final trial (safeguards.final_candidates), the winner among them
+        "final_candidates": [{**renamed(f, FINAL_FIELDS), "epochs": f["epochs"]} for f in finals],
     }
 
 
@@ -228,6 +232,11 @@ def lines_for(results: list[dict[str, object]], args: argparse.Namespace, load: 
             if final
             else "-"
         )
+        candidates = r.get("final_candidates") or []
+        if len(candidates) > 1:  # safeguards.final_candidates: the winner by selection, then every candidate
+            shown += f", won by {final.get('variant_id')} of " + "; ".join(
+                f"{c['variant_id']} {c['test']} ({c['selection']}; {c['epochs']})" for c in candidates
+            )
         out.append(
             f"| {'loop (heuristic)' if r['agent'] == 'heuristic' else 'knob search (agent=none)'} | {r['seed']} | "
             f"{best.get('variant_id')} {best.get('interventions')} | {best.get('selection')} | "

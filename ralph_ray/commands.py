@@ -79,7 +79,7 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
-    from ralph_ray.report import fetch_rows, metric_values, replicate_spread
+    from ralph_ray.report import fetch_rows, final_winner, metric_values, replicate_spread
 
     task = _stored_task(run_dir)
     sign, value = metric_values(task)
@@ -112,10 +112,13 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         console.print(
             f"  pick (rank 1, by replicate mean): {board[0]['variant_id']}, {replicate_spread(board[0], value)}"
         )
-    if board and board[0].get("final_test_score") is not None:  # safeguards.final_share: the pick trained longer
+    finals = fetch_rows(con, sql.FINAL_TRIAL, [state.run_id])  # safeguards.final_share: the pick trained longer
+    final = final_winner(finals)
+    if final is not None and final["test_score"] is not None:
+        of = "the pick" if len(finals) == 1 else f"{len(finals)} candidates, won by"
         console.print(
-            f"  final training of the pick {board[0]['variant_id']}: selection "
-            f"{value(board[0]['final_selection_score']):.4f}, test {value(board[0]['final_test_score']):.4f}"
+            f"  final training of {of} {final['variant_id']}: selection "
+            f"{value(final['selection_score']):.4f}, test {value(final['test_score']):.4f}"
         )
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):

@@ -192,6 +192,11 @@ class SafeguardsConfig:
     # "one_cycle" (the offline agent's own transforms, along the final budget), or None (train the code as searched).
     # A 90-s search trial rewards what learns fast at a constant rate; a long run at one leaves accuracy unharvested.
     final_schedule: Optional[str] = None
+    # How many of the search's best train in the final share, side by side, the slots split between them: the pick
+    # (rank 1, its best knobs) and the next best distinct (variant, knobs) by their best search trial. 1: the pick
+    # alone. A short trial's ranking of the top few is within noise, and what wins over a long run (augmentation,
+    # normalisation) often loses at the search's budget; the long run's selection score then names the winner.
+    final_candidates: int = 1
 
     @property
     def search_time_s(self) -> Optional[float]:
@@ -732,6 +737,13 @@ def validate(cfg: Config) -> None:
             "safeguards.final_schedule",
             f"must be one of {', '.join(FINAL_SCHEDULES)} or null, got {cfg.safeguards.final_schedule!r}",
             "set safeguards.final_schedule=cosine (or null: train the pick's code as searched)",
+        )
+    if not 1 <= cfg.safeguards.final_candidates <= max(1, cfg.search.max_concurrent):
+        raise ConfigError(
+            "safeguards.final_candidates",
+            f"must be from 1 to search.max_concurrent ({cfg.search.max_concurrent}): the candidates train side by "
+            f"side, one slot's share each; got {cfg.safeguards.final_candidates}",
+            f"set safeguards.final_candidates={max(1, min(2, cfg.search.max_concurrent))} (1: the pick alone)",
         )
     if cfg.safeguards.final_share > 0 and cfg.safeguards.campaign_time_s is None:
         raise ConfigError(

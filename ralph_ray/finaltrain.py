@@ -1,5 +1,7 @@
 """The final training of the pick: after the search, the rank-1 variant's best knobs train once more, for the share
-of the campaign's time kept for it (`safeguards.final_share`), on every slot's CPUs, as one marked trial.
+of the campaign's time kept for it (`safeguards.final_share`), on every slot's CPUs, as one marked trial; or, with
+`safeguards.final_candidates` N > 1, the pick and the next N-1 best (variant, knobs) side by side, the slots split
+between them, and the long run's best selection score names the winner (the test split stays the report's).
 
 The search gives every trial the same short budget (`trial.budget_s`), so a kept change is better training, not
 more of it. A careful engineer then trains the winner for longer: this is that step. Its trial is an ordinary trial
@@ -34,14 +36,13 @@ MARGIN_S = 30.0
 
 @dataclass(frozen=True)
 class Plan:
-    """What the final training runs: the pick, its knobs, its budget and its resources."""
+    """What one final trial runs: a candidate (the pick, or one of the next best), its knobs, budget and resources."""
 
     variant_id: str
     knobs: dict[str, Any]
     budget_s: float
     cpus: float
     gpus: float
-    cycle: int  # the pick's own cycle (generation): its trials', this one's too
     files: Path  # the code it runs: the pick's own, or a copy with the schedule added
     schedule: str | None = None  # the schedule added to that copy (safeguards.final_schedule), None: as searched
 
@@ -52,24 +53,28 @@ def budget(share_s: float, left_s: float) -> float:
     return reserve - min(MARGIN_S, reserve / 4)
 
 
-def resources(cpu: float, gpu: float, slots: int, largest_node_cpus: float | None) -> tuple[float, float]:
-    """The final trial runs alone: every slot's CPUs (capped at the largest node's), and the slots' GPU shares added
-    (at most one GPU: a trial of more is a data-parallel one, which the final training does not run)."""
-    cpus = cpu * max(1, slots)
+def resources(
+    cpu: float, gpu: float, slots: int, largest_node_cpus: float | None, candidates: int = 1
+) -> tuple[float, float]:
+    """Each final trial's share: the slots' CPUs split between the `candidates` side by side (capped at the largest
+    node's), and their GPU shares likewise (at most one GPU: a trial of more is a data-parallel one, which the final
+    training does not run); never less than a search trial had."""
+    share = max(1, slots) / max(1, candidates)
+    cpus = cpu * share
     if largest_node_cpus:
         cpus = min(cpus, largest_node_cpus)
-    return max(cpu, cpus), (min(1.0, gpu * max(1, slots)) if gpu else 0.0)
+    return max(cpu, cpus), (min(1.0, max(gpu, gpu * share)) if gpu else 0.0)
 
 
-def why_not(share: float, stop_reason: str, recorded: int, pick: str | None, budget_s: float) -> str | None:
-    """Why no final training runs (None: it runs)."""
+def why_not(share: float, stop_reason: str, trained: int, candidates: int, budget_s: float) -> str | None:
+    """Why no final training runs (None: it runs): `candidates` found, `trained` of them recorded already."""
     if not share:
         return "off"  # safeguards.final_share=0: nothing to say
     if stop_reason == StopReason.manual_stop.value:
         return "skipped: the campaign was stopped by hand (resume it to finish the search and the final training)"
-    if recorded:
+    if candidates and trained >= candidates:
         return "already trained (recorded in the KB)"
-    if pick is None:
+    if not candidates:
         return "skipped: no variant has a completed search trial"
     if budget_s < MIN_BUDGET_S:
         return f"skipped: {budget_s:.0f} s of training left, under {MIN_BUDGET_S:g} s"
@@ -102,55 +107,77 @@ def _largest_node_cpus() -> float | None:
     return max(cpus) if cpus else None
 
 
-def run(campaign: Campaign, outcome: Outcome) -> TrialRecord | None:
-    """Train the pick's best knobs for the final share; its record, or None when it did not run (said why)."""
+def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
+    """Train the candidates' best knobs for the final share; their records (none when it did not run: said why)."""
     cfg, say = campaign.cfg, campaign.console.print
     guards = cfg.safeguards
     if not guards.final_share or guards.campaign_time_s is None:
-        return None
+        return []
     con = campaign.kb.reader()
-    board = con.execute(sql.PICK_FOR_RUN, [campaign.run_id]).fetchone()
-    pick, knobs, cycle = (board[0], json.loads(board[1] or "{}"), board[2]) if board else (None, {}, None)
-    recorded = con.execute(sql.FINAL_TRIALS_DONE, [campaign.run_id, pick, STOPPED_WITH_CYCLE]).fetchone()[0]
+    found = [
+        (variant, json.loads(knobs or "{}"), cycle)
+        for variant, knobs, cycle in con.execute(
+            sql.FINAL_CANDIDATES, [campaign.run_id, guards.final_candidates - 1]
+        ).fetchall()
+    ]
+    recorded = con.execute(sql.FINAL_TRIALS_DONE, [campaign.run_id, STOPPED_WITH_CYCLE]).fetchall()
+    done = [(v, json.loads(k or "{}")) for v, k in recorded]
+    todo = [(v, knobs, cycle) for v, knobs, cycle in found if (v, knobs) not in done]
     seconds = budget(guards.final_share * guards.campaign_time_s, guards.campaign_time_s - campaign.state.elapsed_s)
-    problem = why_not(guards.final_share, outcome.stop_reason, recorded, pick, seconds)
+    problem = why_not(guards.final_share, outcome.stop_reason, len(found) - len(todo), len(found), seconds)
     if problem is not None:
         say(f"[bold]final training[/]: {problem}")
-        return None
-    assert pick is not None
-    cpus, gpus = resources(cfg.resources.cpu, cfg.resources.gpu, cfg.search.max_concurrent, _largest_node_cpus())
-    files = campaign.run_dir / "variants" / pick / "files"
+        return []
+    slots = cfg.search.max_concurrent
+    cpus, gpus = resources(cfg.resources.cpu, cfg.resources.gpu, slots, _largest_node_cpus(), len(todo))
+    plans, code = [], {}
+    for variant, knobs, _ in todo:
+        if variant not in code:  # a knob search's candidates share their variant's code
+            code[variant] = _code(campaign, variant)
+        files, schedule = code[variant]
+        plans.append(Plan(variant, knobs, seconds, cpus, gpus, files, schedule))
+    device = f"{cpus:g} CPU(s){f' and {gpus:g} GPU' if gpus else ''}"
+    share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
+    for n, plan in enumerate(plans):
+        added = f", with a {plan.schedule} schedule added along it" if plan.schedule else ""
+        who = "the pick" if (plan.variant_id, plan.knobs) == found[0][:2] else f"candidate {n + 1}"
+        say(
+            f"[bold]final training[/] of {who} {plan.variant_id}, its knobs {json.dumps(plan.knobs)}, for "
+            f"{plan.budget_s:.0f} s{added} on {device} {share}"
+        )
+    if len(plans) > 1:
+        say(f"  {len(plans)} candidates side by side (safeguards.final_candidates): the best selection score wins")
+    return _train(campaign, plans, max(1, int(found[0][2] or 1)))
+
+
+def _code(campaign: Campaign, variant: str) -> tuple[Path, str | None]:
+    """The folder a candidate's final trial runs and the schedule added to it (the console says why none was)."""
+    schedule = campaign.cfg.safeguards.final_schedule
+    files = campaign.run_dir / "variants" / variant / "files"
     try:
-        files, schedule = with_schedule(files, campaign.run_dir / "final" / "code" / pick, guards.final_schedule)
+        return with_schedule(files, campaign.run_dir / "final" / "code" / variant, schedule)
     except NotApplicable as why:
-        schedule = None
-        say(f"[bold]final training[/]: no {guards.final_schedule} schedule added ({why}): the code trains as searched")
-    plan = Plan(pick, knobs, seconds, cpus, gpus, max(1, int(cycle or 1)), files, schedule)
-    added = f", with a {plan.schedule} schedule added along it" if plan.schedule else ""
-    say(
-        f"[bold]final training[/] of the pick {plan.variant_id} (rank 1), its best knobs {json.dumps(plan.knobs)}, "
-        f"for {plan.budget_s:.0f} s{added} on {plan.cpus:g} CPU(s){f' and {plan.gpus:g} GPU' if plan.gpus else ''} "
-        f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
-    )
-    return _train(campaign, plan)
+        campaign.console.print(
+            f"[bold]final training[/]: no {schedule} schedule added to {variant} ({why}): its code trains as searched"
+        )
+        return files, None
 
 
-def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
-    """One trial of the plan, through the replicates' runner of fixed points; recorded as it ends."""
-    cfg = campaign.cfg
+def _train(campaign: Campaign, plans: list[Plan], cycle: int) -> list[TrialRecord]:
+    """The plans' trials side by side, through the replicates' runner of fixed points; recorded as each ends, in
+    `cycle` (the pick's own: its generation's)."""
+    cfg, first = campaign.cfg, plans[0]
     grace = cfg.trial.grace_s
     final_cfg = replace(
         cfg,
-        trial=replace(cfg.trial, budget_s=plan.budget_s),
-        resources=replace(cfg.resources, cpu=plan.cpus, gpu=plan.gpus),
-        search=replace(cfg.search, max_concurrent=1),
+        trial=replace(cfg.trial, budget_s=first.budget_s),
+        resources=replace(cfg.resources, cpu=first.cpus, gpu=first.gpus),
+        search=replace(cfg.search, max_concurrent=len(plans)),
         safeguards=replace(
-            cfg.safeguards, trial_timeout_s=max(cfg.safeguards.trial_timeout_s, plan.budget_s + grace + 120)
+            cfg.safeguards, trial_timeout_s=max(cfg.safeguards.trial_timeout_s, first.budget_s + grace + 120)
         ),
     )
-    cycle = plan.cycle
     ended: list[TrialRecord] = []
-    marks: dict[str, Any] = {FINAL_KEY: True, **({FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {})}
 
     def sink(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         tag = records.trial_part(campaign.run_id, cycle, trial.trial_id)
@@ -158,13 +185,16 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
         campaign.kb.append("trials", [trial.row()], tag)  # after its epochs: a visible trial always has its curve
         ended.append(trial)
 
+    def marks(plan: Plan) -> dict[str, Any]:
+        return {FINAL_KEY: True, **({FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {})}
+
     replicates.run(
         final_cfg,
         campaign.run_id,
         cycle,
         campaign.run_dir / "final",
-        {plan.variant_id: plan.files},
-        [{"variant": plan.variant_id, **plan.knobs, **marks}],
+        {plan.variant_id: plan.files for plan in plans},
+        [{"variant": plan.variant_id, **plan.knobs, **marks(plan)} for plan in plans],
         campaign.data,
         campaign.labels,
         sink,
@@ -173,15 +203,23 @@ def _train(campaign: Campaign, plan: Plan) -> TrialRecord | None:
         None,
         label="final training",
     )
-    trial = ended[0] if ended else None
     sign, _ = metric_values({"direction": cfg.task.direction})  # the report's rule: stored score -> metric value
-    campaign.console.print(f"[bold]final training[/]: {line(trial, sign)}")
-    if trial is None or trial.reason == STOPPED_WITH_CYCLE:
-        campaign.console.print(
+    say = campaign.console.print
+    for trial in ended:
+        say(f"[bold]final training[/] of {trial.variant_id}: {line(trial, sign)}")
+    if len(ended) < len(plans) or any(t.reason == STOPPED_WITH_CYCLE for t in ended):
+        say(
             f"  the final training was cut short by a stop: `python -m ralph_ray resume={campaign.run_id}` "
             "trains it again"
         )
-    return trial
+    scored = [t for t in ended if t.selection_score is not None and t.reason != STOPPED_WITH_CYCLE]
+    if len(plans) > 1 and scored:
+        best = max(scored, key=lambda t: t.selection_score or 0.0)
+        say(
+            f"[bold]final training[/]: the long run's winner by selection is {best.variant_id} "
+            f"(export it: `python -m ralph_ray export {campaign.run_id} {best.variant_id}`)"
+        )
+    return ended
 
 
 def line(trial: TrialRecord | None, sign: float = 1.0) -> str:

@@ -141,11 +141,19 @@ def final_section(
         "## Final training of the pick",
         "",
         "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
-        "kept for it, on every slot's CPUs (search trials had `trial.budget_s` each), with the learning-rate schedule "
+        "kept for it (with `safeguards.final_candidates` above 1, beside the next best (variant, knobs), the slots "
+        "split between them; search trials had `trial.budget_s` each), with the learning-rate schedule "
         "`safeguards.final_schedule` added to its code where it had none. Its scores are not ranked with the "
         "search's: it trained longer than any of them.",
         "",
     ]
+    best = final_winner(finals)
+    if best is not None and len(finals) > 1:
+        lines += [
+            f"The long run's winner by selection: **{best['variant_id']}** (trial {best['trial_id']}), test "
+            f"**{_f(value(best['test_score']))}**.",
+            "",
+        ]
     for trial in finals:
         schedule = trial.get("final_schedule")
         lines.append(
@@ -161,6 +169,12 @@ def final_section(
             f"{_f(value(best.get('test_score')))}"
         )
     return lines
+
+
+def final_winner(finals: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The final trial with the best selection score (stored oriented: higher wins); None before one has scored."""
+    scored = [t for t in finals if t.get("selection_score") is not None and t.get("status") == "completed"]
+    return max(scored, key=lambda t: t["selection_score"]) if scored else None
 
 
 @dataclass(frozen=True)

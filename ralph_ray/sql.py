@@ -357,25 +357,41 @@ from trials where run_id = ? and status = 'completed' and not coalesce(replicate
 group by variant_id
 order by selection_score desc
 """
-# The final training of the pick (finaltrain.py): whether the pick has had one (one a stop cut short, reason ?, runs
-# again; a resume whose search found another pick trains that one),
-# and the pick it trains: the leaderboard's rank 1 with its best search trial's knobs (ties: the first trial), and
-# its cycle (the final trial's).
+# The final training (finaltrain.py): the (variant, knobs) pairs already trained (one a stop cut short, reason ?,
+# runs again; a resume whose search found another pick trains that one),
 FINAL_TRIALS_DONE = """
-select count(*) from trials
-where run_id = ? and variant_id = ? and coalesce(final, false) and reason is distinct from ?
+select variant_id, knobs from trials
+where run_id = ? and coalesce(final, false) and reason is distinct from ?
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
-       t.final_schedule, (select max(value) from epochs e where e.run_id = t.run_id and e.trial_id = t.trial_id
-        and e.metric = 'train_seconds') as train_seconds
+       t.knobs, t.final_schedule, (select max(value) from epochs e where e.run_id = t.run_id
+        and e.trial_id = t.trial_id and e.metric = 'train_seconds') as train_seconds
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
 """
-PICK_FOR_RUN = """
-select l.variant_id, t.knobs, l.cycle from leaderboard l
-join trials t on t.run_id = l.run_id and t.variant_id = l.variant_id and t.status = 'completed'
- and not coalesce(t.replicate, false) and not coalesce(t.final, false) and t.selection_score is not null
-where l.run_id = ? order by l.rank, l.variant_id, t.selection_score desc, t.trial_id limit 1
+# and the candidates it trains (safeguards.final_candidates): first the pick, the leaderboard's rank 1 with its best
+# search trial's knobs (ties: the first trial), then the next best distinct (variant, knobs) pairs by their best
+# search trial's selection score, at most ? of them; each with its variant's cycle (its final trial's).
+FINAL_CANDIDATES = """
+with searched as (
+  select l.variant_id, t.knobs, l.cycle, l.rank, t.selection_score, t.trial_id from leaderboard l
+  join trials t on t.run_id = l.run_id and t.variant_id = l.variant_id and t.status = 'completed'
+   and not coalesce(t.replicate, false) and not coalesce(t.final, false) and t.selection_score is not null
+  where l.run_id = ?
+),
+pick as (select * from searched order by rank, variant_id, selection_score desc, trial_id limit 1),
+others as (
+  select variant_id, knobs, any_value(cycle) as cycle, max(selection_score) as score, min(trial_id) as first
+  from searched s
+  where not exists (select 1 from pick p where p.variant_id = s.variant_id and p.knobs = s.knobs)
+  group by variant_id, knobs
+),
+listed as (
+  select 0 as part, 1 as nth, variant_id, knobs, cycle from pick
+  union all
+  select 1, row_number() over (order by score desc, variant_id, first), variant_id, knobs, cycle from others
+)
+select variant_id, knobs, cycle from listed where part = 0 or nth <= ? order by part, nth
 """
 # Each variant's replicates so far (noise.py): how many were run, their seeds and the scores of those that completed.
 REPLICATES_FOR_RUN = """

@@ -14,7 +14,7 @@ from ralph_ray.__main__ import main
 from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable
 from ralph_ray.campaign import run
 from ralph_ray.config import FINAL_SCHEDULES, resume_config
-from ralph_ray.kb import open_reader
+from ralph_ray.kb import KnowledgeBase, open_reader
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_async import rows, tiny  # noqa: E402
@@ -34,20 +34,67 @@ def test_the_final_trial_takes_every_slot_capped_at_the_largest_node():
     assert finaltrain.resources(1.0, 1.0, 4, 16.0) == (4.0, 1.0)  # one GPU per trial (more needs data parallel)
 
 
+def test_candidates_side_by_side_split_the_slots():
+    assert finaltrain.resources(1.0, 0.0, 2, 2.0, candidates=2) == (1.0, 0.0)  # one core each on 2 cores
+    assert finaltrain.resources(1.0, 0.25, 4, 16.0, candidates=2) == (2.0, 0.5)  # half the GPU each
+    assert finaltrain.resources(1.0, 0.25, 4, 16.0, candidates=4) == (1.0, 0.25)  # a slot's share each
+    assert finaltrain.resources(2.0, 1.0, 2, 16.0, candidates=2) == (2.0, 1.0)  # never less than a search trial
+
+
+def test_the_candidates_are_the_pick_then_the_next_best_variant_and_knobs(tmp_path: Path):
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+
+    def trial(trial_id: str, variant: str, lr: float, score: float | None, **more: object) -> dict:
+        knobs = json.dumps({"LR": lr})
+        return {"run_id": "r", "cycle": 1, "trial_id": trial_id, "variant_id": variant, "knobs": knobs, **more} | {
+            "status": more.get("status", "completed"),
+            "selection_score": score,
+            "seconds": 1.0,
+            "epochs": 2,
+        }
+
+    kb.append(
+        "trials",
+        [
+            trial("t1", "v1", 0.1, 0.95),
+            trial("t2", "v1", 0.2, 0.93),  # the pick's other knobs: a candidate of its own (a knob search's case)
+            trial("t3", "v1", 0.1, 0.94),  # the same pair again: one candidate, by its best trial
+            trial("t4", "v2", 0.1, 0.94),
+            trial("t5", "v3", 0.1, 0.99, final=True),  # a final trial never makes a candidate
+            trial("t6", "v4", 0.1, None, status="failed"),
+        ],
+        "r-t",
+    )
+    con = open_reader(tmp_path / "kb")
+
+    def candidates(n: int) -> list[tuple[str, float]]:
+        found = con.execute(sql.FINAL_CANDIDATES, ["r", n - 1]).fetchall()
+        return [(variant, json.loads(knobs)["LR"]) for variant, knobs, _ in found]
+
+    assert candidates(1) == [("v1", 0.1)]  # the pick alone: what PICK_FOR_RUN gave before candidates
+    assert candidates(2) == [("v1", 0.1), ("v2", 0.1)]
+    assert candidates(3) == [("v1", 0.1), ("v2", 0.1), ("v1", 0.2)]
+    assert candidates(6) == candidates(3)  # no more pairs than the search scored
+    assert con.execute(sql.FINAL_CANDIDATES, ["other", 1]).fetchall() == []
+
+
 @pytest.mark.parametrize(
     ("share", "reason", "recorded", "pick", "budget", "said"),
     [
-        (0.0, "campaign_time", 0, "v", 100.0, "off"),
-        (0.2, "manual_stop", 0, "v", 100.0, "stopped by hand"),
-        (0.2, "campaign_time", 1, "v", 100.0, "already trained"),
-        (0.2, "no_trial_completed", 0, None, 100.0, "no variant has a completed search trial"),
-        (0.2, "campaign_time", 0, "v", 5.0, "5 s of training left"),
+        (0.0, "campaign_time", 0, 1, 100.0, "off"),
+        (0.2, "manual_stop", 0, 1, 100.0, "stopped by hand"),
+        (0.2, "campaign_time", 1, 1, 100.0, "already trained"),
+        (0.2, "campaign_time", 2, 2, 100.0, "already trained"),
+        (0.2, "no_trial_completed", 0, 0, 100.0, "no variant has a completed search trial"),
+        (0.2, "campaign_time", 0, 1, 5.0, "5 s of training left"),
     ],
 )
 def test_why_the_final_training_is_skipped(share, reason, recorded, pick, budget, said):
     problem = finaltrain.why_not(share, reason, recorded, pick, budget)
     assert problem is not None and said in problem
-    assert finaltrain.why_not(0.2, "campaign_time", 0, "v", 100.0) is None
+    assert finaltrain.why_not(0.2, "campaign_time", 0, 1, 100.0) is None
+    assert finaltrain.why_not(0.2, "campaign_time", 1, 2, 100.0) is None  # a resume trains the one a stop cut short
 
 
 def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp_path: Path):
@@ -80,6 +127,7 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
+    # Two candidates: a knob search's pick and its next best knobs (one variant, two knob sets), side by side.
     outcome = run(
         tiny(
             tmp_path,
@@ -92,29 +140,35 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "safeguards.campaign_time_s=60",
             "safeguards.final_share=0.5",
             "safeguards.final_schedule=cosine",
+            "safeguards.final_candidates=2",
         )
     )
     assert outcome.stop_reason == "campaign_time"
-    assert "with a cosine schedule added along it" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "with a cosine schedule added along it" in said and "2 candidates side by side" in said
     con = open_reader(outcome.kb_root)
-    finals = rows(con, "select * from trials where run_id = 'fin' and final", [])
-    assert len(finals) == 1 and finals[0]["status"] == "completed" and not finals[0]["replicate"]
-    final = finals[0]
+    finals = rows(con, "select * from trials where run_id = 'fin' and final order by selection_score desc", [])
+    assert len(finals) == 2 and all(f["status"] == "completed" and not f["replicate"] for f in finals)
+    assert finals[0]["knobs"] != finals[1]["knobs"]
     board = rows(con, "select * from leaderboard where run_id = 'fin' order by rank, variant_id", [])
     pick = board[0]
-    assert final["variant_id"] == pick["variant_id"]
-    best = rows(
+    assert {f["variant_id"] for f in finals} == {pick["variant_id"]}  # knob search: one variant, two knob sets
+    searched = rows(
         con,
-        """select knobs from trials where run_id = 'fin' and variant_id = ? and status = 'completed' and not final
-           and selection_score = ?""",
-        [pick["variant_id"], pick["selection_score"]],
+        """select knobs, selection_score from trials where run_id = 'fin' and variant_id = ? and status = 'completed'
+           and not final order by selection_score desc""",
+        [pick["variant_id"]],
     )
-    assert json.loads(final["knobs"]) in [json.loads(b["knobs"]) for b in best]  # its best knobs, as searched
-    assert pick["final_test_score"] == final["test_score"] and pick["final_selection_score"] is not None
-    assert pick["best_trial_id"] != final["trial_id"]  # it never ranks: the best trial is a search trial's
+    best = [json.loads(r["knobs"]) for r in searched if r["selection_score"] == pick["selection_score"]]
+    assert any(json.loads(f["knobs"]) in best for f in finals)  # the pick's best knobs, as searched...
+    assert all(json.loads(f["knobs"]) in [json.loads(r["knobs"]) for r in searched] for f in finals)  # ...and next
+    winner = finals[0]  # the best selection score of the long runs
+    assert f"the long run's winner by selection is {winner['variant_id']}" in said
+    assert pick["final_test_score"] == winner["test_score"] and pick["final_selection_score"] is not None
+    assert pick["best_trial_id"] not in {f["trial_id"] for f in finals}  # it never ranks: the best is a search trial
     # It ran the pick's code with a cosine schedule added; the variant's own code is as searched.
-    assert final["final_schedule"] == "cosine"
-    assert "lr_factor(" in (Path(final["work_dir"]) / "train.py").read_text()
+    assert all(f["final_schedule"] == "cosine" for f in finals)
+    assert "lr_factor(" in (Path(winner["work_dir"]) / "train.py").read_text()
     assert "lr_factor(" not in (outcome.run_dir / "variants" / pick["variant_id"] / "files" / "train.py").read_text()
     assert all(
         r["final_schedule"] is None
@@ -127,35 +181,38 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "select trial_id, max(value) from epochs where run_id = 'fin' and metric = 'train_seconds' group by all"
         ).fetchall()
     )
-    # budget(30 s, what is left) trains ~22 s; the search trials had 2 s (+ one epoch past it at most)
-    assert trained[final["trial_id"]] > 10
-    assert max(s for t, s in trained.items() if t != final["trial_id"]) < 10
+    # budget(30 s, what is left) trains ~22 s each; the search trials had 2 s (+ one epoch past it at most)
+    final_ids = {f["trial_id"] for f in finals}
+    assert all(trained[t] > 10 for t in final_ids)
+    assert max(s for t, s in trained.items() if t not in final_ids) < 10
     # Left out of every search figure: the replicate spread of shared knobs, the progress timeline, the cycle counts,
-    # the report's cost front (it trained longer than any sample).
-    same = con.execute(
-        """select count(*) from trials where run_id = 'fin' and variant_id = ? and knobs = ? and status = 'completed'
-           and not final""",
-        [final["variant_id"], final["knobs"]],
-    ).fetchone()[0]
-    spreads = {(v, k): n for v, k, n, _, _ in con.execute(sql.APP_REPLICATES, ["fin"]).fetchall()}
-    assert spreads.get((final["variant_id"], final["knobs"]), 1) == same
-    assert final["trial_id"] not in [r[0] for r in con.execute(sql.TRIAL_TIMELINE, ["fin"]).fetchall()]
+    # the report's cost front (they trained longer than any sample).
+    for final in finals:
+        same = con.execute(
+            """select count(*) from trials where run_id = 'fin' and variant_id = ? and knobs = ?
+               and status = 'completed' and not final""",
+            [final["variant_id"], final["knobs"]],
+        ).fetchone()[0]
+        spreads = {(v, k): n for v, k, n, _, _ in con.execute(sql.APP_REPLICATES, ["fin"]).fetchall()}
+        assert spreads.get((final["variant_id"], final["knobs"]), 1) == same
+    assert not final_ids & {r[0] for r in con.execute(sql.TRIAL_TIMELINE, ["fin"]).fetchall()}
     per_cycle = sum(n for _, n in con.execute(sql.TRIALS_PER_CYCLE, ["fin"]).fetchall())
     assert per_cycle == con.execute("select count(*) from trials where run_id = 'fin' and not final").fetchone()[0]
     decision = con.execute("select rationale from decisions where run_id = 'fin' order by cycle desc").fetchone()[0]
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
-    assert "## Final training of the pick" in report and final["trial_id"] in report
+    assert "## Final training of the pick" in report and all(t in report for t in final_ids)
     assert "(its code with a cosine schedule added)" in report
+    assert f"The long run's winner by selection: **{winner['variant_id']}** (trial {winner['trial_id']})" in report
     front = report.split("## Score against cost")[1].split("\n## ")[0]
-    assert final["trial_id"] not in front
+    assert not any(t in front for t in final_ids)
 
     assert main(["status", "fin", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
     shown = capsys.readouterr().out
-    assert f"final training of the pick {pick['variant_id']}: selection" in shown
-    assert f"test {final['test_score']:.4f}" in shown
+    assert f"final training of 2 candidates, won by {winner['variant_id']}: selection" in shown
+    assert f"test {winner['test_score']:.4f}" in shown
 
-    # A resume (raised limits not reached) finds the final training recorded and does not run it again.
+    # A resume (raised limits not reached) finds both final trainings recorded and runs neither again.
     again = run(resume_config(outcome.run_dir))
     assert again.stop_reason == "campaign_time"
-    assert open_reader(outcome.kb_root).execute("select count(*) from trials where final").fetchone()[0] == 1
+    assert open_reader(outcome.kb_root).execute("select count(*) from trials where final").fetchone()[0] == 2

@@ -49,7 +49,8 @@ def body(run: shell.Campaign) -> None:
     cols[1].metric("cycle", f"{cycle} / {(run.config.get('safeguards') or {}).get('max_cycles', '?')}")
     cols[2].metric("phase", phase)
     # The Leaderboard's best (its first row), not the last decision's: the same number on both pages mid-cycle.
-    top = figures.records(kbdata.frame(run.kb_root, sql.APP_LEADERBOARD, (run.run_id,)).head(1))
+    board = figures.records(kbdata.frame(run.kb_root, sql.APP_LEADERBOARD, (run.run_id,)))
+    top = board[:1]
     best = top[0]["selection_score"] if top else None
     sign = run.sign
     cols[3].metric(
@@ -65,7 +66,7 @@ def body(run: shell.Campaign) -> None:
 
     if top:
         st.caption(pick_line(top[0], sign))
-        final = final_line(top[0], sign)
+        final = final_line(board, sign)
         if final:
             st.caption(final)
 
@@ -129,14 +130,26 @@ def pick_line(row: dict, sign: float = 1.0) -> str:
     )
 
 
-def final_line(row: dict, sign: float = 1.0) -> str | None:
-    """The pick's final training (safeguards.final_share), once it has scored; None before or without one."""
-    test, selection = row.get("final_test_score"), row.get("final_selection_score")
-    if test is None or pd.isna(test):
+def final_line(board: list[dict], sign: float = 1.0) -> str | None:
+    """The final training (safeguards.final_share) once it has scored: the pick's, or with several candidates the
+    one with the best selection score (the leaderboard's final_* columns); None before or without one."""
+    finals = [r for r in board if r.get("final_test_score") is not None and not pd.isna(r["final_test_score"])]
+    if not finals:
         return None
+    row = max(finals, key=lambda r: r["final_selection_score"])
+    selection, test = (
+        figures.score_text(row["final_selection_score"], sign=sign),
+        figures.score_text(row["final_test_score"], sign=sign),
+    )
+    if len(finals) == 1 and row is board[0]:
+        return (
+            f"Final training of the pick (its best knobs, trained longer after the search): selection {selection}, "
+            f"test **{test}**."
+        )
     return (
-        f"Final training of the pick (its best knobs, trained longer after the search): selection "
-        f"{figures.score_text(selection, sign=sign)}, test **{figures.score_text(test, sign=sign)}**."
+        f"Final training of {len(finals)} candidates (their best knobs, side by side, longer than the search's "
+        f"trials), won by **{row['variant_id']}** (rank {row['rank']} in the search): selection {selection}, "
+        f"test **{test}**."
     )
 
 

@@ -215,6 +215,18 @@ def test_the_status_page_shows_the_picks_final_training_and_waits_for_it(tmp_pat
     board = open_reader(root).execute("select selection_score, final_test_score from leaderboard").fetchall()
     assert board == [(0.90, 0.925)]
 
+    # Two candidates (safeguards.final_candidates=2): the long run with the best selection score is named, whatever
+    # its rank in the search.
+    kb.append("trials", [{**search, "variant_id": "v2", "trial_id": "t3", "selection_score": 0.89}], "r1-t3")
+    runner_up = {**final, "variant_id": "v2", "trial_id": "t4", "selection_score": 0.94, "test_score": 0.931}
+    kb.append("trials", [runner_up], "r1-t4")
+    st.cache_data.clear()
+    st.cache_resource.clear()
+    shown = texts(open_page(root, "views/status.py"))
+    assert "Final training of 2 candidates" in shown and "won by **v2** (rank 2 in the search)" in shown
+    assert "selection 0.9400, test **0.9310**" in shown
+    assert "Final training of the pick" not in shown
+
 
 def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Path):
     # lm-like: bits per byte, lower is better; the KB stores -value (oriented), the pages show the value and rank by
