@@ -32,7 +32,7 @@ from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
 from ralph_ray.noise import Comparison
 from ralph_ray.population import Candidate
-from ralph_ray.variants import VariantStatus, snapshot, unified_diff
+from ralph_ray.variants import VariantStatus, files_dir, snapshot, unified_diff
 
 
 @dataclass
@@ -412,7 +412,7 @@ def knob_child(parent: Candidate, baked: Path, variants_root: Path) -> Child:
     """agent=none: the child is the parent with its best knobs written in (knob search hill-climbs)."""
     variant = snapshot(baked, variants_root, parent_id=parent.variant_id)
     own = read_knobs((variant.files_dir / "train.py").read_text())
-    diff = unified_diff(variants_root / parent.variant_id / "files", variant.files_dir)
+    diff = unified_diff(files_dir(variants_root, parent.variant_id), variant.files_dir)
     (variant.files_dir.parent / "diff.patch").write_text(diff)
     return Child(
         variant.variant_id,

@@ -24,6 +24,7 @@ from ralph_ray.decision import StopReason
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import metric_values
 from ralph_ray.trials import FINAL_KEY, FINAL_SCHEDULE_KEY
+from ralph_ray.variants import files_dir
 
 if TYPE_CHECKING:
     from ralph_ray.generations import Campaign, Outcome
@@ -153,7 +154,7 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
 def _code(campaign: Campaign, variant: str) -> tuple[Path, str | None]:
     """The folder a candidate's final trial runs and the schedule added to it (the console says why none was)."""
     schedule = campaign.cfg.safeguards.final_schedule
-    files = campaign.run_dir / "variants" / variant / "files"
+    files = files_dir(campaign.run_dir / "variants", variant)
     try:
         return with_schedule(files, campaign.run_dir / "final" / "code" / variant, schedule)
     except NotApplicable as why:

@@ -38,7 +38,7 @@ from ralph_ray.search import run_cycle
 from ralph_ray.state import CampaignState, Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import ScoredBy, Splits
-from ralph_ray.variants import VariantStatus
+from ralph_ray.variants import VariantStatus, files_dir
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ class Campaign:
         if not configs:
             return False
         replicates.say(configs, lambda line: self._phase("replicate", line))
-        files = {v: self.run_dir / "variants" / v / "files" for v in wanted}
+        files = {v: files_dir(self.run_dir / "variants", v) for v in wanted}
         return replicates.run(
             self.cfg,
             self.run_id,

@@ -20,6 +20,7 @@ from ralph_ray.children import bake
 from ralph_ray.decision import CycleFacts
 from ralph_ray.population import Candidate, branch_of
 from ralph_ray.state import CampaignState
+from ralph_ray.variants import files_dir
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def parent_view(
 ) -> ParentView:
     """What the agents may know of a parent: its code with its best knobs baked in (written to `baked`), its trials
     and curves, the interventions of its lineage, and the task's program.md."""
-    files_dir = bake(variants_root / parent.variant_id / "files", parent.best_knobs, baked)
+    files = bake(files_dir(variants_root, parent.variant_id), parent.best_knobs, baked)
     program = trainer_dir / "program.md"
     curves: dict[str, list[EpochPoint]] = {}
     for trial_id, *point in con.execute(sql.VARIANT_CURVES, [run_id, parent.variant_id]).fetchall():
@@ -89,7 +90,7 @@ def parent_view(
     own = variants.get(parent.variant_id, (None, []))[1]
     return ParentView(
         parent.variant_id,
-        files_dir,
+        files,
         parent.selection_score,
         trials,
         own,

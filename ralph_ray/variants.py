@@ -50,16 +50,21 @@ def content_hash(folder: Path) -> str:
     return digest.hexdigest()[:12]
 
 
+def files_dir(variants_root: Path, variant_id: str) -> Path:
+    """Where a variant's files live: `variants_root/<id>/files` (a run dir's `variants/`)."""
+    return variants_root / variant_id / "files"
+
+
 def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) -> Variant:
     """Copy a trainer folder into `variants_root/<id>/files` (once; the same content is the same variant)."""
     variant_id = content_hash(source)
-    files_dir = variants_root / variant_id / "files"
-    if not files_dir.exists():
-        tmp = files_dir.with_name("files.tmp")
+    files = files_dir(variants_root, variant_id)
+    if not files.exists():
+        tmp = files.with_name("files.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(source, tmp, ignore=_ignore_at(source))
-        tmp.rename(files_dir)
-    return Variant(variant_id=variant_id, parent_id=parent_id, files_dir=files_dir)
+        tmp.rename(files)
+    return Variant(variant_id=variant_id, parent_id=parent_id, files_dir=files)
 
 
 def variant_files(folder: Path) -> list[Path]:
