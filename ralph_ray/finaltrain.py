@@ -139,9 +139,11 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
         plans.append(Plan(variant, knobs, seconds, cpus, gpus, files, schedule))
     device = f"{cpus:g} CPU(s){f' and {gpus:g} GPU' if gpus else ''}"
     share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
-    for n, plan in enumerate(plans):
+    order = [(v, knobs) for v, knobs, _ in found]
+    for plan in plans:
         added = f", with a {plan.schedule} schedule added along it" if plan.schedule else ""
-        who = "the pick" if (plan.variant_id, plan.knobs) == found[0][:2] else f"candidate {n + 1}"
+        nth = order.index((plan.variant_id, plan.knobs))  # its place among the candidates, a resume's too
+        who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
             f"[bold]final training[/] of {who} {plan.variant_id}, its knobs {json.dumps(plan.knobs)}, for "
             f"{plan.budget_s:.0f} s{added} on {device} {share}"
