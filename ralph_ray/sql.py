@@ -371,7 +371,7 @@ from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written
 """
 # and the candidates it trains (safeguards.final_candidates): first the pick, the leaderboard's rank 1 with its best
 # search trial's knobs (ties: the first trial), then the next best distinct (variant, knobs) pairs by their best
-# search trial's selection score, at most ? of them; each with its variant's cycle (its final trial's).
+# search trial's selection score, at most ? of them; each with its variant's cycle (the pick's: the final trials').
 FINAL_CANDIDATES = """
 with searched as (
   select l.variant_id, t.knobs, l.cycle, l.rank, t.selection_score, t.trial_id from leaderboard l
