@@ -1,15 +1,18 @@
 """ASHA against running every config to the end: wall, epochs, and whether the best-at-end config survives.
 
-`python bench/asha.py [R] [N]`: R repeats (default 10), each with its own campaign seed (search.seed = 1..R), so each
-repeat trains other digits configs with another training seed. In each repeat three one-cycle campaigns
-(agent=none, safeguards.replicates=0) run the same N configs (default 10: Optuna's first 10 are the seed's own knobs
-and seeded random samples, whatever the scheduler does), 2 at a time, in one Ray that is started before any clock:
+`python bench/asha.py [R] [N] [OVERRIDE ...] [--name NAME] [--tolerance T]`: R repeats (default 10), each with its own
+campaign seed (search.seed = 1..R), so each repeat trains other configs with another training seed; digits unless the
+overrides name another task (`task=fashion task.subsample=20000`: Fashion-MNIST's real files, a stratified 20,000).
+In each repeat three one-cycle campaigns (agent=none, safeguards.replicates=0) run the same N configs (default 10:
+Optuna's first 10 are the seed's own knobs and seeded random samples, whatever the scheduler does), 2 at a time, in
+one Ray that is started before any clock:
 
 - all to the end (scheduler=fifo): the counterfactual, which gives the best-at-end config (highest frozen selection
-  score after 12 epochs; ties count as one set) and the wall that ASHA is measured against;
+  score after scheduler.max_t epochs: digits 12, fashion 4; ties count as one set) and the wall that ASHA is
+  measured against;
 - the old rule: plain ASHA, grace 2, reduction 2, no margin (`scheduler.margin=0`);
-- the new rule: the defaults (digits' rungs in trainers/digits/task.yaml: grace 4, reduction 3; the margin in
-  conf/scheduler/asha.yaml: `scheduler.margin=auto`, ralph_ray/asha.py).
+- the new rule: the defaults (the task's rungs: digits' trainers/digits/task.yaml grace 4, reduction 3; fashion's
+  grace 1, reduction 2; the margin in conf/scheduler/asha.yaml: `scheduler.margin=auto`, ralph_ray/asha.py).
 
 The three run in a rotating order per repeat, so drift in the machine's load falls on each alike. Kept: a config of
 the best-at-end set completed under that rule (so the rule's own best equals the all-to-the-end best).
@@ -21,9 +24,9 @@ and each run's trials priced at that one fitted cost (the modelled wall ratio: e
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +42,14 @@ RULES = {
     "old rule": ["scheduler=asha", "scheduler.margin=0", "scheduler.grace_period=2", "scheduler.reduction_factor=2"],
     "new rule": ["scheduler=asha"],
 }
-MAX_T = 12
+_parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_parser.add_argument("repeats", nargs="?", type=int, default=10)
+_parser.add_argument("configs", nargs="?", type=int, default=10)
+_parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=fashion ...)")
+_parser.add_argument("--name", default="asha", help="the results' name under bench/results/")
+_parser.add_argument(
+    "--tolerance", type=float, default=0.0043, help="'near the best': digits' seed-to-seed selection spread by default"
+)
 
 
 def campaign(root: Path, name: str, seed: int, n: int, overrides: list[str]) -> dict:
@@ -73,16 +83,21 @@ def campaign(root: Path, name: str, seed: int, n: int, overrides: list[str]) -> 
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 10
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    args = _parser.parse_args()
+    repeats, n, overrides = args.repeats, args.configs, args.overrides
     root = Path(tempfile.mkdtemp(prefix="bench-asha-"))
+    probe = config(root, "probe", *overrides)  # the task's rungs and name, as every campaign below reads them
+    max_t, task = probe.scheduler.max_t, probe.task.name
     ensure_ray(2)  # started before any clock: no campaign pays ray.init
     rows = []
     names = list(RULES)
     for rep in range(repeats):
         seed = rep + 1
         order = names[rep % 3 :] + names[: rep % 3]
-        runs = {name: campaign(root, f"s{seed}-{name.replace(' ', '-')}", seed, n, RULES[name]) for name in order}
+        runs = {
+            name: campaign(root, f"s{seed}-{name.replace(' ', '-')}", seed, n, [*overrides, *RULES[name]])
+            for name in order
+        }
         full = runs["all to the end"]["trials"]
         scored = {
             k: t["selection"] for k, t in full.items() if t["status"] == "completed" and t["selection"] is not None
@@ -142,18 +157,17 @@ def main() -> None:
             ),
             "mean_epochs_fraction": round(statistics.mean(row[name]["epochs_fraction"] for row in rows), 3),
             "within_one_selection_sd": sum(
-                row[name]["its_best_at_end"] is not None and row[name]["its_best_at_end"] >= row["best_at_end"] - 0.0043
-                for row in rows
+                (row[name]["its_best_at_end"] or -1.0) >= row["best_at_end"] - args.tolerance for row in rows
             ),
             "same_configs": sum(row[name]["same_configs"] for row in rows),
         }
     walls = [row["runs"]["all to the end"]["wall_s"] for row in rows]
     lines = [
-        f"ASHA vs every config to the end: {repeats} repeats (campaign seeds 1-{repeats}), {n} digits configs each "
-        f"(max {MAX_T} epochs, 2 at a time, async, agent=none, no replicates); all to the end took "
+        f"ASHA vs every config to the end: {repeats} repeats (campaign seeds 1-{repeats}), {n} {task} configs each "
+        f"(max {max_t} epochs, 2 at a time, async, agent=none, no replicates); all to the end took "
         f"{statistics.mean(walls):.1f} s on average ({min(walls):.1f}-{max(walls):.1f})",
         "",
-        "| rule | best-at-end config kept | its best within 0.0043 of it | wall ratio: mean / median | "
+        f"| rule | best-at-end config kept | its best within {args.tolerance:g} of it | wall ratio: mean / median | "
         "trial-seconds ratio | modelled wall ratio | epochs fraction |",
         "| --- | --- | --- | --- | --- | --- | --- |",
         *(
@@ -163,21 +177,25 @@ def main() -> None:
             for name, s in summary.items()
         ),
         "",
-        "old rule: grace 2, reduction 2, scheduler.margin=0 (plain ASHA); new rule: the defaults (digits: grace 4, "
-        "reduction 3 from trainers/digits/task.yaml; scheduler.margin=auto, ralph_ray/asha.py)",
+        "old rule: grace 2, reduction 2, scheduler.margin=0 (plain ASHA); new rule: the defaults (the task's rungs: "
+        f"grace {probe.scheduler.grace_period}, reduction {probe.scheduler.reduction_factor} for {task}; "
+        "scheduler.margin=auto, ralph_ray/asha.py)",
+        *([f"overrides: `{' '.join(overrides)}`"] if overrides else []),
         f"a trial's cost: {fixed:.2f} s fixed + {per_epoch:.3f} s per epoch (least squares over {len(costs)} trials); "
-        f"a trial stopped after 1 of {MAX_T} epochs still costs "
-        f"{(fixed + per_epoch) / (fixed + MAX_T * per_epoch):.2f} of a full one",
+        f"a trial stopped after 1 of {max_t} epochs still costs "
+        f"{(fixed + per_epoch) / (fixed + max_t * per_epoch):.2f} of a full one",
         "ratios are to all-to-the-end in the same repeat, averaged over repeats; trial-seconds: the trials' own "
         "seconds summed; modelled: each run's trials priced at the fitted cost (the same for every run), which takes "
         "the machine's load out",
         "2-core machine shared with other jobs: walls are noisy.",
     ]
     save(
-        "asha",
+        args.name,
         {
             "repeats": repeats,
             "configs": n,
+            "task": task,
+            "overrides": overrides,
             "summary": summary,
             "trial_fixed_s": round(float(fixed), 3),
             "trial_per_epoch_s": round(float(per_epoch), 4),
