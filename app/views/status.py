@@ -146,10 +146,14 @@ def final_line(board: list[dict], sign: float = 1.0) -> str | None:
             f"Final training of the pick (its best knobs, trained longer after the search): selection {selection}, "
             f"test **{test}**."
         )
-    return (
+    which = (
         f"Final training of {len(finals)} candidates (their best knobs, side by side, longer than the search's "
-        f"trials), won by **{row['variant_id']}** (rank {row['rank']} in the search): selection {selection}, "
-        f"test **{test}**."
+        "trials), won by"
+        if len(finals) > 1
+        else "Final training (its best knobs, trained longer after the search) of"  # a resume's pick changed since
+    )
+    return (
+        f"{which} **{row['variant_id']}** (rank {row['rank']} in the search): selection {selection}, test **{test}**."
     )
 
 
