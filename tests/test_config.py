@@ -196,11 +196,11 @@ def test_final_share_must_be_a_share_of_a_time_budget():
     assert "got 'linear'" in str(caught.value)
     assert load_config(["+experiment=fashion"]).safeguards.final_schedule == "cosine"
     assert cfg.safeguards.final_candidates == 1  # the default: the pick alone
-    assert load_config(["+experiment=fashion"]).safeguards.final_candidates == 2
+    assert load_config(["+experiment=fashion"]).safeguards.final_candidates == 1  # measured: no gain from 2 there
     for bad in ("0", "3"):  # side by side, one slot's share each: at most search.max_concurrent (2 by default)
         with pytest.raises(ConfigError, match="safeguards.final_candidates=2") as caught:
             load_config([f"safeguards.final_candidates={bad}"])
         assert f"got {bad}" in str(caught.value)
     with pytest.raises(ConfigError, match="safeguards.final_candidates=1"):
-        load_config(["+experiment=fashion", "search.max_concurrent=1"])
+        load_config(["safeguards.final_candidates=2", "search.max_concurrent=1"])
     assert load_config(["safeguards.campaign_time_s=600"]).safeguards.search_time_s == 600.0
