@@ -37,13 +37,11 @@ MARGIN_S = 30.0
 
 @dataclass(frozen=True)
 class Plan:
-    """What one final trial runs: a candidate (the pick, or one of the next best), its knobs, budget and resources."""
+    """What one final trial runs: a candidate (the pick, or one of the next best) and its knobs (the budget and each
+    trial's share of the slots are the same for every candidate: `_train`'s arguments)."""
 
     variant_id: str
     knobs: dict[str, Any]
-    budget_s: float
-    cpus: float
-    gpus: float
     files: Path  # the code it runs: the pick's own, or a copy with the schedule added
     schedule: str | None = None  # the schedule added to that copy (safeguards.final_schedule), None: as searched
 
@@ -136,7 +134,7 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
         if variant not in code:  # a knob search's candidates share their variant's code
             code[variant] = _code(campaign, variant)
         files, schedule = code[variant]
-        plans.append(Plan(variant, knobs, seconds, cpus, gpus, files, schedule))
+        plans.append(Plan(variant, knobs, files, schedule))
     device = f"{cpus:g} CPU(s){f' and {gpus:g} GPU' if gpus else ''}"
     share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
     order = [(v, knobs) for v, knobs, _ in found]
@@ -146,11 +144,11 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
         who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
             f"[bold]final training[/] of {who} {plan.variant_id}, its knobs {json.dumps(plan.knobs)}, for "
-            f"{plan.budget_s:.0f} s{added} on {device} {share}"
+            f"{seconds:.0f} s{added} on {device} {share}"
         )
     if len(plans) > 1:
         say(f"  {len(plans)} candidates side by side (safeguards.final_candidates): the best selection score wins")
-    return _train(campaign, plans, max(1, int(found[0][2] or 1)))
+    return _train(campaign, plans, max(1, int(found[0][2] or 1)), seconds, (cpus, gpus))
 
 
 def _code(campaign: Campaign, variant: str) -> tuple[Path, str | None]:
@@ -166,19 +164,19 @@ def _code(campaign: Campaign, variant: str) -> tuple[Path, str | None]:
         return files, None
 
 
-def _train(campaign: Campaign, plans: list[Plan], cycle: int) -> list[TrialRecord]:
+def _train(
+    campaign: Campaign, plans: list[Plan], cycle: int, budget_s: float, share: tuple[float, float]
+) -> list[TrialRecord]:
     """The plans' trials side by side, through the replicates' runner of fixed points; recorded as each ends, in
     `cycle` (the pick's own: its generation's)."""
-    cfg, first = campaign.cfg, plans[0]
+    cfg, (cpus, gpus) = campaign.cfg, share
     grace = cfg.trial.grace_s
     final_cfg = replace(
         cfg,
-        trial=replace(cfg.trial, budget_s=first.budget_s),
-        resources=replace(cfg.resources, cpu=first.cpus, gpu=first.gpus),
+        trial=replace(cfg.trial, budget_s=budget_s),
+        resources=replace(cfg.resources, cpu=cpus, gpu=gpus),
         search=replace(cfg.search, max_concurrent=len(plans)),
-        safeguards=replace(
-            cfg.safeguards, trial_timeout_s=max(cfg.safeguards.trial_timeout_s, first.budget_s + grace + 120)
-        ),
+        safeguards=replace(cfg.safeguards, trial_timeout_s=max(cfg.safeguards.trial_timeout_s, budget_s + grace + 120)),
     )
     ended: list[TrialRecord] = []
 
