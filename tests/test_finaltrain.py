@@ -147,7 +147,10 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     said = capsys.readouterr().out
     assert "with a cosine schedule added along it" in said and "2 candidates side by side" in said
     con = open_reader(outcome.kb_root)
-    finals = rows(con, "select * from trials where run_id = 'fin' and final order by selection_score desc", [])
+    # ties (one selection image is 1/360 here) go to the first written, as every winner rule takes the first maximum
+    finals = rows(
+        con, "select * from trials where run_id = 'fin' and final order by selection_score desc, written_at", []
+    )
     assert len(finals) == 2 and all(f["status"] == "completed" and not f["replicate"] for f in finals)
     assert finals[0]["knobs"] != finals[1]["knobs"]
     board = rows(con, "select * from leaderboard where run_id = 'fin' order by rank, variant_id", [])
