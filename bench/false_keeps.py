@@ -1,4 +1,4 @@
-"""False keeps on digits: how many kept children are really better than their parents, before (one trial beats
+"""False keeps (digits by default): how many kept children are really better than their parents, before (one trial beats
 the parent's by min_delta) and after (replicates + a one-sided Welch test at safeguards.confidence).
 
 Each campaign's kept children are re-run with 5 new seeds (101-105), and so are their parents (at the knobs the
@@ -6,14 +6,19 @@ child was judged against: the parent's best search trial's); a keep is true when
 its parent's. Reduced to fit a 2-core box shared with other jobs: 2 campaigns per mode (not 3), 6 epochs per
 trial (not 12, so seed noise is larger than the default trainer's), 3 cycles of 1 parent x 2 children.
 
-    python bench/false_keeps.py [campaigns per mode] [index of the first: adds to the recorded ones]
+    python bench/false_keeps.py [campaigns per mode] [index of the first: adds to the recorded ones] [OVERRIDE ...]
+        [--name NAME]
+    python bench/false_keeps.py 2 0 task=fashion task.subsample=20000 --name false_keeps_fashion   # real data
+
+OVERRIDEs go to every campaign and check (another task: its own space, plus EPOCHS fixed at 6 as here); --name is the
+results' name under bench/results/ (a later batch adds to that name's recorded campaigns).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -45,7 +50,7 @@ MODES = {"before (one trial, min_delta)": ["safeguards.replicates=0"], "after (r
 
 def check(root: Path, name: str, overrides: list[str]) -> list[dict]:
     """Run one campaign, then re-run each kept child and its parent with 5 new seeds."""
-    cfg = config(root, name, *CAMPAIGN, *overrides)
+    cfg = config(root, name, *overrides, *CAMPAIGN)
     outcome = run(cfg)
     con = open_reader(outcome.kb_root)
     kept = con.execute(
@@ -101,19 +106,24 @@ def check(root: Path, name: str, overrides: list[str]) -> list[dict]:
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    first = int(sys.argv[2]) if len(sys.argv) > 2 else 0  # a later batch of campaigns adds to the recorded ones
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("repeats", nargs="?", type=int, default=2, help="campaigns per mode")
+    parser.add_argument("first", nargs="?", type=int, default=0, help="a later batch adds to the recorded ones")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=fashion ...)")
+    parser.add_argument("--name", default="false_keeps", help="the results' name under bench/results/")
+    args = parser.parse_args()
+    repeats, first, task = args.repeats, args.first, _task(args.overrides)
     root = Path(tempfile.mkdtemp(prefix="bench-false-keeps-"))
-    recorded = RESULTS / "false_keeps.json"
+    recorded = RESULTS / f"{args.name}.json"
     results = json.loads(recorded.read_text())["modes"] if first and recorded.exists() else {}
     for mode, overrides in MODES.items():
         rows = results.get(mode, [])
         for i in range(first, first + repeats):
             tag = "before" if "before" in mode else "after"
-            rows += check(root, f"{tag}-{i}", [*overrides, f"search.seed={i}", f"agent.seed={i}"])
+            rows += check(root, f"{tag}-{i}", [*args.overrides, *overrides, f"search.seed={i}", f"agent.seed={i}"])
         results[mode] = rows
     lines = [
-        f"digits, {first + repeats} campaign(s) per mode (3 cycles, 1 parent x 2 children, 6 epochs per trial); "
+        f"{task}, {first + repeats} campaign(s) per mode (3 cycles, 1 parent x 2 children, 6 epochs per trial); "
         f"every kept child and its parent re-run with seeds {CHECK_SEEDS}: a keep is true when the child's mean "
         "beats the parent's.",
         "",
@@ -133,7 +143,15 @@ def main() -> None:
                 f"{statistics.fmean(r['child_5_seeds']):.4f} vs {statistics.fmean(r['parent_5_seeds']):.4f} "
                 f"({'true' if r['really_better'] else 'FALSE'} keep); judged on: {r['judged_on']}"
             )
-    save("false_keeps", {"repeats": first + repeats, "check_seeds": CHECK_SEEDS, "modes": results}, lines)
+    data = {"repeats": first + repeats, "overrides": args.overrides, "check_seeds": CHECK_SEEDS, "modes": results}
+    save(args.name, data, lines)
+
+
+def _task(overrides: list[str]) -> str:
+    """The task the overrides name (with their subsample), digits by default: the results' first words."""
+    named = dict(o.split("=", 1) for o in overrides if "=" in o)
+    task = named.get("task", "digits")
+    return f"{task} (task.subsample={named['task.subsample']})" if "task.subsample" in named else task
 
 
 if __name__ == "__main__":

@@ -16,13 +16,15 @@ from ralph_ray.state import CampaignState
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
-       ralph-ray export RUN_ID [VARIANT] [--out DIR] [--to hf REPO_ID]
+       ralph-ray export RUN_ID [VARIANT] [--search] [--out DIR] [--to hf REPO_ID]
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
        ralph-ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
-  export   the best (or named) variant as a self-contained bundle (default <runs>/<run_id>/export/<variant>);
+  export   the campaign's result (or a named variant) as a self-contained bundle (default
+           <runs>/<run_id>/export/<variant>): the final training's winner as it trained, where one ran; else, or with
+           --search, the search's rank 1 (a named variant: its final trial, else its best search trial);
            --to hf REPO_ID also pushes it to the Hugging Face Hub (needs HF_TOKEN; a private repo if new)
   track    publish a recorded campaign to MLflow, TensorBoard and/or W&B (offline) (default: mlflow and tensorboard;
            under <runs>/<run_id>/tracking)
@@ -118,7 +120,7 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         of = "the pick" if len(finals) == 1 else f"{len(finals)} candidates, won by"
         console.print(
             f"  final training of {of} {final['variant_id']}: selection "
-            f"{value(final['selection_score']):.4f}, test {value(final['test_score']):.4f}"
+            f"{value(final['selection_score']):.4f}, test {value(final['test_score']):.4f} (export's default)"
         )
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
@@ -149,11 +151,13 @@ def _stored_task(run_dir: Path) -> dict:
 
 
 def _publish(argv: list[str], console: Console) -> int:
-    """`export RUN_ID [VARIANT] [--out DIR] [--to hf REPO_ID]` and `track RUN_ID [mlflow] [tensorboard] [wandb]
-    [--mlflow-uri URI]`."""
+    """`export RUN_ID [VARIANT] [--search] [--out DIR] [--to hf REPO_ID]` and `track RUN_ID [mlflow] [tensorboard]
+    [wandb] [--mlflow-uri URI]`."""
     from ralph_ray.rundir import CampaignError
 
     argv, out = _take(argv, "--out")
+    search = "--search" in argv  # export: as the search ran it, not the final training
+    argv = [a for a in argv if a != "--search"]
     argv, uri = _take(argv, "--mlflow-uri")
     argv, repo_id, well_formed = _take_hub(argv)
     args, _runs, kb = _options(argv)
@@ -171,7 +175,8 @@ def _publish(argv: list[str], console: Console) -> int:
 
             # A push that cannot happen (no package, no token) fails before a bundle is written.
             api = hub.client(repo_id) if repo_id is not None else None
-            bundle = export(kb.resolve(), rest[0], rest[1] if len(rest) > 1 else None, Path(out) if out else None)
+            variant = rest[1] if len(rest) > 1 else None
+            bundle = export(kb.resolve(), rest[0], variant, Path(out) if out else None, search)
             console.print(f"exported {bundle} (run it: python {bundle / 'reproduce.py'})")
             if api is not None and repo_id is not None:
                 message = f"ralph_ray export of variant {bundle.name} from campaign {rest[0]}"

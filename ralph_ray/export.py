@@ -1,6 +1,12 @@
-"""`python -m ralph_ray export RUN_ID [VARIANT] [--out DIR]`: the best (or a named) variant as a self-contained bundle.
+"""`python -m ralph_ray export RUN_ID [VARIANT] [--search] [--out DIR]`: the campaign's result (or a named variant) as
+a self-contained bundle.
 
-The bundle holds the variant's trainer with its best trial's knobs written in, its `program.md`, the diff against
+Which training it ships: where the campaign's final training scored (`safeguards.final_share`), its winner as it
+trained there (the code with the schedule the final added, its knobs, its longer budget, which `reproduce.py` gives the
+trainer); else, or with `--search`, the leaderboard's rank 1 as the search ran it (its best search trial). A named
+variant ships its own final trial where it has a scored one, else its best search trial.
+
+The bundle holds the variant's trainer with that trial's knobs written in, its `program.md`, the diff against
 the seed, its scores (with the replicates' mean and 95% Student-t interval where there are any), the knobs, the
 lineage with each step's interventions, the run's config and environment, the best trial's checkpoint where one was
 kept, a model card, and `reproduce.py`, which prepares the task's data, trains the variant by hand and scores it as the
@@ -23,8 +29,9 @@ from ralph_ray.environment import ENV_FILE
 from ralph_ray.kb import open_reader
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.noise import Sample, half_width
+from ralph_ray.report import fetch_rows, final_winner
 from ralph_ray.rundir import CampaignError
-from ralph_ray.variants import unified_diff
+from ralph_ray.variants import final_code_dir, unified_diff
 
 TRAINER = "trainer"  # the bundle's folder with the trainer's files
 TRAIN_FILE = "train.py"
@@ -67,11 +74,12 @@ def main() -> int:
            harness.ENV_METRICS_FILE: str(work / "metrics.jsonl"),
            harness.ENV_PREDICTIONS_FILE: str(work / "predictions.npz"),
            "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    if cfg.trial.budget_s is not None:
-        env[harness.ENV_BUDGET_S] = str(cfg.trial.budget_s)
+    recorded = json.loads((HERE / "scores.json").read_text())
+    budget_s = recorded.get("budget_s") or cfg.trial.budget_s  # a final training's own budget, else the search's
+    if budget_s is not None:
+        env[harness.ENV_BUDGET_S] = str(budget_s)
     subprocess.run([sys.executable, "train.py"], cwd=HERE / "trainer", env=env, check=True)
     scores = score_predictions(work / "predictions.npz", splits.labels())
-    recorded = json.loads((HERE / "scores.json").read_text())
     print(json.dumps({"selection_score": scores.selection, "test_score": scores.test,
                       "recorded_selection_score": recorded["selection_score"],
                       "recorded_test_score": recorded["test_score"]}))
@@ -104,8 +112,11 @@ class Step:
     files_dir: Path
 
 
-def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path | None = None) -> Path:
-    """Write the bundle of `variant_id` (default: the run's best: the leaderboard's rank 1) and return its folder."""
+def export(
+    kb_root: Path, run_id: str, variant_id: str | None = None, out: Path | None = None, search: bool = False
+) -> Path:
+    """Write the bundle of `variant_id` (default: the final training's winner, else the leaderboard's rank 1; see the
+    module's docstring) and return its folder; `search`: as the search ran it, never a final trial."""
     con = open_reader(kb_root)
     run = con.execute(sql.RUN, [run_id]).fetchdf()
     if run.empty:
@@ -114,6 +125,9 @@ def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path 
             "(`python -m ralph_ray status`) and --kb"
         )
     run_dir = Path(str(run.iloc[0]["run_dir"]))
+    finals = [] if search else fetch_rows(con, sql.FINAL_TRIAL, [run_id])
+    final = final_winner([f for f in finals if variant_id in (None, f["variant_id"])])
+    variant_id = variant_id or (final["variant_id"] if final else None)
     board = (
         con.execute(sql.LEADERBOARD_ROW, [run_id, variant_id])
         if variant_id
@@ -131,14 +145,19 @@ def export(kb_root: Path, run_id: str, variant_id: str | None = None, out: Path 
     if out.exists():
         shutil.rmtree(out)
     trainer = out / TRAINER
-    shutil.copytree(variant.files_dir, trainer)
-    knobs = json.loads(best["best_knobs"] or "{}")
+    code = final_code_dir(run_dir, variant.variant_id) if final and final["final_schedule"] else variant.files_dir
+    if not code.is_dir():
+        raise ExportError(
+            f"the final training's code of {variant.variant_id} is missing ({code}): export the search's with --search"
+        )
+    shutil.copytree(code, trainer)
+    knobs = json.loads((final["knobs"] if final else best["best_knobs"]) or "{}")
     train = trainer / TRAIN_FILE
     present = read_knobs(train.read_text())
     train.write_text(rewrite_knobs(train.read_text(), {k: v for k, v in knobs.items() if k in present}))
     (out / "diff_vs_seed.patch").write_text(unified_diff(seed.files_dir, trainer))
-    trial = _trial(con, run_id, str(best["best_trial_id"]))
-    scores = _scores(con, run_id, variant.variant_id, best, trial)
+    trial = _trial(con, run_id, str(final["trial_id"] if final else best["best_trial_id"]))
+    scores = _final_scores(final, best) if final else _scores(con, run_id, variant.variant_id, best, trial)
     _write_json(out / "scores.json", scores)
     _write_json(out / "knobs.json", knobs)
     _write_json(out / "lineage.json", [_step_json(s) for s in chain])
@@ -218,6 +237,32 @@ def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: 
     }
 
 
+def _final_scores(final: dict[str, Any], best: Any) -> dict:
+    """A final trial's recorded scores, its budget (reproduce.py gives it to the trainer) and the variant's best search
+    trial beside them; no replicates (one long run: the variant's replicates trained its search budget)."""
+    return {
+        "variant_id": str(final["variant_id"]),
+        "trial_id": str(final["trial_id"]),
+        "selection_score": _float(final["selection_score"]),
+        "test_score": _float(final["test_score"]),
+        "seed": int(final["seed"] or 0),
+        "epochs": int(final["epochs"] or 0),
+        "trials_of_variant": int(best["trials"]),
+        "budget_s": _float(final["final_budget_s"]),  # None in a KB from before it was recorded: the search's
+        "final_training": {
+            "schedule_added": final["final_schedule"],
+            "train_seconds": _float(final["train_seconds"]),
+            "search_best": {
+                "trial_id": str(best["best_trial_id"]),
+                "selection_score": _float(best["selection_score"]),
+                "test_score": _float(best["test_score"]),
+            },
+        },
+        "replicates": {"n": 0, "seeds": [], "confidence": CONFIDENCE},
+        "scores_are_oriented": "higher is better (a min metric's value is negated)",
+    }
+
+
 def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
     """The bundle's README: what it is, how it scored, how it came to be, how to run it."""
     r, v = run.iloc[0], chain[-1]
@@ -227,17 +272,20 @@ def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, 
         f"{s.diagnosis or '-'} | {'-' if s.selection_score is None else f'{s.selection_score:.4f}'} |"
         for s in chain
     )
-    extra = ", `checkpoint/` (the best trial's)" if checkpoint else ""
+    extra = f", `checkpoint/` (trial `{scores['trial_id']}`'s)" if checkpoint else ""
     knob_lines = "\n".join(f"- `{k} = {v!r}`" for k, v in knobs.items())
+    how = _trained(scores)
     return f"""# Variant {v.variant_id} of campaign {r["run_id"]} ({r["experiment"]}, task {r["task"]})
 
 Exported by `python -m ralph_ray export`. Path from the seed: **{v.path}**.
 
 ## Scores (frozen evaluation, higher is better)
 
-- selection: {scores["selection_score"]:.4f} (best trial `{scores["trial_id"]}`); {_interval(rep, "selection")}
+- selection: {scores["selection_score"]:.4f} (trial `{scores["trial_id"]}`); {_interval(rep, "selection")}
 - test: {"-" if scores["test_score"] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select);
   {_interval(rep, "test")}
+
+{how}
 
 ## Knobs written into `trainer/train.py`
 
@@ -267,6 +315,26 @@ Or by hand: `python -m ralph_ray.prepare` with the campaign's task and data sett
 `RALPH_DATA_DIR=<printed dir> python trainer/train.py` (predictions go to `predictions.npz`).
 Scores reproduce within the noise of one training run (seed {scores["seed"]}; GPU kernels are not bit-exact).
 """
+
+
+def _trained(scores: dict[str, Any]) -> str:
+    """Which training the bundle ships: the campaign's final training (how long, what it added) or the search's."""
+    final = scores.get("final_training")
+    if final is None:
+        return (
+            "Trained as the search ran it: the variant's best search trial (`trial.budget_s` of the campaign's config)."
+        )
+    budget = "" if scores.get("budget_s") is None else f" of a {scores['budget_s']:.0f}-s budget"
+    seconds = "-" if final["train_seconds"] is None else f"{final['train_seconds']:.0f}"
+    added = f", its code with a {final['schedule_added']} schedule added" if final["schedule_added"] else ""
+    search = final["search_best"]
+    test = "-" if search["test_score"] is None else f"{search['test_score']:.4f}"
+    return (
+        f"Trained by the campaign's final training (`safeguards.final_share`): {scores['epochs']} epoch(s), "
+        f"{seconds} s of training{budget}{added}; `reproduce.py` gives the trainer that budget. The same variant's "
+        f"best search trial (`{search['trial_id']}`): selection {search['selection_score']:.4f}, test {test} "
+        "(`export --search` ships that one)."
+    )
 
 
 def _interval(replicates: dict[str, Any], name: str) -> str:

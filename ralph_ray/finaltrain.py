@@ -22,9 +22,9 @@ from ralph_ray.agents.transforms import NotApplicable, apply_transform
 from ralph_ray.config import FINAL_SCHEDULES
 from ralph_ray.decision import StopReason
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
-from ralph_ray.report import metric_values
-from ralph_ray.trials import FINAL_KEY, FINAL_SCHEDULE_KEY
-from ralph_ray.variants import files_dir
+from ralph_ray.report import fetch_rows, final_winner, metric_values
+from ralph_ray.trials import FINAL_BUDGET_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
+from ralph_ray.variants import files_dir, final_code_dir
 
 if TYPE_CHECKING:
     from ralph_ray.generations import Campaign, Outcome
@@ -156,7 +156,7 @@ def _code(campaign: Campaign, variant: str) -> tuple[Path, str | None]:
     schedule = campaign.cfg.safeguards.final_schedule
     files = files_dir(campaign.run_dir / "variants", variant)
     try:
-        return with_schedule(files, campaign.run_dir / "final" / "code" / variant, schedule)
+        return with_schedule(files, final_code_dir(campaign.run_dir, variant), schedule)
     except NotApplicable as why:
         campaign.console.print(
             f"[bold]final training[/]: no {schedule} schedule added to {variant} ({why}): its code trains as searched"
@@ -187,7 +187,8 @@ def _train(
         ended.append(trial)
 
     def marks(plan: Plan) -> dict[str, Any]:
-        return {FINAL_KEY: True, **({FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {})}
+        schedule = {FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {}
+        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule}
 
     replicates.run(
         final_cfg,
@@ -213,12 +214,14 @@ def _train(
             f"  the final training was cut short by a stop: `python -m ralph_ray resume={campaign.run_id}` "
             "trains it again"
         )
-    scored = [t for t in ended if t.selection_score is not None and t.reason != STOPPED_WITH_CYCLE]
-    if len(plans) > 1 and scored:
-        best = max(scored, key=lambda t: t.selection_score or 0.0)
+    # Over every final trial of the run (a resume's earlier ones too); one a stop cut short never wins (not completed)
+    finals = fetch_rows(campaign.kb.reader(), sql.FINAL_TRIAL, [campaign.run_id])
+    best = final_winner(finals)
+    if best is not None:
+        which = f"the long run's winner by selection is {best['variant_id']}" if len(finals) > 1 else "done"
         say(
-            f"[bold]final training[/]: the long run's winner by selection is {best.variant_id} "
-            f"(export it: `python -m ralph_ray export {campaign.run_id} {best.variant_id}`)"
+            f"[bold]final training[/]: {which} (export it with its schedule and knobs: "
+            f"`python -m ralph_ray export {campaign.run_id}`)"
         )
     return ended
 

@@ -185,6 +185,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("node", pa.string()),  # the IP of the Ray node the trial ran on (Tune's node_ip); NULL in old KBs
             ("final", pa.bool_()),  # the final training of the pick (finaltrain.py); NULL in old KBs
             ("final_schedule", pa.string()),  # the schedule the final training added to its code; NULL: none (or old)
+            ("final_budget_s", pa.float64()),  # the final training's seconds of training; NULL: search (or old)
         ]
     ),
     "epochs": pa.schema(

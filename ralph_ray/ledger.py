@@ -23,7 +23,16 @@ from ralph_ray.peakmemory import GPU_KEY, RSS_KEY
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
-from ralph_ray.trials import FAILED_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY, HELD_KEY, REPLICATE_KEY, SEED_KEY, STOPPED_KEY
+from ralph_ray.trials import (
+    FAILED_KEY,
+    FINAL_BUDGET_KEY,
+    FINAL_KEY,
+    FINAL_SCHEDULE_KEY,
+    HELD_KEY,
+    REPLICATE_KEY,
+    SEED_KEY,
+    STOPPED_KEY,
+)
 
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
@@ -56,6 +65,7 @@ class TrialRecord:
     node: str | None = None  # the IP of the Ray node it ran on (its last result's); None if it never reported
     final: bool = False  # the final training of the campaign's pick (finaltrain.py), not a search sample
     final_schedule: str | None = None  # the learning-rate schedule the final training added to the pick's code
+    final_budget_s: float | None = None  # the final training's seconds of training (its trial.budget_s); None: search
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -208,6 +218,7 @@ class TrialLedger(Callback):
             replicate=bool(config.get(REPLICATE_KEY, False)),
             final=bool(config.get(FINAL_KEY, False)),
             final_schedule=config.get(FINAL_SCHEDULE_KEY),
+            final_budget_s=config.get(FINAL_BUDGET_KEY),
             peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
             peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
             node=(trial.last_result or {}).get(NODE_IP),  # a retried trial: the node of its last attempt

@@ -10,6 +10,7 @@ key weights permuted as llama.cpp's converter does), and a `Modelfile` for `olla
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,8 +140,11 @@ def _rope_theta(config) -> float:  # noqa: ANN001
 # The best variant of a campaign
 
 
-def best_policy(kb_root: Path, run_id: str, variant_id: str | None) -> tuple[np.ndarray, Path]:
-    """The policy vector the best (or the named) variant's best trial saved, and its task's base folder."""
+def best_policy(
+    kb_root: Path, run_id: str, variant_id: str | None, trial_id: str | None = None
+) -> tuple[np.ndarray, Path]:
+    """The policy vector the best (or the named) variant's best trial saved (or trial `trial_id`'s: the exported
+    bundle's, a final training's where one won), and its task's base folder."""
     from ralph_ray.config import to_config
     from ralph_ray.tasks.folder import prepare_module
 
@@ -156,7 +160,7 @@ def best_policy(kb_root: Path, run_id: str, variant_id: str | None) -> tuple[np.
     if board.empty:
         raise PolicyExportError(f"no scored variant {variant_id or '(best)'} in run {run_id}")
     trials = con.execute(sql.TRIALS_FOR_RUN, [run_id]).fetchdf()
-    trial = trials[trials["trial_id"] == board.iloc[0]["best_trial_id"]]
+    trial = trials[trials["trial_id"] == (trial_id or board.iloc[0]["best_trial_id"])]
     predictions = Path(str(trial.iloc[0]["work_dir"])) / "predictions.npz" if not trial.empty else None
     if predictions is None or not predictions.is_file():
         raise PolicyExportError(
@@ -185,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         bundle = export(args.kb, args.run_id, args.variant, args.out)
-        vector, base = best_policy(args.kb, args.run_id, args.variant)
+        shipped = json.loads((bundle / "scores.json").read_text())["trial_id"]  # the bundle's trial: the same policy
+        vector, base = best_policy(args.kb, args.run_id, args.variant, shipped)
         exported = export_policy(base, vector, bundle / "policy")
     except (ExportError, PolicyExportError) as err:
         print(f"error: {err}", file=sys.stderr)

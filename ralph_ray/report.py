@@ -154,6 +154,12 @@ def final_section(
             f"**{_f(value(best['test_score']))}**.",
             "",
         ]
+    if best is not None:
+        lines += [
+            "`python -m ralph_ray export RUN_ID` exports it as it trained here (its code with the schedule added, its "
+            "knobs, and `reproduce.py` with its budget); `--search` exports the search's rank 1 instead.",
+            "",
+        ]
     for trial in finals:
         schedule = trial.get("final_schedule")
         lines.append(
@@ -172,7 +178,9 @@ def final_section(
 
 
 def final_winner(finals: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The final trial with the best selection score (stored oriented: higher wins); None before one has scored."""
+    """The final trial with the best selection score (stored oriented: higher wins; ties: the first written, as
+    FINAL_TRIAL orders them); None before one has scored. The one rule for "which final won": the console, the
+    report, `status`, the app's Status page, `export`'s default and bench/fashion.py all ask it."""
     scored = [t for t in finals if t.get("selection_score") is not None and t.get("status") == "completed"]
     return max(scored, key=lambda t: t["selection_score"]) if scored else None
 

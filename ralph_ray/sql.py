@@ -135,12 +135,14 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
             # A KB written before replicates (or nodes, peak memory, final trainings) has no `replicate` (`node`,
-            # `peak_*_mb`, `final`, `final_schedule`) column: it reads as NULL (UNION BY NAME adds it).
+            # `peak_*_mb`, `final`, `final_schedule`, `final_budget_s`) column: it reads as NULL (UNION BY NAME
+            # adds it).
             source = (
                 f"(select * from {source} union all by name "
                 "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
                 "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb, "
-                "cast(null as boolean) as final, cast(null as varchar) as final_schedule where false)"
+                "cast(null as boolean) as final, cast(null as varchar) as final_schedule, "
+                "cast(null as double) as final_budget_s where false)"
             )
             body = (
                 f"select * from {source} qualify row_number() "
@@ -365,7 +367,8 @@ where run_id = ? and coalesce(final, false) and reason is distinct from ?
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
-       t.knobs, t.final_schedule, (select max(value) from epochs e where e.run_id = t.run_id
+       t.knobs, t.final_schedule, t.final_budget_s, t.work_dir, t.seed,
+       (select max(value) from epochs e where e.run_id = t.run_id
         and e.trial_id = t.trial_id and e.metric = 'train_seconds') as train_seconds
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
 """

@@ -55,6 +55,11 @@ def files_dir(variants_root: Path, variant_id: str) -> Path:
     return variants_root / variant_id / "files"
 
 
+def final_code_dir(run_dir: Path, variant_id: str) -> Path:
+    """Where the final training's copy of a variant's files lives, with `safeguards.final_schedule` added to it."""
+    return run_dir / "final" / "code" / variant_id
+
+
 def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) -> Variant:
     """Copy a trainer folder into `variants_root/<id>/files` (once; the same content is the same variant)."""
     variant_id = content_hash(source)

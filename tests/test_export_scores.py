@@ -1,16 +1,26 @@
 """The export bundle's scores: the replicates' mean with its 95% Student-t interval (the leaderboard's), in
-scores.json and the model card; a KB written by the real writer, no campaign."""
+scores.json and the model card; after a final training, its winner as it trained (code, knobs, budget) unless
+--search; a KB written by the real writer, no campaign."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
+from rich.console import Console
 from scipy import stats
 
-from ralph_ray.export import export
+from ralph_ray import commands
+from ralph_ray.config import load_config
+from ralph_ray.exit_codes import ExitCode
+from ralph_ray.export import ExportError, export
 from ralph_ray.kb import KnowledgeBase, open_reader
+from ralph_ray.variants import final_code_dir
 
 RUN = "scored"
 REPLICATES = [(0.88, 0.86), (0.90, 0.90), (0.92, 0.91)]  # (selection, test) of three fresh seeds
@@ -95,3 +105,97 @@ def test_a_variant_without_replicates_says_why_it_has_no_interval(kb: KnowledgeB
     scores = json.loads((out / "scores.json").read_text())
     assert scores["replicates"]["n"] == 0 and "selection" not in scores["replicates"]
     assert "no interval (0 replicate(s) at the best knobs: an interval needs 2)" in (out / "README.md").read_text()
+
+
+# A trainer that records the budget it was given and predicts class 0 everywhere: what reproduce.py hands a trainer.
+BUDGET_TRAINER = """import os
+from pathlib import Path
+
+import numpy as np
+
+from ralph_ray import harness
+
+LR = 0.1  # learning rate
+Path("budget.txt").write_text(os.environ.get(harness.ENV_BUDGET_S, "none"))
+data = harness.load_data()
+harness.save_predictions(np.zeros(len(data.selection_x), dtype=np.int64), np.zeros(len(data.test_x), dtype=np.int64))
+"""
+
+
+@pytest.fixture()
+def finished(tmp_path: Path) -> KnowledgeBase:
+    """The campaign above, then its final training (safeguards.final_candidates=2) as finaltrain leaves it: the child
+    (rank 1) with a cosine schedule added in the final's code folder, and the seed (rank 2, code as searched), whose
+    long run wins on selection; a third final failed. The run's config.yaml gives search trials 5 s."""
+    kb = write_kb(tmp_path)
+    run_dir = tmp_path / "runs" / RUN
+    code = final_code_dir(run_dir, "child")
+    code.mkdir(parents=True)
+    (code / "train.py").write_text("LR = 0.1  # learning rate\nprint('child')\nSCHEDULE = 'cosine'  # the final's\n")
+    (tmp_path / "variants" / "seed" / "train.py").write_text(BUDGET_TRAINER)
+    final = {"final": True, "final_budget_s": 120.0}
+    kb.append(
+        "trials",
+        [
+            {
+                **trial("f1", "child", 0.94, 0.92, 7, False),
+                "knobs": '{"LR": 0.07}',
+                "epochs": 30,
+                "final_schedule": "cosine",
+                **final,
+            },
+            {**trial("f2", "seed", 0.95, 0.915, 8, False), "knobs": '{"LR": 0.02}', "epochs": 31, **final},
+            {**trial("f3", "child", None, None, 9, False), **final},  # failed: never the winner
+        ],
+        f"{RUN}-final",
+    )
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config(["trial.budget_s=5"]))))
+    return kb
+
+
+def test_the_default_export_is_the_final_trainings_winner_as_it_trained(finished: KnowledgeBase, tmp_path: Path):
+    out = export(finished.root, RUN, out=tmp_path / "bundle")
+    scores = json.loads((out / "scores.json").read_text())
+    assert (scores["variant_id"], scores["trial_id"], scores["selection_score"]) == ("seed", "f2", 0.95)
+    assert scores["budget_s"] == 120.0 and scores["epochs"] == 31 and scores["seed"] == 8
+    assert scores["final_training"]["search_best"] == {"trial_id": "s0", "selection_score": 0.80, "test_score": 0.79}
+    assert scores["replicates"]["n"] == 0  # one long run: the search's replicates trained another budget
+    assert "LR = 0.02" in (out / "trainer" / "train.py").read_text()  # the final's knobs, the seed's own code
+    card = (out / "README.md").read_text()
+    assert "Trained by the campaign's final training (`safeguards.final_share`): 31 epoch(s)" in card
+    assert "of a 120-s budget" in card and "(`s0`): selection 0.8000, test 0.7900" in card
+    # reproduce.py gives the trainer the final's budget, not the search's 5 s of the run's config
+    ran = subprocess.run(
+        [sys.executable, str(out / "reproduce.py"), "--work", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert (out / "trainer" / "budget.txt").read_text() == "120.0"
+    assert json.loads(ran.stdout.strip().splitlines()[-1])["recorded_selection_score"] == 0.95
+
+
+def test_a_named_variant_ships_its_own_final_with_the_schedule_added(finished: KnowledgeBase, tmp_path: Path):
+    out = export(finished.root, RUN, "child", out=tmp_path / "bundle")
+    scores = json.loads((out / "scores.json").read_text())
+    assert (scores["trial_id"], scores["final_training"]["schedule_added"]) == ("f1", "cosine")
+    train = (out / "trainer" / "train.py").read_text()
+    assert "SCHEDULE = 'cosine'" in train and "LR = 0.07" in train  # the final's code folder, its knobs
+    assert "its code with a cosine schedule added" in (out / "README.md").read_text()
+
+
+def test_search_exports_rank_1_as_searched_from_the_command_line(finished: KnowledgeBase, tmp_path: Path):
+    out = tmp_path / "bundle"
+    argv = ["export", RUN, "--search", "--kb", str(finished.root), "--out", str(out)]
+    assert commands.main(argv, Console(quiet=True)) == ExitCode.ok
+    scores = json.loads((out / "scores.json").read_text())
+    assert (scores["variant_id"], scores["trial_id"], scores["replicates"]["n"]) == ("child", "c0", 3)
+    assert "budget_s" not in scores and "SCHEDULE" not in (out / "trainer" / "train.py").read_text()
+    assert "Trained as the search ran it" in (out / "README.md").read_text()
+
+
+def test_a_final_whose_code_folder_is_gone_names_the_fix(finished: KnowledgeBase, tmp_path: Path) -> None:
+    shutil.rmtree(final_code_dir(tmp_path / "runs" / RUN, "child"))
+    with pytest.raises(ExportError, match="--search"):
+        export(finished.root, RUN, "child", out=tmp_path / "bundle")

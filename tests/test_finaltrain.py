@@ -14,6 +14,7 @@ from ralph_ray.__main__ import main
 from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable
 from ralph_ray.campaign import run
 from ralph_ray.config import FINAL_SCHEDULES, resume_config
+from ralph_ray.export import export
 from ralph_ray.kb import KnowledgeBase, open_reader
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -214,6 +215,17 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     shown = capsys.readouterr().out
     assert f"final training of 2 candidates, won by {winner['variant_id']}: selection" in shown
     assert f"test {winner['test_score']:.4f}" in shown
+
+    # `export` ships the winner as its long run trained it (the schedule, its knobs and budget); --search the pick's
+    # best search trial, as searched.
+    assert "export it with its schedule and knobs: `python -m ralph_ray export fin`" in said
+    shipped = export(outcome.kb_root, "fin", out=tmp_path / "final_bundle")
+    scores = json.loads((shipped / "scores.json").read_text())
+    assert scores["trial_id"] == winner["trial_id"] and scores["budget_s"] == winner["final_budget_s"] > 10
+    assert "lr_factor(" in (shipped / "trainer" / "train.py").read_text()
+    searched_bundle = export(outcome.kb_root, "fin", out=tmp_path / "search_bundle", search=True)
+    assert json.loads((searched_bundle / "scores.json").read_text())["trial_id"] == pick["best_trial_id"]
+    assert "lr_factor(" not in (searched_bundle / "trainer" / "train.py").read_text()
 
     # A resume (raised limits not reached) finds both final trainings recorded and runs neither again.
     again = run(resume_config(outcome.run_dir))

@@ -14,6 +14,7 @@ import streamlit as st
 
 from ralph_ray import sql
 from ralph_ray.control import STOP_FILE, request_stop
+from ralph_ray.report import final_winner
 
 DECISION_COLUMNS = [
     "cycle",
@@ -66,7 +67,7 @@ def body(run: shell.Campaign) -> None:
 
     if top:
         st.caption(pick_line(top[0], sign))
-        final = final_line(board, sign)
+        final = final_line(figures.records(kbdata.frame(run.kb_root, sql.FINAL_TRIAL, (run.run_id,))), board, sign)
         if final:
             st.caption(final)
 
@@ -126,25 +127,27 @@ def pick_line(row: dict, sign: float = 1.0) -> str:
     mean = figures.score_text(row["mean_score"], sign=sign)
     return (
         f"Pick (rank 1): **{row['variant_id']}**, by its replicate mean {mean}"
-        f"{interval} over {int(n)} fresh seeds of its best knobs (what `export` ships by default)."
+        f"{interval} over {int(n)} fresh seeds of its best knobs."
     )
 
 
-def final_line(board: list[dict], sign: float = 1.0) -> str | None:
+def final_line(finals: list[dict], board: list[dict], sign: float = 1.0) -> str | None:
     """The final training (safeguards.final_share) once it has scored: the pick's, or with several candidates the
-    one with the best selection score (the leaderboard's final_* columns); None before or without one."""
-    finals = [r for r in board if r.get("final_test_score") is not None and not pd.isna(r["final_test_score"])]
-    if not finals:
+    winner by `report.final_winner` (`finals`: the FINAL_TRIAL rows), with its rank in the search (`board`: the
+    leaderboard's rows); None before or without one."""
+    row = final_winner(finals)
+    if row is None:
         return None
-    row = max(finals, key=lambda r: r["final_selection_score"])
     selection, test = (
-        figures.score_text(row["final_selection_score"], sign=sign),
-        figures.score_text(row["final_test_score"], sign=sign),
+        figures.score_text(row["selection_score"], sign=sign),
+        figures.score_text(row["test_score"], sign=sign),
     )
-    if len(finals) == 1 and row is board[0]:
+    rank = next((r["rank"] for r in board if r["variant_id"] == row["variant_id"]), "-")
+    ships = " `export` ships it by default, as it trained (`--search`: the pick as searched)."
+    if len(finals) == 1 and rank == 1:
         return (
             f"Final training of the pick (its best knobs, trained longer after the search): selection {selection}, "
-            f"test **{test}**."
+            f"test **{test}**.{ships}"
         )
     which = (
         f"Final training of {len(finals)} candidates (their best knobs, side by side, longer than the search's "
@@ -153,7 +156,7 @@ def final_line(board: list[dict], sign: float = 1.0) -> str | None:
         else "Final training (its best knobs, trained longer after the search) of"  # a resume's pick changed since
     )
     return (
-        f"{which} **{row['variant_id']}** (rank {row['rank']} in the search): selection {selection}, test **{test}**."
+        f"{which} **{row['variant_id']}** (rank {rank} in the search): selection {selection}, test **{test}**.{ships}"
     )
 
 
