@@ -258,7 +258,7 @@ def _final_scores(final: dict[str, Any], best: Any) -> dict:
                 "test_score": _float(best["test_score"]),
             },
         },
-        "replicates": {"n": 0, "seeds": [], "confidence": CONFIDENCE},
+        "replicates": {"n": 0, "seeds": [], "confidence": CONFIDENCE, "why_none": "one long run, not replicated"},
         "scores_are_oriented": "higher is better (a min metric's value is negated)",
     }
 
@@ -341,7 +341,8 @@ def _interval(replicates: dict[str, Any], name: str) -> str:
     """`replicates: mean 0.9712, 95% CI [0.9650, 0.9774] (Student t, n=3)`, or why there is no interval."""
     spread = replicates.get(name)
     if spread is None:
-        return f"no interval ({replicates['n']} replicate(s) at the best knobs: an interval needs 2)"
+        why = replicates.get("why_none") or f"{replicates['n']} replicate(s) at the best knobs: an interval needs 2"
+        return f"no interval ({why})"
     low, high = spread["ci95"]
     return f"replicates: mean {spread['mean']:.4f}, 95% CI [{low:.4f}, {high:.4f}] (Student t, n={spread['n']})"
 

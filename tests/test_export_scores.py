@@ -164,6 +164,7 @@ def test_the_default_export_is_the_final_trainings_winner_as_it_trained(finished
     card = (out / "README.md").read_text()
     assert "Trained by the campaign's final training (`safeguards.final_share`): 31 epoch(s)" in card
     assert "of a 120-s budget" in card and "(`s0`): selection 0.8000, test 0.7900" in card
+    assert "no interval (one long run, not replicated)" in card
     # reproduce.py gives the trainer the final's budget, not the search's 5 s of the run's config
     ran = subprocess.run(
         [sys.executable, str(out / "reproduce.py"), "--work", str(tmp_path / "work")],
