@@ -29,8 +29,8 @@ from pathlib import Path
 from _common import machine, rows, save
 
 from ralph_ray import PROJECT_ROOT, sql
+from ralph_ray.finals import final_winner
 from ralph_ray.kb import open_reader
-from ralph_ray.report import final_winner
 
 # From the dataset's own benchmark table (Debian: /usr/share/doc/dataset-fashion-mnist/README.md.gz), test accuracy.
 TABLE = {

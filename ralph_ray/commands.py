@@ -81,7 +81,8 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
-    from ralph_ray.report import fetch_rows, final_winner, metric_values, replicate_spread
+    from ralph_ray.finals import final_winner
+    from ralph_ray.report import fetch_rows, metric_values, replicate_spread
 
     task = _stored_task(run_dir)
     sign, value = metric_values(task)

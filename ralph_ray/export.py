@@ -26,10 +26,11 @@ import duckdb
 
 from ralph_ray import sql
 from ralph_ray.environment import ENV_FILE
+from ralph_ray.finals import final_winner
 from ralph_ray.kb import open_reader
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.noise import Sample, half_width
-from ralph_ray.report import fetch_rows, final_winner
+from ralph_ray.report import fetch_rows
 from ralph_ray.rundir import CampaignError
 from ralph_ray.variants import final_code_dir, unified_diff
 

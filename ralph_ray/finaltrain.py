@@ -21,8 +21,9 @@ from ralph_ray import records, replicates, sql
 from ralph_ray.agents.transforms import NotApplicable, apply_transform
 from ralph_ray.config import FINAL_SCHEDULES
 from ralph_ray.decision import StopReason
+from ralph_ray.finals import final_winner
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
-from ralph_ray.report import fetch_rows, final_winner, metric_values
+from ralph_ray.report import fetch_rows, metric_values
 from ralph_ray.trials import FINAL_BUDGET_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
 from ralph_ray.variants import files_dir, final_code_dir
 

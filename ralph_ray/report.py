@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ralph_ray import sql
 from ralph_ray.environment import summary
+from ralph_ray.finals import final_winner
 from ralph_ray.front import cost_front, cost_seconds
 from ralph_ray.kb import open_reader
 from ralph_ray.variants import unified_diff
@@ -175,14 +176,6 @@ def final_section(
             f"{_f(value(best.get('test_score')))}"
         )
     return lines
-
-
-def final_winner(finals: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The final trial with the best selection score (stored oriented: higher wins; ties: the first written, as
-    FINAL_TRIAL orders them); None before one has scored. The one rule for "which final won": the console, the
-    report, `status`, the app's Status page, `export`'s default and bench/fashion.py all ask it."""
-    scored = [t for t in finals if t.get("selection_score") is not None and t.get("status") == "completed"]
-    return max(scored, key=lambda t: t["selection_score"]) if scored else None
 
 
 @dataclass(frozen=True)

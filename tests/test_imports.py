@@ -131,6 +131,7 @@ def reach(graph: dict[str, set[str]], name: str) -> set[str]:
 MUST_NOT_REACH = {
     "harness": {"*"},  # the trainer's only engine import: copied alone into the sandbox
     "front": {"*"},  # the score-against-cost front: the app imports it, so it must pull in nothing of the engine
+    "finals": {"*"},  # the final training's winner rule: the app imports it too
     "runner": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
     "sandbox": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
     "workdir": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
@@ -163,6 +164,7 @@ RAY_FREE = (
     "state",
     "report",
     "front",
+    "finals",
 )
 
 

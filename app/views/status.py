@@ -14,7 +14,7 @@ import streamlit as st
 
 from ralph_ray import sql
 from ralph_ray.control import STOP_FILE, request_stop
-from ralph_ray.report import final_winner
+from ralph_ray.finals import final_winner
 
 DECISION_COLUMNS = [
     "cycle",
@@ -133,7 +133,7 @@ def pick_line(row: dict, sign: float = 1.0) -> str:
 
 def final_line(finals: list[dict], board: list[dict], sign: float = 1.0) -> str | None:
     """The final training (safeguards.final_share) once it has scored: the pick's, or with several candidates the
-    winner by `report.final_winner` (`finals`: the FINAL_TRIAL rows), with its rank in the search (`board`: the
+    winner by `finals.final_winner` (`finals`: the FINAL_TRIAL rows), with its rank in the search (`board`: the
     leaderboard's rows); None before or without one."""
     row = final_winner(finals)
     if row is None:
