@@ -27,6 +27,7 @@ from rich.console import Console
 
 from ralph_ray import history, replicates
 from ralph_ray.campaign import run
+from ralph_ray.config import TaskConfig
 from ralph_ray.kb import open_reader
 from ralph_ray.ledger import TrialRecord
 from ralph_ray.rundir import write_data
@@ -112,8 +113,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides for every campaign (task=fashion ...)")
     parser.add_argument("--name", default="false_keeps", help="the results' name under bench/results/")
     args = parser.parse_args()
-    repeats, first, task = args.repeats, args.first, _task(args.overrides)
+    repeats, first = args.repeats, args.first
     root = Path(tempfile.mkdtemp(prefix="bench-false-keeps-"))
+    task = _task(config(root, "probe", *args.overrides, *CAMPAIGN).task)
     recorded = RESULTS / f"{args.name}.json"
     results = json.loads(recorded.read_text())["modes"] if first and recorded.exists() else {}
     for mode, overrides in MODES.items():
@@ -147,11 +149,9 @@ def main() -> None:
     save(args.name, data, lines)
 
 
-def _task(overrides: list[str]) -> str:
-    """The task the overrides name (with their subsample), digits by default: the results' first words."""
-    named = dict(o.split("=", 1) for o in overrides if "=" in o)
-    task = named.get("task", "digits")
-    return f"{task} (task.subsample={named['task.subsample']})" if "task.subsample" in named else task
+def _task(task: TaskConfig) -> str:
+    """The task as the config resolved it (with its subsample where one is kept): the results' first words."""
+    return f"{task.name} (task.subsample={task.subsample})" if task.subsample else task.name
 
 
 if __name__ == "__main__":

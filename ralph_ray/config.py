@@ -192,6 +192,10 @@ class SafeguardsConfig:
     # "one_cycle" (the offline agent's own transforms, along the final budget), or None (train the code as searched).
     # A 90-s search trial rewards what learns fast at a constant rate; a long run at one leaves accuracy unharvested.
     final_schedule: Optional[str] = None
+    # Input augmentation the final training adds to the pick's code where it has none: random shifts, and flips where
+    # the task is mirror invariant (task.mirror_invariant); the offline agent's own transforms. A 90-s search trial
+    # rarely keeps a regulariser (it pays over many epochs, not 5); the final's long run is where it can.
+    final_augment: bool = False
     # How many of the search's best train in the final share, side by side, the slots split between them: the pick
     # (rank 1, its best knobs) and the next best distinct (variant, knobs) by their best search trial. 1: the pick
     # alone. A short trial's ranking of the top few is within noise, and what wins over a long run (augmentation,

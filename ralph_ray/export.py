@@ -146,7 +146,8 @@ def export(
     if out.exists():
         shutil.rmtree(out)
     trainer = out / TRAINER
-    code = final_code_dir(run_dir, variant.variant_id) if final and final["final_schedule"] else variant.files_dir
+    edited = final and (final["final_schedule"] or final["final_augment"])  # the final ran a copy with additions
+    code = final_code_dir(run_dir, variant.variant_id) if edited else variant.files_dir
     if not code.is_dir():
         raise ExportError(
             f"the final training's code of {variant.variant_id} is missing ({code}): export the search's with --search"
@@ -252,6 +253,7 @@ def _final_scores(final: dict[str, Any], best: Any) -> dict:
         "budget_s": _float(final["final_budget_s"]),  # None in a KB from before it was recorded: the search's
         "final_training": {
             "schedule_added": final["final_schedule"],
+            "augment_added": final["final_augment"],  # "shift + flip" (safeguards.final_augment), None: none
             "train_seconds": _float(final["train_seconds"]),
             "search_best": {
                 "trial_id": str(best["best_trial_id"]),
@@ -328,6 +330,8 @@ def _trained(scores: dict[str, Any]) -> str:
     budget = "" if scores.get("budget_s") is None else f" of a {scores['budget_s']:.0f}-s budget"
     seconds = "-" if final["train_seconds"] is None else f"{final['train_seconds']:.0f}"
     added = f", its code with a {final['schedule_added']} schedule added" if final["schedule_added"] else ""
+    if final.get("augment_added"):
+        added += f"{' and' if added else ', its code with'} {final['augment_added']} augmentation added"
     search = final["search_best"]
     test = "-" if search["test_score"] is None else f"{search['test_score']:.4f}"
     return (

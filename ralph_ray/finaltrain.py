@@ -24,7 +24,7 @@ from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import fetch_rows, metric_values
-from ralph_ray.trials import FINAL_BUDGET_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
+from ralph_ray.trials import FINAL_AUGMENT_KEY, FINAL_BUDGET_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
 from ralph_ray.variants import files_dir, final_code_dir
 
 if TYPE_CHECKING:
@@ -43,8 +43,9 @@ class Plan:
 
     variant_id: str
     knobs: dict[str, Any]
-    files: Path  # the code it runs: the pick's own, or a copy with the schedule added
+    files: Path  # the code it runs: the pick's own, or a copy with the schedule (and augmentation) added
     schedule: str | None = None  # the schedule added to that copy (safeguards.final_schedule), None: as searched
+    augment: str | None = None  # the augmentations added to it (safeguards.final_augment): "shift + flip", or None
 
 
 def budget(share_s: float, left_s: float) -> float:
@@ -81,23 +82,49 @@ def why_not(share: float, stop_reason: str, trained: int, candidates: int, budge
     return None
 
 
-def with_schedule(files: Path, out: Path, schedule: str | None, entry: str = "train.py") -> tuple[Path, str | None]:
-    """The folder the final trial runs and the schedule it added: a copy of the pick's `files` with `schedule` added
-    to its entry (`out`), or `files` itself and None when there is none to add, with the reason said by the caller
-    (`NotApplicable`: the pick has a schedule already, or its epoch loop has no idiom a schedule can follow)."""
-    if schedule is None:
-        return files, None
-    # NotApplicable also where libcst can't parse the code (the transforms say so), or the edit would not compile
-    source = apply_transform(FINAL_SCHEDULES[schedule], (files / entry).read_text())
-    try:
-        compile(source, entry, "exec")
-    except SyntaxError as error:
-        raise NotApplicable(f"the edited {entry} does not compile (line {error.lineno}: {error.msg})") from None
+# safeguards.final_augment's transforms (the offline agent's) and their short names in the trials table
+AUGMENTATIONS = {"shift_augmentation": "shift", "flip_augmentation": "flip"}
+
+
+@dataclass(frozen=True)
+class Added:
+    """What the final training added to a candidate's code, and why not each addition it skipped."""
+
+    files: Path  # the folder the final trial runs: a copy with the additions, or the candidate's own files
+    schedule: str | None = None
+    augment: tuple[str, ...] = ()  # short names: ("shift", "flip")
+    skipped: tuple[str, ...] = ()  # one line each: "no cosine schedule added (it has one already)"
+
+
+def with_additions(
+    files: Path, out: Path, schedule: str | None, augment: tuple[str, ...] = (), entry: str = "train.py"
+) -> Added:
+    """The folder the final trial runs: a copy of the candidate's `files` at `out` with `schedule` (a key of
+    FINAL_SCHEDULES) and the `augment` transforms (keys of AUGMENTATIONS) applied to its entry, each where it applies;
+    or `files` itself when none does. A transform that can't find its idiom (`NotApplicable`: the code has a schedule
+    or shifts its images already, its epoch loop has no idiom) is skipped with its reason."""
+    source = (files / entry).read_text()
+    wanted = ([(FINAL_SCHEDULES[schedule], schedule)] if schedule else []) + [(t, AUGMENTATIONS[t]) for t in augment]
+    done, skipped = [], []
+    for transform, name in wanted:
+        try:  # NotApplicable also where libcst can't parse the code (the transforms say so)
+            edited = apply_transform(transform, source)
+            compile(edited, entry, "exec")
+        except NotApplicable as why:
+            skipped.append(f"no {name} added ({why})")
+            continue
+        except SyntaxError as error:
+            skipped.append(f"no {name} added (the edited {entry} does not compile: line {error.lineno}: {error.msg})")
+            continue
+        source, done = edited, [*done, name]
+    if not done:
+        return Added(files, skipped=tuple(skipped))
     if out.exists():
         shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
     shutil.copytree(files, out)
     (out / entry).write_text(source)
-    return out, schedule
+    added_schedule = schedule if schedule in done else None
+    return Added(out, added_schedule, tuple(n for n in done if n != added_schedule), tuple(skipped))
 
 
 def _largest_node_cpus() -> float | None:
@@ -134,13 +161,14 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     for variant, knobs, _ in todo:
         if variant not in code:  # a knob search's candidates share their variant's code
             code[variant] = _code(campaign, variant)
-        files, schedule = code[variant]
-        plans.append(Plan(variant, knobs, files, schedule))
+        added = code[variant]
+        plans.append(Plan(variant, knobs, added.files, added.schedule, " + ".join(added.augment) or None))
     device = f"{cpus:g} CPU(s){f' and {gpus:g} GPU' if gpus else ''}"
     share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
     order = [(v, knobs) for v, knobs, _ in found]
     for plan in plans:
         added = f", with a {plan.schedule} schedule added along it" if plan.schedule else ""
+        added += f", with {plan.augment} augmentation added" if plan.augment else ""
         nth = order.index((plan.variant_id, plan.knobs))  # its place among the candidates, a resume's too
         who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
@@ -152,17 +180,18 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     return _train(campaign, plans, max(1, int(found[0][2] or 1)), seconds, (cpus, gpus))
 
 
-def _code(campaign: Campaign, variant: str) -> tuple[Path, str | None]:
-    """The folder a candidate's final trial runs and the schedule added to it (the console says why none was)."""
-    schedule = campaign.cfg.safeguards.final_schedule
+def _code(campaign: Campaign, variant: str) -> Added:
+    """The folder a candidate's final trial runs and what was added to it (the console says why anything was not)."""
+    guards, task = campaign.cfg.safeguards, campaign.cfg.task
+    # Flips only where mirroring keeps a label (garments yes, digits no): the offline agent's own rule
+    augment = tuple(t for t in AUGMENTATIONS if task.mirror_invariant or t != "flip_augmentation")
     files = files_dir(campaign.run_dir / "variants", variant)
-    try:
-        return with_schedule(files, final_code_dir(campaign.run_dir, variant), schedule)
-    except NotApplicable as why:
-        campaign.console.print(
-            f"[bold]final training[/]: no {schedule} schedule added to {variant} ({why}): its code trains as searched"
-        )
-        return files, None
+    added = with_additions(
+        files, final_code_dir(campaign.run_dir, variant), guards.final_schedule, augment if guards.final_augment else ()
+    )
+    for why in added.skipped:
+        campaign.console.print(f"[bold]final training[/] of {variant}: {why}")
+    return added
 
 
 def _train(
@@ -189,7 +218,8 @@ def _train(
 
     def marks(plan: Plan) -> dict[str, Any]:
         schedule = {FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {}
-        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule}
+        augment = {FINAL_AUGMENT_KEY: plan.augment} if plan.augment else {}
+        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment}
 
     replicates.run(
         final_cfg,

@@ -186,6 +186,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("final", pa.bool_()),  # the final training of the pick (finaltrain.py); NULL in old KBs
             ("final_schedule", pa.string()),  # the schedule the final training added to its code; NULL: none (or old)
             ("final_budget_s", pa.float64()),  # the final training's seconds of training; NULL: search (or old)
+            ("final_augment", pa.string()),  # the augmentations the final training added ("shift + flip"); NULL: none
         ]
     ),
     "epochs": pa.schema(

@@ -25,6 +25,7 @@ from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
 from ralph_ray.trials import (
     FAILED_KEY,
+    FINAL_AUGMENT_KEY,
     FINAL_BUDGET_KEY,
     FINAL_KEY,
     FINAL_SCHEDULE_KEY,
@@ -66,6 +67,7 @@ class TrialRecord:
     final: bool = False  # the final training of the campaign's pick (finaltrain.py), not a search sample
     final_schedule: str | None = None  # the learning-rate schedule the final training added to the pick's code
     final_budget_s: float | None = None  # the final training's seconds of training (its trial.budget_s); None: search
+    final_augment: str | None = None  # the augmentations the final training added to the pick's code ("shift + flip")
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -219,6 +221,7 @@ class TrialLedger(Callback):
             final=bool(config.get(FINAL_KEY, False)),
             final_schedule=config.get(FINAL_SCHEDULE_KEY),
             final_budget_s=config.get(FINAL_BUDGET_KEY),
+            final_augment=config.get(FINAL_AUGMENT_KEY),
             peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
             peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
             node=(trial.last_result or {}).get(NODE_IP),  # a retried trial: the node of its last attempt

@@ -70,6 +70,9 @@ class Member:
     replica_scores: list[float] = field(default_factory=list)
     replica_tests: list[float] = field(default_factory=list)
     replicas_pending: int = 0
+    # Queued trials started and not finished yet (Tune trial ids). A knob sample of this member started in a free
+    # slot may finish first (a queued trial lost its node and waits to resume): it must not stand in for it.
+    queued_open: set[str] = field(default_factory=set)
 
     def note_replicate(self, seed: int, score: float | None, test: float | None) -> None:
         """A replicate trial of this member was recorded (its score None unless it completed)."""
@@ -87,7 +90,7 @@ class Member:
     @property
     def judged(self) -> bool:
         """Every queued trial has finished: the child can be judged against its parent."""
-        return self.finished >= self.wanted
+        return self.finished >= self.wanted and not self.queued_open
 
 
 @dataclass(frozen=True)
@@ -236,6 +239,7 @@ class Pool:
                 self.changed.notify_all()
                 return member
             member.finished += 1
+            member.queued_open.discard(record.trial_id)
             member.failed += record.status is TrialStatus.failed
             score = record.selection_score
             better = score is not None and (member.best is None or score > member.best)
@@ -278,6 +282,8 @@ class Pool:
         trial = study.ask(self._distributions(member))
         moved = relative_knobs(self.settings.space) if member.relative else frozenset()
         knobs = resolve_knobs(trial.params, member.own_knobs, moved)
+        if member.waiting:
+            member.queued_open.add(trial_id)
         member.started += 1
         self.pending[trial_id] = (member.variant_id, trial.number)
         return {"variant": member.variant_id, **knobs, CODE_KEY: member.code}

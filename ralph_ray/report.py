@@ -144,7 +144,8 @@ def final_section(
         "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
         "kept for it (with `safeguards.final_candidates` above 1, beside the next best (variant, knobs), the slots "
         "split between them; search trials had `trial.budget_s` each), with the learning-rate schedule "
-        "`safeguards.final_schedule` added to its code where it had none. Its scores are not ranked with the "
+        "`safeguards.final_schedule` (and `safeguards.final_augment`'s shifts and flips) added to its code where it "
+        "had none. Its scores are not ranked with the "
         "search's: it trained longer than any of them.",
         "",
     ]
@@ -157,15 +158,16 @@ def final_section(
         ]
     if best is not None:
         lines += [
-            "`python -m ralph_ray export RUN_ID` exports it as it trained here (its code with the schedule added, its "
+            "`python -m ralph_ray export RUN_ID` exports it as it trained here (its code with what was added, its "
             "knobs, and `reproduce.py` with its budget); `--search` exports the search's rank 1 instead.",
             "",
         ]
     for trial in finals:
-        schedule = trial.get("final_schedule")
+        added = [f"a {trial['final_schedule']} schedule"] if trial.get("final_schedule") else []
+        added += [f"{trial['final_augment']} augmentation"] if trial.get("final_augment") else []
+        what = f" (its code with {' and '.join(added)} added)" if added else ""
         lines.append(
-            f"- trial {trial['trial_id']} of {trial['variant_id']}"
-            f"{f' (its code with a {schedule} schedule added)' if schedule else ''}: {trial['status']}"
+            f"- trial {trial['trial_id']} of {trial['variant_id']}{what}: {trial['status']}"
             f"{' (' + trial['reason'] + ')' if trial['reason'] else ''}, {trial['epochs']} epoch(s), "
             f"{_f(trial['train_seconds'], 0)} s of training ({_f(trial['seconds'], 0)} s wall): selection "
             f"{_f(value(trial['selection_score']))}, test **{_f(value(trial['test_score']))}**"

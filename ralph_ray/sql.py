@@ -135,14 +135,14 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
             # A KB written before replicates (or nodes, peak memory, final trainings) has no `replicate` (`node`,
-            # `peak_*_mb`, `final`, `final_schedule`, `final_budget_s`) column: it reads as NULL (UNION BY NAME
-            # adds it).
+            # `peak_*_mb`, `final`, `final_schedule`, `final_budget_s`, `final_augment`) column: it reads as NULL
+            # (UNION BY NAME adds it).
             source = (
                 f"(select * from {source} union all by name "
                 "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
                 "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb, "
                 "cast(null as boolean) as final, cast(null as varchar) as final_schedule, "
-                "cast(null as double) as final_budget_s where false)"
+                "cast(null as double) as final_budget_s, cast(null as varchar) as final_augment where false)"
             )
             body = (
                 f"select * from {source} qualify row_number() "
@@ -185,6 +185,11 @@ def _leaderboard(p: str) -> str:
     # The final training of the pick (finaltrain.py) is neither: it trained longer than any search trial, so it is
     # shown in its own columns and never ranks.
     search = "not coalesce(t.replicate, false) and not coalesce(t.final, false)"
+    # The best trial is one row, the same on every read: ties on the selection score (one image apart is common)
+    # go to the earliest cycle, then the smallest trial id. `arg_max` over ties may answer from a different row per
+    # column and per read (the app, `status` and `export --search` named different trials of one variant).
+    best = "order by t.selection_score desc, t.cycle, t.trial_id"
+    scored = "t.selection_score is not null"
     replica = "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
     final = "coalesce(t.final, false) and t.status = 'completed'"
     return f"""
@@ -193,9 +198,9 @@ from (
 select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.cycle) as cycle,
        any_value(v.status) as status, any_value(v.interventions) as interventions,
        max(t.selection_score) filter (where {search}) as selection_score,
-       arg_max(t.test_score, t.selection_score) filter (where {search}) as test_score,
-       arg_max(t.trial_id, t.selection_score) filter (where {search}) as best_trial_id,
-       arg_max(t.knobs, t.selection_score) filter (where {search}) as best_knobs,
+       first(t.test_score {best}) filter (where {search} and {scored}) as test_score,
+       first(t.trial_id {best}) filter (where {search} and {scored}) as best_trial_id,
+       first(t.knobs {best}) filter (where {search} and {scored}) as best_knobs,
        count(*) as trials,
        count(*) filter (where t.status = 'completed') as completed,
        count(*) filter (where t.status = 'stopped_early') as stopped_early,
@@ -208,7 +213,7 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
        ) as rank,
        count(*) filter (where {replica}) as replicates,
        max(t.selection_score) filter (where {final}) as final_selection_score,
-       arg_max(t.test_score, t.selection_score) filter (where {final}) as final_test_score,
+       first(t.test_score {best}) filter (where {final} and {scored}) as final_test_score,
        avg(t.selection_score) filter (where {replica}) as mean_score,
        avg(t.test_score) filter (where {replica}) as mean_test_score,
        stddev_samp(t.selection_score) filter (where {replica}) / sqrt(count(*) filter (where {replica}))
@@ -217,7 +222,7 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
 from {p}trials t left join {p}variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 group by t.run_id, t.variant_id
 )
-order by mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last
+order by mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last, run_id, variant_id
 """
 
 
@@ -349,15 +354,16 @@ EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run
 BEST_TRIAL = """
 select trial_id, selection_score, test_score, knobs from trials
 where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
-order by selection_score desc limit 1
+order by selection_score desc, cycle, trial_id limit 1
 """
 # The campaign's ranking of variants by their best completed search trial (what parent selection reads).
 VARIANT_SCORES = """
 select variant_id, max(selection_score) as selection_score,
-       arg_max(knobs, selection_score) as best_knobs, arg_max(test_score, selection_score) as test_score
+       first(knobs order by selection_score desc, cycle, trial_id) as best_knobs,
+       first(test_score order by selection_score desc, cycle, trial_id) as test_score
 from trials where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
 group by variant_id
-order by selection_score desc
+order by selection_score desc, variant_id
 """
 # The final training (finaltrain.py): the (variant, knobs) pairs already trained (one a stop cut short, reason ?,
 # runs again; a resume whose search found another pick trains that one),
@@ -367,7 +373,7 @@ where run_id = ? and coalesce(final, false) and reason is distinct from ?
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
-       t.knobs, t.final_schedule, t.final_budget_s, t.work_dir, t.seed,
+       t.knobs, t.final_schedule, t.final_augment, t.final_budget_s, t.work_dir, t.seed,
        (select max(value) from epochs e where e.run_id = t.run_id
         and e.trial_id = t.trial_id and e.metric = 'train_seconds') as train_seconds
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
@@ -488,7 +494,8 @@ APP_TRIALS = (
 select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t.epochs, t.val_metric,
        t.selection_score, t.test_score, t.seconds, e.train_seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir,
        t.written_at, v.status as variant_status,
-       case when coalesce(t.final, false) then 'final' || coalesce(' + ' || t.final_schedule, '')
+       case when coalesce(t.final, false)
+            then 'final' || coalesce(' + ' || t.final_schedule, '') || coalesce(' + ' || t.final_augment, '')
             when coalesce(t.replicate, false) then 'replicate'
             else 'search' end as kind
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id

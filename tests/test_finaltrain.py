@@ -11,7 +11,7 @@ import pytest
 
 from ralph_ray import PROJECT_ROOT, finaltrain, sql
 from ralph_ray.__main__ import main
-from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable
+from ralph_ray.agents.transforms import TRANSFORMS
 from ralph_ray.campaign import run
 from ralph_ray.config import FINAL_SCHEDULES, resume_config
 from ralph_ray.export import export
@@ -104,25 +104,44 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
     seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
     (files / "train.py").write_text(seed)
     (files / "notes.txt").write_text("kept")
-    out, added = finaltrain.with_schedule(files, tmp_path / "final", "cosine")
-    assert (out, added) == (tmp_path / "final", "cosine")
-    edited = (out / "train.py").read_text()
+    added = finaltrain.with_additions(files, tmp_path / "final", "cosine")
+    assert (added.files, added.schedule, added.augment, added.skipped) == (tmp_path / "final", "cosine", (), ())
+    edited = (added.files / "train.py").read_text()
     assert 'harness.lr_factor(step, EPOCHS, anneal="cosine")' in edited and ".step()" in edited
-    assert (out / "notes.txt").read_text() == "kept"
+    assert (added.files / "notes.txt").read_text() == "kept"
     assert (files / "train.py").read_text() == seed  # the pick's own code is never touched
     compile(edited, "train.py", "exec")
-    # A pick with that schedule already: not added twice (the caller says why and trains the code as searched).
+    # A pick with that schedule already: not added twice, and the reason is given (the code trains as searched).
     (files / "train.py").write_text(edited)
-    with pytest.raises(NotApplicable, match="already has a schedule"):
-        finaltrain.with_schedule(files, tmp_path / "again", "cosine")
-    assert finaltrain.with_schedule(files, tmp_path / "none", None) == (files, None)
+    again = finaltrain.with_additions(files, tmp_path / "again", "cosine")
+    assert again.files == files and again.schedule is None and "already has a schedule" in again.skipped[0]
+    assert not (tmp_path / "again").exists()
+    assert finaltrain.with_additions(files, tmp_path / "none", None) == finaltrain.Added(files)
     assert not (tmp_path / "none").exists()
-    # Code libcst can't parse is refused with the reason (the final trains it as searched), never a crash.
+    # Code libcst can't parse is skipped with the reason (the final trains it as searched), never a crash.
     (files / "train.py").write_text("print('ran')\nmatch = (\n")
-    with pytest.raises(NotApplicable, match="does not parse"):
-        finaltrain.with_schedule(files, tmp_path / "broken", "cosine")
-    # Every schedule the config accepts has its transform.
+    broken = finaltrain.with_additions(files, tmp_path / "broken", "cosine")
+    assert broken.files == files and "does not parse" in broken.skipped[0]
+    # Every schedule the config accepts, and every augmentation, has its transform.
     assert set(FINAL_SCHEDULES.values()) <= set(TRANSFORMS) and set(FINAL_SCHEDULES) == {"cosine", "one_cycle"}
+    assert set(finaltrain.AUGMENTATIONS) <= set(TRANSFORMS)
+
+
+def test_augmentation_is_added_beside_the_schedule_where_the_pick_has_none(tmp_path: Path):
+    files = tmp_path / "pick"
+    files.mkdir()
+    (files / "train.py").write_text((PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text())
+    both = ("shift_augmentation", "flip_augmentation")
+    added = finaltrain.with_additions(files, tmp_path / "final", "cosine", both)
+    assert (added.schedule, added.augment, added.skipped) == ("cosine", ("shift", "flip"), ())
+    edited = (added.files / "train.py").read_text()
+    assert "shift_images(" in edited and "flip_images(" in edited and "lr_factor(" in edited
+    compile(edited, "train.py", "exec")
+    # A pick that shifts its images already gets the flip alone, and says why not the shift.
+    (files / "train.py").write_text(finaltrain.apply_transform("shift_augmentation", (files / "train.py").read_text()))
+    partly = finaltrain.with_additions(files, tmp_path / "partly", None, both)
+    assert partly.augment == ("flip",) and partly.schedule is None and "already shifts" in partly.skipped[0]
+    assert (partly.files / "train.py").read_text().count("def shift_images(") == 1
 
 
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
@@ -141,12 +160,14 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "safeguards.campaign_time_s=60",
             "safeguards.final_share=0.5",
             "safeguards.final_schedule=cosine",
+            "safeguards.final_augment=true",
             "safeguards.final_candidates=2",
         )
     )
     assert outcome.stop_reason == "campaign_time"
     said = capsys.readouterr().out
-    assert "with a cosine schedule added along it" in said and "2 candidates side by side" in said
+    assert "with a cosine schedule added along it, with shift augmentation added" in said
+    assert "2 candidates side by side" in said
     con = open_reader(outcome.kb_root)
     # ties (one selection image is 1/360 here) go to the first written, as every winner rule takes the first maximum
     finals = rows(
@@ -171,11 +192,13 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert pick["final_test_score"] == winner["test_score"] and pick["final_selection_score"] is not None
     assert pick["best_trial_id"] not in {f["trial_id"] for f in finals}  # it never ranks: the best is a search trial
     # It ran the pick's code with a cosine schedule added; the variant's own code is as searched.
-    assert all(f["final_schedule"] == "cosine" for f in finals)
-    assert "lr_factor(" in (Path(winner["work_dir"]) / "train.py").read_text()
+    # ...and shifts of its images (digits: no flips, mirroring changes a digit).
+    assert all(f["final_schedule"] == "cosine" and f["final_augment"] == "shift" for f in finals)
+    ran = (Path(winner["work_dir"]) / "train.py").read_text()
+    assert "lr_factor(" in ran and "shift_images(" in ran and "flip_images(" not in ran
     assert "lr_factor(" not in (outcome.run_dir / "variants" / pick["variant_id"] / "files" / "train.py").read_text()
     assert all(
-        r["final_schedule"] is None
+        r["final_schedule"] is None and r["final_augment"] is None
         for r in rows(con, "select * from trials where run_id = 'fin'", [])
         if not r["final"]
     )
@@ -206,7 +229,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "## Final training of the pick" in report and all(t in report for t in final_ids)
-    assert "(its code with a cosine schedule added)" in report
+    assert "(its code with a cosine schedule and shift augmentation added)" in report
     assert f"The long run's winner by selection: **{winner['variant_id']}** (trial {winner['trial_id']})" in report
     front = report.split("## Score against cost")[1].split("\n## ")[0]
     assert not any(t in front for t in final_ids)
@@ -225,9 +248,10 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "lr_factor(" in (shipped / "trainer" / "train.py").read_text()
     searched_bundle = export(outcome.kb_root, "fin", out=tmp_path / "search_bundle", search=True)
     searched = json.loads((searched_bundle / "scores.json").read_text())
-    # the pick's best search trial: by its score, since two trials tied on selection (1/360 here) may each be the
-    # leaderboard's best_trial_id from one read to the next
-    assert searched["trial_id"] not in final_ids and searched["selection_score"] == pick["selection_score"]
+    # the pick's best search trial: the leaderboard's, which breaks ties on selection (1/360 here) the same way on
+    # every read
+    assert searched["trial_id"] == pick["best_trial_id"] and searched["trial_id"] not in final_ids
+    assert searched["selection_score"] == pick["selection_score"]
     assert "lr_factor(" not in (searched_bundle / "trainer" / "train.py").read_text()
 
     # A resume (raised limits not reached) finds both final trainings recorded and runs neither again.

@@ -76,6 +76,22 @@ def test_a_queued_child_takes_the_next_slot_before_any_knob_sample():
     assert p.children_of == {"seed": 1}
 
 
+def test_a_member_is_judged_when_its_queued_trials_finish_not_when_as_many_knob_samples_have():
+    # A queued trial whose node died waits to resume; a knob sample of the same variant, started in a free slot,
+    # finishes first. Counting it in would judge the seed (and close its generation) with a queued trial still out.
+    p = pool()
+    p.add(member("seed", None, 1, wanted=2))
+    first, second = p.suggest("t1"), p.suggest("t2")
+    extra = p.suggest("t3")  # the queue is empty: a knob sample of the seed
+    assert extra["variant"] == "seed"
+    finish(p, "t2", second, 0.9)
+    finish(p, "t3", extra, 0.91)
+    seed = p.members["seed"]
+    assert seed.finished == 2 and not seed.judged
+    finish(p, "t1", first, 0.92)
+    assert seed.judged and seed.best == pytest.approx(0.92)
+
+
 def test_finished_trials_update_the_population_and_are_told_to_their_study():
     p = pool()
     p.add(member("seed", None, 1, wanted=2))
