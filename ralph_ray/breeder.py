@@ -25,7 +25,8 @@ from ralph_ray.children import Child
 from ralph_ray.popsearch import Pool
 from ralph_ray.population import Candidate, select_parents
 
-# Parent picks in a row that produced no child (every idea a duplicate of a known variant) before it gives up.
+# Parent picks in a row that produced no child (every idea a duplicate of a known variant) before it rests: it breeds
+# again when a variant it has not tried out becomes a would-be parent, and ends once no trial still out can make one.
 EMPTY_PICKS_LIMIT = 4
 
 
@@ -64,6 +65,7 @@ class BackgroundBreeder(threading.Thread):
         self._halt = threading.Event()
         self._rng = random.Random(plan.seed)
         self._empty = 0
+        self._tried_out: set[str] = set()  # would-be parents whose picks gave no new child when it last rested
         self._picks: dict[str, int] = {}  # parent id -> times picked (starts from the children it already has)
 
     def stop(self) -> None:
@@ -89,8 +91,7 @@ class BackgroundBreeder(threading.Thread):
                     self.busy = False
                     self._empty = 0 if children else self._empty + 1
                     if self._empty >= EMPTY_PICKS_LIMIT:
-                        self.log(f"  breeder: {self._empty} parent picks in a row gave no new child; breeding ends")
-                        self.done = self.out_of_ideas = True
+                        self._rest()
                     self.pool.changed.notify_all()
         except BaseException as err:  # noqa: BLE001 - the driver reads it and ends the campaign with the cause
             self.error = err
@@ -98,6 +99,32 @@ class BackgroundBreeder(threading.Thread):
             with self.pool.changed:
                 self.busy = False
                 self.pool.changed.notify_all()
+
+    def _rest(self) -> None:
+        """Out of ideas for the would-be parents as they stand. A variant whose trials are still out (a child not
+        judged yet) may become one: wait for that, then breed from it; end once none is out. Holds the pool's lock
+        (waiting releases it). With one parent, giving up at once left a 30-min Fashion campaign breeding nothing
+        for 25 minutes: its first kept child scored after the seed's ideas ran out."""
+        self._tried_out |= self._would_be()
+        self.log(f"  breeder: {self._empty} parent picks in a row gave no new child; waiting for the trials still out")
+        while not self._halt.is_set() and not self._would_be() - self._tried_out and self._open():
+            self.pool.changed.wait(timeout=1.0)
+        fresh = self._would_be() - self._tried_out
+        if fresh:
+            self._empty = 0
+            self.log(f"  breeder: {', '.join(sorted(fresh))} became a would-be parent; breeding again")
+        elif not self._halt.is_set():
+            self.log("  breeder: no trial still out can add a parent; breeding ends")
+            self.done = self.out_of_ideas = True
+
+    def _would_be(self) -> set[str]:
+        """The variants parent selection would pick from now, before its lineage and exploration rules."""
+        ranked = self.pool.ranked(below_generation=self.plan.max_generation)
+        return {c.variant_id for c in ranked[: self.plan.parents]}
+
+    def _open(self) -> bool:
+        """A member still has queued trials to start or finish (a child waiting to be judged)."""
+        return any(not m.judged for m in self.pool.members.values())
 
     def _next_parent(self) -> Candidate | None:
         """Wait until a child is wanted and a parent is eligible; None once breeding is over."""

@@ -1,5 +1,5 @@
-"""The background breeder's CPU priority: its thread, and the processes it starts (the gate's smoke runs), run
-nicer than the trials, while the driver's other threads keep theirs."""
+"""The background breeder: its CPU priority (its thread, and the processes it starts, the gate's smoke runs, run
+nicer than the trials, while the driver's other threads keep theirs), and how it rests when out of ideas."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,62 @@ def test_a_trainer_started_by_the_breeder_gets_a_nicer_autogroup_than_the_trials
     base = os.nice(0)
     assert (tmp_path / "breeder" / "group.txt").read_text().split()[-1] == str(min(19, base + 5))
     assert (tmp_path / "trial" / "group.txt").read_text().split()[-1] == "0"
+
+
+def _pool_with_a_child_out() -> tuple:
+    """A judged seed whose every idea is known, and one child (gen 2) queued, its trial not finished yet."""
+    from test_popsearch import finish, member, pool
+
+    p = pool(parents=1)
+    p.add(member("seed", None, 1))
+    finish(p, "t1", p.suggest("t1"), 0.90)
+    p.add(member("child", "seed", 2))
+    return p, finish, p.suggest("t2")
+
+
+def _breeder(p, grow) -> tuple:
+    from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
+
+    plan = BreedingPlan(
+        ahead=2, children_budget=100, max_generation=100, parents=1, explore=0.0, one_per_lineage=True, seed=0
+    )
+    logged: list[str] = []
+    return BackgroundBreeder(p, plan, 0, grow, logged.append), logged
+
+
+def test_out_of_ideas_it_waits_for_a_child_still_out_and_breeds_from_it_once_it_leads():
+    # With one parent, the seed's ideas ran out while its first child's trial was still out; that child scored
+    # best a moment later. Breeding must go on from it (it used to end for good at the fourth empty pick).
+    p, finish, child_trial = _pool_with_a_child_out()
+    picked: list[str] = []
+    bred_from_child = threading.Event()
+
+    def grow(parent, generation):  # every idea of the seed is a known variant; the child's give one new child
+        picked.append(parent.variant_id)
+        if parent.variant_id == "child":
+            bred_from_child.set()
+        return []
+
+    breeder, logged = _breeder(p, grow)
+    breeder.start()
+    deadline = time.monotonic() + 10
+    while len(picked) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    assert picked == ["seed"] * 4 and not breeder.done  # resting, not ended: the child's trial is still out
+    assert any("waiting for the trials still out" in line for line in logged)
+    finish(p, "t2", child_trial, 0.93)  # the child scores best: a would-be parent not tried out
+    assert bred_from_child.wait(10), logged
+    assert any("child became a would-be parent; breeding again" in line for line in logged)
+    breeder.stop()
+    breeder.join(10)
+
+
+def test_out_of_ideas_with_no_trial_out_breeding_ends():
+    p, finish, child_trial = _pool_with_a_child_out()
+    finish(p, "t2", child_trial, 0.85)  # judged, and below the seed: no new would-be parent can come
+    breeder, logged = _breeder(p, lambda parent, generation: [])
+    breeder.start()
+    breeder.join(10)
+    assert not breeder.is_alive() and breeder.done and breeder.out_of_ideas
+    assert logged[-1] == "  breeder: no trial still out can add a parent; breeding ends"
