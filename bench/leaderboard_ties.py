@@ -1,11 +1,11 @@
-"""The leaderboard's best trial as one row (ties: earliest cycle, then smallest id) against `arg_max` per column.
+"""The leaderboard's best trial as one row (ties: the first written, then the smallest id) against `arg_max` per column.
 
     python bench/leaderboard_ties.py [--reuse DIR] [--trials 100000]
 
 The `leaderboard` view picks each variant's best search trial. With `arg_max(column, selection_score)` per column,
 trials tied on the score (one selection image apart is common) could answer the trial id, the test score and the
 knobs from different rows, and a different row on each read. The view now takes them with one ordered aggregate
-(`first(column order by selection_score desc, cycle, trial_id)`). Ordered aggregates sort each group, so this
+(`first(column order by selection_score desc, written_at, trial_id)`). Ordered aggregates sort each group, so this
 measures what that costs on the KB of `bench/kb_scale.py` (100k trials; built here, or `--reuse` its `--keep` DIR):
 the same queries through the view as it is and through the same view with `arg_max` put back, alternating, median
 of 7 each, on one reader. Goal (issue 13): each query <= 100 ms.
@@ -34,7 +34,7 @@ from ralph_ray.kb import KnowledgeBase, open_reader  # noqa: E402
 def arg_max_leaderboard() -> str:
     """The view's SQL with `arg_max(column, selection_score)` per column, as it was before the tie-break."""
     body = sql._leaderboard("")
-    best = "order by t.selection_score desc, t.cycle, t.trial_id"
+    best = "order by t.selection_score desc, t.written_at, t.trial_id"
     old, count = re.subn(rf"first\((t\.\w+) {re.escape(best)}\)", r"arg_max(\1, t.selection_score)", body)
     assert count == 4, f"expected the view's 4 ordered aggregates, found {count}: the baseline no longer matches"
     return old

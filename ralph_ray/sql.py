@@ -186,9 +186,9 @@ def _leaderboard(p: str) -> str:
     # shown in its own columns and never ranks.
     search = "not coalesce(t.replicate, false) and not coalesce(t.final, false)"
     # The best trial is one row, the same on every read: ties on the selection score (one image apart is common)
-    # go to the earliest cycle, then the smallest trial id. `arg_max` over ties may answer from a different row per
-    # column and per read (the app, `status` and `export --search` named different trials of one variant).
-    best = "order by t.selection_score desc, t.cycle, t.trial_id"
+    # go to the first written (as finals.final_winner's), then the smallest trial id. `arg_max` over ties may answer
+    # from a different row per column and per read (the app, `status` and `export --search` named different trials).
+    best = "order by t.selection_score desc, t.written_at, t.trial_id"
     scored = "t.selection_score is not null"
     replica = "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
     final = "coalesce(t.final, false) and t.status = 'completed'"
@@ -354,13 +354,13 @@ EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run
 BEST_TRIAL = """
 select trial_id, selection_score, test_score, knobs from trials
 where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
-order by selection_score desc, cycle, trial_id limit 1
+order by selection_score desc, written_at, trial_id limit 1
 """
 # The campaign's ranking of variants by their best completed search trial (what parent selection reads).
 VARIANT_SCORES = """
 select variant_id, max(selection_score) as selection_score,
-       first(knobs order by selection_score desc, cycle, trial_id) as best_knobs,
-       first(test_score order by selection_score desc, cycle, trial_id) as test_score
+       first(knobs order by selection_score desc, written_at, trial_id) as best_knobs,
+       first(test_score order by selection_score desc, written_at, trial_id) as test_score
 from trials where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
 group by variant_id
 order by selection_score desc, variant_id
