@@ -106,7 +106,8 @@ class BackgroundBreeder(threading.Thread):
         (waiting releases it). With one parent, giving up at once left a 30-min Fashion campaign breeding nothing
         for 25 minutes: its first kept child scored after the seed's ideas ran out."""
         self._tried_out |= self._would_be()
-        self.log(f"  breeder: {self._empty} parent picks in a row gave no new child; waiting for the trials still out")
+        if self._open():
+            self.log(f"  breeder: {self._empty} parent picks in a row gave no new child; waiting for the trials out")
         while not self._halt.is_set() and not self._would_be() - self._tried_out and self._open():
             self.pool.changed.wait(timeout=1.0)
         fresh = self._would_be() - self._tried_out
