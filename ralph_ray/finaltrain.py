@@ -107,14 +107,15 @@ def with_additions(
     wanted = ([(FINAL_SCHEDULES[schedule], schedule)] if schedule else []) + [(t, AUGMENTATIONS[t]) for t in augment]
     done, skipped = [], []
     for transform, name in wanted:
+        what = f"{name} schedule" if name == schedule else f"{name} augmentation"
         try:  # NotApplicable also where libcst can't parse the code (the transforms say so)
             edited = apply_transform(transform, source)
             compile(edited, entry, "exec")
         except NotApplicable as why:
-            skipped.append(f"no {name} added ({why})")
+            skipped.append(f"no {what} added ({why})")
             continue
         except SyntaxError as error:
-            skipped.append(f"no {name} added (the edited {entry} does not compile: line {error.lineno}: {error.msg})")
+            skipped.append(f"no {what} added (the edited {entry} does not compile: line {error.lineno}: {error.msg})")
             continue
         source, done = edited, [*done, name]
     if not done:
