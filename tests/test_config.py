@@ -195,6 +195,8 @@ def test_final_share_must_be_a_share_of_a_time_budget():
         load_config(["safeguards.final_schedule=linear"])
     assert "got 'linear'" in str(caught.value)
     assert load_config(["+experiment=fashion"]).safeguards.final_schedule == "cosine"
+    assert load_config(["+experiment=fashion"]).safeguards.final_augment  # measured: +0.007 test on one seed
+    assert not load_config([]).safeguards.final_augment  # off by default: measured on Fashion alone
     assert cfg.safeguards.final_candidates == 1  # the default: the pick alone
     assert load_config(["+experiment=fashion"]).safeguards.final_candidates == 1  # measured: no gain from 2 there
     for bad in ("0", "3"):  # side by side, one slot's share each: at most search.max_concurrent (2 by default)
