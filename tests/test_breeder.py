@@ -114,7 +114,7 @@ def test_out_of_ideas_it_waits_for_a_child_still_out_and_breeds_from_it_once_it_
     picked: list[str] = []
     bred_from_child = threading.Event()
 
-    def grow(parent, generation):  # every idea of the seed is a known variant; the child's give one new child
+    def grow(parent, generation):  # no new child from any parent: the test asks whom it breeds from, and when
         picked.append(parent.variant_id)
         if parent.variant_id == "child":
             bred_from_child.set()
