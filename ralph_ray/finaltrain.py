@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ralph_ray import records, replicates, sql
+from ralph_ray.agents.catalog import load_catalog
 from ralph_ray.agents.transforms import NotApplicable, apply_transform
 from ralph_ray.config import FINAL_SCHEDULES
 from ralph_ray.decision import StopReason
@@ -34,18 +35,6 @@ MIN_BUDGET_S = 10.0  # below this a final training would not reach a second epoc
 # Kept back from the share for what is not training: the trainer's start, its last evaluation, its predictions and
 # their scoring (a quarter of a short share, so a test's 20-s share still trains).
 MARGIN_S = 30.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one final trial runs: a candidate (the pick, or one of the next best) and its knobs (the budget and each
-    trial's share of the slots are the same for every candidate: `_train`'s arguments)."""
-
-    variant_id: str
-    knobs: dict[str, Any]
-    files: Path  # the code it runs: the pick's own, or a copy with the schedule (and augmentation) added
-    schedule: str | None = None  # the schedule added to that copy (safeguards.final_schedule), None: as searched
-    augment: str | None = None  # the augmentations added to it (safeguards.final_augment): "shift + flip", or None
 
 
 def budget(share_s: float, left_s: float) -> float:
@@ -95,6 +84,21 @@ class Added:
     augment: tuple[str, ...] = ()  # short names: ("shift", "flip")
     skipped: tuple[str, ...] = ()  # one line each: "no cosine schedule added (it has one already)"
 
+    @property
+    def augment_label(self) -> str | None:
+        """The augmentations as the trials table records them: "shift + flip", None for none."""
+        return " + ".join(self.augment) or None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one final trial runs: a candidate (the pick, or one of the next best), its knobs and its code (the budget
+    and each trial's share of the slots are the same for every candidate: `_train`'s arguments)."""
+
+    variant_id: str
+    knobs: dict[str, Any]
+    code: Added  # the candidate's own files, or a copy with the schedule and augmentation added
+
 
 def with_additions(
     files: Path, out: Path, schedule: str | None, augment: tuple[str, ...] = (), entry: str = "train.py"
@@ -104,28 +108,31 @@ def with_additions(
     or `files` itself when none does. A transform that can't find its idiom (`NotApplicable`: the code has a schedule
     or shifts its images already, its epoch loop has no idiom) is skipped with its reason."""
     source = (files / entry).read_text()
-    wanted = ([(FINAL_SCHEDULES[schedule], schedule)] if schedule else []) + [(t, AUGMENTATIONS[t]) for t in augment]
-    done, skipped = [], []
-    for transform, name in wanted:
-        what = f"{name} schedule" if name == schedule else f"{name} augmentation"
+    skipped: list[str] = []
+
+    def add(transform: str, what: str) -> bool:
+        nonlocal source
         try:  # NotApplicable also where libcst can't parse the code (the transforms say so)
             edited = apply_transform(transform, source)
             compile(edited, entry, "exec")
         except NotApplicable as why:
             skipped.append(f"no {what} added ({why})")
-            continue
+            return False
         except SyntaxError as error:
             skipped.append(f"no {what} added (the edited {entry} does not compile: line {error.lineno}: {error.msg})")
-            continue
-        source, done = edited, [*done, name]
-    if not done:
+            return False
+        source = edited
+        return True
+
+    scheduled = schedule if schedule and add(FINAL_SCHEDULES[schedule], f"{schedule} schedule") else None
+    augmented = tuple(AUGMENTATIONS[t] for t in augment if add(t, f"{AUGMENTATIONS[t]} augmentation"))
+    if not scheduled and not augmented:
         return Added(files, skipped=tuple(skipped))
     if out.exists():
         shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
     shutil.copytree(files, out)
     (out / entry).write_text(source)
-    added_schedule = schedule if schedule in done else None
-    return Added(out, added_schedule, tuple(n for n in done if n != added_schedule), tuple(skipped))
+    return Added(out, scheduled, augmented, tuple(skipped))
 
 
 def _largest_node_cpus() -> float | None:
@@ -162,14 +169,13 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     for variant, knobs, _ in todo:
         if variant not in code:  # a knob search's candidates share their variant's code
             code[variant] = _code(campaign, variant)
-        added = code[variant]
-        plans.append(Plan(variant, knobs, added.files, added.schedule, " + ".join(added.augment) or None))
+        plans.append(Plan(variant, knobs, code[variant]))
     device = f"{cpus:g} CPU(s){f' and {gpus:g} GPU' if gpus else ''}"
     share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
     order = [(v, knobs) for v, knobs, _ in found]
     for plan in plans:
-        added = f", with a {plan.schedule} schedule added along it" if plan.schedule else ""
-        added += f", with {plan.augment} augmentation added" if plan.augment else ""
+        added = f", with a {plan.code.schedule} schedule added along it" if plan.code.schedule else ""
+        added += f", with {plan.code.augment_label} augmentation added" if plan.code.augment else ""
         nth = order.index((plan.variant_id, plan.knobs))  # its place among the candidates, a resume's too
         who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
@@ -184,8 +190,9 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
 def _code(campaign: Campaign, variant: str) -> Added:
     """The folder a candidate's final trial runs and what was added to it (the console says why anything was not)."""
     guards, task = campaign.cfg.safeguards, campaign.cfg.task
-    # Flips only where mirroring keeps a label (garments yes, digits no): the offline agent's own rule
-    augment = tuple(t for t in AUGMENTATIONS if task.mirror_invariant or t != "flip_augmentation")
+    # Flips only where mirroring keeps a label (garments yes, digits no): the catalog's flag, the offline agent's rule
+    mirroring = {i.transform for i in load_catalog().interventions if i.mirrors_images}
+    augment = tuple(t for t in AUGMENTATIONS if task.mirror_invariant or t not in mirroring)
     files = files_dir(campaign.run_dir / "variants", variant)
     added = with_additions(
         files, final_code_dir(campaign.run_dir, variant), guards.final_schedule, augment if guards.final_augment else ()
@@ -218,8 +225,8 @@ def _train(
         ended.append(trial)
 
     def marks(plan: Plan) -> dict[str, Any]:
-        schedule = {FINAL_SCHEDULE_KEY: plan.schedule} if plan.schedule else {}
-        augment = {FINAL_AUGMENT_KEY: plan.augment} if plan.augment else {}
+        schedule = {FINAL_SCHEDULE_KEY: plan.code.schedule} if plan.code.schedule else {}
+        augment = {FINAL_AUGMENT_KEY: plan.code.augment_label} if plan.code.augment else {}
         return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment}
 
     replicates.run(
@@ -227,7 +234,7 @@ def _train(
         campaign.run_id,
         cycle,
         campaign.run_dir / "final",
-        {plan.variant_id: plan.files for plan in plans},
+        {plan.variant_id: plan.code.files for plan in plans},
         [{"variant": plan.variant_id, **plan.knobs, **marks(plan)} for plan in plans],
         campaign.data,
         campaign.labels,
