@@ -64,6 +64,7 @@ class Member:
     best: float | None = None
     best_knobs: dict[str, Any] = field(default_factory=dict)
     best_trial_id: str | None = None  # the completed trial that scored `best` (state.json's best_trial_id)
+    best_order: int = 0  # when `best` was reached, in recorded trials: ties rank the first written, as sql.BEST_TRIAL
     # Replicates (noise.py): the seeds recorded, the selection and test scores of those that completed, and how
     # many are asked for but not recorded yet.
     replica_seeds: list[int] = field(default_factory=list)
@@ -120,6 +121,7 @@ class Pool:
         self.closed = False  # no trial starts any more (the decision engine stopped the campaign)
         self.changed = threading.Condition()
         self.rng = random.Random(settings.seed)
+        self.recorded = 0  # trials finished so far (the ledger writes each to the KB just before telling the pool)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     # -- members ---------------------------------------------------------------------------------
@@ -170,7 +172,7 @@ class Pool:
                 for m in self.members.values()
                 if m.best is not None and (below_generation is None or m.generation < below_generation)
             ]
-            scored.sort(key=lambda m: (-(m.best or 0.0), m.variant_id))
+            scored.sort(key=lambda m: (-(m.best or 0.0), m.best_order, m.variant_id))
             return [
                 Candidate(m.variant_id, float(m.best or 0.0), dict(m.best_knobs), branch_of(m.variant_id, parents))
                 for m in scored
@@ -239,13 +241,14 @@ class Pool:
                 self.changed.notify_all()
                 return member
             member.finished += 1
+            self.recorded += 1
             member.queued_open.discard(record.trial_id)
             member.failed += record.status is TrialStatus.failed
             score = record.selection_score
             better = score is not None and (member.best is None or score > member.best)
             if record.status is TrialStatus.completed and better:
                 member.best, member.best_knobs = score, json.loads(record.knobs or "{}")
-                member.best_trial_id = record.trial_id
+                member.best_trial_id, member.best_order = record.trial_id, self.recorded
             if entry is not None:
                 study = self._study(member)
                 if record.status is TrialStatus.completed and score is not None:

@@ -157,3 +157,14 @@ def test_selection_is_stable_under_a_seeded_rng():
             finish(p, f"own-{name}", p.suggest(f"own-{name}"), {"seed": 0.9, "a": 0.92, "b": 0.85}[name])
         picks.append([p.suggest(f"s{i}")["variant"] for i in range(6)])
     assert picks[0] == picks[1]
+
+
+def test_tied_members_rank_the_first_written_as_the_kbs_best_trial_does():
+    # state.json's best trial (the pool's) and sql.BEST_TRIAL (the KB's) must name the same trial on a tie
+    p = pool()
+    p.add(member("zz-first", None, 1))
+    p.add(member("aa-later", None, 1))
+    finish(p, "t1", p.suggest("t1"), 0.9)  # zz-first is queued first, so recorded first
+    finish(p, "t2", p.suggest("t2"), 0.9)
+    assert [c.variant_id for c in p.ranked()] == ["zz-first", "aa-later"]
+    assert p.best().best_trial_id == "t1"

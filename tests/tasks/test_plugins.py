@@ -134,6 +134,7 @@ def test_a_plugin_task_runs_a_campaign(tmp_path: Path):
             f"paths.runs={tmp_path / 'runs'}",
             f"paths.kb={tmp_path / 'kb'}",
             "safeguards.max_cycles=1",
+            "population.mode=generations",  # one barrier cycle: exactly the 2 samples (async starts knob samples too)
             "agent=none",
             "search.num_samples=2",
             "safeguards.replicates=0",
