@@ -39,3 +39,4 @@ navigation = st.navigation(
 )
 shell.sidebar()
 navigation.run()
+shell.warm_imports()  # after the page: its first render never waits on the other pages' imports

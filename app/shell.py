@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,10 @@ REFRESH_S = 3  # while a campaign runs, each page redraws itself this often
 # A campaign that says "running" but has written nothing for this long (at least; a trial may run up to its
 # timeout before its row lands) is shown as stopped unexpectedly: its driver was killed or its machine lost.
 STALE_S = float(os.environ.get("RALPH_APP_STALE_S", "300"))
+# What only some pages import, on their first use (the Knobs page's importance evaluators, the intervals' t
+# distribution): loaded once per server in the background after the first page has rendered, so a page visited
+# later does not pay for it on its first visit (bench/app_render.py).
+LATER_IMPORTS = ("optuna.importance", "scipy.stats")
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,23 @@ class Campaign:
         target = (self.config.get("target") or {}).get("selection_score")
         minimise = (self.config.get("task") or {}).get("direction") == "min"
         return -target if target is not None and minimise else target
+
+
+def _import_all(names: tuple[str, ...]) -> None:
+    """Import each module; one that fails is left for its page to import (and report) as before."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a warm-up must never take the server down; the page says what is wrong
+            continue
+
+
+@st.cache_resource(show_spinner=False)
+def warm_imports() -> threading.Thread:
+    """Start importing LATER_IMPORTS in a daemon thread, once per server process (the thread, for tests to join)."""
+    thread = threading.Thread(target=_import_all, args=(LATER_IMPORTS,), name="ralph-app-warm-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 def kb_root() -> str:
