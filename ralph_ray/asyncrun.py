@@ -533,6 +533,7 @@ class AsyncCampaign(Campaign):
             self._log(f"  seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
             return 0
         trials = con.execute(sql.ASYNC_TRIALS, [self.run_id, STOPPED_WITH_CYCLE]).fetchall()
+        order = {t[0]: n for n, t in enumerate(trials, 1)}  # written order: ties rank the first written, as the KB
         for (
             variant_id,
             parent_id,
@@ -576,14 +577,7 @@ class AsyncCampaign(Campaign):
             member.failed = sum(t[2] == TrialStatus.failed.value for t in mine)
             self.pool.add(member)
             for trial_id, _, trial_status, knobs, score in mine:
-                self.pool.warm_start(variant_id, json.loads(knobs or "{}"), score, TrialStatus(trial_status))
-                if (
-                    trial_status == TrialStatus.completed.value
-                    and score is not None
-                    and (member.best is None or score > member.best)
-                ):
-                    member.best, member.best_knobs = float(score), json.loads(knobs or "{}")
-                    member.best_trial_id = trial_id
+                self.pool.warm_start(variant_id, trial_id, knobs, score, TrialStatus(trial_status), order[trial_id])
             if status not in (VariantStatus.candidate, VariantStatus.seed):
                 self.judged.add(variant_id)
             elif member.judged and status is VariantStatus.candidate:

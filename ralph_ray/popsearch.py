@@ -83,6 +83,15 @@ class Member:
         if test is not None:
             self.replica_tests.append(test)
 
+    def note_trial(
+        self, trial_id: str, status: TrialStatus, score: float | None, knobs: str | None, order: int
+    ) -> None:
+        """A search trial of this member was recorded, `order`-th of the run's: a completed one that beats `best`
+        becomes it (a tie keeps the earlier: the first written, as sql.BEST_TRIAL)."""
+        if status is TrialStatus.completed and score is not None and (self.best is None or score > self.best):
+            self.best, self.best_knobs = float(score), json.loads(knobs or "{}")
+            self.best_trial_id, self.best_order = trial_id, order
+
     @property
     def waiting(self) -> bool:
         """Queued trials not started yet."""
@@ -183,10 +192,15 @@ class Pool:
         ranked = self.ranked()
         return self.members[ranked[0].variant_id] if ranked else None
 
-    def warm_start(self, variant_id: str, knobs: dict[str, Any], score: float | None, status: TrialStatus) -> None:
-        """Tell a member's study a trial recorded before this process started (resume), as Optuna's `add_trial`."""
+    def warm_start(
+        self, variant_id: str, trial_id: str, knobs: str | None, score: float | None, status: TrialStatus, order: int
+    ) -> None:
+        """A trial recorded before this process started (resume), `order`-th of the run's in the KB: its member's best
+        as `finish` keeps it, and its study as Optuna's `add_trial`."""
         member = self.members[variant_id]
-        params = self._params_of(member, knobs)
+        member.note_trial(trial_id, status, score, knobs, order)
+        self.recorded = max(self.recorded, order)  # the trials this process records come after it
+        params = self._params_of(member, json.loads(knobs or "{}"))
         if params is None:
             return
         state = {
@@ -245,10 +259,7 @@ class Pool:
             member.queued_open.discard(record.trial_id)
             member.failed += record.status is TrialStatus.failed
             score = record.selection_score
-            better = score is not None and (member.best is None or score > member.best)
-            if record.status is TrialStatus.completed and better:
-                member.best, member.best_knobs = score, json.loads(record.knobs or "{}")
-                member.best_trial_id, member.best_order = record.trial_id, self.recorded
+            member.note_trial(record.trial_id, record.status, score, record.knobs, self.recorded)
             if entry is not None:
                 study = self._study(member)
                 if record.status is TrialStatus.completed and score is not None:

@@ -130,8 +130,8 @@ def test_knob_samples_go_to_would_be_parents_only():
 def test_a_rebuilt_pool_warm_starts_its_studies_from_recorded_trials():
     p = pool()
     p.add(member("child", "seed", 2, wanted=1, own={"LR": 0.1, "WIDTH": 16}), queued=False)
-    p.warm_start("child", {"LR": 0.2, "WIDTH": 16}, 0.93, TrialStatus.completed)
-    p.warm_start("child", {"LR": 0.05, "WIDTH": 16}, None, TrialStatus.failed)
+    p.warm_start("child", "t1", json.dumps({"LR": 0.2, "WIDTH": 16}), 0.93, TrialStatus.completed, 1)
+    p.warm_start("child", "t2", json.dumps({"LR": 0.05, "WIDTH": 16}), None, TrialStatus.failed, 2)
     trials = p.studies["child"].trials
     assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"]
     assert trials[0].params["LR"] == pytest.approx(2.0) and trials[0].value == 0.93  # stored as the factor it was
@@ -168,3 +168,18 @@ def test_tied_members_rank_the_first_written_as_the_kbs_best_trial_does():
     finish(p, "t2", p.suggest("t2"), 0.9)
     assert [c.variant_id for c in p.ranked()] == ["zz-first", "aa-later"]
     assert p.best().best_trial_id == "t1"
+
+
+def test_a_rebuilt_pool_ranks_ties_by_the_kbs_written_order_and_records_after_it():
+    # On resume the members come back one by one, but a tie still goes to the trial the KB wrote first; a trial
+    # this process records afterwards ranks after every rebuilt one.
+    p = pool()
+    p.add(member("aa", None, 1), queued=False)
+    p.add(member("zz", None, 1), queued=False)
+    p.warm_start("aa", "t2", json.dumps(OWN), 0.9, TrialStatus.completed, 2)
+    p.warm_start("zz", "t1", json.dumps(OWN), 0.9, TrialStatus.completed, 1)
+    assert [c.variant_id for c in p.ranked()] == ["zz", "aa"]
+    assert p.best().best_trial_id == "t1" and p.members["aa"].best_knobs == OWN
+    p.add(member("bb", None, 1))
+    finish(p, "t3", p.suggest("t3"), 0.9)
+    assert [c.variant_id for c in p.ranked()] == ["zz", "aa", "bb"]
