@@ -855,6 +855,7 @@ def _check_task(cfg: Config) -> TaskFolder:
         if folder in shipped:
             find_task(shipped[folder])  # a plug-in that claims a shipped task's name is refused, naming both
         task = load_task(folder)
+        task.hidden_paths(cfg.data)  # a broken declaration stops here, not when the first run is sandboxed
     except TaskError as err:
         raise ConfigError("task", err.problem, err.fix) from None
     for key, declared in (("metric", task.metric.name), ("direction", task.metric.direction.value)):
@@ -995,7 +996,10 @@ def _check_space(name: str, space: KnobSpace) -> None:
 
 
 def sandbox_policy(cfg: Config) -> Policy:
-    """The sandbox policy of a campaign's runs: its config, with the campaign's own folders and raw data hidden."""
+    """The sandbox policy of a campaign's runs: its config, with the campaign's own folders and raw data hidden.
+
+    Raw data: data.root, and where the task's prepare.py says it reads labelled data besides (`hidden_paths`: e.g.
+    fashion's Debian folder under /usr, which the sandbox otherwise binds read-only for every run)."""
     local = [
         cfg.data.root,
         cfg.paths.runs,
@@ -1003,7 +1007,9 @@ def sandbox_policy(cfg: Config) -> Policy:
         cfg.paths.storage,
         str(cfg.task_folder()),
     ]  # + the frozen prepare.py
-    return cfg.sandbox.policy(tuple(str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p))
+    hidden = [str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p]
+    hidden += [str(p) for p in load_task(cfg.task_folder()).hidden_paths(cfg.data)]
+    return cfg.sandbox.policy(tuple(dict.fromkeys(hidden)))
 
 
 PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")

@@ -1,7 +1,8 @@
 """Task folders: the parts a task needs, and its frozen `prepare.py` loaded on the driver (never in a trial).
 
-A task folder holds `prepare.py` (frozen: `prepare(settings, data) -> Splits` and `METRIC`, optionally `score` and
-`DATA_ROOT`), `train.py` (the mutable seed trainer), `program.md` (what an agent may change) and `task.yaml` (the
+A task folder holds `prepare.py` (frozen: `prepare(settings, data) -> Splits` and `METRIC`, optionally `score`,
+`DATA_ROOT` and `hidden_paths(data)`: where the task reads labelled raw data outside `data.root`, which every sandboxed
+run must not see), `train.py` (the mutable seed trainer), `program.md` (what an agent may change) and `task.yaml` (the
 search space and defaults). Trials get a copy of the trainer files only: the frozen parts never reach a work dir.
 """
 
@@ -47,6 +48,22 @@ class TaskFolder:
     data_root: str | None  # what `data.root` must hold (None: the task needs no data root)
     prepare: Callable[[TaskSettings, DataSource], Splits]
     prepare_sha256: str
+    # prepare.py's `hidden_paths(data)`: the raw data it reads outside data.root (a system folder, a package's)
+    declared_hidden: Callable[[DataSource], Any] | None = None
+
+    def hidden_paths(self, data: DataSource) -> list[Path]:
+        """Where this task's labelled raw data lives besides data.root (which is hidden anyway): hidden from runs."""
+        if self.declared_hidden is None:
+            return []
+        where = self.path / "prepare.py"
+        fix = "return a list of folders or files (str or Path) from `def hidden_paths(data)` in prepare.py"
+        try:
+            found = self.declared_hidden(data)
+        except Exception as err:  # the task's own code: say whose and why
+            raise TaskError(f"{where}: hidden_paths(data) raised {type(err).__name__}: {err}", fix) from None
+        if isinstance(found, (str, Path)) or not all(isinstance(p, (str, Path)) for p in found or ()):
+            raise TaskError(f"{where}: hidden_paths(data) returned {found!r}", fix)
+        return [Path(p).expanduser().resolve() for p in found or ()]
 
 
 def check_parts(path: Path) -> None:
@@ -110,7 +127,13 @@ def _load(folder: str, digest: str) -> TaskFolder:
             raise TaskError(f"{path / 'prepare.py'}: {err}", "declare the metric in prepare.py as shown") from None
         data_root: Any = getattr(module, "DATA_ROOT", None)
         root = None if data_root is None else str(data_root)
-        _LOADED[key] = TaskFolder(path.name, path, metric, root, prepare, digest)
+        hidden = getattr(module, "hidden_paths", None)
+        if hidden is not None and not callable(hidden):
+            raise TaskError(
+                f"{path / 'prepare.py'}: hidden_paths is not a function",
+                "define `def hidden_paths(data) -> list[Path]` (the raw data outside data.root), or remove it",
+            )
+        _LOADED[key] = TaskFolder(path.name, path, metric, root, prepare, digest, hidden)
     return _LOADED[key]
 
 

@@ -97,6 +97,28 @@ def test_frozen_parts_never_reach_a_variant_and_the_folder_is_hidden_from_trials
     assert str(folder.resolve()) in sandbox_policy(cfg).hidden
 
 
+def test_raw_data_a_task_declares_outside_data_root_is_hidden_and_a_bad_declaration_exits_2(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    raw = tmp_path / "raw_elsewhere"
+    prepare = folder / "prepare.py"
+    source = prepare.read_text()
+    prepare.write_text(source + f"\n\ndef hidden_paths(data):\n    return [{str(raw)!r}, data.root or '{raw}/b']\n")
+    hidden = sandbox_policy(load_config([f"task={folder}"])).hidden
+    assert str(raw) in hidden and str(raw / "b") in hidden and str(folder.resolve()) in hidden
+    assert (
+        str(tmp_path / "mine")
+        in sandbox_policy(load_config([f"task={folder}", f"data.root={tmp_path / 'mine'}"])).hidden
+    )
+    for body, said in (
+        ("hidden_paths = '/usr/share/x'", "hidden_paths is not a function"),
+        ("def hidden_paths(data):\n    return '/usr/share/x'", "returned '/usr/share/x'"),
+        ("def hidden_paths(data):\n    return [1 / 0]", "hidden_paths(data) raised ZeroDivisionError"),
+    ):
+        prepare.write_text(source + "\n\n" + body + "\n")
+        done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
+        assert done.returncode == 2 and said in done.stderr and "fix:" in done.stderr, done.stderr
+
+
 def test_the_lm_task_scores_a_next_byte_that_no_input_holds():
     cfg = load_config(["task=lm"])
     assert (cfg.task.metric, cfg.task.direction, cfg.search.mode) == ("bits_per_byte", "min", "min")

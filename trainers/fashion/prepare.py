@@ -51,6 +51,12 @@ def root(data: DataSource) -> Path:
     return DEFAULT_ROOT if not data.root else Path(str(data.root)).expanduser()
 
 
+def hidden_paths(data: DataSource) -> list[Path]:
+    """The raw files' folder, hidden from every run: Debian's lies under /usr, which the sandbox binds for all to read,
+    and its label files hold the selection and test labels."""
+    return [root(data)]
+
+
 def split(folder: Path, split_seed: int, subsample: int = 0) -> Splits:
     """Train / selection (stratified out of the official train set) / the official test set, uint8 (N, 1, 28, 28)."""
     missing = [name for name in TRAIN_FILES + TEST_FILES if not (folder / name).is_file()]

@@ -14,6 +14,9 @@ from ralph_ray.tasks.base import DataSource, Splits, TaskSettings, stratified_sp
 # The metric the engine scores selection/test predictions with: "accuracy" or "macro_f1" (both higher is better),
 # or a name of your own with `def score(predictions, targets) -> float` below and its direction.
 METRIC = {"name": "accuracy", "direction": "max"}
+# Raw data with your labels under /usr, /etc, /opt or inside the Python environment (every trial may read those) must
+# be named so the sandbox hides it: `def hidden_paths(data): return [Path("/usr/share/my-dataset")]`. Your data.root
+# and this folder are hidden anyway; other folders (/data, /srv, your home) are never bound into a trial.
 
 
 def load() -> tuple[np.ndarray, np.ndarray, int]:
