@@ -239,7 +239,9 @@ def _kb_shape(kb: Path, run_id: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_sigkill_mid_cycle_then_resume_loses_and_duplicates_nothing(ray_session, tmp_path: Path):
+def test_sigkill_mid_cycle_then_resume_loses_and_duplicates_nothing(two_cycles: Outcome, tmp_path: Path):
+    # The clean reference: two_cycles, the module's campaign of the same configuration (TINY, 2 cycles, 1 parent,
+    # 2 children), run in-process without a kill.
     args = [
         f"paths.runs={tmp_path / 'runs'}",
         f"paths.kb={tmp_path / 'kb'}",
@@ -280,16 +282,7 @@ def test_sigkill_mid_cycle_then_resume_loses_and_duplicates_nothing(ray_session,
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resume" in result.stdout
 
-    reference = run(
-        tiny(
-            tmp_path,
-            "run_id=reference",
-            "safeguards.max_cycles=2",
-            "population.parents=1",
-            "population.children_per_parent=2",
-        )
-    )
-    killed, clean = _kb_shape(tmp_path / "kb", "killed"), _kb_shape(tmp_path / "kb", reference.run_id)
+    killed, clean = _kb_shape(tmp_path / "kb", "killed"), _kb_shape(two_cycles.kb_root, two_cycles.run_id)
     assert killed["unique"] and clean["unique"]
     assert [n for _, n in killed["trials_per_cycle"]][0] == 3
     assert killed["decisions"] == clean["decisions"] == [(1, "none"), (2, "max_cycles")]
