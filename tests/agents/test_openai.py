@@ -346,6 +346,7 @@ def test_token_budget_stops_the_campaign_with_exit_code_2(
         "scheduler.max_t=4",
         "scheduler.grace_period=1",
         "+search.space.EPOCHS={type: choice, values: [4]}",
+        "safeguards.replicates=0",  # one trial decides: the budget counts agent tokens, replicates call no agent
         "run_id=budget",
     ]
     code = main(base + campaign_overrides(llm_server, "safeguards.max_cycles=4", "safeguards.tokens_per_campaign=1000"))
