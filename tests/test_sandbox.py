@@ -174,7 +174,8 @@ FASHION_RAW = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fash
     not (FASHION_RAW / "t10k-labels-idx1-ubyte.gz").is_file(),
     reason=f"Debian's dataset-fashion-mnist is not installed ({FASHION_RAW} is missing): apt-get install it",
 )
-def test_a_tasks_raw_data_in_a_system_folder_is_hidden_from_its_trials(tmp_path: Path, public: Path):
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_tasks_raw_data_in_a_system_folder_is_hidden_from_its_trials(tmp_path: Path, public: Path, warm: bool):
     from dataclasses import replace
 
     from ralph_ray.config import load_config, sandbox_policy
@@ -182,9 +183,11 @@ def test_a_tasks_raw_data_in_a_system_folder_is_hidden_from_its_trials(tmp_path:
     # The fashion task's policy, as a campaign builds it: its prepare.py names the raw folder (`hidden_paths`).
     policy = replace(sandbox_policy(load_config(["task=fashion"])), memory_mb=512, processes=64, file_size_mb=64)
     assert str(FASHION_RAW) in policy.hidden
-    outcome, work = hostile_run(tmp_path, public, "labels_raw_system", policy=policy, target=FASHION_RAW)
+    outcome, work = hostile_run(tmp_path, public, "labels_raw_system", policy=policy, warm=warm, target=FASHION_RAW)
     assert_breach(outcome, Breach.forbidden_path)
     assert "t10k-labels" in outcome.reason and not (work / "predictions.npz").exists()
+    if warm:
+        return
     # The hole it closes: without the task's declaration, /usr's binding shows the files to every run.
     open_policy = replace(policy, hidden=tuple(h for h in policy.hidden if h != str(FASHION_RAW)))
     outcome, work = hostile_run(tmp_path / "open", public, "labels_raw_system", policy=open_policy, target=FASHION_RAW)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -61,9 +61,14 @@ class TaskFolder:
             found = self.declared_hidden(data)
         except Exception as err:  # the task's own code: say whose and why
             raise TaskError(f"{where}: hidden_paths(data) raised {type(err).__name__}: {err}", fix) from None
-        if isinstance(found, (str, Path)) or not all(isinstance(p, (str, Path)) for p in found or ()):
+        if found is None:
+            return []
+        if isinstance(found, (str, Path)) or not isinstance(found, Iterable):
             raise TaskError(f"{where}: hidden_paths(data) returned {found!r}", fix)
-        return [Path(p).expanduser().resolve() for p in found or ()]
+        paths = list(found)  # once: a generator would be spent by the check below
+        if not all(isinstance(p, (str, Path)) for p in paths):
+            raise TaskError(f"{where}: hidden_paths(data) returned {paths!r}", fix)
+        return [Path(p).expanduser().resolve() for p in paths]
 
 
 def check_parts(path: Path) -> None:

@@ -102,7 +102,8 @@ def test_raw_data_a_task_declares_outside_data_root_is_hidden_and_a_bad_declarat
     raw = tmp_path / "raw_elsewhere"
     prepare = folder / "prepare.py"
     source = prepare.read_text()
-    prepare.write_text(source + f"\n\ndef hidden_paths(data):\n    return [{str(raw)!r}, data.root or '{raw}/b']\n")
+    # a generator is as good as a list
+    prepare.write_text(source + f"\n\ndef hidden_paths(data):\n    yield from [{str(raw)!r}, data.root or '{raw}/b']\n")
     hidden = sandbox_policy(load_config([f"task={folder}"])).hidden
     assert str(raw) in hidden and str(raw / "b") in hidden and str(folder.resolve()) in hidden
     assert (
@@ -113,6 +114,7 @@ def test_raw_data_a_task_declares_outside_data_root_is_hidden_and_a_bad_declarat
         ("hidden_paths = '/usr/share/x'", "hidden_paths is not a function"),
         ("def hidden_paths(data):\n    return '/usr/share/x'", "returned '/usr/share/x'"),
         ("def hidden_paths(data):\n    return [1 / 0]", "hidden_paths(data) raised ZeroDivisionError"),
+        ("def hidden_paths(data):\n    return 5", "returned 5"),
     ):
         prepare.write_text(source + "\n\n" + body + "\n")
         done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
