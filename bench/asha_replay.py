@@ -31,6 +31,7 @@ be tried on hundreds of draws that bench/asha.py would need hours of campaigns f
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import random
@@ -44,21 +45,27 @@ from ralph_ray.config import Config, load_config
 from ralph_ray.kb import open_reader
 from ralph_ray.search import scheduler
 
-ARGS, OVERRIDES = (
-    (sys.argv[1:], [])
-    if "--" not in sys.argv
-    else (sys.argv[1 : sys.argv.index("--")], sys.argv[sys.argv.index("--") + 1 :])
+DEFAULT_RULE = "the default (the task's rungs, margin auto)"
+
+
+def _rule(text: str) -> tuple[str, list[str]]:
+    """`--rule=NAME:OVERRIDE,OVERRIDE`: a rule of one's own."""
+    name, sep, overrides = text.partition(":")
+    if not sep or not name or not overrides:
+        raise argparse.ArgumentTypeError(f"{text!r}: a rule is NAME:OVERRIDE,OVERRIDE")
+    return name, overrides.split(",")
+
+
+_parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+_parser.add_argument("kb", type=Path, help="a KB root holding curves run to the end")
+_parser.add_argument("run_id", help="a run id, or a LIKE pattern")
+_parser.add_argument("draws", nargs="?", type=int, default=96)
+_parser.add_argument("configs", nargs="?", type=int, default=10)
+_parser.add_argument("--rule", type=_rule, action="append", default=[], help="NAME:OVERRIDE,... (repeatable)")
+_parser.add_argument(
+    "--tolerance", type=float, default=0.005, help="'near': a config within this of the best-at-end selection score"
 )
-# --rule=NAME:OVERRIDE,OVERRIDE (repeatable): a rule of one's own, replayed before the task's default
-EXTRA_RULES = {
-    arg.removeprefix("--rule=").split(":", 1)[0]: arg.split(":", 1)[1].split(",")
-    for arg in ARGS
-    if arg.startswith("--rule=") and ":" in arg
-}
-# --tolerance=T: also count a draw whose rule ran to the end a config within T of the best-at-end selection score
-TOLERANCE = next((float(arg.removeprefix("--tolerance=")) for arg in ARGS if arg.startswith("--tolerance=")), 0.005)
-NAME = next((arg.removeprefix("--name=") for arg in ARGS if arg.startswith("--name=")), "asha_replay")
-ARGS = [arg for arg in ARGS if not arg.startswith(("--rule=", "--name=", "--tolerance="))]
+_parser.add_argument("--name", default="asha_replay", help="the results' name under bench/results/")
 RULES = {  # name: scheduler overrides over the task's own (the last is the task's default)
     "plain ASHA, grace 2, reduction 2": [
         "scheduler.margin=0",
@@ -93,8 +100,7 @@ RULES = {  # name: scheduler overrides over the task's own (the last is the task
         "scheduler.margin_z=2.5",
     ],
 }
-RULES.update(EXTRA_RULES)
-RULES["the default (the task's rungs, margin auto)"] = []
+RULES[DEFAULT_RULE] = []  # replayed last, after any rules of one's own
 CURVES = """
 select t.trial_id, t.selection_score, e.epoch, e.value
 from trials t join epochs e on e.run_id = t.run_id and e.trial_id = t.trial_id
@@ -157,19 +163,19 @@ def replay(cfg: Config, curves: list[Curve], slots: int) -> tuple[set[str], int]
 
 
 def main() -> None:
-    if len(ARGS) < 2:
-        sys.exit(__doc__)
-    kb, run_id = Path(ARGS[0]), ARGS[1]
-    draws = int(ARGS[2]) if len(ARGS) > 2 else 96
-    configs = int(ARGS[3]) if len(ARGS) > 3 else 10
-    base = load_config(OVERRIDES)
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, overrides_all = _parser.parse_args(argv[:split]), argv[split + 1 :]
+    kb, run_id, draws, configs = args.kb, args.run_id, args.draws, args.configs
+    rules = {k: v for k, v in RULES.items() if k != DEFAULT_RULE} | dict(args.rule) | {DEFAULT_RULE: []}
+    base = load_config(overrides_all)
     last = base.scheduler.max_t
     curves = load_curves(kb, run_id, base.search.metric, last)
     if len(curves) < configs:
         sys.exit(f"error: {len(curves)} complete curves of {last} epochs in run {run_id} of {kb}; need >= {configs}")
     figures: dict[str, dict] = {}
-    for rule, overrides in RULES.items():
-        cfg = load_config([*OVERRIDES, "scheduler=asha", *overrides])
+    for rule, overrides in rules.items():
+        cfg = load_config([*overrides_all, "scheduler=asha", *overrides])
         kept, near, shares = 0, 0, []
         for draw in range(draws):
             picked = random.Random(draw).sample(curves, configs)  # the same draws for every rule
@@ -177,14 +183,14 @@ def main() -> None:
             with contextlib.redirect_stderr(io.StringIO()):  # the scheduler says its margin once per replay
                 finished, epochs = replay(cfg, picked, base.search.max_concurrent)
             kept += any(c.selection == best and c.trial_id in finished for c in picked)
-            near += any(c.selection >= best - TOLERANCE and c.trial_id in finished for c in picked)
+            near += any(c.selection >= best - args.tolerance and c.trial_id in finished for c in picked)
             shares.append(epochs / (configs * last))
         rungs = scheduler(cfg).rungs()
         figures[rule] = {"kept": kept, "near": near, "draws": draws, "epoch_share": sum(shares) / draws, "rungs": rungs}
     lines = [
         f"{base.task.name}: {len(curves)} curves of {last} epochs from run `{run_id}`, {draws} draws of {configs} "
         f"configs, {base.search.max_concurrent} side by side; kept = a config of the best-at-end set ran to the end; "
-        f"near = one within {TOLERANCE:g} of the best-at-end selection score did:",
+        f"near = one within {args.tolerance:g} of the best-at-end selection score did:",
         "| rule | rungs (epochs) | best-at-end kept | near it kept | epoch share |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -194,7 +200,7 @@ def main() -> None:
             f"({f['kept'] / f['draws']:.2f}) | {f['near']}/{f['draws']} ({f['near'] / f['draws']:.2f}) | "
             f"{f['epoch_share']:.2f} |"
         )
-    save(NAME, {"run_id": run_id, "curves": len(curves), "configs": configs, "rules": figures}, lines)
+    save(args.name, {"run_id": run_id, "curves": len(curves), "configs": configs, "rules": figures}, lines)
 
 
 if __name__ == "__main__":
