@@ -196,6 +196,9 @@ class SafeguardsConfig:
     # the task is mirror invariant (task.mirror_invariant); the offline agent's own transforms. A 90-s search trial
     # rarely keeps a regulariser (it pays over many epochs, not 5); the final's long run is where it can.
     final_augment: bool = False
+    # A hidden layer (Linear + ReLU, as wide as the classifier's input) the final training adds before the pick's
+    # classifier: the offline agent's `deepen`. Capacity a 90-s trial can't fill pays over the final's long run.
+    final_deepen: bool = False
     # How many of the search's best train in the final share, side by side, the slots split between them: the pick
     # (rank 1, its best knobs) and the next best distinct (variant, knobs) by their best search trial. 1: the pick
     # alone. A short trial's ranking of the top few is within noise, and what wins over a long run (augmentation,

@@ -146,7 +146,8 @@ def export(
     if out.exists():
         shutil.rmtree(out)
     trainer = out / TRAINER
-    edited = final and (final["final_schedule"] or final["final_augment"])  # the final ran a copy with additions
+    # the final ran a copy with additions
+    edited = final and (final["final_schedule"] or final["final_augment"] or final["final_deepen"])
     code = final_code_dir(run_dir, variant.variant_id) if edited else variant.files_dir
     if not code.is_dir():
         raise ExportError(
@@ -254,6 +255,7 @@ def _final_scores(final: dict[str, Any], best: Any) -> dict:
         "final_training": {
             "schedule_added": final["final_schedule"],
             "augment_added": final["final_augment"],  # "shift + flip" (safeguards.final_augment), None: none
+            "hidden_layer_added": bool(final["final_deepen"]),  # safeguards.final_deepen
             "train_seconds": _float(final["train_seconds"]),
             "search_best": {
                 "trial_id": str(best["best_trial_id"]),

@@ -25,7 +25,7 @@ from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import fetch_rows, metric_values
-from ralph_ray.trials import FINAL_AUGMENT_KEY, FINAL_BUDGET_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
+from ralph_ray.trials import FINAL_AUGMENT_KEY, FINAL_BUDGET_KEY, FINAL_DEEPEN_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
 from ralph_ray.variants import files_dir, final_code_dir
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ class Added:
     files: Path  # the folder the final trial runs: a copy with the additions, or the candidate's own files
     schedule: str | None = None
     augment: tuple[str, ...] = ()  # short names: ("shift", "flip")
+    deepened: bool = False  # a hidden layer added before the classifier (safeguards.final_deepen)
     skipped: tuple[str, ...] = ()  # one line each: "no cosine schedule added (it has one already)"
 
     @property
@@ -101,12 +102,18 @@ class Plan:
 
 
 def with_additions(
-    files: Path, out: Path, schedule: str | None, augment: tuple[str, ...] = (), entry: str = "train.py"
+    files: Path,
+    out: Path,
+    schedule: str | None,
+    augment: tuple[str, ...] = (),
+    deepen: bool = False,
+    entry: str = "train.py",
 ) -> Added:
     """The folder the final trial runs: a copy of the candidate's `files` at `out` with `schedule` (a key of
-    FINAL_SCHEDULES) and the `augment` transforms (keys of AUGMENTATIONS) applied to its entry, each where it applies;
-    or `files` itself when none does. A transform that can't find its idiom (`NotApplicable`: the code has a schedule
-    or shifts its images already, its epoch loop has no idiom) is skipped with its reason."""
+    FINAL_SCHEDULES), the `augment` transforms (keys of AUGMENTATIONS) and, with `deepen`, the agent's `deepen` (a
+    hidden layer before the classifier) applied to its entry, each where it applies; or `files` itself when none does.
+    A transform that can't find its idiom (`NotApplicable`: the code has a schedule or shifts its images already, its
+    epoch loop or classifier has no idiom) is skipped with its reason."""
     source = (files / entry).read_text()
     skipped: list[str] = []
 
@@ -126,13 +133,14 @@ def with_additions(
 
     scheduled = schedule if schedule and add(FINAL_SCHEDULES[schedule], f"{schedule} schedule") else None
     augmented = tuple(AUGMENTATIONS[t] for t in augment if add(t, f"{AUGMENTATIONS[t]} augmentation"))
-    if not scheduled and not augmented:
+    deepened = deepen and add("deepen", "hidden layer")
+    if not scheduled and not augmented and not deepened:
         return Added(files, skipped=tuple(skipped))
     if out.exists():
         shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
     shutil.copytree(files, out)
     (out / entry).write_text(source)
-    return Added(out, scheduled, augmented, tuple(skipped))
+    return Added(out, scheduled, augmented, deepened, tuple(skipped))
 
 
 def _largest_node_cpus() -> float | None:
@@ -176,6 +184,7 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     for plan in plans:
         added = f", with a {plan.code.schedule} schedule added along it" if plan.code.schedule else ""
         added += f", with {plan.code.augment_label} augmentation added" if plan.code.augment else ""
+        added += ", with a hidden layer added before its classifier" if plan.code.deepened else ""
         nth = order.index((plan.variant_id, plan.knobs))  # its place among the candidates, a resume's too
         who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
@@ -195,7 +204,11 @@ def _code(campaign: Campaign, variant: str) -> Added:
     augment = tuple(t for t in AUGMENTATIONS if task.mirror_invariant or t not in mirroring)
     files = files_dir(campaign.run_dir / "variants", variant)
     added = with_additions(
-        files, final_code_dir(campaign.run_dir, variant), guards.final_schedule, augment if guards.final_augment else ()
+        files,
+        final_code_dir(campaign.run_dir, variant),
+        guards.final_schedule,
+        augment if guards.final_augment else (),
+        guards.final_deepen,
     )
     for why in added.skipped:
         campaign.console.print(f"[bold]final training[/] of {variant}: {why}")
@@ -227,7 +240,8 @@ def _train(
     def marks(plan: Plan) -> dict[str, Any]:
         schedule = {FINAL_SCHEDULE_KEY: plan.code.schedule} if plan.code.schedule else {}
         augment = {FINAL_AUGMENT_KEY: plan.code.augment_label} if plan.code.augment else {}
-        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment}
+        deepen = {FINAL_DEEPEN_KEY: True} if plan.code.deepened else {}
+        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment, **deepen}
 
     replicates.run(
         final_cfg,

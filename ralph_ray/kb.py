@@ -187,6 +187,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("final_schedule", pa.string()),  # the schedule the final training added to its code; NULL: none (or old)
             ("final_budget_s", pa.float64()),  # the final training's seconds of training; NULL: search (or old)
             ("final_augment", pa.string()),  # the augmentations the final training added ("shift + flip"); NULL: none
+            ("final_deepen", pa.bool_()),  # True: the final training added a hidden layer; NULL: none (or old)
         ]
     ),
     "epochs": pa.schema(

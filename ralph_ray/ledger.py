@@ -27,6 +27,7 @@ from ralph_ray.trials import (
     FAILED_KEY,
     FINAL_AUGMENT_KEY,
     FINAL_BUDGET_KEY,
+    FINAL_DEEPEN_KEY,
     FINAL_KEY,
     FINAL_SCHEDULE_KEY,
     HELD_KEY,
@@ -68,6 +69,7 @@ class TrialRecord:
     final_schedule: str | None = None  # the learning-rate schedule the final training added to the pick's code
     final_budget_s: float | None = None  # the final training's seconds of training (its trial.budget_s); None: search
     final_augment: str | None = None  # the augmentations the final training added to the pick's code ("shift + flip")
+    final_deepen: bool | None = None  # True: the final training added a hidden layer before the classifier; None: not
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -222,6 +224,7 @@ class TrialLedger(Callback):
             final_schedule=config.get(FINAL_SCHEDULE_KEY),
             final_budget_s=config.get(FINAL_BUDGET_KEY),
             final_augment=config.get(FINAL_AUGMENT_KEY),
+            final_deepen=config.get(FINAL_DEEPEN_KEY),
             peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
             peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
             node=(trial.last_result or {}).get(NODE_IP),  # a retried trial: the node of its last attempt

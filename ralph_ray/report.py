@@ -144,8 +144,8 @@ def final_section(
         "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
         "kept for it (with `safeguards.final_candidates` above 1, beside the next best (variant, knobs), the slots "
         "split between them; search trials had `trial.budget_s` each), with the learning-rate schedule "
-        "`safeguards.final_schedule` (and `safeguards.final_augment`'s shifts and flips) added to its code where it "
-        "had none. Its scores are not ranked with the "
+        "`safeguards.final_schedule` (and `safeguards.final_augment`'s shifts and flips, `safeguards.final_deepen`'s "
+        "hidden layer) added to its code where it had none. Its scores are not ranked with the "
         "search's: it trained longer than any of them.",
         "",
     ]
@@ -165,6 +165,7 @@ def final_section(
     for trial in finals:
         added = [f"a {trial['final_schedule']} schedule"] if trial.get("final_schedule") else []
         added += [f"{trial['final_augment']} augmentation"] if trial.get("final_augment") else []
+        added += ["a hidden layer"] if trial.get("final_deepen") else []
         what = f" (its code with {' and '.join(added)} added)" if added else ""
         lines.append(
             f"- trial {trial['trial_id']} of {trial['variant_id']}{what}: {trial['status']}"

@@ -146,6 +146,38 @@ def test_augmentation_is_added_beside_the_schedule_where_the_pick_has_none(tmp_p
     assert (partly.files / "train.py").read_text().count("def shift_images(") == 1
 
 
+def test_a_hidden_layer_is_added_before_the_classifier_where_the_pick_builds_one(tmp_path: Path):
+    files = tmp_path / "pick"
+    files.mkdir()
+    seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
+    (files / "train.py").write_text(seed)
+    added = finaltrain.with_additions(files, tmp_path / "final", None, deepen=True)
+    assert (added.files, added.schedule, added.augment, added.deepened, added.skipped) == (
+        tmp_path / "final",
+        None,
+        (),
+        True,
+        (),
+    )
+    edited = (added.files / "train.py").read_text()
+    assert edited.count("torch.nn.ReLU()") == seed.count("torch.nn.ReLU()") + 1 and "torch.nn.Sequential(" in edited
+    assert (files / "train.py").read_text() == seed
+    # The edited trainer builds and runs its model: one more Linear before the classifier, logits as wide as before.
+    import torch
+
+    built = {}
+    exec(compile(edited, "train.py", "exec"), built)  # __name__ is not "__main__": defines, does not train
+    model = built["Net"](8, 10, 0.0)
+    assert sum(isinstance(m, torch.nn.Linear) for m in model.modules()) == 2
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    # A trainer whose classifier is a bare function of weights (no nn.Linear): skipped with the reason, trained as is.
+    functional = (Path(__file__).parent / "fixtures" / "trainers" / "functional_mlp" / "train.py").read_text()
+    (files / "train.py").write_text(functional)
+    kept = finaltrain.with_additions(files, tmp_path / "kept", None, deepen=True)
+    assert kept.files == files and not kept.deepened and not (tmp_path / "kept").exists()
+    assert kept.skipped == ("no hidden layer added (the model has no nn.Linear classifier)",)
+
+
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
@@ -163,12 +195,16 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "safeguards.final_share=0.5",
             "safeguards.final_schedule=cosine",
             "safeguards.final_augment=true",
+            "safeguards.final_deepen=true",
             "safeguards.final_candidates=2",
         )
     )
     assert outcome.stop_reason == "campaign_time"
     said = capsys.readouterr().out
-    assert "with a cosine schedule added along it, with shift augmentation added" in said
+    assert (
+        "with a cosine schedule added along it, with shift augmentation added, with a hidden layer added before its "
+        "classifier" in said
+    )
     assert "2 candidates side by side" in said
     con = open_reader(outcome.kb_root)
     # ties (one selection image is 1/360 here) go to the first written, as every winner rule takes the first maximum
@@ -222,12 +258,14 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert pick["best_trial_id"] not in {f["trial_id"] for f in finals}  # it never ranks: the best is a search trial
     # It ran the pick's code with a cosine schedule added; the variant's own code is as searched.
     # ...and shifts of its images (digits: no flips, mirroring changes a digit).
-    assert all(f["final_schedule"] == "cosine" and f["final_augment"] == "shift" for f in finals)
+    # ...and a hidden layer before its classifier (safeguards.final_deepen).
+    assert all(f["final_schedule"] == "cosine" and f["final_augment"] == "shift" and f["final_deepen"] for f in finals)
     ran = (Path(winner["work_dir"]) / "train.py").read_text()
     assert "lr_factor(" in ran and "shift_images(" in ran and "flip_images(" not in ran
+    assert "torch.nn.Sequential(torch.nn.Linear(" in ran
     assert "lr_factor(" not in (outcome.run_dir / "variants" / pick["variant_id"] / "files" / "train.py").read_text()
     assert all(
-        r["final_schedule"] is None and r["final_augment"] is None
+        r["final_schedule"] is None and r["final_augment"] is None and r["final_deepen"] is None
         for r in rows(con, "select * from trials where run_id = 'fin'", [])
         if not r["final"]
     )
@@ -258,7 +296,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "## Final training of the pick" in report and all(t in report for t in final_ids)
-    assert "(its code with a cosine schedule and shift augmentation added)" in report
+    assert "(its code with a cosine schedule and shift augmentation and a hidden layer added)" in report
     assert f"The long run's winner by selection: **{winner['variant_id']}** (trial {winner['trial_id']})" in report
     front = report.split("## Score against cost")[1].split("\n## ")[0]
     assert not any(t in front for t in final_ids)
@@ -275,6 +313,8 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     scores = json.loads((shipped / "scores.json").read_text())
     assert scores["trial_id"] == winner["trial_id"] and scores["budget_s"] == winner["final_budget_s"] > 10
     assert "lr_factor(" in (shipped / "trainer" / "train.py").read_text()
+    assert "torch.nn.Sequential(torch.nn.Linear(" in (shipped / "trainer" / "train.py").read_text()
+    assert scores["final_training"]["hidden_layer_added"] is True
     searched_bundle = export(outcome.kb_root, "fin", out=tmp_path / "search_bundle", search=True)
     searched = json.loads((searched_bundle / "scores.json").read_text())
     # the pick's best search trial: the leaderboard's, which breaks ties on selection (1/360 here) the same way on
