@@ -9,6 +9,11 @@ The first argument is a campaign folder of bench/fashion.py (its `runs/` and `kb
 baseline arm ("as_run"); every other arm applies the named transforms of `ralph_ray.agents.transforms` on top, and
 its NAME=value parts override knobs ("batchnorm+WIDTH=32"). Each
 trial is a one-trial campaign of the same task with the final's knobs and budget, on --cpus CPUs. Never in CI.
+
+--code PATH makes another train.py the baseline, to measure an addition the final already had: the pick's files with
+every addition but that one (`finaltrain.with_additions`), against the arm that adds it back:
+
+    python bench/final_additions.py /tmp/bench-fashion-XXXX/heuristic-1 --code /tmp/no-deepen/train.py --arms deepen
 """
 
 from __future__ import annotations
@@ -74,9 +79,11 @@ def main() -> None:
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--task", default="fashion")
     parser.add_argument("--name", default="final_additions")
+    parser.add_argument("--code", type=Path, help="the baseline's train.py instead of the final's as run")
     args = parser.parse_args()
 
     run_id, knobs, code = final_trial(args.campaign)
+    code = args.code or code
     root = Path(tempfile.mkdtemp(prefix="bench-final-additions-"))
     task_trainer = PROJECT_ROOT / "trainers" / args.task
     arms = {BASELINE: (trainer(root, task_trainer, code.read_text(), []), knobs)}
@@ -122,6 +129,7 @@ def main() -> None:
     lines = [
         f"final trial of {run_id} ({args.campaign}), knobs {json.dumps(knobs)}, {args.budget_s:g} s on "
         f"{args.cpus} CPU(s), seeds {args.seeds}, arms interleaved per seed"
+        + (f"; baseline code {args.code} (--code), not the final's as run" if args.code else "")
     ]
     summary: dict[str, dict[str, float]] = {}
     for arm in arms:
@@ -148,7 +156,9 @@ def main() -> None:
                 f"- {arm} vs {BASELINE}: test {s['test_mean'] - base['test_mean']:+.4f}, "
                 f"ratio of errors {(1 - s['test_mean']) / (1 - base['test_mean']):.3f}"
             )
-    save(args.name, {"run_id": run_id, "knobs": knobs, "results": results, "summary": summary}, lines)
+    save(
+        args.name, {"run_id": run_id, "knobs": knobs, "code": str(code), "results": results, "summary": summary}, lines
+    )
 
 
 if __name__ == "__main__":
