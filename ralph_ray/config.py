@@ -198,7 +198,7 @@ class SafeguardsConfig:
     final_augment: bool = False
     # A hidden layer (Linear + ReLU, as wide as the classifier's input) the final training adds before the pick's
     # classifier: the offline agent's `deepen`. Capacity a 90-s trial can't fill may pay over the final's long run
-    # (on Fashion: +0.009 on one pick's final, 0.928 and 0.913 in two campaigns: README, Figures).
+    # (on Fashion: +0.008 on two picks' finals, 0.928 and 0.913 in two campaigns: README, Figures).
     final_deepen: bool = False
     # How many of the search's best train in the final share, side by side, the slots split between them: the pick
     # (rank 1, its best knobs) and the next best distinct (variant, knobs) by their best search trial. 1: the pick

@@ -196,6 +196,8 @@ def test_final_share_must_be_a_share_of_a_time_budget():
     assert "got 'linear'" in str(caught.value)
     assert load_config(["+experiment=fashion"]).safeguards.final_schedule == "cosine"
     assert load_config(["+experiment=fashion"]).safeguards.final_augment  # measured: +0.007 test on one seed
+    assert load_config(["+experiment=fashion"]).safeguards.final_deepen  # measured: +0.008 on two picks' finals
+    assert not load_config([]).safeguards.final_deepen
     assert not load_config([]).safeguards.final_augment  # off by default: measured on Fashion alone
     assert cfg.safeguards.final_candidates == 1  # the default: the pick alone
     assert load_config(["+experiment=fashion"]).safeguards.final_candidates == 1  # measured: no gain from 2 there
