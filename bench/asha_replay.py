@@ -66,7 +66,7 @@ _parser.add_argument(
     "--tolerance", type=float, default=0.005, help="'near': a config within this of the best-at-end selection score"
 )
 _parser.add_argument("--name", default="asha_replay", help="the results' name under bench/results/")
-RULES = {  # name: scheduler overrides over the task's own (the last is the task's default)
+RULES = {  # name: scheduler overrides over the task's own (the task's default is added last)
     "plain ASHA, grace 2, reduction 2": [
         "scheduler.margin=0",
         "scheduler.grace_period=2",
@@ -100,7 +100,6 @@ RULES = {  # name: scheduler overrides over the task's own (the last is the task
         "scheduler.margin_z=2.5",
     ],
 }
-RULES[DEFAULT_RULE] = []  # replayed last, after any rules of one's own
 CURVES = """
 select t.trial_id, t.selection_score, e.epoch, e.value
 from trials t join epochs e on e.run_id = t.run_id and e.trial_id = t.trial_id
@@ -167,7 +166,7 @@ def main() -> None:
     split = argv.index("--") if "--" in argv else len(argv)
     args, overrides_all = _parser.parse_args(argv[:split]), argv[split + 1 :]
     kb, run_id, draws, configs = args.kb, args.run_id, args.draws, args.configs
-    rules = {k: v for k, v in RULES.items() if k != DEFAULT_RULE} | dict(args.rule) | {DEFAULT_RULE: []}
+    rules = RULES | dict(args.rule) | {DEFAULT_RULE: []}  # the task's default last, after rules of one's own
     base = load_config(overrides_all)
     last = base.scheduler.max_t
     curves = load_curves(kb, run_id, base.search.metric, last)
