@@ -200,6 +200,10 @@ class SafeguardsConfig:
     # classifier: the offline agent's `deepen`. Capacity a 90-s trial can't fill may pay over the final's long run
     # (on Fashion: +0.008 on two picks' finals, 0.928 and 0.913 in two campaigns: README, Figures).
     final_deepen: bool = False
+    # Test-time flips the final training adds to the pick's code where the task is mirror invariant: it evaluates
+    # and predicts on each image and its mirror image, the outputs averaged (the offline agent's `flip_tta`). No
+    # training cost; twice the inference.
+    final_tta: bool = False
     # How many of the search's best train in the final share, side by side, the slots split between them: the pick
     # (rank 1, its best knobs) and the next best distinct (variant, knobs) by their best search trial. 1: the pick
     # alone. A short trial's ranking of the top few is within noise, and what wins over a long run (augmentation,

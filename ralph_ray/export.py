@@ -147,7 +147,7 @@ def export(
         shutil.rmtree(out)
     trainer = out / TRAINER
     # the final ran a copy with additions
-    edited = final and (final["final_schedule"] or final["final_augment"] or final["final_deepen"])
+    edited = final and any(final[k] for k in ("final_schedule", "final_augment", "final_deepen", "final_tta"))
     code = final_code_dir(run_dir, variant.variant_id) if edited else variant.files_dir
     if not code.is_dir():
         raise ExportError(
@@ -256,6 +256,7 @@ def _final_scores(final: dict[str, Any], best: Any) -> dict:
             "schedule_added": final["final_schedule"],
             "augment_added": final["final_augment"],  # "shift + flip" (safeguards.final_augment), None: none
             "hidden_layer_added": bool(final["final_deepen"]),  # safeguards.final_deepen
+            "test_flips_added": bool(final["final_tta"]),  # safeguards.final_tta
             "train_seconds": _float(final["train_seconds"]),
             "search_best": {
                 "trial_id": str(best["best_trial_id"]),

@@ -25,7 +25,14 @@ from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import fetch_rows, metric_values
-from ralph_ray.trials import FINAL_AUGMENT_KEY, FINAL_BUDGET_KEY, FINAL_DEEPEN_KEY, FINAL_KEY, FINAL_SCHEDULE_KEY
+from ralph_ray.trials import (
+    FINAL_AUGMENT_KEY,
+    FINAL_BUDGET_KEY,
+    FINAL_DEEPEN_KEY,
+    FINAL_KEY,
+    FINAL_SCHEDULE_KEY,
+    FINAL_TTA_KEY,
+)
 from ralph_ray.variants import files_dir, final_code_dir
 
 if TYPE_CHECKING:
@@ -83,6 +90,7 @@ class Added:
     schedule: str | None = None
     augment: tuple[str, ...] = ()  # short names: ("shift", "flip")
     deepened: bool = False  # a hidden layer added before the classifier (safeguards.final_deepen)
+    tta: bool = False  # outputs averaged over mirrored images at test time (safeguards.final_tta)
     skipped: tuple[str, ...] = ()  # one line each: "no cosine schedule added (it has one already)"
 
     @property
@@ -107,13 +115,14 @@ def with_additions(
     schedule: str | None,
     augment: tuple[str, ...] = (),
     deepen: bool = False,
+    tta: bool = False,
     entry: str = "train.py",
 ) -> Added:
     """The folder the final trial runs: a copy of the candidate's `files` at `out` with `schedule` (a key of
-    FINAL_SCHEDULES), the `augment` transforms (keys of AUGMENTATIONS) and, with `deepen`, the agent's `deepen` (a
-    hidden layer before the classifier) applied to its entry, each where it applies; or `files` itself when none does.
-    A transform that can't find its idiom (`NotApplicable`: the code has a schedule or shifts its images already, its
-    epoch loop or classifier has no idiom) is skipped with its reason."""
+    FINAL_SCHEDULES), the `augment` transforms (keys of AUGMENTATIONS), with `deepen` the agent's `deepen` (a hidden
+    layer before the classifier) and with `tta` its `flip_tta` (flips at test time) applied to its entry, each where it
+    applies; or `files` itself when none does. A transform that can't find its idiom (`NotApplicable`: the code has a
+    schedule or shifts its images already, its epoch loop or classifier has no idiom) is skipped with its reason."""
     source = (files / entry).read_text()
     skipped: list[str] = []
 
@@ -134,13 +143,14 @@ def with_additions(
     scheduled = schedule if schedule and add(FINAL_SCHEDULES[schedule], f"{schedule} schedule") else None
     augmented = tuple(AUGMENTATIONS[t] for t in augment if add(t, f"{AUGMENTATIONS[t]} augmentation"))
     deepened = deepen and add("deepen", "hidden layer")
-    if not scheduled and not augmented and not deepened:
+    flipped = tta and add("flip_tta", "flips at test time")
+    if not scheduled and not augmented and not deepened and not flipped:
         return Added(files, skipped=tuple(skipped))
     if out.exists():
         shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
     shutil.copytree(files, out)
     (out / entry).write_text(source)
-    return Added(out, scheduled, augmented, deepened, tuple(skipped))
+    return Added(out, scheduled, augmented, deepened, flipped, tuple(skipped))
 
 
 def _largest_node_cpus() -> float | None:
@@ -185,6 +195,7 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
         added = f", with a {plan.code.schedule} schedule added along it" if plan.code.schedule else ""
         added += f", with {plan.code.augment_label} augmentation added" if plan.code.augment else ""
         added += ", with a hidden layer added before its classifier" if plan.code.deepened else ""
+        added += ", with flips at test time added" if plan.code.tta else ""
         nth = order.index((plan.variant_id, plan.knobs))  # its place among the candidates, a resume's too
         who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
@@ -209,7 +220,10 @@ def _code(campaign: Campaign, variant: str) -> Added:
         guards.final_schedule,
         augment if guards.final_augment else (),
         guards.final_deepen,
+        guards.final_tta and task.mirror_invariant,
     )
+    if guards.final_tta and not task.mirror_invariant:
+        added = replace(added, skipped=(*added.skipped, "no flips at test time added (task.mirror_invariant=false)"))
     for why in added.skipped:
         campaign.console.print(f"[bold]final training[/] of {variant}: {why}")
     return added
@@ -241,7 +255,8 @@ def _train(
         schedule = {FINAL_SCHEDULE_KEY: plan.code.schedule} if plan.code.schedule else {}
         augment = {FINAL_AUGMENT_KEY: plan.code.augment_label} if plan.code.augment else {}
         deepen = {FINAL_DEEPEN_KEY: True} if plan.code.deepened else {}
-        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment, **deepen}
+        tta = {FINAL_TTA_KEY: True} if plan.code.tta else {}
+        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment, **deepen, **tta}
 
     replicates.run(
         final_cfg,

@@ -188,6 +188,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("final_budget_s", pa.float64()),  # the final training's seconds of training; NULL: search (or old)
             ("final_augment", pa.string()),  # the augmentations the final training added ("shift + flip"); NULL: none
             ("final_deepen", pa.bool_()),  # True: the final training added a hidden layer; NULL: none (or old)
+            ("final_tta", pa.bool_()),  # True: the final training added test-time flips; NULL: none (or old)
         ]
     ),
     "epochs": pa.schema(

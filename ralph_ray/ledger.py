@@ -30,6 +30,7 @@ from ralph_ray.trials import (
     FINAL_DEEPEN_KEY,
     FINAL_KEY,
     FINAL_SCHEDULE_KEY,
+    FINAL_TTA_KEY,
     HELD_KEY,
     REPLICATE_KEY,
     SEED_KEY,
@@ -70,6 +71,7 @@ class TrialRecord:
     final_budget_s: float | None = None  # the final training's seconds of training (its trial.budget_s); None: search
     final_augment: str | None = None  # the augmentations the final training added to the pick's code ("shift + flip")
     final_deepen: bool | None = None  # True: the final training added a hidden layer before the classifier; None: not
+    final_tta: bool | None = None  # True: the final training averaged over mirrored images at test time; None: not
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -225,6 +227,7 @@ class TrialLedger(Callback):
             final_budget_s=config.get(FINAL_BUDGET_KEY),
             final_augment=config.get(FINAL_AUGMENT_KEY),
             final_deepen=config.get(FINAL_DEEPEN_KEY),
+            final_tta=config.get(FINAL_TTA_KEY),
             peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
             peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
             node=(trial.last_result or {}).get(NODE_IP),  # a retried trial: the node of its last attempt

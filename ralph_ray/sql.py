@@ -135,15 +135,15 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
             # A KB written before replicates (or nodes, peak memory, final trainings) has no `replicate` (`node`,
-            # `peak_*_mb`, `final`, `final_schedule`, `final_budget_s`, `final_augment`, `final_deepen`) column: it
-            # reads as NULL (UNION BY NAME adds it).
+            # `peak_*_mb`, `final`, `final_schedule`, `final_budget_s`, `final_augment`, `final_deepen`, `final_tta`)
+            # column: it reads as NULL (UNION BY NAME adds it).
             source = (
                 f"(select * from {source} union all by name "
                 "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
                 "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb, "
                 "cast(null as boolean) as final, cast(null as varchar) as final_schedule, "
                 "cast(null as double) as final_budget_s, cast(null as varchar) as final_augment, "
-                "cast(null as boolean) as final_deepen where false)"
+                "cast(null as boolean) as final_deepen, cast(null as boolean) as final_tta where false)"
             )
             body = (
                 f"select * from {source} qualify row_number() "
@@ -374,7 +374,7 @@ where run_id = ? and coalesce(final, false) and reason is distinct from ?
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
-       t.knobs, t.final_schedule, t.final_augment, t.final_deepen, t.final_budget_s, t.work_dir, t.seed,
+       t.knobs, t.final_schedule, t.final_augment, t.final_deepen, t.final_tta, t.final_budget_s, t.work_dir, t.seed,
        (select max(value) from epochs e where e.run_id = t.run_id
         and e.trial_id = t.trial_id and e.metric = 'train_seconds') as train_seconds
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
@@ -498,6 +498,7 @@ select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t
        case when coalesce(t.final, false)
             then 'final' || coalesce(' + ' || t.final_schedule, '') || coalesce(' + ' || t.final_augment, '')
                  || case when coalesce(t.final_deepen, false) then ' + hidden layer' else '' end
+                 || case when coalesce(t.final_tta, false) then ' + flips at test' else '' end
             when coalesce(t.replicate, false) then 'replicate'
             else 'search' end as kind
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id

@@ -152,11 +152,12 @@ def test_a_hidden_layer_is_added_before_the_classifier_where_the_pick_builds_one
     seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
     (files / "train.py").write_text(seed)
     added = finaltrain.with_additions(files, tmp_path / "final", None, deepen=True)
-    assert (added.files, added.schedule, added.augment, added.deepened, added.skipped) == (
+    assert (added.files, added.schedule, added.augment, added.deepened, added.tta, added.skipped) == (
         tmp_path / "final",
         None,
         (),
         True,
+        False,
         (),
     )
     edited = (added.files / "train.py").read_text()
@@ -178,6 +179,35 @@ def test_a_hidden_layer_is_added_before_the_classifier_where_the_pick_builds_one
     assert kept.skipped == ("no hidden layer added (the model has no nn.Linear classifier)",)
 
 
+def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_path: Path):
+    files = tmp_path / "pick"
+    files.mkdir()
+    seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
+    (files / "train.py").write_text(seed)
+    added = finaltrain.with_additions(files, tmp_path / "final", "cosine", deepen=True, tta=True)
+    assert (added.schedule, added.deepened, added.tta, added.skipped) == ("cosine", True, True, ())
+    edited = (added.files / "train.py").read_text()
+    # evaluate() and predict() average each image's outputs with its mirror's; training's forward pass is left alone
+    assert edited.count("flip_averaged(model, as_input(") == 2 and "def flip_averaged(" in edited
+    assert (files / "train.py").read_text() == seed
+    # The edited trainer's evaluation runs: the outputs of an image and its mirror, averaged.
+    import torch
+
+    built = {}
+    exec(compile(edited, "train.py", "exec"), built)
+    model = built["Net"](8, 10, 0.0).eval()
+    x = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        assert torch.allclose(built["flip_averaged"](model, x), (model(x) + model(x.flip(-1))) / 2, atol=1e-6)
+    # A pick that averages over mirrors already is left as it is, with the reason.
+    (files / "train.py").write_text(edited)
+    kept = finaltrain.with_additions(files, tmp_path / "kept", None, tta=True)
+    assert kept.files == files and not kept.tta and not (tmp_path / "kept").exists()
+    assert kept.skipped == (
+        "no flips at test time added (the trainer already averages over mirrored inputs at test time)",
+    )
+
+
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
@@ -196,6 +226,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "safeguards.final_schedule=cosine",
             "safeguards.final_augment=true",
             "safeguards.final_deepen=true",
+            "safeguards.final_tta=true",  # digits: mirroring changes a digit, so none (said why)
             "safeguards.final_candidates=2",
         )
     )
@@ -206,6 +237,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
         "classifier" in said
     )
     assert "2 candidates side by side" in said
+    assert "no flips at test time added (task.mirror_invariant=false)" in said
     con = open_reader(outcome.kb_root)
     # ties (one selection image is 1/360 here) go to the first written, as every winner rule takes the first maximum
     finals = rows(
@@ -260,12 +292,16 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     # ...and shifts of its images (digits: no flips, mirroring changes a digit).
     # ...and a hidden layer before its classifier (safeguards.final_deepen).
     assert all(f["final_schedule"] == "cosine" and f["final_augment"] == "shift" and f["final_deepen"] for f in finals)
+    assert all(f["final_tta"] is None for f in finals)
     ran = (Path(winner["work_dir"]) / "train.py").read_text()
-    assert "lr_factor(" in ran and "shift_images(" in ran and "flip_images(" not in ran
+    assert "lr_factor(" in ran and "shift_images(" in ran and "flip_images(" not in ran and "flip_averaged(" not in ran
     assert "torch.nn.Sequential(torch.nn.Linear(" in ran
     assert "lr_factor(" not in (outcome.run_dir / "variants" / pick["variant_id"] / "files" / "train.py").read_text()
     assert all(
-        r["final_schedule"] is None and r["final_augment"] is None and r["final_deepen"] is None
+        r["final_schedule"] is None
+        and r["final_augment"] is None
+        and r["final_deepen"] is None
+        and r["final_tta"] is None
         for r in rows(con, "select * from trials where run_id = 'fin'", [])
         if not r["final"]
     )
@@ -296,7 +332,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "## Final training of the pick" in report and all(t in report for t in final_ids)
-    assert "(its code with a cosine schedule and shift augmentation and a hidden layer added)" in report
+    assert "(its code with a cosine schedule, shift augmentation and a hidden layer added)" in report
     assert f"The long run's winner by selection: **{winner['variant_id']}** (trial {winner['trial_id']})" in report
     front = report.split("## Score against cost")[1].split("\n## ")[0]
     assert not any(t in front for t in final_ids)
@@ -314,7 +350,9 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert scores["trial_id"] == winner["trial_id"] and scores["budget_s"] == winner["final_budget_s"] > 10
     assert "lr_factor(" in (shipped / "trainer" / "train.py").read_text()
     assert "torch.nn.Sequential(torch.nn.Linear(" in (shipped / "trainer" / "train.py").read_text()
-    assert scores["final_training"]["hidden_layer_added"] is True
+    assert (
+        scores["final_training"]["hidden_layer_added"] is True and scores["final_training"]["test_flips_added"] is False
+    )
     searched_bundle = export(outcome.kb_root, "fin", out=tmp_path / "search_bundle", search=True)
     searched = json.loads((searched_bundle / "scores.json").read_text())
     # the pick's best search trial: the leaderboard's, which breaks ties on selection (1/360 here) the same way on

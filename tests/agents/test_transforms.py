@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.transforms import (
@@ -59,6 +60,7 @@ APPLIES = {
     "airbench_style": {
         "deepen",
         "flip_augmentation",
+        "flip_tta",
         "edge_of_chaos_curriculum",
         "hard_example_replay",
         "self_model_head",
@@ -74,7 +76,15 @@ APPLIES = {
     "fashion": ALL - {"widen_layers", "add_dropout", "add_weight_decay", "data_parallel"},
     # tokens in (nn.Embedding): no image augmentation; it exports its model (no DDP wrapper around it)
     "lm": ALL
-    - {"widen_layers", "adamw_optimizer", "channels_last", "shift_augmentation", "flip_augmentation", "data_parallel"},
+    - {
+        "widen_layers",
+        "adamw_optimizer",
+        "channels_last",
+        "shift_augmentation",
+        "flip_augmentation",
+        "flip_tta",
+        "data_parallel",
+    },
     # regression (F.mse_loss): neither image augmentation nor the cross-entropy transforms
     "diabetes": {
         "add_dropout",
@@ -127,6 +137,9 @@ def test_at_least_eight_code_interventions_apply_to_every_differently_written_tr
         ("module_loader", "adamw_optimizer", "already Adam"),
         ("lm", "shift_augmentation", "token ids, not images"),
         ("lm", "flip_augmentation", "token ids, not images"),
+        ("lm", "flip_tta", "token ids, not images"),
+        ("cifar10", "flip_tta", "already averages over mirrored inputs"),
+        ("functional_mlp", "flip_tta", "no nn.Module model found"),
         ("diabetes", "shift_augmentation", "regression loss"),
         ("digits", "data_parallel", "already data-parallel"),
         ("cifar10", "data_parallel", "model.init_whiten.*model.module"),
@@ -213,6 +226,35 @@ def test_ema_evaluates_with_the_average_in_a_flat_script():
     result = apply_transform("ema_weights", SOURCES["sequential_flat"])
     assert "vout = ema(Xv)" in result and "ema.eval()" in result and "out = net(Xt[i])" in result
     assert "ema.update_parameters(net)" in result
+
+
+def test_flip_tta_averages_each_image_with_its_mirror_where_the_model_is_evaluated(tmp_path: Path):
+    result = apply_transform("flip_tta", SOURCES["fashion"])
+    lines = lines_of(result)
+    assert "logits = flip_averaged(model, as_input(x[i : i + 1000]))" in lines  # evaluate()
+    assert "flip_averaged(model, as_input(x[i : i + 1000])).argmax(1)" in result  # predict()
+    assert result.count("flip_averaged(model, ") == 2  # training's forward pass is left alone
+    # a flat script: the forward under torch.no_grad() outside the batch loop, the EMA's too where it evaluates
+    assert "vout = flip_averaged(net, Xv)" in lines_of(apply_transform("flip_tta", SOURCES["sequential_flat"]))
+    averaged = apply_transform("flip_tta", apply_transform("ema_weights", SOURCES["sequential_flat"]))
+    assert "vout = flip_averaged(ema, Xv)" in lines_of(averaged)
+    # the helper itself, run: (N, C, H, W) images and flattened square ones, mirrored left to right
+    (tmp_path / "tta_trainer.py").write_text(result)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        flip_averaged = __import__("tta_trainer").flip_averaged
+    finally:
+        sys.path.remove(str(tmp_path))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    x = torch.randn(2, 1, 4, 4)
+    expected = (model(x) + model(x[..., torch.arange(3, -1, -1)])) / 2
+    assert torch.allclose(flip_averaged(model, x), expected)
+    assert torch.allclose(flip_averaged(model, x.flatten(1)), expected)  # an MLP's flattened images
+    symmetric = (x + x.flip(-1)) / 2
+    assert torch.allclose(flip_averaged(model, symmetric), model(symmetric), atol=1e-6)
+    with pytest.raises(ValueError, match="neither"):
+        flip_averaged(model, torch.randn(2, 15))
 
 
 @pytest.mark.parametrize(
@@ -378,7 +420,7 @@ GATED = [
     ("sequential_flat", ["self_model_head"]),
     ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout", "data_parallel"]),
     ("functional_mlp", ["shift_augmentation", "gradient_clipping", "edge_of_chaos_curriculum"]),
-    ("airbench_style", ["self_model_head", "deepen"]),
+    ("airbench_style", ["self_model_head", "deepen", "flip_tta"]),  # the head's extra output: training only
     ("digits", ["edge_of_chaos_curriculum", "self_model_head", "mixed_precision"]),
 ]
 

@@ -487,6 +487,41 @@ class Trainer:
         return next((k for k in self.knobs() if re.fullmatch(pattern, k)), None)
 
 
+def under_no_grad(trainer: Trainer, node: cst.CSTNode) -> bool:
+    """Whether a node runs inside a `with torch.no_grad()` (or inference_mode) block."""
+    for ancestor in trainer.ancestors(node):
+        if isinstance(ancestor, cst.With) and any(NO_GRAD.match(call_name(i.item) or "") for i in ancestor.items):
+            return True
+    return False
+
+
+def evaluator_functions(trainer: Trainer) -> set[str]:
+    """Module-level functions that evaluate the model they are given, whatever their name (`logits_tta(model, x)`):
+    they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode()
+    or call `.eval()` on it (a no-grad helper that only copies weights is no evaluation)."""
+    found = set()
+    for node in trainer.module.body:
+        if not isinstance(node, cst.FunctionDef) or not node.params.params:
+            continue
+        first = node.params.params[0].name.value
+        decorated = any(NO_GRAD.match(call_name(d.decorator) or dotted(d.decorator) or "") for d in node.decorators)
+        evals = any(call_name(c) == f"{first}.eval" for c in trainer.calls(within=node))
+        forwards = any(call_name(c) == first for c in trainer.calls(within=node))
+        if forwards and (decorated or evals):
+            found.add(node.name.value)
+    return found
+
+
+def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef | None:
+    """The innermost function a node's code runs in (None: module level)."""
+    return next((a for a in trainer.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
+
+
+def first_parameter(function: cst.FunctionDef) -> str | None:
+    """The name of a function's first parameter (None: it takes none)."""
+    return function.params.params[0].name.value if function.params.params else None
+
+
 def _before(trainer: Trainer, a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return trainer.order(a) < trainer.order(b)
 

@@ -1,4 +1,4 @@
-"""Input augmentation on image batches: random shifts and flips, applied to the batch the model is fed."""
+"""Input augmentation on image batches: random shifts and flips of the batch the model is fed; flips at test time."""
 
 from __future__ import annotations
 
@@ -8,8 +8,14 @@ from ralph_ray.agents.transforms._tree import (
     NotApplicable,
     Trainer,
     analyse,
+    assign_target,
+    call_name,
     code,
+    enclosing_function,
+    evaluator_functions,
     expression,
+    first_parameter,
+    under_no_grad,
 )
 
 # Both helpers take images (N, C, H, W) or flattened square images (N, H*W), as MLP trainers feed them.
@@ -91,4 +97,51 @@ def flip_augmentation(source: str) -> str:
     edits.knob("FLIP_PROB", 0.5, "share of training images mirrored left to right")
     edits.helper(FLIP_HELPER)
     edits.sub(batch, lambda old: expression(f"flip_images({code(old)})"))
+    return edits.apply()
+
+
+# (x.flip(-1), not .flip(3): flip_augmentation's "already flips" check must not see test-time flips as training's)
+TTA_HELPER = '''
+def flip_averaged(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's outputs averaged over the images and their mirror images (test-time augmentation)."""
+    if x.dim() == 2:
+        side = int(round(x.shape[1] ** 0.5))
+        if side * side != x.shape[1]:
+            raise ValueError(f"flip_averaged: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
+        mirrored = x.view(len(x), 1, side, side).flip(-1).flatten(1)
+    elif x.dim() == 4:
+        mirrored = x.flip(-1)
+    else:
+        raise ValueError(f"flip_averaged: expected images (N, C, H, W), got shape {tuple(x.shape)}")
+    return (model(x) + model(mirrored)) / 2
+'''
+
+
+@register("flip_tta", "data")
+def flip_tta(source: str) -> str:
+    """Evaluate and predict on each image and its mirror image, the outputs averaged (test-time augmentation)."""
+    trainer = analyse(source)
+    _images_only(trainer)
+    if trainer.has(r"def flip_averaged\(|\btta\b|TTA"):
+        raise NotApplicable("the trainer already averages over mirrored inputs at test time")
+    model, edits = trainer.model_name(), Edits(trainer)
+    batch = trainer.batch_loop()
+    evaluators = evaluator_functions(trainer)
+    # the model, or the weight average ema_weights evaluates with in its place
+    models = {model} | {assign_target(line) for line in trainer.lines if "AveragedModel(" in code(line)}
+    found = 0
+    for node in trainer.calls():
+        name = call_name(node) or ""
+        scope = enclosing_function(trainer, node)
+        in_evaluator = scope is not None and scope.name.value in evaluators and name == first_parameter(scope)
+        in_loop = name in models and under_no_grad(trainer, node) and not trainer.inside(node, batch)
+        if (in_evaluator or in_loop) and len(node.args) == 1 and not node.args[0].keyword:
+            edits.sub(node, lambda old, _f=name: expression(f"flip_averaged({_f}, {code(old.args[0].value)})"))
+            found += 1
+    if not found:
+        raise NotApplicable(
+            f"no evaluation forward pass found ({model}(x) under torch.no_grad() outside the batch loop, or a "
+            "function under @torch.no_grad() or calling .eval() on the model it is given)"
+        )
+    edits.helper(TTA_HELPER)
     return edits.apply()

@@ -7,7 +7,6 @@ import libcst as cst
 from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
     EVAL_CALL,
-    NO_GRAD,
     Edits,
     NotApplicable,
     Trainer,
@@ -16,9 +15,12 @@ from ralph_ray.agents.transforms._tree import (
     call_name,
     code,
     dotted,
+    enclosing_function,
+    evaluator_functions,
     free_name,
     positional,
     statement,
+    under_no_grad,
 )
 
 
@@ -50,13 +52,13 @@ def ema_weights(source: str) -> str:
     ema = free_name(trainer, "ema")
     scope = _scope(trainer, trainer.epoch_loop())
     batch = trainer.batch_loop()
-    evaluators = _evaluators(trainer)
+    evaluators = evaluator_functions(trainer)
     swapped = 0
     for node in trainer.nodes:
         if not isinstance(node, cst.Call) or _scope(trainer, node) is not scope or trainer.inside(node, batch):
             continue
         name = call_name(node) or ""
-        if name == f"{model}.eval" or (name == model and _under_no_grad(trainer, node)):
+        if name == f"{model}.eval" or (name == model and under_no_grad(trainer, node)):
             edits.sub(node.func, cst.parse_expression(name.replace(model, ema, 1)))
             swapped += 1
         elif EVAL_CALL.search(name.rsplit(".", 1)[-1]) or name in evaluators:  # evaluate(model, ...), predict(...)
@@ -130,28 +132,4 @@ def channels_last(source: str) -> str:
 
 def _scope(trainer: Trainer, node: cst.CSTNode) -> cst.CSTNode:
     """The function (or module) a node's code runs in."""
-    return next((a for a in trainer.ancestors(node) if isinstance(a, cst.FunctionDef)), trainer.module)
-
-
-def _under_no_grad(trainer: Trainer, node: cst.CSTNode) -> bool:
-    for ancestor in trainer.ancestors(node):
-        if isinstance(ancestor, cst.With) and any(NO_GRAD.match(call_name(i.item) or "") for i in ancestor.items):
-            return True
-    return False
-
-
-def _evaluators(trainer: Trainer) -> set[str]:
-    """Module-level functions that evaluate the model they are given, whatever their name (`logits_tta(model, x)`):
-    they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode()
-    or call `.eval()` on it (a no-grad helper that only copies weights is no evaluation)."""
-    found = set()
-    for node in trainer.module.body:
-        if not isinstance(node, cst.FunctionDef) or not node.params.params:
-            continue
-        first = node.params.params[0].name.value
-        decorated = any(NO_GRAD.match(call_name(d.decorator) or dotted(d.decorator) or "") for d in node.decorators)
-        evals = any(call_name(c) == f"{first}.eval" for c in trainer.calls(within=node))
-        forwards = any(call_name(c) == first for c in trainer.calls(within=node))
-        if forwards and (decorated or evals):
-            found.add(node.name.value)
-    return found
+    return enclosing_function(trainer, node) or trainer.module
