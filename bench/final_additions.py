@@ -5,7 +5,7 @@ engine's frozen evaluator on the official test split.
     python bench/final_additions.py /tmp/bench-fashion-XXXX/heuristic-1 --arms batchnorm --seeds 0 1
 
 The first argument is a campaign folder of bench/fashion.py (its `runs/` and `kb/`). The final trial's code as run
-(the pick's files with `safeguards.final_schedule` and `final_augment`'s additions, `runs/<id>/final/code/`) is the
+(the pick's files with `safeguards.final_additions` added, `runs/<id>/final/code/`) is the
 baseline arm ("as_run"); every other arm applies the named transforms of `ralph_ray.agents.transforms` on top, and
 its NAME=value parts override knobs ("batchnorm+WIDTH=32"). Each
 trial is a one-trial campaign of the same task with the final's knobs and budget, on --cpus CPUs. Never in CI.

@@ -27,8 +27,23 @@ from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 
 CONF_DIR = PROJECT_ROOT / "conf"
-# safeguards.final_schedule's values (besides None) -> the agents' transform that adds each (finaltrain applies it)
-FINAL_SCHEDULES = {"cosine": "cosine_lr_schedule", "one_cycle": "one_cycle_schedule"}
+# safeguards.final_additions' names -> the offline agent's transform that adds each to the final's copy of the pick's
+# code (finaltrain applies them in the list's order; a name is also what the trials table's `final_added` records)
+FINAL_ADDITIONS = {
+    "cosine": "cosine_lr_schedule",  # a cosine learning-rate schedule along the final's budget
+    "one_cycle": "one_cycle_schedule",  # or a one-cycle schedule
+    "shift": "shift_augmentation",  # random 1-pixel shifts of the training images
+    "flip": "flip_augmentation",  # random left-right flips (mirror-invariant tasks only)
+    "deepen": "deepen",  # a hidden layer (Linear + ReLU) before the classifier
+    "flip_tta": "flip_tta",  # outputs averaged over each image and its mirror at test time (mirror-invariant only)
+}
+FINAL_SCHEDULES = ("cosine", "one_cycle")  # at most one of them
+# The settings final_additions replaced (2026-11-29): what to set instead, and a saved run's config migrated on resume
+LEGACY_FINAL_KEYS = {
+    "safeguards.final_schedule": "safeguards.final_additions=[cosine] (or [one_cycle])",
+    "safeguards.final_augment": "safeguards.final_additions=[shift,flip]",
+    "safeguards.final_deepen": "safeguards.final_additions=[deepen]",
+}
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 
@@ -188,22 +203,11 @@ class SafeguardsConfig:
     # at campaign_time_s x (1 - final_share), then the rank-1 variant's best knobs train once for the rest, on every
     # slot's CPUs, as a marked trial. 0: off (the search has the whole budget). Needs campaign_time_s.
     final_share: float = 0.0
-    # A learning-rate schedule the final training adds to the pick's code where it has none: "cosine" or
-    # "one_cycle" (the offline agent's own transforms, along the final budget), or None (train the code as searched).
-    # A 90-s search trial rewards what learns fast at a constant rate; a long run at one leaves accuracy unharvested.
-    final_schedule: Optional[str] = None
-    # Input augmentation the final training adds to the pick's code where it has none: random shifts, and flips where
-    # the task is mirror invariant (task.mirror_invariant); the offline agent's own transforms. A 90-s search trial
-    # rarely keeps a regulariser (it pays over many epochs, not 5); the final's long run is where it can.
-    final_augment: bool = False
-    # A hidden layer (Linear + ReLU, as wide as the classifier's input) the final training adds before the pick's
-    # classifier: the offline agent's `deepen`. Capacity a 90-s trial can't fill may pay over the final's long run
-    # (on Fashion: +0.008 on two picks' finals, 0.928 and 0.913 in two campaigns: README, Figures).
-    final_deepen: bool = False
-    # Test-time flips the final training adds to the pick's code where the task is mirror invariant: it evaluates
-    # and predicts on each image and its mirror image, the outputs averaged (the offline agent's `flip_tta`). No
-    # training cost; twice the inference.
-    final_tta: bool = False
+    # What the final training adds to a copy of the pick's code, each where it applies (names of FINAL_ADDITIONS, in
+    # order: the offline agent's own transforms). The search's short trials reward what learns fast at a constant
+    # rate with few parameters; a schedule, a regulariser or more capacity pays over the final's long run (Fashion:
+    # README, Figures). Flips, in training or at test, only where the task is mirror invariant. Empty: as searched.
+    final_additions: List[str] = field(default_factory=list)
     # How many of the search's best train in the final share, side by side, the slots split between them: the pick
     # (rank 1, its best knobs) and the next best distinct (variant, knobs) by their best search trial. 1: the pick
     # alone. A short trial's ranking of the top few is within noise, and what wins over a long run (augmentation,
@@ -621,6 +625,7 @@ def to_config(raw: Any) -> Config:
     OmegaConf.set_struct(raw, False)
     raw_dict = OmegaConf.to_container(raw, resolve=True)
     raw_dict.pop("hydra", None)  # type: ignore[union-attr]
+    _migrate_final_additions(raw_dict.get("safeguards") or {})  # type: ignore[union-attr]
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw_dict)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
@@ -632,6 +637,15 @@ def to_config(raw: Any) -> Config:
     cfg.population.parents, cfg.population.children_per_parent = resolve_shape(cfg)
     validate(cfg)
     return cfg
+
+
+def _migrate_final_additions(guards: dict[str, Any]) -> None:
+    """A run saved before safeguards.final_additions (its config.yaml, on resume): its three settings as that list."""
+    schedule = guards.pop("final_schedule", None)
+    augment, deepen = guards.pop("final_augment", False), guards.pop("final_deepen", False)
+    old = [*([schedule] if schedule else []), *(["shift", "flip"] if augment else []), *(["deepen"] if deepen else [])]
+    if old and not guards.get("final_additions"):
+        guards["final_additions"] = old
 
 
 def resolve_mode(cfg: Config) -> PopulationMode:
@@ -744,11 +758,19 @@ def validate(cfg: Config) -> None:
             "(a group of workers, a population's checkpoints and schedules)",
             "set safeguards.final_share=0",
         )
-    if cfg.safeguards.final_schedule is not None and cfg.safeguards.final_schedule not in FINAL_SCHEDULES:
+    unknown = [name for name in cfg.safeguards.final_additions if name not in FINAL_ADDITIONS]
+    if unknown:
         raise ConfigError(
-            "safeguards.final_schedule",
-            f"must be one of {', '.join(FINAL_SCHEDULES)} or null, got {cfg.safeguards.final_schedule!r}",
-            "set safeguards.final_schedule=cosine (or null: train the pick's code as searched)",
+            "safeguards.final_additions",
+            f"names {', '.join(map(repr, unknown))}: each must be one of {', '.join(FINAL_ADDITIONS)}",
+            "set safeguards.final_additions=[cosine,shift,flip] (or [] to train the pick's code as searched)",
+        )
+    schedules = [name for name in cfg.safeguards.final_additions if name in FINAL_SCHEDULES]
+    if len(schedules) > 1 or len(set(cfg.safeguards.final_additions)) < len(cfg.safeguards.final_additions):
+        raise ConfigError(
+            "safeguards.final_additions",
+            f"lists {', '.join(cfg.safeguards.final_additions)}: each at most once, and one schedule at most",
+            f"keep one of {' and '.join(schedules) or 'the repeated names'}",
         )
     if not 1 <= cfg.safeguards.final_candidates <= max(1, cfg.search.max_concurrent):
         raise ConfigError(
@@ -1131,6 +1153,8 @@ def _override_error(err: Exception) -> ConfigError:
         "check the key against conf/ (`python -m ralph_ray --cfg` prints the composed config); "
         "add new keys with +key=value only where the schema has them"
     )
+    if key in LEGACY_FINAL_KEYS:
+        fix = f"{key} is a name in safeguards.final_additions now: set {LEGACY_FINAL_KEYS[key]}"
     if "Could not find" in text or "not found in" in text.lower():
         fix = "choose an option that exists under conf/<group>/ (e.g. +experiment=cifar10)"
         missing = re.search(r"Could not find '([\w-]+)/([^']+)'", text)

@@ -146,8 +146,7 @@ def export(
     if out.exists():
         shutil.rmtree(out)
     trainer = out / TRAINER
-    # the final ran a copy with additions
-    edited = final and any(final[k] for k in ("final_schedule", "final_augment", "final_deepen", "final_tta"))
+    edited = final and final["final_added"]  # the final ran a copy with additions
     code = final_code_dir(run_dir, variant.variant_id) if edited else variant.files_dir
     if not code.is_dir():
         raise ExportError(
@@ -253,10 +252,8 @@ def _final_scores(final: dict[str, Any], best: Any) -> dict:
         "trials_of_variant": int(best["trials"]),
         "budget_s": _float(final["final_budget_s"]),  # None in a KB from before it was recorded: the search's
         "final_training": {
-            "schedule_added": final["final_schedule"],
-            "augment_added": final["final_augment"],  # "shift + flip" (safeguards.final_augment), None: none
-            "hidden_layer_added": bool(final["final_deepen"]),  # safeguards.final_deepen
-            "test_flips_added": bool(final["final_tta"]),  # safeguards.final_tta
+            # safeguards.final_additions that applied, in order: ["cosine", "shift", "deepen"]
+            "added": final["final_added"].split(" + ") if final["final_added"] else [],
             "train_seconds": _float(final["train_seconds"]),
             "search_best": {
                 "trial_id": str(best["best_trial_id"]),
@@ -332,9 +329,9 @@ def _trained(scores: dict[str, Any]) -> str:
         )
     budget = "" if scores.get("budget_s") is None else f" of a {scores['budget_s']:.0f}-s budget"
     seconds = "-" if final["train_seconds"] is None else f"{final['train_seconds']:.0f}"
-    added = f", its code with a {final['schedule_added']} schedule added" if final["schedule_added"] else ""
-    if final.get("augment_added"):
-        added += f"{' and' if added else ', its code with'} {final['augment_added']} augmentation added"
+    added = (
+        f", its code with {' + '.join(final['added'])} added (`safeguards.final_additions`)" if final["added"] else ""
+    )
     search = final["search_best"]
     test = "-" if search["test_score"] is None else f"{search['test_score']:.4f}"
     return (

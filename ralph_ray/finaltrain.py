@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,19 +21,12 @@ from typing import TYPE_CHECKING, Any
 from ralph_ray import records, replicates, sql
 from ralph_ray.agents.catalog import load_catalog
 from ralph_ray.agents.transforms import NotApplicable, apply_transform
-from ralph_ray.config import FINAL_SCHEDULES
+from ralph_ray.config import FINAL_ADDITIONS
 from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import fetch_rows, metric_values
-from ralph_ray.trials import (
-    FINAL_AUGMENT_KEY,
-    FINAL_BUDGET_KEY,
-    FINAL_DEEPEN_KEY,
-    FINAL_KEY,
-    FINAL_SCHEDULE_KEY,
-    FINAL_TTA_KEY,
-)
+from ralph_ray.trials import FINAL_ADDED_KEY, FINAL_BUDGET_KEY, FINAL_KEY
 from ralph_ray.variants import files_dir, final_code_dir
 
 if TYPE_CHECKING:
@@ -78,25 +72,18 @@ def why_not(share: float, stop_reason: str, trained: int, candidates: int, budge
     return None
 
 
-# safeguards.final_augment's transforms (the offline agent's) and their short names in the trials table
-AUGMENTATIONS = {"shift_augmentation": "shift", "flip_augmentation": "flip"}
-
-
 @dataclass(frozen=True)
 class Added:
     """What the final training added to a candidate's code, and why not each addition it skipped."""
 
     files: Path  # the folder the final trial runs: a copy with the additions, or the candidate's own files
-    schedule: str | None = None
-    augment: tuple[str, ...] = ()  # short names: ("shift", "flip")
-    deepened: bool = False  # a hidden layer added before the classifier (safeguards.final_deepen)
-    tta: bool = False  # outputs averaged over mirrored images at test time (safeguards.final_tta)
-    skipped: tuple[str, ...] = ()  # one line each: "no cosine schedule added (it has one already)"
+    added: tuple[str, ...] = ()  # names of FINAL_ADDITIONS, in the order applied: ("cosine", "shift")
+    skipped: tuple[str, ...] = ()  # one line each: "no cosine added (the trainer already has a schedule ...)"
 
     @property
-    def augment_label(self) -> str | None:
-        """The augmentations as the trials table records them: "shift + flip", None for none."""
-        return " + ".join(self.augment) or None
+    def label(self) -> str | None:
+        """The additions as the trials table's `final_added` records them: "cosine + shift", None for none."""
+        return " + ".join(self.added) or None
 
 
 @dataclass(frozen=True)
@@ -106,51 +93,39 @@ class Plan:
 
     variant_id: str
     knobs: dict[str, Any]
-    code: Added  # the candidate's own files, or a copy with the schedule and augmentation added
+    code: Added  # the candidate's own files, or a copy with safeguards.final_additions added
 
 
-def with_additions(
-    files: Path,
-    out: Path,
-    schedule: str | None,
-    augment: tuple[str, ...] = (),
-    deepen: bool = False,
-    tta: bool = False,
-    entry: str = "train.py",
-) -> Added:
-    """The folder the final trial runs: a copy of the candidate's `files` at `out` with `schedule` (a key of
-    FINAL_SCHEDULES), the `augment` transforms (keys of AUGMENTATIONS), with `deepen` the agent's `deepen` (a hidden
-    layer before the classifier) and with `tta` its `flip_tta` (flips at test time) applied to its entry, each where it
-    applies; or `files` itself when none does. A transform that can't find its idiom (`NotApplicable`: the code has a
-    schedule or shifts its images already, its epoch loop or classifier has no idiom) is skipped with its reason."""
+def with_additions(files: Path, out: Path, names: Sequence[str], entry: str = "train.py") -> Added:
+    """The folder the final trial runs: a copy of the candidate's `files` at `out` with the transforms of `names`
+    (keys of FINAL_ADDITIONS) applied to its entry in order, each where it applies; or `files` itself when none does.
+    A transform that can't find its idiom (`NotApplicable`: the code has a schedule or shifts its images already, its
+    epoch loop or classifier has no idiom) is skipped with its reason."""
     source = (files / entry).read_text()
     skipped: list[str] = []
 
-    def add(transform: str, what: str) -> bool:
+    def add(name: str) -> bool:
         nonlocal source
         try:  # NotApplicable also where libcst can't parse the code (the transforms say so)
-            edited = apply_transform(transform, source)
+            edited = apply_transform(FINAL_ADDITIONS[name], source)
             compile(edited, entry, "exec")
         except NotApplicable as why:
-            skipped.append(f"no {what} added ({why})")
+            skipped.append(f"no {name} added ({why})")
             return False
         except SyntaxError as error:
-            skipped.append(f"no {what} added (the edited {entry} does not compile: line {error.lineno}: {error.msg})")
+            skipped.append(f"no {name} added (the edited {entry} does not compile: line {error.lineno}: {error.msg})")
             return False
         source = edited
         return True
 
-    scheduled = schedule if schedule and add(FINAL_SCHEDULES[schedule], f"{schedule} schedule") else None
-    augmented = tuple(AUGMENTATIONS[t] for t in augment if add(t, f"{AUGMENTATIONS[t]} augmentation"))
-    deepened = deepen and add("deepen", "hidden layer")
-    flipped = tta and add("flip_tta", "flips at test time")
-    if not scheduled and not augmented and not deepened and not flipped:
+    added = tuple(name for name in names if add(name))
+    if not added:
         return Added(files, skipped=tuple(skipped))
     if out.exists():
         shutil.rmtree(out)  # a resume's pick may differ from the one a stop cut short
     shutil.copytree(files, out)
     (out / entry).write_text(source)
-    return Added(out, scheduled, augmented, deepened, flipped, tuple(skipped))
+    return Added(out, added, tuple(skipped))
 
 
 def _largest_node_cpus() -> float | None:
@@ -192,10 +167,7 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
     order = [(v, knobs) for v, knobs, _ in found]
     for plan in plans:
-        added = f", with a {plan.code.schedule} schedule added along it" if plan.code.schedule else ""
-        added += f", with {plan.code.augment_label} augmentation added" if plan.code.augment else ""
-        added += ", with a hidden layer added before its classifier" if plan.code.deepened else ""
-        added += ", with flips at test time added" if plan.code.tta else ""
+        added = f", with {plan.code.label} added to its code" if plan.code.added else ""
         nth = order.index((plan.variant_id, plan.knobs))  # its place among the candidates, a resume's too
         who = "the pick" if nth == 0 else f"candidate {nth + 1}"
         say(
@@ -212,18 +184,12 @@ def _code(campaign: Campaign, variant: str) -> Added:
     guards, task = campaign.cfg.safeguards, campaign.cfg.task
     # Flips only where mirroring keeps a label (garments yes, digits no): the catalog's flag, the offline agent's rule
     mirroring = {i.transform for i in load_catalog().interventions if i.mirrors_images}
-    augment = tuple(t for t in AUGMENTATIONS if task.mirror_invariant or t not in mirroring)
+    names = guards.final_additions
+    kept = [n for n in names if task.mirror_invariant or FINAL_ADDITIONS[n] not in mirroring]
     files = files_dir(campaign.run_dir / "variants", variant)
-    added = with_additions(
-        files,
-        final_code_dir(campaign.run_dir, variant),
-        guards.final_schedule,
-        augment if guards.final_augment else (),
-        guards.final_deepen,
-        guards.final_tta and task.mirror_invariant,
-    )
-    if guards.final_tta and not task.mirror_invariant:
-        added = replace(added, skipped=(*added.skipped, "no flips at test time added (task.mirror_invariant=false)"))
+    added = with_additions(files, final_code_dir(campaign.run_dir, variant), kept)
+    refused = tuple(f"no {n} added (the task says mirroring changes a label)" for n in names if n not in kept)
+    added = replace(added, skipped=(*refused, *added.skipped))
     for why in added.skipped:
         campaign.console.print(f"[bold]final training[/] of {variant}: {why}")
     return added
@@ -252,11 +218,8 @@ def _train(
         ended.append(trial)
 
     def marks(plan: Plan) -> dict[str, Any]:
-        schedule = {FINAL_SCHEDULE_KEY: plan.code.schedule} if plan.code.schedule else {}
-        augment = {FINAL_AUGMENT_KEY: plan.code.augment_label} if plan.code.augment else {}
-        deepen = {FINAL_DEEPEN_KEY: True} if plan.code.deepened else {}
-        tta = {FINAL_TTA_KEY: True} if plan.code.tta else {}
-        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **schedule, **augment, **deepen, **tta}
+        added = {FINAL_ADDED_KEY: plan.code.label} if plan.code.added else {}
+        return {FINAL_KEY: True, FINAL_BUDGET_KEY: budget_s, **added}
 
     replicates.run(
         final_cfg,

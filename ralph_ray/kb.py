@@ -184,11 +184,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("peak_gpu_mb", pa.float64()),  # its CUDA peak (max_memory_allocated); NULL without a GPU
             ("node", pa.string()),  # the IP of the Ray node the trial ran on (Tune's node_ip); NULL in old KBs
             ("final", pa.bool_()),  # the final training of the pick (finaltrain.py); NULL in old KBs
-            ("final_schedule", pa.string()),  # the schedule the final training added to its code; NULL: none (or old)
             ("final_budget_s", pa.float64()),  # the final training's seconds of training; NULL: search (or old)
-            ("final_augment", pa.string()),  # the augmentations the final training added ("shift + flip"); NULL: none
-            ("final_deepen", pa.bool_()),  # True: the final training added a hidden layer; NULL: none (or old)
-            ("final_tta", pa.bool_()),  # True: the final training added test-time flips; NULL: none (or old)
+            # what the final training added to its code, in order ("cosine + shift + deepen"); NULL: none (or search)
+            ("final_added", pa.string()),
         ]
     ),
     "epochs": pa.schema(

@@ -25,12 +25,9 @@ from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
 from ralph_ray.trials import (
     FAILED_KEY,
-    FINAL_AUGMENT_KEY,
+    FINAL_ADDED_KEY,
     FINAL_BUDGET_KEY,
-    FINAL_DEEPEN_KEY,
     FINAL_KEY,
-    FINAL_SCHEDULE_KEY,
-    FINAL_TTA_KEY,
     HELD_KEY,
     REPLICATE_KEY,
     SEED_KEY,
@@ -67,11 +64,8 @@ class TrialRecord:
     peak_gpu_mb: float | None = None
     node: str | None = None  # the IP of the Ray node it ran on (its last result's); None if it never reported
     final: bool = False  # the final training of the campaign's pick (finaltrain.py), not a search sample
-    final_schedule: str | None = None  # the learning-rate schedule the final training added to the pick's code
     final_budget_s: float | None = None  # the final training's seconds of training (its trial.budget_s); None: search
-    final_augment: str | None = None  # the augmentations the final training added to the pick's code ("shift + flip")
-    final_deepen: bool | None = None  # True: the final training added a hidden layer before the classifier; None: not
-    final_tta: bool | None = None  # True: the final training averaged over mirrored images at test time; None: not
+    final_added: str | None = None  # what the final training added to the pick's code ("cosine + shift"); None: none
 
     def row(self) -> dict[str, Any]:
         """As a KB row (status as its plain value)."""
@@ -223,11 +217,8 @@ class TrialLedger(Callback):
             work_dir=f"{self.trials_root}/{trial.trial_id}",
             replicate=bool(config.get(REPLICATE_KEY, False)),
             final=bool(config.get(FINAL_KEY, False)),
-            final_schedule=config.get(FINAL_SCHEDULE_KEY),
             final_budget_s=config.get(FINAL_BUDGET_KEY),
-            final_augment=config.get(FINAL_AUGMENT_KEY),
-            final_deepen=config.get(FINAL_DEEPEN_KEY),
-            final_tta=config.get(FINAL_TTA_KEY),
+            final_added=config.get(FINAL_ADDED_KEY),
             peak_rss_mb=self.peaks.get(trial.trial_id, {}).get(RSS_KEY),
             peak_gpu_mb=self.peaks.get(trial.trial_id, {}).get(GPU_KEY),
             node=(trial.last_result or {}).get(NODE_IP),  # a retried trial: the node of its last attempt

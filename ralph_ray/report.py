@@ -143,10 +143,9 @@ def final_section(
         "",
         "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
         "kept for it (with `safeguards.final_candidates` above 1, beside the next best (variant, knobs), the slots "
-        "split between them; search trials had `trial.budget_s` each), with the learning-rate schedule "
-        "`safeguards.final_schedule` (and `safeguards.final_augment`'s shifts and flips, `safeguards.final_deepen`'s "
-        "hidden layer, `safeguards.final_tta`'s flips at test time) added to its code where it had none. Its scores "
-        "are not ranked with the search's: it trained longer than any of them.",
+        "split between them; search trials had `trial.budget_s` each), with `safeguards.final_additions` (a schedule, "
+        "augmentation, a hidden layer, flips at test time) added to its code where each applies. Its scores are not "
+        "ranked with the search's: it trained longer than any of them.",
         "",
     ]
     best = final_winner(finals)
@@ -163,12 +162,7 @@ def final_section(
             "",
         ]
     for trial in finals:
-        added = [f"a {trial['final_schedule']} schedule"] if trial.get("final_schedule") else []
-        added += [f"{trial['final_augment']} augmentation"] if trial.get("final_augment") else []
-        added += ["a hidden layer"] if trial.get("final_deepen") else []
-        added += ["flips at test time"] if trial.get("final_tta") else []
-        listed = " and ".join([", ".join(added[:-1]), added[-1]] if len(added) > 1 else added)
-        what = f" (its code with {listed} added)" if added else ""
+        what = f" (its code with {trial['final_added']} added)" if trial.get("final_added") else ""
         lines.append(
             f"- trial {trial['trial_id']} of {trial['variant_id']}{what}: {trial['status']}"
             f"{' (' + trial['reason'] + ')' if trial['reason'] else ''}, {trial['epochs']} epoch(s), "

@@ -112,6 +112,15 @@ def attach_kb_file(db: Path, storage_version: str) -> str:
     return f"attach {_quoted(str(db))} as kb (storage_version {_quoted(storage_version)})"
 
 
+# The trials columns that held a final training's additions before `final_added` (KBs of 2026-11-28/29), and the
+# `final_added` they read as: "cosine + shift + flip + deepen", the names safeguards.final_additions uses.
+LEGACY_FINAL_COLUMNS = ("final_schedule", "final_augment", "final_deepen")
+LEGACY_FINAL_ADDED = (
+    "coalesce(final_added, nullif(concat_ws(' + ', final_schedule, final_augment, "
+    "case when final_deepen then 'deepen' end), ''))"
+)
+
+
 def view_statements(parquet_root: Path, schema: str | None = None, skip: Collection[Path] = ()) -> list[str]:
     """CREATE VIEW statements for the base tables and the derived views, in dependency order.
 
@@ -135,15 +144,16 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
         elif table == "trials":
             # A trial is written once; a resumed campaign never re-writes it, but stay safe against a double part.
             # A KB written before replicates (or nodes, peak memory, final trainings) has no `replicate` (`node`,
-            # `peak_*_mb`, `final`, `final_schedule`, `final_budget_s`, `final_augment`, `final_deepen`, `final_tta`)
-            # column: it reads as NULL (UNION BY NAME adds it).
+            # `peak_*_mb`, `final`, `final_budget_s`, `final_added`) column: it reads as NULL (UNION BY NAME adds it).
+            # One written before `final_added` recorded its final's additions in three columns: read into it.
             source = (
-                f"(select * from {source} union all by name "
+                f"(select * exclude ({', '.join(LEGACY_FINAL_COLUMNS)}) replace ({LEGACY_FINAL_ADDED} as final_added) "
+                f"from (select * from {source} union all by name "
                 "select cast(null as boolean) as replicate, cast(null as varchar) as node, "
                 "cast(null as double) as peak_rss_mb, cast(null as double) as peak_gpu_mb, "
-                "cast(null as boolean) as final, cast(null as varchar) as final_schedule, "
-                "cast(null as double) as final_budget_s, cast(null as varchar) as final_augment, "
-                "cast(null as boolean) as final_deepen, cast(null as boolean) as final_tta where false)"
+                "cast(null as boolean) as final, cast(null as double) as final_budget_s, "
+                "cast(null as varchar) as final_added, cast(null as varchar) as final_schedule, "
+                "cast(null as varchar) as final_augment, cast(null as boolean) as final_deepen where false))"
             )
             body = (
                 f"select * from {source} qualify row_number() "
@@ -374,7 +384,7 @@ where run_id = ? and coalesce(final, false) and reason is distinct from ?
 """
 FINAL_TRIAL = """
 select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.selection_score, t.test_score,
-       t.knobs, t.final_schedule, t.final_augment, t.final_deepen, t.final_tta, t.final_budget_s, t.work_dir, t.seed,
+       t.knobs, t.final_added, t.final_budget_s, t.work_dir, t.seed,
        (select max(value) from epochs e where e.run_id = t.run_id
         and e.trial_id = t.trial_id and e.metric = 'train_seconds') as train_seconds
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
@@ -496,9 +506,7 @@ select t.trial_id, t.variant_id, t.cycle, t.status, t.reason, t.knobs, t.seed, t
        t.selection_score, t.test_score, t.seconds, e.train_seconds, t.peak_rss_mb, t.peak_gpu_mb, t.node, t.work_dir,
        t.written_at, v.status as variant_status,
        case when coalesce(t.final, false)
-            then 'final' || coalesce(' + ' || t.final_schedule, '') || coalesce(' + ' || t.final_augment, '')
-                 || case when coalesce(t.final_deepen, false) then ' + hidden layer' else '' end
-                 || case when coalesce(t.final_tta, false) then ' + flips at test' else '' end
+            then 'final' || coalesce(' + ' || t.final_added, '')
             when coalesce(t.replicate, false) then 'replicate'
             else 'search' end as kind
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id

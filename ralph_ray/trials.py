@@ -52,10 +52,7 @@ ENV_WORK_DIR = "RALPH_WORK_DIR"  # a node's folder for the work dirs of trials f
 SEED_KEY = "_seed"
 REPLICATE_KEY = "_replicate"
 FINAL_KEY = "_final"  # the final training of the pick (finaltrain.py)
-FINAL_SCHEDULE_KEY = "_final_schedule"  # the schedule it added to the pick's code (safeguards.final_schedule)
-FINAL_AUGMENT_KEY = "_final_augment"  # the augmentations it added (safeguards.final_augment): "shift + flip"
-FINAL_DEEPEN_KEY = "_final_deepen"  # it added a hidden layer before the classifier (safeguards.final_deepen)
-FINAL_TTA_KEY = "_final_tta"  # it averaged its outputs over mirrored images at test time (safeguards.final_tta)
+FINAL_ADDED_KEY = "_final_added"  # what it added to the pick's code (safeguards.final_additions): "cosine + shift"
 FINAL_BUDGET_KEY = "_final_budget_s"  # the training seconds it was given (its trial.budget_s): export's reproduce
 
 

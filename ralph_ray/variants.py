@@ -56,9 +56,7 @@ def files_dir(variants_root: Path, variant_id: str) -> Path:
 
 
 def final_code_dir(run_dir: Path, variant_id: str) -> Path:
-    """Where the final training's copy of a variant's files lives, with `safeguards.final_schedule` (and
-    `safeguards.final_augment`'s augmentation, `safeguards.final_deepen`'s hidden layer, `safeguards.final_tta`'s
-    test-time flips) added to it."""
+    """Where the final training's copy of a variant's files lives, with `safeguards.final_additions` added to it."""
     return run_dir / "final" / "code" / variant_id
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray.config import ConfigError, SamplerKind, SchedulerKind, SpaceKind, load_config
+from ralph_ray.agents.transforms import TRANSFORMS
+from ralph_ray.config import FINAL_ADDITIONS, ConfigError, SamplerKind, SchedulerKind, SpaceKind, load_config
 
 
 def test_default_is_digits():
@@ -97,6 +98,22 @@ def test_a_stored_config_keeps_the_shape_it_ran_with(tmp_path: Path):
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     resumed = resume_config(tmp_path, ["safeguards.campaign_time_s=3600"])
     assert (resumed.population.parents, resumed.population.children_per_parent) == (1, 1)
+
+
+def test_a_run_saved_before_final_additions_resumes_with_its_three_settings_as_the_list(tmp_path: Path):
+    from omegaconf import OmegaConf
+
+    from ralph_ray.config import resume_config
+
+    stored = OmegaConf.to_container(OmegaConf.structured(load_config(["safeguards.campaign_time_s=600"])))
+    guards = stored["safeguards"]
+    del guards["final_additions"]
+    guards |= {"final_share": 0.2, "final_schedule": "cosine", "final_augment": True, "final_deepen": True}
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(stored)))
+    assert resume_config(tmp_path).safeguards.final_additions == ["cosine", "shift", "flip", "deepen"]
+    # on the command line the old settings name the new one
+    with pytest.raises(ConfigError, match=r"set safeguards.final_additions=\[deepen\]"):
+        load_config(["safeguards.final_deepen=true"])
 
 
 @pytest.mark.parametrize(
@@ -190,15 +207,16 @@ def test_final_share_must_be_a_share_of_a_time_budget():
             load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.2", plain_only])
     cfg = load_config(["safeguards.campaign_time_s=600", "safeguards.final_share=0.25"])
     assert cfg.safeguards.search_time_s == 450.0
-    assert cfg.safeguards.final_schedule is None  # the default trains the pick's code as searched
-    with pytest.raises(ConfigError, match="safeguards.final_schedule=cosine") as caught:
-        load_config(["safeguards.final_schedule=linear"])
-    assert "got 'linear'" in str(caught.value)
-    assert load_config(["+experiment=fashion"]).safeguards.final_schedule == "cosine"
-    assert load_config(["+experiment=fashion"]).safeguards.final_augment  # measured: +0.007 test on one seed
-    assert load_config(["+experiment=fashion"]).safeguards.final_deepen  # measured: +0.008 on two picks' finals
-    assert not load_config([]).safeguards.final_deepen
-    assert not load_config([]).safeguards.final_augment  # off by default: measured on Fashion alone
+    assert cfg.safeguards.final_additions == []  # the default trains the pick's code as searched
+    with pytest.raises(ConfigError, match=r"safeguards.final_additions=\[cosine,shift,flip\]") as caught:
+        load_config(["safeguards.final_additions=[cosine,linear]"])
+    assert "names 'linear': each must be one of cosine, one_cycle, shift, flip, deepen, flip_tta" in str(caught.value)
+    for clash in ("[cosine,one_cycle]", "[shift,shift]"):
+        with pytest.raises(ConfigError, match="each at most once, and one schedule at most"):
+            load_config([f"safeguards.final_additions={clash}"])
+    # measured on Fashion (README, Figures): shifts and flips +0.007 test on one seed, the layer +0.008 on two picks
+    assert load_config(["+experiment=fashion"]).safeguards.final_additions == ["cosine", "shift", "flip", "deepen"]
+    assert set(FINAL_ADDITIONS.values()) <= set(TRANSFORMS)  # every name is one of the offline agent's transforms
     assert cfg.safeguards.final_candidates == 1  # the default: the pick alone
     assert load_config(["+experiment=fashion"]).safeguards.final_candidates == 1  # measured: no gain from 2 there
     for bad in ("0", "3"):  # side by side, one slot's share each: at most search.max_concurrent (2 by default)

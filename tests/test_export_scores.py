@@ -141,7 +141,7 @@ def finished(tmp_path: Path) -> KnowledgeBase:
                 **trial("f1", "child", 0.94, 0.92, 7, False),
                 "knobs": '{"LR": 0.07}',
                 "epochs": 30,
-                "final_schedule": "cosine",
+                "final_added": "cosine",
                 **final,
             },
             {**trial("f2", "seed", 0.95, 0.915, 8, False), "knobs": '{"LR": 0.02}', "epochs": 31, **final},
@@ -180,10 +180,10 @@ def test_the_default_export_is_the_final_trainings_winner_as_it_trained(finished
 def test_a_named_variant_ships_its_own_final_with_the_schedule_added(finished: KnowledgeBase, tmp_path: Path):
     out = export(finished.root, RUN, "child", out=tmp_path / "bundle")
     scores = json.loads((out / "scores.json").read_text())
-    assert (scores["trial_id"], scores["final_training"]["schedule_added"]) == ("f1", "cosine")
+    assert (scores["trial_id"], scores["final_training"]["added"]) == ("f1", ["cosine"])
     train = (out / "trainer" / "train.py").read_text()
     assert "SCHEDULE = 'cosine'" in train and "LR = 0.07" in train  # the final's code folder, its knobs
-    assert "its code with a cosine schedule added" in (out / "README.md").read_text()
+    assert "its code with cosine added (`safeguards.final_additions`)" in (out / "README.md").read_text()
 
 
 def test_search_exports_rank_1_as_searched_from_the_command_line(finished: KnowledgeBase, tmp_path: Path):

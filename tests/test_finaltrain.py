@@ -11,9 +11,8 @@ import pytest
 
 from ralph_ray import PROJECT_ROOT, finaltrain, sql
 from ralph_ray.__main__ import main
-from ralph_ray.agents.transforms import TRANSFORMS
 from ralph_ray.campaign import run
-from ralph_ray.config import FINAL_SCHEDULES, resume_config
+from ralph_ray.config import resume_config
 from ralph_ray.export import export
 from ralph_ray.kb import KnowledgeBase, open_reader
 
@@ -104,8 +103,8 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
     seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
     (files / "train.py").write_text(seed)
     (files / "notes.txt").write_text("kept")
-    added = finaltrain.with_additions(files, tmp_path / "final", "cosine")
-    assert (added.files, added.schedule, added.augment, added.skipped) == (tmp_path / "final", "cosine", (), ())
+    added = finaltrain.with_additions(files, tmp_path / "final", ["cosine"])
+    assert (added.files, added.added, added.label, added.skipped) == (tmp_path / "final", ("cosine",), "cosine", ())
     edited = (added.files / "train.py").read_text()
     assert 'harness.lr_factor(step, EPOCHS, anneal="cosine")' in edited and ".step()" in edited
     assert (added.files / "notes.txt").read_text() == "kept"
@@ -113,36 +112,32 @@ def test_the_schedule_is_added_to_a_copy_of_the_picks_code_where_it_has_none(tmp
     compile(edited, "train.py", "exec")
     # A pick with that schedule already: not added twice, and the reason is given (the code trains as searched).
     (files / "train.py").write_text(edited)
-    again = finaltrain.with_additions(files, tmp_path / "again", "cosine")
-    assert again.files == files and again.schedule is None
-    assert again.skipped[0].startswith("no cosine schedule added (") and "already has a schedule" in again.skipped[0]
+    again = finaltrain.with_additions(files, tmp_path / "again", ["cosine"])
+    assert again.files == files and again.added == () and again.label is None
+    assert again.skipped[0].startswith("no cosine added (") and "already has a schedule" in again.skipped[0]
     assert not (tmp_path / "again").exists()
-    assert finaltrain.with_additions(files, tmp_path / "none", None) == finaltrain.Added(files)
+    assert finaltrain.with_additions(files, tmp_path / "none", []) == finaltrain.Added(files)
     assert not (tmp_path / "none").exists()
     # Code libcst can't parse is skipped with the reason (the final trains it as searched), never a crash.
     (files / "train.py").write_text("print('ran')\nmatch = (\n")
-    broken = finaltrain.with_additions(files, tmp_path / "broken", "cosine")
+    broken = finaltrain.with_additions(files, tmp_path / "broken", ["cosine"])
     assert broken.files == files and "does not parse" in broken.skipped[0]
-    # Every schedule the config accepts, and every augmentation, has its transform.
-    assert set(FINAL_SCHEDULES.values()) <= set(TRANSFORMS) and set(FINAL_SCHEDULES) == {"cosine", "one_cycle"}
-    assert set(finaltrain.AUGMENTATIONS) <= set(TRANSFORMS)
 
 
 def test_augmentation_is_added_beside_the_schedule_where_the_pick_has_none(tmp_path: Path):
     files = tmp_path / "pick"
     files.mkdir()
     (files / "train.py").write_text((PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text())
-    both = ("shift_augmentation", "flip_augmentation")
-    added = finaltrain.with_additions(files, tmp_path / "final", "cosine", both)
-    assert (added.schedule, added.augment, added.skipped) == ("cosine", ("shift", "flip"), ())
+    added = finaltrain.with_additions(files, tmp_path / "final", ["cosine", "shift", "flip"])
+    assert (added.label, added.skipped) == ("cosine + shift + flip", ())
     edited = (added.files / "train.py").read_text()
     assert "shift_images(" in edited and "flip_images(" in edited and "lr_factor(" in edited
     compile(edited, "train.py", "exec")
     # A pick that shifts its images already gets the flip alone, and says why not the shift.
     (files / "train.py").write_text(finaltrain.apply_transform("shift_augmentation", (files / "train.py").read_text()))
-    partly = finaltrain.with_additions(files, tmp_path / "partly", None, both)
-    assert partly.augment == ("flip",) and partly.schedule is None
-    assert partly.skipped[0].startswith("no shift augmentation added (") and "already shifts" in partly.skipped[0]
+    partly = finaltrain.with_additions(files, tmp_path / "partly", ["shift", "flip"])
+    assert partly.added == ("flip",)
+    assert partly.skipped[0].startswith("no shift added (") and "already shifts" in partly.skipped[0]
     assert (partly.files / "train.py").read_text().count("def shift_images(") == 1
 
 
@@ -151,15 +146,8 @@ def test_a_hidden_layer_is_added_before_the_classifier_where_the_pick_builds_one
     files.mkdir()
     seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
     (files / "train.py").write_text(seed)
-    added = finaltrain.with_additions(files, tmp_path / "final", None, deepen=True)
-    assert (added.files, added.schedule, added.augment, added.deepened, added.tta, added.skipped) == (
-        tmp_path / "final",
-        None,
-        (),
-        True,
-        False,
-        (),
-    )
+    added = finaltrain.with_additions(files, tmp_path / "final", ["deepen"])
+    assert (added.files, added.added, added.skipped) == (tmp_path / "final", ("deepen",), ())
     edited = (added.files / "train.py").read_text()
     assert edited.count("torch.nn.ReLU()") == seed.count("torch.nn.ReLU()") + 1 and "torch.nn.Sequential(" in edited
     assert (files / "train.py").read_text() == seed
@@ -174,9 +162,9 @@ def test_a_hidden_layer_is_added_before_the_classifier_where_the_pick_builds_one
     # A trainer whose classifier is a bare function of weights (no nn.Linear): skipped with the reason, trained as is.
     functional = (Path(__file__).parent / "fixtures" / "trainers" / "functional_mlp" / "train.py").read_text()
     (files / "train.py").write_text(functional)
-    kept = finaltrain.with_additions(files, tmp_path / "kept", None, deepen=True)
-    assert kept.files == files and not kept.deepened and not (tmp_path / "kept").exists()
-    assert kept.skipped == ("no hidden layer added (the model has no nn.Linear classifier)",)
+    kept = finaltrain.with_additions(files, tmp_path / "kept", ["deepen"])
+    assert kept.files == files and not kept.added and not (tmp_path / "kept").exists()
+    assert kept.skipped == ("no deepen added (the model has no nn.Linear classifier)",)
 
 
 def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_path: Path):
@@ -184,8 +172,8 @@ def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_pat
     files.mkdir()
     seed = (PROJECT_ROOT / "trainers" / "fashion" / "train.py").read_text()
     (files / "train.py").write_text(seed)
-    added = finaltrain.with_additions(files, tmp_path / "final", "cosine", deepen=True, tta=True)
-    assert (added.schedule, added.deepened, added.tta, added.skipped) == ("cosine", True, True, ())
+    added = finaltrain.with_additions(files, tmp_path / "final", ["cosine", "deepen", "flip_tta"])
+    assert (added.label, added.skipped) == ("cosine + deepen + flip_tta", ())
     edited = (added.files / "train.py").read_text()
     # evaluate() and predict() average each image's outputs with its mirror's; training's forward pass is left alone
     assert edited.count("flip_averaged(model, as_input(") == 2 and "def flip_averaged(" in edited
@@ -201,11 +189,9 @@ def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_pat
         assert torch.allclose(built["flip_averaged"](model, x), (model(x) + model(x.flip(-1))) / 2, atol=1e-6)
     # A pick that averages over mirrors already is left as it is, with the reason.
     (files / "train.py").write_text(edited)
-    kept = finaltrain.with_additions(files, tmp_path / "kept", None, tta=True)
-    assert kept.files == files and not kept.tta and not (tmp_path / "kept").exists()
-    assert kept.skipped == (
-        "no flips at test time added (the trainer already averages over mirrored inputs at test time)",
-    )
+    kept = finaltrain.with_additions(files, tmp_path / "kept", ["flip_tta"])
+    assert kept.files == files and not kept.added and not (tmp_path / "kept").exists()
+    assert kept.skipped == ("no flip_tta added (the trainer already averages over mirrored inputs at test time)",)
 
 
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
@@ -223,21 +209,17 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
             "safeguards.plateau_cycles=1000",
             "safeguards.campaign_time_s=60",
             "safeguards.final_share=0.5",
-            "safeguards.final_schedule=cosine",
-            "safeguards.final_augment=true",
-            "safeguards.final_deepen=true",
-            "safeguards.final_tta=true",  # digits: mirroring changes a digit, so none (said why)
+            # digits: mirroring changes a digit, so no flips, in training or at test (said why)
+            "safeguards.final_additions=[cosine,shift,flip,deepen,flip_tta]",
             "safeguards.final_candidates=2",
         )
     )
     assert outcome.stop_reason == "campaign_time"
     said = capsys.readouterr().out
-    assert (
-        "with a cosine schedule added along it, with shift augmentation added, with a hidden layer added before its "
-        "classifier" in said
-    )
+    assert "with cosine + shift + deepen added to its code" in said
     assert "2 candidates side by side" in said
-    assert "no flips at test time added (task.mirror_invariant=false)" in said
+    for flips in ("flip", "flip_tta"):
+        assert f"no {flips} added (the task says mirroring changes a label)" in said
     con = open_reader(outcome.kb_root)
     # ties (one selection image is 1/360 here) go to the first written, as every winner rule takes the first maximum
     finals = rows(
@@ -288,22 +270,15 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert by_variant[winner["variant_id"]]["final_test_score"] == winner["test_score"]
     assert pick["final_selection_score"] is not None
     assert pick["best_trial_id"] not in {f["trial_id"] for f in finals}  # it never ranks: the best is a search trial
-    # It ran the pick's code with a cosine schedule added; the variant's own code is as searched.
-    # ...and shifts of its images (digits: no flips, mirroring changes a digit).
-    # ...and a hidden layer before its classifier (safeguards.final_deepen).
-    assert all(f["final_schedule"] == "cosine" and f["final_augment"] == "shift" and f["final_deepen"] for f in finals)
-    assert all(f["final_tta"] is None for f in finals)
+    # It ran the pick's code with a cosine schedule, shifts of its images (digits: no flips, mirroring changes a digit)
+    # and a hidden layer before its classifier added; the variant's own code is as searched.
+    assert all(f["final_added"] == "cosine + shift + deepen" for f in finals)
     ran = (Path(winner["work_dir"]) / "train.py").read_text()
     assert "lr_factor(" in ran and "shift_images(" in ran and "flip_images(" not in ran and "flip_averaged(" not in ran
     assert "torch.nn.Sequential(torch.nn.Linear(" in ran
     assert "lr_factor(" not in (outcome.run_dir / "variants" / pick["variant_id"] / "files" / "train.py").read_text()
     assert all(
-        r["final_schedule"] is None
-        and r["final_augment"] is None
-        and r["final_deepen"] is None
-        and r["final_tta"] is None
-        for r in rows(con, "select * from trials where run_id = 'fin'", [])
-        if not r["final"]
+        r["final_added"] is None for r in rows(con, "select * from trials where run_id = 'fin'", []) if not r["final"]
     )
     assert all(row["final_test_score"] is None for row in board if row["variant_id"] not in {v for v, _ in candidates})
     trained = dict(
@@ -332,7 +307,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "search time 30s" in decision
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "## Final training of the pick" in report and all(t in report for t in final_ids)
-    assert "(its code with a cosine schedule, shift augmentation and a hidden layer added)" in report
+    assert "(its code with cosine + shift + deepen added)" in report
     assert f"The long run's winner by selection: **{winner['variant_id']}** (trial {winner['trial_id']})" in report
     front = report.split("## Score against cost")[1].split("\n## ")[0]
     assert not any(t in front for t in final_ids)
@@ -350,9 +325,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert scores["trial_id"] == winner["trial_id"] and scores["budget_s"] == winner["final_budget_s"] > 10
     assert "lr_factor(" in (shipped / "trainer" / "train.py").read_text()
     assert "torch.nn.Sequential(torch.nn.Linear(" in (shipped / "trainer" / "train.py").read_text()
-    assert (
-        scores["final_training"]["hidden_layer_added"] is True and scores["final_training"]["test_flips_added"] is False
-    )
+    assert scores["final_training"]["added"] == ["cosine", "shift", "deepen"]
     searched_bundle = export(outcome.kb_root, "fin", out=tmp_path / "search_bundle", search=True)
     searched = json.loads((searched_bundle / "scores.json").read_text())
     # the pick's best search trial: the leaderboard's, which breaks ties on selection (1/360 here) the same way on

@@ -23,9 +23,9 @@ COLUMNS = {
     "kind": st.column_config.TextColumn(
         "kind",
         help="search: a knob sample; replicate: the best knobs again with a fresh seed; final: the pick's final "
-        "training (safeguards.final_share), longer than any search trial; final + cosine: with the schedule "
-        "safeguards.final_schedule added to its code (+ shift, + flip: safeguards.final_augment's augmentation; "
-        "+ hidden layer: safeguards.final_deepen; + flips at test: safeguards.final_tta)",
+        "training (safeguards.final_share), longer than any search trial; final + cosine + shift: with "
+        "safeguards.final_additions added to its code (a schedule, shifts, flips, deepen: a hidden layer, flip_tta: "
+        "flips at test time)",
     ),
     "epochs": st.column_config.NumberColumn("epochs", width="small"),
     "selection_score": st.column_config.NumberColumn("selection", format="%.4f"),

@@ -8,13 +8,15 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import streamlit as st
 from app_support import PAGES, Tiny, kb_with_run, open_page, texts, tiny_fixture  # noqa: F401 (the `tiny` fixture)
 from rich.console import Console
 
 from ralph_ray import commands
-from ralph_ray.kb import DB_FILE, DamagedPartWarning, KnowledgeBase, now, open_reader
+from ralph_ray.kb import DB_FILE, SCHEMAS, DamagedPartWarning, KnowledgeBase, now, open_reader
 
 
 def two_campaigns(tmp_path: Path) -> tuple[Path, Path]:
@@ -281,12 +283,19 @@ def test_a_min_metrics_scores_are_shown_as_its_values_on_every_page(tmp_path: Pa
     st.cache_data.clear()
     st.cache_resource.clear()
     assert open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id").loc["t4", "kind"] == "final"
-    scheduled = {**final, "trial_id": "t5", "final_schedule": "cosine"}  # one with the schedule it added named
+    scheduled = {**final, "trial_id": "t5", "final_added": "cosine + flip_tta"}  # one with what it added named
     KnowledgeBase(root).append("trials", [scheduled], "r1-t5")
+    # A KB written before `final_added` named the additions in three columns: read as the same names
+    legacy = pa.schema([*SCHEMAS["trials"], ("final_schedule", pa.string()), ("final_augment", pa.string())])
+    legacy = legacy.append(pa.field("final_deepen", pa.bool_())).remove(legacy.get_field_index("final_added"))
+    old = {**final, "trial_id": "t6", "final_schedule": "cosine", "final_augment": "shift + flip", "final_deepen": True}
+    old["written_at"] = now()
+    pq.write_table(pa.Table.from_pylist([old], schema=legacy), KnowledgeBase(root).parquet / "trials" / "r1-t6.parquet")
     st.cache_data.clear()
     st.cache_resource.clear()
     kinds = open_page(root, "views/trials.py").dataframe[0].value.set_index("trial_id")["kind"]
-    assert kinds["t5"] == "final + cosine" and kinds["t4"] == "final"
+    assert kinds["t5"] == "final + cosine + flip_tta" and kinds["t4"] == "final"
+    assert kinds["t6"] == "final + cosine + shift + flip + deepen"
     assert "3 scored trial(s)" in texts(open_page(root, "views/knobs.py"))
 
     lineage = open_page(root, "views/lineage.py")
