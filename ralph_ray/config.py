@@ -608,6 +608,7 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
             "resume", f"no {stored}", "check the run id and paths.runs (runs live under <paths.runs>/<run_id>/)"
         )
     raw = OmegaConf.load(stored)
+    raw = OmegaConf.create(_migrate_final_additions(OmegaConf.to_container(raw)))  # type: ignore[arg-type]
     plain = [o.lstrip("+") for o in overrides or [] if not o.startswith(("resume=", "+experiment", "experiment="))]
     try:
         raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
@@ -625,7 +626,10 @@ def to_config(raw: Any) -> Config:
     OmegaConf.set_struct(raw, False)
     raw_dict = OmegaConf.to_container(raw, resolve=True)
     raw_dict.pop("hydra", None)  # type: ignore[union-attr]
-    _migrate_final_additions(raw_dict.get("safeguards") or {})  # type: ignore[union-attr]
+    for name in raw_dict.get("safeguards") or {}:  # type: ignore[union-attr]
+        if f"safeguards.{name}" in LEGACY_FINAL_KEYS:  # +safeguards.final_deepen=true (resume migrates a saved one)
+            key = f"safeguards.{name}"
+            raise ConfigError(key, "is no setting any more", _legacy_fix(key))
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw_dict)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
@@ -639,13 +643,16 @@ def to_config(raw: Any) -> Config:
     return cfg
 
 
-def _migrate_final_additions(guards: dict[str, Any]) -> None:
+def _migrate_final_additions(stored: dict[str, Any]) -> dict[str, Any]:
     """A run saved before safeguards.final_additions (its config.yaml, on resume): its three settings as that list."""
+    guards = stored.get("safeguards") or {}
+    if "final_additions" in guards or not any(f"safeguards.{k}" in LEGACY_FINAL_KEYS for k in guards):
+        return stored
     schedule = guards.pop("final_schedule", None)
     augment, deepen = guards.pop("final_augment", False), guards.pop("final_deepen", False)
     old = [*([schedule] if schedule else []), *(["shift", "flip"] if augment else []), *(["deepen"] if deepen else [])]
-    if old and not guards.get("final_additions"):
-        guards["final_additions"] = old
+    guards["final_additions"] = old
+    return stored
 
 
 def resolve_mode(cfg: Config) -> PopulationMode:
@@ -770,7 +777,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             "safeguards.final_additions",
             f"lists {', '.join(cfg.safeguards.final_additions)}: each at most once, and one schedule at most",
-            f"keep one of {' and '.join(schedules) or 'the repeated names'}",
+            "name each once, and one of cosine and one_cycle at most",
         )
     if not 1 <= cfg.safeguards.final_candidates <= max(1, cfg.search.max_concurrent):
         raise ConfigError(
@@ -1154,7 +1161,7 @@ def _override_error(err: Exception) -> ConfigError:
         "add new keys with +key=value only where the schema has them"
     )
     if key in LEGACY_FINAL_KEYS:
-        fix = f"{key} is a name in safeguards.final_additions now: set {LEGACY_FINAL_KEYS[key]}"
+        fix = _legacy_fix(key)
     if "Could not find" in text or "not found in" in text.lower():
         fix = "choose an option that exists under conf/<group>/ (e.g. +experiment=cifar10)"
         missing = re.search(r"Could not find '([\w-]+)/([^']+)'", text)
@@ -1168,6 +1175,10 @@ def _override_error(err: Exception) -> ConfigError:
             if key == "task":
                 fix += ", or a task folder: task=./path/to/folder"
     return ConfigError(key, _first_line(err), fix)
+
+
+def _legacy_fix(key: str) -> str:
+    return f"{key} is a name in safeguards.final_additions now: set {LEGACY_FINAL_KEYS[key]}"
 
 
 def _fix_for(key: str) -> str:

@@ -2,7 +2,7 @@
 a self-contained bundle.
 
 Which training it ships: where the campaign's final training scored (`safeguards.final_share`), its winner as it
-trained there (the code with the schedule the final added, its knobs, its longer budget, which `reproduce.py` gives the
+trained there (the code with what the final added, its knobs, its longer budget, which `reproduce.py` gives the
 trainer); else, or with `--search`, the leaderboard's rank 1 as the search ran it (its best search trial). A named
 variant ships its own final trial where it has a scored one, else its best search trial.
 

@@ -251,7 +251,7 @@ def _train(
     if best is not None:
         which = f"the long run's winner by selection is {best['variant_id']}" if len(finals) > 1 else "done"
         say(
-            f"[bold]final training[/]: {which} (export it with its schedule and knobs: "
+            f"[bold]final training[/]: {which} (export it with its additions and knobs: "
             f"`python -m ralph_ray export {campaign.run_id}`)"
         )
     return ended

@@ -287,7 +287,7 @@ class KnowledgeBase:
             if not sources:
                 return 0
             parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
-            self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
+            self._write(target, conform(table, pa.concat_tables(parts, promote_options="default")))
             for path in sources:
                 path.unlink()
             return len(sources)
@@ -315,7 +315,7 @@ class KnowledgeBase:
                 if not sources:
                     continue
                 parts = ([pq.read_table(target)] if target.exists() else []) + [pq.read_table(p) for p in sources]
-                self._write(target, pa.concat_tables(parts, promote_options="default").cast(SCHEMAS[table]))
+                self._write(target, conform(table, pa.concat_tables(parts, promote_options="default")))
                 for path in sources:
                     path.unlink()
                 merged += len(sources)
@@ -428,6 +428,28 @@ class _FileLock:
         self._fd = None
 
 
+def conform(table: str, rows: pa.Table) -> pa.Table:
+    """Rows of any age as `table`'s schema today: a column added since reads as nulls, and a final training's
+    additions recorded in the columns `final_added` replaced are read into it (sql.LEGACY_FINAL_ADDED's rule)."""
+    schema = SCHEMAS[table]
+    legacy = [name for name in sql.LEGACY_FINAL_COLUMNS if name in rows.column_names]
+    if legacy:
+        n = rows.num_rows
+        column = {
+            name: rows.column(name).to_pylist() if name in rows.column_names else [None] * n
+            for name in ("final_added", *sql.LEGACY_FINAL_COLUMNS)
+        }
+        added = [
+            now or " + ".join(p for p in (schedule, augment, "deepen" if deepen else None) if p) or None
+            for now, schedule, augment, deepen in zip(*column.values())
+        ]
+        rows = rows.drop_columns([name for name in column if name in rows.column_names])
+        rows = rows.append_column("final_added", pa.array(added, pa.string()))
+    for name in set(schema.names) - set(rows.column_names):  # rows written before a column was added
+        rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
+    return rows.select(schema.names).cast(schema)
+
+
 def _write_compacted(target: Path, table: str, compacted: list[Path], parts: list[Path]) -> None:
     """Write `target` (temp name, then rename): the rows of the earlier `_kb-*` files as they are (already in
     order), then each part's rows sorted by SORT_KEYS (a part is one run's), in row groups of ROW_GROUP_ROWS;
@@ -444,7 +466,7 @@ def _write_compacted(target: Path, table: str, compacted: list[Path], parts: lis
         pending[:] = [rows.slice(whole)] if whole < rows.num_rows else []
 
     def add(rows: pa.Table, writer: pq.ParquetWriter) -> None:
-        pending.append(rows.select(schema.names).cast(schema))
+        pending.append(conform(table, rows))
         if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
             flush(writer, final=False)
 
@@ -454,8 +476,6 @@ def _write_compacted(target: Path, table: str, compacted: list[Path], parts: lis
                 add(pa.Table.from_batches([batch]), writer)
         for path in parts:
             rows = pq.read_table(path)
-            for name in set(schema.names) - set(rows.column_names):  # a part written before a column was added
-                rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
             add(rows.sort_by([(key, "ascending") for key in SORT_KEYS[table]]), writer)
         flush(writer, final=True)
     os.replace(tmp, target)  # not counted yet: the manifest's rename is the commit

@@ -111,9 +111,13 @@ def test_a_run_saved_before_final_additions_resumes_with_its_three_settings_as_t
     guards |= {"final_share": 0.2, "final_schedule": "cosine", "final_augment": True, "final_deepen": True}
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(stored)))
     assert resume_config(tmp_path).safeguards.final_additions == ["cosine", "shift", "flip", "deepen"]
-    # on the command line the old settings name the new one
-    with pytest.raises(ConfigError, match=r"set safeguards.final_additions=\[deepen\]"):
-        load_config(["safeguards.final_deepen=true"])
+    assert resume_config(tmp_path, ["safeguards.final_additions=[]"]).safeguards.final_additions == []  # cleared
+    # on the command line the old settings name the new one, added with + or not, on a resume too
+    for old in ("safeguards.final_deepen=true", "+safeguards.final_deepen=true"):
+        with pytest.raises(ConfigError, match=r"set safeguards.final_additions=\[deepen\]"):
+            load_config([old, "+experiment=fashion"])
+    with pytest.raises(ConfigError, match=r"safeguards.final_additions=\[shift,flip\]"):
+        resume_config(tmp_path, ["safeguards.final_augment=false"])
 
 
 @pytest.mark.parametrize(

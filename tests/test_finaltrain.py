@@ -319,7 +319,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
 
     # `export` ships the winner as its long run trained it (the schedule, its knobs and budget); --search the pick's
     # best search trial, as searched.
-    assert "export it with its schedule and knobs: `python -m ralph_ray export fin`" in said
+    assert "export it with its additions and knobs: `python -m ralph_ray export fin`" in said
     shipped = export(outcome.kb_root, "fin", out=tmp_path / "final_bundle")
     scores = json.loads((shipped / "scores.json").read_text())
     assert scores["trial_id"] == winner["trial_id"] and scores["budget_s"] == winner["final_budget_s"] > 10

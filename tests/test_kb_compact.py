@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -245,3 +246,40 @@ def test_readers_in_other_processes_see_every_row_once_while_compactions_run(kb:
         queries, vanished, seen = out.split(" ", 2)
         assert int(queries) > 20 and int(vanished) < int(queries) / 10, out  # they ran across the compactions
         assert eval(seen) == [totals], err[-2000:]  # noqa: S307 - our own subprocess's repr of int tuples
+
+
+def test_a_kb_from_before_final_added_compacts_with_its_finals_additions_read_into_it(kb: KnowledgeBase):
+    """Parts written with the three columns `final_added` replaced (final_schedule, final_augment, final_deepen) fold
+    into today's schema, their additions named in `final_added` as the trials view reads them, by every compaction."""
+    legacy = kbmod.SCHEMAS["trials"].remove(kbmod.SCHEMAS["trials"].get_field_index("final_added"))
+    legacy = pa.schema([*legacy, ("final_schedule", pa.string()), ("final_augment", pa.string())])
+    legacy = legacy.append(pa.field("final_deepen", pa.bool_()))
+    base = {"run_id": "r1", "cycle": 1, "variant_id": "v1", "status": "completed", "seconds": 2.0, "final": True}
+    old = [
+        {**base, "trial_id": "a", "final_schedule": "cosine", "final_augment": "shift + flip", "final_deepen": True},
+        {**base, "trial_id": "b", "final_deepen": True},
+        {**base, "trial_id": "c", "final": False},
+    ]
+    folder = kb.parquet / "trials"
+    pq.write_table(pa.Table.from_pylist(old, schema=legacy), folder / "r1-c0001-old.parquet")
+    kb.append("trials", [{**base, "trial_id": "d", "final_added": "cosine + flip_tta"}], "r1-c0002")
+    expected = [("a", "cosine + shift + flip + deepen"), ("b", "deepen"), ("c", None), ("d", "cosine + flip_tta")]
+
+    def read() -> list[tuple]:
+        con = open_reader(kb.root)
+        try:
+            return con.execute("select trial_id, final_added from trials order by trial_id").fetchall()
+        finally:
+            con.close()
+
+    assert read() == expected  # the view, before any compaction
+    assert kb.compact("trials", "r1-c", "r1-cycles") == 2  # a cycle's parts
+    assert read() == expected
+    pq.write_table(pa.Table.from_pylist([{**old[1], "trial_id": "e"}], schema=legacy), folder / "r1-c0003-old.parquet")
+    kb.put("runs", [{"run_id": "r1", "status": "finished"}], "r1")
+    assert kb.compact_run("r1") >= 2  # a finished run's
+    assert read() == [*expected, ("e", "deepen")]
+    assert kb.compact_kb()["trials"] == 1  # the KB's sorted file
+    assert read() == [*expected, ("e", "deepen")]
+    (written,) = folder.glob("_kb-*.parquet")
+    assert pq.read_schema(written).names == kbmod.SCHEMAS["trials"].names  # today's columns, the old three gone

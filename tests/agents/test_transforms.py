@@ -228,6 +228,34 @@ def test_ema_evaluates_with_the_average_in_a_flat_script():
     assert "ema.update_parameters(net)" in result
 
 
+TRAINS_IN_A_FUNCTION = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LR = 0.1  # learning rate
+EPOCHS = 2  # epochs
+
+
+def run(model, x, y):
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for epoch in range(EPOCHS):
+        model.train()
+        for i in range(0, len(x), 32):
+            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            accuracy = (model(x).argmax(1) == y).float().mean()
+    return accuracy
+
+
+run(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,)))
+"""
+
+
 def test_flip_tta_averages_each_image_with_its_mirror_where_the_model_is_evaluated(tmp_path: Path):
     result = apply_transform("flip_tta", SOURCES["fashion"])
     lines = lines_of(result)
@@ -238,6 +266,13 @@ def test_flip_tta_averages_each_image_with_its_mirror_where_the_model_is_evaluat
     assert "vout = flip_averaged(net, Xv)" in lines_of(apply_transform("flip_tta", SOURCES["sequential_flat"]))
     averaged = apply_transform("flip_tta", apply_transform("ema_weights", SOURCES["sequential_flat"]))
     assert "vout = flip_averaged(ema, Xv)" in lines_of(averaged)
+    # ...in either order: the EMA then evaluates through the flips
+    flipped_first = apply_transform("ema_weights", apply_transform("flip_tta", SOURCES["sequential_flat"]))
+    assert "vout = flip_averaged(ema, Xv)" in lines_of(flipped_first) and "flip_averaged(net, " not in flipped_first
+    # a function that trains the model it is given and then evaluates it: only the evaluation, under no_grad
+    trains = apply_transform("flip_tta", TRAINS_IN_A_FUNCTION)
+    assert "loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])" in lines_of(trains)
+    assert "accuracy = (flip_averaged(model, x).argmax(1) == y).float().mean()" in lines_of(trains)
     # the helper itself, run: (N, C, H, W) images and flattened square ones, mirrored left to right
     (tmp_path / "tta_trainer.py").write_text(result)
     sys.path.insert(0, str(tmp_path))

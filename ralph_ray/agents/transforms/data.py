@@ -122,7 +122,7 @@ def flip_tta(source: str) -> str:
     """Evaluate and predict on each image and its mirror image, the outputs averaged (test-time augmentation)."""
     trainer = analyse(source)
     _images_only(trainer)
-    if trainer.has(r"def flip_averaged\(|\btta\b|TTA"):
+    if trainer.has(r"def flip_averaged\(|(\b|_)tta\b|TTA"):  # logits_tta(...), TTA_LEVEL
         raise NotApplicable("the trainer already averages over mirrored inputs at test time")
     model, edits = trainer.model_name(), Edits(trainer)
     batch = trainer.batch_loop()
@@ -132,9 +132,18 @@ def flip_tta(source: str) -> str:
     found = 0
     for node in trainer.calls():
         name = call_name(node) or ""
+        if trainer.inside(node, batch):
+            continue  # training's forward pass
         scope = enclosing_function(trainer, node)
-        in_evaluator = scope is not None and scope.name.value in evaluators and name == first_parameter(scope)
-        in_loop = name in models and under_no_grad(trainer, node) and not trainer.inside(node, batch)
+        # a function that evaluates the model it is given; where it also trains (its loop is the batch loop), only
+        # its forward passes under torch.no_grad() evaluate
+        in_evaluator = (
+            scope is not None
+            and scope.name.value in evaluators
+            and name == first_parameter(scope)
+            and (not trainer.inside(batch, scope) or under_no_grad(trainer, node))
+        )
+        in_loop = name in models and under_no_grad(trainer, node)
         if (in_evaluator or in_loop) and len(node.args) == 1 and not node.args[0].keyword:
             edits.sub(node, lambda old, _f=name: expression(f"flip_averaged({_f}, {code(old.args[0].value)})"))
             found += 1

@@ -61,7 +61,8 @@ def ema_weights(source: str) -> str:
         if name == f"{model}.eval" or (name == model and under_no_grad(trainer, node)):
             edits.sub(node.func, cst.parse_expression(name.replace(model, ema, 1)))
             swapped += 1
-        elif EVAL_CALL.search(name.rsplit(".", 1)[-1]) or name in evaluators:  # evaluate(model, ...), predict(...)
+        # evaluate(model, ...), predict(...), flip_tta's flip_averaged(model, x)
+        elif EVAL_CALL.search(name.rsplit(".", 1)[-1]) or name in evaluators or name == "flip_averaged":
             for arg in node.args:
                 if dotted(arg.value) == model:
                     edits.sub(arg.value, cst.Name(ema))
