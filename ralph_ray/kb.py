@@ -428,23 +428,33 @@ class _FileLock:
         self._fd = None
 
 
+# The columns sql.LEGACY_FINAL_ADDED reads, typed: conform gives them to a part that lacks one, so the rule can run
+LEGACY_FINAL_TYPES = {
+    "final_added": pa.string(),
+    "final_schedule": pa.string(),
+    "final_augment": pa.string(),
+    "final_deepen": pa.bool_(),
+}
+
+
 def conform(table: str, rows: pa.Table) -> pa.Table:
     """Rows of any age as `table`'s schema today: a column added since reads as nulls, and a final training's
     additions recorded in the columns `final_added` replaced are read into it (sql.LEGACY_FINAL_ADDED's rule)."""
     schema = SCHEMAS[table]
-    legacy = [name for name in sql.LEGACY_FINAL_COLUMNS if name in rows.column_names]
-    if legacy:
-        n = rows.num_rows
-        column = {
-            name: rows.column(name).to_pylist() if name in rows.column_names else [None] * n
-            for name in ("final_added", *sql.LEGACY_FINAL_COLUMNS)
-        }
-        added = [
-            now or " + ".join(p for p in (schedule, augment, "deepen" if deepen else None) if p) or None
-            for now, schedule, augment, deepen in zip(*column.values())
-        ]
-        rows = rows.drop_columns([name for name in column if name in rows.column_names])
-        rows = rows.append_column("final_added", pa.array(added, pa.string()))
+    if any(name in rows.column_names for name in sql.LEGACY_FINAL_COLUMNS):  # the view's rule, in one place
+        for name, kind in LEGACY_FINAL_TYPES.items():
+            if name not in rows.column_names:
+                rows = rows.append_column(name, pa.nulls(rows.num_rows, kind))
+        folded = (
+            f"select * exclude ({', '.join(sql.LEGACY_FINAL_COLUMNS)}) "
+            f"replace ({sql.LEGACY_FINAL_ADDED} as final_added) from part"
+        )
+        con = duckdb.connect()
+        try:
+            con.register("part", rows)
+            rows = con.sql(folded).to_arrow_table()
+        finally:
+            con.close()
     for name in set(schema.names) - set(rows.column_names):  # rows written before a column was added
         rows = rows.append_column(name, pa.nulls(rows.num_rows, schema.field(name).type))
     return rows.select(schema.names).cast(schema)
