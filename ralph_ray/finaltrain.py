@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from ralph_ray.agents.transforms import NotApplicable, apply_transform
 from ralph_ray.config import FINAL_ADDITIONS
 from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
+from ralph_ray.gate import GateError
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import fetch_rows, metric_values
 from ralph_ray.trials import FINAL_ADDED_KEY, FINAL_BUDGET_KEY, FINAL_KEY
@@ -128,6 +129,45 @@ def with_additions(files: Path, out: Path, names: Sequence[str], entry: str = "t
     return Added(out, added, tuple(skipped))
 
 
+def smoked_additions(
+    files: Path, out: Path, names: Sequence[str], smoke: Callable[[Path], None], entry: str = "train.py"
+) -> Added:
+    """`with_additions`, then a smoke run of the result (the gate's: one epoch on a sliver); where it fails, the
+    additions are tried again one at a time in order, and each one whose smoke run fails is skipped with the reason.
+
+    An addition can compile and still break the pick at run time (`flip_averaged` on inputs that are not images),
+    and the final is the campaign's last minutes: a failure there would leave the search's pick untrained. The
+    pick's own code passed the gate already; one smoke run (seconds) is what all the additions together cost."""
+    first = with_additions(files, out, names, entry)
+    if not first.added:
+        return first
+    try:
+        smoke(first.files)
+        return first
+    except GateError:
+        pass
+    kept: list[str] = []
+    broke: list[str] = []
+    for name in first.added:
+        trying = with_additions(files, out, [*kept, name], entry)
+        try:
+            smoke(trying.files)
+        except GateError as why:
+            broke.append(f"no {name} added (a smoke run of the code with it failed: {_last_line(str(why))})")
+            continue
+        kept.append(name)
+    if not kept and out.exists():
+        shutil.rmtree(out)  # the last try's copy: the final trains the pick's own files
+    again = with_additions(files, out, kept, entry) if kept else Added(files)
+    return Added(again.files, again.added, (*first.skipped, *broke))
+
+
+def _last_line(text: str) -> str:
+    """The last non-empty line of a failure (a traceback's exception), for a one-line reason."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
 def _largest_node_cpus() -> float | None:
     import ray
 
@@ -187,7 +227,7 @@ def _code(campaign: Campaign, variant: str) -> Added:
     names = guards.final_additions
     kept = [n for n in names if task.mirror_invariant or FINAL_ADDITIONS[n] not in mirroring]
     files = files_dir(campaign.run_dir / "variants", variant)
-    added = with_additions(files, final_code_dir(campaign.run_dir, variant), kept)
+    added = smoked_additions(files, final_code_dir(campaign.run_dir, variant), kept, campaign.gate.smoke)
     refused = tuple(f"no {n} added (the task says mirroring changes a label)" for n in names if n not in kept)
     added = replace(added, skipped=(*refused, *added.skipped))
     for why in added.skipped:

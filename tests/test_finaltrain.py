@@ -14,7 +14,9 @@ from ralph_ray.__main__ import main
 from ralph_ray.campaign import run
 from ralph_ray.config import resume_config
 from ralph_ray.export import export
+from ralph_ray.gate import Gate, GateError, write_smoke_data
 from ralph_ray.kb import KnowledgeBase, open_reader
+from ralph_ray.tasks.digits import prepare
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_async import rows, tiny  # noqa: E402
@@ -192,6 +194,44 @@ def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_pat
     kept = finaltrain.with_additions(files, tmp_path / "kept", ["flip_tta"])
     assert kept.files == files and not kept.added and not (tmp_path / "kept").exists()
     assert kept.skipped == ("no flip_tta added (the trainer already averages over mirrored inputs at test time)",)
+
+
+def test_an_addition_that_breaks_the_picks_smoke_run_is_left_out_with_the_reason(tmp_path: Path):
+    # A pick whose inputs are (N, 8, 8) grayscale images without a channel axis (its model unflattens them):
+    # flip_tta applies and compiles, then flip_averaged refuses 3-D inputs at run time. The cosine schedule runs.
+    fixture = (Path(__file__).parent / "fixtures" / "trainers" / "sequential_flat" / "train.py").read_text()
+    source = fixture.replace("dtype=torch.float32)", "dtype=torch.float32).squeeze(1)").replace(
+        "    nn.Conv2d(1, 16, 3, padding=1),", "    nn.Unflatten(1, (1, 8)),\n    nn.Conv2d(1, 16, 3, padding=1),"
+    )
+    assert source.count(".squeeze(1)") == 3 and "nn.Unflatten(1, (1, 8))" in source
+    files = tmp_path / "pick"
+    files.mkdir()
+    (files / "train.py").write_text(source)
+    gate = Gate(write_smoke_data(prepare(0, 0.2, 0.2), tmp_path / "smoke", "digits"), (), timeout_s=120)
+    gate.smoke(files)  # the pick as searched runs
+    unsmoked = finaltrain.with_additions(files, tmp_path / "unsmoked", ["flip_tta", "cosine"])
+    assert unsmoked.added == ("flip_tta", "cosine")  # both apply and compile...
+    with pytest.raises(GateError, match="flip_averaged"):
+        gate.smoke(unsmoked.files)  # ...and together they do not run
+    added = finaltrain.smoked_additions(files, tmp_path / "final", ["flip_tta", "cosine"], gate.smoke)
+    assert (added.files, added.added) == (tmp_path / "final", ("cosine",))
+    assert len(added.skipped) == 1 and added.skipped[0].startswith(
+        "no flip_tta added (a smoke run of the code with it failed: "
+    )
+    assert "flip_averaged" in added.skipped[0] and "\n" not in added.skipped[0]
+    edited = (added.files / "train.py").read_text()
+    cosine_only = finaltrain.with_additions(files, tmp_path / "cosine", ["cosine"]).files / "train.py"
+    assert "flip_averaged" not in edited and edited == cosine_only.read_text()
+    gate.smoke(added.files)  # what the final runs, runs
+    assert (files / "train.py").read_text() == source  # the pick's own code is never touched
+    # Where nothing breaks, one smoke run of everything added and the additions as with_additions made them.
+    smoked: list[Path] = []
+    fine = finaltrain.smoked_additions(files, tmp_path / "fine", ["cosine"], smoked.append)
+    assert (fine.added, smoked) == (("cosine",), [tmp_path / "fine"])
+    # Where every addition breaks the run, the final trains the pick's own files.
+    only = finaltrain.smoked_additions(files, tmp_path / "only", ["flip_tta"], gate.smoke)
+    assert (only.files, only.added) == (files, ()) and "flip_averaged" in only.skipped[0]
+    assert not (tmp_path / "only").exists()
 
 
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
