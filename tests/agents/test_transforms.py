@@ -203,6 +203,29 @@ def test_a_second_application_is_refused(name: str):
         apply_transform(name, once)
 
 
+def test_deepen_adds_a_hidden_layer_as_wide_as_its_knob_and_a_second_one_reuses_it():
+    once = apply_transform("deepen", SOURCES["fashion"])
+    assert "HIDDEN_WIDTH = 256  # units of the hidden layer before the classifier" in once
+    assert (
+        "torch.nn.Sequential(torch.nn.Linear(2 * width * 7 * 7, HIDDEN_WIDTH), torch.nn.ReLU(), "
+        "nn.Linear(HIDDEN_WIDTH, num_classes))" in once
+    )
+    built: dict = {}
+    exec(compile(once.replace("HIDDEN_WIDTH = 256", "HIDDEN_WIDTH = 48"), "train.py", "exec"), built)
+    linears = [m for m in built["Net"](8, 10, 0.0).modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(2 * 8 * 7 * 7, 48), (48, 10)]  # not 784 x 784
+    twice = apply_transform("deepen", once)
+    assert twice.count("HIDDEN_WIDTH = ") == 1 and "torch.nn.Linear(HIDDEN_WIDTH, HIDDEN_WIDTH)" in twice
+    # A keyword input size is replaced too.
+    keyword = apply_transform(
+        "deepen",
+        SOURCES["sequential_flat"].replace(
+            "nn.Linear(16 * 4 * 4, 10)", "nn.Linear(in_features=16 * 4 * 4, out_features=10)"
+        ),
+    )
+    assert "nn.Linear(in_features=HIDDEN_WIDTH, out_features=10)" in keyword
+
+
 def test_batchnorm_follows_each_layer_in_a_sequential_and_in_a_module():
     flat = apply_transform("batchnorm", SOURCES["sequential_flat"])
     assert "nn.Conv2d(1, 16, 3, padding=1),\n    torch.nn.BatchNorm2d(16)," in flat

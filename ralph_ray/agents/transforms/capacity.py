@@ -25,6 +25,8 @@ from ralph_ray.knobs import KNOB_ALIASES
 
 NORM_CALL = r"^((torch\.)?nn\.)?(BatchNorm[12]d|LayerNorm)$"
 WIDTH_KNOB = r"(WIDTH|HIDDEN|CHANNELS|DIM|N_HIDDEN|HIDDEN_SIZE)\w*"
+HIDDEN_KNOB = "HIDDEN_WIDTH"  # deepen's layer width, a knob of the trainer it edits
+HIDDEN_WIDTH = 256  # its value
 
 
 @register("widen_layers", "capacity")
@@ -94,15 +96,32 @@ def _double_leading(edits: Edits, node: cst.BaseExpression, old: int) -> int:
 
 @register("deepen", "capacity")
 def deepen(source: str) -> str:
-    """One more hidden layer (Linear + ReLU, as wide as the classifier's input) before the classifier."""
+    """One more hidden layer (Linear + ReLU, HIDDEN_WIDTH units: a new knob) before the classifier."""
     trainer = analyse(source)
     head = classifier(trainer.layers())
     if head.sequential is None and head.attribute is None:
         raise NotApplicable("the classifier is not built in `__init__` or `nn.Sequential`")
     width = size_code(head, "in")
     edits = Edits(trainer)
+    if HIDDEN_KNOB not in trainer.knobs():  # a second deepen stacks another layer of the same knob's width
+        # A knob, not the classifier's input width: that grows with the conv width squared (3,136 x 3,136 at WIDTH
+        # 32 on Fashion, three times the convolutions' work per image), and a final gets half the epochs for it.
+        edits.knob(HIDDEN_KNOB, HIDDEN_WIDTH, "units of the hidden layer before the classifier")
     edits.sub(
         head.call,
-        lambda old: expression(f"torch.nn.Sequential(torch.nn.Linear({width}, {width}), torch.nn.ReLU(), {code(old)})"),
+        lambda old: expression(
+            f"torch.nn.Sequential(torch.nn.Linear({width}, {HIDDEN_KNOB}), torch.nn.ReLU(), "
+            f"{code(_with_input(old, HIDDEN_KNOB))})"
+        ),
     )
     return edits.apply()
+
+
+def _with_input(call: cst.Call, size: str) -> cst.Call:
+    """An nn.Linear call with its input size (first positional argument or `in_features=`) set to `size`."""
+    args = list(call.args)
+    for i, arg in enumerate(args):
+        if (arg.keyword is None and i == 0) or (arg.keyword is not None and arg.keyword.value == "in_features"):
+            args[i] = arg.with_changes(value=expression(size))
+            return call.with_changes(args=args)
+    raise NotApplicable(f"cannot read the in size of `{code(call)}`")
