@@ -315,6 +315,46 @@ def test_flip_tta_averages_each_image_with_its_mirror_where_the_model_is_evaluat
         flip_averaged(model, torch.randn(2, 15))
 
 
+EVALUATES_UNDECORATED = """
+import torch
+import torch.nn.functional as F
+
+LR = 0.1  # learning rate
+EPOCHS = 2  # epochs
+
+
+def evaluate(model, x, y):
+    return (model(x).argmax(1) == y).float().mean().item()
+
+
+def main(model, x, y):
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for epoch in range(EPOCHS):
+        for i in range(0, len(x), 32):
+            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            accuracy = evaluate(model, x, y)
+    return accuracy
+"""
+
+
+def test_an_undecorated_evaluate_its_callers_guard_with_no_grad_is_evaluation():
+    # evaluate() has no decorator and calls no .eval(), but its every call sits under torch.no_grad(): its forward pass
+    # is evaluation, flipped; training's, in the batch loop, is left alone.
+    flipped = lines_of(apply_transform("flip_tta", EVALUATES_UNDECORATED))
+    assert "return (flip_averaged(model, x).argmax(1) == y).float().mean().item()" in flipped
+    assert "loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])" in flipped
+    assert "accuracy = evaluate(ema, x, y)" in lines_of(apply_transform("ema_weights", EVALUATES_UNDECORATED))
+    # Called once with gradients on too (a check during training): not known to be evaluation, so nothing is flipped.
+    unguarded = EVALUATES_UNDECORATED.replace("    return accuracy", "    evaluate(model, x, y)\n    return accuracy")
+    assert unguarded != EVALUATES_UNDECORATED
+    with pytest.raises(NotApplicable):
+        apply_transform("flip_tta", unguarded)
+
+
 @pytest.mark.parametrize(
     ("trainer", "before", "forward", "observed"),
     [

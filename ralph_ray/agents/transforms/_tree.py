@@ -497,8 +497,9 @@ def under_no_grad(trainer: Trainer, node: cst.CSTNode) -> bool:
 
 def evaluator_functions(trainer: Trainer) -> set[str]:
     """Module-level functions that evaluate the model they are given, whatever their name (`logits_tta(model, x)`):
-    they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode()
-    or call `.eval()` on it (a no-grad helper that only copies weights is no evaluation)."""
+    they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode(),
+    call `.eval()` on it, or are only ever called under `with torch.no_grad()` (a no-grad helper that only copies
+    weights is no evaluation)."""
     found = set()
     for node in trainer.module.body:
         if not isinstance(node, cst.FunctionDef) or not node.params.params:
@@ -507,9 +508,16 @@ def evaluator_functions(trainer: Trainer) -> set[str]:
         decorated = any(NO_GRAD.match(call_name(d.decorator) or dotted(d.decorator) or "") for d in node.decorators)
         evals = any(call_name(c) == f"{first}.eval" for c in trainer.calls(within=node))
         forwards = any(call_name(c) == first for c in trainer.calls(within=node))
-        if forwards and (decorated or evals):
+        if forwards and (decorated or evals or _called_only_without_grad(trainer, node.name.value)):
             found.add(node.name.value)
     return found
+
+
+def _called_only_without_grad(trainer: Trainer, name: str) -> bool:
+    """Whether every call of the module-level function `name` sits under `with torch.no_grad()` (and there is one):
+    an undecorated `evaluate(model, x)` its callers guard, which never trains."""
+    calls = [c for c in trainer.calls() if call_name(c) == name]
+    return bool(calls) and all(under_no_grad(trainer, c) for c in calls)
 
 
 def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef | None:
