@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -132,12 +133,10 @@ def with_additions(files: Path, out: Path, names: Sequence[str], entry: str = "t
 def smoked_additions(
     files: Path, out: Path, names: Sequence[str], smoke: Callable[[Path], None], entry: str = "train.py"
 ) -> Added:
-    """`with_additions`, then a smoke run of the result (the gate's: one epoch on a sliver); where it fails, the
-    additions are tried again one at a time in order, and each one whose smoke run fails is skipped with the reason.
-
-    An addition can compile and still break the pick at run time (`flip_averaged` on inputs that are not images),
-    and the final is the campaign's last minutes: a failure there would leave the search's pick untrained. The
-    pick's own code passed the gate already; one smoke run (seconds) is what all the additions together cost."""
+    """`with_additions`, then the gate's smoke run of the copy; each addition that breaks it is left out, with why."""
+    # An addition can compile and still break the pick at run time (flip_averaged on inputs that are not images), and
+    # the final is the campaign's last minutes: a failure there would leave the pick untrained. One smoke run (about
+    # a second, forked warm) where all is well; one per addition more where something breaks.
     first = with_additions(files, out, names, entry)
     if not first.added:
         return first
@@ -146,10 +145,18 @@ def smoked_additions(
         return first
     except GateError:
         pass
+    try:
+        smoke(files)  # a seed or a knob sample never met the gate: where the pick itself fails, no addition is to blame
+    except GateError as own:
+        untested = f"additions not smoke-tested: the pick's own code fails the smoke run too ({_last_line(str(own))})"
+        return replace(first, skipped=(*first.skipped, untested))
     kept: list[str] = []
     broke: list[str] = []
     for name in first.added:
         trying = with_additions(files, out, [*kept, name], entry)
+        if name not in trying.added:  # it applied only after an addition now left out
+            broke.extend(why for why in trying.skipped if why.startswith(f"no {name} added"))
+            continue
         try:
             smoke(trying.files)
         except GateError as why:
@@ -159,7 +166,7 @@ def smoked_additions(
     if not kept and out.exists():
         shutil.rmtree(out)  # the last try's copy: the final trains the pick's own files
     again = with_additions(files, out, kept, entry) if kept else Added(files)
-    return Added(again.files, again.added, (*first.skipped, *broke))
+    return Added(again.files, again.added, (*first.skipped, *broke, *again.skipped))
 
 
 def _last_line(text: str) -> str:
@@ -199,10 +206,13 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     slots = cfg.search.max_concurrent
     cpus, gpus = resources(cfg.resources.cpu, cfg.resources.gpu, slots, _largest_node_cpus(), len(todo))
     plans, code = [], {}
+    started = time.monotonic()
     for variant, knobs, _ in todo:
         if variant not in code:  # a knob search's candidates share their variant's code
             code[variant] = _code(campaign, variant)
         plans.append(Plan(variant, knobs, code[variant]))
+    # the additions' smoke runs came out of the share (seconds where all is well; more where one broke the pick)
+    seconds = max(seconds - (time.monotonic() - started), MIN_BUDGET_S)
     device = f"{cpus:g} CPU(s){f' and {gpus:g} GPU' if gpus else ''}"
     share = f"(safeguards.final_share={guards.final_share:g} of {guards.campaign_time_s:g} s)"
     order = [(v, knobs) for v, knobs, _ in found]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray import PROJECT_ROOT, finaltrain, sql
+from ralph_ray import PROJECT_ROOT, finaltrain, sql, warmstart
 from ralph_ray.__main__ import main
 from ralph_ray.campaign import run
 from ralph_ray.config import resume_config
@@ -207,7 +207,16 @@ def test_an_addition_that_breaks_the_picks_smoke_run_is_left_out_with_the_reason
     files = tmp_path / "pick"
     files.mkdir()
     (files / "train.py").write_text(source)
-    gate = Gate(write_smoke_data(prepare(0, 0.2, 0.2), tmp_path / "smoke", "digits"), (), timeout_s=120)
+    # Smoke runs forked from a warm server (trial.warm), as a campaign's gate makes them: a dozen here
+    gate = Gate(write_smoke_data(prepare(0, 0.2, 0.2), tmp_path / "smoke", "digits"), (), timeout_s=120, warm=True)
+    try:
+        _smoke_the_additions(gate, files, source, fixture, tmp_path)
+    finally:
+        warmstart.close_all()
+
+
+def _smoke_the_additions(gate: Gate, files: Path, source: str, fixture: str, tmp_path: Path) -> None:
+    """The test above, with its warm server up."""
     gate.smoke(files)  # the pick as searched runs
     unsmoked = finaltrain.with_additions(files, tmp_path / "unsmoked", ["flip_tta", "cosine"])
     assert unsmoked.added == ("flip_tta", "cosine")  # both apply and compile...
@@ -232,6 +241,20 @@ def test_an_addition_that_breaks_the_picks_smoke_run_is_left_out_with_the_reason
     only = finaltrain.smoked_additions(files, tmp_path / "only", ["flip_tta"], gate.smoke)
     assert (only.files, only.added) == (files, ()) and "flip_averaged" in only.skipped[0]
     assert not (tmp_path / "only").exists()
+    # A pick that fails the sliver's smoke run itself (it needs the full data: a seed or a knob sample never met the
+    # gate): no addition is to blame, so all are kept, and the reason says they went untested.
+    needy = tmp_path / "needy"
+    needy.mkdir()
+    (needy / "train.py").write_text(
+        fixture.replace(
+            "data = harness.load_data()\n",
+            "data = harness.load_data()\nassert len(data.train_x) > 1000, 'needs the full data'\n",
+        )
+    )
+    untested = finaltrain.smoked_additions(needy, tmp_path / "needy_final", ["cosine"], gate.smoke)
+    assert untested.added == ("cosine",) and untested.files == tmp_path / "needy_final"
+    assert untested.skipped[-1].startswith("additions not smoke-tested: the pick's own code fails the smoke run too (")
+    assert "needs the full data" in untested.skipped[-1]
 
 
 def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(

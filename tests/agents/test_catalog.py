@@ -236,7 +236,7 @@ def test_add_knobs_stop_at_cifar10_blank_line():
 
 def test_transforms_compose_in_either_order():
     for source in (stack(["batchnorm", "deepen"]), stack(["deepen", "batchnorm"])):
-        assert "self.fc = torch.nn.Sequential(torch.nn.Linear(2 * width * 4 * 4, HIDDEN_WIDTH), " in source
+        assert "self.fc = torch.nn.Sequential(torch.nn.Linear(2 * width * 4 * 4, HEAD_WIDTH), " in source
         assert source.count("torch.nn.BatchNorm2d(") == 2
     assert stack(["deepen"]).count("BatchNorm") == 0
     for both in (stack(["cosine_lr_schedule", "lr_warmup"]), stack(["lr_warmup", "cosine_lr_schedule"])):

@@ -205,17 +205,17 @@ def test_a_second_application_is_refused(name: str):
 
 def test_deepen_adds_a_hidden_layer_as_wide_as_its_knob_and_a_second_one_reuses_it():
     once = apply_transform("deepen", SOURCES["fashion"])
-    assert "HIDDEN_WIDTH = 256  # units of the hidden layer before the classifier" in once
+    assert "HEAD_WIDTH = 256  # units of the hidden layer before the classifier" in once
     assert (
-        "torch.nn.Sequential(torch.nn.Linear(2 * width * 7 * 7, HIDDEN_WIDTH), torch.nn.ReLU(), "
-        "nn.Linear(HIDDEN_WIDTH, num_classes))" in once
+        "torch.nn.Sequential(torch.nn.Linear(2 * width * 7 * 7, HEAD_WIDTH), torch.nn.ReLU(), "
+        "nn.Linear(HEAD_WIDTH, num_classes))" in once
     )
     built: dict = {}
-    exec(compile(once.replace("HIDDEN_WIDTH = 256", "HIDDEN_WIDTH = 48"), "train.py", "exec"), built)
+    exec(compile(once.replace("HEAD_WIDTH = 256", "HEAD_WIDTH = 48"), "train.py", "exec"), built)
     linears = [m for m in built["Net"](8, 10, 0.0).modules() if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(2 * 8 * 7 * 7, 48), (48, 10)]  # not 784 x 784
     twice = apply_transform("deepen", once)
-    assert twice.count("HIDDEN_WIDTH = ") == 1 and "torch.nn.Linear(HIDDEN_WIDTH, HIDDEN_WIDTH)" in twice
+    assert twice.count("HEAD_WIDTH = ") == 1 and "torch.nn.Linear(HEAD_WIDTH, HEAD_WIDTH)" in twice
     # A keyword input size is replaced too.
     keyword = apply_transform(
         "deepen",
@@ -223,7 +223,16 @@ def test_deepen_adds_a_hidden_layer_as_wide_as_its_knob_and_a_second_one_reuses_
             "nn.Linear(16 * 4 * 4, 10)", "nn.Linear(in_features=16 * 4 * 4, out_features=10)"
         ),
     )
-    assert "nn.Linear(in_features=HIDDEN_WIDTH, out_features=10)" in keyword
+    assert "nn.Linear(in_features=HEAD_WIDTH, out_features=10)" in keyword
+    # The knob's name is apart from the width knobs': widen_layers still widens the trainer's own layers after it
+    widened = apply_transform("widen_layers", apply_transform("deepen", SOURCES["sequential_flat"]))
+    assert "nn.Conv2d(1, 32, 3, padding=1)" in widened and "HEAD_WIDTH = 256  #" in widened
+    # A trainer's own HEAD_WIDTH that is not a previous deepen's is never taken over
+    own = SOURCES["sequential_flat"].replace(
+        "BATCH = 32  # batch size", "BATCH = 32  # batch size\nHEAD_WIDTH = 7  # mine"
+    )
+    with pytest.raises(NotApplicable, match="already has a knob HEAD_WIDTH"):
+        apply_transform("deepen", own)
 
 
 def test_batchnorm_follows_each_layer_in_a_sequential_and_in_a_module():
@@ -351,8 +360,17 @@ def test_an_undecorated_evaluate_its_callers_guard_with_no_grad_is_evaluation():
     # Called once with gradients on too (a check during training): not known to be evaluation, so nothing is flipped.
     unguarded = EVALUATES_UNDECORATED.replace("    return accuracy", "    evaluate(model, x, y)\n    return accuracy")
     assert unguarded != EVALUATES_UNDECORATED
-    with pytest.raises(NotApplicable):
+    with pytest.raises(NotApplicable, match="only called under torch.no_grad"):
         apply_transform("flip_tta", unguarded)
+    # A no-grad helper called in the batch loop makes training's targets (a teacher's outputs): never flipped.
+    teacher = EVALUATES_UNDECORATED.replace(
+        "            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])",
+        "            with torch.no_grad():\n                soft = evaluate(model, x[i : i + 32], y[i : i + 32])\n"
+        "            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) * soft",
+    )
+    assert teacher != EVALUATES_UNDECORATED
+    with pytest.raises(NotApplicable):
+        apply_transform("flip_tta", teacher)
 
 
 @pytest.mark.parametrize(

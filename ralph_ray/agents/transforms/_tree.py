@@ -514,10 +514,17 @@ def evaluator_functions(trainer: Trainer) -> set[str]:
 
 
 def _called_only_without_grad(trainer: Trainer, name: str) -> bool:
-    """Whether every call of the module-level function `name` sits under `with torch.no_grad()` (and there is one):
-    an undecorated `evaluate(model, x)` its callers guard, which never trains."""
+    """Whether every call of the module-level function `name` sits under `with torch.no_grad()` outside the batch
+    loop (and there is one): an undecorated `evaluate(model, x)` its callers guard. A no-grad helper called in the
+    batch loop makes training's targets (pseudo-labels, a teacher's outputs): not evaluation."""
     calls = [c for c in trainer.calls() if call_name(c) == name]
-    return bool(calls) and all(under_no_grad(trainer, c) for c in calls)
+    try:
+        batch: cst.CSTNode | None = trainer.batch_loop()
+    except NotApplicable:
+        batch = None
+    return bool(calls) and all(
+        under_no_grad(trainer, c) and (batch is None or not trainer.inside(c, batch)) for c in calls
+    )
 
 
 def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef | None:

@@ -25,8 +25,10 @@ from ralph_ray.knobs import KNOB_ALIASES
 
 NORM_CALL = r"^((torch\.)?nn\.)?(BatchNorm[12]d|LayerNorm)$"
 WIDTH_KNOB = r"(WIDTH|HIDDEN|CHANNELS|DIM|N_HIDDEN|HIDDEN_SIZE)\w*"
-HIDDEN_KNOB = "HIDDEN_WIDTH"  # deepen's layer width, a knob of the trainer it edits
-HIDDEN_WIDTH = 256  # its value
+# deepen's layer width, a knob of the trainer it edits: a name apart from WIDTH_KNOB's, so `widen_layers` and the
+# `widen` move keep widening the trainer's own layers after it, and a trainer's own HIDDEN_* knob is never taken over
+HEAD_KNOB = "HEAD_WIDTH"
+HEAD_UNITS = 256  # its value
 
 
 @register("widen_layers", "capacity")
@@ -96,22 +98,22 @@ def _double_leading(edits: Edits, node: cst.BaseExpression, old: int) -> int:
 
 @register("deepen", "capacity")
 def deepen(source: str) -> str:
-    """One more hidden layer (Linear + ReLU, HIDDEN_WIDTH units: a new knob) before the classifier."""
+    """One more hidden layer (Linear + ReLU, HEAD_WIDTH units: a new knob) before the classifier."""
     trainer = analyse(source)
     head = classifier(trainer.layers())
     if head.sequential is None and head.attribute is None:
         raise NotApplicable("the classifier is not built in `__init__` or `nn.Sequential`")
     width = size_code(head, "in")
     edits = Edits(trainer)
-    if HIDDEN_KNOB not in trainer.knobs():  # a second deepen stacks another layer of the same knob's width
+    if width != HEAD_KNOB:  # a second deepen stacks another layer of the first one's width, its knob already there
         # A knob, not the classifier's input width: that grows with the conv width squared (3,136 x 3,136 at WIDTH
-        # 32 on Fashion, three times the convolutions' work per image), and a final gets half the epochs for it.
-        edits.knob(HIDDEN_KNOB, HIDDEN_WIDTH, "units of the hidden layer before the classifier")
+        # 32 on Fashion, about 2.5 times the convolutions' work per image), and a final got a third fewer epochs.
+        edits.knob(HEAD_KNOB, HEAD_UNITS, "units of the hidden layer before the classifier")
     edits.sub(
         head.call,
         lambda old: expression(
-            f"torch.nn.Sequential(torch.nn.Linear({width}, {HIDDEN_KNOB}), torch.nn.ReLU(), "
-            f"{code(_with_input(old, HIDDEN_KNOB))})"
+            f"torch.nn.Sequential(torch.nn.Linear({width}, {HEAD_KNOB}), torch.nn.ReLU(), "
+            f"{code(_with_input(old, HEAD_KNOB))})"
         ),
     )
     return edits.apply()

@@ -150,7 +150,8 @@ def flip_tta(source: str) -> str:
     if not found:
         raise NotApplicable(
             f"no evaluation forward pass found ({model}(x) under torch.no_grad() outside the batch loop, or a "
-            "function under @torch.no_grad() or calling .eval() on the model it is given)"
+            "function under @torch.no_grad(), calling .eval() or only called under torch.no_grad() that runs the "
+            "model it is given)"
         )
     edits.helper(TTA_HELPER)
     return edits.apply()

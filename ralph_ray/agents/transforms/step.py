@@ -70,7 +70,8 @@ def ema_weights(source: str) -> str:
     if not swapped:
         raise NotApplicable(
             f"no evaluation of `{model}` found (evaluate({model}, ...), {model}(x) under torch.no_grad(), or a "
-            f"function under @torch.no_grad() or calling .eval() on the model it is given)"
+            f"function under @torch.no_grad(), calling .eval() or only called under torch.no_grad() that runs the "
+            f"model it is given)"
         )
     edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
     edits.insert_after(
