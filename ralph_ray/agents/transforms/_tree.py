@@ -500,7 +500,7 @@ def evaluator_functions(trainer: Trainer) -> set[str]:
     they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode(),
     call `.eval()` on it, or are only ever called under `with torch.no_grad()` (a no-grad helper that only copies
     weights is no evaluation)."""
-    found = set()
+    found, guarded = set(), _called_only_without_grad(trainer)
     for node in trainer.module.body:
         if not isinstance(node, cst.FunctionDef) or not node.params.params:
             continue
@@ -508,23 +508,26 @@ def evaluator_functions(trainer: Trainer) -> set[str]:
         decorated = any(NO_GRAD.match(call_name(d.decorator) or dotted(d.decorator) or "") for d in node.decorators)
         evals = any(call_name(c) == f"{first}.eval" for c in trainer.calls(within=node))
         forwards = any(call_name(c) == first for c in trainer.calls(within=node))
-        if forwards and (decorated or evals or _called_only_without_grad(trainer, node.name.value)):
+        if forwards and (decorated or evals or node.name.value in guarded):
             found.add(node.name.value)
     return found
 
 
-def _called_only_without_grad(trainer: Trainer, name: str) -> bool:
-    """Whether every call of the module-level function `name` sits under `with torch.no_grad()` outside the batch
-    loop (and there is one): an undecorated `evaluate(model, x)` its callers guard. A no-grad helper called in the
-    batch loop makes training's targets (pseudo-labels, a teacher's outputs): not evaluation."""
-    calls = [c for c in trainer.calls() if call_name(c) == name]
+def _called_only_without_grad(trainer: Trainer) -> set[str]:
+    """Names whose every call sits under `with torch.no_grad()` outside the batch loop: an undecorated
+    `evaluate(model, x)` its callers guard. A no-grad helper called in the batch loop makes training's targets
+    (pseudo-labels, a teacher's outputs): not evaluation. One pass over the calls for every function."""
     try:
         batch: cst.CSTNode | None = trainer.batch_loop()
     except NotApplicable:
         batch = None
-    return bool(calls) and all(
-        under_no_grad(trainer, c) and (batch is None or not trainer.inside(c, batch)) for c in calls
-    )
+    guarded: dict[str, bool] = {}
+    for call in trainer.calls():
+        name = call_name(call)
+        if name is not None:
+            ok = under_no_grad(trainer, call) and (batch is None or not trainer.inside(call, batch))
+            guarded[name] = guarded.get(name, True) and ok
+    return {name for name, ok in guarded.items() if ok}
 
 
 def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef | None:
