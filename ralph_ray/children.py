@@ -29,7 +29,7 @@ from ralph_ray.agents.base import (
 )
 from ralph_ray.decision import child_verdict
 from ralph_ray.gate import Gate, GateError
-from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
+from ralph_ray.knobs import read_knobs, with_knobs
 from ralph_ray.noise import Comparison
 from ralph_ray.population import Candidate
 from ralph_ray.variants import VariantStatus, files_dir, snapshot, unified_diff
@@ -96,12 +96,7 @@ def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "tra
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(parent_files, out)
-    source = (out / entry).read_text()
-    present = read_knobs(source)
-    try:
-        (out / entry).write_text(rewrite_knobs(source, {k: v for k, v in knobs.items() if k in present}))
-    except KnobError:
-        pass  # a knob the parent's code cannot take keeps the code's own value
+    (out / entry).write_text(with_knobs((out / entry).read_text(), knobs))
     return out
 
 

@@ -26,10 +26,11 @@ from ralph_ray.config import FINAL_ADDITIONS
 from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
 from ralph_ray.gate import GateError
+from ralph_ray.knobs import with_knobs
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.report import fetch_rows, metric_values
 from ralph_ray.trials import FINAL_ADDED_KEY, FINAL_BUDGET_KEY, FINAL_KEY
-from ralph_ray.variants import files_dir, final_code_dir
+from ralph_ray.variants import content_hash, files_dir, final_code_dir
 
 if TYPE_CHECKING:
     from ralph_ray.generations import Campaign, Outcome
@@ -182,6 +183,29 @@ def _largest_node_cpus() -> float | None:
     return max(cpus) if cpus else None
 
 
+def trained_code(files: Path, knobs: dict[str, Any], entry: str = "train.py") -> str:
+    """The content hash of what a trial with `knobs` runs: the variant's files with those knobs written in."""
+    return content_hash(files, {entry: with_knobs((files / entry).read_text(), knobs).encode()})
+
+
+Candidate = tuple[str, dict[str, Any], Any]  # (variant, knobs, cycle), best first
+
+
+def distinct(found: Sequence[Candidate], code: Callable[[str, dict[str, Any]], str], n: int) -> list[Candidate]:
+    """The first `n` candidates that train different code: a knob child (the parent with its best knobs written in)
+    run with those knobs trains exactly what its parent's best trial did, and would take a candidate's slot."""
+    seen: set[str] = set()
+    kept: list[Candidate] = []
+    for variant, knobs, cycle in found:
+        if len(kept) == n:
+            break
+        digest = code(variant, knobs)
+        if digest not in seen:
+            seen.add(digest)
+            kept.append((variant, knobs, cycle))
+    return kept
+
+
 def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     """Train the candidates' best knobs for the final share; their records (none when it did not run: said why)."""
     cfg, say = campaign.cfg, campaign.console.print
@@ -189,12 +213,12 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     if not guards.final_share or guards.campaign_time_s is None:
         return []
     con = campaign.kb.reader()
-    found = [
+    searched = [
         (variant, json.loads(knobs or "{}"), cycle)
-        for variant, knobs, cycle in con.execute(
-            sql.FINAL_CANDIDATES, [campaign.run_id, guards.final_candidates - 1]
-        ).fetchall()
+        for variant, knobs, cycle in con.execute(sql.FINAL_CANDIDATES, [campaign.run_id]).fetchall()
     ]
+    variants = campaign.run_dir / "variants"
+    found = distinct(searched, lambda v, knobs: trained_code(files_dir(variants, v), knobs), guards.final_candidates)
     recorded = con.execute(sql.FINAL_TRIALS_DONE, [campaign.run_id, STOPPED_WITH_CYCLE]).fetchall()
     done = [(v, json.loads(k or "{}")) for v, k in recorded]
     todo = [(v, knobs, cycle) for v, knobs, cycle in found if (v, knobs) not in done]

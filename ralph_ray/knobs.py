@@ -56,6 +56,15 @@ def rewrite_knobs(source: str, overrides: dict[str, Any]) -> str:
     return result
 
 
+def with_knobs(source: str, knobs: dict[str, Any]) -> str:
+    """The source as a trial with `knobs` runs it: those it has written in (a value it cannot take: left as it is)."""
+    present = read_knobs(source)
+    try:
+        return rewrite_knobs(source, {k: v for k, v in knobs.items() if k in present})
+    except KnobError:
+        return source
+
+
 def is_knob_name(name: str) -> bool:
     """A knob's name: an UPPER_CASE identifier (`LR`, `EPOCHS`, `WIDTH_2`)."""
     return name.isidentifier() and name.isupper()

@@ -390,8 +390,9 @@ select t.trial_id, t.variant_id, t.status, t.reason, t.epochs, t.seconds, t.sele
 from trials t where t.run_id = ? and coalesce(t.final, false) order by t.written_at
 """
 # and the candidates it trains (safeguards.final_candidates): first the pick, the leaderboard's rank 1 with its best
-# search trial's knobs (ties: the first trial), then the next best distinct (variant, knobs) pairs by their best
-# search trial's selection score, at most ? of them; each with its variant's cycle (the pick's: the final trials').
+# search trial's knobs (ties: the first trial), then every other distinct (variant, knobs) pair, best search trial's
+# selection score first; each with its variant's cycle (the pick's: the final trials'). finaltrain drops the pairs
+# that would train the same code as one before them (a knob child with its parent's knobs) and keeps the first N.
 FINAL_CANDIDATES = """
 with searched as (
   select l.variant_id, t.knobs, l.cycle, l.rank, t.selection_score, t.trial_id from leaderboard l
@@ -411,7 +412,7 @@ listed as (
   union all
   select 1, row_number() over (order by score desc, variant_id, first), variant_id, knobs, cycle from others
 )
-select variant_id, knobs, cycle from listed where part = 0 or nth <= ? order by part, nth
+select variant_id, knobs, cycle from listed order by part, nth
 """
 # Each variant's replicates so far (noise.py): how many were run, their seeds and the scores of those that completed.
 REPLICATES_FOR_RUN = """

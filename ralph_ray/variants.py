@@ -39,13 +39,14 @@ class Variant:
     files_dir: Path
 
 
-def content_hash(folder: Path) -> str:
-    """A short sha256 over every file's relative path and bytes, in sorted order."""
+def content_hash(folder: Path, instead: dict[str, bytes] | None = None) -> str:
+    """A short sha256 over every file's relative path and bytes, in sorted order (`instead`: bytes by relative path)."""
     digest = hashlib.sha256()
     for path in sorted(_files(folder)):
-        digest.update(str(path.relative_to(folder)).encode())
+        name = str(path.relative_to(folder))
+        digest.update(name.encode())
         digest.update(b"\0")
-        digest.update(path.read_bytes())
+        digest.update((instead or {}).get(name) or path.read_bytes())
         digest.update(b"\0")
     return digest.hexdigest()[:12]
 

@@ -17,6 +17,7 @@ from ralph_ray.export import export
 from ralph_ray.gate import Gate, GateError, write_smoke_data
 from ralph_ray.kb import KnowledgeBase, open_reader
 from ralph_ray.tasks.digits import prepare
+from ralph_ray.variants import files_dir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_async import rows, tiny  # noqa: E402
@@ -70,15 +71,41 @@ def test_the_candidates_are_the_pick_then_the_next_best_variant_and_knobs(tmp_pa
     )
     con = open_reader(tmp_path / "kb")
 
-    def candidates(n: int) -> list[tuple[str, float]]:
-        found = con.execute(sql.FINAL_CANDIDATES, ["r", n - 1]).fetchall()
-        return [(variant, json.loads(knobs)["LR"]) for variant, knobs, _ in found]
+    found = con.execute(sql.FINAL_CANDIDATES, ["r"]).fetchall()
+    # the pick first (what PICK_FOR_RUN gave before candidates), then each other pair once, no more than were scored
+    assert [(variant, json.loads(knobs)["LR"]) for variant, knobs, _ in found] == [
+        ("v1", 0.1),
+        ("v2", 0.1),
+        ("v1", 0.2),
+    ]
+    assert con.execute(sql.FINAL_CANDIDATES, ["other"]).fetchall() == []
 
-    assert candidates(1) == [("v1", 0.1)]  # the pick alone: what PICK_FOR_RUN gave before candidates
-    assert candidates(2) == [("v1", 0.1), ("v2", 0.1)]
-    assert candidates(3) == [("v1", 0.1), ("v2", 0.1), ("v1", 0.2)]
-    assert candidates(6) == candidates(3)  # no more pairs than the search scored
-    assert con.execute(sql.FINAL_CANDIDATES, ["other", 1]).fetchall() == []
+
+def test_a_knob_child_run_with_its_parents_knobs_is_no_second_candidate(tmp_path: Path):
+    # The parent, and its knob child: the same code with the parent's best knobs (LR 0.1) written in as defaults.
+    trainer = "LR = {lr}  # the step size\nEPOCHS = 2\nprint(LR, EPOCHS)\n"
+    folders = {}
+    for variant, lr in (("parent", 0.5), ("child", 0.1)):
+        folders[variant] = tmp_path / variant
+        folders[variant].mkdir()
+        (folders[variant] / "train.py").write_text(trainer.format(lr=lr))
+        (folders[variant] / "data.txt").write_text("shared")
+
+    def code(variant: str, knobs: dict) -> str:
+        return finaltrain.trained_code(folders[variant], knobs)
+
+    found = [
+        ("parent", {"LR": 0.1, "EPOCHS": 2}, 1),
+        ("child", {"LR": 0.1, "EPOCHS": 2}, 2),  # what the parent's best trial trained, again
+        ("child", {"LR": 0.2, "EPOCHS": 2}, 2),
+        ("parent", {"LR": 0.3, "EPOCHS": 2}, 1),
+    ]
+    assert finaltrain.distinct(found, code, 2) == [found[0], found[2]]
+    assert finaltrain.distinct(found, code, 9) == [found[0], found[2], found[3]]
+    assert finaltrain.distinct(found, code, 1) == [found[0]]
+    # other files count: a child whose data differs is other code under the same knobs
+    (folders["child"] / "data.txt").write_text("its own")
+    assert finaltrain.distinct(found, code, 2) == found[:2]
 
 
 @pytest.mark.parametrize(
@@ -308,7 +335,15 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert picks, (candidates, pick)  # the pick's best knobs are trained (two tied knob sets: either is the pick's)
     (next_pair,) = candidates - {picks[0]}
     pick_pair = picks[0]
-    assert searched_best[next_pair] == max(score for pair, score in searched_best.items() if pair != pick_pair)
+    # ...and the best other pair that trains other code: a knob child run with its parent's best knobs does not
+    variants = outcome.run_dir / "variants"
+
+    def trained(pair: tuple[str, str]) -> str:
+        return finaltrain.trained_code(files_dir(variants, pair[0]), json.loads(pair[1]))
+
+    others = [score for pair, score in searched_best.items() if trained(pair) != trained(pick_pair)]
+    assert searched_best[next_pair] == max(others)
+    assert trained(next_pair) != trained(pick_pair)
 
     def searched_knobs(variant_id: str) -> list[dict]:
         return rows(

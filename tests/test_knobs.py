@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs
+from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs, with_knobs
 
 SOURCE = '''"""doc"""
 import math
@@ -41,6 +41,12 @@ def test_rewrite_numpy_scalars_as_plain_numbers():
     np = pytest.importorskip("numpy")
     out = rewrite_knobs(SOURCE, {"LR": np.float64(0.5), "EPOCHS": np.int64(7)})
     assert read_knobs(out)["LR"] == 0.5 and read_knobs(out)["EPOCHS"] == 7
+
+
+def test_with_knobs_writes_in_those_the_source_has_and_leaves_a_value_it_cannot_take():
+    source = "LR = 0.1  # step\nEPOCHS = 3\n"
+    assert with_knobs(source, {"LR": 0.5, "BATCH_SIZE": 64}) == "LR = 0.5  # step\nEPOCHS = 3\n"
+    assert with_knobs(source, {"EPOCHS": object()}) == source  # no literal for it: the code's own value stays
 
 
 def test_unknown_knob_is_an_error_naming_the_knobs():
