@@ -27,7 +27,7 @@ from ralph_ray.decision import StopReason
 from ralph_ray.finals import final_winner
 from ralph_ray.gate import GateError
 from ralph_ray.knobs import with_knobs
-from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
+from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord, last_line
 from ralph_ray.report import fetch_rows, metric_values
 from ralph_ray.trials import FINAL_ADDED_KEY, FINAL_BUDGET_KEY, FINAL_KEY
 from ralph_ray.variants import content_hash, files_dir, final_code_dir
@@ -149,7 +149,7 @@ def smoked_additions(
     try:
         smoke(files)  # a seed or a knob sample never met the gate: where the pick itself fails, no addition is to blame
     except GateError as own:
-        untested = f"additions not smoke-tested: the pick's own code fails the smoke run too ({_last_line(str(own))})"
+        untested = f"additions not smoke-tested: the pick's own code fails the smoke run too ({last_line(str(own))})"
         return replace(first, skipped=(*first.skipped, untested))
     kept: list[str] = []
     broke: list[str] = []
@@ -161,19 +161,13 @@ def smoked_additions(
         try:
             smoke(trying.files)
         except GateError as why:
-            broke.append(f"no {name} added (a smoke run of the code with it failed: {_last_line(str(why))})")
+            broke.append(f"no {name} added (a smoke run of the code with it failed: {last_line(str(why))})")
             continue
         kept.append(name)
     if not kept and out.exists():
         shutil.rmtree(out)  # the last try's copy: the final trains the pick's own files
     again = with_additions(files, out, kept, entry) if kept else Added(files)
     return Added(again.files, again.added, (*first.skipped, *broke, *again.skipped))
-
-
-def _last_line(text: str) -> str:
-    """The last non-empty line of a failure (a traceback's exception), for a one-line reason."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else text
 
 
 def _largest_node_cpus() -> float | None:
@@ -232,8 +226,8 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     plans, code = [], {}
     started = time.monotonic()
     for variant, knobs, _ in todo:
-        if variant not in code:  # a knob search's candidates share their variant's code
-            code[variant] = _code(campaign, variant)
+        if variant not in code:  # a knob search's candidates share their variant's code (smoked with the best knobs)
+            code[variant] = _code(campaign, variant, knobs)
         plans.append(Plan(variant, knobs, code[variant]))
     # the additions' smoke runs came out of the share (seconds where all is well; more where one broke the pick)
     seconds = max(seconds - (time.monotonic() - started), MIN_BUDGET_S)
@@ -253,15 +247,18 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     return _train(campaign, plans, max(1, int(found[0][2] or 1)), seconds, (cpus, gpus))
 
 
-def _code(campaign: Campaign, variant: str) -> Added:
-    """The folder a candidate's final trial runs and what was added to it (the console says why anything was not)."""
+def _code(campaign: Campaign, variant: str, knobs: dict[str, Any]) -> Added:
+    """The folder a candidate's final trial runs and what was added to it (the console says why anything was not);
+    the smoke runs write in the candidate's `knobs`, as its trial will (a knob sample's batch size, say)."""
     guards, task = campaign.cfg.safeguards, campaign.cfg.task
     # Flips only where mirroring keeps a label (garments yes, digits no): the catalog's flag, the offline agent's rule
     mirroring = {i.transform for i in load_catalog().interventions if i.mirrors_images}
     names = guards.final_additions
     kept = [n for n in names if task.mirror_invariant or FINAL_ADDITIONS[n] not in mirroring]
     files = files_dir(campaign.run_dir / "variants", variant)
-    added = smoked_additions(files, final_code_dir(campaign.run_dir, variant), kept, campaign.gate.smoke)
+    added = smoked_additions(
+        files, final_code_dir(campaign.run_dir, variant), kept, lambda folder: campaign.gate.smoke(folder, knobs)
+    )
     refused = tuple(f"no {n} added (the task says mirroring changes a label)" for n in names if n not in kept)
     added = replace(added, skipped=(*refused, *added.skipped))
     for why in added.skipped:

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,8 +66,9 @@ class Gate:
         check_knobs(sources[self.entry], self.searched_knobs)
         self.smoke(child)
 
-    def smoke(self, child: Path) -> None:
-        """Run the child for one epoch on the sliver and check it reports and predicts every input."""
+    def smoke(self, child: Path, knobs: dict[str, Any] | None = None) -> None:
+        """Run the child for one epoch on the sliver (with `knobs` written in: a trial's) and check it reports and
+        predicts every input."""
         # Warm: the work dirs share one folder of their own (the server's view, each smoke run seeing only its dir).
         root = None
         if self.warm:
@@ -74,8 +76,9 @@ class Gate:
             root.mkdir(exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix="ralph-smoke-", dir=root))
         try:
-            knobs = {k: v for k, v in SMOKE_KNOBS.items() if k in read_knobs((child / self.entry).read_text())}
-            prepare_workdir(child, work, knobs, entry=self.entry)
+            present = read_knobs((child / self.entry).read_text())
+            written = {k: v for k, v in {**(knobs or {}), **SMOKE_KNOBS}.items() if k in present}
+            prepare_workdir(child, work, written, entry=self.entry)
             limits = Limits(self.timeout_s, self.output_bytes, sandbox=self.sandbox, warm=self.warm)
             outcome = run(Trainer(work, self.smoke_data, self.entry), limits)
             if outcome.status is not Status.finished:

@@ -254,16 +254,21 @@ def failure_reason(trial: Trial) -> str:
         text = trial.error_file and _last_line_of(trial.error_file) or "unknown error"
     for prefix in ("ralph_ray.runner.TrialFailed: ", "TrialFailed: "):
         text = text.split(prefix)[-1]
-    return text.strip().splitlines()[-1][:500] if text.strip() else "unknown error"
+    return last_line(text)[:500] or "unknown error"
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of a failure (a traceback's exception), stripped, for a one-line reason ("": none)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _last_line_of(path: str) -> str:
     try:
         with open(path) as handle:
-            lines = [line for line in handle.read().splitlines() if line.strip()]
+            return last_line(handle.read())
     except OSError:
         return ""
-    return lines[-1] if lines else ""
 
 
 def _is_number(value: Any) -> bool:

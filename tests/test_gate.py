@@ -38,6 +38,18 @@ def test_a_good_child_passes(gate: Gate, tmp_path: Path):
     gate.check(child, parent)
 
 
+def test_a_smoke_run_writes_in_the_knobs_it_is_given(gate: Gate, tmp_path: Path):
+    # The final training smokes its pick's code with the pick's knobs, not the file's defaults.
+    child, _ = child_of_seed(
+        tmp_path,
+        lambda s: s.replace("def main() -> None:\n", "def main() -> None:\n    assert WIDTH < 100, 'too wide'\n", 1),
+    )
+    gate.smoke(child)
+    gate.smoke(child, {"WIDTH": 8, "NOT_A_KNOB": 1})  # a knob the code lacks is not written
+    with pytest.raises(GateError, match="too wide"):
+        gate.smoke(child, {"WIDTH": 512})
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
