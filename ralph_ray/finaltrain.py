@@ -1,7 +1,8 @@
 """The final training of the pick: after the search, the rank-1 variant's best knobs train once more, for the share
 of the campaign's time kept for it (`safeguards.final_share`), on every slot's CPUs, as one marked trial; or, with
-`safeguards.final_candidates` N > 1, the pick and the next N-1 best (variant, knobs) side by side, the slots split
-between them, and the long run's best selection score names the winner (the test split stays the report's).
+`safeguards.final_candidates` N > 1, the pick and the next N-1 best (variant, knobs) that train other code side by
+side, the slots split between them, and the long run's best selection score names the winner (the test split stays
+the report's).
 
 The search gives every trial the same short budget (`trial.budget_s`), so a kept change is better training, not
 more of it. A careful engineer then trains the winner for longer: this is that step. Its trial is an ordinary trial
@@ -182,14 +183,14 @@ def trained_code(files: Path, knobs: dict[str, Any], entry: str = "train.py") ->
     return content_hash(files, {entry: with_knobs((files / entry).read_text(), knobs).encode()})
 
 
-Candidate = tuple[str, dict[str, Any], Any]  # (variant, knobs, cycle), best first
+Pair = tuple[str, dict[str, Any], Any]  # a candidate (variant, knobs, its variant's cycle), best first
 
 
-def distinct(found: Sequence[Candidate], code: Callable[[str, dict[str, Any]], str], n: int) -> list[Candidate]:
+def distinct(found: Sequence[Pair], code: Callable[[str, dict[str, Any]], str], n: int) -> list[Pair]:
     """The first `n` candidates that train different code: a knob child (the parent with its best knobs written in)
     run with those knobs trains exactly what its parent's best trial did, and would take a candidate's slot."""
     seen: set[str] = set()
-    kept: list[Candidate] = []
+    kept: list[Pair] = []
     for variant, knobs, cycle in found:
         if len(kept) == n:
             break
@@ -226,7 +227,8 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     plans, code = [], {}
     started = time.monotonic()
     for variant, knobs, _ in todo:
-        if variant not in code:  # a knob search's candidates share their variant's code (smoked with the best knobs)
+        # a knob search's candidates share their variant's code, smoked with the knobs of the first to train it
+        if variant not in code:
             code[variant] = _code(campaign, variant, knobs)
         plans.append(Plan(variant, knobs, code[variant]))
     # the additions' smoke runs came out of the share (seconds where all is well; more where one broke the pick)

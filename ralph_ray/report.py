@@ -142,10 +142,10 @@ def final_section(
         "## Final training of the pick",
         "",
         "After the search, the rank-1 variant's best knobs trained once more for the time `safeguards.final_share` "
-        "kept for it (with `safeguards.final_candidates` above 1, beside the next best (variant, knobs), the slots "
-        "split between them; search trials had `trial.budget_s` each), with `safeguards.final_additions` (a schedule, "
-        "augmentation, a hidden layer, flips at test time) added to its code where each applies. Its scores are not "
-        "ranked with the search's: it trained longer than any of them.",
+        "kept for it (with `safeguards.final_candidates` above 1, beside the next best (variant, knobs) that train "
+        "other code, the slots split between them; search trials had `trial.budget_s` each), with "
+        "`safeguards.final_additions` (a schedule, augmentation, a hidden layer, flips at test time) added to its "
+        "code where each applies. Its scores are not ranked with the search's: it trained longer than any of them.",
         "",
     ]
     best = final_winner(finals)

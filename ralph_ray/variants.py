@@ -46,7 +46,7 @@ def content_hash(folder: Path, instead: dict[str, bytes] | None = None) -> str:
         name = str(path.relative_to(folder))
         digest.update(name.encode())
         digest.update(b"\0")
-        digest.update((instead or {}).get(name) or path.read_bytes())
+        digest.update(instead[name] if instead and name in instead else path.read_bytes())
         digest.update(b"\0")
     return digest.hexdigest()[:12]
 

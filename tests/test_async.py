@@ -266,10 +266,12 @@ KILL_ARGS = [
 ]
 
 
-# The five points in the order one campaign of KILL_ARGS passes them (a slot idles while the first child is bred,
-# and the engine decides after every completed trial), so one campaign killed at each in turn, with a resume after
-# every kill, covers them all: five kills and six driver starts instead of five campaigns and ten starts (CI time).
-KILL_POINTS = ["trial_running", "after_completion", "queue_empty", "child_written", "decision"]
+# The five points in an order one campaign of KILL_ARGS passes each of them after the kill before: a seed trial
+# reports, then one completes (before any child: the kill comes before the pool ranks it); the resume breeds both
+# children from the ranked seed; the next resume queues them, and the slot the first to finish frees finds no child
+# waiting, before the second is judged; the engine decides once the seed has its trials. So one campaign killed at
+# each in turn, resumed after every kill, covers them all: six driver starts instead of ten (CI time).
+KILL_POINTS = ["trial_running", "after_completion", "child_written", "queue_empty", "decision"]
 
 
 @pytest.mark.slow

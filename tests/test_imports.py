@@ -8,8 +8,8 @@ too. A lazy import hides a cycle from Python, not from this test.
 from __future__ import annotations
 
 import ast
-import multiprocessing
-import os
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -102,38 +102,29 @@ def test_the_package_import_graph_has_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-# Loaded once in the fork server, before any child forks: third-party packages only (each module's own imports of
-# them run from sys.modules then), never the package. A fresh interpreter per module paid torch's and Tune's import
-# (~5 s of CPU) a hundred times: 79 s of CI's 56 min.
-PRELOAD = ["numpy", "torch", "ray", "ray.tune"]
+MISSING = f"{PACKAGE}.no_such_module"  # checked beside the modules: its failure must be reported
 
 
 @pytest.fixture(scope="module")
 def fresh_imports() -> dict[str, str]:
-    """Every module imported in its own process, forked from a server that has the heavy third-party packages
-    loaded and nothing of the package (one child per module: `maxtasksperchild=1`); the failure of each, or ""."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
-    with context.Pool(processes=os.cpu_count() or 1, maxtasksperchild=1) as pool:
-        started = {name: pool.apply_async(import_alone.check, (name,)) for name in sorted(MODULES)}
-        found = {}
-        for name, result in started.items():
-            try:
-                found[name] = result.get(timeout=120)
-            except multiprocessing.TimeoutError:  # that module's test fails, not the fixture of all of them
-                found[name] = "timed out after 120 s"
-        return found
+    """Every module imported in its own process, forked from an interpreter that has loaded the heavy third-party
+    packages and nothing of the package (tests/import_alone.py); the failure of each, or ""."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).parent / "import_alone.py"), *sorted(MODULES), MISSING],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=PROJECT_ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
 
 
-def test_a_child_of_the_fork_server_has_nothing_of_the_package_loaded():
-    # The check refuses a child that had the package loaded, and reports a failing import with its traceback.
-    context = multiprocessing.get_context("forkserver")
-    with context.Pool(processes=1, maxtasksperchild=1) as pool:
-        assert pool.apply(import_alone.check, (f"{PACKAGE}.no_such_module",)).endswith(
-            f"No module named '{PACKAGE}.no_such_module'\n"
-        )
-        assert pool.apply(import_alone.check, ("json",)) == ""
-    assert import_alone.check("json").startswith(f"the child already had {PACKAGE}, ")  # this process has it
+def test_a_module_is_checked_alone_or_not_at_all(fresh_imports: dict[str, str]):
+    # The checker reports a failing import with its traceback, and refuses to check in a process that has the
+    # package loaded already (this one: pytest's conftest imported it).
+    assert fresh_imports[MISSING].endswith(f"No module named '{MISSING}'\n")
+    assert import_alone.check("json").startswith(f"the process already had {PACKAGE}, ")
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
