@@ -18,8 +18,14 @@ import time
 import traceback
 
 PACKAGE = "ralph_ray"
-# Top-level packages and Tune: a module's own imports of them then run from sys.modules. Never the package.
-PRELOAD = ["numpy", "torch", "ray", "ray.tune"]
+# The third-party packages the package's modules import, top-level, plus Tune and what Tune's PB2 pulls in
+# (sklearn.base, scipy.stats: 2 s a module): a module's own imports of them then run from sys.modules. Never the
+# package itself. (A module reaching one of these submodules through its parent without importing it would pass here
+# and fail alone; tests/test_imports.py's static checks do not look for that.)
+PRELOAD = [
+    *("numpy", "torch", "ray", "ray.tune", "sklearn.base", "scipy.stats", "pandas", "pyarrow", "duckdb", "optuna"),
+    *("libcst", "omegaconf", "hydra", "rich", "yaml", "httpx"),
+]
 TIMEOUT_S = 120.0
 OK = "ok"  # what a child that imported its module sends (silence: it died first)
 
