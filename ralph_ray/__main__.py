@@ -13,7 +13,8 @@ from ralph_ray.exit_codes import ExitCode
 USAGE = """usage: python -m ralph_ray [+experiment=NAME] [key=value ...] [--cfg]
        python -m ralph_ray resume=RUN_ID [key=value ...]
        python -m ralph_ray status [RUN_ID] | stop RUN_ID | report RUN_ID   (also: ralph-ray ...)
-       python -m ralph_ray kb check [--repair]   (damaged knowledge-base parts, moved aside with --repair)
+       python -m ralph_ray export RUN_ID [VARIANT] [--to hf REPO_ID] | track RUN_ID [mlflow] [tensorboard] [wandb]
+       python -m ralph_ray kb check [--repair] | kb compact   (damaged parts moved aside; finished runs merged)
        python -m ralph_ray init NAME --template classification|regression|lm|PLUGIN   (a task folder of your own)
 
 Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU).
@@ -29,7 +30,7 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
   --config-dir DIR (-cd DIR)   also look for config groups in DIR (Hydra's way to add your own experiments:
           DIR/experiment/mine.yaml, then +experiment=mine)
 Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
-agent, resources, paths, cluster).
+agent, resources, paths, cluster, trial, sandbox, tracking).
 Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error.
 """
 

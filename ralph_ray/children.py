@@ -399,7 +399,8 @@ def _child(
 
 def one_line(text: str, width: int = 100) -> str:
     """The first sentence of `text` on one line, cut to `width` characters."""
-    first = " ".join(text.split()).split(". ")[0]
+    head, stop, _ = " ".join(text.split()).partition(". ")
+    first = head + "." if stop else head  # the sentence keeps its full stop
     return first if len(first) <= width else first[: width - 3].rstrip() + "..."
 
 

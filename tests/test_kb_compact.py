@@ -233,7 +233,10 @@ def test_readers_in_other_processes_see_every_row_once_while_compactions_run(kb:
         for _ in range(2)
     ]
     try:
-        for k in range(2, len(runs) + 1, 2):  # each call folds two more finished runs with the previous file
+        # Each call folds two more finished runs with the previous file. The runs were folded (compact_run) before
+        # the readers started, as compact_run may briefly show a row twice (the views absorb it, a raw count not);
+        # narrowing FOLDED_PART is the one way to have six compact_kb commits over the same rows
+        for k in range(2, len(runs) + 1, 2):
             monkeypatch.setattr(kbmod, "FOLDED_PART", re.compile(rf"^({'|'.join(runs[:k])})-all\.parquet$"))
             assert kb.compact_kb()["epochs"] == 2
     finally:

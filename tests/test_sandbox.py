@@ -405,11 +405,16 @@ def test_a_node_without_bwrap_fails_the_trial_with_the_fix(
     tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
 ):
     # The driver checks its own machine; a worker node without bubblewrap fails its trials (final, not retried).
-    monkeypatch.setattr(sb, "BWRAP", "/nonexistent/bwrap")
-    monkeypatch.setattr(sb.shutil, "which", lambda name: None)
+    # Such a node: no `bwrap` on its PATH (the trainer's interpreter is named by its full path, so it still starts)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sb._bwrap_problem.cache_clear()
     work = tmp_path / "work"
     write_variant({"train.py": b"print('never runs')\n"}, work)
-    outcome = run(Trainer(work, public), Limits(30, sandbox=Policy(SandboxMode.bwrap)))
+    try:
+        outcome = run(Trainer(work, public), Limits(30, sandbox=Policy(SandboxMode.bwrap)))
+    finally:
+        monkeypatch.undo()
+        sb._bwrap_problem.cache_clear()
     assert outcome.status is Status.failed and "apt-get install bubblewrap" in (outcome.reason or "")
 
 

@@ -71,7 +71,6 @@ ANALYSIS = {
 
 @pytest.mark.slow
 def test_hybrid_campaign_hands_a_stalled_cycle_to_the_llm(ray_session, tiny_config, llm_server: ScriptedLLM):
-    pytest.importorskip("ralph_ray.agents.heuristic")
     llm_server.add(
         Reply(json.dumps(ANALYSIS), usage=(800, 100)),
         Reply(edit_line(r"^DROPOUT = .*$", "DROPOUT = 0.123  # dropout before the classifier"), usage=(600, 80)),
