@@ -405,7 +405,7 @@ def test_a_node_without_bwrap_fails_the_trial_with_the_fix(
     tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
 ):
     # The driver checks its own machine; a worker node without bubblewrap fails its trials (final, not retried).
-    # Such a node: no `bwrap` on its PATH (the trainer's interpreter is named by its full path, so it still starts)
+    # Such a node: no `bwrap` on its PATH, so bwrap itself is not found (nothing else on the cold path needs PATH)
     monkeypatch.setenv("PATH", "/nonexistent")
     sb._bwrap_problem.cache_clear()
     work = tmp_path / "work"

@@ -217,7 +217,7 @@ def test_a_server_that_cannot_start_falls_back_to_cold_and_says_why_once(
 ):
     monkeypatch.setattr(warmstart, "READY_TIMEOUT_S", 5.0)  # only a time cut
     # Deliberate fault injection: nothing a user controls makes a healthy server die before it is ready, so the
-    # handshake's variable is misspelt on the server's side and it dies at once with a KeyError
+    # handshake's variable is misspelt on the driver's side (the server reads the real name) and it dies at once
     monkeypatch.setattr(warmstart.zygote, "ENV_FD", "RALPH_ZYGOTE_FD_MISSPELT")
     source = "from ralph_ray import harness\nharness.report(epoch=1, val_acc=0.1)\n"
     for name in ("a", "b"):
