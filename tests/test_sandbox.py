@@ -12,6 +12,7 @@ import shutil
 import socket
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -293,16 +294,20 @@ harness.report(epoch=1, val_acc=0.1)
     assert not seen["project"] and not seen["home"]
 
 
-def test_a_missing_bwrap_names_the_fix(monkeypatch: pytest.MonkeyPatch):
+@pytest.fixture
+def no_bwrap_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A machine without bubblewrap: nothing on PATH; the cached probe forgotten before and after."""
     monkeypatch.setenv("PATH", "/nonexistent")
     sb._bwrap_problem.cache_clear()
-    try:
-        with pytest.raises(SandboxError, match="apt-get install bubblewrap.*sandbox=none"):
-            sb.check(Policy(SandboxMode.bwrap))
-        sb.check(Policy(SandboxMode.none))  # the explicit opt-out needs nothing
-    finally:
-        monkeypatch.undo()
-        sb._bwrap_problem.cache_clear()
+    yield
+    monkeypatch.undo()
+    sb._bwrap_problem.cache_clear()  # the next test probes the real PATH again
+
+
+def test_a_missing_bwrap_names_the_fix(no_bwrap_on_path: None):
+    with pytest.raises(SandboxError, match="apt-get install bubblewrap.*sandbox=none"):
+        sb.check(Policy(SandboxMode.bwrap))
+    sb.check(Policy(SandboxMode.none))  # the explicit opt-out needs nothing
 
 
 def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path):
@@ -401,20 +406,12 @@ def test_a_cli_agent_edits_its_work_dir_with_the_network_but_not_the_kb(tmp_path
     assert "DROPOUT = 0.25" in (work / "train.py").read_text()
 
 
-def test_a_node_without_bwrap_fails_the_trial_with_the_fix(
-    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_a_node_without_bwrap_fails_the_trial_with_the_fix(tmp_path: Path, public: Path, no_bwrap_on_path: None):
     # The driver checks its own machine; a worker node without bubblewrap fails its trials (final, not retried).
     # Such a node: no `bwrap` on its PATH, so bwrap itself is not found (nothing else on the cold path needs PATH)
-    monkeypatch.setenv("PATH", "/nonexistent")
-    sb._bwrap_problem.cache_clear()
     work = tmp_path / "work"
     write_variant({"train.py": b"print('never runs')\n"}, work)
-    try:
-        outcome = run(Trainer(work, public), Limits(30, sandbox=Policy(SandboxMode.bwrap)))
-    finally:
-        monkeypatch.undo()
-        sb._bwrap_problem.cache_clear()
+    outcome = run(Trainer(work, public), Limits(30, sandbox=Policy(SandboxMode.bwrap)))
     assert outcome.status is Status.failed and "apt-get install bubblewrap" in (outcome.reason or "")
 
 
