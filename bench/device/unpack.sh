@@ -4,8 +4,11 @@ set -e
 # The folder's name must hold 'site-packages': dill (datasets' fingerprints) pickles a module found anywhere else
 # by value, and task=grpo's Dataset.from_dict then fails ("Can't pickle <class 'MonthDayNano'>", 2026-11-26).
 S=/tmp/site-packages; mkdir -p $S
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S .gpu/*.whl
-for t in ray duckdb antlr; do tar xJf .gpu/$t.tar.xz -C $S; done
+if [ ! -f $S/.unpacked ]; then  # once per machine: a second script sourcing this in the same call skips it
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $S .gpu/*.whl
+  for t in ray duckdb antlr; do tar xJf .gpu/$t.tar.xz -C $S; done
+  touch $S/.unpacked
+fi
 export PYTHONPATH=$S:$PWD PYTHONUNBUFFERED=1
 nvidia-smi -L; nproc; free -g | head -2; df -h /dev/shm | tail -1
 python3 -c "import ray, duckdb, optuna, hydra, libcst, torch, ralph_ray; print('ray', ray.__version__, 'duckdb', duckdb.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"

@@ -111,3 +111,27 @@ def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
     loss.backward()
     optimizer.step()
     assert not all(torch.equal(start[name], tensor) for name, tensor in model.state_dict().items())
+
+
+def test_cifar10_whitening_decorrelates_the_patches():
+    """init_whiten (its eigenproblem now solved on the CPU in float64): the first 12 filters' outputs on the patches
+    they were fitted on have about unit variance and no correlation (the +/- copies mirror them)."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("cifar_train", PROJECT_ROOT / "trainers" / "cifar10" / "train.py")
+    assert spec is not None and spec.loader is not None
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    model = train.Net(10)
+    # correlated channels, as real images have: a shared component plus noise
+    shared = torch.randn(64, 1, 32, 32, generator=torch.Generator().manual_seed(0))
+    images = shared + 0.3 * torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    model.init_whiten(images)
+    weight = model.whiten.weight.detach()
+    assert weight.dtype == torch.float32 and weight.shape == (24, 3, 2, 2)
+    assert torch.equal(weight[12:], -weight[:12])
+    out = torch.nn.functional.conv2d(images, weight[:12]).permute(0, 2, 3, 1).reshape(-1, 12).double()
+    covariance = out.T @ out / len(out)  # uncentred, as the fit
+    assert torch.allclose(covariance, torch.eye(12, dtype=torch.float64), atol=0.02)
