@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -31,17 +31,10 @@ from ralph_ray.sandbox import Jail, Policy, SandboxMode, View, interpreter
 # What every trainer imports and costs the most to import. torch._dynamo: torch.optim imports it on the first
 # optimizer a trainer builds (2-3 s on 2 cores: most of a warm digits smoke run, 2.65 s of it); no thread started.
 PRELOAD = ("numpy", "torch", "torch._dynamo")
-# A stack whose cuDNN misbehaves when opened before a fork (none seen) can turn the opening off with this set to 0.
-CUDA_LIBRARIES_ENV = "RALPH_WARM_CUDA_LIBS"
 READY_TIMEOUT_S = 120.0  # a GPU node's first `import torch` can take a while
 START_TIMEOUT_S = 30.0
 MAX_SERVERS = 1  # per process (each holds torch in memory): a new cycle's folder replaces the server
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
-
-
-def cuda_libraries_wanted() -> bool:
-    """Whether servers open cuDNN's sub-libraries before forking; RALPH_WARM_CUDA_LIBS=0 turns it off."""
-    return os.environ.get(CUDA_LIBRARIES_ENV, "1") != "0"
 
 
 class WarmStartError(RuntimeError):
@@ -57,7 +50,6 @@ class Key:
     root: Path  # the folder of the work dirs: in the server's view, hidden from each trainer but for its own
     data_dir: Path
     preload: tuple[str, ...] = PRELOAD
-    cuda_libraries: bool = field(default_factory=cuda_libraries_wanted)  # see zygote.open_cudnn_libraries
 
 
 class WarmProcess:
@@ -110,7 +102,6 @@ class Server:
             "PYTHONUNBUFFERED": "1",
             zygote.ENV_FD: str(theirs.fileno()),
             zygote.ENV_PRELOAD: ",".join(key.preload),
-            zygote.ENV_CUDA_LIBRARIES: "1" if key.cuda_libraries else "0",
         }
         self._log = tempfile.TemporaryFile()
         argv = jail.command([interpreter(), "-c", Path(zygote.__file__).read_text()], Path("/"), zygote=True)

@@ -32,7 +32,6 @@ import traceback
 
 ENV_FD = "RALPH_ZYGOTE_FD"
 ENV_PRELOAD = "RALPH_ZYGOTE_PRELOAD"  # comma-separated modules imported once, before any fork
-ENV_CUDA_LIBRARIES = "RALPH_ZYGOTE_CUDA_LIBRARIES"  # "1": open cuDNN's sub-libraries once, before any fork
 STAGE = "/run/ralph_ray/stage"  # an empty folder the jail makes: the trainer's binds wait here while /tmp is replaced
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 16
@@ -64,8 +63,6 @@ def main() -> None:
             importlib.import_module(name)
         except ImportError:
             pass  # a trainer that needs it fails the same way as on a cold start
-    if os.environ.pop(ENV_CUDA_LIBRARIES, "") == "1":
-        open_cudnn_libraries()
     control.sendall(b"ready")
     while True:
         readable, _, _ = select.select([control], [], [], 0.5)
@@ -83,28 +80,6 @@ def main() -> None:
             _keeper(json.loads(data), fds)  # never returns
         for fd in fds:
             os.close(fd)
-
-
-def open_cudnn_libraries(maps: str = "/proc/self/maps") -> list[str]:
-    """dlopen the sub-libraries of the cuDNN this process has loaded (with torch); the paths opened.
-
-    cuDNN 9 opens its engines, heuristics and ops libraries (~1 GB) at the first convolution: once per trial when
-    each trial is a fresh fork. Opened here they are mapped and relocated once per worker and every fork shares
-    them. dlopen runs no CUDA call, so the forks still start without a CUDA context; a library that fails to open
-    is left for cuDNN to open (and report) as it would.
-    """
-    with open(maps) as lines:
-        loaded = {line.split()[-1] for line in lines if "/libcudnn.so" in line}
-    opened = []
-    for folder in sorted({os.path.dirname(path) for path in loaded}):
-        for name in sorted(os.listdir(folder)):
-            if name.startswith("libcudnn_") and ".so" in name:
-                try:
-                    ctypes.CDLL(os.path.join(folder, name))
-                except OSError:
-                    continue
-                opened.append(os.path.join(folder, name))
-    return opened
 
 
 def _reap() -> None:

@@ -97,9 +97,7 @@ class Net(nn.Module):
         c, (h, w) = images.shape[1], self.whiten.weight.shape[2:]
         patches = images.unfold(2, h, 1).unfold(3, w, 1).transpose(1, 3).reshape(-1, c, h, w).float()
         flat = patches.view(len(patches), -1)
-        # The 12x12 eigenproblem on the CPU (microseconds): on a GPU, eigh's first call starts cuSOLVER in each trial.
-        covariance = (flat.T @ flat / len(flat)).double().cpu()
-        eigenvalues, eigenvectors = (t.float().to(images.device) for t in torch.linalg.eigh(covariance))
+        eigenvalues, eigenvectors = torch.linalg.eigh(flat.T @ flat / len(flat))
         filters = (eigenvectors.T.reshape(-1, c, h, w).flip(0)) / torch.sqrt(eigenvalues.flip(0) + eps).view(
             -1, 1, 1, 1
         )
