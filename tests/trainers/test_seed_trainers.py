@@ -114,7 +114,7 @@ def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
 
 
 def test_cifar10_whitening_decorrelates_the_patches():
-    """init_whiten (its eigenproblem now solved on the CPU in float64): the first 12 filters' outputs on the patches
+    """init_whiten: the first 12 filters' outputs on the 2x2 patches
     they were fitted on have about unit variance and no correlation (the +/- copies mirror them)."""
     import importlib.util
 
