@@ -11,7 +11,7 @@ nvidia-smi --query-gpu=name,persistence_mode,driver_version --format=csv
 bash bench/device/cifar_data.sh
 timeout 90 python3 bench/device/cuda_floor.py 5
 CUDNN_BENCHMARK=0 timeout 60 python3 bench/device/cifar_start.py -- +experiment=cifar10 data.root=/tmp/cifar 2>&1 | tail -16
-timeout 100 python3 bench/trial_phases.py --trials 5 --threads 8 --name trial_phases_cifar_gpu_s53 --note "CIFAR-10 seed \
+timeout 100 python3 bench/trial_phases.py --trials 5 --threads 8 --name trial_phases_cifar_gpu_1130 --note "CIFAR-10 seed \
 trainer on **CIFAR-shaped synthetic data** (CIFAR-10 can't be reached from the device): a speed figure only. One GPU \
 ($(nvidia-smi -L | head -1 | cut -d'(' -f1))." -- +experiment=cifar10 data.root=/tmp/cifar sandbox=none 2>&1 | tail -12
 CIFAR_TIMEOUT=150 bash bench/device/cifar_speed.sh

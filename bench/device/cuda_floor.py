@@ -2,8 +2,9 @@
 
 A parent imports torch as the fork server does (`warmstart.PRELOAD`), then forks N children one after another; each
 is what a warm trial is, a fresh process with no CUDA context, and times its first CUDA steps on the CIFAR seed's
-shapes: the context, a 3.2-GB allocation (the trial's peak), the first cuBLAS matmul (whitening's covariance), the
-first cuDNN convolution forward and backward in bf16 channels-last, the first SGD step, then the same step again
+shapes: the context, a 3.2-GB allocation (about the trial's peak), the first cuBLAS matmul (whitening's covariance;
+with the first randn), the first cuDNN convolution forward in bf16 channels-last (with the input's and the
+optimizer's creation), its backward (the weight gradient only), the first SGD step, then the same step again
 (steady). The parent times the child's exit, from its last message to `waitpid` (the context's teardown).
     python bench/device/cuda_floor.py [children=5]
 """
@@ -23,7 +24,7 @@ STEPS = (
     "allocate 3.2 GB",
     "first cuBLAS matmul",
     "first conv forward",
-    "first conv backward",
+    "first conv backward (weight gradient)",
     "first SGD step",
     "steady step",
 )

@@ -114,8 +114,7 @@ def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
 
 
 def test_cifar10_whitening_decorrelates_the_patches():
-    """init_whiten: the first 12 filters' outputs on the 2x2 patches
-    they were fitted on have about unit variance and no correlation (the +/- copies mirror them)."""
+    """init_whiten: the first 12 filters decorrelate their 2x2 patches to unit variance; the other 12 negate them."""
     import importlib.util
 
     import torch
@@ -125,8 +124,10 @@ def test_cifar10_whitening_decorrelates_the_patches():
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
     model = train.Net(10)
-    # correlated channels, as real images have: a shared component plus noise
+    # correlated channels and neighbours, as in real images, more along rows than columns (a patch layout with rows
+    # and columns swapped would not whiten them)
     shared = torch.randn(64, 1, 32, 32, generator=torch.Generator().manual_seed(0))
+    shared = shared + 0.8 * shared.roll(1, 3) + 0.3 * shared.roll(1, 2)
     images = shared + 0.3 * torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     model.init_whiten(images)
     weight = model.whiten.weight.detach()
