@@ -5,7 +5,7 @@
 # what a trial costs the campaign (training wall / 8) over a trial's epochs' time when it runs alone.
 source bench/device/unpack.sh
 set +e
-test -d /tmp/cifar || bash bench/device/cifar_data.sh
+bash bench/device/cifar_data.sh
 for n in 1 2 4; do
   gpu=$(python3 -c "print(1 / $n)")
   timeout 110 python3 -m ralph_ray +experiment=cifar10 data.root=/tmp/cifar sandbox=none agent=none \

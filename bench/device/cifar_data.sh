@@ -1,5 +1,7 @@
 # CIFAR-shaped synthetic data in /tmp/cifar (CIFAR-10 can't be reached from the device): random uint8 images and
 # random labels in the real python-batch format, for speed figures only (their accuracy means nothing).
+# Made once per machine: a second script needing it in the same call finds it there.
+test -f /tmp/cifar/cifar-10-batches-py/test_batch && exit 0
 mkdir -p /tmp/cifar/cifar-10-batches-py && python3 - <<'PY'
 import pickle
 import numpy as np

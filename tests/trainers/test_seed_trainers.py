@@ -85,17 +85,24 @@ def test_trainer_by_hand_without_data_says_how_to_prepare(task: str, tmp_path: P
     assert "python -m ralph_ray.prepare" in result.stderr
 
 
-def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
-    """The GPU warm-up trains throwaway steps: the weights, BatchNorm statistics and momentum must be the start's."""
-    import contextlib
+def cifar_train_module():
+    """The CIFAR-10 seed trainer imported as a module (its functions and classes, without running main)."""
     import importlib.util
-
-    import torch
 
     spec = importlib.util.spec_from_file_location("cifar_train", PROJECT_ROOT / "trainers" / "cifar10" / "train.py")
     assert spec is not None and spec.loader is not None
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
+    return train
+
+
+def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
+    """The GPU warm-up trains throwaway steps: the weights, BatchNorm statistics and momentum must be the start's."""
+    import contextlib
+
+    import torch
+
+    train = cifar_train_module()
     model = train.Net(10)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     start = {name: tensor.clone() for name, tensor in model.state_dict().items()}
@@ -115,14 +122,9 @@ def test_cifar10_warm_up_leaves_the_model_and_optimizer_as_they_started():
 
 def test_cifar10_whitening_decorrelates_the_patches():
     """init_whiten: the first 12 filters decorrelate their 2x2 patches to unit variance; the other 12 negate them."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("cifar_train", PROJECT_ROOT / "trainers" / "cifar10" / "train.py")
-    assert spec is not None and spec.loader is not None
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = cifar_train_module()
     model = train.Net(10)
     # correlated channels and neighbours, as in real images, more along rows than columns (a patch layout with rows
     # and columns swapped would not whiten them)
