@@ -41,7 +41,10 @@ def materialise_data(data: PublicData) -> Path:
         (tmp / name).write_bytes(content)
     try:
         os.replace(tmp, root)
-    except OSError:  # another trial on this node got there first
+    except OSError:  # another trial on this node got there first, or a cleaner of /tmp removed files from the cache
+        for name in data.files:
+            if not (root / name).exists():  # put back a file at a time (atomically: trials may be reading the rest)
+                os.replace(tmp / name, root / name)
         shutil.rmtree(tmp, ignore_errors=True)
     return root
 

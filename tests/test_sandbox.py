@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -310,17 +311,29 @@ def test_a_missing_bwrap_names_the_fix(no_bwrap_on_path: None):
     sb.check(Policy(SandboxMode.none))  # the explicit opt-out needs nothing
 
 
-def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path):
-    jail = Jail(Policy(hidden=(str(tmp_path / "data_root"),)), View(writable=(tmp_path,)))
+def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    # A raw dataset (data.root) and a labels file inside a folder the jail binds (here one of the Python environment's)
+    env = (tmp_path / "env").resolve()
+    data_root, labels = env / "data_root", env / "labels.csv"
+    data_root.mkdir(parents=True)
+    labels.write_text("the held-out labels")
+    real_python_dirs = sb.python_dirs
+    monkeypatch.setattr(sb, "python_dirs", lambda: [*real_python_dirs(), env])
+    work = (tmp_path / "work").resolve()
+    work.mkdir()
+    jail = Jail(Policy(hidden=(str(data_root), str(labels))), View(writable=(work,)))
     try:
-        line = " ".join(jail.command(["python", "train.py"], tmp_path))
+        line = " ".join(jail.command(["python", "train.py"], work))
     finally:
         jail.close()
-    assert f"--bind {tmp_path} {tmp_path}" in line and "--unshare-all" in line and "--share-net" not in line
+    assert f"--bind {work} {work}" in line and "--unshare-all" in line and "--share-net" not in line
     assert f" {PROJECT_ROOT} " not in line.replace(f"{PROJECT_ROOT}/.venv", "")  # only the venv, if it lives there
-    sklearn_data = next((h for h in jail.hidden_paths() if h.name == "data" and "sklearn" in h.parts), None)
-    if sklearn_data is not None and any(sklearn_data.is_relative_to(p) for p in sb.python_dirs()):
-        assert f"--tmpfs {sklearn_data}" in line
+    # Each hidden path is covered after the bind that holds it (a later bind of its folder would uncover it)
+    bind = line.index(f"--ro-bind {env} {env}")
+    assert line.index(f"--tmpfs {data_root}") > bind and line.index(f"--ro-bind /dev/null {labels}") > bind
+    target = sklearn_data()  # digits needs scikit-learn, whose raw datasets sit in the bound Python environment
+    assert target is not None and target.is_dir(), "scikit-learn's datasets are not inside a bound Python folder"
+    assert f"--tmpfs {target}" in line
 
 
 STEAL = """
@@ -426,3 +439,38 @@ def test_a_python_environment_under_tmp_is_bound_after_the_private_tmp():
     for folder in sb.python_dirs():
         bind = next(i for i in range(len(args) - 2) if args[i : i + 3] == ["--ro-bind", str(folder), str(folder)])
         assert bind > private_tmp, f"{folder} is bound before the private /tmp covers it"
+
+
+PEEK = """
+import os, sys
+shared, runs, work = sys.argv[1:4]
+print("secret:", sorted(os.listdir(os.path.join(shared, "secret"))))
+print("tool:", open(os.path.join(shared, "tool.txt")).read())
+print("other run:", os.path.exists(os.path.join(runs, "r", "other.txt")))
+open(os.path.join(work, "out.txt"), "w").write("written")
+"""
+
+
+def test_a_hidden_path_inside_a_bound_folder_stays_hidden_and_one_holding_the_work_dir_leaves_it(tmp_path: Path):
+    # bwrap mounts in order: a folder bound after the cover of a path inside it would show that path again, and a
+    # cover after the work dir's bind would hide the work dir it holds
+    shared, runs = (tmp_path / "shared").resolve(), (tmp_path / "runs").resolve()
+    (shared / "secret").mkdir(parents=True)
+    (shared / "secret" / "labels.csv").write_text("the held-out labels")
+    (shared / "tool.txt").write_text("the agent's program")
+    work = runs / "r" / "work"
+    work.mkdir(parents=True)
+    (runs / "r" / "other.txt").write_text("another run's file")
+    jail = Jail(
+        Policy(hidden=(str(shared / "secret"), str(runs))),
+        View(writable=(work,), extra_readable=(shared,), harness=False),
+    )
+    try:
+        argv = jail.command([sys.executable, "-c", PEEK, str(shared), str(runs), str(work)], work)
+        ran = subprocess.run(argv, env=jail.env(dict(os.environ)), capture_output=True, text=True, timeout=60)
+    finally:
+        jail.close()
+    assert ran.returncode == 0, ran.stderr
+    assert "secret: []" in ran.stdout  # covered, though its folder is bound
+    assert "tool: the agent's program" in ran.stdout and "other run: False" in ran.stdout
+    assert (work / "out.txt").read_text() == "written"  # the work dir inside the hidden runs/ is still bound

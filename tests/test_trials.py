@@ -98,6 +98,21 @@ def test_public_data_is_materialised_once_per_node(tmp_path: Path, monkeypatch: 
     data = PublicData(files, {name: hashlib.sha256(content).hexdigest() for name, content in files.items()})
     first = materialise_data(data)
     assert {p.name: p.read_bytes() for p in first.iterdir()} == files
-    (first / "train_x.npy").touch()
-    assert materialise_data(data) == first  # reused, not rewritten
+    stamps = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in first.iterdir()}
+
+    def no_rewrite(path: Path, content: bytes) -> int:
+        raise AssertionError(f"{path} was written again")
+
+    with monkeypatch.context() as m:  # the second trial on this node writes nothing: it reuses the cached files
+        m.setattr(Path, "write_bytes", no_rewrite)
+        assert materialise_data(data) == first
+    assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in first.iterdir()} == stamps
+    assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temp folder left beside it
+    check_frozen({str(first / name): digest for name, digest in data.hashes.items()})
+
+    (first / "meta.json").unlink()  # a cleaner of /tmp took one file: the next trial puts it back, leaves the other
+    assert materialise_data(data) == first
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == files
+    assert (first / "train_x.npy").stat().st_ino == stamps["train_x.npy"][0]
+    assert [p.name for p in first.parent.iterdir()] == [first.name]
     check_frozen({str(first / name): digest for name, digest in data.hashes.items()})

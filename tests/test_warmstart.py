@@ -74,9 +74,11 @@ def test_the_kb_the_raw_dataset_cover_and_the_network_stay_out_of_reach_warm(tmp
     outcome, work = hostile_run(tmp_path, public, "labels_kb", warm=True, target=kb)
     assert_breach(outcome, Breach.forbidden_path)
     assert "leaderboard" not in (work / "stdout.log").read_text()
-    if (target := sklearn_data()) is not None:
-        outcome, work = hostile_run(tmp_path, public, "unhide", warm=True, target=target)
-        assert_breach(outcome, Breach.forbidden_path)
+    target = sklearn_data()  # digits needs scikit-learn, whose raw datasets sit in the bound Python environment
+    assert target is not None, "scikit-learn's datasets are not inside a bound Python folder"
+    outcome, work = hostile_run(tmp_path, public, "unhide", warm=True, target=target)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "unhidden" not in (work / "stdout.log").read_text()
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen(1)
