@@ -54,7 +54,7 @@ def edge_of_chaos_weight(logits: torch.Tensor, targets: torch.Tensor) -> torch.T
 
 REPLAY_HELPER = '''
 class DreamReplay:
-    """Hard-example replay: keep each batch's most-missed REPLAY_SHARE, train on them again after the epoch."""
+    """Hard-example replay: keep each batch's most-missed REPLAY_SHARE, train on them again before the next epoch."""
 
     def __init__(self) -> None:
         self.x: list[torch.Tensor] = []
@@ -177,7 +177,12 @@ def edge_of_chaos_curriculum(source: str) -> str:
 
 @register("hard_example_replay", "forge")
 def hard_example_replay(source: str) -> str:
-    """Replay ("dream") the most-missed examples of the epoch once more between epochs."""
+    """Replay ("dream") the most-missed examples of an epoch once more between epochs, before the next one's batches.
+
+    Not after the epoch's own batches: there the last epoch's replay would be the last update before the model is
+    evaluated, a step on the hardest examples alone. On the lm seed that cost 0.88 bits per byte on 4 of 4 seeds
+    (hard bytes are the unpredictable ones: the model's distribution leaned towards them); before the next epoch's
+    batches it costs 0.04, and digits' gain is the same (`bench/intervention_effect.py`)."""
     trainer = analyse(source)
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
@@ -192,11 +197,11 @@ def hard_example_replay(source: str) -> str:
     # evaluated again would draw other images).
     inputs = _named(edits, positional(trainer.forward_call())[0].value, free_name(trainer, "dream_inputs"))
     logits = _named(edits, loss_args[0].value, free_name(trainer, "dream_logits"))
-    edits.knob("REPLAY_SHARE", 0.1, "share of each batch (its most-missed examples) replayed after the epoch")
+    edits.knob("REPLAY_SHARE", 0.1, "share of each batch (its most-missed examples) replayed before the next epoch")
     edits.helper(REPLAY_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{replay} = DreamReplay()")
     edits.insert_after(trainer.step_statement(), f"{replay}.observe({logits}, {inputs}, {targets})")
-    edits.insert_after(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # between epochs")
+    edits.insert_before(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # the last epoch's, first")
     return edits.apply()
 
 
