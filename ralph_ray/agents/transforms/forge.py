@@ -182,7 +182,7 @@ def hard_example_replay(source: str) -> str:
     Not after the epoch's own batches: there the last epoch's replay would be the last update before the model is
     evaluated, a step on the hardest examples alone. On the lm seed that cost 0.88 bits per byte on 4 of 4 seeds
     (hard bytes are the unpredictable ones: the model's distribution leaned towards them); before the next epoch's
-    batches it costs 0.04, and digits' gain is the same (`bench/intervention_effect.py`)."""
+    batches it costs 0.02, and digits' gain is the same, +0.005 (`bench/intervention_effect.py`)."""
     trainer = analyse(source)
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
