@@ -42,10 +42,14 @@ def materialise_data(data: PublicData) -> Path:
     try:
         os.replace(tmp, root)
     except OSError:  # another trial on this node got there first, or a cleaner of /tmp removed files from the cache
-        for name in data.files:
-            if not (root / name).exists():  # put back a file at a time (atomically: trials may be reading the rest)
-                os.replace(tmp / name, root / name)
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            for name in data.files:
+                if not (root / name).exists():  # put back a file at a time (atomically: trials may read the rest)
+                    os.replace(tmp / name, root / name)
+        except OSError:
+            pass  # not ours to mend (another user's cache, a file in its place): check_frozen names what is missing
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the whole folder was moved into place
     return root
 
 

@@ -228,18 +228,22 @@ class Jail:
             args += ["--dev-bind", str(device), str(device)]
         if any(Path("/dev").glob("nvidia*")) and Path("/sys").is_dir():
             args += ["--ro-bind", "/sys", "/sys"]  # CUDA reads the PCI topology
-        # bwrap mounts in order, so a cover must come after the bind of the folder that holds it (or that bind
-        # shows it again) and before the binds of the view's folders inside it (or it hides them too).
-        views = [f.resolve() for f in (*self.view.readable, *self.view.extra_readable, *self.view.writable)]
-        covers = [h for h in self.hidden_paths() if h.exists() and any(h.is_relative_to(b) for b in (*bound, *views))]
-        holding = [h for h in covers if any(v.is_relative_to(h) for v in views)]
-        args += _cover(holding)
+        # bwrap mounts in order, so a cover must come after the bind of every folder that holds it (or that bind
+        # shows it again) and before the binds of the view's folders inside it (or it hides them too): the view's
+        # binds and the covers go parents first (a path's depth), a cover before a bind of the same path.
+        mounts: list[tuple[Path, int, list[str]]] = []
         for folder in (*self.view.readable, *self.view.extra_readable):
             if folder.exists():  # a missing data dir is the harness's to explain
-                args += ["--ro-bind", str(folder.resolve()), str(folder.resolve())]
+                mounts.append((folder.resolve(), 1, ["--ro-bind", str(folder.resolve()), str(folder.resolve())]))
         for folder in self.view.writable:
-            args += ["--bind", str(folder.resolve()), str(folder.resolve())]
-        args += _cover([h for h in covers if h not in holding])
+            mounts.append((folder.resolve(), 1, ["--bind", str(folder.resolve()), str(folder.resolve())]))
+        views = [path for path, _, _ in mounts]
+        for hidden in self.hidden_paths():
+            if hidden.exists() and any(hidden.is_relative_to(b) for b in (*bound, *views)):
+                cover = ["--tmpfs", str(hidden)] if hidden.is_dir() else ["--ro-bind", "/dev/null", str(hidden)]
+                mounts.append((hidden, 0, cover))
+        for _, _, mount in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
+            args += mount
         if self.lib is not None:
             args += ["--ro-bind", str(self.lib), str(LIB_INSIDE)]
         if zygote:
@@ -395,14 +399,6 @@ def classify(returncode: int, stderr_tail: str, jail: Jail | None, work: Path) -
         if not path.is_relative_to(work.resolve()) and (path.exists() or path.parent.exists()):
             return Breach.forbidden_path
     return None
-
-
-def _cover(paths: list[Path]) -> list[str]:
-    """bwrap arguments that make each path unreachable: an empty tmpfs over a folder, /dev/null over a file."""
-    args: list[str] = []
-    for path in paths:
-        args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
-    return args
 
 
 def interpreter() -> str:

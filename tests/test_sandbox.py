@@ -446,15 +446,19 @@ import os, sys
 shared, runs, work = sys.argv[1:4]
 print("secret:", sorted(os.listdir(os.path.join(shared, "secret"))))
 print("tool:", open(os.path.join(shared, "tool.txt")).read())
+print("runs:", sorted(os.listdir(runs)))
 print("other run:", os.path.exists(os.path.join(runs, "r", "other.txt")))
 open(os.path.join(work, "out.txt"), "w").write("written")
 """
 
 
-def test_a_hidden_path_inside_a_bound_folder_stays_hidden_and_one_holding_the_work_dir_leaves_it(tmp_path: Path):
-    # bwrap mounts in order: a folder bound after the cover of a path inside it would show that path again, and a
-    # cover after the work dir's bind would hide the work dir it holds
-    shared, runs = (tmp_path / "shared").resolve(), (tmp_path / "runs").resolve()
+@needs_bwrap
+def test_hidden_paths_nested_in_the_views_folders_stay_hidden_and_the_work_dir_inside_one_stays_bound(tmp_path: Path):
+    # A folder the view binds (a CLI agent's program folder: here it holds the project, so runs/) holds a hidden
+    # path (secret/) and a hidden folder (runs/) that holds the work dir. bwrap mounts in order: a cover before the
+    # bind of the folder that holds it is shown again by that bind; a cover after the work dir's bind hides it.
+    shared = (tmp_path / "shared").resolve()
+    runs = shared / "runs"
     (shared / "secret").mkdir(parents=True)
     (shared / "secret" / "labels.csv").write_text("the held-out labels")
     (shared / "tool.txt").write_text("the agent's program")
@@ -471,6 +475,7 @@ def test_a_hidden_path_inside_a_bound_folder_stays_hidden_and_one_holding_the_wo
     finally:
         jail.close()
     assert ran.returncode == 0, ran.stderr
-    assert "secret: []" in ran.stdout  # covered, though its folder is bound
-    assert "tool: the agent's program" in ran.stdout and "other run: False" in ran.stdout
+    assert "secret: []" in ran.stdout  # covered, though the folder that holds it is bound
+    assert "tool: the agent's program" in ran.stdout
+    assert "runs: ['r']" in ran.stdout and "other run: False" in ran.stdout  # only the way to the work dir
     assert (work / "out.txt").read_text() == "written"  # the work dir inside the hidden runs/ is still bound

@@ -116,3 +116,17 @@ def test_public_data_is_materialised_once_per_node(tmp_path: Path, monkeypatch: 
     assert (first / "train_x.npy").stat().st_ino == stamps["train_x.npy"][0]
     assert [p.name for p in first.parent.iterdir()] == [first.name]
     check_frozen({str(first / name): digest for name, digest in data.hashes.items()})
+
+
+def test_a_data_cache_it_cannot_mend_fails_the_trial_with_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("RALPH_CACHE_DIR", str(tmp_path / "cache"))
+    files = {"train_x.npy": b"abc"}
+    data = PublicData(files, {name: hashlib.sha256(content).hexdigest() for name, content in files.items()})
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / data.key).write_text("a file where the cache folder goes")
+    root = materialise_data(data)  # no OSError out of it (Tune would retry the trial): the frozen check says why
+    assert [p.name for p in root.parent.iterdir()] == [data.key]  # and no temp folder is left
+    with pytest.raises(TrialFailed, match="missing"):
+        check_frozen({str(root / name): digest for name, digest in data.hashes.items()})
