@@ -101,8 +101,9 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    task = args.task or ("lm" if args.trainer == "lm" else "digits")
     parent = trainer_source(args.trainer)
+    folder = trainer_folders()[args.trainer]
+    task = args.task or (folder.name if folder.parent == SEEDS else "digits")  # a seed's own task; fixtures: digits
     try:
         child = apply_transform(args.intervention, parent)
     except (NotApplicable, KeyError) as reason:  # KeyError: no transform of that name

@@ -311,17 +311,15 @@ def test_a_missing_bwrap_names_the_fix(no_bwrap_on_path: None):
     sb.check(Policy(SandboxMode.none))  # the explicit opt-out needs nothing
 
 
-def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    # A raw dataset (data.root) and a labels file inside a folder the jail binds (here one of the Python environment's)
+def test_jail_command_hides_the_project_and_the_raw_dataset(tmp_path: Path):
+    # A raw dataset (data.root) and a labels file inside a folder the jail binds (here one its view reads)
     env = (tmp_path / "env").resolve()
     data_root, labels = env / "data_root", env / "labels.csv"
     data_root.mkdir(parents=True)
     labels.write_text("the held-out labels")
-    real_python_dirs = sb.python_dirs
-    monkeypatch.setattr(sb, "python_dirs", lambda: [*real_python_dirs(), env])
     work = (tmp_path / "work").resolve()
     work.mkdir()
-    jail = Jail(Policy(hidden=(str(data_root), str(labels))), View(writable=(work,)))
+    jail = Jail(Policy(hidden=(str(data_root), str(labels))), View(writable=(work,), extra_readable=(env,)))
     try:
         line = " ".join(jail.command(["python", "train.py"], work))
     finally:
@@ -465,6 +463,7 @@ def test_hidden_paths_nested_in_the_views_folders_stay_hidden_and_the_work_dir_i
     work = runs / "r" / "work"
     work.mkdir(parents=True)
     (runs / "r" / "other.txt").write_text("another run's file")
+    (runs / "q").mkdir()
     jail = Jail(
         Policy(hidden=(str(shared / "secret"), str(runs))),
         View(writable=(work,), extra_readable=(shared,), harness=False),

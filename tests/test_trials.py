@@ -34,6 +34,11 @@ harness.report(epoch=1, val_acc=float("nan"))
 """
 
 
+def as_public(files: dict[str, bytes]) -> PublicData:
+    """Public files as a trial receives them: their bytes and hashes."""
+    return PublicData(files, {name: hashlib.sha256(content).hexdigest() for name, content in files.items()})
+
+
 def public_data() -> PublicData:
     rng = np.random.default_rng(0)
     files = {}
@@ -47,7 +52,7 @@ def public_data() -> PublicData:
         np.save(buffer, array)
         files[f"{name}.npy"] = buffer.getvalue()
     files["meta.json"] = json.dumps({"num_classes": 2}).encode()
-    return PublicData(files, {name: hashlib.sha256(content).hexdigest() for name, content in files.items()})
+    return as_public(files)
 
 
 def test_a_tune_run_of_the_adapter(ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -95,7 +100,7 @@ def test_frozen_file_change_is_refused(tmp_path: Path):
 def test_public_data_is_materialised_once_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RALPH_CACHE_DIR", str(tmp_path / "cache"))
     files = {"train_x.npy": b"abc", "meta.json": b"{}"}
-    data = PublicData(files, {name: hashlib.sha256(content).hexdigest() for name, content in files.items()})
+    data = as_public(files)
     first = materialise_data(data)
     assert {p.name: p.read_bytes() for p in first.iterdir()} == files
     stamps = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in first.iterdir()}
@@ -123,7 +128,7 @@ def test_a_data_cache_it_cannot_mend_fails_the_trial_with_what_is_missing(
 ):
     monkeypatch.setenv("RALPH_CACHE_DIR", str(tmp_path / "cache"))
     files = {"train_x.npy": b"abc"}
-    data = PublicData(files, {name: hashlib.sha256(content).hexdigest() for name, content in files.items()})
+    data = as_public(files)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / data.key).write_text("a file where the cache folder goes")
     root = materialise_data(data)  # no OSError out of it (Tune would retry the trial): the frozen check says why
