@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,15 +43,20 @@ def materialise_data(data: PublicData) -> Path:
     try:
         os.replace(tmp, root)
     except OSError:  # another trial on this node got there first, or a cleaner of /tmp removed files from the cache
-        try:
-            for name in data.files:
-                if not (root / name).exists():  # put back a file at a time (atomically: trials may read the rest)
-                    os.replace(tmp / name, root / name)
-        except OSError:
-            pass  # not ours to mend (another user's cache, a file in its place): check_frozen names what is missing
+        _put_back(tmp, root, data.files)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when the whole folder was moved into place
     return root
+
+
+def _put_back(tmp: Path, root: Path, names: Iterable[str]) -> None:
+    """Move into `root` each file it lacks, one at a time (atomically: trials may be reading the rest)."""
+    try:
+        for name in names:
+            if not (root / name).exists():
+                os.replace(tmp / name, root / name)
+    except OSError:
+        pass  # not ours to mend (another user's cache, a file in its place): check_frozen names what is missing
 
 
 def check_frozen(frozen: dict[str, str]) -> None:

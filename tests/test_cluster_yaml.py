@@ -11,9 +11,12 @@ import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.raycluster import RAY_ENV_DEFAULTS
 
 FILES = ("cluster.yaml", "cluster-onprem.yaml")
 TOKEN = "~/.ray/auth_token"
+# What a node's raylet reads (RAY_AIR_NEW_OUTPUT is the driver's console and travels with the campaign).
+NODE_ENV = {k: v for k, v in RAY_ENV_DEFAULTS.items() if k != "RAY_AIR_NEW_OUTPUT"}
 
 
 def load(name: str) -> dict:
@@ -59,3 +62,14 @@ def test_onprem_cluster_yaml_is_valid_and_never_runs_a_bare_ray_stop(kind: str):
     assert not [c for c in commands if re.search(r"\bray stop\b", c)], (
         "ray stop would stop every Ray of the user on the machine"
     )
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_ray_start_runs_with_the_environment_a_local_ray_gets(name: str):
+    """A cluster's raylets get what ensure_ray gives a local one (trials at niceness 0, Tune's reuse wait, ...)."""
+    config = load(name)
+    for kind in ("head_start_ray_commands", "worker_start_ray_commands"):
+        for command in (c for c in config[kind] if "ray start" in c):
+            before = command.split("ray start")[0]
+            missing = [f"{k}={v}" for k, v in NODE_ENV.items() if f"{k}={v}" not in before]
+            assert not missing, f"{name} {kind}: ray start without {missing}"

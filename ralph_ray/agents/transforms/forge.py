@@ -201,7 +201,7 @@ def hard_example_replay(source: str) -> str:
     edits.helper(REPLAY_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{replay} = DreamReplay()")
     edits.insert_after(trainer.step_statement(), f"{replay}.observe({logits}, {inputs}, {targets})")
-    edits.insert_before(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # the last epoch's, first")
+    edits.insert_before(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # last epoch's hardest, first")
     return edits.apply()
 
 
