@@ -18,6 +18,7 @@ from ralph_ray import sql
 from ralph_ray.front import cost_seconds
 from ralph_ray.kb import SCHEMAS as KB_SCHEMAS
 from ralph_ray.kb import KnowledgeBase, now, open_reader
+from ralph_ray.statuses import TrialStatus
 
 BOARD_COLUMNS = [
     "variant_id",
@@ -42,6 +43,16 @@ def chart_rows(at, index: int = 0) -> list[pa.Table]:
     """The data sets behind one altair chart on the page."""
     chart = at.get("vega_lite_chart")[index]
     return [pa.ipc.open_stream(d.data.data).read_all() for d in chart.proto.datasets]
+
+
+def stop_marks(at, index: int = 0) -> pa.Table:
+    """The data set behind the cross layer (ASHA's stops) of one altair chart on the page, empty when none stopped."""
+    chart = at.get("vega_lite_chart")[index]
+    # Found by its mark, not by position: altair names data sets by content and drops duplicates, so an index could
+    # point at the lines' data set.
+    layer = next(layer for layer in json.loads(chart.proto.spec)["layer"] if layer["mark"].get("shape") == "cross")
+    data = next(d for d in chart.proto.datasets if d.name == layer["data"]["name"])
+    return pa.ipc.open_stream(data.data.data).read_all()
 
 
 def test_leaderboard_rows_match_the_kb_view(tiny: Tiny):
@@ -106,14 +117,69 @@ def test_curves_page_draws_every_epoch_and_the_progress(tiny: Tiny):
     assert lines.num_rows == len(curves) > 0
     assert set(lines.column("trial_id").to_pylist()) == {r["trial_id"] for r in curves}
     stopped = {r["trial_id"] for r in curves if r["status"] == "stopped_early"}
-    if stopped:  # ASHA's stops are marked at their last epoch
-        marks = chart_rows(at, 0)[1]
-        assert set(marks.column("trial_id").to_pylist()) == stopped
+    # Holds with or without an ASHA stop in this campaign (then no cross); a KB with stops: the next test
+    assert set(stop_marks(at).column("trial_id").to_pylist()) == stopped
     trials = view_rows(tiny.kb_root, sql.TRIAL_TIMELINE, [tiny.run_id])
     progress = chart_rows(at, 1)
     assert sum(t.num_rows for t in progress[:2]) == len(trials)  # scored points + unscored ticks: every trial
     at.selectbox(key="curves_metric").set_value("val_loss").run()
     assert "val_loss" in chart_rows(at, 0)[0].column_names
+
+
+def test_curves_page_marks_each_asha_stop_at_its_last_epoch(tmp_path: Path):
+    """Every stopped_early trial gets one cross at its last epoch and value, for each metric; completed ones none."""
+    kb = KnowledgeBase(kb_with_run(tmp_path, "finished", stop_reason="max_cycles"))
+    # (variant, trial, status, epochs): each variant mixes a stop and a completion (so marking by variant is wrong
+    # too), and the stops end at different epochs, both before the completions' last
+    trials = [
+        ("seed", "t1", TrialStatus.completed, 3),
+        ("seed", "t2", TrialStatus.stopped_early, 1),
+        ("kid", "t3", TrialStatus.stopped_early, 2),
+        ("kid", "t4", TrialStatus.completed, 3),
+    ]
+    for variant, parent in (("seed", None), ("kid", "seed")):
+        kb.append(
+            "variants",
+            [{"run_id": "r1", "variant_id": variant, "parent_id": parent, "cycle": 1, "status": "kept"}],
+            f"r1-{variant}",
+        )
+    # (trial, epoch) -> the metrics it reported, distinct for every point so a cross's y names the point it sits on
+    values: dict[tuple[str, int], dict[str, float]] = {}
+    for n, (variant, trial_id, status, epochs) in enumerate(trials):
+        done = status is TrialStatus.completed
+        row = {
+            "run_id": "r1",
+            "cycle": 1,
+            "trial_id": trial_id,
+            "variant_id": variant,
+            "status": status.value,
+            "epochs": epochs,
+            "selection_score": 0.9 if done else None,  # as the ledger writes them: only completed trials are scored
+            "test_score": 0.89 if done else None,
+        }
+        kb.append("trials", [row], f"r1-{trial_id}")
+        for epoch in range(epochs, 0, -1):  # last epoch first: the cross must follow the epoch, not the row order
+            values[trial_id, epoch] = {"val_acc": 0.5 + 0.1 * n + 0.01 * epoch, "val_loss": n + 1.0 / epoch}
+        points = [
+            {"run_id": "r1", "trial_id": trial_id, "epoch": epoch, "metric": metric, "value": value}
+            for (trial, epoch), metrics in values.items()
+            if trial == trial_id
+            for metric, value in metrics.items()
+        ]
+        kb.append("epochs", points, f"r1-{trial_id}")
+    stopped = {trial_id: epochs for _, trial_id, status, epochs in trials if status is TrialStatus.stopped_early}
+
+    at = open_page(kb.root, "views/curves.py")
+    assert set(at.multiselect(key="curves_variants").value) == {"seed", "kid"}
+    assert set(chart_rows(at, 0)[0].column("trial_id").to_pylist()) == {"t1", "t2", "t3", "t4"}  # all drawn
+    assert "4 trial(s) of 2 variant(s); 2 stopped early by ASHA" in texts(at)
+    for metric in ("val_acc", "val_loss"):
+        at.selectbox(key="curves_metric").set_value(metric).run()
+        marks = stop_marks(at).to_pylist()
+        assert len(marks) == len(stopped)  # one cross per stop, none for t1 and t4
+        assert {m["trial_id"]: (m["epoch"], m[metric]) for m in marks} == {
+            trial_id: (last, values[trial_id, last][metric]) for trial_id, last in stopped.items()
+        }
 
 
 def test_diff_page_shows_the_change_against_parent_and_seed(tiny: Tiny):
