@@ -229,7 +229,7 @@ def damaged(root: str) -> None:
 
 
 def banner(run: Campaign) -> None:
-    """One line on the campaign's state; a crashed or silent campaign says how to resume."""
+    """One line on the campaign's state; a crashed, interrupted or silent campaign says how to resume."""
     where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
     if run.stale:
         st.error(
@@ -246,6 +246,13 @@ def banner(run: Campaign) -> None:
             f"paths.kb={run.kb_root}`.",
             icon=":material/error:",
         )
+    elif run.status == "interrupted":
+        st.warning(
+            f"Campaign `{run.run_id}` was interrupted ({run.stop_reason or 'Ctrl-C'}) at {where or 'its start'}: "
+            "what finished is kept. Continue it with "
+            f"`python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+            icon=":material/pause_circle:",
+        )
     elif run.running:
         st.caption(f":green-badge[:material/sync: running] `{run.run_id}` · {run.experiment} · {where} · live")
     else:
@@ -256,6 +263,8 @@ def no_trials_yet(run: Campaign, what: str) -> None:
     """The empty state of a campaign with nothing finished yet (`what` names the missing thing)."""
     if run.status == "crashed":
         st.warning(f"No {what}: the campaign crashed before any trial finished. Fix the cause above, then resume it.")
+    elif run.status == "interrupted":
+        st.info(f"No {what}: the campaign was interrupted before any trial finished; resume it as said above.")
     elif run.running:
         st.info(
             f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -31,7 +32,8 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
           DIR/experiment/mine.yaml, then +experiment=mine)
 Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
 agent, resources, paths, cluster, trial, sandbox, tracking).
-Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error.
+Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error
+(no trial completed included), 130 interrupted (Ctrl-C; resume=RUN_ID goes on).
 """
 
 
@@ -51,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in COMMANDS:
         from ralph_ray import commands
 
-        return commands.main(argv, Console(soft_wrap=True))
+        # Piped (status | less, a log file), rich would fit its tables to 80 columns and cut scores to "0.99…"
+        piped = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+        return commands.main(argv, Console(soft_wrap=True, width=200 if piped else None))
     show_cfg = "--cfg" in argv
     argv = [a for a in argv if a != "--cfg"]
     try:
@@ -92,12 +96,17 @@ def main(argv: list[str] | None = None) -> int:
         err.print("[red]error:[/] ", end="")
         err.print(str(error), markup=False, highlight=False)  # server messages may hold [brackets]
         return ExitCode.safeguard_or_config
-    except KeyboardInterrupt:
-        err.print(
-            "[yellow]interrupted: finished trials are in the knowledge base; continue with `python -m ralph_ray "
-            "resume=<run_id>`[/]"
-        )
-        return ExitCode.error
+    except KeyboardInterrupt as interrupt:
+        run_id = getattr(interrupt, "run_id", None)  # campaign.Interrupted: the run is recorded as interrupted
+        if run_id is None:
+            err.print("[yellow]interrupted before a run was recorded[/]")
+        else:
+            err.print(
+                f"[yellow]interrupted: run {run_id} is recorded as interrupted and its finished trials are in the "
+                f"knowledge base; continue with `python -m ralph_ray resume={run_id}`[/]",
+                highlight=False,
+            )
+        return ExitCode.interrupted
     except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
         err.print("[red]unrecoverable error:[/]")
         traceback.print_exc()

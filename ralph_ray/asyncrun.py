@@ -91,14 +91,18 @@ class AsyncCampaign(Campaign):
         )
         self.breeder = BackgroundBreeder(self.pool, plan, bred, self._grow, self._log)
         self.breeder.start()
+        wait_s = 600.0
         try:
             self._check()  # a resumed campaign may already be done (e.g. raised limits not reached)
             if not self.stop_now:
                 self._tune()
+        except KeyboardInterrupt:
+            wait_s = 5.0  # Ctrl-C: no long wait for the parent in hand (an agent's call); a resume breeds it again
+            raise
         finally:
             self.breeder.stop()
             self.pool.close()
-            self.breeder.join(timeout=600)
+            self.breeder.join(timeout=wait_s)
         if self.breeder.error is not None:
             raise self.breeder.error
         if self.decision is None or not self.decision.stop:
@@ -417,6 +421,8 @@ class AsyncCampaign(Campaign):
         kill_point("decision")
         if decision.stop or advanced or final:
             self._record_decision(decision, facts)
+        if decision.reason is StopReason.no_trial_completed:
+            self._say_first_failure()
         state.cycle = max(1, closed)
         if decision.stop:
             state.stop_reason, state.exit_code = decision.reason.value, decision.exit_code
@@ -523,7 +529,7 @@ class AsyncCampaign(Campaign):
         con = self.kb.reader()
         rows = con.execute(sql.ASYNC_VARIANTS, [self.run_id]).fetchall()
         if not rows:
-            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants")
+            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants", self.cfg.task.trainer_files, self._log)
             self.kb.put(
                 "variants",
                 records.variant_rows(self.run_id, 1, [seed], self.cfg.agent),

@@ -7,24 +7,40 @@ population.mode=async); this module only opens the run, picks the loop, runs the
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
+from typing import Any, Callable
 
+import numpy as np
 from rich.console import Console
 
 from ralph_ray import environment, finaltrain, history, records, timeline, tracking, warmcheck
 from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import Config, PopulationMode, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
+from ralph_ray.exit_codes import ExitCode
 from ralph_ray.generations import Campaign, Outcome
 from ralph_ray.report import write_report
 from ralph_ray.rundir import locate, open_run
 from ralph_ray.sandbox import announce
 from ralph_ray.state import RunStatus
-from ralph_ray.tasks import prepare_splits
+from ralph_ray.tasks import image_inputs, prepare_splits
+
+INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) ended the campaign of `run_id`, recorded as interrupted; `resume=run_id` continues it."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_id)
+        self.run_id = run_id
 
 
 def run(cfg: Config, console: Console | None = None) -> Outcome:
-    """Run (or, with cfg.resume, continue) a campaign until a stop rule fires."""
+    """Run (or, with cfg.resume, continue) a campaign until a stop rule fires; Ctrl-C raises Interrupted."""
+    driver_setup()
     console, kb_root = console or Console(soft_wrap=True), Path(cfg.paths.kb).resolve()
     run_id, run_dir, resuming = locate(cfg)
     # The sandbox first, then the data: either missing stops here, before a run is recorded or Ray starts.
@@ -33,6 +49,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     tracking.check(cfg.tracking)
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
     splits = prepare_splits(cfg)
+    infer_images(cfg, splits.train_x, console.print)  # before the run row records the config and the agents read it
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
         f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value}, "
@@ -49,6 +66,13 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         loop = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base)
         outcome = loop.loop()
         finaltrain.run(loop, outcome)  # safeguards.final_share: the pick trains once more for the time kept for it
+    except KeyboardInterrupt:
+        # Ctrl-C: recorded as interrupted, with no decision (nothing decided the campaign is over); the trials it cut
+        # short run again on resume, as after a kill.
+        state.status, state.stop_reason, state.exit_code = RunStatus.interrupted, INTERRUPTED, int(ExitCode.interrupted)
+        state.save(run_dir)
+        kb.put("runs", [records.run_status(base, RunStatus.interrupted, state, INTERRUPTED)], run_id)
+        raise Interrupted(run_id) from None
     except BaseException as err:
         state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)
@@ -60,6 +84,25 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
     tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
     return outcome
+
+
+def infer_images(cfg: Config, train_x: Any, say: Callable[[str], None]) -> None:
+    """Set task.images, where the task leaves it unset, from the prepared train inputs' shape (tasks.image_inputs)."""
+    if cfg.task.images is not None:
+        return
+    cfg.task.images = image_inputs(train_x)
+    found = "images" if cfg.task.images else "not images"
+    say(f"  task.images: inputs of shape {tuple(np.shape(train_x))} read as {found} (task.images in task.yaml decides)")
+
+
+def driver_setup() -> None:
+    """What the driver asks of Ray Tune: Ctrl-C reaches the campaign, and a failed trial's score is not warned of."""
+    # Tune's own SIGINT handler ends Tuner.fit() as if the run were over: the campaign then decided (continue, or "no
+    # trial completed" with the trials the signal killed) and exited 0 or 4 with its run still `running`.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    # A failed trial reports the worst score, -inf (trials.run_trial), which Tune's TensorBoard logger passes to
+    # tensorboardX: "NaN or Inf found in input tensor." on the console for every failed trial.
+    logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
 
 
 def campaign_class(cfg: Config) -> type[Campaign]:

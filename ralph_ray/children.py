@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import read_knobs, with_knobs
 from ralph_ray.noise import Comparison
 from ralph_ray.population import Candidate
-from ralph_ray.variants import VariantStatus, files_dir, snapshot, unified_diff
+from ralph_ray.variants import TRAINER_FILES, VariantStatus, files_dir, seed_snapshot, snapshot, unified_diff
 
 
 @dataclass
@@ -100,9 +101,21 @@ def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "tra
     return out
 
 
-def seed_child(trainer_dir: Path, variants_root: Path) -> Child:
-    """Cycle 1's only child: the seed trainer as given, the root of every lineage."""
-    seed = snapshot(trainer_dir, variants_root)
+def seed_child(
+    trainer_dir: Path,
+    variants_root: Path,
+    patterns: Sequence[str] = TRAINER_FILES,
+    log: Callable[[str], None] | None = None,
+) -> Child:
+    """Cycle 1's only child: the seed trainer as given (the task folder's `patterns`), the root of every lineage."""
+    made = seed_snapshot(trainer_dir, variants_root, patterns)
+    seed = made.variant
+    if made.left_out and log:
+        shown = ", ".join(made.left_out[:5]) + (f" and {len(made.left_out) - 5} more" if len(made.left_out) > 5 else "")
+        log(
+            f"  not shipped to trials (task.trainer_files: {', '.join(patterns)}): {shown}; a file the trainer needs "
+            "goes in task.yaml's task.trainer_files (never labelled held-out data)"
+        )
     (seed.files_dir.parent / "diff.patch").write_text("")
     knobs = read_knobs((seed.files_dir / "train.py").read_text())
     return Child(
@@ -289,6 +302,9 @@ def _one_child(
     """Write, gate, retry. None when the result duplicates a known variant (the slot goes to the next idea)."""
     assert breeder.coder is not None
     workdir = breeder.cycle_dir / "drafts" / f"{parent.variant_id}-{index:02d}"
+    refused = workdir.with_name(f"{workdir.name}-refused")  # the last draft the gate refused
+    if refused.exists():
+        shutil.rmtree(refused)
     feedback: str | None = None
     reason: str | None = None
     rationale = rec.rationale
@@ -314,6 +330,9 @@ def _one_child(
         except GateError as err:
             feedback = reason = str(err)
             breeder.log(f"    gate refused {parent.variant_id} + {rec.intervention} (attempt {attempt}): {err}")
+            if refused.exists():
+                shutil.rmtree(refused)
+            workdir.rename(refused)
             continue
         variant = snapshot(workdir, breeder.variants_root, parent_id=parent.variant_id)
         with lock:
@@ -334,8 +353,10 @@ def _one_child(
             attempt,
             usage,
         )
-    # Rejected: keep its last attempt's files so the diff shows what went wrong.
-    files = workdir if workdir.exists() else view.files_dir
+    # Rejected: keep the last draft the gate refused (else the last attempt's files) so the diff shows what went wrong.
+    # A retry starts from the parent's copy, so a coder that then gave up (the heuristic one always does) left the
+    # parent's code: such a child was the parent's variant, never recorded, and its refusal was proposed again.
+    files = refused if refused.exists() else workdir if workdir.exists() else view.files_dir
     variant = snapshot(files, breeder.variants_root, parent_id=parent.variant_id)
     return _child(
         breeder,

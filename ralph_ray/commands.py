@@ -18,7 +18,7 @@ COMMANDS = ("status", "stop", "report", "export", "track", "kb")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
        ralph-ray export RUN_ID [VARIANT] [--search] [--out DIR] [--to hf REPO_ID]
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
-       ralph-ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR]
+       ralph-ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR] | kb sql "QUERY" [--csv] [--kb DIR]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
@@ -30,6 +30,7 @@ USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--r
            under <runs>/<run_id>/tracking)
   kb check list the knowledge base's damaged Parquet parts; --repair moves them to <kb>/damaged/ (deletes nothing)
   kb compact merge finished campaigns' parts into one sorted file per table (fast queries on a big KB)
+  kb sql   one SQL query over the KB's views (leaderboard, curves, lineage, ...), printed (--csv: as CSV)
 """
 
 
@@ -104,10 +105,15 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     row = con.execute(sql.RUN_CONFIG, [state.run_id]).fetchone()
     config = json.loads(row[0] if row and row[0] else "{}")
     guards = config.get("safeguards", {})
+
+    def limit(key: str, unit: str = "") -> str:
+        """A budget's limit as the user set it, or that none is set."""
+        return "no limit" if guards.get(key) is None else f"{guards[key]}{unit}"
+
     console.print(
-        f"  budgets: cycles {state.cycle}/{guards.get('max_cycles')}, time "
-        f"{state.elapsed_s:.0f}/{guards.get('campaign_time_s')}s, "
-        f"tokens {tokens}/{guards.get('tokens_per_campaign')}, cost {cost:.4f}/{guards.get('cost_per_campaign')}, "
+        f"  budgets: cycles {state.cycle}/{limit('max_cycles')}, "
+        f"time {state.elapsed_s:.0f}s/{limit('campaign_time_s', 's')}, "
+        f"tokens {tokens}/{limit('tokens_per_campaign')}, cost {cost:.4f}/{limit('cost_per_campaign')}, "
         f"agent calls {calls}"
     )
     board = fetch_rows(con, sql.LEADERBOARD_FOR_RUN, [state.run_id, 10])

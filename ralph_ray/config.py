@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import fnmatch
 import os
 import re
 import typing
@@ -25,6 +27,7 @@ from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
+from ralph_ray.variants import TRAINER_FILES
 
 CONF_DIR = PROJECT_ROOT / "conf"
 # safeguards.final_additions' names -> the offline agent's transform that adds each to the final's copy of the pick's
@@ -44,8 +47,6 @@ LEGACY_FINAL_KEYS = {
     "safeguards.final_augment": "safeguards.final_additions=[shift,flip]",
     "safeguards.final_deepen": "safeguards.final_additions=[deepen]",
 }
-CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
-CIFAR10_MD5 = "c58f30108f718f92721af3b95e74349a"
 
 
 class ConfigError(ValueError):
@@ -105,6 +106,9 @@ class TaskConfig:
 
     name: str = "digits"
     trainer: str = "trainers/digits"  # the task folder, relative to the project root or absolute (task=./path sets it)
+    # What of the task folder the seed variant holds, and so what trials and agents see (globs on paths relative to
+    # the folder): code and notes. Raw data kept beside the trainer stays out; add a file the trainer reads here.
+    trainer_files: List[str] = field(default_factory=lambda: list(TRAINER_FILES))
     split_seed: int = 0
     selection_fraction: float = 0.2
     test_fraction: float = 0.2
@@ -112,6 +116,10 @@ class TaskConfig:
     # Whether mirroring an input left to right keeps its label (garments, natural images: yes; digits, letters: no).
     # Where false the offline agent does not propose flips (a child that mirrored digits lost 0.033 selection).
     mirror_invariant: bool = True
+    # Whether the inputs are images (shifts, flips and channels-last mean something): false keeps the offline agent
+    # from proposing them (on 30 table columns they only failed the gate; on 16, 25 or 64 they would shift rows).
+    # None: inferred from the prepared train inputs when the campaign starts (tasks.image_inputs).
+    images: Optional[bool] = None
     # Read from the task's prepare.py (METRIC) when the config is validated; recorded so reports and the app know
     # how to read a score. Scores are stored oriented (higher is better): a min metric's score is -value.
     metric: Optional[str] = None
@@ -125,8 +133,8 @@ class DataConfig:
 
     root: Optional[str] = None
     download: bool = True
-    url: str = CIFAR10_URL
-    md5: str = CIFAR10_MD5
+    url: Optional[str] = None  # where to fetch it from (None: the task's own default, e.g. cifar10's)
+    md5: Optional[str] = None  # its archive's md5 (None: the task's own)
 
 
 @dataclass
@@ -634,8 +642,8 @@ def to_config(raw: Any) -> Config:
         merged = OmegaConf.merge(OmegaConf.structured(Config), raw_dict)
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or "?"
-        raise ConfigError(str(key), _first_line(err), _fix_for(str(key))) from None
+        key = str(getattr(err, "full_key", None) or "?")
+        raise ConfigError(key, _first_line(err) + _set_in_task_yaml(raw_dict, key), _fix_for(key)) from None
     if cfg.population.mode == PopulationMode.auto.value:
         cfg.population.mode = resolve_mode(cfg).value
     cfg.population.parents, cfg.population.children_per_parent = resolve_shape(cfg)
@@ -686,6 +694,7 @@ def resolve_shape(cfg: Config) -> tuple[int, int]:
 def validate(cfg: Config) -> None:
     """Check values a type cannot express: signs, ranges, known names, required data roots."""
     task = _check_task(cfg)
+    _check_task_paths(cfg)
     for key, value in (
         ("task.selection_fraction", cfg.task.selection_fraction),
         ("task.test_fraction", cfg.task.test_fraction),
@@ -876,6 +885,28 @@ def validate(cfg: Config) -> None:
 
 # Metrics whose values are fractions in [0, 1] (a target outside (0, 1] is a mistake).
 FRACTION_METRICS = ("accuracy", "macro_f1")
+
+
+def _check_task_paths(cfg: Config) -> None:
+    """The trainer files include train.py, and the run and KB folders lie outside the task folder (whose files the
+    seed is copied from and which the sandbox hides from trials)."""
+    if not any(fnmatch.fnmatch("train.py", pattern) for pattern in cfg.task.trainer_files):
+        raise ConfigError(
+            "task.trainer_files",
+            f"is {list(cfg.task.trainer_files)}, which leaves out the trainer itself (train.py)",
+            f"keep train.py's pattern: task: {{trainer_files: {list(TRAINER_FILES)} + the files your trainer reads}} "
+            "in task.yaml",
+        )
+    folder = cfg.task_folder().expanduser().resolve()
+    for key in ("runs", "kb"):
+        path = Path(getattr(cfg.paths, key)).expanduser().resolve()
+        if path == folder or folder in path.parents:
+            raise ConfigError(
+                f"paths.{key}",
+                f"{path} lies inside the task folder {folder}: the seed is copied from that folder, and trials "
+                "cannot see inside it",
+                f"run from outside the task folder (cd {folder.parent}), or set paths.{key}=/somewhere/else",
+            )
 
 
 def _check_task(cfg: Config) -> TaskFolder:
@@ -1160,6 +1191,7 @@ def _override_error(err: Exception) -> ConfigError:
         "check the key against conf/ (`python -m ralph_ray --cfg` prints the composed config); "
         "add new keys with +key=value only where the schema has them"
     )
+    fix = _did_you_mean(key.lstrip("+~")) + fix
     if key in LEGACY_FINAL_KEYS:
         fix = _legacy_fix(key)
     if "Could not find" in text or "not found in" in text.lower():
@@ -1182,7 +1214,29 @@ def _legacy_fix(key: str) -> str:
 
 
 def _fix_for(key: str) -> str:
-    return f"check `{key}` against the schema in ralph_ray/config.py (spelling and type)"
+    return f"{_did_you_mean(key)}check `{key}` against the schema in ralph_ray/config.py (spelling and type)"
+
+
+def _did_you_mean(key: str) -> str:
+    """The schema's nearest names for a misspelt dotted key ("did you mean `a.b`? "), or nothing."""
+    parent, _, leaf = key.rpartition(".")
+    node: Any = Config()
+    for part in parent.split(".") if parent else []:
+        node = getattr(node, part, None)
+    names = [f.name for f in dataclasses.fields(node)] if dataclasses.is_dataclass(node) else []
+    near = difflib.get_close_matches(leaf, names, n=2, cutoff=0.75) or [n for n in names if n.startswith(leaf)][:2]
+    return f"did you mean {' or '.join(f'`{parent}.{n}`' if parent else f'`{n}`' for n in near)}? " if near else ""
+
+
+def _set_in_task_yaml(raw: dict[str, Any], key: str) -> str:
+    """Where a refused key came from when the task's task.yaml sets it (the user looks there, not at the CLI)."""
+    trainer = Path(str((raw.get("task") or {}).get("trainer", ""))).expanduser()
+    task_yaml = (trainer if trainer.is_absolute() else PROJECT_ROOT / trainer) / "task.yaml"
+    try:
+        found = task_yaml.is_file() and OmegaConf.select(OmegaConf.load(task_yaml), key) is not None
+    except (OmegaConfBaseException, OSError):
+        found = False
+    return f" (set in {task_yaml})" if found else ""
 
 
 def _first_line(err: Exception) -> str:

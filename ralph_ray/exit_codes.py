@@ -6,9 +6,10 @@ import enum
 
 
 class ExitCode(enum.IntEnum):
-    """0 target met or clean stop, 2 safeguard or invalid config/data, 3 plateau, 4 unrecoverable error."""
+    """0 target met or clean stop, 2 safeguard or invalid config/data, 3 plateau, 4 unrecoverable error, 130 Ctrl-C."""
 
     ok = 0
     safeguard_or_config = 2
     plateau = 3
     error = 4
+    interrupted = 130  # 128 + SIGINT, as a shell reports a Ctrl-C

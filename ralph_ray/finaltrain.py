@@ -249,20 +249,33 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
     return _train(campaign, plans, max(1, int(found[0][2] or 1)), seconds, (cpus, gpus))
 
 
+def unsuited_additions(names: list[str], images: bool | None, mirror_invariant: bool) -> dict[str, str]:
+    """The final additions the task rules out, with why: shifts and flips only on images (not a table's columns), flips
+    only where mirroring keeps a label (garments yes, digits no); the catalog's flags, the offline agent's rules."""
+    catalog = load_catalog().interventions
+    imaging = {i.transform for i in catalog if i.needs_images}
+    mirroring = {i.transform for i in catalog if i.mirrors_images}
+    refused = {}
+    for name in names:
+        if images is False and FINAL_ADDITIONS[name] in imaging:
+            refused[name] = f"no {name} added (the task's inputs are not images: task.images)"
+        elif not mirror_invariant and FINAL_ADDITIONS[name] in mirroring:
+            refused[name] = f"no {name} added (the task says mirroring changes a label)"
+    return refused
+
+
 def _code(campaign: Campaign, variant: str, knobs: dict[str, Any]) -> Added:
     """The folder a candidate's final trial runs and what was added to it (the console says why anything was not);
     the smoke runs write in the candidate's `knobs`, as its trial will (a knob sample's batch size, say)."""
     guards, task = campaign.cfg.safeguards, campaign.cfg.task
-    # Flips only where mirroring keeps a label (garments yes, digits no): the catalog's flag, the offline agent's rule
-    mirroring = {i.transform for i in load_catalog().interventions if i.mirrors_images}
     names = guards.final_additions
-    kept = [n for n in names if task.mirror_invariant or FINAL_ADDITIONS[n] not in mirroring]
+    refused = unsuited_additions(names, task.images, task.mirror_invariant)
+    kept = [n for n in names if n not in refused]
     files = files_dir(campaign.run_dir / "variants", variant)
     added = smoked_additions(
         files, final_code_dir(campaign.run_dir, variant), kept, lambda folder: campaign.gate.smoke(folder, knobs)
     )
-    refused = tuple(f"no {n} added (the task says mirroring changes a label)" for n in names if n not in kept)
-    added = replace(added, skipped=(*refused, *added.skipped))
+    added = replace(added, skipped=(*refused.values(), *added.skipped))
     for why in added.skipped:
         campaign.console.print(f"[bold]final training[/] of {variant}: {why}")
     return added

@@ -24,7 +24,7 @@ from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
 from ralph_ray.config import Config, sandbox_policy
 from ralph_ray.control import stop_requested
-from ralph_ray.decision import budgets_line, decide, gate_fail_streak
+from ralph_ray.decision import StopReason, budgets_line, decide, gate_fail_streak
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
 from ralph_ray.kb import KnowledgeBase
@@ -33,6 +33,7 @@ from ralph_ray.peakmemory import GpuUse
 from ralph_ray.population import Candidate, select_parents
 from ralph_ray.raycluster import ensure_ray
 from ralph_ray.rundir import CycleFiles, write_data
+from ralph_ray.runner import error_tail
 from ralph_ray.sandbox import MIB
 from ralph_ray.search import run_cycle
 from ralph_ray.state import CampaignState, Phase, RunStatus
@@ -141,7 +142,7 @@ class Campaign:
     def select(self) -> None:
         """Cycle 1: the seed. Later: the top variants so far, with exploration."""
         if self.state.cycle == 1:
-            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants")
+            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants", self.cfg.task.trainer_files, self._log)
             self.files.save_children([seed])
             self._put_variants([seed], "write")
             self._phase("select", f"seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
@@ -267,6 +268,18 @@ class Campaign:
         self.trials.append(trial)
         self._note_gpu_use(trial)
 
+    def _say_first_failure(self) -> None:
+        """No trial completed: the first failed trial's reason and the end of its trainer's traceback, so a seed
+        that cannot run (an import error, a crash at epoch 3) says why where the campaign ends."""
+        failed = next((t for t in self.trials if t.status is TrialStatus.failed), None)
+        if failed is None:
+            return
+        work = Path(failed.work_dir)
+        lines = [f"  first failure: trial {failed.trial_id} of {failed.variant_id}: {failed.reason}"]
+        lines += [f"    {line}" for line in error_tail(work)]  # the driver's node keeps most trials' work dirs
+        lines.append(f"  its whole log: {work / 'stderr.log'}")
+        self.console.print("\n".join(lines), style="red", markup=False, highlight=False)  # a traceback has [brackets]
+
     def _note_gpu_use(self, trial: TrialRecord) -> None:
         """Say once when a finished trial that was given a GPU never started CUDA (its trainer ran on the CPU)."""
         if warning := self.gpu_use.check(trial.trial_id, trial.status is TrialStatus.completed, trial.peak_gpu_mb):
@@ -340,6 +353,8 @@ class Campaign:
         colour = "green" if decision.exit_code == ExitCode.ok else "yellow"  # a planned end, or a safeguard fired
         self._phase("decide", f"[{colour}]{data['decision']}[/] ({decision.reason.value}): {decision.rationale}")
         self.console.print(f"  {budgets_line(decision, facts, guards)}")
+        if decision.reason is StopReason.no_trial_completed:
+            self._say_first_failure()
         self._advance(state.conclude(decision.stop, decision.reason.value, decision.exit_code))
 
     def _view(self, parent: Candidate) -> ParentView:

@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 
 from ralph_ray import sql
-from ralph_ray.agents.base import EpochPoint, InterventionEffect, ParentView, TrialSummary
+from ralph_ray.agents.base import ChildSeen, EpochPoint, InterventionEffect, ParentView, TrialSummary
 from ralph_ray.children import bake
 from ralph_ray.decision import CycleFacts
 from ralph_ray.population import Candidate, branch_of
@@ -74,7 +74,7 @@ def parent_view(
     con: duckdb.DuckDBPyConnection, run_id: str, parent: Candidate, variants_root: Path, baked: Path, trainer_dir: Path
 ) -> ParentView:
     """What the agents may know of a parent: its code with its best knobs baked in (written to `baked`), its trials
-    and curves, the interventions of its lineage, and the task's program.md."""
+    and curves, the interventions of its lineage, its children so far in this run, and the task's program.md."""
     files = bake(files_dir(variants_root, parent.variant_id), parent.best_knobs, baked)
     program = trainer_dir / "program.md"
     curves: dict[str, list[EpochPoint]] = {}
@@ -88,6 +88,10 @@ def parent_view(
     ]
     variants = {v: (p, json.loads(i or "[]")) for v, p, i in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
     own = variants.get(parent.variant_id, (None, []))[1]
+    children = [
+        ChildSeen(v, json.loads(i or "[]"), status, reason)
+        for v, i, status, reason in con.execute(sql.VARIANT_CHILDREN, [run_id, parent.variant_id]).fetchall()
+    ]
     return ParentView(
         parent.variant_id,
         files,
@@ -96,6 +100,7 @@ def parent_view(
         own,
         lineage(variants, parent.variant_id),
         program.read_text() if program.exists() else "",
+        children,
     )
 
 

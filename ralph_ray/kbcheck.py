@@ -3,18 +3,24 @@
 warning naming it (`kb.open_reader`); this names them all at once and makes the warnings stop.
 
 `python -m ralph_ray kb compact [--kb DIR]`: merge every finished campaign's parts into one sorted file per table
-(`KnowledgeBase.compact_kb`), safe beside running campaigns and open readers."""
+(`KnowledgeBase.compact_kb`), safe beside running campaigns and open readers.
+
+`python -m ralph_ray kb sql "QUERY" [--csv] [--kb DIR]`: one query over the KB's views (`kb.open_reader`: no lock, no
+DuckDB shell needed), printed as a table, or as CSV with --csv."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import duckdb
 from rich.console import Console
+from rich.markup import escape
 
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import PARQUET_DIR, KnowledgeBase, damaged_parts
+from ralph_ray.kb import PARQUET_DIR, KnowledgeBase, damaged_parts, open_reader
 
 DAMAGED_DIR = "damaged"  # under the KB root: parts moved aside by --repair, one folder per table
 
@@ -50,9 +56,12 @@ def main(args: list[str], kb: Path, console: Console) -> int:
     `kb compact`: 0 once the finished campaigns' parts are merged (or there were none)."""
     if args == ["compact"]:
         return compact(kb, console)
+    if args[:1] == ["sql"] and len([a for a in args if a != "--csv"]) == 2:
+        return query(kb, next(a for a in args[1:] if a != "--csv"), "--csv" in args, console)
     if args[:1] != ["check"] or any(a not in ("check", "--repair") for a in args):
         console.print(
-            "[red]error:[/] usage: python -m ralph_ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR]",
+            "[red]error:[/] usage: python -m ralph_ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR] | "
+            'kb sql "QUERY" [--csv] [--kb DIR]',
             highlight=False,
         )
         return ExitCode.safeguard_or_config
@@ -75,6 +84,27 @@ def main(args: list[str], kb: Path, console: Console) -> int:
         f"{len(found)} damaged part(s); move them aside with: python -m ralph_ray kb check --repair --kb {kb}"
     )
     return ExitCode.safeguard_or_config
+
+
+def query(kb: Path, statement: str, csv: bool, console: Console) -> int:
+    """`kb sql`: run one query over the KB's views and print its rows (a table, or CSV on stdout); 2 on an error."""
+    try:
+        con = open_reader(kb)
+        relation = con.sql(statement)
+        if relation is None:  # a statement that returns nothing (the reader's views are in memory: nothing persists)
+            return ExitCode.ok
+        if csv:
+            relation.to_df().to_csv(sys.stdout, index=False)
+        else:
+            relation.show(max_rows=10_000, max_width=10_000)
+    except FileNotFoundError as err:
+        console.print(f"[red]error:[/] {escape(str(err))} (pass --kb DIR)", highlight=False)
+        return ExitCode.safeguard_or_config
+    except duckdb.Error as err:
+        console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)
+        console.print("the views: " + ", ".join(sorted(r[0] for r in open_reader(kb).sql("show tables").fetchall())))
+        return ExitCode.safeguard_or_config
+    return ExitCode.ok
 
 
 def compact(kb: Path, console: Console) -> int:

@@ -280,10 +280,13 @@ class Pool:
     # -- sampling --------------------------------------------------------------------------------
 
     def _promising(self) -> Member | None:
-        """A variant worth another knob sample: one of the would-be parents; before any score, the seed."""
+        """A variant worth another knob sample: one of the would-be parents; before any score, the seed while its
+        queued trials are out (none after: a seed whose every trial failed would be sampled for ever)."""
         ranked = self.ranked()
         if not ranked:
-            roots = [m for m in self.members.values() if m.generation == 1]
+            # Once the seed's queued trials are all in without a score, the trials in flight finish and the decision
+            # engine stops the run (no_trial_completed), as the barrier loop's first cycle does.
+            roots = [m for m in self.members.values() if m.generation == 1 and not m.judged]
             return roots[0] if roots else None
         s = self.settings
         picks = select_parents(ranked, s.parents, s.explore, s.one_per_lineage, self.rng)

@@ -464,6 +464,12 @@ def _stderr_tail(work: Path, size: int = 4096) -> str:
         return handle.read().decode(errors="replace")
 
 
-def _last_error_line(work: Path) -> str:
+def error_tail(work: Path, count: int = 10) -> list[str]:
+    """The last `count` lines of a trainer's stderr.log (the end of its traceback), the engine's own notes left out."""
     lines = [line for line in _stderr_tail(work).splitlines() if line.strip() and not line.startswith("[ralph_ray:")]
+    return lines[-count:]
+
+
+def _last_error_line(work: Path) -> str:
+    lines = error_tail(work, 1)
     return lines[-1].strip()[:500] if lines else "no stderr"

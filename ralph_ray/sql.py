@@ -426,6 +426,11 @@ VARIANTS_FOR_RUN = "select * from variants where run_id = ? order by cycle, vari
 # The orchestrator's reads (it is the only writer; these read back what earlier phases recorded).
 RUN_STARTED_AT = "select started_at from runs where run_id = ?"
 VARIANT_PARENTS = "select variant_id, parent_id, interventions from variants where run_id = ?"
+# A parent's children in this run, as each stands now (the variants view keeps a variant's newest row).
+VARIANT_CHILDREN = """
+select variant_id, interventions, status, reason from variants
+where run_id = ? and parent_id = ? and variant_id <> parent_id order by written_at, variant_id
+"""
 VARIANT_TRIALS = """
 select trial_id, status, reason, knobs, selection_score from trials
 where run_id = ? and variant_id = ? order by trial_id

@@ -25,11 +25,12 @@ class Phase(str, enum.Enum):
 
 
 class RunStatus(str, enum.Enum):
-    """Whether a campaign is running, finished, or died."""
+    """Whether a campaign is running, finished, died, or was interrupted (Ctrl-C; `resume=RUN_ID` goes on)."""
 
     running = "running"
     finished = "finished"
     crashed = "crashed"
+    interrupted = "interrupted"
 
 
 @dataclass
@@ -106,6 +107,8 @@ def open_state(run_dir: Path, run_id: str, resuming: bool) -> CampaignState:
         if state.phase is Phase.done:
             # Re-enter the phase a stop cut short, or re-decide under the (possibly raised) limits.
             state.phase, state.interrupted = state.interrupted or Phase.decide, None
+        if state.status is RunStatus.interrupted:
+            state.stop_reason = state.exit_code = None  # a Ctrl-C decided nothing: the run goes on as it was
         state.status = RunStatus.running
     state.save(run_dir)
     return state

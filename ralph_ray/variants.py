@@ -7,6 +7,7 @@ import enum
 import fnmatch
 import hashlib
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
@@ -17,6 +18,10 @@ IGNORED = ("__pycache__", "*.pyc", "metrics.jsonl", "predictions.npz", "*.log")
 TASK_FILES = ("prepare.py", "task.yaml")
 # The files an agent may change (by file name); anything else in a trainer folder is frozen.
 MUTABLE = ("*.py",)
+# What of a task folder the seed variant holds, by default (task.trainer_files): its code and its notes. Nothing
+# else goes to the trials: a task folder often keeps raw data (held-out labels included) or prepared splits beside
+# its trainer, and a variant's files are what every trial's work dir, and its agent, can read.
+TRAINER_FILES = ("*.py", "*.md")
 
 
 class VariantStatus(str, enum.Enum):
@@ -37,6 +42,14 @@ class Variant:
     variant_id: str
     parent_id: str | None
     files_dir: Path
+
+
+@dataclass(frozen=True)
+class SeedSnapshot:
+    """The seed variant, and the task folder's files it does not hold (relative paths: said once, at the start)."""
+
+    variant: Variant
+    left_out: list[str]
 
 
 def content_hash(folder: Path, instead: dict[str, bytes] | None = None) -> str:
@@ -71,6 +84,26 @@ def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) ->
         shutil.copytree(source, tmp, ignore=_ignore_at(source))
         tmp.rename(files)
     return Variant(variant_id=variant_id, parent_id=parent_id, files_dir=files)
+
+
+def seed_snapshot(task_folder: Path, variants_root: Path, patterns: Sequence[str] = TRAINER_FILES) -> SeedSnapshot:
+    """The seed variant: the files of `task_folder` that match `patterns` (paths relative to it), nothing else."""
+    shipped, left_out = [], []
+    for path in _files(task_folder):
+        relative = path.relative_to(task_folder)
+        hidden = any(part.startswith(".") for part in relative.parts)
+        wanted = not hidden and any(fnmatch.fnmatch(relative.as_posix(), pattern) for pattern in patterns)
+        (shipped if wanted else left_out).append(relative)
+    staging = variants_root / ".seed.tmp"  # a staged copy: the variant's id is the hash of what it holds
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for relative in shipped:
+        (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(task_folder / relative, staging / relative)
+    try:
+        return SeedSnapshot(snapshot(staging, variants_root), sorted(str(p) for p in left_out))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def variant_files(folder: Path) -> list[Path]:

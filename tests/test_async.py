@@ -317,3 +317,129 @@ def test_sigkill_at_any_point_then_resume_loses_and_duplicates_nothing(tmp_path:
         assert child["status"] == "rejected" or trained.get(child["variant_id"], 0) >= 1  # every gated child trained
     decision = con.execute("select reason from decisions where run_id = 'k' order by cycle desc limit 1").fetchone()
     assert decision == ("max_cycles",)
+
+
+DIGITS_SOURCE = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+BROKEN_SEEDS = {
+    "import": (
+        "import pandas_missing_pkg\n" + DIGITS_SOURCE,
+        "ModuleNotFoundError: No module named 'pandas_missing_pkg'",
+    ),
+    "epoch 3": (
+        DIGITS_SOURCE.replace(
+            "        start = time.perf_counter()\n",
+            "        if epoch == 3:\n            raise RuntimeError('diverged at epoch 3')\n"
+            "        start = time.perf_counter()\n",
+        ),
+        "RuntimeError: diverged at epoch 3",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("broken", "mode"),
+    [
+        ("import", "async"),
+        pytest.param("import", "generations", marks=pytest.mark.slow),
+        pytest.param("epoch 3", "async", marks=pytest.mark.slow),
+    ],
+)
+def test_a_seed_that_fails_every_trial_ends_the_campaign_with_its_error(
+    ray_session, tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str, mode: str
+):
+    """Its queued samples fail and no more start (the async run sampled the seed for ever, 460 trials in 95 s):
+    exit 4 (no_trial_completed) as the barrier loop's first cycle, the trainer's traceback on the console."""
+    import io
+
+    from rich.console import Console
+
+    source, error = BROKEN_SEEDS[broken]
+    assert source != DIGITS_SOURCE
+    task = digits_task(tmp_path / "broken", source)
+    said = io.StringIO()
+    outcome = run(
+        tiny(
+            tmp_path,
+            "run_id=broken",
+            f"task.trainer={task}",
+            f"population.mode={mode}",
+            "scheduler.max_t=3",
+            "search.space.EPOCHS.values=[3]",
+            "safeguards.campaign_time_s=90",  # the old endless run ends here, with dozens of trials
+        ),
+        Console(file=said, width=400),
+    )
+    assert outcome.exit_code == 4 and outcome.stop_reason == "no_trial_completed"
+    con = open_reader(outcome.kb_root)
+    trials = rows(con, "select status, reason from trials where run_id = 'broken'", [])
+    run_again = [t for t in trials if t["reason"] != STOPPED_WITH_CYCLE]
+    # The seed's 2 queued trials, and at most a knob sample per slot (2) started before they were all in.
+    assert 2 <= len(run_again) <= 2 + 2, trials
+    assert any(t["status"] == "failed" and error in t["reason"] for t in run_again)
+    assert all(t["status"] != "completed" for t in trials)
+    console = said.getvalue()
+    assert "first failure: trial" in console and error in console
+    assert "Traceback" in console or "line " in console  # the traceback's end, from the trial's stderr.log
+    assert "stderr.log" in console
+    assert "NaN or Inf" not in caplog.text  # a failed trial's -inf score, logged by Tune's TensorBoard logger
+    decisions = rows(con, "select reason from decisions where run_id = 'broken'", [])
+    assert decisions == [{"reason": "no_trial_completed"}]
+
+
+def _campaign_until_training(tmp: Path, *args: str) -> subprocess.Popen[str]:
+    """`python -m ralph_ray` in its own session (as a terminal runs it), returned once a trial has reported."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ralph_ray", *args],
+        cwd=tmp,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not list((tmp / "runs").rglob("metrics.jsonl")):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the campaign never trained: {proc.communicate()[0][-3000:]}")
+        time.sleep(0.2)
+    return proc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "target"), [("async", "process"), ("generations", "group")])
+def test_ctrl_c_records_the_run_interrupted_and_resume_goes_on(
+    ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, target: str
+):
+    """SIGINT to the driver (kill -INT) or to its process group (a terminal's Ctrl-C) while trials train: exit 130
+    with the resume hint, the run recorded `interrupted` (not running, no decision), and resume=ID goes on. Tune's
+    own SIGINT handler used to end the run as if it were over: exit 0 with the run left `running`, or exit 4 as a
+    finished run whose trials (killed by the signal) never completed."""
+    from ralph_ray.__main__ import main
+
+    paths = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
+    long = ["safeguards.max_cycles=2", "scheduler.max_t=30", "search.space.EPOCHS.values=[30]"]
+    args = ["run_id=sig", *paths, *TINY, *long, f"population.mode={mode}"]
+    proc = _campaign_until_training(tmp_path, *args)
+    if target == "group":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGINT)
+    said = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, said[-3000:]
+    assert "python -m ralph_ray resume=sig" in said
+    run_dir = tmp_path / "runs" / "sig"
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["status"] == "interrupted" and state["exit_code"] == 130 and state["phase"] != "done"
+    con = open_reader(tmp_path / "kb")
+    assert rows(con, "select status from runs where run_id = 'sig'", []) == [{"status": "interrupted"}]
+    assert rows(con, "select reason from decisions where run_id = 'sig'", []) == []  # nothing decided it was over
+    assert main(["status", "sig", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
+    assert "run sig: interrupted" in capsys.readouterr().out
+
+    resumed = run(
+        resume_config(run_dir, ["safeguards.max_cycles=1", "scheduler.max_t=2", "search.space.EPOCHS.values=[2]"])
+    )
+    assert resumed.exit_code == 0 and resumed.stop_reason == "max_cycles"
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["status"] == "finished" and state["exit_code"] == 0

@@ -1,8 +1,26 @@
-"""What the terminal shows of a child: one line, however long the agent's rationale."""
+"""What the terminal shows of a child (one line, however long the agent's rationale), and what a rejected child
+leaves for the next analysis of its parent."""
 
 from __future__ import annotations
 
-from ralph_ray.children import one_line
+import shutil
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_breast_cancer
+
+from ralph_ray import PROJECT_ROOT, history, records
+from ralph_ray.agents.base import Analysis, Usage
+from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
+from ralph_ray.children import Breeder, analysis_note, breed, one_line, seed_child
+from ralph_ray.config import AgentConfig
+from ralph_ray.gate import Gate, write_smoke_data
+from ralph_ray.kb import KnowledgeBase
+from ralph_ray.population import Candidate
+from ralph_ray.tasks.base import Splits, stratified_split
+from ralph_ray.variants import VariantStatus
+
+TEMPLATE = PROJECT_ROOT / "ralph_ray" / "templates" / "classification"
 
 
 def test_a_rationale_becomes_its_first_sentence_on_one_line() -> None:
@@ -14,3 +32,72 @@ def test_a_rationale_becomes_its_first_sentence_on_one_line() -> None:
     assert one_line("no full stop at all") == "no full stop at all"
     long = "word " * 60
     assert len(one_line(long)) == 100 and one_line(long).endswith("...") and "\n" not in one_line(long)
+
+
+# -----------------------------------------------------------------------------
+# A refusal is remembered: real gate, real agents, real KB
+
+
+def breast_cancer_gate(tmp_path: Path) -> Gate:
+    """The gate over a sliver of scikit-learn's breast_cancer (30 table columns, the user trial's task)."""
+    x, y = load_breast_cancer(return_X_y=True)
+    x, y = x.astype(np.float32), y.astype(np.int64)
+    train, selection, test = stratified_split(y, (0.2, 0.2), 0)
+    splits = Splits(x[train], y[train], x[selection], y[selection], x[test], y[test], num_classes=2)
+    return Gate(write_smoke_data(splits, tmp_path / "smoke", "bc"), (), timeout_s=180)
+
+
+def test_an_intervention_the_gate_refused_for_a_parent_is_not_proposed_for_it_again(tmp_path: Path) -> None:
+    """User trial: the gate refused `augmentation` on a 30-column MLP in all 8 analyses of a campaign (random shifts
+    need images), which then bred nothing; now the refusal is in the KB with its parent, and the analyst skips it."""
+    run_id, agent = "refusal", AgentConfig()
+    trainer = tmp_path / "bc"
+    trainer.mkdir()
+    shutil.copy(TEMPLATE / "train.py", trainer / "train.py")  # an MLP over flat features, like the trial's
+    variants_root = tmp_path / "variants"
+    seed = seed_child(trainer, variants_root)
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.put("variants", records.variant_rows(run_id, 1, [seed], agent), records.part(run_id, 1, "seed"))
+    parent = Candidate(seed.variant_id, 0.95, {}, seed.variant_id)
+
+    def view(name: str):
+        return history.parent_view(kb.reader(), run_id, parent, variants_root, tmp_path / name, trainer)
+
+    # images=True: the task says nothing stops shifts, so only the gate's smoke run can refuse them (as in the trial)
+    analyst = HeuristicAnalyst(images=True)
+    first = analyst.analyse(view("baked1"), [], Usage())
+    shift = [r for r in first.recommendations if r.intervention == "augmentation"]
+    assert shift, first.summary
+    breeder = Breeder(
+        HeuristicCoder(), breast_cancer_gate(tmp_path), variants_root, tmp_path / "gen2", 1, 1, 1,
+        frozenset({seed.variant_id}), None, lambda line: None,
+    )  # fmt: skip
+    children, _ = breed(breeder, parent, view("baked2"), Analysis(seed.variant_id, [], "", shift))
+    [refused] = children
+    assert refused.status is VariantStatus.rejected and "shift_images" in (refused.reason or "")
+    # its files are the draft the gate refused, not the parent's copy the coder's retry left: its own variant
+    assert refused.variant_id != seed.variant_id and "shift_images" in refused.diff
+    kb.put("variants", records.variant_rows(run_id, 2, children, agent), records.part(run_id, 2, "bred"))
+
+    again = view("baked3")
+    assert [(c.variant_id, c.interventions, c.status) for c in again.children] == [
+        (refused.variant_id, ["augmentation"], "rejected")
+    ]
+    second = analyst.analyse(again, [], Usage())
+    assert "augmentation" not in [r.intervention for r in second.recommendations]
+    assert second.recommendations, "the other interventions are still proposed"
+    line = f"- `augmentation`: refused for this parent (child {refused.variant_id}): smoke run failed"
+    assert line in second.summary and "shift_images" in second.summary
+    # the analysis lands in the cycle's row, and the not_applicable view shows the refusal with the gate's words
+    note = analysis_note(parent, second)
+    kb.put("cycles", [records.cycle_row(run_id, 2, 0, None, children, tmp_path, note)], records.part(run_id, 2, "c"))
+    reasons = dict(
+        kb.reader()
+        .execute(
+            "select intervention, reason from not_applicable where run_id = ? and parent_id = ?",
+            [run_id, seed.variant_id],
+        )
+        .fetchall()
+    )
+    assert reasons["augmentation"].startswith(f"refused for this parent (child {refused.variant_id}): smoke run")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.transforms import TRANSFORMS
 from ralph_ray.config import FINAL_ADDITIONS, ConfigError, SamplerKind, SchedulerKind, SpaceKind, load_config
 
@@ -124,7 +126,9 @@ def test_a_run_saved_before_final_additions_resumes_with_its_three_settings_as_t
     ("overrides", "key", "fix_words"),
     [
         (["bogus.key=1"], "bogus", "conf/"),
-        (["search.nums_samples=3"], "search.nums_samples", "conf/"),
+        (["search.nums_samples=3"], "search.nums_samples", "did you mean `search.num_samples`?"),
+        (["safeguards.campain_time_s=60"], "safeguards.campain_time_s", "did you mean `safeguards.campaign_time_s`?"),
+        (["scheduler.grace=3"], "scheduler.grace", "did you mean `scheduler.grace_period`?"),
         (["scheduler.grace_period=abc"], "scheduler.grace_period", "schema"),
         (["search.num_samples=-3"], "search.num_samples", "above 0"),
         (["safeguards.trial_timeout_s=-1"], "safeguards.trial_timeout_s", "above 0"),
@@ -153,6 +157,17 @@ def test_bad_config_names_key_and_fix(overrides, key, fix_words):
     message = str(info.value)
     assert key in message
     assert "fix:" in message and fix_words in message
+
+
+def test_a_misspelt_key_in_a_tasks_yaml_names_the_file_and_the_nearest_key(tmp_path: Path):
+    folder = shutil.copytree(PROJECT_ROOT / "trainers" / "digits", tmp_path / "mine")
+    (folder / "task.yaml").write_text((folder / "task.yaml").read_text().replace("scheduler:", "schedular:"))
+    with pytest.raises(ConfigError) as info:
+        load_config([f"task={folder}"])
+    assert f"(set in {folder / 'task.yaml'})" in str(info.value) and "did you mean `scheduler`?" in str(info.value)
+    with pytest.raises(ConfigError) as info:  # a key the task.yaml does not set: no file named
+        load_config(["task=digits", "+schedular.max_t=3"])
+    assert "set in" not in str(info.value)
 
 
 def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):

@@ -436,3 +436,22 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     again = run(resume_config(outcome.run_dir))
     assert again.stop_reason == "campaign_time"
     assert open_reader(outcome.kb_root).execute("select count(*) from trials where final").fetchone()[0] == 2
+
+
+@pytest.mark.parametrize(
+    ("images", "mirror_invariant", "refused"),
+    [
+        (True, True, {}),
+        (None, True, {}),  # unknown: nothing ruled out on that alone
+        (True, False, {"flip": "mirroring", "flip_tta": "mirroring"}),  # digits
+        (False, True, {"shift": "not images", "flip": "not images", "flip_tta": "not images"}),  # a table's columns
+        (False, False, {"shift": "not images", "flip": "not images", "flip_tta": "not images"}),
+    ],
+)
+def test_the_task_rules_out_shifts_and_flips_off_images_and_flips_where_mirroring_changes_a_label(
+    images: bool | None, mirror_invariant: bool, refused: dict[str, str]
+):
+    names = ["cosine", "shift", "flip", "deepen", "flip_tta"]
+    ruled_out = finaltrain.unsuited_additions(names, images, mirror_invariant)
+    assert {name: ("not images" if "not images" in why else "mirroring") for name, why in ruled_out.items()} == refused
+    assert all(why.startswith(f"no {name} added (") for name, why in ruled_out.items())

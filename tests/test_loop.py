@@ -107,6 +107,9 @@ def test_status_and_report_commands(two_cycles: Outcome, capsys: pytest.CaptureF
     assert main(["status", "--runs", runs, "--kb", kb]) == 0
     out = capsys.readouterr().out
     assert "run loop" in out and "max_cycles" in out and "leaderboard" in out
+    budgets = next(line for line in out.splitlines() if "budgets:" in line)
+    # two cycles of two; no time, token or cost budget was set: said so, never "None"
+    assert "cycles 2/2," in budgets and "s/no limit," in budgets and "None" not in budgets
     # The table's rank column is the view's rank. TINY runs no replicates (safeguards.replicates=0), so rank 1 has
     # none and no replicated pick line is printed (a replicated pick and its interval: tests/test_noise.py).
     pick, rank, n = (
@@ -121,6 +124,16 @@ def test_status_and_report_commands(two_cycles: Outcome, capsys: pytest.CaptureF
     (two_cycles.run_dir / "report" / "final_report.md").unlink()
     assert main(["report", "loop", "--runs", runs, "--kb", kb]) == 0
     assert (two_cycles.run_dir / "report" / "final_report.md").exists()
+    # piped into a file or a pager (no terminal, no COLUMNS): the table is not squeezed to 80 columns ("0.99…")
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "status", "--runs", runs, "--kb", kb],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 0 and "…" not in piped.stdout and pick in piped.stdout
     assert main(["stop", "--runs", runs]) == 2  # stop needs a run id
     assert main(["status", "nope", "--runs", runs]) == 2
 

@@ -73,9 +73,8 @@ def body(run: shell.Campaign) -> None:
 
     if not run.live:
         why = f"**Stopped: {run.stop_reason or 'no reason recorded'}**"
-        (st.error if run.status == "crashed" else st.success)(
-            why + (f"\n\n{last['rationale']}" if last.get("rationale") else "")
-        )
+        shown = {"crashed": st.error, "interrupted": st.warning}.get(run.status, st.success)
+        shown(why + (f"\n\n{last['rationale']}" if last.get("rationale") else ""))
     access.show_ray_auth(run.config)
     access.show_sandbox(run.config)
     stop_button(run)

@@ -73,6 +73,7 @@ class _Builder:
             timed=timed,
             gpu=gpu,
             mirror_invariant=self.cfg.task.mirror_invariant,
+            images=self.cfg.task.images,
         )
         return analyst, HeuristicCoder()
 
@@ -82,9 +83,13 @@ class _Builder:
         from ralph_ray.agents.catalog import load_catalog
         from ralph_ray.agents.llm import LLMAnalyst
 
-        mirror_invariant = self.cfg.task.mirror_invariant
+        mirror_invariant, images = self.cfg.task.mirror_invariant, self.cfg.task.images
         # The catalog shown leaves out what the task forbids, as the heuristic analyst skips it.
-        catalog = [(i.name, i.description) for i in load_catalog() if mirror_invariant or not i.mirrors_images]
+        catalog = [
+            (i.name, i.description)
+            for i in load_catalog()
+            if (mirror_invariant or not i.mirrors_images) and (images is not False or not i.needs_images)
+        ]
         return LLMAnalyst(
             self.chat(),
             self.cfg.agent,

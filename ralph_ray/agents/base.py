@@ -90,6 +90,16 @@ class InterventionEffect:
 
 
 @dataclass(frozen=True)
+class ChildSeen:
+    """A child already bred from a parent in this run: its interventions, where it stands, and a rejection's reason."""
+
+    variant_id: str
+    interventions: list[str]
+    status: str  # a VariantStatus value: candidate (trials pending), kept, discarded, rejected, crashed
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class ParentView:
     """Everything an analyst may know about one parent (never selection/test labels)."""
 
@@ -100,6 +110,9 @@ class ParentView:
     interventions: list[str]  # what produced this variant (empty for the seed)
     lineage: list[str]  # interventions along the path from the seed, oldest first
     program: str  # the task's program.md
+    # This run's children of the parent so far: an analyst skips what the gate refused for it and breeds again what it
+    # already bred only when nothing else is left (a 1x1 async campaign bred batchnorm twice from one parent).
+    children: list[ChildSeen] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ _ENTRY_FIELDS = {
     "transform",
     "needs_gpu",
     "mirrors_images",
+    "needs_images",
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
@@ -120,6 +121,7 @@ class Intervention:
     transform: str | None = None  # a registered syntax-tree transform, applied after the knob and text edits
     needs_gpu: bool = False  # only changes anything on a GPU (autocast, channels-last): not proposed for CPU trials
     mirrors_images: bool = False  # trains on mirrored inputs: not proposed where task.mirror_invariant is false
+    needs_images: bool = False  # shifts, mirrors or lays out images: not proposed where task.images is false
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
     for answer in answers:
         if answer not in valid:
             raise fail("answers", f"{answer!r} is not a diagnosis (one of {', '.join(valid)})")
-    repeatable, needs_gpu, mirrors_images = (_flag(raw, key, fail) for key in _FLAGS)
+    repeatable, needs_gpu, mirrors_images, needs_images = (_flag(raw, key, fail) for key in _FLAGS)
     prior = raw.get("prior", 0.0)
     if isinstance(prior, bool) or not isinstance(prior, (int, float)):
         raise fail("prior", f"expected a number, got {prior!r}")
@@ -214,13 +216,15 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
         transform=_parse_transform(raw.get("transform"), fail),
         needs_gpu=needs_gpu,
         mirrors_images=mirrors_images,
+        needs_images=needs_images,
     )
     if not (intervention.knobs or intervention.add_knobs or intervention.edits or intervention.transform):
         raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits, transform")
     return intervention
 
 
-_FLAGS = ("repeatable", "needs_gpu", "mirrors_images")  # the entry's true/false fields, all false by default
+# The entry's true/false fields, all false by default.
+_FLAGS = ("repeatable", "needs_gpu", "mirrors_images", "needs_images")
 
 
 def _flag(raw: dict, key: str, fail: Fail) -> bool:

@@ -37,6 +37,7 @@ from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply
 from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
 from ralph_ray.statuses import TrialStatus
+from ralph_ray.variants import VariantStatus
 
 TRAINER = "train.py"
 
@@ -402,6 +403,13 @@ def _best_candidate(
 EPOCHS = "EPOCHS"
 
 
+def _moves_only_absent_knobs(intervention: Intervention, knobs: set[str]) -> bool:
+    """A pure knob move (no code edit) of knobs the trainer does not have: not a candidate, and no reason worth
+    recording in analysis.md or the not_applicable view."""
+    code = intervention.transform or intervention.edits or intervention.add_knobs
+    return bool(intervention.knobs) and not code and not any(edit.knob in knobs for edit in intervention.knobs)
+
+
 def _epochs_only(intervention: Intervention) -> bool:
     """Whether the intervention only moves EPOCHS (no code edit, no transform, no new knob)."""
     return (
@@ -409,6 +417,46 @@ def _epochs_only(intervention: Intervention) -> bool:
         and all(edit.knob == EPOCHS for edit in intervention.knobs)
         and not (intervention.add_knobs or intervention.edits or intervention.transform)
     )
+
+
+# -----------------------------------------------------------------------------
+# A parent's children so far
+
+# How the heuristic coder quotes the gate when it gives up on a refused child (HeuristicCoder._edit): a refusal's
+# reason is the gate's words after it.
+GATE_SAID = "gate said: "
+# A refusal's reason in the analysis is cut to this many characters (a smoke run's traceback can be long).
+REFUSAL_CHARS = 300
+# Children that count as bred: trained or training. A crashed one (every trial failed, the infrastructure's fault as
+# often as the code's) may be bred again; a rejected one is a refusal (`refusals`).
+BRED = (VariantStatus.candidate, VariantStatus.kept, VariantStatus.discarded)
+
+
+def refusals(parent: ParentView) -> dict[str, str]:
+    """Each intervention a rejected child of this parent carried, with why: the gate refused it (or the coder could
+    not write it) for this very code, and a catalog edit comes out the same every time."""
+    refused: dict[str, str] = {}
+    for child in parent.children:
+        if VariantStatus(child.status) is not VariantStatus.rejected:
+            continue
+        reason = " ".join((child.reason or "no reason recorded").split())  # one line: the not_applicable view reads it
+        _, said, gate = reason.partition(GATE_SAID)
+        why = gate if said else reason
+        if len(why) > REFUSAL_CHARS:
+            why = why[: REFUSAL_CHARS - 3] + "..."
+        for name in child.interventions:
+            refused.setdefault(name, f"refused for this parent (child {child.variant_id}): {why}")
+    return refused
+
+
+def bred_from(parent: ParentView) -> dict[str, str]:
+    """Each intervention already bred from this parent in this run, with the first child that carries it."""
+    bred: dict[str, str] = {}
+    for child in parent.children:
+        if VariantStatus(child.status) in BRED:
+            for name in child.interventions:
+                bred.setdefault(name, child.variant_id)
+    return bred
 
 
 # -----------------------------------------------------------------------------
@@ -426,6 +474,7 @@ class HeuristicAnalyst:
         timed: bool = False,
         gpu: bool | None = None,
         mirror_invariant: bool = True,
+        images: bool | None = None,
     ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
@@ -435,6 +484,7 @@ class HeuristicAnalyst:
         self.timed = timed  # trial.budget_s is set: every trial trains for the same time, whatever its EPOCHS
         self.gpu = gpu  # whether trials get a GPU (resources.gpu > 0); None: not known, nothing skipped for it
         self.mirror_invariant = mirror_invariant  # task.mirror_invariant: False skips interventions that mirror inputs
+        self.images = images  # task.images: False skips image interventions; None: not known, nothing skipped for it
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
@@ -450,30 +500,39 @@ class HeuristicAnalyst:
             usage.add(Usage(calls=1, seconds=time.perf_counter() - start))
 
     def _applicable(self, parent: ParentView, source: str) -> tuple[list[Intervention], dict[str, str]]:
-        """Interventions that apply to the parent's code and are not spent along its lineage."""
+        """Interventions that apply to the parent's code, suit the task and are neither spent along its lineage nor
+        refused for this parent already."""
         applicable, skipped = [], {}
+        refused = refusals(parent)
+        knobs = set(read_knobs(source))
         for intervention in self.catalog:
-            if intervention.name in parent.lineage and not intervention.repeatable:
-                skipped[intervention.name] = "already in the lineage"
-                continue
-            if self.timed and _epochs_only(intervention):
-                skipped[intervention.name] = (
-                    f"trial.budget_s holds every trial to the same training time: {EPOCHS} is ignored"
-                )
-                continue
-            if intervention.needs_gpu and self.gpu is False:
-                skipped[intervention.name] = "trials run on the CPU (resources.gpu=0): it only changes GPU steps"
-                continue
-            if intervention.mirrors_images and not self.mirror_invariant:
-                skipped[intervention.name] = "the task says mirroring changes an input's label (task.mirror_invariant)"
-                continue
-            try:
-                check(intervention, source)
-            except NotApplicable as reason:
-                skipped[intervention.name] = str(reason).removeprefix(f"{intervention.name}: ")
-                continue
-            applicable.append(intervention)
+            if _moves_only_absent_knobs(intervention, knobs):
+                continue  # another kind of trainer's knob (a classifier has no TEMPERATURE): nothing to say about it
+            why = self._unsuited(intervention, parent, refused)
+            if why is None:
+                try:
+                    check(intervention, source)
+                except NotApplicable as reason:
+                    why = str(reason).removeprefix(f"{intervention.name}: ")
+            if why is None:
+                applicable.append(intervention)
+            else:
+                skipped[intervention.name] = why
         return applicable, skipped
+
+    def _unsuited(self, intervention: Intervention, parent: ParentView, refused: dict[str, str]) -> str | None:
+        """Why the intervention is not proposed for this parent whatever its code says, or None."""
+        if intervention.name in parent.lineage and not intervention.repeatable:
+            return "already in the lineage"
+        if self.timed and _epochs_only(intervention):
+            return f"trial.budget_s holds every trial to the same training time: {EPOCHS} is ignored"
+        if intervention.needs_gpu and self.gpu is False:
+            return "trials run on the CPU (resources.gpu=0): it only changes GPU steps"
+        if intervention.mirrors_images and not self.mirror_invariant:
+            return "the task says mirroring changes an input's label (task.mirror_invariant)"
+        if intervention.needs_images and self.images is False:
+            return "the task's inputs are not images (task.images)"
+        return refused.get(intervention.name)
 
     def _rank(
         self,
@@ -482,21 +541,31 @@ class HeuristicAnalyst:
         applicable: list[Intervention],
         effects: list[InterventionEffect],
     ) -> list[Recommendation]:
-        """Candidates for the diagnoses first, then (if too few) healthy-run and any other applicable ones."""
+        """Candidates for the diagnoses first, then (if too few) healthy-run and any other applicable ones; last, those
+        already bred from this parent in this run (its children's code would differ in knob values at most)."""
         # Ties go to a draw seeded by (seed, parent): repeatable runs, but sibling parents differ.
         rng = random.Random(f"{self.seed}:{parent.variant_id}")
         draws = {i.name: rng.random() for i in sorted(applicable, key=lambda i: i.name)}
+        bred = bred_from(parent)
         primary = self._scored(applicable, findings, effects, draws)
         chosen = {c.intervention.name for c in primary}
         fallback: list[Candidate] = []
-        if len(primary) < MIN_RECOMMENDATIONS:
+        if sum(c.intervention.name not in bred for c in primary) < MIN_RECOMMENDATIONS:
             healthy = Finding(Diagnosis.healthy, "few interventions answer the diagnoses; this one generally helps")
             rest = [i for i in applicable if i.name not in chosen]
             answers_healthy = [i for i in rest if Diagnosis.healthy in i.answers]
             others = [i for i in rest if Diagnosis.healthy not in i.answers]
             fallback = self._scored(answers_healthy, [healthy], effects, draws)
             fallback += self._scored_as(others, healthy, effects, draws)
-        return _monotone([_recommendation(c) for c in primary + fallback])
+        fresh = [c for c in primary + fallback if c.intervention.name not in bred]
+        again = [
+            dataclasses.replace(
+                c, note=f"{c.note}; already bred from this parent (child {bred[c.intervention.name]}): last resort"
+            )
+            for c in primary + fallback
+            if c.intervention.name in bred
+        ]
+        return _monotone([_recommendation(c) for c in fresh + again])
 
     def _scored(
         self,
@@ -551,7 +620,7 @@ class HeuristicCoder:
         if feedback is not None:
             raise AgentError(
                 f"the heuristic coder cannot repair {name!r} after the validation gate rejected it "
-                f"(catalog edits are fixed; the engine should move on); gate said: {feedback.strip()[:500]}"
+                f"(catalog edits are fixed; the engine should move on); {GATE_SAID}{feedback.strip()[:500]}"
             )
         try:
             intervention = self.catalog.get(name)

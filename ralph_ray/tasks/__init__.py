@@ -10,8 +10,10 @@ only. This package imports no config (config imports it), so the registry adds n
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,7 @@ __all__ = [
     "TaskError",
     "TaskRef",
     "find_task",
+    "image_inputs",
     "prepare_splits",
     "prepare_task",
     "task_names",
@@ -120,6 +123,22 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
             "or declare a regression/custom METRIC"
         )
     return dataclasses.replace(splits, metric=folder.metric)
+
+
+# The fewest features a flat input may have to read as a flattened square image (4x4; digits' 64 are 8x8 images).
+MIN_FLAT_IMAGE = 16
+
+
+def image_inputs(train_x: Any) -> bool:
+    """Whether a task's train inputs look like images: (N, C, H, W) or (N, H, W, C), (N, H, W), or (N, side * side)
+    with at least MIN_FLAT_IMAGE features; anything else (table rows, token ids, text) is not."""
+    shape = np.shape(train_x)
+    if len(shape) in (3, 4):
+        return True
+    if len(shape) != 2:
+        return False
+    side = math.isqrt(shape[1])
+    return shape[1] >= MIN_FLAT_IMAGE and side * side == shape[1]
 
 
 def prepare_splits(cfg: Experiment) -> Splits:

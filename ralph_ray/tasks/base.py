@@ -41,8 +41,8 @@ class DataSource(Protocol):
 
     root: str | None
     download: bool
-    url: str
-    md5: str
+    url: str | None  # None: the task's own default
+    md5: str | None
 
 
 class Experiment(Protocol):

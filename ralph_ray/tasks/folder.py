@@ -3,7 +3,8 @@
 A task folder holds `prepare.py` (frozen: `prepare(settings, data) -> Splits` and `METRIC`, optionally `score`,
 `DATA_ROOT` and `hidden_paths(data)`: where the task reads labelled raw data outside `data.root`, which every sandboxed
 run must not see), `train.py` (the mutable seed trainer), `program.md` (what an agent may change) and `task.yaml` (the
-search space and defaults). Trials get a copy of the trainer files only: the frozen parts never reach a work dir.
+search space and defaults). Trials get a copy of the trainer files only (`task.trainer_files`: code and notes, not
+data kept beside them): the frozen parts never reach a work dir.
 """
 
 from __future__ import annotations

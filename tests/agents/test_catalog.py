@@ -256,7 +256,11 @@ def test_a_transform_entry_must_name_a_registered_transform(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("transform", "field", "value", "shown"),
-    [("channels_last", "needs_gpu", "yes please", "'yes please'"), ("flip_augmentation", "mirrors_images", "1", "1")],
+    [
+        ("channels_last", "needs_gpu", "yes please", "'yes please'"),
+        ("flip_augmentation", "mirrors_images", "1", "1"),
+        ("shift_augmentation", "needs_images", "images", "'images'"),
+    ],
 )
 def test_a_flag_must_be_true_or_false(tmp_path: Path, transform: str, field: str, value: str, shown: str):
     path = tmp_path / "bad.yaml"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -12,6 +13,7 @@ from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import (
     AgentError,
+    ChildSeen,
     Diagnosis,
     EpochPoint,
     InterventionEffect,
@@ -321,6 +323,26 @@ def test_lineage_and_applied_code_are_skipped_but_repeatable_stay(tmp_path: Path
     assert "`grokfast_filter`: the model uses BatchNorm" in analysis.summary  # the transform's own reason
 
 
+def test_moves_of_knobs_the_trainer_lacks_are_neither_proposed_nor_listed_as_skipped(tmp_path: Path):
+    """User trial: a classifier's analysis.md and not_applicable view listed GRPO's TEMPERATURE, BETA, LORA_RANK moves
+    as skipped; a knob move for a knob the trainer does not have says nothing about that trainer."""
+    parent = parent_view(tmp_path, PLATEAU)
+    analyst = HeuristicAnalyst()
+    applicable, skipped = analyst._applicable(parent, (parent.files_dir / "train.py").read_text())
+    absent = {"hotter_sampling", "cooler_sampling", "stronger_kl", "weaker_kl", "larger_lora_rank"}
+    assert absent <= {i.name for i in CATALOG} and not absent & (set(skipped) | {i.name for i in applicable})
+    assert "lower_lr" in {i.name for i in applicable}  # a move of a knob it has stays a candidate
+    assert "adamw_optimizer" in {i.name for i in applicable} | set(skipped)  # code edits: proposed or said why
+    # on the GRPO trainer, which has those knobs, the same moves are candidates
+    grpo = tmp_path / "grpo"
+    grpo.mkdir()
+    (grpo / "train.py").write_text((SEED_TRAINER.parents[1] / "grpo" / "train.py").read_text())
+    grpo_view = ParentView("g1", grpo, 0.5, [trial(PLATEAU)], [], [], "program")
+    assert {"hotter_sampling", "stronger_kl"} <= {
+        i.name for i in analyst._applicable(grpo_view, (grpo / "train.py").read_text())[0]
+    }
+
+
 def test_under_a_time_budget_a_move_of_epochs_alone_is_skipped(tmp_path: Path):
     parent = parent_view(tmp_path, UNDERTRAINED)
     free = HeuristicAnalyst().analyse(parent, [], Usage())
@@ -367,6 +389,62 @@ def test_flips_are_not_proposed_where_the_task_says_mirroring_changes_the_label(
     # the task folder says which: trainers/digits/task.yaml sets it false, a garment task keeps the default
     assert make_agents(tiny_config())[0].mirror_invariant is False
     assert load_config(["task=fashion"]).task.mirror_invariant is True
+
+
+def test_image_interventions_are_not_proposed_where_the_inputs_are_not_images(tmp_path: Path, tiny_config):
+    """User trial: shifts and flips ranked #3/#4 for 30 table columns (breast_cancer); with 16, 25 or 64 columns they
+    would pass the gate and shift or mirror table rows. task.images=false rules them out, with the reason."""
+    parent = parent_view(tmp_path, OVERFIT_GAP)
+    images = {i.name for i in load_catalog() if i.needs_images}
+    assert images == {"augmentation", "flip_augmentation", "flip_tta", "channels_last"}
+    unknown = ranked_names(HeuristicAnalyst(gpu=True).analyse(parent, [], Usage()))
+    assert {"augmentation", "flip_augmentation", "flip_tta"} <= set(unknown)  # not known: nothing skipped for it
+    assert ranked_names(HeuristicAnalyst(gpu=True, images=True).analyse(parent, [], Usage())) == unknown
+    table = HeuristicAnalyst(gpu=True, images=False).analyse(parent, [], Usage())
+    assert not images & set(ranked_names(table))
+    for name in sorted(images):
+        assert f"- `{name}`: the task's inputs are not images (task.images)" in table.summary
+    # the config says which: digits' task.yaml sets images, the command line (or a task.yaml) overrides it
+    assert make_agents(tiny_config())[0].images is True
+    assert make_agents(tiny_config("task.images=false"))[0].images is False
+
+
+def test_what_the_gate_refused_for_a_parent_is_skipped_and_what_was_bred_goes_last(tmp_path: Path):
+    """User trial: the refused `augmentation` ranked first in all 8 analyses of one parent, and a 1x1 campaign bred
+    `batchnorm` twice from one parent (the two children's code differed in knob values only)."""
+    parent = parent_view(tmp_path, PLATEAU)
+    before = ranked_names(HeuristicAnalyst().analyse(parent, [], Usage()))
+    top, second = before[:2]
+    gate_said = (
+        f"coder: the heuristic coder cannot repair {second!r} after the validation gate rejected it (catalog edits "
+        "are fixed; the engine should move on); gate said: smoke run failed: train.py exited with code 1:\n"
+        "ValueError: shift_images: (32, 30) is neither (N, C, H, W) nor flattened square images"
+    )
+    seen = [
+        ChildSeen("c1", [top], "candidate"),  # training now: bred, whatever it scores
+        ChildSeen("c2", [second], "rejected", gate_said),
+        ChildSeen("c3", [before[2]], "crashed", "every trial failed"),  # maybe the machine's fault: no penalty
+    ]
+    analysis = HeuristicAnalyst().analyse(dataclasses.replace(parent, children=seen), [], Usage())
+    after = ranked_names(analysis)
+    assert second not in after
+    assert (
+        f"- `{second}`: refused for this parent (child c2): smoke run failed: train.py exited with code 1: "
+        "ValueError: shift_images: (32, 30) is neither (N, C, H, W) nor flattened square images" in analysis.summary
+    )  # the gate's words on one line, as the not_applicable view reads them
+    assert after[0] == before[2] and after[-1] == top  # bred already: the last resort
+    assert "already bred from this parent (child c1)" in analysis.recommendations[-1].rationale
+    assert [r.priority for r in analysis.recommendations] == sorted(
+        (r.priority for r in analysis.recommendations), reverse=True
+    )  # ordered by priority, as the engine sorts them
+    # a kept or discarded child counts as bred too
+    for status in ("kept", "discarded"):
+        ranked = ranked_names(
+            HeuristicAnalyst().analyse(
+                dataclasses.replace(parent, children=[ChildSeen("c", [top], status)]), [], Usage()
+            )
+        )
+        assert ranked[-1] == top and ranked[0] == second
 
 
 def test_falls_back_to_healthy_answers_when_the_diagnosis_has_few(tmp_path: Path):

@@ -417,3 +417,17 @@ def test_the_analyst_is_told_when_the_task_forbids_mirrored_inputs(
     system, user = (m["content"] for m in llm_server.chats()[0][:2])
     assert ("never recommend a horizontal flip" in system) is not mirror_invariant
     assert ("flip_augmentation" in user) is mirror_invariant  # the catalog shown leaves flips out
+
+
+@pytest.mark.parametrize("images", [True, False])
+def test_the_analyst_is_shown_no_image_interventions_where_the_inputs_are_not_images(
+    llm_server: ScriptedLLM, tiny_config, parent: ParentView, images: bool
+):
+    # A table's columns shifted or mirrored are other inputs (the user trial's breast_cancer: 30 columns).
+    analyst, _ = make_agents(tiny_config(*campaign_overrides(llm_server), "task=fashion", f"task.images={images}"))
+    llm_server.add(Reply(json.dumps(ANALYSIS)))
+    analyst.analyse(parent, [], Usage())
+    user = llm_server.chats()[0][1]["content"]
+    for name in ("augmentation", "flip_augmentation", "flip_tta", "channels_last"):
+        assert (f"- `{name}`:" in user) is images
+    assert "- `batchnorm`:" in user

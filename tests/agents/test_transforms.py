@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.optim.swa_utils import AveragedModel
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.transforms import (
@@ -98,6 +101,8 @@ APPLIES = {
         "one_cycle_schedule",
         "data_parallel",
     },
+    # a user's MLP on features: no conv layers; its width is a knob
+    "early_stopping": ALL - {"widen_layers", "channels_last"},
     "cifar10": {
         "deepen",
         "hard_example_replay",
@@ -258,6 +263,173 @@ def test_ema_evaluates_with_the_average_in_a_flat_script():
     result = apply_transform("ema_weights", SOURCES["sequential_flat"])
     assert "vout = ema(Xv)" in result and "ema.eval()" in result and "out = net(Xt[i])" in result
     assert "ema.update_parameters(net)" in result
+
+
+# -----------------------------------------------------------------------------
+# A user's trainer (tests/fixtures/trainers/early_stopping): early stopping that restores the best state_dict and a
+# predict() closure. ema_weights used to swap only `model.eval()` and evaluate(): the closure predicted with the raw
+# model, left in train mode (dropout on), from the raw weights of the epoch the EMA's validation loss chose.
+
+
+def spy_on_a_run(monkeypatch: pytest.MonkeyPatch, folder: Path, data: Path) -> dict:
+    """Run `folder/train.py` in this process on `data`, a spy on every module call and state_dict load: the last two
+    forward passes of the trainer's own model (the selection's and the test's predictions) and which loads went into
+    a weight average's network."""
+    averaged: list[AveragedModel] = []
+    passes: list[dict] = []
+    loads: list[bool] = []
+    depth = [0]
+    call, load, init = torch.nn.Module.__call__, torch.nn.Module.load_state_dict, AveragedModel.__init__
+
+    def spy_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        averaged.append(self)
+
+    def spy_call(self, *args, **kwargs):
+        depth[0] += 1
+        try:
+            out = call(self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0 and out.dim() == 2:  # the trainer's own forward passes, not its layers' or the loss's
+            modes = [m.training for m in self.modules()]
+            passes[:] = [*passes[-1:], {"averaged": isinstance(self, AveragedModel), "training": modes, "out": out}]
+        return out
+
+    def spy_load(self, *args, **kwargs):
+        loads.append(any(self is a.module for a in averaged))
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(AveragedModel, "__init__", spy_init)
+    monkeypatch.setattr(torch.nn.Module, "__call__", spy_call)
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", spy_load)
+    for key, value in {"RALPH_DATA_DIR": str(data), "RALPH_DEVICE": "cpu", "RALPH_SEED": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(folder)
+    runpy.run_path(str(folder / "train.py"), run_name="__main__")
+    return {"passes": passes, "loads": loads, "saved": np.load(folder / "predictions.npz")}
+
+
+def test_ema_rewrites_the_closure_and_the_best_state_of_a_users_trainer():
+    result = apply_transform("ema_weights", SOURCES["early_stopping"])
+    lines = lines_of(result)
+    assert "return ema(t).argmax(dim=1).numpy()" in lines  # the nested predict() closure
+    assert "val_loss, val_acc = evaluate(ema, val_loader, criterion)" in lines
+    # the best state is the average's (its validation loss chose it), restored into the average
+    assert "best_loss, best_state, bad_epochs = val_loss, copy.deepcopy(ema.module.state_dict()), 0" in lines
+    assert lines[lines.index("ema.module.load_state_dict(best_state)") + 1 :][:2] == ["model.eval()", "ema.eval()"]
+    assert "model.state_dict()" not in result and "model.load_state_dict(" not in result
+    # only training runs the raw model (evaluate() runs the one it is handed: the average)
+    assert "loss = criterion(model(xb), yb)" in lines and "out = model(xb)" in lines and result.count("model(") == 2
+    assert "use_buffers=True).eval()" in result  # the average is never trained: eval mode wherever it runs
+    # the lm seed scores the model it exports: the average's network, not the raw one
+    assert "harness.save_model(ema.module, " in apply_transform("ema_weights", SOURCES["lm"])
+
+
+@pytest.mark.parametrize("names", [["add_dropout", "ema_weights"], ["ema_weights", "add_dropout"]])
+def test_a_users_trainer_with_dropout_and_ema_predicts_with_the_average_in_eval_mode(
+    gate: Gate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, names: list[str]
+):
+    """Run for real on the smoke data (a fraction of a second): the two forward passes that made the saved predictions
+    are the average's, with every module in it (the dropout too) in eval mode, and early stopping's best state was
+    restored into the average's network."""
+    source = SOURCES["early_stopping"]
+    for name in names:
+        source = apply_transform(name, source)
+    assert "torch.nn.Dropout(DROPOUT)" in source
+    (tmp_path / "train.py").write_text(rewrite_knobs(source, {"EPOCHS": 4, "PATIENCE": 2, "DROPOUT": 0.5}))
+    spy = spy_on_a_run(monkeypatch, tmp_path, gate.smoke_data)
+    selection, test = spy["passes"]
+    assert (selection["out"].argmax(1).numpy() == spy["saved"]["selection"]).all()  # these passes made them
+    assert (test["out"].argmax(1).numpy() == spy["saved"]["test"]).all()
+    for forward in (selection, test):
+        assert forward["averaged"] and not any(forward["training"]), forward["training"]
+    assert spy["loads"] == [True]  # the best state went into the average
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "refused_by"),
+    [
+        # a prediction without torch.no_grad(): evaluation or training cannot be told apart
+        (
+            (
+                "        with torch.no_grad():\n            return model(t)",
+                "        if True:\n            return model(t)",
+            ),
+            "without torch.no_grad",
+            {"ema_weights", "flip_tta"},
+        ),
+        # predictions from a copy of the model: a use neither evaluation nor a best state
+        (
+            ("    model.eval()\n\n", "    final = copy.deepcopy(model)\n    model.eval()\n\n"),
+            "final = copy.deepcopy",
+            {"ema_weights", "flip_tta"},
+        ),
+        # a closure that runs the model, called in the batch loop: training's targets
+        (
+            (
+                "            loss = criterion(model(xb), yb)",
+                "            loss = criterion(model(xb), yb) + predict(xb).sum()",
+            ),
+            "`predict` runs the model and is called in the batch loop",
+            {"ema_weights", "flip_tta"},
+        ),
+        # the best state kept in a file: the average cannot take it over (flips use the model's own weights)
+        (
+            ("model.load_state_dict(best_state)", 'model.load_state_dict(torch.load("best.pt"))'),
+            "loads weights during training or from elsewhere",
+            {"ema_weights"},
+        ),
+        # restored during training (a restart from the best): training's weights, not the predictions'
+        (
+            ("                break\n", "                model.load_state_dict(best_state)\n                break\n"),
+            "loads weights during training",
+            {"ema_weights"},
+        ),
+    ],
+    ids=["no_grad_missing", "copied", "closure_in_training", "from_a_file", "restored_in_training"],
+)
+def test_a_trainer_whose_every_prediction_cannot_be_placed_is_refused(
+    change: tuple[str, str], reason: str, refused_by: set[str]
+):
+    source = SOURCES["early_stopping"].replace(*change)
+    assert source != SOURCES["early_stopping"]
+    for name in sorted(refused_by):
+        with pytest.raises(NotApplicable, match=re.escape(reason)):
+            apply_transform(name, source)
+    if "flip_tta" not in refused_by:  # the closure's forward pass is flipped as the validation's is
+        assert "return flip_averaged(model, t).argmax(dim=1).numpy()" in lines_of(apply_transform("flip_tta", source))
+
+
+PREDICT_CLOSURE = """    def predict(a):
+        t = torch.from_numpy((np.asarray(a, dtype=np.float32).reshape(len(a), -1) - mean) / std)
+        with torch.no_grad():
+            return model(t).argmax(dim=1).numpy()
+"""
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        # the closure under @torch.no_grad()
+        (
+            PREDICT_CLOSURE,
+            "    @torch.no_grad()\n" + PREDICT_CLOSURE.replace("        with torch.no_grad():\n    ", ""),
+        ),
+        # its every caller under torch.no_grad()
+        (
+            PREDICT_CLOSURE + "\n    harness.save_predictions(",
+            PREDICT_CLOSURE.replace("        with torch.no_grad():\n    ", "")
+            + "\n    with torch.no_grad():\n        harness.save_predictions(",
+        ),
+    ],
+    ids=["decorated", "guarded_by_its_caller"],
+)
+def test_a_predict_closure_without_a_no_grad_block_of_its_own_is_still_found(change: tuple[str, str]):
+    source = SOURCES["early_stopping"].replace(*change)
+    assert source != SOURCES["early_stopping"] and "            return model(t)" not in source
+    assert "return ema(t).argmax(dim=1).numpy()" in lines_of(apply_transform("ema_weights", source))
+    assert "return flip_averaged(model, t).argmax(dim=1).numpy()" in lines_of(apply_transform("flip_tta", source))
 
 
 TRAINS_IN_A_FUNCTION = """

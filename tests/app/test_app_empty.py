@@ -61,6 +61,16 @@ def test_a_crashed_campaign_says_how_to_resume(tmp_path: Path, page: str):
     assert "python -m ralph_ray resume=r1" in at.error[0].value
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_an_interrupted_campaign_says_how_to_resume(tmp_path: Path, page: str):
+    """Ctrl-C records the run `interrupted` (exit 130): a warning with the resume line, never "finished"."""
+    kb_root = kb_with_run(tmp_path, "interrupted", stop_reason="SIGINT (Ctrl-C)", finished_at=None)
+    at = open_page(kb_root, page)
+    warning = at.warning[0].value
+    assert "was interrupted (SIGINT (Ctrl-C))" in warning and "python -m ralph_ray resume=r1" in warning
+    assert "[finished]" not in texts(at) and not at.error
+
+
 def test_kb_location_comes_from_the_args_then_the_env_then_the_default(tmp_path: Path):
     assert kbdata.kb_from_args(["--kb", str(tmp_path / "a")], {"RALPH_KB": str(tmp_path / "b")}) == tmp_path / "a"
     assert kbdata.kb_from_args(["--other", "x"], {"RALPH_KB": str(tmp_path / "b")}) == tmp_path / "b"

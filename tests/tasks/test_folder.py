@@ -14,7 +14,7 @@ import pytest
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.config import ConfigError, load_config, sandbox_policy
 from ralph_ray.tasks import TASKS, prepare_splits
-from ralph_ray.variants import snapshot
+from ralph_ray.variants import seed_snapshot
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -91,10 +91,45 @@ def test_a_prepare_that_fails_exits_2_with_its_error(tmp_path: Path):
 
 def test_frozen_parts_never_reach_a_variant_and_the_folder_is_hidden_from_trials(tmp_path: Path):
     folder = _copy_task(tmp_path)
-    seed = snapshot(folder, tmp_path / "variants")
+    seed = seed_snapshot(folder, tmp_path / "variants").variant
     assert sorted(p.name for p in seed.files_dir.iterdir()) == ["program.md", "train.py"]
     cfg = load_config([f"task={folder}"])
     assert str(folder.resolve()) in sandbox_policy(cfg).hidden
+
+
+def test_data_kept_in_the_task_folder_never_reaches_a_variant_unless_listed(tmp_path: Path):
+    """A user's raw data (held-out labels included) or prepared splits beside the trainer stay out of the seed."""
+    folder = _copy_task(tmp_path)
+    (folder / "raw").mkdir()
+    (folder / "raw" / "all.csv").write_text("x,label\n0.1,1\n")
+    (folder / "data" / "prepared").mkdir(parents=True)
+    np.save(folder / "data" / "prepared" / "test_y.npy", np.arange(3))
+    (folder / ".secret").write_text("token")
+    (folder / "model_parts.py").write_text("WIDTH = 3\n")  # a helper module the trainer imports
+    (folder / "layers.json").write_text("[3]")
+    made = seed_snapshot(folder, tmp_path / "variants")
+    shipped = sorted(
+        str(p.relative_to(made.variant.files_dir)) for p in made.variant.files_dir.rglob("*") if p.is_file()
+    )
+    assert shipped == ["model_parts.py", "program.md", "train.py"]
+    assert made.left_out == [".secret", "data/prepared/test_y.npy", "layers.json", "raw/all.csv"]
+    # a file the trainer reads is listed in task.trainer_files (relative globs); the labels still stay out
+    listed = seed_snapshot(folder, tmp_path / "variants2", ["*.py", "*.md", "*.json"]).variant.files_dir
+    assert (listed / "layers.json").read_text() == "[3]" and not (listed / "raw").exists()
+    assert seed_snapshot(folder, tmp_path / "variants3").variant.variant_id == made.variant.variant_id  # same id
+
+
+def test_runs_or_kb_inside_the_task_folder_and_trainer_files_without_train_py_exit_2(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    with pytest.raises(ConfigError, match="inside the task folder"):
+        load_config([f"task={folder}", f"paths.kb={folder / 'kb'}"])
+    # the user who runs from inside the task folder (the prepare step's hint puts them there): runs/ would be copied
+    # into the seed, itself included, and trials could not see their own work dirs
+    done = _cli("ralph_ray", "task=./", "--cfg", cwd=folder)
+    assert done.returncode == 2 and "paths.runs" in done.stderr and f"cd {folder.parent}" in done.stderr
+    with pytest.raises(ConfigError, match="leaves out the trainer itself"):
+        load_config([f"task={folder}", "task.trainer_files=['*.md']"])
+    assert load_config([f"task={folder}", f"paths.runs={tmp_path / 'runs'}"]).paths.runs == str(tmp_path / "runs")
 
 
 def test_raw_data_a_task_declares_outside_data_root_is_hidden_and_a_bad_declaration_exits_2(tmp_path: Path):

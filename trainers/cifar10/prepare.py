@@ -18,6 +18,9 @@ from ralph_ray.tasks.base import DataError, DataSource, Splits, TaskSettings, st
 METRIC = {"name": "accuracy", "direction": "max"}  # selection accuracy, higher is better
 DATA_ROOT = "the folder holding or to hold cifar-10-batches-py"  # what data.root must point at
 FOLDER = "cifar-10-batches-py"
+# Where it is fetched from when data.url / data.md5 are not set (the config leaves them to the task).
+URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
+MD5 = "c58f30108f718f92721af3b95e74349a"
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
 
@@ -53,9 +56,9 @@ def locate(data: DataSource) -> Path:
     where = f"{root / FOLDER}/{{data_batch_1..5, test_batch}}"
     if not data.download:
         raise DataError(
-            f"CIFAR-10 not found: put the python batches at {where} (from {data.url}), or set data.download=true"
+            f"CIFAR-10 not found: put the python batches at {where} (from {data.url or URL}), or set data.download=true"
         )
-    download(data.url, data.md5, root)
+    download(data.url or URL, data.md5 or MD5, root)
     return root / FOLDER
 
 

@@ -500,7 +500,7 @@ def evaluator_functions(trainer: Trainer) -> set[str]:
     they call their first parameter (a forward pass) and are decorated with @torch.no_grad()/@torch.inference_mode(),
     call `.eval()` on it, or are only ever called under `with torch.no_grad()` (a no-grad helper that only copies
     weights is no evaluation)."""
-    found, guarded = set(), _called_only_without_grad(trainer)
+    found, guarded = set(), called_only_without_grad(trainer)
     for node in trainer.module.body:
         if not isinstance(node, cst.FunctionDef) or not node.params.params:
             continue
@@ -513,7 +513,7 @@ def evaluator_functions(trainer: Trainer) -> set[str]:
     return found
 
 
-def _called_only_without_grad(trainer: Trainer) -> set[str]:
+def called_only_without_grad(trainer: Trainer) -> set[str]:
     """Names whose every call sits under `with torch.no_grad()` outside the batch loop: an undecorated
     `evaluate(model, x)` its callers guard. A no-grad helper called in the batch loop makes training's targets
     (pseudo-labels, a teacher's outputs): not evaluation. One pass over the calls for every function."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ralph_ray.agents.transforms._evaluation import model_uses
 from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
     Edits,
@@ -124,11 +125,27 @@ def flip_tta(source: str) -> str:
     _images_only(trainer)
     if trainer.has(r"def flip_averaged\(|(\b|_)tta\b|TTA"):  # logits_tta(...), TTA_LEVEL
         raise NotApplicable("the trainer already averages over mirrored inputs at test time")
-    model, edits = trainer.model_name(), Edits(trainer)
+    # every use of the model once training begins placed, as ema_weights places them: the flips go into each
+    # evaluation and prediction, or the transform refuses (flipped validation beside unflipped predictions)
+    uses = model_uses(trainer, weights=False)
+    model, edits = uses.model, Edits(trainer)
     batch = trainer.batch_loop()
     evaluators = evaluator_functions(trainer)
-    # the model, or the weight average ema_weights evaluates with in its place
-    models = {model} | {assign_target(line) for line in trainer.lines if "AveragedModel(" in code(line)}
+    if uses.exports:
+        raise NotApplicable(f"the trainer exports `{model}` (harness.save_model): the engine would score it unflipped")
+    for arg in uses.handed:
+        name = call_name(trainer.parent(arg)) or ""
+        if name != "flip_averaged" and name not in evaluators:
+            raise NotApplicable(
+                f"`{name}` is handed the model but not known to evaluate it (under @torch.no_grad(), calling .eval() "
+                f"or only called under torch.no_grad()): its forward pass would go unflipped"
+            )
+    for call in uses.forwards:
+        if len(call.args) != 1 or call.args[0].keyword or call.args[0].star:
+            raise NotApplicable(f"`{code(call)}` takes more than the images: it cannot be flipped")
+    forwards = {id(call) for call in uses.forwards}
+    # the weight average ema_weights evaluates with in the model's place
+    averaged = {assign_target(line) for line in trainer.lines if "AveragedModel(" in code(line)}
     found = 0
     for node in trainer.calls():
         name = call_name(node) or ""
@@ -143,8 +160,8 @@ def flip_tta(source: str) -> str:
             and name == first_parameter(scope)
             and (not trainer.inside(batch, scope) or under_no_grad(trainer, node))
         )
-        in_loop = name in models and under_no_grad(trainer, node)
-        if (in_evaluator or in_loop) and len(node.args) == 1 and not node.args[0].keyword:
+        evaluation = id(node) in forwards or (name in averaged and under_no_grad(trainer, node))
+        if (in_evaluator or evaluation) and len(node.args) == 1 and not node.args[0].keyword:
             edits.sub(node, lambda old, _f=name: expression(f"flip_averaged({_f}, {code(old.args[0].value)})"))
             found += 1
     if not found:

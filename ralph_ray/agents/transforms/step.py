@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import libcst as cst
 
+from ralph_ray.agents.transforms._evaluation import model_uses
 from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
-    EVAL_CALL,
     Edits,
     NotApplicable,
-    Trainer,
     analyse,
     assign_target,
-    call_name,
     code,
-    dotted,
-    enclosing_function,
-    evaluator_functions,
+    expression,
     free_name,
     positional,
     statement,
-    under_no_grad,
 )
 
 
@@ -48,36 +43,34 @@ def ema_weights(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"AveragedModel|\bema\b"):
         raise NotApplicable("the trainer already averages its weights")
-    model, edits = trainer.model_name(), Edits(trainer)
-    ema = free_name(trainer, "ema")
-    scope = _scope(trainer, trainer.epoch_loop())
-    batch = trainer.batch_loop()
-    evaluators = evaluator_functions(trainer)
-    swapped = 0
-    for node in trainer.nodes:
-        if not isinstance(node, cst.Call) or _scope(trainer, node) is not scope or trainer.inside(node, batch):
-            continue
-        name = call_name(node) or ""
-        if name == f"{model}.eval" or (name == model and under_no_grad(trainer, node)):
-            edits.sub(node.func, cst.parse_expression(name.replace(model, ema, 1)))
-            swapped += 1
-        # evaluate(model, ...), predict(...), flip_tta's flip_averaged(model, x)
-        elif EVAL_CALL.search(name.rsplit(".", 1)[-1]) or name in evaluators or name == "flip_averaged":
-            for arg in node.args:
-                if dotted(arg.value) == model:
-                    edits.sub(arg.value, cst.Name(ema))
-                    swapped += 1
-    if not swapped:
+    # every evaluation and prediction, closures included, and the best state early stopping keeps: all move to the
+    # average, or the transform refuses (half of them on the raw model was a silently wrong trainer)
+    uses = model_uses(trainer)
+    model, edits = uses.model, Edits(trainer)
+    if not uses.evaluated():
         raise NotApplicable(
             f"no evaluation of `{model}` found (evaluate({model}, ...), {model}(x) under torch.no_grad(), or a "
             f"function under @torch.no_grad(), calling .eval() or only called under torch.no_grad() that runs the "
             f"model it is given)"
         )
+    ema = free_name(trainer, "ema")
+    for call in uses.forwards:
+        edits.sub(call.func, cst.Name(ema))
+    for arg in uses.handed:
+        edits.sub(arg.value, cst.Name(ema))
+    for arg in uses.exports:  # the export the engine scores is the average's network
+        edits.sub(arg.value, expression(f"{ema}.module"))
+    for call in (*uses.saves, *uses.restores):  # the best state is the average's: chosen by its validation loss
+        edits.sub(cst.ensure_type(call.func, cst.Attribute).value, expression(f"{ema}.module"))
+    for line in uses.evals:  # the model keeps its own mode switches; the average follows them
+        edits.insert_after(line, f"{ema}.eval()")
     edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
+    # built in eval mode: it is never trained, so dropout stays off and BatchNorm uses its averaged statistics
+    # wherever it runs, even in an evaluation function that never calls .eval()
     edits.insert_after(
         trainer.optimizer_statement(),
         f"{ema} = torch.optim.swa_utils.AveragedModel({model}, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn"
-        f"(EMA_DECAY), use_buffers=True)",
+        f"(EMA_DECAY), use_buffers=True).eval()",
     )
     edits.insert_after(trainer.step_statement(), f"{ema}.update_parameters({model})")
     return edits.apply()
@@ -130,8 +123,3 @@ def channels_last(source: str) -> str:
     edits = Edits(trainer)
     edits.insert_after(built, f"{model} = {model}.to(memory_format=torch.channels_last)")
     return edits.apply()
-
-
-def _scope(trainer: Trainer, node: cst.CSTNode) -> cst.CSTNode:
-    """The function (or module) a node's code runs in."""
-    return enclosing_function(trainer, node) or trainer.module
