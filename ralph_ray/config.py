@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import fnmatch
 import os
 import re
 import typing
@@ -27,7 +26,7 @@ from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
-from ralph_ray.variants import TRAINER_FILES
+from ralph_ray.variants import TRAINER_FILES, globs_file
 
 CONF_DIR = PROJECT_ROOT / "conf"
 # safeguards.final_additions' names -> the offline agent's transform that adds each to the final's copy of the pick's
@@ -890,7 +889,7 @@ FRACTION_METRICS = ("accuracy", "macro_f1")
 def _check_task_paths(cfg: Config) -> None:
     """The trainer files include train.py, and the run and KB folders lie outside the task folder (whose files the
     seed is copied from and which the sandbox hides from trials)."""
-    if not any(fnmatch.fnmatch("train.py", pattern) for pattern in cfg.task.trainer_files):
+    if not globs_file(cfg.task.trainer_files, "train.py"):
         raise ConfigError(
             "task.trainer_files",
             f"is {list(cfg.task.trainer_files)}, which leaves out the trainer itself (train.py)",

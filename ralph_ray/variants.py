@@ -20,8 +20,9 @@ TASK_FILES = ("prepare.py", "task.yaml")
 MUTABLE = ("*.py",)
 # What of a task folder the seed variant holds, by default (task.trainer_files): its code and its notes. Nothing
 # else goes to the trials: a task folder often keeps raw data (held-out labels included) or prepared splits beside
-# its trainer, and a variant's files are what every trial's work dir, and its agent, can read.
-TRAINER_FILES = ("*.py", "*.md")
+# its trainer, and a variant's files are what every trial's work dir, and its agent, can read. Globs as `Path.glob`
+# reads them: `*` stays in one folder (`*.csv`: the top level's), `**/` spans folders.
+TRAINER_FILES = ("**/*.py", "**/*.md")
 
 
 class VariantStatus(str, enum.Enum):
@@ -87,23 +88,32 @@ def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) ->
 
 
 def seed_snapshot(task_folder: Path, variants_root: Path, patterns: Sequence[str] = TRAINER_FILES) -> SeedSnapshot:
-    """The seed variant: the files of `task_folder` that match `patterns` (paths relative to it), nothing else."""
+    """The seed variant: the files of `task_folder` that `patterns` glob (relative to it; hidden ones never)."""
+    matched = {path for pattern in patterns for path in task_folder.glob(pattern)}
     shipped, left_out = [], []
     for path in _files(task_folder):
         relative = path.relative_to(task_folder)
         hidden = any(part.startswith(".") for part in relative.parts)
-        wanted = not hidden and any(fnmatch.fnmatch(relative.as_posix(), pattern) for pattern in patterns)
-        (shipped if wanted else left_out).append(relative)
+        (shipped if path in matched and not hidden else left_out).append(relative)
     staging = variants_root / ".seed.tmp"  # a staged copy: the variant's id is the hash of what it holds
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for relative in shipped:
-        (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(task_folder / relative, staging / relative)
     try:
+        staging.mkdir(parents=True)
+        for relative in shipped:
+            (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(task_folder / relative, staging / relative)
         return SeedSnapshot(snapshot(staging, variants_root), sorted(str(p) for p in left_out))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def globs_file(patterns: Sequence[str], name: str) -> bool:
+    """Whether one of `patterns` globs the top-level file `name` (`*.py`, `**/*.py`, `train.py`)."""
+    return any(
+        fnmatch.fnmatch(name, pattern.removeprefix("**/"))
+        for pattern in patterns
+        if "/" not in pattern.removeprefix("**/")
+    )
 
 
 def variant_files(folder: Path) -> list[Path]:

@@ -437,7 +437,7 @@ def refusals(parent: ParentView) -> dict[str, str]:
     not write it) for this very code, and a catalog edit comes out the same every time."""
     refused: dict[str, str] = {}
     for child in parent.children:
-        if VariantStatus(child.status) is not VariantStatus.rejected:
+        if VariantStatus(child.status) is not VariantStatus.rejected or _not_a_refusal(child.reason or ""):
             continue
         reason = " ".join((child.reason or "no reason recorded").split())  # one line: the not_applicable view reads it
         _, said, gate = reason.partition(GATE_SAID)
@@ -447,6 +447,13 @@ def refusals(parent: ParentView) -> dict[str, str]:
         for name in child.interventions:
             refused.setdefault(name, f"refused for this parent (child {child.variant_id}): {why}")
     return refused
+
+
+def _not_a_refusal(reason: str) -> bool:
+    """A rejection that says nothing of the code: the cycle's token budget ran out, or a coder (an LLM, a CLI) failed
+    or timed out before the gate saw a draft; the next cycle may well write it."""
+    coder_alone = reason.startswith("coder") and GATE_SAID not in reason
+    return reason.startswith("token budget") or coder_alone
 
 
 def bred_from(parent: ParentView) -> dict[str, str]:

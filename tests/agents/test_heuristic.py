@@ -424,6 +424,10 @@ def test_what_the_gate_refused_for_a_parent_is_skipped_and_what_was_bred_goes_la
         ChildSeen("c1", [top], "candidate"),  # training now: bred, whatever it scores
         ChildSeen("c2", [second], "rejected", gate_said),
         ChildSeen("c3", [before[2]], "crashed", "every trial failed"),  # maybe the machine's fault: no penalty
+        # rejections that say nothing of the code (review): the next cycle may write them
+        ChildSeen("c4", [before[2]], "rejected", "token budget for this cycle spent after 9000 tokens"),
+        ChildSeen("c5", [before[2]], "rejected", "coder: the endpoint timed out after 3 retries"),
+        ChildSeen("c6", [before[2]], "rejected", "coder crashed: KeyError: 'choices'"),
     ]
     analysis = HeuristicAnalyst().analyse(dataclasses.replace(parent, children=seen), [], Usage())
     after = ranked_names(analysis)

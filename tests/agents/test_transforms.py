@@ -401,6 +401,23 @@ def test_a_trainer_whose_every_prediction_cannot_be_placed_is_refused(
         assert "return flip_averaged(model, t).argmax(dim=1).numpy()" in lines_of(apply_transform("flip_tta", source))
 
 
+def test_a_loop_in_a_function_the_model_is_handed_to_is_refused():
+    """Review: with the epoch loop and the best state's restore in `fit(model, ...)` and the predict() closure left in
+    main(), ema_weights restored the average into fit()'s local (lost on return) and main() predicted with the raw
+    model; flip_tta flipped the validation but not the predictions. The caller's uses are out of sight: refused."""
+    source = SOURCES["early_stopping"]
+    start = source.index('    best_loss, best_state, bad_epochs = float("inf"), None, 0\n')
+    end = source.index("    model.load_state_dict(best_state)\n") + len("    model.load_state_dict(best_state)\n")
+    loop = source[start:end].replace("len(train_ds)", "n_train")
+    fit = f"def fit(model, optimizer, criterion, train_loader, val_loader, n_train):\n{loop}\n\n"
+    moved = source[:start] + "    fit(model, optimizer, criterion, train_loader, val_loader, len(train_ds))\n"
+    moved = (moved + source[end:]).replace("def main():", fit + "def main():")
+    assert "def predict(a)" in moved.split("def main():")[1]  # the predictions stay with the caller
+    for name in ("ema_weights", "flip_tta"):
+        with pytest.raises(NotApplicable, match=re.escape("the model comes into `fit()` as its parameter `model`")):
+            apply_transform(name, moved)
+
+
 PREDICT_CLOSURE = """    def predict(a):
         t = torch.from_numpy((np.asarray(a, dtype=np.float32).reshape(len(a), -1) - mean) / std)
         with torch.no_grad():
@@ -519,6 +536,9 @@ def main(model, x, y):
         with torch.no_grad():
             accuracy = evaluate(model, x, y)
     return accuracy
+
+
+main(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10)), torch.randn(8, 1, 8, 8), torch.arange(8))
 """
 
 

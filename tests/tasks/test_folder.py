@@ -106,16 +106,23 @@ def test_data_kept_in_the_task_folder_never_reaches_a_variant_unless_listed(tmp_
     np.save(folder / "data" / "prepared" / "test_y.npy", np.arange(3))
     (folder / ".secret").write_text("token")
     (folder / "model_parts.py").write_text("WIDTH = 3\n")  # a helper module the trainer imports
+    (folder / "nets").mkdir()
+    (folder / "nets" / "blocks.py").write_text("DEPTH = 2\n")  # and one in a package of its own
     (folder / "layers.json").write_text("[3]")
     made = seed_snapshot(folder, tmp_path / "variants")
     shipped = sorted(
         str(p.relative_to(made.variant.files_dir)) for p in made.variant.files_dir.rglob("*") if p.is_file()
     )
-    assert shipped == ["model_parts.py", "program.md", "train.py"]
+    assert shipped == ["model_parts.py", "nets/blocks.py", "program.md", "train.py"]
     assert made.left_out == [".secret", "data/prepared/test_y.npy", "layers.json", "raw/all.csv"]
-    # a file the trainer reads is listed in task.trainer_files (relative globs); the labels still stay out
-    listed = seed_snapshot(folder, tmp_path / "variants2", ["*.py", "*.md", "*.json"]).variant.files_dir
-    assert (listed / "layers.json").read_text() == "[3]" and not (listed / "raw").exists()
+    # a file the trainer reads is listed in task.trainer_files (Path.glob's globs: `*` stays in the top level, so
+    # `*.csv` for a helper table there does not ship raw/all.csv); the labels still stay out
+    (folder / "classes.csv").write_text("id,name\n0,benign\n")
+    patterns = ["**/*.py", "**/*.md", "layers.json", "*.csv"]
+    listed = seed_snapshot(folder, tmp_path / "variants2", patterns).variant.files_dir
+    assert (listed / "layers.json").read_text() == "[3]" and (listed / "classes.csv").exists()
+    assert not (listed / "raw").exists() and not (listed / "data").exists()
+    (folder / "classes.csv").unlink()
     assert seed_snapshot(folder, tmp_path / "variants3").variant.variant_id == made.variant.variant_id  # same id
 
 

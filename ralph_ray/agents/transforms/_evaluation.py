@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, Scope, ScopeProvider
 
 from ralph_ray.agents.transforms._tree import (
@@ -103,6 +104,8 @@ def _references(
         assignments = _scopes(trainer.module)[epoch][root]  # type: ignore[index]
     for assignment in assignments:
         node = getattr(assignment, "node", None)
+        if isinstance(node, cst.Param) and isinstance(home, cst.FunctionDef):
+            _no_caller_keeps(trainer, home, root)
         if isinstance(node, cst.CSTNode) and id(node) in trainer.spans and trainer.order(node) > trainer.order(epoch):
             raise NotApplicable(f"the trainer binds `{root}` again once training begins: `{_line(trainer, node)}`")
         for access in assignment.references:
@@ -111,6 +114,35 @@ def _references(
                 ref = trainer.parent(ref) if ref is not None else None
             if ref is not None and dotted(ref) == model:
                 yield ref
+
+
+def _no_caller_keeps(trainer: Trainer, home: cst.FunctionDef, root: str) -> None:
+    """The model comes into `home` as its parameter `root`: refuse unless every call of `home` in the trainer hands
+    it a model it never reads again (`run(nn.Sequential(...), x, y)`). Else the caller may evaluate, predict or keep
+    the weights out of sight (review: an average restored into fit()'s local was lost on return, and main() predicted
+    with the raw model)."""
+    refuse = f"the model comes into `{home.name.value}()` as its parameter `{root}`: its caller's uses of it "
+    refuse += "cannot be placed"
+    names = [p.name.value for p in home.params.params]
+    calls = m.findall(trainer.module, m.Call(func=m.Name(home.name.value)))
+    if root not in names or root == "self" or not calls:
+        raise NotApplicable(refuse)  # a method (`self.net`), a keyword-only model, or a caller elsewhere
+    for call in calls:
+        given = [a for a in call.args if a.keyword is None][names.index(root) : names.index(root) + 1] or [
+            a for a in call.args if a.keyword is not None and a.keyword.value == root
+        ]
+        if not given or isinstance(given[0].value, (cst.Attribute, cst.Subscript)):
+            raise NotApplicable(refuse)
+        if isinstance(given[0].value, cst.Name):
+            bindings = _scopes(trainer.module)[call][given[0].value.value]  # type: ignore[index]
+            later = [
+                access.node
+                for binding in bindings
+                for access in binding.references
+                if id(access.node) in trainer.spans and trainer.order(access.node) > trainer.order(call)
+            ]
+            if later:
+                raise NotApplicable(f"{refuse} (`{_line(trainer, later[0])}`)")
 
 
 def _closure(trainer: Trainer, ref: cst.CSTNode, home: cst.CSTNode) -> cst.FunctionDef | cst.Lambda | None:
