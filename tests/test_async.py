@@ -388,8 +388,14 @@ def test_a_seed_that_fails_every_trial_ends_the_campaign_with_its_error(
 
 def _campaign_until_training(tmp: Path, *args: str) -> subprocess.Popen[str]:
     """`python -m ralph_ray` in its own session (as a terminal runs it), returned once a trial has reported."""
+    # With Ctrl-C's handler, as a terminal's foreground job has it: a background job of a non-interactive shell (how
+    # CI starts the suite) has SIGINT ignored, every process it starts inherits that, and Python then installs none.
+    terminal = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'ralph_ray'; runpy.run_module('ralph_ray', run_name='__main__', alter_sys=True)"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ralph_ray", *args],
+        [sys.executable, "-c", terminal, *args],
         cwd=tmp,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
         stdout=subprocess.PIPE,
