@@ -278,8 +278,15 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
 
     # First pass: the top choices concurrently; then top up from the rest when some were duplicates.
     first, rest = recommendations[: breeder.children_per_parent], recommendations[breeder.children_per_parent :]
-    with ThreadPoolExecutor(max_workers=breeder.concurrency) as pool:
+    pool = ThreadPoolExecutor(max_workers=breeder.concurrency)
+    try:
         children = [c for c in pool.map(lambda pair: attempt(*pair), enumerate(first)) if c is not None]
+    except BaseException:
+        # Ctrl-C (or a crash): the attempts not yet started never start (each is a coder call and a smoke run, an
+        # LLM's up to its timeout); the one in flight ends on its own, and exit waits for it.
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     index = len(first)
     while len(children) < breeder.children_per_parent and rest:
         child = attempt(index, rest.pop(0))

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sklearn.datasets import load_breast_cancer
 
 from ralph_ray import PROJECT_ROOT, history, records
@@ -101,3 +102,35 @@ def test_an_intervention_the_gate_refused_for_a_parent_is_not_proposed_for_it_ag
         .fetchall()
     )
     assert reasons["augmentation"].startswith(f"refused for this parent (child {refused.variant_id}): smoke run")
+
+
+def test_ctrl_c_while_breeding_starts_no_further_attempt(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of a parent's children: the attempts not yet started never start (each is a coder call and
+    a smoke run, an LLM's up to its timeout); before, leaving the pool waited for every queued one."""
+    trainer = tmp_path / "bc"
+    trainer.mkdir()
+    shutil.copy(TEMPLATE / "train.py", trainer / "train.py")
+    variants_root = tmp_path / "variants"
+    seed = seed_child(trainer, variants_root)
+    parent = Candidate(seed.variant_id, 0.95, {}, seed.variant_id)
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    view = history.parent_view(kb.reader(), "r", parent, variants_root, tmp_path / "baked", trainer)
+    recommendations = HeuristicAnalyst().analyse(view, [], Usage()).recommendations[:3]
+    assert len(recommendations) == 3
+    calls: list[str] = []
+
+    class Interrupted(HeuristicCoder):
+        """A coder the user's Ctrl-C reaches during its first call."""
+
+        def write(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - the Coder's own signature
+            calls.append(args[1].intervention)
+            raise KeyboardInterrupt
+
+    breeder = Breeder(
+        Interrupted(), breast_cancer_gate(tmp_path), variants_root, tmp_path / "gen2", 3, 1, 1,
+        frozenset({seed.variant_id}), None, lambda line: None,
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        breed(breeder, parent, view, Analysis(seed.variant_id, [], "", recommendations))
+    assert calls == [recommendations[0].intervention]  # one worker: the other two were queued, and never started
