@@ -285,8 +285,12 @@ class Pool:
         ranked = self.ranked()
         if not ranked:
             # Once the seed's queued trials are all in without a score, the trials in flight finish and the decision
-            # engine stops the run (no_trial_completed), as the barrier loop's first cycle does.
-            roots = [m for m in self.members.values() if m.generation == 1 and not m.judged]
+            # engine stops the run (no_trial_completed), as the barrier loop's first cycle does. At most as many knob
+            # samples again as it queued until then: trials that fail in a tenth of a second end faster than Tune's
+            # callbacks tell the pool, and each freed slot would ask again meanwhile.
+            roots = [
+                m for m in self.members.values() if m.generation == 1 and not m.judged and m.started < 2 * m.wanted
+            ]
             return roots[0] if roots else None
         s = self.settings
         picks = select_parents(ranked, s.parents, s.explore, s.one_per_lineage, self.rng)
