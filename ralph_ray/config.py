@@ -552,8 +552,7 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
     So a task brings its own search space and defaults (task.yaml wins over conf/ groups), an experiment file's own
     keys win over its task's (it is the more specific of the two), and an override on the command line wins over both.
     """
-    trainer = Path(str(raw.task.trainer)).expanduser()
-    task_yaml = (trainer if trainer.is_absolute() else PROJECT_ROOT / trainer) / "task.yaml"
+    task_yaml = _task_yaml(raw.task.trainer)
     if not task_yaml.is_file():
         return raw  # a folder without task.yaml is reported by validation, with the fix
     try:
@@ -1227,10 +1226,15 @@ def _did_you_mean(key: str) -> str:
     return f"did you mean {' or '.join(f'`{parent}.{n}`' if parent else f'`{n}`' for n in near)}? " if near else ""
 
 
+def _task_yaml(trainer: Any) -> Path:
+    """The task.yaml of a `task.trainer` value (relative to the project root, or absolute)."""
+    folder = Path(str(trainer)).expanduser()
+    return (folder if folder.is_absolute() else PROJECT_ROOT / folder) / "task.yaml"
+
+
 def _set_in_task_yaml(raw: dict[str, Any], key: str) -> str:
     """Where a refused key came from when the task's task.yaml sets it (the user looks there, not at the CLI)."""
-    trainer = Path(str((raw.get("task") or {}).get("trainer", ""))).expanduser()
-    task_yaml = (trainer if trainer.is_absolute() else PROJECT_ROOT / trainer) / "task.yaml"
+    task_yaml = _task_yaml((raw.get("task") or {}).get("trainer", ""))
     try:
         found = task_yaml.is_file() and OmegaConf.select(OmegaConf.load(task_yaml), key) is not None
     except (OmegaConfBaseException, OSError):
