@@ -90,6 +90,10 @@ def query(kb: Path, statement: str, csv: bool, console: Console) -> int:
     """`kb sql`: run one query over the KB's views and print its rows (a table, or CSV on stdout); 2 on an error."""
     try:
         con = open_reader(kb)
+    except FileNotFoundError as err:
+        console.print(f"[red]error:[/] {escape(str(err))} (pass --kb DIR)", highlight=False)
+        return ExitCode.safeguard_or_config
+    try:
         relation = con.sql(statement)
         if relation is None:  # a statement that returns nothing (the reader's views are in memory: nothing persists)
             return ExitCode.ok
@@ -97,12 +101,9 @@ def query(kb: Path, statement: str, csv: bool, console: Console) -> int:
             relation.to_df().to_csv(sys.stdout, index=False)
         else:
             relation.show(max_rows=10_000, max_width=10_000)
-    except FileNotFoundError as err:
-        console.print(f"[red]error:[/] {escape(str(err))} (pass --kb DIR)", highlight=False)
-        return ExitCode.safeguard_or_config
     except duckdb.Error as err:
         console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)
-        console.print("the views: " + ", ".join(sorted(r[0] for r in open_reader(kb).sql("show tables").fetchall())))
+        console.print("the views: " + ", ".join(sorted(r[0] for r in con.sql("show tables").fetchall())))
         return ExitCode.safeguard_or_config
     return ExitCode.ok
 
