@@ -37,6 +37,10 @@ Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 
 """
 
 
+# The overrides that say where a resumed run lives (an experiment may set paths.runs); the rest apply to its config.
+LOCATES_A_RUN = ("resume=", "paths.runs=", "+experiment=", "experiment=")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse overrides, validate the config before Ray starts, run the campaign, return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -67,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     from ralph_ray.config import ConfigError, load_config, resume_config
 
     try:
-        cfg = load_config(argv)
+        # A resume's overrides apply to the stored run's config, whose task's knobs the default task may lack
+        # (`resume=ID search.space.EPOCHS.values=[2]` was refused as an unknown key): compose only what finds the run.
+        resuming = any(a.startswith("resume=") for a in argv)
+        cfg = load_config([a for a in argv if a.startswith(LOCATES_A_RUN)] if resuming else argv)
         if cfg.resume:
             cfg = resume_config(Path(cfg.paths.runs) / cfg.resume, argv)
     except ConfigError as error:
@@ -100,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         run_id = getattr(interrupt, "run_id", None)  # campaign.Interrupted: the run is recorded as interrupted
         if run_id is None:
             err.print("[yellow]interrupted before a run was recorded[/]")
+        elif getattr(interrupt, "finished", False):
+            err.print(
+                f"[yellow]interrupted after run {run_id} finished (recorded finished, its results in the knowledge "
+                f"base): its report was cut short; write it with `python -m ralph_ray report {run_id}`[/]",
+                highlight=False,
+            )
         else:
             err.print(
                 f"[yellow]interrupted: run {run_id} is recorded as interrupted and its finished trials are in the "

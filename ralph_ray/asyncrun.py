@@ -31,7 +31,7 @@ from ray.tune.search import ConcurrencyLimiter
 
 from ralph_ray import forecast, history, records, replicates, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
-from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, seed_child
+from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide
 from ralph_ray.events import TrialStarts
@@ -529,7 +529,7 @@ class AsyncCampaign(Campaign):
         con = self.kb.reader()
         rows = con.execute(sql.ASYNC_VARIANTS, [self.run_id]).fetchall()
         if not rows:
-            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants", self.cfg.task.trainer_files, self._log)
+            seed = self._seed()
             self.kb.put(
                 "variants",
                 records.variant_rows(self.run_id, 1, [seed], self.cfg.agent),

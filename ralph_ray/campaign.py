@@ -20,6 +20,7 @@ from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import Config, PopulationMode, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
+from ralph_ray.faults import interrupt_point
 from ralph_ray.generations import Campaign, Outcome
 from ralph_ray.report import write_report
 from ralph_ray.rundir import locate, open_run
@@ -31,11 +32,13 @@ INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) ended the campaign of `run_id`, recorded as interrupted; `resume=run_id` continues it."""
+    """Ctrl-C (SIGINT) ended the campaign of `run_id`, recorded as interrupted; `resume=run_id` continues it. With
+    `finished`, the run had already ended (recorded finished) and Ctrl-C cut only its report, timeline or tracking."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, finished: bool = False) -> None:
         super().__init__(run_id)
         self.run_id = run_id
+        self.finished = finished
 
 
 def run(cfg: Config, console: Console | None = None) -> Outcome:
@@ -79,10 +82,15 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
         raise
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
-    kb.compact_run(run_id)  # a finished run's cycles fold into one part per table: readers pay per file opened
-    console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
-    console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
-    tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
+    try:
+        interrupt_point("report")
+        kb.compact_run(run_id)  # a finished run's cycles fold into one part per table: readers pay per file opened
+        console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
+        console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
+        tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
+    except KeyboardInterrupt:
+        # The run is over and recorded; what Ctrl-C cut can be written again (compaction is atomic, `report` rewrites).
+        raise Interrupted(run_id, finished=True) from None
     return outcome
 
 

@@ -33,7 +33,15 @@ from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import read_knobs, with_knobs
 from ralph_ray.noise import Comparison
 from ralph_ray.population import Candidate
-from ralph_ray.variants import TRAINER_FILES, VariantStatus, files_dir, seed_snapshot, snapshot, unified_diff
+from ralph_ray.variants import (
+    TRAINER_FILES,
+    RejectedBy,
+    VariantStatus,
+    files_dir,
+    seed_snapshot,
+    snapshot,
+    unified_diff,
+)
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Child:
     parent_score: float | None
     attempts: int = 1
     usage: Usage = field(default_factory=Usage)
+    rejected_by: RejectedBy | None = None  # what rejected it (status rejected), else None
 
     def as_json(self) -> dict[str, Any]:
         """For children.json (resume reads it back)."""
@@ -61,6 +70,7 @@ class Child:
             "files_dir": str(self.files_dir),
             "status": self.status.value,
             "usage": self.usage.__dict__,
+            "rejected_by": self.rejected_by.value if self.rejected_by else None,
         }
 
     @classmethod
@@ -72,6 +82,8 @@ class Child:
                 "files_dir": Path(data["files_dir"]),
                 "status": VariantStatus(data["status"]),
                 "usage": Usage(**data["usage"]),
+                # children.json written before the field: the KB's legacy rule (heuristic.refusals) reads the reason
+                "rejected_by": RejectedBy(data["rejected_by"]) if data.get("rejected_by") else None,
             }
         )
 
@@ -314,11 +326,12 @@ def _one_child(
         shutil.rmtree(refused)
     feedback: str | None = None
     reason: str | None = None
+    rejected_by: RejectedBy | None = None
     rationale = rec.rationale
     interventions = [rec.intervention]
     for attempt in range(1, breeder.max_retries + 2):
         if breeder.token_budget_left is not None and usage.tokens > breeder.token_budget_left:
-            reason = f"token budget for this cycle spent after {usage.tokens} tokens"
+            reason, rejected_by = f"token budget for this cycle spent after {usage.tokens} tokens", RejectedBy.budget
             break
         if workdir.exists():
             shutil.rmtree(workdir)
@@ -326,16 +339,18 @@ def _one_child(
         try:
             draft = breeder.coder.write(view, rec, workdir, feedback, usage)
         except AgentError as err:
-            reason = f"coder: {err}"
+            # After a refusal the coder gave up on the gate's feedback (the heuristic one always does): the gate's.
+            reason, rejected_by = f"coder: {err}", RejectedBy.gate if feedback is not None else RejectedBy.coder
             break
         except Exception as err:  # noqa: BLE001 - a coder backend's own bug rejects this child, never the campaign
-            reason = f"coder crashed: {type(err).__name__}: {err}"
+            reason, rejected_by = f"coder crashed: {type(err).__name__}: {err}", RejectedBy.coder
             break
         interventions, rationale = draft.interventions or interventions, draft.rationale or rationale
         try:
             breeder.gate.check(workdir, view.files_dir)
         except GateError as err:
             feedback = reason = str(err)
+            rejected_by = RejectedBy.gate
             breeder.log(f"    gate refused {parent.variant_id} + {rec.intervention} (attempt {attempt}): {err}")
             if refused.exists():
                 shutil.rmtree(refused)
@@ -378,6 +393,7 @@ def _one_child(
         reason,
         breeder.max_retries + 1,
         usage,
+        rejected_by,
     )
 
 
@@ -394,6 +410,7 @@ def _child(
     reason: str | None,
     attempts: int,
     usage: Usage,
+    rejected_by: RejectedBy | None = None,
 ) -> Child:
     diff = unified_diff(view.files_dir, files_dir)
     (files_dir.parent / "diff.patch").write_text(diff)
@@ -412,6 +429,7 @@ def _child(
         parent.selection_score,
         attempts,
         usage,
+        rejected_by,
     )
     (files_dir.parent / "meta.json").write_text(
         json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str)

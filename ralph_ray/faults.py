@@ -1,4 +1,5 @@
-"""A test hook for crash-resume tests: the driver kills itself at a named point (`RALPH_KILL_AT=<point>[:<n>]`).
+"""Test hooks for crash-resume tests: the driver kills itself at a named point (`RALPH_KILL_AT=<point>[:<n>]`), or
+is Ctrl-C'd there (`RALPH_INTERRUPT_AT=<point>`).
 
 Points of the asynchronous campaign: child_written (a child's rows are in the KB, it is not queued yet),
 queue_empty (a slot got a knob sample because no child waited), trial_running (a trial reported an epoch),
@@ -13,6 +14,7 @@ import os
 import signal
 
 ENV_KILL_AT = "RALPH_KILL_AT"
+ENV_INTERRUPT_AT = "RALPH_INTERRUPT_AT"
 _passes: dict[str, int] = {}
 
 
@@ -27,3 +29,13 @@ def kill_point(name: str) -> None:
     _passes[name] = _passes.get(name, 0) + 1
     if _passes[name] >= int(nth or 1):
         os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def interrupt_point(name: str) -> None:
+    """Raise KeyboardInterrupt here, as Ctrl-C's default handler does, if RALPH_INTERRUPT_AT names this point.
+
+    Points: report (the run is recorded finished; its report, timeline and tracking are next). Raised, not signalled:
+    a test suite started as a background job has SIGINT ignored, and a signal to itself would never arrive.
+    """
+    if os.environ.get(ENV_INTERRUPT_AT) == name:
+        raise KeyboardInterrupt

@@ -250,17 +250,16 @@ def run(campaign: Campaign, outcome: Outcome) -> list[TrialRecord]:
 
 
 def unsuited_additions(names: list[str], images: bool | None, mirror_invariant: bool) -> dict[str, str]:
-    """The final additions the task rules out, with why: shifts and flips only on images (not a table's columns), flips
-    only where mirroring keeps a label (garments yes, digits no); the catalog's flags, the offline agent's rules."""
-    catalog = load_catalog().interventions
-    imaging = {i.transform for i in catalog if i.needs_images}
-    mirroring = {i.transform for i in catalog if i.mirrors_images}
+    """The final additions the task rules out, with why: by the catalog entry that carries each addition's transform,
+    under the offline agent's own rule (`Intervention.unsuited_to`: shifts and flips only on images, flips only where
+    mirroring keeps a label)."""
+    entries = {i.transform: i for i in load_catalog() if i.transform}
     refused = {}
     for name in names:
-        if images is False and FINAL_ADDITIONS[name] in imaging:
-            refused[name] = f"no {name} added (the task's inputs are not images: task.images)"
-        elif not mirror_invariant and FINAL_ADDITIONS[name] in mirroring:
-            refused[name] = f"no {name} added (the task says mirroring changes a label)"
+        entry = entries.get(FINAL_ADDITIONS[name])
+        why = entry.unsuited_to(images, mirror_invariant) if entry else None
+        if why:
+            refused[name] = f"no {name} added: {why}"
     return refused
 
 

@@ -136,13 +136,18 @@ class Campaign:
     def _phase(self, name: str, detail: str = "") -> None:
         self.console.print(f"[bold magenta]cycle {self.state.cycle}[/] [bold]{name}[/] {detail}")
 
+    def _seed(self) -> Child:
+        """The seed variant: the task folder's trainer files (`task.trainer_files`), snapshotted; the log names what
+        was left out."""
+        return seed_child(self.cfg.trainer_dir(), self.run_dir / "variants", self.cfg.task.trainer_files, self._log)
+
     def _log(self, line: str) -> None:
         self.console.print(line, highlight=False)
 
     def select(self) -> None:
         """Cycle 1: the seed. Later: the top variants so far, with exploration."""
         if self.state.cycle == 1:
-            seed = seed_child(self.cfg.trainer_dir(), self.run_dir / "variants", self.cfg.task.trainer_files, self._log)
+            seed = self._seed()
             self.files.save_children([seed])
             self._put_variants([seed], "write")
             self._phase("select", f"seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")

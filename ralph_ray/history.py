@@ -89,8 +89,10 @@ def parent_view(
     variants = {v: (p, json.loads(i or "[]")) for v, p, i in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
     own = variants.get(parent.variant_id, (None, []))[1]
     children = [
-        ChildSeen(v, json.loads(i or "[]"), status, reason)
-        for v, i, status, reason in con.execute(sql.VARIANT_CHILDREN, [run_id, parent.variant_id]).fetchall()
+        ChildSeen(v, json.loads(i or "[]"), status, reason, rejected_by)
+        for v, i, status, reason, rejected_by in con.execute(
+            sql.VARIANT_CHILDREN, [run_id, parent.variant_id]
+        ).fetchall()
     ]
     return ParentView(
         parent.variant_id,

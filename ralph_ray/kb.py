@@ -109,6 +109,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("diagnosis", pa.string()),
             ("rationale", pa.string()),
             ("reason", pa.string()),
+            ("rejected_by", pa.string()),  # a rejected child's RejectedBy (gate, coder, budget); NULL before 2026-11-30
             ("parent_score", pa.float64()),
             ("selection_score", pa.float64()),
             ("backend", pa.string()),

@@ -79,6 +79,7 @@ def variant_rows(
             "diagnosis": c.diagnosis,
             "rationale": c.rationale,
             "reason": c.reason,
+            "rejected_by": c.rejected_by.value if c.rejected_by else None,
             "parent_score": c.parent_score,
             "selection_score": (scores or {}).get(c.variant_id, (None, None))[0],
             "backend": agent.backend.value,

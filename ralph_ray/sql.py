@@ -428,7 +428,7 @@ RUN_STARTED_AT = "select started_at from runs where run_id = ?"
 VARIANT_PARENTS = "select variant_id, parent_id, interventions from variants where run_id = ?"
 # A parent's children in this run, as each stands now (the variants view keeps a variant's newest row).
 VARIANT_CHILDREN = """
-select variant_id, interventions, status, reason from variants
+select variant_id, interventions, status, reason, rejected_by from variants
 where run_id = ? and parent_id = ? and variant_id <> parent_id order by written_at, variant_id
 """
 VARIANT_TRIALS = """

@@ -36,6 +36,15 @@ class VariantStatus(str, enum.Enum):
     crashed = "crashed"  # every trial failed
 
 
+class RejectedBy(str, enum.Enum):
+    """What rejected a child: only the gate's verdict says anything of the code (the analyst skips what the gate
+    refused for that parent); the coder failing or the token budget running out before a draft says nothing."""
+
+    gate = "gate"  # the gate refused a draft (the coder may then have given up on its feedback)
+    coder = "coder"  # the coder failed, timed out or crashed before the gate saw a draft
+    budget = "budget"  # the cycle's token budget was spent before a draft
+
+
 @dataclass(frozen=True)
 class Variant:
     """A snapshot: id = content hash of its files; `files_dir` holds the code exactly as trials run it."""

@@ -18,7 +18,7 @@ import pytest
 from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.campaign import Outcome, run
 from ralph_ray.config import load_config, resume_config
-from ralph_ray.faults import ENV_KILL_AT
+from ralph_ray.faults import ENV_INTERRUPT_AT, ENV_KILL_AT
 from ralph_ray.kb import open_reader
 from ralph_ray.ledger import STOPPED_WITH_CYCLE
 
@@ -417,7 +417,12 @@ def _campaign_until_training(tmp: Path, *args: str) -> subprocess.Popen[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "target"), [("async", "process"), ("generations", "group")])
 def test_ctrl_c_records_the_run_interrupted_and_resume_goes_on(
-    ray_session, tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, target: str
+    ray_session,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    target: str,
 ):
     """SIGINT to the driver (kill -INT) or to its process group (a terminal's Ctrl-C) while trials train: exit 130
     with the resume hint, the run recorded `interrupted` (not running, no decision), and resume=ID goes on. Tune's
@@ -445,9 +450,16 @@ def test_ctrl_c_records_the_run_interrupted_and_resume_goes_on(
     assert main(["status", "sig", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
     assert "run sig: interrupted" in capsys.readouterr().out
 
-    resumed = run(
-        resume_config(run_dir, ["safeguards.max_cycles=1", "scheduler.max_t=2", "search.space.EPOCHS.values=[2]"])
-    )
-    assert resumed.exit_code == 0 and resumed.stop_reason == "max_cycles"
+    # The resume runs to its end, and a second Ctrl-C comes while its report is written: the run stays finished (it
+    # used to say "interrupted before a run was recorded"), and `report` writes what the Ctrl-C cut.
+    monkeypatch.setenv(ENV_INTERRUPT_AT, "report")
+    short = ["safeguards.max_cycles=1", "scheduler.max_t=2", "search.space.EPOCHS.values=[2]"]
+    assert main(["resume=sig", *paths, *short]) == 130
+    assert "interrupted after run sig finished" in capsys.readouterr().err
     state = json.loads((run_dir / "state.json").read_text())
-    assert state["status"] == "finished" and state["exit_code"] == 0
+    assert state["status"] == "finished" and state["exit_code"] == 0 and state["stop_reason"] == "max_cycles"
+    assert rows(con, "select status from runs where run_id = 'sig'", []) == [{"status": "finished"}]
+    assert not (run_dir / "report" / "final_report.md").exists()
+    monkeypatch.delenv(ENV_INTERRUPT_AT)
+    assert main(["report", "sig", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
+    assert (run_dir / "report" / "final_report.md").exists()

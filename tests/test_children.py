@@ -3,6 +3,7 @@ leaves for the next analysis of its parent."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -13,13 +14,13 @@ from sklearn.datasets import load_breast_cancer
 from ralph_ray import PROJECT_ROOT, history, records
 from ralph_ray.agents.base import Analysis, Usage
 from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
-from ralph_ray.children import Breeder, analysis_note, breed, one_line, seed_child
+from ralph_ray.children import Breeder, Child, analysis_note, breed, one_line, seed_child
 from ralph_ray.config import AgentConfig
 from ralph_ray.gate import Gate, write_smoke_data
 from ralph_ray.kb import KnowledgeBase
 from ralph_ray.population import Candidate
 from ralph_ray.tasks.base import Splits, stratified_split
-from ralph_ray.variants import VariantStatus
+from ralph_ray.variants import RejectedBy, VariantStatus
 
 TEMPLATE = PROJECT_ROOT / "ralph_ray" / "templates" / "classification"
 
@@ -77,13 +78,15 @@ def test_an_intervention_the_gate_refused_for_a_parent_is_not_proposed_for_it_ag
     children, _ = breed(breeder, parent, view("baked2"), Analysis(seed.variant_id, [], "", shift))
     [refused] = children
     assert refused.status is VariantStatus.rejected and "shift_images" in (refused.reason or "")
+    assert refused.rejected_by is RejectedBy.gate  # the coder gave up on the gate's feedback: the gate's verdict
+    assert Child.from_json(json.loads(json.dumps(refused.as_json()))) == refused  # children.json keeps it on resume
     # its files are the draft the gate refused, not the parent's copy the coder's retry left: its own variant
     assert refused.variant_id != seed.variant_id and "shift_images" in refused.diff
     kb.put("variants", records.variant_rows(run_id, 2, children, agent), records.part(run_id, 2, "bred"))
 
     again = view("baked3")
-    assert [(c.variant_id, c.interventions, c.status) for c in again.children] == [
-        (refused.variant_id, ["augmentation"], "rejected")
+    assert [(c.variant_id, c.interventions, c.status, c.rejected_by) for c in again.children] == [
+        (refused.variant_id, ["augmentation"], "rejected", "gate")
     ]
     second = analyst.analyse(again, [], Usage())
     assert "augmentation" not in [r.intervention for r in second.recommendations]

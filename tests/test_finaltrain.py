@@ -309,7 +309,7 @@ def test_a_campaign_trains_its_pick_once_more_for_the_share_kept_for_it(
     assert "with cosine + shift + deepen added to its code" in said
     assert "2 candidates side by side" in said
     for flips in ("flip", "flip_tta"):
-        assert f"no {flips} added (the task says mirroring changes a label)" in said
+        assert f"no {flips} added: the task says mirroring changes an input's label" in said
     con = open_reader(outcome.kb_root)
     # ties (one selection image is 1/360 here) go to the first written, as every winner rule takes the first maximum
     finals = rows(
@@ -454,4 +454,4 @@ def test_the_task_rules_out_shifts_and_flips_off_images_and_flips_where_mirrorin
     names = ["cosine", "shift", "flip", "deepen", "flip_tta"]
     ruled_out = finaltrain.unsuited_additions(names, images, mirror_invariant)
     assert {name: ("not images" if "not images" in why else "mirroring") for name, why in ruled_out.items()} == refused
-    assert all(why.startswith(f"no {name} added (") for name, why in ruled_out.items())
+    assert all(why.startswith(f"no {name} added: the task") for name, why in ruled_out.items())

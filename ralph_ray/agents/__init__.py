@@ -85,11 +85,7 @@ class _Builder:
 
         mirror_invariant, images = self.cfg.task.mirror_invariant, self.cfg.task.images
         # The catalog shown leaves out what the task forbids, as the heuristic analyst skips it.
-        catalog = [
-            (i.name, i.description)
-            for i in load_catalog()
-            if (mirror_invariant or not i.mirrors_images) and (images is not False or not i.needs_images)
-        ]
+        catalog = [(i.name, i.description) for i in load_catalog() if i.unsuited_to(images, mirror_invariant) is None]
         return LLMAnalyst(
             self.chat(),
             self.cfg.agent,

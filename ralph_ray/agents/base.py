@@ -97,6 +97,7 @@ class ChildSeen:
     interventions: list[str]
     status: str  # a VariantStatus value: candidate (trials pending), kept, discarded, rejected, crashed
     reason: str | None = None
+    rejected_by: str | None = None  # a rejected child's RejectedBy value; None in a KB from before that column
 
 
 @dataclass(frozen=True)

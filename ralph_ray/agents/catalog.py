@@ -123,6 +123,15 @@ class Intervention:
     mirrors_images: bool = False  # trains on mirrored inputs: not proposed where task.mirror_invariant is false
     needs_images: bool = False  # shifts, mirrors or lays out images: not proposed where task.images is false
 
+    def unsuited_to(self, images: bool | None, mirror_invariant: bool) -> str | None:
+        """Why the task rules this out whatever the code says (task.images, task.mirror_invariant), or None: the one
+        rule the analysts, the LLM's catalog and the final training's additions all follow."""
+        if self.needs_images and images is False:
+            return "the task's inputs are not images (task.images)"
+        if self.mirrors_images and not mirror_invariant:
+            return "the task says mirroring changes an input's label (task.mirror_invariant)"
+        return None
+
 
 @dataclass(frozen=True)
 class Catalog:

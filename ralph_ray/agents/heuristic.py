@@ -24,6 +24,7 @@ from ralph_ray.agents import rl
 from ralph_ray.agents.base import (
     AgentError,
     Analysis,
+    ChildSeen,
     Diagnosis,
     Draft,
     EpochPoint,
@@ -37,7 +38,7 @@ from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply
 from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
 from ralph_ray.statuses import TrialStatus
-from ralph_ray.variants import VariantStatus
+from ralph_ray.variants import RejectedBy, VariantStatus
 
 TRAINER = "train.py"
 
@@ -433,11 +434,12 @@ BRED = (VariantStatus.candidate, VariantStatus.kept, VariantStatus.discarded)
 
 
 def refusals(parent: ParentView) -> dict[str, str]:
-    """Each intervention a rejected child of this parent carried, with why: the gate refused it (or the coder could
-    not write it) for this very code, and a catalog edit comes out the same every time."""
+    """Each intervention a rejected child of this parent carried, with why: the gate refused it for this very code,
+    and a catalog edit comes out the same every time. A coder that failed before a draft, or a spent token budget,
+    says nothing of the code (the next cycle may well write it)."""
     refused: dict[str, str] = {}
     for child in parent.children:
-        if VariantStatus(child.status) is not VariantStatus.rejected or _not_a_refusal(child.reason or ""):
+        if VariantStatus(child.status) is not VariantStatus.rejected or not _gate_refused(child):
             continue
         reason = " ".join((child.reason or "no reason recorded").split())  # one line: the not_applicable view reads it
         _, said, gate = reason.partition(GATE_SAID)
@@ -449,11 +451,14 @@ def refusals(parent: ParentView) -> dict[str, str]:
     return refused
 
 
-def _not_a_refusal(reason: str) -> bool:
-    """A rejection that says nothing of the code: the cycle's token budget ran out, or a coder (an LLM, a CLI) failed
-    or timed out before the gate saw a draft; the next cycle may well write it."""
+def _gate_refused(child: ChildSeen) -> bool:
+    """Whether the gate rejected the child (variants.rejected_by); a KB from before that column says it only in the
+    reason's words, so those are read as they were written then."""
+    if child.rejected_by is not None:
+        return RejectedBy(child.rejected_by) is RejectedBy.gate
+    reason = child.reason or ""
     coder_alone = reason.startswith("coder") and GATE_SAID not in reason
-    return reason.startswith("token budget") or coder_alone
+    return not (reason.startswith("token budget") or coder_alone)
 
 
 def bred_from(parent: ParentView) -> dict[str, str]:
@@ -535,11 +540,7 @@ class HeuristicAnalyst:
             return f"trial.budget_s holds every trial to the same training time: {EPOCHS} is ignored"
         if intervention.needs_gpu and self.gpu is False:
             return "trials run on the CPU (resources.gpu=0): it only changes GPU steps"
-        if intervention.mirrors_images and not self.mirror_invariant:
-            return "the task says mirroring changes an input's label (task.mirror_invariant)"
-        if intervention.needs_images and self.images is False:
-            return "the task's inputs are not images (task.images)"
-        return refused.get(intervention.name)
+        return intervention.unsuited_to(self.images, self.mirror_invariant) or refused.get(intervention.name)
 
     def _rank(
         self,

@@ -449,6 +449,15 @@ def test_what_the_gate_refused_for_a_parent_is_skipped_and_what_was_bred_goes_la
             )
         )
         assert ranked[-1] == top and ranked[0] == second
+    # variants.rejected_by decides where the KB has it, whatever the reason's words: a coder that gave up after the
+    # gate's refusal without quoting it is the gate's; a coder's own failure quoting a gate is not
+    by_column = [
+        ChildSeen("c2", [second], "rejected", "coder: gave up", "gate"),
+        ChildSeen("c5", [before[2]], "rejected", gate_said, "coder"),
+        ChildSeen("c4", [before[2]], "rejected", gate_said, "budget"),
+    ]
+    ranked = ranked_names(HeuristicAnalyst().analyse(dataclasses.replace(parent, children=by_column), [], Usage()))
+    assert second not in ranked and before[2] in ranked
 
 
 def test_falls_back_to_healthy_answers_when_the_diagnosis_has_few(tmp_path: Path):
