@@ -15,6 +15,7 @@ import enum
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import resource
@@ -394,7 +395,9 @@ def classify(returncode: int, stderr_tail: str, jail: Jail | None, work: Path) -
         return Breach.network
     if re.search(r"Read-only file system|PermissionError|No module named '?ralph_ray\.", text):
         return Breach.forbidden_path
-    for path in map(Path, re.findall(r"No such file or directory: '(/[^']*)'", text)):
+    # open()'s words, and numpy's (np.loadtxt, np.load: "FileNotFoundError: /x/y.csv not found.")
+    missing = re.findall(r"No such file or directory: '(/[^']*)'|FileNotFoundError: (/\S+) not found", text)
+    for path in (Path(a or b) for a, b in missing):
         # Missing inside, there outside: a path the sandbox hides (the KB, the project, the raw dataset).
         if not path.is_relative_to(work.resolve()) and (path.exists() or path.parent.exists()):
             return Breach.forbidden_path
@@ -408,8 +411,29 @@ def interpreter() -> str:
     return os.path.abspath(sys.executable)
 
 
+@functools.cache
+def site_paths() -> tuple[str, ...]:
+    """sys.path as a trainer's interpreter builds it: this environment's site folders and what their .pth files add
+    (a package installed from a source folder). Not this process's sys.path: `python -m` puts the launch folder
+    first (and a Ray worker carries the driver's), PYTHONPATH adds more, and a trainer's interpreter sees none of them
+    (the jail sets its PYTHONPATH), so binding them only showed it their files: a user's raw data beside the task
+    folder, their whole home when started from there."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+        )
+        return tuple(json.loads(done.stdout)) if done.returncode == 0 else ()
+    except (OSError, subprocess.TimeoutExpired, ValueError):  # nothing but the interpreter's prefixes then
+        return ()
+
+
 def python_dirs() -> list[Path]:
-    """The Python environment to bind read-only: the interpreter's prefixes and any other import path outside them."""
+    """The Python environment to bind read-only: the interpreter's prefixes and the import paths its site adds outside
+    them (`site_paths`)."""
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
     prefixes.add(Path(os.path.realpath(sys.executable)).parent.parent)
     hidden = {PROJECT_ROOT.resolve(), Path(__file__).resolve().parent}
@@ -417,8 +441,8 @@ def python_dirs() -> list[Path]:
     # every file there and cover its private /tmp read-only (the fork server's `import torch._dynamo` then failed:
     # dill's import asks tempfile for a writable folder).
     never = {Path("/"), Path("/tmp"), Path(tempfile.gettempdir()).resolve()}
-    for entry in sys.path:
-        path = Path(entry or ".").resolve()
+    for entry in filter(os.path.isabs, site_paths()):  # not an editable install's path hook
+        path = Path(entry).resolve()
         if path.is_dir() and not any(path == p or path.is_relative_to(p) for p in prefixes | hidden):
             if not any(h.is_relative_to(path) for h in hidden) and path not in never:
                 prefixes.add(path)

@@ -197,6 +197,25 @@ def test_a_tasks_raw_data_in_a_system_folder_is_hidden_from_its_trials(tmp_path:
 
 
 @needs_bwrap
+def test_the_folder_a_campaign_is_started_from_is_not_shown_to_its_trials(
+    tmp_path: Path, public: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """User trial: raw data beside the task folder (`proj/raw/sales.csv`, every target), the campaign started from
+    `proj/`: `python -m` put `proj/` on sys.path, the sandbox bound every sys.path folder, and the seed read each
+    held-out target (selection R^2 1.0000). Started from a home folder, the whole home was shown."""
+    launch = tmp_path / "proj"
+    (launch / "raw").mkdir(parents=True)
+    raw = launch / "raw" / "sales.csv"
+    raw.write_text("1.0,2.0\n3.0,4.0\n")
+    monkeypatch.chdir(launch)
+    monkeypatch.syspath_prepend(str(launch))  # as `python -m ralph_ray` started from there has it
+    assert not any(launch == p or launch.is_relative_to(p) for p in sb.python_dirs())
+    outcome, work = hostile_run(tmp_path, public, "labels_launch_dir", target=raw)
+    assert_breach(outcome, Breach.forbidden_path)
+    assert "sales.csv" in outcome.reason and "STOLE" not in (work / "stdout.log").read_text()
+
+
+@needs_bwrap
 def test_the_knowledge_base_is_unreachable(tmp_path: Path, public: Path):
     kb = tmp_path / "kb"
     kb.mkdir()

@@ -19,6 +19,7 @@ from ralph_ray.agents.base import (
     Recommendation,
     TrialSummary,
 )
+from ralph_ray.agents.siblings import bred_from, refusals
 from ralph_ray.sql import RL_METRICS
 from ralph_ray.variants import mutable_names
 
@@ -101,12 +102,30 @@ def show_parent(parent: ParentView, effects: list[InterventionEffect], catalog: 
         "## What the knowledge base measured (selection-score change of children over parents)\n\n"
         + _show_effects(effects),
     ]
+    if parent.children:
+        parts.append(_show_children(parent))
     if catalog:
         parts.append(
             "## Catalog interventions (names to reuse when one fits)\n\n"
             + "\n".join(f"- `{n}`: {d}" for n, d in catalog)
         )
     return "\n\n".join(parts)
+
+
+def _show_children(parent: ParentView) -> str:
+    """This parent's children so far in the run: what the gate refused for it and what was bred from it, as the
+    offline analyst weighs them (agents/siblings.py), so an LLM does not propose a refused edit again."""
+    refused, bred = refusals(parent), bred_from(parent)
+    lines = [f"- `{c.variant_id}`: {' + '.join(c.interventions) or '-'}, {c.status}" for c in parent.children]
+    advice = []
+    if refused:
+        advice.append(
+            "Refused by the validation gate for this very code (do not propose again unless you change the approach):\n"
+            + "\n".join(f"- `{name}`: {why}" for name, why in refused.items())
+        )
+    if bred:
+        advice.append(f"Already bred from this parent (propose again only if nothing else fits): {', '.join(bred)}")
+    return "\n\n".join(["## This parent's children so far in this run", "\n".join(lines), *advice])
 
 
 def _show_trials(trials: list[TrialSummary]) -> str:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from ralph_ray.agents.base import EpochPoint, ParentView, TrialSummary
+from ralph_ray.agents.base import ChildSeen, EpochPoint, ParentView, TrialSummary
 from ralph_ray.agents.prompts import show_parent
 
 
@@ -26,3 +27,24 @@ def test_an_rl_curve_shows_its_telemetry_and_a_vision_curve_does_not(tmp_path: P
     vision = [EpochPoint(epoch=1, train_loss=0.5, val_acc=0.9)]
     header = next(line for line in show_parent(parent_with(tmp_path, vision), [], []).splitlines() if "| epoch" in line)
     assert header == "| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |"
+
+
+def test_the_llm_analyst_sees_what_the_gate_refused_for_the_parent_and_what_was_bred(tmp_path: Path):
+    """Before, only the offline analyst skipped a refused intervention: an LLM was shown no children and could
+    propose the same refused edit every cycle."""
+    plain = parent_with(tmp_path, [EpochPoint(epoch=1, val_acc=0.9)])
+    assert "children so far" not in show_parent(plain, [], [])  # a parent nothing was bred from yet
+    children = [
+        ChildSeen(
+            "c1", ["augmentation"], "rejected", "coder: gave up; gate said: shift_images: (32, 30) is no image", "gate"
+        ),
+        ChildSeen("c2", ["batchnorm"], "kept"),
+        ChildSeen("c3", ["dropout"], "rejected", "coder: the endpoint timed out after 3 retries", "coder"),
+    ]
+    shown = show_parent(dataclasses.replace(plain, children=children), [], [])
+    section = shown[shown.index("## This parent's children so far") :]
+    assert "- `c1`: augmentation, rejected" in section and "- `c2`: batchnorm, kept" in section
+    refused = section[section.index("Refused by the validation gate") : section.index("Already bred")]
+    assert "`augmentation`: refused for this parent (child c1): shift_images: (32, 30) is no image" in refused
+    assert "dropout" not in refused  # the coder's own failure says nothing of the code
+    assert "Already bred from this parent (propose again only if nothing else fits): batchnorm" in section
