@@ -218,7 +218,8 @@ class AsyncCampaign(Campaign):
         else:
             view = history.parent_view(con, self.run_id, parent, variants_root, baked, cfg.trainer_dir())
             if self.analyst is not None:
-                analysis, spent = analyse(self.analyst, view, history.effects(con, cfg.task.name), self._log)
+                effects = history.effects(con, cfg.task.name, cfg.task.metric, cfg.task.direction)
+                analysis, spent = analyse(self.analyst, view, effects, self._log)
                 usage.append((parent.variant_id, spent))
             else:
                 from ralph_ray.agents.base import Analysis

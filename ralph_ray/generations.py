@@ -166,7 +166,7 @@ class Campaign:
         """Each parent, as its best trial ran it, diagnosed by the analyst."""
         parents = self.files.parents()
         self._phase("analyse", f"{len(parents)} parent(s), agent {self.cfg.agent.backend.value}")
-        effects = history.effects(self.kb.reader(), self.cfg.task.name)
+        effects = history.effects(self.kb.reader(), self.cfg.task.name, self.cfg.task.metric, self.cfg.task.direction)
         notes, recs, spent = analyse_parents(
             self.analyst, parents, self._view, effects, self.cfg.population.children_per_parent, self._log
         )

@@ -106,9 +106,12 @@ def parent_view(
     )
 
 
-def effects(con: duckdb.DuckDBPyConnection, task: str) -> list[InterventionEffect]:
-    """Measured effects of interventions on this task, across every campaign in the KB."""
-    rows = con.execute(sql.EFFECTS_FOR_TASK, [task]).fetchall()
+def effects(
+    con: duckdb.DuckDBPyConnection, task: str, metric: str | None, direction: str | None
+) -> list[InterventionEffect]:
+    """Measured effects of interventions on this task and metric (name and direction), across every campaign in
+    the KB."""
+    rows = con.execute(sql.EFFECTS_FOR_TASK, [task, metric, direction]).fetchall()
     return [InterventionEffect(i, d, int(n), m, w, int(u)) for i, d, n, m, w, u in rows]
 
 

@@ -285,10 +285,18 @@ order by v.run_id, v.cycle, l.selection_score desc nulls last
 
 def _intervention_effects(p: str) -> str:
     # Measured effects across every campaign in this KB: mean delta with a 95% Student-t interval (none below n = 2),
-    # win rate. Each delta is between replicate means where child and parent were replicated (records.py).
+    # win rate. Each delta is between replicate means where child and parent were replicated (records.py). Per task
+    # *and* its metric as the run declared it (runs.config): a delta is a difference of oriented scores, so a run
+    # that minimised R^2 by mistake measured every effect with the opposite sign, and a task folder whose METRIC
+    # changed (mse to r2) measured another quantity; averaged together they cancelled (user trial).
     t = f"case when count(delta) > 31 then 1.96 else list_extract({T975}, (count(delta) - 1)::integer) end"
     return f"""
-select task, intervention, diagnosis, count(delta) as n, count(*) as tried,
+with declared as (
+    select run_id, any_value(json_extract_string(config, '$.task.metric')) as metric,
+           any_value(json_extract_string(config, '$.task.direction')) as direction
+    from {p}runs group by run_id
+)
+select task, metric, direction, intervention, diagnosis, count(delta) as n, count(*) as tried,
        avg(delta) as mean_delta, stddev_samp(delta) as sd_delta,
        avg(delta) - {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_low,
        avg(delta) + {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_high,
@@ -297,8 +305,8 @@ select task, intervention, diagnosis, count(delta) as n, count(*) as tried,
        count(*) filter (where outcome = 'rejected') as rejected,
        -- trained but never scored: every trial stopped at an ASHA rung or crashed (the analyst's "no gain" tries)
        count(*) filter (where delta is null and outcome in ('discarded', 'crashed')) as unscored
-from {p}interventions
-group by task, intervention, diagnosis
+from {p}interventions left join declared using (run_id)
+group by task, metric, direction, intervention, diagnosis
 order by mean_delta desc nulls last
 """
 
@@ -455,7 +463,8 @@ where run_id = ? and cycle = ? and not coalesce(replicate, false) and not coales
 group by variant_id
 """
 EFFECTS_FOR_TASK = """
-select intervention, diagnosis, n, mean_delta, win_rate, unscored from intervention_effects where task = ?
+select intervention, diagnosis, n, mean_delta, win_rate, unscored from intervention_effects
+where task = ? and metric is not distinct from ? and direction is not distinct from ?
 """
 INTERVENTIONS_FOR_RUN = "select * from interventions where run_id = ? order by cycle, variant_id"
 DECISIONS_FOR_RUN = "select * from decisions where run_id = ? order by cycle"

@@ -157,7 +157,7 @@ def test_cycle_facts_count_trials_spend_and_the_state(kb: KnowledgeBase):
 
 def test_effects_and_start_time_of_an_empty_history(kb: KnowledgeBase):
     con = kb.reader()
-    assert history.effects(con, "digits") == []
+    assert history.effects(con, "digits", None, None) == []
     assert history.started_at(con, RUN) is None
     kb.append(
         "interventions",
@@ -175,7 +175,7 @@ def test_effects_and_start_time_of_an_empty_history(kb: KnowledgeBase):
         ],
         "i",
     )
-    [effect] = history.effects(kb.reader(), "digits")
+    [effect] = history.effects(kb.reader(), "digits", None, None)  # no runs row: metric unknown
     assert (effect.intervention, effect.diagnosis, effect.count, effect.win_rate) == ("wider", "underfitting", 1, 1.0)
     assert effect.mean_delta == pytest.approx(0.03)
 
@@ -196,7 +196,7 @@ def test_children_that_trained_but_got_no_score_are_counted_apart_from_gate_reje
     # Stopped at a rung (discarded, no score), every trial crashed, refused by the gate, and one scored loss.
     rows = [row("a", None, "discarded"), row("b", None, "crashed"), row("c", None, "rejected")]
     kb.append("interventions", [*rows, row("d", -0.004, "discarded")], "i")
-    [effect] = history.effects(kb.reader(), "digits")
+    [effect] = history.effects(kb.reader(), "digits", None, None)  # no runs row: metric unknown
     assert (effect.count, effect.unscored) == (1, 2)  # the gate's refusal trained nothing: not a try
     assert effect.mean_delta == pytest.approx(-0.004)
     tried, rejected, unscored = (
@@ -205,3 +205,25 @@ def test_children_that_trained_but_got_no_score_are_counted_apart_from_gate_reje
         .fetchone()
     )
     assert (tried, rejected, unscored) == (4, 1, 2)
+
+
+def test_effects_are_measured_per_metric_as_each_run_declared_it(kb: KnowledgeBase):
+    """User trial: a run that minimised R^2 by mistake (METRIC direction "min") and the fixed run after it, same task
+    name, same KB: the two deltas of ema_weights (-0.0035 on -R^2, +0.0016 on R^2) were averaged into one effect of
+    -0.001, which the offline agent ranked on. Each run's metric is in its runs row's config."""
+
+    def run(run_id: str, direction: str, delta: float) -> None:
+        config = {"task": {"name": "regtask", "metric": "r2", "direction": direction}}
+        kb.append("runs", [{"run_id": run_id, "task": "regtask", "config": json.dumps(config)}], f"r-{run_id}")
+        row = {"run_id": run_id, "task": "regtask", "cycle": 2, "variant_id": f"v{run_id}", "intervention": "ema"}
+        kb.append("interventions", [{**row, "diagnosis": "healthy", "delta": delta, "outcome": "kept"}], f"i-{run_id}")
+
+    run("mistake", "min", -0.0035)
+    run("fixed", "max", 0.0016)
+    [effect] = history.effects(kb.reader(), "regtask", "r2", "max")
+    assert (effect.count, effect.mean_delta) == (1, pytest.approx(0.0016))
+    [effect] = history.effects(kb.reader(), "regtask", "r2", "min")
+    assert effect.mean_delta == pytest.approx(-0.0035)
+    assert history.effects(kb.reader(), "regtask", "mse", "min") == []
+    shown = kb.reader().execute("select metric, direction, n from intervention_effects order by direction").fetchall()
+    assert shown == [("r2", "max", 1), ("r2", "min", 1)]
