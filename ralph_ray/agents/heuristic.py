@@ -410,6 +410,24 @@ def _moves_only_absent_knobs(intervention: Intervention, knobs: set[str]) -> boo
     return bool(intervention.knobs) and not code and not any(edit.knob in knobs for edit in intervention.knobs)
 
 
+def _ends_before_its_epochs(trials: list[TrialSummary], knobs: dict[str, Any]) -> str | None:
+    """Why more EPOCHS would change nothing, or None: every trial of the parent that completed ended before its
+    EPOCHS (the trainer's own early stopping, or the scheduler's max_t). User trial: `longer_training` was bred three
+    times from a parent whose early stopping ended it at epochs 24-30 of 60; each child was its parent to the digit."""
+    ran = [
+        (max(p.epoch for p in t.curve), t.knobs.get(EPOCHS, knobs.get(EPOCHS)))
+        for t in trials
+        if t.status is TrialStatus.completed and t.curve
+    ]
+    if not ran or not all(isinstance(epochs, int | float) and last < epochs for last, epochs in ran):
+        return None
+    last, epochs = max(ran)
+    return (
+        f"the parent's trials end before their {EPOCHS} by themselves (its longest ran {last} of {epochs:g}: early "
+        "stopping or scheduler.max_t): more epochs change nothing"
+    )
+
+
 def _epochs_only(intervention: Intervention) -> bool:
     """Whether the intervention only moves EPOCHS (no code edit, no transform, no new knob)."""
     return (
@@ -464,11 +482,15 @@ class HeuristicAnalyst:
         refused for this parent already."""
         applicable, skipped = [], {}
         refused = refusals(parent)
-        knobs = set(read_knobs(source))
+        values = read_knobs(source)
+        knobs = set(values)
+        ends_early = _ends_before_its_epochs(parent.trials, values)
         for intervention in self.catalog:
             if _moves_only_absent_knobs(intervention, knobs):
                 continue  # another kind of trainer's knob (a classifier has no TEMPERATURE): nothing to say about it
             why = self._unsuited(intervention, parent, refused)
+            if why is None and ends_early and _epochs_only(intervention):
+                why = ends_early
             if why is None:
                 try:
                     check(intervention, source)

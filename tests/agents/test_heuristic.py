@@ -60,7 +60,11 @@ def trial(
     knobs: dict | None = None,
     trial_id: str = "t0",
 ) -> TrialSummary:
-    return TrialSummary(trial_id, status, reason, knobs or {}, score, points)
+    # By default it ran the epochs it was given (a trial that ends before its EPOCHS stops itself: longer_training
+    # is then not proposed)
+    return TrialSummary(
+        trial_id, status, reason, knobs if knobs is not None else {"EPOCHS": len(points)}, score, points
+    )
 
 
 # Hand-built curves, one per diagnosis (eight epochs each).
@@ -353,6 +357,23 @@ def test_under_a_time_budget_a_move_of_epochs_alone_is_skipped(tmp_path: Path):
         timed.summary
     )
     assert set(ranked_names(free)) - {"longer_training"} <= set(ranked_names(timed))  # the code edits stay
+
+
+def test_more_epochs_are_not_proposed_to_a_parent_whose_trials_end_before_their_epochs(tmp_path: Path):
+    """User trial: early stopping ended the parent at epochs 24-30 of 60, and `longer_training` (60 -> 80) was bred
+    three times; each child scored its parent's score to the digit."""
+    parent = parent_view(tmp_path, UNDERTRAINED)
+    assert ranked_names(HeuristicAnalyst().analyse(parent, [], Usage()))[0] == "longer_training"
+    stops = dataclasses.replace(parent, trials=[trial(UNDERTRAINED, knobs={"EPOCHS": 60})])
+    analysis = HeuristicAnalyst().analyse(stops, [], Usage())
+    assert "longer_training" not in ranked_names(analysis)
+    assert (
+        "- `longer_training`: the parent's trials end before their EPOCHS by themselves (its longest ran 8 of 60"
+        in (analysis.summary)
+    )
+    # one trial that ran its epochs out (another knob sample) is enough to keep it
+    both = dataclasses.replace(stops, trials=[*stops.trials, trial(UNDERTRAINED, trial_id="t1")])
+    assert "longer_training" in ranked_names(HeuristicAnalyst().analyse(both, [], Usage()))
 
 
 def test_the_campaign_tells_the_analyst_of_a_time_budget(tiny_config):
