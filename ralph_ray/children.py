@@ -21,6 +21,7 @@ from ralph_ray.agents.base import (
     AgentError,
     Analysis,
     Analyst,
+    CannotApply,
     Coder,
     Diagnosis,
     InterventionEffect,
@@ -308,6 +309,10 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
     return children, wasted
 
 
+# A child rejected before the gate saw a draft: the parent's code and this note (its diff says why).
+REJECTION_NOTE = "REJECTED.md"
+
+
 def _one_child(
     breeder: Breeder,
     parent: Candidate,
@@ -338,6 +343,9 @@ def _one_child(
         shutil.copytree(view.files_dir, workdir)
         try:
             draft = breeder.coder.write(view, rec, workdir, feedback, usage)
+        except CannotApply as err:
+            reason, rejected_by = f"coder: {err}", RejectedBy.gate if feedback is not None else RejectedBy.code
+            break
         except AgentError as err:
             # After a refusal the coder gave up on the gate's feedback (the heuristic one always does): the gate's.
             reason, rejected_by = f"coder: {err}", RejectedBy.gate if feedback is not None else RejectedBy.coder
@@ -378,7 +386,15 @@ def _one_child(
     # Rejected: keep the last draft the gate refused (else the last attempt's files) so the diff shows what went wrong.
     # A retry starts from the parent's copy, so a coder that then gave up (the heuristic one always does) left the
     # parent's code: such a child was the parent's variant, never recorded, and its refusal was proposed again.
-    files = refused if refused.exists() else workdir if workdir.exists() else view.files_dir
+    files = refused if refused.exists() else workdir
+    if files is workdir:
+        # No draft the gate saw: the coder wrote nothing or gave up (the offline one: its edit met no idiom it knows).
+        # The parent's code alone would be the parent's variant, never recorded, so the refusal was never
+        # remembered and the same pick asked for it again and again (user trial: 5 times in a row, then 4 picks
+        # in a row gave no child). Its note makes it a variant of its own, the reason in its diff.
+        if not workdir.exists():
+            shutil.copytree(view.files_dir, workdir)
+        (workdir / REJECTION_NOTE).write_text(f"# Rejected: {' + '.join(interventions)}\n\n{reason}\n")
     variant = snapshot(files, breeder.variants_root, parent_id=parent.variant_id)
     return _child(
         breeder,

@@ -41,6 +41,9 @@ class RejectedBy(str, enum.Enum):
     refused for that parent); the coder failing or the token budget running out before a draft says nothing."""
 
     gate = "gate"  # the gate refused a draft (the coder may then have given up on its feedback)
+    code = (
+        "code"  # a deterministic coder found the change does not apply to this code (CannotApply): the same each time
+    )
     coder = "coder"  # the coder failed, timed out or crashed before the gate saw a draft
     budget = "budget"  # the cycle's token budget was spent before a draft
 

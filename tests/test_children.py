@@ -12,8 +12,9 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 
 from ralph_ray import PROJECT_ROOT, history, records
-from ralph_ray.agents.base import Analysis, Usage
+from ralph_ray.agents.base import Analysis, Diagnosis, Recommendation, Usage
 from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
+from ralph_ray.agents.siblings import refusals
 from ralph_ray.children import Breeder, Child, analysis_note, breed, one_line, seed_child
 from ralph_ray.config import AgentConfig
 from ralph_ray.gate import Gate, write_smoke_data
@@ -105,6 +106,40 @@ def test_an_intervention_the_gate_refused_for_a_parent_is_not_proposed_for_it_ag
         .fetchall()
     )
     assert reasons["augmentation"].startswith(f"refused for this parent (child {refused.variant_id}): smoke run")
+
+
+def test_an_edit_the_offline_coder_cannot_apply_is_recorded_and_not_asked_for_again(tmp_path: Path) -> None:
+    """User trial: the analyst's dry run passed `augmentation` on a trainer whose batch loop sits in a helper, the
+    coder's real edit could not place it; the rejected child was the parent's code, so it had the parent's id, was
+    never recorded, and the next pick asked for it again: 5 times in a row, then 4 picks gave no child and the
+    campaign stopped on gate failures. Now it is a variant of its own (`REJECTED.md` says why), rejected by `code`."""
+    run_id, agent = "cannot", AgentConfig()
+    trainer = tmp_path / "bc"
+    trainer.mkdir()
+    shutil.copy(TEMPLATE / "train.py", trainer / "train.py")  # its optimizer is Adam already: adamw_optimizer can't
+    variants_root = tmp_path / "variants"
+    seed = seed_child(trainer, variants_root)
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.put("variants", records.variant_rows(run_id, 1, [seed], agent), records.part(run_id, 1, "seed"))
+    parent = Candidate(seed.variant_id, 0.95, {}, seed.variant_id)
+
+    def view(name: str):
+        return history.parent_view(kb.reader(), run_id, parent, variants_root, tmp_path / name, trainer)
+
+    breeder = Breeder(
+        HeuristicCoder(), breast_cancer_gate(tmp_path), variants_root, tmp_path / "gen2", 1, 1, 1,
+        frozenset({seed.variant_id}), None, lambda line: None,
+    )  # fmt: skip
+    wanted = Recommendation("adamw_optimizer", Diagnosis.healthy, "as a dry run that passed would rank it")
+    [child], _ = breed(breeder, parent, view("baked1"), Analysis(seed.variant_id, [], "", [wanted]))
+    assert child.status is VariantStatus.rejected and child.rejected_by is RejectedBy.code
+    assert child.variant_id != seed.variant_id and "cannot apply adamw_optimizer" in child.diff  # its note, its id
+    assert (child.files_dir / "train.py").read_text() == (seed.files_dir / "train.py").read_text()
+    kb.put("variants", records.variant_rows(run_id, 2, [child], agent), records.part(run_id, 2, "bred"))
+    again = view("baked2")
+    assert [(c.variant_id, c.rejected_by) for c in again.children] == [(child.variant_id, "code")]
+    assert refusals(again)["adamw_optimizer"].startswith(f"refused for this parent (child {child.variant_id}): coder")
 
 
 def test_ctrl_c_while_breeding_starts_no_further_attempt(tmp_path: Path) -> None:

@@ -30,6 +30,11 @@ class AgentError(RuntimeError):
     """An agent could not produce its output (bad answer, unreachable endpoint); the message says why."""
 
 
+class CannotApply(AgentError):
+    """A deterministic coder found that the change does not apply to this code (the offline agent's catalog edit met
+    no idiom it knows): it would find the same every time, so the rejection is about the code, as a gate's is."""
+
+
 class AgentConfigError(RuntimeError):
     """The agent backend cannot work at all (wrong API key, unreachable endpoint, missing CLI): not one child's
     failure but the campaign's, so it is no AgentError; the entry point exits with code 2 and the message's fix."""

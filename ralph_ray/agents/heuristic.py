@@ -24,6 +24,7 @@ from ralph_ray.agents import rl
 from ralph_ray.agents.base import (
     AgentError,
     Analysis,
+    CannotApply,
     Diagnosis,
     Draft,
     EpochPoint,
@@ -608,7 +609,7 @@ class HeuristicCoder:
         try:
             edited = apply(intervention, source)
         except NotApplicable as reason:
-            raise AgentError(f"cannot apply {name} to {workdir / TRAINER}: {reason}") from None
+            raise CannotApply(f"cannot apply {name} to {workdir / TRAINER}: {reason}") from None
         (workdir / TRAINER).write_text(edited)
         return intervention
 

@@ -22,7 +22,7 @@ def refusals(parent: ParentView) -> dict[str, str]:
     says nothing of the code (the next cycle may well write it)."""
     refused: dict[str, str] = {}
     for child in parent.children:
-        if VariantStatus(child.status) is not VariantStatus.rejected or not _gate_refused(child):
+        if VariantStatus(child.status) is not VariantStatus.rejected or not _refused_for_the_code(child):
             continue
         reason = " ".join((child.reason or "no reason recorded").split())  # one line: the not_applicable view reads it
         _, said, gate = reason.partition(GATE_SAID)
@@ -34,13 +34,14 @@ def refusals(parent: ParentView) -> dict[str, str]:
     return refused
 
 
-def _gate_refused(child: ChildSeen) -> bool:
-    """Whether the gate rejected the child (variants.rejected_by); a KB from before that column says it only in the
-    reason's words, so those are read as they were written then."""
+def _refused_for_the_code(child: ChildSeen) -> bool:
+    """Whether the child was rejected for its code: the gate refused it, or the offline coder found its edit does not
+    apply (variants.rejected_by); a KB from before that column says it only in the reason's words, read as written."""
     if child.rejected_by is not None:
-        return RejectedBy(child.rejected_by) is RejectedBy.gate
+        return RejectedBy(child.rejected_by) in (RejectedBy.gate, RejectedBy.code)
     reason = child.reason or ""
-    coder_alone = reason.startswith("coder") and GATE_SAID not in reason
+    # the offline coder's "cannot apply" is about the code too (it would say the same again)
+    coder_alone = reason.startswith("coder") and GATE_SAID not in reason and "cannot apply" not in reason
     return not (reason.startswith("token budget") or coder_alone)
 
 
