@@ -294,17 +294,21 @@ class AsyncCampaign(Campaign):
             return
         comparison, guards = None, self.cfg.safeguards
         reps = self.pool.replicated() if guards.replicates else None
+        # The parent's best now: it kept training knob samples after the child was bred from its first trial, and
+        # the score it had then (child.parent_score) made a child that lost to it a win in intervention_effects
+        # (user trial: +0.0185 recorded for a child 0.009 below its parent's best, judged discarded).
+        parent = self.pool.members.get(child.parent_id)
+        parent_best = parent.best if parent and parent.best is not None else child.parent_score
         if reps is not None and member.best is not None:
-            parent = self.pool.members.get(child.parent_id)
-            parent_best = parent.best if parent else child.parent_score
             hopeful = replicates.worth(member.best, reps.get(child.parent_id), parent_best)
             if hopeful and self._replicate([child.parent_id, child.variant_id]):
                 self.awaiting.add(child.variant_id)
                 return  # judged when its replicates (and its parent's) are in
             comparison = replicates.evidence(child, member.best, reps, parent_best, guards.confidence)
         child.status, child.reason = child_verdict(
-            member.finished, member.failed, member.best, child.parent_score, guards.min_delta, child.reason, comparison
+            member.finished, member.failed, member.best, parent_best, guards.min_delta, child.reason, comparison
         )
+        child.parent_score = parent_best  # what it was judged against: the variants and interventions rows say so
         self.awaiting.discard(child.variant_id)
         self.judged.add(child.variant_id)
         scores = {child.variant_id: (member.best, None)} if member.best is not None else {}

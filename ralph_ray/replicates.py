@@ -119,10 +119,15 @@ def evidence(
     mine = reps[child.variant_id].sample if child.variant_id in reps else Sample(())
     if not worth_replicating(best, parent, parent_best):
         shown = f"{best:.4f}" if best is not None else "-"
-        note = (
-            f"not replicated: its best trial {shown} did not beat its parent's replicate mean "
-            f"{describe(parent, confidence)}"
+        # The reference worth_replicating used: an unreplicated parent's best trial (the note said "replicate mean -")
+        against = (
+            f"replicate mean {describe(parent, confidence)}"
+            if parent.mean is not None
+            else f"best trial {parent_best:.4f}"
+            if parent_best is not None
+            else "score (none yet)"
         )
+        note = f"not replicated: its best trial {shown} did not beat its parent's {against}"
         return Comparison(mine, parent, confidence, None, note)
     return welch_greater(mine, parent, confidence)
 

@@ -16,7 +16,7 @@ from ralph_ray.config import SafeguardsConfig
 from ralph_ray.decision import NO_SCORE_REASON, CycleFacts, StopReason, child_verdict, decide
 from ralph_ray.kb import SCHEMAS, KnowledgeBase, open_reader
 from ralph_ray.noise import Comparison, Sample, describe, floor, half_width, lower_bound, welch_greater
-from ralph_ray.replicates import Replicated, fresh_seeds, needing, points
+from ralph_ray.replicates import Replicated, evidence, fresh_seeds, needing, points
 from ralph_ray.trials import REPLICATE_KEY, SEED_KEY
 from ralph_ray.variants import VariantStatus
 
@@ -91,6 +91,16 @@ def test_plateau_and_target_read_the_floor_with_replicates():
 
 def child(variant: str, parent: str, status: VariantStatus) -> Child:
     return Child(variant, parent, Path("."), [], "", "", status, None, "", {}, None)
+
+
+def test_a_child_not_worth_replicating_names_the_score_it_did_not_beat():
+    """User trial: the reason read "did not beat its parent's replicate mean -" where the parent had no replicates
+    and the reference was its best trial."""
+    hopeless = child("b", "p", VariantStatus.candidate)
+    unreplicated = evidence(hopeless, 0.8515, {}, 0.8605, 0.9)
+    assert unreplicated.text().endswith("did not beat its parent's best trial 0.8605")
+    reps = {"p": Replicated(3, (1, 2, 3), Sample.of([0.86, 0.861, 0.862]), Sample(()))}
+    assert "did not beat its parent's replicate mean 0.8610" in evidence(hopeless, 0.8515, reps, 0.8605, 0.9).text()
 
 
 def test_plan_replicates_the_seed_and_children_with_a_chance_and_their_unreplicated_parents():
