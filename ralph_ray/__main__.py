@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from ralph_ray.exit_codes import ExitCode
+
+if TYPE_CHECKING:
+    from ralph_ray.config import Config
 
 USAGE = """usage: python -m ralph_ray [+experiment=NAME] [key=value ...] [--cfg]
        python -m ralph_ray resume=RUN_ID [key=value ...]
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return ExitCode.ok
+    if cfg.resume and not resume_has_budget(cfg, argv, err):
+        return ExitCode.safeguard_or_config
 
     from ralph_ray.agents.base import AgentConfigError
     from ralph_ray.campaign import run
@@ -124,6 +131,34 @@ def main(argv: list[str] | None = None) -> int:
         err.print("[red]unrecoverable error:[/]")
         traceback.print_exc()
         return ExitCode.error
+
+
+def resume_has_budget(cfg: Config, argv: list[str], err: Console) -> bool:
+    """Whether a resume can go on; a finished run whose budget it has not raised would stop again at once, before
+    any trial: refused here, before Ray starts, with the command that raises it (with safeguards.final_share, what
+    is left of the final training may still run: a warning instead)."""
+    from ralph_ray.rundir import spent_on_resume
+
+    spent = spent_on_resume(Path(cfg.paths.runs) / str(cfg.resume), cfg.safeguards)
+    if not spent:
+        return True
+    raised = {s.key for s in spent}
+    kept = [a for a in argv if a.lstrip("+").split("=", 1)[0] not in raised]
+    command = shlex.join(["python", "-m", "ralph_ray", *kept, *(s.override for s in spent)])
+    used = "; ".join(s.used for s in spent)
+    if cfg.safeguards.final_share and cfg.safeguards.campaign_time_s is not None:
+        err.print(
+            f"[yellow]warning:[/] run {cfg.resume} has spent its budget ({used}): this resume only runs what is left "
+            f"of the final training (safeguards.final_share); to search on, raise it: {command}",
+            highlight=False,
+        )
+        return True
+    err.print(
+        f"[red]error:[/] run {cfg.resume} stopped with its budget spent ({used}), and this resume does not raise it, "
+        f"so it would stop again at once\n  fix: raise it, e.g. {command}",
+        highlight=False,
+    )
+    return False
 
 
 def config_dirs(argv: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,8 +28,11 @@ from ralph_ray.rundir import locate, open_run
 from ralph_ray.sandbox import announce
 from ralph_ray.state import RunStatus
 from ralph_ray.tasks import image_inputs, prepare_splits
+from ralph_ray.tasks.base import describe, unusual_direction
 
 INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
+# The start of Optuna's warning about a categorical choice that is not a scalar (driver_setup says why it is silenced).
+OPTUNA_SCALAR_CHOICES = "Choices for a categorical distribution should be a tuple of None, bool, int, float and str"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -52,6 +56,9 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     tracking.check(cfg.tracking)
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
     splits = prepare_splits(cfg)
+    console.print(f"  {describe(splits.metric)}", highlight=False)
+    if warning := unusual_direction(splits.metric):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     infer_images(cfg, splits.train_x, console.print)  # before the run row records the config and the agents read it
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
@@ -104,13 +111,19 @@ def infer_images(cfg: Config, train_x: Any, say: Callable[[str], None]) -> None:
 
 
 def driver_setup() -> None:
-    """What the driver asks of Ray Tune: Ctrl-C reaches the campaign, and a failed trial's score is not warned of."""
+    """What the driver asks of Ray Tune and Optuna: Ctrl-C reaches the campaign; no warning of a failed trial's score
+    or of a choice of lists."""
     # Tune's own SIGINT handler ends Tuner.fit() as if the run were over: the campaign then decided (continue, or "no
     # trial completed" with the trials the signal killed) and exited 0 or 4 with its run still `running`.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     # A failed trial reports the worst score, -inf (trials.run_trial), which Tune's TensorBoard logger passes to
     # tensorboardX: "NaN or Inf found in input tensor." on the console for every failed trial.
     logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)
+    # A choice of lists (`HIDDEN: {type: choice, values: [[64, 32], [128, 64]]}`) makes Optuna warn, once per value at
+    # every campaign start, that such choices cannot go to persistent storage. Every study here lives in memory (Tune's
+    # OptunaSearch and the pool's studies are created without storage), where a list is sampled, enqueued and told
+    # like a number (tests/test_popsearch.py runs TPE over one), so the warning says nothing about the run.
+    warnings.filterwarnings("ignore", message=OPTUNA_SCALAR_CHOICES, category=UserWarning)
 
 
 def campaign_class(cfg: Config) -> type[Campaign]:

@@ -20,7 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
-from ralph_ray.knobs import KnobError, is_knob_name, read_knobs
+from ralph_ray.harness import TRAIN_SECONDS
+from ralph_ray.knobs import KnobError, is_knob_name, read_knobs, reported_metrics
 from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
@@ -706,6 +707,7 @@ def validate(cfg: Config) -> None:
     for name, space in cfg.search.space.items():
         _check_space(name, space)
     _check_space_in_trainer(cfg)
+    _check_metric_in_trainer(cfg)
     if cfg.search.relative_span <= 1:
         raise ConfigError(
             "search.relative_span", f"must be > 1, got {cfg.search.relative_span}", "set search.relative_span=2"
@@ -1120,6 +1122,32 @@ def _check_space_in_trainer(cfg: Config) -> None:
             "define each as a module-level UPPER_CASE constant in train.py, or drop it from the space: "
             + " ".join(f"~search.space.{name}" for name in missing),
         )
+
+
+def _check_metric_in_trainer(cfg: Config) -> None:
+    """search.metric is a name the seed's code reports: else the first trial's result stopped the campaign after Ray
+    started, with Tune's traceback and the trainer's source in base64 (a user's `search.metric=val_accuracy`)."""
+    reported: set[str] = {"epoch", TRAIN_SECONDS}
+    for path in sorted(cfg.trainer_dir().rglob("*.py")):
+        if path.name == "prepare.py":
+            continue
+        try:
+            found = reported_metrics(path.read_text())
+        except (OSError, SyntaxError, ValueError):
+            return  # a broken seed is the gate's to explain
+        if found is None:
+            return  # `report(**metrics)`: the names are known at run time only
+        reported |= found
+    if cfg.search.metric in reported or len(reported) == 2:  # no report call found: the task check says so
+        return
+    names = sorted(reported - {"epoch", TRAIN_SECONDS})
+    near = difflib.get_close_matches(cfg.search.metric, names, n=1, cutoff=0.6)
+    raise ConfigError(
+        "search.metric",
+        f"{cfg.search.metric!r} is not reported by {cfg.trainer_dir()}: its report(...) calls pass {', '.join(names)}",
+        f"set search.metric={near[0] if near else names[0]} (and search.mode to its direction) in the task's "
+        "task.yaml or on the command line, or report it from train.py",
+    )
 
 
 def _check_pbt(cfg: Config) -> None:

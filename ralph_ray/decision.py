@@ -8,6 +8,7 @@ and every cycle's decision is written to decision.json and the knowledge base.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass
 
 from ralph_ray.config import SafeguardsConfig
@@ -221,6 +222,53 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         f"continue: best {_num(best)}, {stale} cycle(s) without improvement, {left} cycle(s) left",
         best,
     )
+
+
+@dataclass(frozen=True)
+class Spent:
+    """A budget a finished run has used up, and the override that gives it as much again."""
+
+    used: str  # e.g. "the campaign ran 248s, past safeguards.campaign_time_s=240"
+    override: str  # e.g. "safeguards.campaign_time_s=488"
+
+    @property
+    def key(self) -> str:
+        """The setting the override raises."""
+        return self.override.split("=", 1)[0]
+
+
+def spent_budgets(cycle: int, elapsed_s: float, tokens: int, cost: float, guards: SafeguardsConfig) -> list[Spent]:
+    """The budgets of `guards` that a run at `cycle`, having used `elapsed_s`, `tokens` and `cost`, has spent: the
+    stop rules above that fire whatever its scores (a resume under the same limits stops again at once)."""
+    spent = []
+    if guards.search_time_s is not None and elapsed_s >= guards.search_time_s:
+        # as much search time again: the new limit less the final share is elapsed + the old search time
+        more = math.ceil(elapsed_s / (1.0 - guards.final_share) + guards.campaign_time_s)  # type: ignore[operator]
+        spent.append(
+            Spent(f"the campaign ran {elapsed_s:.0f}s, past {_time_rule(guards)}", f"safeguards.campaign_time_s={more}")
+        )
+    if cycle >= guards.max_cycles:
+        spent.append(
+            Spent(
+                f"it ran cycle {cycle} of safeguards.max_cycles={guards.max_cycles}",
+                f"safeguards.max_cycles={cycle + guards.max_cycles}",
+            )
+        )
+    if guards.tokens_per_campaign is not None and tokens > guards.tokens_per_campaign:
+        spent.append(
+            Spent(
+                f"agents used {tokens} tokens, over safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
+                f"safeguards.tokens_per_campaign={tokens + guards.tokens_per_campaign}",
+            )
+        )
+    if guards.cost_per_campaign is not None and cost > guards.cost_per_campaign:
+        spent.append(
+            Spent(
+                f"agents cost {cost:.4f}, over safeguards.cost_per_campaign={guards.cost_per_campaign}",
+                f"safeguards.cost_per_campaign={cost + guards.cost_per_campaign:.4f}",
+            )
+        )
+    return spent
 
 
 def _time_rule(guards: SafeguardsConfig) -> str:

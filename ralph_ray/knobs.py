@@ -125,3 +125,19 @@ def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: frozens
         else:
             knobs[name] = value
     return knobs
+
+
+def reported_metrics(source: str) -> set[str] | None:
+    """The metric names a trainer passes to `report(...)` (harness.report, however imported) as keywords (none where
+    it calls report nowhere); None where one call passes `**metrics` (the names are only known at run time)."""
+    names: set[str] = set()
+    for node in ast.walk(parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+            if name != "report":
+                continue
+            if any(keyword.arg is None for keyword in node.keywords):
+                return None
+            names.update(keyword.arg for keyword in node.keywords if keyword.arg)
+    return names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 from pathlib import Path
 
 from ralph_ray.exit_codes import ExitCode
@@ -13,13 +14,15 @@ def main(argv: list[str] | None = None) -> int:
     """Prepare `<cwd>/data/prepared/<task>` (overrides as for `python -m ralph_ray`) and print the export line."""
     from ralph_ray.config import ConfigError, load_config
     from ralph_ray.tasks import DataError, prepare_splits
-    from ralph_ray.tasks.base import write_public
+    from ralph_ray.tasks.base import describe, unusual_direction, write_public
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load_config(argv)
         splits = prepare_splits(cfg)
     except (ConfigError, DataError) as err:
+        if err.__cause__ is not None:  # the task's own prepare() raised: its traceback shows where, in its code
+            traceback.print_exception(err.__cause__, file=sys.stderr)
         print(err, file=sys.stderr)
         return ExitCode.safeguard_or_config
     out = Path("data/prepared") / cfg.task.name
@@ -28,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         f"wrote {out.resolve()} (train {len(splits.train_y)}, selection {len(splits.selection_y)}, test "
         f"{len(splits.test_y)} inputs)"
     )
+    print(describe(splits.metric))
+    warning = unusual_direction(splits.metric)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"export {ENV_DATA_DIR}={out.resolve()}")
     print(f"then: cd {cfg.trainer_dir()} && python train.py")
     return ExitCode.ok

@@ -19,10 +19,11 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from ralph_ray.children import Child
-from ralph_ray.config import Config
+from ralph_ray.config import Config, SafeguardsConfig
+from ralph_ray.decision import Spent, StopReason, spent_budgets
 from ralph_ray.gate import write_smoke_data
 from ralph_ray.population import Candidate
-from ralph_ray.state import CampaignState, open_state
+from ralph_ray.state import CampaignState, RunStatus, open_state
 from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.trials import PublicData
 
@@ -54,6 +55,41 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
             f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, or pick another run_id"
         )
     return run_id, run_dir, resuming
+
+
+# The stop rules a resume re-decides at once when the run stopped on one of them (nothing was cut short to re-run).
+BUDGET_STOPS = (
+    StopReason.campaign_time.value,
+    StopReason.max_cycles.value,
+    StopReason.token_budget.value,
+    StopReason.cost_budget.value,
+)
+
+
+def spent_on_resume(run_dir: Path, guards: SafeguardsConfig) -> list[Spent]:
+    """The budgets a finished run has spent that `guards` (its resume's) have not raised, when they would stop the
+    resume at once: a spent time budget always (it cuts any trial short), the others when the run stopped on a budget
+    with no phase cut short to run again. Empty: the resume has something to do."""
+    if not (run_dir / "state.json").exists():
+        return []  # locate() says what is missing
+    state = CampaignState.load(run_dir)
+    if state.status is not RunStatus.finished:
+        return []  # a crash or Ctrl-C: the resume finishes what was cut short first
+    last = _last_decision(run_dir, state.cycle)
+    spent = spent_budgets(
+        state.cycle, state.elapsed_s, int(last.get("tokens_campaign", 0)), float(last.get("cost_campaign", 0.0)), guards
+    )
+    time_spent = any(s.key == "safeguards.campaign_time_s" for s in spent)
+    stopped_on_it = state.interrupted is None and state.stop_reason in BUDGET_STOPS
+    return spent if time_spent or (stopped_on_it and spent) else []
+
+
+def _last_decision(run_dir: Path, cycle: int) -> dict[str, Any]:
+    """A run's decision.json of `cycle` (the barrier loop's cycle folder, or the async loop's generation folder)."""
+    for path in (cycle_dir(run_dir, cycle), run_dir / "generations" / f"gen_{cycle:04d}"):
+        if (path / "decision.json").exists():
+            return json.loads((path / "decision.json").read_text())
+    return {}
 
 
 def ensure_writable(key: str, folder: Path) -> None:

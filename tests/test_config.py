@@ -170,6 +170,24 @@ def test_a_misspelt_key_in_a_tasks_yaml_names_the_file_and_the_nearest_key(tmp_p
     assert "set in" not in str(info.value)
 
 
+def test_a_search_metric_the_trainer_does_not_report_is_refused_with_the_names_it_does(tmp_path: Path):
+    """User trial: `search.metric=val_accuracy` started Ray, then the first result stopped the campaign (exit 4) with
+    Tune's traceback and the trainer's source in base64; the seed reports `val_acc`."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["search.metric=val_accuracy"])
+    message = str(info.value)
+    assert "'val_accuracy' is not reported by" in message and "val_acc, val_loss" in message
+    assert "fix: set search.metric=val_acc " in message
+    assert load_config(["search.metric=val_loss", "search.mode=min"]).search.metric == "val_loss"
+    # a trainer whose names are known at run time only (`report(**metrics)`) is not second-guessed
+    folder = shutil.copytree(PROJECT_ROOT / "trainers" / "digits", tmp_path / "mine")
+    source = (folder / "train.py").read_text()
+    dynamic = source.replace("harness.report(", "harness.report(**{'extra': 1.0}, ", 1)
+    assert dynamic != source
+    (folder / "train.py").write_text(dynamic)
+    assert load_config([f"task={folder}", "search.metric=val_accuracy"]).search.metric == "val_accuracy"
+
+
 def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):
     env = {**os.environ, "RAY_ADDRESS": ""}
     result = subprocess.run(

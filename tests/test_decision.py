@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ralph_ray.config import SafeguardsConfig, load_config
@@ -14,6 +16,7 @@ from ralph_ray.decision import (
     gate_fail_streak,
     improved,
     plateau_length,
+    spent_budgets,
 )
 from ralph_ray.variants import VariantStatus
 
@@ -116,3 +119,26 @@ def test_the_search_stops_at_its_share_of_the_clock_and_says_why():
     assert decision.stop and decision.reason is StopReason.campaign_time
     assert "search time 450s" in decision.rationale and "final_share=0.25" in decision.rationale
     assert not decide(facts(elapsed_s=449.0), cfg.safeguards).stop
+
+
+@pytest.mark.parametrize(
+    ("guards", "used", "override"),
+    [
+        (dict(campaign_time_s=240.0), dict(elapsed_s=248.0), "safeguards.campaign_time_s=488"),
+        (dict(campaign_time_s=600.0, final_share=0.25), dict(elapsed_s=451.0), "safeguards.campaign_time_s=1202"),
+        (dict(max_cycles=2), {}, "safeguards.max_cycles=4"),
+        (dict(tokens_per_campaign=1000), dict(tokens_campaign=1200), "safeguards.tokens_per_campaign=2200"),
+        (dict(cost_per_campaign=0.5), dict(cost_campaign=0.75), "safeguards.cost_per_campaign=1.2500"),
+    ],
+)
+def test_a_spent_budget_names_the_override_that_gives_as_much_again(guards, used, override):
+    """What a resume must raise: each budget decide() stops on whatever the scores, and an override after which it
+    goes on (a user trial's resume of a run stopped on its time said only `decide stop (campaign_time)`)."""
+    spent_facts = facts(cycle=2, **used)
+    limits = SafeguardsConfig(**{"max_cycles": 10, **guards})
+    spent = spent_budgets(2, spent_facts.elapsed_s, spent_facts.tokens_campaign, spent_facts.cost_campaign, limits)
+    assert [s.override for s in spent] == [override] and decide(spent_facts, limits).stop
+    key, value = override.removeprefix("safeguards.").split("=")
+    raised = replace(limits, **{key: type(getattr(limits, key) or 0)(float(value))})
+    assert not decide(spent_facts, raised).stop
+    assert spent_budgets(2, spent_facts.elapsed_s, spent_facts.tokens_campaign, spent_facts.cost_campaign, raised) == []

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import random
+import warnings
 
 import pytest
 from ray.tune.search import Searcher
 
+from ralph_ray.campaign import driver_setup
 from ralph_ray.config import KnobSpace, SamplerKind, SpaceKind
 from ralph_ray.ledger import TrialRecord
 from ralph_ray.popsearch import CODE_KEY, Member, Pool, PoolSettings, PopulationSearcher, decode_code, encode_code
@@ -113,6 +115,24 @@ def test_search_sampler_picks_the_studies_sampler_seeded_per_variant(kind: Sampl
     draws = [[each.suggest(f"t{i}")["LR"] for i in range(4)] for each in (p, q)]
     assert type(p.studies["seed"].sampler).__name__ == sampler
     assert draws[0] == draws[1] and len(set(draws[0])) == 4  # seeded: the same draws from the same settings
+
+
+def test_a_choice_of_lists_is_sampled_and_told_without_optunas_storage_warning():
+    """A user trial's `HIDDEN: {type: choice, values: [[64, 32], ...]}` worked, but printed three Optuna warnings (such
+    choices cannot go to persistent storage) at every campaign start; the studies here live in memory."""
+    hidden = [[64, 32], [128, 64], [256, 128, 64]]
+    p = pool(space={**SPACE, "HIDDEN": KnobSpace(SpaceKind.choice, values=hidden)})
+    driver_setup()  # what a campaign's driver sets first
+    with warnings.catch_warnings(record=True) as caught:
+        p.add(member("seed", None, 1, wanted=10, own={**OWN, "HIDDEN": [128, 64]}))
+        drawn = []
+        for i in range(10):
+            config = p.suggest(f"t{i}")
+            drawn.append(config["HIDDEN"])
+            finish(p, f"t{i}", config, 0.9 + 0.01 * len(config["HIDDEN"]))
+    assert drawn[0] == [128, 64] and all(h in hidden for h in drawn)  # enqueued as written, then sampled
+    assert p.members["seed"].best == pytest.approx(0.9 + 0.01 * max(map(len, drawn)))  # told to its study
+    assert [str(w.message) for w in caught if "categorical distribution" in str(w.message)] == []
 
 
 def test_knob_samples_go_to_would_be_parents_only():

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
+from ralph_ray.__main__ import main
+from ralph_ray.config import load_config, resume_config
+from ralph_ray.decision import StopReason
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.rundir import CampaignError, ensure_writable
+from ralph_ray.rundir import CampaignError, ensure_writable, spent_on_resume
+from ralph_ray.state import CampaignState, Phase, RunStatus
 
 
 @pytest.mark.parametrize("key", ["paths.runs", "paths.kb"])
@@ -35,3 +41,48 @@ def test_a_writable_folder_is_checked_and_left_unmade(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(CampaignError, match="paths.kb"):
         ensure_writable("paths.kb", tmp_path / "file" / "kb")  # a file in the way
+
+
+def _finished_run(runs: Path, stop: StopReason, cycle: int, elapsed_s: float, *overrides: str) -> Path:
+    """A run dir as a campaign leaves it when a stop rule ends it: config.yaml, state.json, the last decision.json."""
+    cfg = load_config([f"paths.runs={runs}", "safeguards.campaign_time_s=240", "safeguards.max_cycles=5", *overrides])
+    run_dir = runs / "r1"
+    (run_dir / f"cycle_{cycle:04d}").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    cut = Phase.train if stop is StopReason.campaign_time else None  # the time budget cut the trials of its cycle
+    state = CampaignState("r1", Phase.done, RunStatus.finished, cycle, stop_reason=stop.value, elapsed_s=elapsed_s)
+    state.interrupted = cut
+    state.save(run_dir)
+    decision = {"cycle": cycle, "reason": stop.value, "elapsed_s": elapsed_s, "tokens_campaign": 0, "cost_campaign": 0}
+    (run_dir / f"cycle_{cycle:04d}" / "decision.json").write_text(json.dumps(decision))
+    return run_dir
+
+
+def test_resuming_a_run_with_its_time_spent_names_the_override_before_ray_starts(tmp_path: Path, capsys) -> None:
+    """A user trial: `resume=RUN_ID` of a run stopped on its time budget started Ray, then `decide stop
+    (campaign_time)`, exit 2, without a word of safeguards.campaign_time_s."""
+    runs = tmp_path / "runs"
+    run_dir = _finished_run(runs, StopReason.campaign_time, 3, 248.0)
+    assert main(["resume=r1", f"paths.runs={runs}"]) == ExitCode.safeguard_or_config
+    said = capsys.readouterr().err
+    assert "the campaign ran 248s, past safeguards.campaign_time_s=240" in said, said
+    command = f"python -m ralph_ray resume=r1 paths.runs={runs} safeguards.campaign_time_s=488"
+    assert command in said and not (tmp_path / "kb").exists()  # refused before the run or the KB was opened
+    assert CampaignState.load(run_dir).status is RunStatus.finished  # and left as it was
+    # the command it names goes on
+    assert spent_on_resume(run_dir, resume_config(run_dir, command.split()[3:]).safeguards) == []
+
+
+def test_a_resume_with_something_left_to_run_is_not_refused(tmp_path: Path) -> None:
+    run_dir = _finished_run(tmp_path / "a", StopReason.max_cycles, 5, 100.0)
+    guards = resume_config(run_dir).safeguards
+    assert [s.override for s in spent_on_resume(run_dir, guards)] == ["safeguards.max_cycles=10"]
+    state = CampaignState.load(run_dir)
+    state.interrupted = Phase.train  # a manual stop at the last cycle: a resume runs the trials it cut short
+    state.save(run_dir)
+    assert spent_on_resume(run_dir, guards) == []
+    state.status = RunStatus.crashed  # a crash: the resume finishes the cycle first
+    state.interrupted = None
+    state.save(run_dir)
+    assert spent_on_resume(run_dir, guards) == []
+    assert spent_on_resume(run_dir, resume_config(run_dir, ["safeguards.max_cycles=8"]).safeguards) == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,11 +97,12 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
     except DataError:
         raise
     except Exception as err:  # noqa: BLE001 - the user's prepare: one clear error, not a traceback from deep inside
+        # The cause stays attached: `python -m ralph_ray.prepare` prints its traceback (the campaign prints the line).
         raise DataError(
             f"{where}: prepare() failed ({type(err).__name__}: {err})\n"
-            f"  fix: check prepare() by hand: "
-            f"python -c \"import runpy; runpy.run_path('{where}')\""
-        ) from None
+            f"  fix: fix the data or prepare(); `{reproduce(folder, cfg)}` runs prepare() alone and prints its "
+            "traceback"
+        ) from err
     if not isinstance(splits, Splits):
         raise DataError(
             f"{where}: prepare() returned {type(splits).__name__}, not ralph_ray.tasks.base.Splits\n"
@@ -123,6 +125,18 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
             "or declare a regression/custom METRIC"
         )
     return dataclasses.replace(splits, metric=folder.metric)
+
+
+def reproduce(folder: TaskFolder, cfg: Experiment) -> str:
+    """The command that runs a task's prepare() alone, with the data settings the failing run had."""
+    data, args = cfg.data, [f"task={folder.path}"]
+    if data.root:
+        args.append(f"data.root={data.root}")
+    if not data.download:
+        args.append("data.download=false")
+    if data.url:
+        args.append(f"data.url={data.url}")
+    return shlex.join(["python", "-m", "ralph_ray.prepare", *args])
 
 
 # The fewest features a flat input may have to read as a flattened square image (4x4; digits' 64 are 8x8 images).

@@ -152,8 +152,10 @@ class MetricError(ValueError):
 def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], float] | None) -> Metric:
     """The Metric a prepare.py declares: `METRIC = {"name": ..., "direction": "max" | "min"}` (+ optional `kind`).
 
-    A built-in name (accuracy, macro_f1, mse, mae) brings its function and kind, and the declared direction must
-    match it; any other name is scored by the task's own frozen `score(predictions, targets) -> float`.
+    A built-in name (accuracy, macro_f1, mse, mae) must be declared with the built-in's direction, and is spelt in
+    lower case (one spelling, so the knowledge base keeps one name for it); it is scored by the built-in function,
+    or by the task's own frozen `score(predictions, targets) -> float` where prepare.py defines one (kind custom
+    unless declared). Any other name needs that `score`.
     """
     example = 'METRIC = {"name": "mse", "direction": "min"}'
     if not isinstance(declaration, Mapping) or not isinstance(declaration.get("name"), str):
@@ -164,12 +166,15 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
             f"METRIC {name!r} has direction {direction!r}: say whether higher or lower is better, "
             f'METRIC = {{"name": {name!r}, "direction": "max"}} (or "min")'
         )
-    if name in BUILTIN and score is None:
+    if name != name.lower() and name.lower() in BUILTIN:
+        raise MetricError(f'METRIC {name!r} is the built-in metric {name.lower()!r}: write "name": "{name.lower()}"')
+    if name in BUILTIN:
         kind, implied, fn = BUILTIN[name]
         if Direction(direction) is not implied:
             better = "higher" if implied is Direction.max else "lower"
             raise MetricError(f'METRIC {name!r} is better when {better}: set "direction": "{implied.value}"')
-        return Metric(name, implied, kind, fn, _scored_by(declaration))
+        if score is None:
+            return Metric(name, implied, kind, fn, _scored_by(declaration))
     if score is None:
         raise MetricError(
             f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): define "
@@ -179,6 +184,52 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
     if kind not in {k.value for k in MetricKind}:
         raise MetricError(f"METRIC kind {kind!r} is unknown: use one of {', '.join(k.value for k in MetricKind)}")
     return Metric(name, Direction(direction), MetricKind(kind), score, _scored_by(declaration))
+
+
+# Metric names whose better direction is well known. A custom metric may be named anything, but one named like these
+# and declared the other way is most likely a slip (a user trial ran a whole campaign minimising R^2), so preparing a
+# task and starting a campaign warn. Matched on the name's words (`val_r2`, `macro-f1`, `top1_acc`, `test_loss`).
+USUALLY_HIGHER = frozenset(
+    {"r2", "auc", "roc_auc", "f1", "precision", "recall", "accuracy", "acc", "top1", "top5", "bleu", "iou", "dice"}
+)
+USUALLY_LOWER = frozenset(
+    {"rmse", "mse", "mae", "mape", "loss", "nll", "perplexity", "ppl", "error", "bits_per_byte", "bpb", "wer", "cer"}
+)
+
+
+def unusual_direction(metric: Metric) -> str | None:
+    """A warning when a metric's name is a well-known one declared with the other direction (None: nothing odd)."""
+    name = metric.name.lower().replace("-", "_").replace(" ", "_")
+    words = {name, *name.split("_")}
+    higher, lower = sorted(words & USUALLY_HIGHER), sorted(words & USUALLY_LOWER)
+    if higher and lower:  # "error" and "accuracy" in one name: no guess
+        return None
+    if metric.direction is Direction.min and higher:
+        known, usual, sought = higher[0], Direction.max, "lowest"
+    elif metric.direction is Direction.max and lower:
+        known, usual, sought = lower[0], Direction.min, "highest"
+    else:
+        return None
+    return (
+        f'METRIC {metric.name!r} is declared "direction": "{metric.direction.value}", but {known} is usually better '
+        f"when {'higher' if usual is Direction.max else 'lower'}: the campaign will look for the {sought} "
+        f'{metric.name}. If that is meant, carry on; if not, set "direction": "{usual.value}" in prepare.py'
+    )
+
+
+def describe(metric: Metric) -> str:
+    """A metric, its direction and who scores it (a built-in function or prepare.py's own score()), for the console."""
+    builtin = BUILTIN.get(metric.name)
+    if builtin is not None and metric.fn is builtin[2]:
+        by = f"the built-in {metric.name}"
+    elif builtin is not None:
+        by = f"prepare.py's own score() (kind {metric.kind.value}), not the built-in {metric.name}"
+    else:
+        by = "prepare.py's score()"
+    if metric.scored_by is ScoredBy.model:
+        by += " on the outputs of the trainer's exported model"
+    better = "higher" if metric.direction is Direction.max else "lower"
+    return f"metric {metric.name} ({better} is better), scored by {by}"
 
 
 def _scored_by(declaration: Mapping[str, Any]) -> ScoredBy:

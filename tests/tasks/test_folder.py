@@ -3,6 +3,8 @@ a metric without a direction or a failing prepare stop with exit 2 and the fix; 
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.config import ConfigError, load_config, sandbox_policy
-from ralph_ray.tasks import TASKS, prepare_splits
+from ralph_ray.tasks import TASKS, DataError, prepare_splits
 from ralph_ray.variants import seed_snapshot
 
 
@@ -87,6 +89,41 @@ def test_a_prepare_that_fails_exits_2_with_its_error(tmp_path: Path):
     prepare.write_text("import not_a_module_anywhere\n")
     done = _cli("ralph_ray", f"task={folder}", "--cfg", cwd=tmp_path)
     assert done.returncode == 2 and "failed to import (ModuleNotFoundError" in done.stderr
+
+
+def test_a_prepare_missing_its_data_names_a_command_that_shows_where_it_failed(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    prepare = folder / "prepare.py"
+    missing = tmp_path / "gone" / "sales.csv"
+    prepare.write_text(prepare.read_text().replace("bunch = load_diabetes()", f"open({str(missing)!r})"))
+    with pytest.raises(DataError, match="FileNotFoundError") as caught:
+        prepare_splits(load_config([f"task={folder}"]))
+    # The hint was `python -c "import runpy; runpy.run_path(...)"`, which defines prepare() and never calls it.
+    hint = re.search(r"`(python -m ralph_ray\.prepare [^`]+)`", str(caught.value))
+    assert hint is not None, str(caught.value)
+    done = _cli(*shlex.split(hint.group(1))[2:], cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" in done.stderr and "FileNotFoundError" in done.stderr
+    assert f'File "{prepare}", line' in done.stderr and str(missing) in done.stderr  # where, in the task's own code
+
+
+def test_a_builtin_metric_keeps_its_direction_beside_a_score_and_an_unusual_one_is_warned_of(tmp_path: Path):
+    folder = _copy_task(tmp_path)
+    prepare = folder / "prepare.py"
+    source = (
+        prepare.read_text()
+        + "\n\ndef score(predictions, targets):\n    return float(((predictions - targets) ** 2).mean())\n"
+    )
+    declared = '{"name": "mse", "direction": "min"}'
+    prepare.write_text(source.replace(declared, '{"name": "mse", "direction": "max"}'))
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=tmp_path)  # exited 0, a custom metric named mse
+    assert done.returncode == 2 and 'METRIC \'mse\' is better when lower: set "direction": "min"' in done.stderr
+    prepare.write_text(source)
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=tmp_path)
+    assert done.returncode == 0 and "scored by prepare.py's own score() (kind custom)" in done.stdout
+    assert "warning" not in done.stderr
+    prepare.write_text(source.replace(declared, '{"name": "r2", "direction": "min"}'))  # a custom metric may: warned
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=tmp_path)
+    assert done.returncode == 0 and "warning: METRIC 'r2'" in done.stderr and '"direction": "max"' in done.stderr
 
 
 def test_frozen_parts_never_reach_a_variant_and_the_folder_is_hidden_from_trials(tmp_path: Path):

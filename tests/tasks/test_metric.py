@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from ralph_ray.scoring import ScoringError, score_encoded
-from ralph_ray.tasks.base import Direction, Labels, MetricError, MetricKind, declared_metric
+from ralph_ray.tasks.base import (
+    Direction,
+    Labels,
+    MetricError,
+    MetricKind,
+    declared_metric,
+    describe,
+    unusual_direction,
+)
 
 
 def _encoded(selection: np.ndarray, test: np.ndarray) -> str:
@@ -42,6 +50,56 @@ def test_builtin_metrics_bring_kind_and_direction():
 def test_a_declaration_without_a_usable_direction_names_the_fix(declaration, message):
     with pytest.raises(MetricError, match=message):
         declared_metric(declaration, None)
+
+
+def _r2(predictions: np.ndarray, targets: np.ndarray) -> float:
+    return float(1 - ((targets - predictions) ** 2).sum() / ((targets - targets.mean()) ** 2).sum())
+
+
+def test_a_builtin_name_keeps_its_direction_with_a_score_of_its_own_and_that_score_is_used():
+    # A user trial: {"name": "mse", "direction": "max"} passed (as a custom metric) once prepare.py had a score()
+    with pytest.raises(MetricError, match='better when lower: set "direction": "min"'):
+        declared_metric({"name": "mse", "direction": "max"}, _r2)
+    with pytest.raises(MetricError, match='better when higher: set "direction": "max"'):
+        declared_metric({"name": "accuracy", "direction": "min"}, _r2)
+    own = declared_metric({"name": "mse", "direction": "min"}, _r2)
+    assert (own.fn, own.kind, own.direction) == (_r2, MetricKind.custom, Direction.min)
+    assert "prepare.py's own score() (kind custom), not the built-in mse" in describe(own)
+    assert "scored by the built-in mse" in describe(declared_metric({"name": "mse", "direction": "min"}, None))
+
+
+@pytest.mark.parametrize("score", [None, _r2])
+def test_a_builtin_name_in_other_letters_is_refused_naming_its_spelling(score):
+    # "MSE" became a custom metric (any direction) beside a score(), and "not built in" without one
+    with pytest.raises(MetricError, match='built-in metric \'mse\': write "name": "mse"'):
+        declared_metric({"name": "MSE", "direction": "min"}, score)
+    with pytest.raises(MetricError, match='"name": "macro_f1"'):
+        declared_metric({"name": "Macro_F1", "direction": "max"}, score)
+
+
+@pytest.mark.parametrize(
+    ("name", "direction", "usual"),
+    [
+        ("r2", "min", "max"),
+        ("val-AUC", "min", "max"),
+        ("top1_acc", "min", "max"),
+        ("rmse", "max", "min"),
+        ("bits_per_byte", "max", "min"),
+        ("test_loss", "max", "min"),
+    ],
+)
+def test_a_well_known_name_declared_the_other_way_is_warned_of(name, direction, usual):
+    metric = declared_metric({"name": name, "direction": direction}, _r2)
+    warning = unusual_direction(metric)
+    assert warning is not None and f'set "direction": "{usual}"' in warning and repr(name) in warning
+
+
+@pytest.mark.parametrize(
+    ("name", "direction"),
+    [("r2", "max"), ("rmse", "min"), ("bleu_delta", "max"), ("sharpness", "min"), ("error_vs_accuracy", "min")],
+)
+def test_a_usual_or_unknown_direction_is_not_warned_of(name, direction):
+    assert unusual_direction(declared_metric({"name": name, "direction": direction}, _r2)) is None
 
 
 def test_a_task_supplied_score_function_with_its_own_direction():
