@@ -617,7 +617,15 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
     raw = OmegaConf.load(stored)
     raw = OmegaConf.create(_migrate_final_additions(OmegaConf.to_container(raw)))  # type: ignore[arg-type]
     plain = [o.lstrip("+") for o in overrides or [] if not o.startswith(("resume=", "+experiment", "experiment="))]
+    # A config group's choice (sandbox=none, agent=none) replaces that section with the group's file, as on a first
+    # run; from_dotlist would set the section to the string ("str is not a subclass of SandboxConfig").
+    groups = [o for o in plain if "=" in o and (CONF_DIR / o.split("=", 1)[0]).is_dir()]
+    if any(o.startswith(("task=", "search=")) for o in groups):
+        raise ConfigError("resume", "a resumed run keeps its task and search space", "resume without task= / search=")
     try:
+        for choice in groups:
+            raw = OmegaConf.merge(raw, _group_choice(choice))
+        plain = [o for o in plain if o not in groups]
         raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
     except OmegaConfBaseException as err:
         raise ConfigError(
@@ -626,6 +634,22 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
     cfg = to_config(raw)
     cfg.resume = run_dir.name
     return cfg
+
+
+def _group_choice(choice: str) -> Any:
+    """`group=option` composed as a first run composes it (its file's defaults included): {group: {...}}."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            section = compose(overrides=[f"+{choice}"])
+    except HydraException:
+        group, option = choice.split("=", 1)
+        options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+        raise ConfigError(group, f"no option {option!r} in conf/{group}/", f"one of {options}") from None
+    OmegaConf.set_struct(section, False)
+    return section
 
 
 def to_config(raw: Any) -> Config:

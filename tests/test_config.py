@@ -9,10 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.transforms import TRANSFORMS
-from ralph_ray.config import FINAL_ADDITIONS, ConfigError, SamplerKind, SchedulerKind, SpaceKind, load_config
+from ralph_ray.config import (
+    FINAL_ADDITIONS,
+    ConfigError,
+    SamplerKind,
+    SchedulerKind,
+    SpaceKind,
+    load_config,
+    resume_config,
+)
 
 
 def test_default_is_digits():
@@ -265,3 +274,20 @@ def test_final_share_must_be_a_share_of_a_time_budget():
     with pytest.raises(ConfigError, match="safeguards.final_candidates=1"):
         load_config(["safeguards.final_candidates=2", "search.max_concurrent=1"])
     assert load_config(["safeguards.campaign_time_s=600"]).safeguards.search_time_s == 600.0
+
+
+def test_a_resume_takes_a_config_groups_choice_as_a_first_run_does(tmp_path: Path):
+    """`resume=ID sandbox=none` stopped with "Merge error: str is not a subclass of SandboxConfig": the choice was
+    set as the section's value instead of the group's file."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    stored = load_config(["safeguards.max_cycles=3"])
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(stored)))
+    resumed = resume_config(run_dir, ["resume=r", "sandbox=none", "agent=none", "safeguards.max_cycles=5"])
+    assert (resumed.sandbox.mode.value, resumed.agent.backend.value) == ("none", "none")
+    assert resumed.safeguards.max_cycles == 5 and resumed.resume == "r"
+    with pytest.raises(ConfigError, match="no option 'nope' in conf/sandbox/") as info:
+        resume_config(run_dir, ["sandbox=nope"])
+    assert "bwrap, none" in str(info.value)
+    with pytest.raises(ConfigError, match="keeps its task"):
+        resume_config(run_dir, ["task=diabetes"])
