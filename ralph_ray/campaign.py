@@ -25,9 +25,9 @@ from ralph_ray.faults import interrupt_point
 from ralph_ray.generations import Campaign, Outcome
 from ralph_ray.report import write_report
 from ralph_ray.rundir import locate, open_run
-from ralph_ray.sandbox import announce
+from ralph_ray.sandbox import SandboxMode, announce, bound_folders, hidden_paths
 from ralph_ray.state import RunStatus
-from ralph_ray.tasks import image_inputs, prepare_splits
+from ralph_ray.tasks import image_inputs, prepare_splits, reads
 from ralph_ray.tasks.base import describe, unusual_direction
 
 INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
@@ -55,7 +55,9 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     cfg.trial.warm = warmcheck.announce(sandbox_policy(cfg), cfg.trial.warm, console.print)
     tracking.check(cfg.tracking)
     console.print(f"[bold]prepare[/] task {cfg.task.name}: frozen splits")
-    splits = prepare_splits(cfg)
+    with reads.recording() as opened:
+        splits = prepare_splits(cfg)
+    hide_what_prepare_read(cfg, opened, console.print)
     console.print(f"  {describe(splits.metric)}", highlight=False)
     if warning := unusual_direction(splits.metric):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
@@ -99,6 +101,19 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         # The run is over and recorded; what Ctrl-C cut can be written again (compaction is atomic, `report` rewrites).
         raise Interrupted(run_id, finished=True) from None
     return outcome
+
+
+def hide_what_prepare_read(cfg: Config, opened: set[str], say: Callable[[str], None]) -> None:
+    """Hide from every run the data files prepare() read where runs could read them too (tasks/reads.py)."""
+    found = reads.exposed(opened, bound_folders(), hidden_paths(sandbox_policy(cfg)))
+    if not found or cfg.sandbox.mode is SandboxMode.none:
+        return
+    cfg.sandbox.prepare_reads = [str(p) for p in found]
+    say(
+        f"  [yellow]sandbox[/]: prepare.py read {len(found)} file(s) in folders every trial sees; hidden from them "
+        f"now: {', '.join(map(str, found[:5]))}{' ...' if len(found) > 5 else ''}\n    fix (to say it yourself): "
+        "`def hidden_paths(data): return [<those files or their folder>]` in prepare.py"
+    )
 
 
 def infer_images(cfg: Config, train_x: Any, say: Callable[[str], None]) -> None:

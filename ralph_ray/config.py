@@ -321,6 +321,9 @@ class SandboxConfig:
     # Folders a CLI agent keeps its login and settings in (e.g. ~/.claude, ~/.config/opencode), bound read-write
     # into its sandbox; nothing else of home is there.
     agent_paths: List[str] = field(default_factory=list)
+    # Set by the campaign: data files the task's prepare() read in folders trials see (the system folders, the
+    # Python environment), hidden from every run as `hidden_paths` would hide them (tasks/reads.py).
+    prepare_reads: List[str] = field(default_factory=list)
 
     def policy(self, hidden: tuple[str, ...] = ()) -> Policy:
         """The runtime policy, with paths that must stay hidden from the run (data.root, runs, kb)."""
@@ -1101,6 +1104,7 @@ def sandbox_policy(cfg: Config) -> Policy:
     ]  # + the frozen prepare.py
     hidden = [str(Path(p).expanduser().resolve()) for p in local if p and "://" not in p]
     hidden += [str(p) for p in load_task(cfg.task_folder()).hidden_paths(cfg.data)]
+    hidden += cfg.sandbox.prepare_reads
     return cfg.sandbox.policy(tuple(dict.fromkeys(hidden)))
 
 

@@ -47,7 +47,7 @@ ZYGOTE_STAGE = "/run/ralph_ray/stage"  # an empty folder in a fork server's jail
 SYSTEM_DIRS = ("/usr", "/etc", "/opt")  # read-only; /bin, /lib... follow as the host has them (symlinks or binds)
 LINKED_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Datasets that ship inside the Python environment: a trainer could rebuild the labels from them.
-ENV_DATASETS = (("sklearn", "datasets/data"),)
+ENV_DATASETS = (("sklearn", "datasets/data"), ("sklearn", "datasets/descr"))  # the data, and its notes
 MIB = 1024 * 1024
 
 
@@ -265,12 +265,7 @@ class Jail:
 
     def hidden_paths(self) -> list[Path]:
         """What must stay unreachable even where a bound folder holds it."""
-        paths = [PROJECT_ROOT, Path(__file__).resolve().parent, Path.home()] + [Path(p) for p in self.policy.hidden]
-        for package, relative in ENV_DATASETS:
-            spec = importlib.util.find_spec(package)
-            if spec is not None and spec.origin:
-                paths.append(Path(spec.origin).parent / relative)
-        return [p.expanduser().resolve() for p in paths]
+        return hidden_paths(self.policy)
 
     def enter(self) -> None:
         """In the child before exec: join the cgroups, else set rlimits; always cap file size and core dumps."""
@@ -409,6 +404,22 @@ def interpreter() -> str:
     a subfolder) passes through a folder the jail does not bind; symlinks kept (a venv's python is a link, and the
     folder it is called through is what makes it the venv's)."""
     return os.path.abspath(sys.executable)
+
+
+def hidden_paths(policy: Policy) -> list[Path]:
+    """What a run of `policy` must not reach even where a bound folder holds it: the project, the engine, home, the
+    datasets that ship in the Python environment, and the policy's own (data.root, runs, kb, the task's raw data)."""
+    paths = [PROJECT_ROOT, Path(__file__).resolve().parent, Path.home()] + [Path(p) for p in policy.hidden]
+    for package, relative in ENV_DATASETS:
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.origin:
+            paths.append(Path(spec.origin).parent / relative)
+    return [p.expanduser().resolve() for p in paths]
+
+
+def bound_folders() -> list[Path]:
+    """The folders every run sees read-only: the system's and the Python environment's."""
+    return [Path(p) for p in SYSTEM_DIRS] + python_dirs()
 
 
 @functools.cache

@@ -216,6 +216,50 @@ def test_the_folder_a_campaign_is_started_from_is_not_shown_to_its_trials(
 
 
 @needs_bwrap
+def test_raw_data_prepare_reads_in_the_python_environment_is_hidden_from_trials(
+    tmp_path: Path, public: Path, capsys: pytest.CaptureFixture[str]
+):
+    """User trial: a prepare.py that read its raw files under /usr without `hidden_paths` let a trainer open the test
+    labels: 1.0 in 111 trials of 111, no warning. What prepare() reads where trials see it is now hidden from them.
+    (Here the Python environment, the one bound folder a test may write to.)"""
+    from dataclasses import replace
+
+    from ralph_ray.campaign import hide_what_prepare_read
+    from ralph_ray.config import load_config, sandbox_policy
+    from ralph_ray.tasks import prepare_splits, reads
+
+    raw = Path(sys.prefix) / "share" / f"ralph-test-raw-{os.getpid()}"
+    raw.mkdir(parents=True)
+    try:
+        labels = raw / "labels.csv"
+        labels.write_text("3.0,1.0\n4.0,1.0\n")
+        task = shutil.copytree(PROJECT_ROOT / "trainers" / "digits", tmp_path / "mine")
+        source = (task / "prepare.py").read_text()
+        reading = source.replace(
+            "    return split(", f"    open({str(labels)!r}).read()  # its raw labels\n    return split("
+        )
+        assert reading != source
+        (task / "prepare.py").write_text(reading)
+        cfg = load_config([f"task={task}"])
+        with reads.recording() as opened:
+            prepare_splits(cfg)
+        said: list[str] = []
+        hide_what_prepare_read(cfg, opened, said.append)
+        assert str(labels) in cfg.sandbox.prepare_reads and str(labels) in said[0]  # (with digits.rst, its notes)
+        policy = replace(sandbox_policy(cfg), memory_mb=512, processes=64, file_size_mb=64)
+        assert str(labels) in policy.hidden
+        outcome, work = hostile_run(tmp_path, public, "labels_launch_dir", policy=policy, target=labels)
+        assert_breach(outcome, Breach.forbidden_path)
+        assert "STOLE" not in (work / "stdout.log").read_text()
+        # the hole it closes: without it, the environment's bind shows the file to every run
+        open_policy = replace(policy, hidden=tuple(h for h in policy.hidden if h != str(labels)))
+        outcome, work = hostile_run(tmp_path / "open", public, "labels_launch_dir", policy=open_policy, target=labels)
+        assert "STOLE 2 labelled rows" in (work / "stdout.log").read_text()
+    finally:
+        shutil.rmtree(raw, ignore_errors=True)
+
+
+@needs_bwrap
 def test_the_knowledge_base_is_unreachable(tmp_path: Path, public: Path):
     kb = tmp_path / "kb"
     kb.mkdir()
