@@ -735,6 +735,14 @@ def validate(cfg: Config) -> None:
         _check_space(name, space)
     _check_space_in_trainer(cfg)
     _check_metric_in_trainer(cfg)
+    if not cfg.search.space and cfg.agent.backend is AgentBackend.none:
+        # A user trial: 111 trials in 60 s, each the seed's same run (same knobs, same seed).
+        raise ConfigError(
+            "search.space",
+            "is empty and agent=none: knob search has no knob to sample, so every trial is the seed's same run",
+            "name the knobs to search in the task's task.yaml (search: {space: {LR: {type: loguniform, low: 0.0001, "
+            "high: 0.1}}}), or let an agent change the code (agent=heuristic)",
+        )
     if cfg.search.relative_span <= 1:
         raise ConfigError(
             "search.relative_span", f"must be > 1, got {cfg.search.relative_span}", "set search.relative_span=2"

@@ -291,3 +291,11 @@ def test_a_resume_takes_a_config_groups_choice_as_a_first_run_does(tmp_path: Pat
     assert "bwrap, none" in str(info.value)
     with pytest.raises(ConfigError, match="keeps its task"):
         resume_config(run_dir, ["task=diabetes"])
+
+
+def test_knob_search_without_a_knob_to_search_is_refused():
+    """User trial: `space: {}` in task.yaml with agent=none ran 111 trials in 60 s, each the seed's same run."""
+    with pytest.raises(ConfigError, match="is empty and agent=none") as info:
+        load_config(["agent=none", "~search.space"])
+    assert "fix: name the knobs to search in the task's task.yaml" in str(info.value)
+    assert load_config(["~search.space"]).search.space == {}  # an agent still has the code to change
