@@ -25,6 +25,8 @@ import torch
 from torch.optim.swa_utils import AveragedModel
 
 from ralph_ray import PROJECT_ROOT
+from ralph_ray.agents.catalog import apply as catalog_apply
+from ralph_ray.agents.catalog import load_catalog
 from ralph_ray.agents.transforms import (
     TRANSFORMS,
     NotApplicable,
@@ -34,12 +36,14 @@ from ralph_ray.agents.transforms import (
 from ralph_ray.agents.transforms._tree import analyse, code
 from ralph_ray.gate import SMOKE_KNOBS, Gate, write_smoke_data
 from ralph_ray.knobs import read_knobs, rewrite_knobs
-from ralph_ray.tasks.base import Splits, write_public
+from ralph_ray.tasks.base import Splits, declared_metric, random_split, write_public
 from ralph_ray.tasks.digits import prepare
 
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "trainers"
 TRAINERS = {path.parent.name: path.parent for path in sorted(FIXTURES.glob("*/train.py"))}
 TRAINERS |= {name: PROJECT_ROOT / "trainers" / name for name in ("digits", "cifar10", "fashion", "lm", "diabetes")}
+# a user's regression trainer (kept apart from tests/fixtures/trainers, which the benches run on digits)
+TRAINERS["store_sales"] = PROJECT_ROOT / "tests" / "fixtures" / "regression" / "store_sales"
 SOURCES = {name: (folder / "train.py").read_text() for name, folder in TRAINERS.items()}
 
 ALL = set(TRANSFORMS)
@@ -47,6 +51,8 @@ ALL = set(TRANSFORMS)
 APPLIES = {
     "sequential_flat": ALL,
     "module_loader": ALL - {"widen_layers", "adamw_optimizer"},
+    # layers a loop adds to a list for nn.Sequential(*layers); HIDDEN = [128, 64] (widen_layers doubles each)
+    "list_mlp": ALL - {"adamw_optimizer", "channels_last"},
     "functional_mlp": {
         "shift_augmentation",
         "flip_augmentation",
@@ -95,11 +101,25 @@ APPLIES = {
         "cosine_lr_schedule",
         "deepen",
         "ema_weights",
+        "gradient_clipping",
         "grokfast_filter",
         "lr_warmup",
         "mixed_precision",
         "one_cycle_schedule",
         "data_parallel",
+    },
+    # regression (an nn.HuberLoss criterion), a ReduceLROnPlateau schedule, a loop-built MLP with a list width knob
+    "store_sales": {
+        "add_dropout",
+        "add_weight_decay",
+        "batchnorm",
+        "data_parallel",
+        "deepen",
+        "ema_weights",
+        "gradient_clipping",
+        "grokfast_filter",
+        "mixed_precision",
+        "widen_layers",
     },
     # a user's MLP on features: no conv layers; its width is a knob
     "early_stopping": ALL - {"widen_layers", "channels_last"},
@@ -191,7 +211,10 @@ def test_output_parses_and_keeps_knobs_module_level_literals(trainer: str, name:
     before, after = read_knobs(source), read_knobs(result)
     assert set(before) <= set(after), "a knob disappeared"
     changed = {k for k in before if before[k] != after[k]}
-    moved = {"adamw_optimizer": {"LR", "LEARNING_RATE", "WEIGHT_DECAY"}, "widen_layers": {"WIDTH1", "WIDTH2", "WIDTH3"}}
+    moved = {
+        "adamw_optimizer": {"LR", "LEARNING_RATE", "WEIGHT_DECAY"},
+        "widen_layers": {"WIDTH1", "WIDTH2", "WIDTH3", "HIDDEN"},
+    }
     assert changed <= moved.get(name, set())
     for knob in set(after) - set(before):  # new knobs: one module-level `NAME = literal  # comment` line each
         line = next(
@@ -729,6 +752,182 @@ def test_cifar10_with_the_widened_transforms_still_trains(tmp_path: Path):
 
 
 # -----------------------------------------------------------------------------
+# Layers a loop adds to a list handed to nn.Sequential(*layers), list width knobs, and regression losses (a user's
+# trial: tests/fixtures/regression/store_sales, a Huber regressor whose MLP `build_mlp` appends in a loop)
+
+# The diabetes seed's Net rebuilt the way the trial's report put it: one `a; b; c` line in a loop in __init__.
+LISTED_NET = """class Net(nn.Module):
+    \"\"\"Hidden ReLU layers a loop appends, one output.\"\"\"
+
+    def __init__(self, features: int, width: int) -> None:
+        super().__init__()
+        layers = []
+        for h in (width, width // 2):
+            layers.append(nn.Linear(features, h)); layers.append(nn.ReLU()); features = h
+        layers.append(nn.Linear(features, 1))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+"""
+LISTED_DIABETES = re.sub(r"class Net\(nn\.Module\):.*?\.squeeze\(-1\)\n", LISTED_NET, SOURCES["diabetes"], flags=re.S)
+BUILD_MLP = SOURCES["store_sales"][
+    SOURCES["store_sales"].index("def build_mlp") : SOURCES["store_sales"].index("def predict")
+]
+
+
+def kinds(model: torch.nn.Module) -> list[str]:
+    """The module types of a Sequential, in order (a nested Sequential as its own list)."""
+    return [kinds(m) if isinstance(m, torch.nn.Sequential) else type(m).__name__ for m in model]  # type: ignore[misc]
+
+
+def built(source: str, name: str, *args: object) -> torch.nn.Module:
+    """Call the model builder `name` of a (transformed) trainer's source."""
+    scope: dict = {}
+    exec(compile(source, "train.py", "exec"), scope)
+    return scope[name](*args)
+
+
+def test_a_loop_built_mlp_gets_batchnorm_on_its_hidden_layers_and_dropout_and_depth_before_its_output():
+    """Norms follow each hidden nn.Linear the loop appends, never the output layer; dropout and the extra layer go
+    before the output layer appended after the loop (the user's trainer was refused all three: "functional model?")."""
+    source = SOURCES["store_sales"]
+    hidden = ["Linear", "BatchNorm1d", "ReLU"]
+    assert kinds(built(apply_transform("batchnorm", source), "build_mlp", 11, [8, 4])) == [*hidden, *hidden, "Linear"]
+    dropped = kinds(built(apply_transform("add_dropout", source), "build_mlp", 11, [8, 4]))
+    assert dropped == ["Linear", "ReLU", "Linear", "ReLU", "Dropout", "Linear"]
+    deeper = built(apply_transform("deepen", source), "build_mlp", 11, [8, 4])
+    assert kinds(deeper)[-1] == ["Linear", "ReLU", "Linear"]
+    assert (deeper[-1][0].in_features, deeper[-1][0].out_features, deeper[-1][2].out_features) == (4, 256, 1)
+    # `a.append(x); a.append(y); w = h` on one line in a module's __init__: the norm joins the line in its place
+    listed = apply_transform("batchnorm", LISTED_DIABETES)
+    assert (
+        "layers.append(nn.Linear(features, h)); layers.append(torch.nn.BatchNorm1d(h)); layers.append(nn.ReLU()); "
+        "features = h" in listed
+    )
+    assert kinds(built(listed, "Net", 10, 8).net) == [*hidden, *hidden, "Linear"]
+    # `layers += [nn.Linear(...), nn.ReLU()]`: an element of the list display
+    assert "layers += [nn.Linear(prev, h), torch.nn.BatchNorm1d(h), nn.ReLU()]" in apply_transform(
+        "batchnorm", SOURCES["list_mlp"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            "    sizes = [n_in, *hidden, 1]\n"
+            "    return nn.Sequential(*[nn.Linear(a, b) for a, b in zip(sizes, sizes[1:])])\n",
+            r"unpacks a list comprehension",
+        ),
+        (
+            "    layers, prev = [], n_in\n    for h in [*hidden, 1]:\n        layers.append(nn.Linear(prev, h))\n"
+            "        prev = h\n    return nn.Sequential(*layers)\n",
+            r"added to `layers` in a loop: the same line builds hidden layers and the output layer",
+        ),
+        (
+            "    layers = [nn.Linear(n_in, hidden[0])]\n    return nn.ModuleList(layers)\n",
+            r"built neither in `__init__` .* nor added to a list handed to `nn.Sequential\(\*list\)`",
+        ),
+    ],
+    ids=["comprehension", "output_in_the_loop", "not_a_sequential"],
+)
+def test_a_list_built_model_the_transforms_cannot_place_a_layer_in_is_refused_for_what_it_is(body: str, reason: str):
+    header = BUILD_MLP.splitlines(keepends=True)[0]
+    source = SOURCES["store_sales"].replace(BUILD_MLP, header + body + "\n\n")
+    for name in ("batchnorm", "add_dropout", "deepen"):
+        with pytest.raises(NotApplicable, match=reason):
+            apply_transform(name, source)
+
+
+def test_widen_layers_doubles_each_width_of_a_list_knob_the_widen_move_cannot_multiply():
+    with pytest.raises(NotApplicable, match="not a number to mul"):
+        catalog_apply(load_catalog().get("widen"), SOURCES["store_sales"])
+    widened = read_knobs(apply_transform("widen_layers", SOURCES["store_sales"]))
+    assert widened["HIDDEN"] == [256, 128]
+    assert read_knobs(apply_transform("widen_layers", SOURCES["store_sales"].replace("[128, 64]", "(128, 64)")))[
+        "HIDDEN"
+    ] == (256, 128)
+    # an integer knob the move reaches is still left to the move
+    with pytest.raises(NotApplicable, match="the width is the knob WIDTH"):
+        apply_transform("widen_layers", SOURCES["diabetes"])
+
+
+MSE_LINE = "loss = F.mse_loss(model(x_train[idx]), (y_train[idx] - mean) / std)"
+
+
+@pytest.mark.parametrize(
+    ("loss", "limit"),
+    [
+        (MSE_LINE, "GRAD_CLIP"),
+        (MSE_LINE.replace(" / std)", ' / std, reduction="sum")'), "GRAD_CLIP * len((y_train[idx] - mean) / std)"),
+        ("loss = nn.HuberLoss(reduction='sum')(model(x_train[idx]), y_train[idx])", "GRAD_CLIP * len(y_train[idx])"),
+        ("loss = F.huber_loss(model(x_train[idx]), y_train[idx], reduction='none').mean()", "GRAD_CLIP"),
+        ("loss = ((model(x_train[idx]) - y_train[idx]) ** 2).mean()", "GRAD_CLIP"),
+    ],
+    ids=["mse", "summed_mse", "summed_huber_criterion", "huber_none_mean", "written_out_mean"],
+)
+def test_gradient_clipping_clips_any_loss_scaled_only_where_it_is_summed(loss: str, limit: str):
+    source = SOURCES["diabetes"].replace(MSE_LINE, loss)
+    lines = lines_of(apply_transform("gradient_clipping", source))
+    clip = lines.index(f"torch.nn.utils.clip_grad_norm_(model.parameters(), {limit})")
+    assert lines[clip + 1] == "optimizer.step()" and "loss.backward()" in lines[clip - 3 : clip]
+    assert "torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)" in apply_transform(
+        "gradient_clipping", SOURCES["store_sales"]
+    )
+
+
+def test_gradient_clipping_refuses_a_written_out_sum_it_cannot_scale():
+    source = SOURCES["diabetes"].replace(MSE_LINE, "loss = ((model(x_train[idx]) - y_train[idx]) ** 2).sum()")
+    with pytest.raises(NotApplicable, match="summed by hand"):
+        apply_transform("gradient_clipping", source)
+
+
+@pytest.fixture(scope="module")
+def diabetes_data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """scikit-learn's diabetes data as the harness serves it (60/20/20), and the selection targets."""
+    from sklearn.datasets import load_diabetes
+
+    bunch = load_diabetes()
+    x, y = bunch.data.astype(np.float32), bunch.target.astype(np.float64)
+    train, selection, test = random_split(len(y), (0.2, 0.2), 0)
+    metric = declared_metric({"name": "mse", "direction": "min"}, None)
+    splits = Splits(x[train], y[train], x[selection], y[selection], x[test], y[test], metric=metric)
+    folder = tmp_path_factory.mktemp("diabetes")
+    write_public(splits, folder, "diabetes")
+    return folder, y[selection]
+
+
+@pytest.mark.parametrize(
+    ("trainer", "names"),
+    [
+        ("store_sales", ["batchnorm", "add_dropout", "deepen", "widen_layers", "gradient_clipping"]),
+        ("listed_diabetes", ["batchnorm", "add_dropout", "deepen", "gradient_clipping"]),
+    ],
+    ids=["store_sales", "listed_diabetes"],
+)
+def test_regressors_with_the_layer_transforms_still_learn(
+    tmp_path: Path, diabetes_data: tuple[Path, np.ndarray], trainer: str, names: list[str]
+):
+    """Trained in full on the diabetes data (the user's trainer with its categorical column set to the diabetes
+    data's two-valued one), the transformed regressors predict the selection split far better than its mean."""
+    data, targets = diabetes_data
+    source = LISTED_DIABETES if trainer == "listed_diabetes" else SOURCES[trainer]
+    for name in names:
+        source = apply_transform(name, source)
+    if trainer == "store_sales":
+        source = rewrite_knobs(source, {"CAT_COLS": [1], "EPOCHS": 40})
+    (tmp_path / "train.py").write_text(source)
+    env = os.environ | {"RALPH_DATA_DIR": str(data), "RALPH_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    selection = np.load(tmp_path / "predictions.npz")["selection"]
+    assert np.mean((selection - targets) ** 2) < 0.7 * np.var(targets)
+
+
+# -----------------------------------------------------------------------------
 # Transformed trainers still train: the real gate (parse, required calls, a one-epoch smoke run on digits)
 
 GATED = [
@@ -738,6 +937,7 @@ GATED = [
     ("sequential_flat", ["self_model_head"]),
     ("module_loader", ["batchnorm", "cosine_lr_schedule", "add_dropout", "data_parallel"]),
     ("functional_mlp", ["shift_augmentation", "gradient_clipping", "edge_of_chaos_curriculum"]),
+    ("list_mlp", ["batchnorm", "add_dropout", "deepen", "widen_layers", "gradient_clipping"]),
     ("airbench_style", ["self_model_head", "deepen", "flip_tta"]),  # the head's extra output: training only
     ("digits", ["edge_of_chaos_curriculum", "self_model_head", "mixed_precision"]),
 ]

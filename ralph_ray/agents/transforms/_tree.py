@@ -3,8 +3,9 @@
 `Trainer` finds, once per source, the places PyTorch trainers are written around however they are spelled:
 the optimizer (`torch.optim.<Any>(...)` bound to some name), its `.step()`, the `.backward()` of the loss,
 the batch loop (the loop around the step) and the epoch loop around it, the model (whose `.parameters()`
-the optimizer gets), the loss call (`F.cross_entropy(...)`, a `nn.CrossEntropyLoss()` criterion), the
-forward call, the layers (`nn.Conv2d`/`nn.Linear` in `__init__` or inside `nn.Sequential(...)`) and the knobs.
+the optimizer gets), the loss call (`F.cross_entropy(...)`, a `nn.CrossEntropyLoss()` criterion; any torch loss
+where only its reduction matters), the forward call, the layers (`nn.Conv2d`/`nn.Linear` in `__init__`, inside
+`nn.Sequential(...)`, or added to a list handed to `nn.Sequential(*layers)`) and the knobs.
 Each lookup raises `NotApplicable` naming what it did not find. `Edits` collects replacements and statement
 insertions keyed by the original nodes and applies them in one pass, keeping comments and layout.
 """
@@ -55,6 +56,12 @@ OPTIMIZER = re.compile(r"^(torch\.)?optim\.[A-Z]\w*$")
 # (edge_of_chaos_loss is the curriculum's weighted cross-entropy: later transforms treat it as the loss)
 CROSS_ENTROPY_FN = re.compile(r"^(((torch\.)?(nn\.)?functional\.|F\.)?cross_entropy|edge_of_chaos_loss)$")
 CROSS_ENTROPY_CLS = re.compile(r"^((torch\.)?nn\.)?CrossEntropyLoss$")
+# Any loss whose `reduction=` says how it reduces ("mean" unless given): torch.nn.functional's losses (`F.mse_loss`,
+# `F.huber_loss`, `F.binary_cross_entropy_with_logits`...) and `nn.<Name>Loss` criteria (MSELoss, HuberLoss...)
+LOSS_FN = re.compile(
+    rf"{CROSS_ENTROPY_FN.pattern}|^((torch\.)?(nn\.)?functional\.|F\.)(\w+_loss|binary_cross_entropy\w*|kl_div)$"
+)
+LOSS_CLS = re.compile(r"^((torch\.)?nn\.)?[A-Z]\w*Loss$")
 CONV = re.compile(r"^((torch\.)?nn\.)?Conv2d$")
 LINEAR = re.compile(r"^((torch\.)?nn\.)?Linear$")
 SEQUENTIAL = re.compile(r"^((torch\.)?nn\.)?Sequential$")
@@ -161,6 +168,16 @@ def with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
 
 
 @dataclass
+class Listed:
+    """How a layer joins a list that is then handed to `nn.Sequential(*layers)`."""
+
+    name: str  # the list (`layers`)
+    adds: cst.BaseSmallStatement  # `layers.append(<layer>)`, `layers += [...]`, `.extend([...])`, `layers = [...]`
+    display: cst.List | None  # the list display `[...]` the layer is an element of (None: `layers.append(<layer>)`)
+    repeated: bool  # added in a loop that runs after the list is made: one line builds a layer per pass
+
+
+@dataclass
 class Layer:
     """One nn.Conv2d / nn.Linear construction: where it is built and how the model reaches it."""
 
@@ -168,6 +185,12 @@ class Layer:
     kind: str  # conv | linear
     attribute: str | None  # `self.<attribute> = nn.Linear(...)` in a module's __init__, else None
     sequential: cst.Call | None  # the nn.Sequential(...) call it is an element of, else None
+    listed: Listed | None = None  # how it joins a list handed to nn.Sequential(*list), else None
+
+    @property
+    def placed(self) -> bool:
+        """Whether transforms can place a module beside it (where the model is assembled)."""
+        return bool(self.attribute or self.sequential or self.listed)
 
 
 class Trainer:
@@ -383,10 +406,10 @@ class Trainer:
                 return args[0].value.value
             raise
 
-    def criteria(self) -> set[str]:
-        """Names bound to a `nn.CrossEntropyLoss(...)` criterion."""
+    def criteria(self, pattern: re.Pattern[str] = CROSS_ENTROPY_CLS) -> set[str]:
+        """Names bound to a criterion (by default `nn.CrossEntropyLoss(...)`)."""
         names = set()
-        for call in self.calls(CROSS_ENTROPY_CLS):
+        for call in self.calls(pattern):
             target = assign_target(self.statement_of(call))
             if target is not None and assign_value(self.statement_of(call)) is call:
                 names.add(target)
@@ -395,26 +418,78 @@ class Trainer:
     def loss_call(self) -> cst.Call:
         """The cross-entropy call that computes the loss that is back-propagated."""
         name, backward = self.loss_name(), self.backward_statement()
-        criteria = self.criteria()
         lines = [
             s for s in self.statements(self.batch_loop()) if assign_target(s) == name and _before(self, s, backward)
         ]
         if not lines:
             raise NotApplicable(f"no `{name} = ...` line before `{name}.backward()`")
-        for line in reversed(lines):  # the nearest line that computes it (`loss = loss + aux` lines come after)
-            for call in self.calls(within=line):
-                called = call_name(call) or ""
-                direct = isinstance(call.func, cst.Call) and CROSS_ENTROPY_CLS.match(call_name(call.func) or "")
-                if (CROSS_ENTROPY_FN.match(called) or called in criteria or direct) and len(positional(call)) >= 2:
-                    return call
-        raise NotApplicable(f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)")
+        call = self._loss_call_in(lines[::-1], CROSS_ENTROPY_FN, CROSS_ENTROPY_CLS)
+        if call is None:
+            raise NotApplicable(
+                f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)"
+            )
+        return call
 
-    def loss_reduction(self) -> str:
-        """How the back-propagated loss reduces the per-example losses: "mean" (the default), or "sum" (its
-        gradient is the batch size times the mean's). `reduction="none"` counts as the `.mean()`/`.sum()`
-        the trainer applies to the call itself (`F.cross_entropy(..., reduction="none").sum()`)."""
-        call = self.loss_call()
-        reduction = self.loss_reduction_argument()
+    def _loss_call_in(
+        self, places: list[cst.CSTNode], function: re.Pattern[str], criterion: re.Pattern[str]
+    ) -> cst.Call | None:
+        """The first loss call (a `function`, a criterion object built by `criterion`, or `Criterion()(...)`) with
+        logits and targets in `places`, searched in that order (the nearest line first: `loss = loss + aux` lines
+        come after the one that computes it)."""
+        criteria = self.criteria(criterion)
+        for place in places:
+            for call in self.calls(within=place):
+                called = call_name(call) or ""
+                direct = isinstance(call.func, cst.Call) and criterion.match(call_name(call.func) or "")
+                if (function.match(called) or called in criteria or direct) and len(positional(call)) >= 2:
+                    return call
+        return None
+
+    def loss_expressions(self) -> list[cst.CSTNode]:
+        """Where the back-propagated loss is computed, nearest first: the `loss = ...` lines before `loss.backward()`
+        in the batch loop, or the expression `.backward()` is called on (`criterion(out, y).backward()`)."""
+        backward = self.backward_statement()
+        call = single_expr_call(backward)
+        assert call is not None and isinstance(call.func, cst.Attribute)
+        name = dotted(call.func.value)
+        if name is None:
+            return [call.func.value]
+        lines = [
+            s for s in self.statements(self.batch_loop()) if assign_target(s) == name and _before(self, s, backward)
+        ]
+        return lines[::-1]
+
+    def any_loss_call(self) -> cst.Call | None:
+        """The torch loss call (cross-entropy, `F.mse_loss`, an `nn.HuberLoss()` criterion...) that computes the
+        back-propagated loss; None for a loss written out (`((out - y) ** 2).mean()`)."""
+        return self._loss_call_in(self.loss_expressions(), LOSS_FN, LOSS_CLS)
+
+    def summed_loss_batch(self) -> str | None:
+        """The targets a summed back-propagated loss adds up over (`y[idx]`), whose length scales a per-example limit;
+        None for a mean loss or a written-out one that is not a plain sum. NotApplicable where the reduction is
+        left to later lines, or a written-out sum does not say over how many examples."""
+        call = self.any_loss_call()
+        if call is None:
+            nearest = next(iter(self.loss_expressions()), None)
+            value = assign_value(nearest) if isinstance(nearest, cst.SimpleStatementLine) else nearest
+            if isinstance(value, cst.Call) and _is_sum(value):
+                raise NotApplicable(
+                    f"the loss is summed by hand (`{code(value)}`): the batch size a per-example limit scales by "
+                    "is not known"
+                )
+            return None
+        if self.loss_reduction(call) != "sum":
+            return None
+        target = positional(call)[1]
+        return code(target.value)
+
+    def loss_reduction(self, call: cst.Call | None = None) -> str:
+        """How the back-propagated loss (by default the cross-entropy `loss_call`) reduces the per-example losses:
+        "mean" (the default), or "sum" (its gradient is the batch size times the mean's). `reduction="none"` counts
+        as the `.mean()`/`.sum()` the trainer applies to the call itself (`F.cross_entropy(..., reduction="none")
+        .sum()`)."""
+        call = self.loss_call() if call is None else call
+        reduction = self.loss_reduction_argument(call)
         if reduction in ("mean", "sum"):
             return reduction
         if reduction == "none":
@@ -428,16 +503,14 @@ class Trainer:
             )
         raise NotApplicable(f"the loss uses reduction={reduction}, not a literal mean, sum or none")
 
-    def loss_reduction_argument(self) -> str:
-        """The loss call's `reduction=` (or its criterion's), as a string ("mean" when not given); a non-literal
-        value comes back as its source text."""
-        call = self.loss_call()
+    def loss_reduction_argument(self, call: cst.Call | None = None) -> str:
+        """The loss call's (by default `loss_call`'s) `reduction=` (or its criterion's), as a string ("mean" when
+        not given); a non-literal value comes back as its source text."""
+        call = self.loss_call() if call is None else call
         found = kwarg(call, "reduction")
         if found is None:
             criterion = call_name(call)
-            ctor = next(
-                (c for c in self.calls(CROSS_ENTROPY_CLS) if assign_target(self.statement_of(c)) == criterion), None
-            )
+            ctor = next((c for c in self.calls(LOSS_CLS) if assign_target(self.statement_of(c)) == criterion), None)
             if isinstance(call.func, cst.Call):  # nn.CrossEntropyLoss(reduction=...)(logits, y)
                 ctor = call.func
             found = kwarg(ctor, "reduction") if ctor is not None else None
@@ -450,7 +523,7 @@ class Trainer:
 
     def layers(self) -> list[Layer]:
         """nn.Conv2d / nn.Linear constructions, in source order."""
-        found = []
+        found, listed = [], self._listed()
         for call in self.calls():
             name = call_name(call) or ""
             kind = "conv" if CONV.match(name) else "linear" if LINEAR.match(name) else None
@@ -461,8 +534,109 @@ class Trainer:
             stmt = self.statement_of(call)
             target = assign_target(stmt) if assign_value(stmt) is call else None
             attribute = target.removeprefix("self.") if target and target.startswith("self.") else None
-            found.append(Layer(call, kind, attribute, sequential))
+            found.append(Layer(call, kind, attribute, sequential, listed.get(id(call))))
         return found
+
+    def model_layers(self) -> list[Layer]:
+        """The layers a transform can place a module beside (built in `__init__`, in `nn.Sequential(...)`, or added
+        to a list handed to `nn.Sequential(*list)`); NotApplicable says what the trainer has instead."""
+        layers = self.layers()
+        placed = [layer for layer in layers if layer.placed]
+        if placed:
+            return placed
+        for seq in self.calls(SEQUENTIAL):
+            starred = next((a for a in seq.args if a.star == "*"), None)
+            if starred is not None:
+                name = code(starred.value)
+                made = self._list_binding(seq, name, enclosing_function(self, seq), display=False)
+                value = _bound_value(made, name) if made is not None else None
+                if isinstance(starred.value, cst.ListComp) or isinstance(value, cst.ListComp):
+                    shown = "[...]" if isinstance(starred.value, cst.ListComp) else name
+                    raise NotApplicable(
+                        f"`nn.Sequential(*{shown})` unpacks a list comprehension: one expression builds every layer, "
+                        "the hidden ones and the output layer alike"
+                    )
+                raise NotApplicable(
+                    f"`nn.Sequential(*{name})` unpacks a list that no nn.Conv2d / nn.Linear is added to one at a time "
+                    f"in its function (`{name} = []`, then `{name}.append(nn.Linear(...))`, `{name} += [...]` or "
+                    f"`{name}.extend([...])`)"
+                )
+        if layers:
+            raise NotApplicable(
+                f"the nn.Conv2d / nn.Linear layers (`{code(layers[0].call)}`) are built neither in `__init__` "
+                "(`self.<name> = ...`), nor in `nn.Sequential(...)`, nor added to a list handed to "
+                "`nn.Sequential(*list)`"
+            )
+        raise NotApplicable("no nn.Conv2d / nn.Linear layers (a functional model of plain tensors?)")
+
+    def _listed(self) -> dict[int, Listed]:
+        """Layers added to a list that `nn.Sequential(*list)` unpacks, by id of their call: `layers = []` (or a
+        display of layers), then `layers.append(layer)`, `layers += [...]`, `layers.extend([...])` in the same
+        function, before the Sequential is built."""
+        if hasattr(self, "_listed_layers"):
+            return self._listed_layers
+        found: dict[int, Listed] = {}
+        for seq in self.calls(SEQUENTIAL):
+            scope = enclosing_function(self, seq)
+            for arg in seq.args:
+                name = dotted(arg.value) if arg.star == "*" else None
+                binding = self._list_binding(seq, name, scope) if name else None
+                if name is None or binding is None:
+                    continue
+                for call in self.calls(within=scope or self.module):
+                    if not (CONV.match(call_name(call) or "") or LINEAR.match(call_name(call) or "")):
+                        continue
+                    joins = self._joins(call, name)
+                    if joins is None or enclosing_function(self, call) is not scope:
+                        continue
+                    adds, display = joins
+                    if self.order(adds) < self.order(binding) or self.order(adds) > self.order(seq):
+                        continue
+                    loops = [a for a in self.ancestors(adds) if isinstance(a, (cst.For, cst.While))]
+                    repeated = any(not self.inside(binding, loop) for loop in loops)
+                    found[id(call)] = Listed(name, adds, display, repeated)
+        self._listed_layers = found
+        return found
+
+    def _list_binding(
+        self, seq: cst.Call, name: str, scope: cst.FunctionDef | None, display: bool = True
+    ) -> cst.Assign | cst.AnnAssign | None:
+        """The last `name = [...]` (with `display=False`, `name = <anything>`) in the Sequential's function (or at
+        module level) before it is built."""
+        bindings = [
+            n
+            for n in self.within(scope or self.module)
+            if isinstance(n, (cst.Assign, cst.AnnAssign))
+            and (value := _bound_value(n, name)) is not None
+            and (isinstance(value, cst.List) or not display)
+            and self.order(n) < self.order(seq)
+            and enclosing_function(self, n) is scope
+        ]
+        return bindings[-1] if bindings else None
+
+    def _joins(self, call: cst.Call, name: str) -> tuple[cst.BaseSmallStatement, cst.List | None] | None:
+        """The statement that adds the layer `call` to the list `name`, and the display it is an element of."""
+        node = self.parent(call)
+        if isinstance(node, cst.Arg) and not node.star and node.keyword is None:
+            outer = self.parent(node)
+            small = self.parent(outer) if outer is not None else None
+            if isinstance(outer, cst.Call) and call_name(outer) == f"{name}.append" and isinstance(small, cst.Expr):
+                return small, None
+            return None
+        display = self.parent(node) if isinstance(node, cst.Element) else None
+        if not isinstance(display, cst.List):
+            return None
+        holder = self.parent(display)
+        if isinstance(holder, cst.Arg):
+            outer = self.parent(holder)
+            small = self.parent(outer) if outer is not None else None
+            if isinstance(outer, cst.Call) and call_name(outer) == f"{name}.extend" and isinstance(small, cst.Expr):
+                return small, display
+        if isinstance(holder, cst.AugAssign) and isinstance(holder.operator, cst.AddAssign):
+            return (holder, display) if dotted(holder.target) == name else None
+        if isinstance(holder, (cst.Assign, cst.AnnAssign)) and _assigned(holder) == [name]:
+            return holder, display
+        return None
 
     def _in_helper(self, node: cst.CSTNode) -> bool:
         """Whether a node lies in a helper a transform added (the self-model's head is no layer of the model)."""
@@ -544,6 +718,32 @@ def _before(trainer: Trainer, a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return trainer.order(a) < trainer.order(b)
 
 
+def _assigned(node: cst.Assign | cst.AnnAssign) -> list[str | None]:
+    """The dotted names an assignment binds (`a = b = ...`: both)."""
+    if isinstance(node, cst.AnnAssign):
+        return [dotted(node.target)]
+    return [dotted(t.target) for t in node.targets]
+
+
+def _bound_value(node: cst.Assign | cst.AnnAssign, name: str) -> cst.BaseExpression | None:
+    """The value an assignment binds to `name`: `name = v`, or v of `name, other = v, w`; None if it binds none."""
+    if _assigned(node) == [name]:
+        return node.value
+    target = node.targets[0].target if isinstance(node, cst.Assign) and len(node.targets) == 1 else None
+    if isinstance(target, cst.Tuple) and isinstance(node.value, cst.Tuple):
+        names = [dotted(e.value) for e in target.elements]
+        if name in names and len(names) == len(node.value.elements):
+            return node.value.elements[names.index(name)].value
+    return None
+
+
+def _is_sum(call: cst.Call) -> bool:
+    """Whether a call adds everything up: `x.sum()` or `torch.sum(x)`."""
+    if isinstance(call.func, cst.Attribute) and call.func.attr.value == "sum" and not call.args:
+        return True
+    return call_name(call) == "torch.sum" and len(call.args) == 1
+
+
 class _Indexer(cst.CSTVisitor):
     """Records every node in source order and each node's parent."""
 
@@ -580,7 +780,9 @@ class Edits:
     after: dict[int, list[cst.BaseStatement]] = field(default_factory=dict)
     new_knobs: list[tuple[str, Any, str]] = field(default_factory=list)
     set_knobs: dict[str, Any] = field(default_factory=dict)
-    sequential: dict[int, list[tuple[int, bool, str]]] = field(default_factory=dict)  # nn.Sequential insertions
+    # insertions into nn.Sequential(...) calls and list displays; statements beside one of a line's `a; b` statements
+    sequential: dict[int, list[tuple[int, bool, str]]] = field(default_factory=dict)
+    small: dict[int, tuple[list[cst.BaseSmallStatement], list[cst.BaseSmallStatement]]] = field(default_factory=dict)
     helpers: list[cst.BaseStatement] = field(default_factory=list)  # module-level helpers, placed by `apply`
 
     def sub(self, node: cst.CSTNode, new: cst.CSTNode | Callable[[Any], cst.CSTNode]) -> None:
@@ -596,6 +798,24 @@ class Edits:
     def insert_after(self, anchor: cst.CSTNode, *lines: str | cst.BaseStatement) -> None:
         """Statements after `anchor` (a statement), in its block."""
         self.after.setdefault(id(anchor), []).extend(_stmts(lines))
+
+    def insert_small(self, anchor: cst.BaseSmallStatement, text: str, before: bool = False) -> None:
+        """A statement right before or after one statement of a line: a line of its own where the line holds only
+        `anchor`, else joined by `;` next to it (`a.append(x); a.append(y); w = h` keeps its order)."""
+        line = self.trainer.parent(anchor)
+        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
+            (self.insert_before if before else self.insert_after)(line, text)
+            return
+        new = (
+            cst.ensure_type(statement(text), cst.SimpleStatementLine)
+            .body[0]
+            .with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+        )
+        pending = self.small.get(id(anchor))
+        if pending is None:
+            pending = self.small[id(anchor)] = ([], [])
+            self.sub(anchor, lambda updated, _p=pending: cst.FlattenSentinel([*_p[0], updated, *_p[1]]))
+        pending[0 if before else 1].append(new)
 
     def helper(self, text: str) -> None:
         """A module-level helper (function or class); `apply` places it (see `_place_helpers`)."""
@@ -729,35 +949,60 @@ def classifier(layers: list[Layer]) -> Layer:
     linears = [layer for layer in layers if layer.kind == "linear"]
     if not linears:
         raise NotApplicable("the model has no nn.Linear classifier")
-    return linears[-1]
+    head = linears[-1]
+    if head.listed is not None and head.listed.repeated:
+        raise NotApplicable(
+            f"the last nn.Linear (`{code(head.call)}`) is added to `{head.listed.name}` in a loop: the same line "
+            "builds hidden layers and the output layer"
+        )
+    return head
 
 
-def sequential_insert(edits: Edits, seq: cst.Call, element: cst.Call, text: str, before: bool = False) -> None:
-    """Insert the expression `text` as an element of an nn.Sequential(...) call, next to `element`."""
-    index = next(i for i, a in enumerate(seq.args) if a.value is element)
-    pending = edits.sequential.setdefault(id(seq), [])
-    if not pending:  # one replacement per Sequential applies all its insertions, from the last position back
-        edits.sub(seq, lambda updated: _insert_elements(updated, pending))
+def insert_beside(edits: Edits, layer: Layer, text: str, before: bool = False) -> bool:
+    """Put the module `text` right after (or before) a layer where the model is assembled: an element of its
+    nn.Sequential(...) or of the list display it joins, or `layers.append(text)` next to its `layers.append(...)`.
+    False for a layer bound to an attribute: the caller wires it into the forward pass."""
+    if layer.sequential is not None:
+        _insert_element(edits, layer.sequential, layer.call, text, before)
+    elif layer.listed is not None and layer.listed.display is not None:
+        _insert_element(edits, layer.listed.display, layer.call, text, before)
+    elif layer.listed is not None:
+        edits.insert_small(layer.listed.adds, f"{layer.listed.name}.append({text})", before)
+    else:
+        return False
+    return True
+
+
+def _insert_element(
+    edits: Edits, container: cst.Call | cst.List, element: cst.Call, text: str, before: bool = False
+) -> None:
+    """Insert the expression `text` as an element of an nn.Sequential(...) call or a list display, next to `element`."""
+    items = container.args if isinstance(container, cst.Call) else container.elements
+    index = next(i for i, a in enumerate(items) if a.value is element)
+    pending = edits.sequential.setdefault(id(container), [])
+    if not pending:  # one replacement per container applies all its insertions, from the last position back
+        edits.sub(container, lambda updated: _insert_elements(updated, pending))
     pending.append((index, before, text))
 
 
-def _insert_elements(call: cst.Call, inserts: list[tuple[int, bool, str]]) -> cst.Call:
-    args = list(call.args)
+def _insert_elements(container: cst.Call | cst.List, inserts: list[tuple[int, bool, str]]) -> cst.Call | cst.List:
+    call = isinstance(container, cst.Call)
+    items: list[Any] = list(container.args if call else container.elements)
     for index, before, text in sorted(inserts, key=lambda item: (item[0], not item[1]), reverse=True):
-        anchor = args[index]
+        anchor = items[index]
         # the new element's comma carries the line break and indent to the next element: copy a neighbour's
-        neighbour = args[index - 1] if before and index > 0 else anchor
+        neighbour = items[index - 1] if before and index > 0 else anchor
         comma = (
             neighbour.comma
             if isinstance(neighbour.comma, cst.Comma)
             else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         )
-        new = cst.Arg(value=expression(text), comma=comma)
+        new = (cst.Arg if call else cst.Element)(value=expression(text), comma=comma)
         if not before and not isinstance(anchor.comma, cst.Comma):
-            args[index] = anchor.with_changes(comma=comma)
+            items[index] = anchor.with_changes(comma=comma)
             new = new.with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        args.insert(index if before else index + 1, new)
-    return call.with_changes(args=args)
+        items.insert(index if before else index + 1, new)
+    return container.with_changes(**{"args" if call else "elements": items})
 
 
 def attribute_calls(trainer: Trainer, attribute: str) -> list[cst.Call]:

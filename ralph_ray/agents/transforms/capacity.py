@@ -34,7 +34,8 @@ HEAD_UNITS = 256  # its value
 @register("widen_layers", "capacity")
 def widen_layers(source: str) -> str:
     """Double the literal hidden widths (out sizes of non-final conv/linear layers) and the sizes that follow them;
-    where the widths are knobs the `widen` knob move does not reach (WIDTH1, WIDTH2, ...), double those knobs."""
+    where the widths are knobs the `widen` knob move does not reach (WIDTH1, WIDTH2, ..., or a list of widths
+    `HIDDEN = [128, 64]`), double those knobs."""
     trainer = analyse(source)
     knob = trainer.knob_like(WIDTH_KNOB)
     if knob is not None:
@@ -69,21 +70,34 @@ def widen_layers(source: str) -> str:
 
 
 def _widen_knobs(trainer: Trainer) -> str:
-    """Double every integer width knob, unless the `widen` knob move (WIDTH or its aliases) already reaches one."""
+    """Double every width knob (an integer, or each integer of a list or tuple of widths), unless the `widen` knob
+    move (WIDTH or its aliases) already reaches one: it multiplies a number, so a list of widths is left to this."""
     knobs = trainer.knobs()
     reached = next((k for k in ("WIDTH", *KNOB_ALIASES["WIDTH"]) if k in knobs), None)
-    if reached is not None:
+    if reached is not None and _is_int(knobs[reached]):
         raise NotApplicable(f"the width is the knob {reached} (the `widen` knob move doubles it)")
-    widths = {
-        k: v for k, v in knobs.items() if re.fullmatch(WIDTH_KNOB, k) and isinstance(v, int) and not isinstance(v, bool)
-    }
+    widths = {k: doubled for k, v in knobs.items() if re.fullmatch(WIDTH_KNOB, k) and (doubled := _doubled(v))}
     if not widths:
         raise NotApplicable(
-            f"the width knobs ({', '.join(k for k in knobs if re.fullmatch(WIDTH_KNOB, k))}) are not integers"
+            f"the width knobs ({', '.join(k for k in knobs if re.fullmatch(WIDTH_KNOB, k))}) are neither integers "
+            "nor lists of integers"
         )
     edits = Edits(trainer)
-    edits.set_knobs.update({k: 2 * v for k, v in widths.items()})
+    edits.set_knobs.update(widths)
     return edits.apply()
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _doubled(value: object) -> int | list[int] | tuple[int, ...] | None:
+    """A width knob's value doubled (`[128, 64]` -> `[256, 128]`); None for anything but widths."""
+    if _is_int(value):
+        return 2 * value  # type: ignore[operator]
+    if isinstance(value, (list, tuple)) and value and all(_is_int(v) for v in value):
+        return type(value)(2 * v for v in value)
+    return None
 
 
 def _double_leading(edits: Edits, node: cst.BaseExpression, old: int) -> int:
@@ -100,9 +114,13 @@ def _double_leading(edits: Edits, node: cst.BaseExpression, old: int) -> int:
 def deepen(source: str) -> str:
     """One more hidden layer (Linear + ReLU, HEAD_WIDTH units: a new knob) before the classifier."""
     trainer = analyse(source)
+    trainer.model_layers()  # (says what the model is built from, where no layer is in reach)
     head = classifier(trainer.layers())
-    if head.sequential is None and head.attribute is None:
-        raise NotApplicable("the classifier is not built in `__init__` or `nn.Sequential`")
+    if not head.placed:
+        raise NotApplicable(
+            f"the classifier `{code(head.call)}` is built neither in `__init__`, nor in `nn.Sequential(...)`, nor "
+            "added to a list handed to `nn.Sequential(*list)`"
+        )
     width = size_code(head, "in")
     edits = Edits(trainer)
     if width != HEAD_KNOB:  # a second deepen stacks another layer of the first one's width, its knob already there

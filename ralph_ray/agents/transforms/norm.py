@@ -1,4 +1,5 @@
-"""Norm layers: BatchNorm after every conv and hidden linear layer, wherever the layers are built."""
+"""Norm layers: BatchNorm after every conv and hidden linear layer, wherever the layers are built (`__init__`,
+`nn.Sequential(...)`, or a list a loop appends them to)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from ralph_ray.agents.transforms._tree import (
     classifier,
     code,
     expression,
-    sequential_insert,
+    insert_beside,
     size_code,
     statement,
     wrap_first_arg,
@@ -25,11 +26,7 @@ def batchnorm(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"BatchNorm|LayerNorm|GroupNorm"):
         raise NotApplicable("the model already has normalisation layers")
-    layers = [layer for layer in trainer.layers() if layer.attribute or layer.sequential]
-    if not layers:
-        raise NotApplicable(
-            "no nn.Conv2d / nn.Linear layers built in `__init__` or `nn.Sequential` (functional model?)"
-        )
+    layers = trainer.model_layers()
     head = classifier(layers)
     # the head's input gets centred only where conv features feed it directly (many positive unit-scale inputs)
     convs = layers.index(head) > 0 and layers[layers.index(head) - 1].kind == "conv"
@@ -43,8 +40,7 @@ def batchnorm(source: str) -> str:
             norm, before = f"torch.nn.BatchNorm2d({size_code(layer, 'out')})", False
         else:
             norm, before = f"torch.nn.BatchNorm1d({size_code(layer, 'out')})", False
-        if layer.sequential is not None:
-            sequential_insert(edits, layer.sequential, layer.call, norm, before=before)
+        if insert_beside(edits, layer, norm, before=before):  # in the module list: no forward to rewire
             continue
         name = f"bn_{layer.attribute}"
         edits.insert_after(trainer.statement_of(layer.call), statement(f"self.{name} = {norm}"))

@@ -20,9 +20,9 @@ from ralph_ray.agents.transforms._tree import (
     dotted,
     expression,
     free_name,
+    insert_beside,
     kwarg,
     positional,
-    sequential_insert,
     statement,
     with_kwarg,
     wrap_first_arg,
@@ -34,17 +34,16 @@ ADAMW_WEIGHT_DECAY = 0.05
 
 @register("add_dropout", "regularisation")
 def add_dropout(source: str) -> str:
-    """nn.Dropout(DROPOUT) on the classifier's input, in nn.Sequential or a module's forward."""
+    """nn.Dropout(DROPOUT) on the classifier's input, in nn.Sequential, the list it is built from, or a module's
+    forward."""
     trainer = analyse(source)
     if trainer.has(r"Dropout|\bdropout\("):
         raise NotApplicable("the model already has dropout (the `dropout` knob move tunes it)")
-    head = classifier([layer for layer in trainer.layers() if layer.attribute or layer.sequential])
+    head = classifier(trainer.model_layers())
     edits = Edits(trainer)
     knob = free_name(trainer, "DROPOUT")
     edits.knob(knob, 0.2, "dropout on the classifier's input")
-    if head.sequential is not None:
-        sequential_insert(edits, head.sequential, head.call, f"torch.nn.Dropout({knob})", before=True)
-    else:
+    if not insert_beside(edits, head, f"torch.nn.Dropout({knob})", before=True):
         name = free_name(trainer, f"drop_{head.attribute}")
         edits.insert_after(trainer.statement_of(head.call), statement(f"self.{name} = torch.nn.Dropout({knob})"))
         calls = attribute_calls(trainer, head.attribute or "")

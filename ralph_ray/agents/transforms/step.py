@@ -11,26 +11,26 @@ from ralph_ray.agents.transforms._tree import (
     NotApplicable,
     analyse,
     assign_target,
-    code,
     expression,
     free_name,
-    positional,
     statement,
 )
 
 
 @register("gradient_clipping", "step")
 def gradient_clipping(source: str) -> str:
-    """Clip the global gradient norm to GRAD_CLIP before each optimizer step."""
+    """Clip the global gradient norm to GRAD_CLIP before each optimizer step, whatever the loss (cross-entropy,
+    MSE, Huber, written out)."""
     trainer = analyse(source)
     if trainer.has(r"clip_grad"):
         raise NotApplicable("the trainer already clips gradients")
     trainer.backward_statement()  # the clip goes between the backward pass and the step
     limit = "GRAD_CLIP"
-    if trainer.loss_reduction() == "sum":
+    summed = trainer.summed_loss_batch()
+    if summed is not None:
         # a summed loss's gradient is the batch size times the mean's: scale the limit with the batch so GRAD_CLIP
         # bounds the per-example-mean gradient norm, as it does for a mean loss (a fixed limit would throttle it)
-        limit = f"GRAD_CLIP * len({code(positional(trainer.loss_call())[1].value)})"
+        limit = f"GRAD_CLIP * len({summed})"
     params, edits = trainer.parameters_code(), Edits(trainer)
     edits.knob("GRAD_CLIP", 2.0, "max global gradient norm per step (of the per-example mean loss)")
     edits.insert_before(trainer.step_statement(), f"torch.nn.utils.clip_grad_norm_({params}, {limit})")
