@@ -43,7 +43,7 @@ Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 
 
 
 # The overrides that say where a resumed run lives (an experiment may set paths.runs); the rest apply to its config.
-LOCATES_A_RUN = ("resume=", "paths.runs=", "+experiment=", "experiment=")
+LOCATES_A_RUN = ("resume=", "paths.runs=", "+paths.runs=", "++paths.runs=", "+experiment=", "experiment=", "hydra.")
 
 
 def main(argv: list[str] | None = None) -> int:

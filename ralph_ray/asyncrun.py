@@ -45,7 +45,7 @@ from ralph_ray.population import Candidate
 from ralph_ray.search import scheduler, storage_path, trial_spec
 from ralph_ray.state import Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
-from ralph_ray.variants import VariantStatus
+from ralph_ray.variants import RejectedBy, VariantStatus
 
 
 class AsyncCampaign(Campaign):
@@ -294,11 +294,13 @@ class AsyncCampaign(Campaign):
             return
         comparison, guards = None, self.cfg.safeguards
         reps = self.pool.replicated() if guards.replicates else None
-        # The parent's best now: it kept training knob samples after the child was bred from its first trial, and
-        # the score it had then (child.parent_score) made a child that lost to it a win in intervention_effects
-        # (user trial: +0.0185 recorded for a child 0.009 below its parent's best, judged discarded).
+        # The parent's best over as many search trials as the child had: the parent keeps training knob samples
+        # after a child is bred from its first trial. The score it had then (child.parent_score) made a child that
+        # lost to it a win in intervention_effects (user trial: +0.0185 recorded for a child 0.009 below its
+        # parent's best, judged discarded); its best over all its samples since would favour it by chance alone.
         parent = self.pool.members.get(child.parent_id)
-        parent_best = parent.best if parent and parent.best is not None else child.parent_score
+        parent_best = parent.best_of(len(member.scores)) if parent else None
+        parent_best = parent_best if parent_best is not None else child.parent_score
         if reps is not None and member.best is not None:
             hopeful = replicates.worth(member.best, reps.get(child.parent_id), parent_best)
             if hopeful and self._replicate([child.parent_id, child.variant_id]):
@@ -470,6 +472,8 @@ class AsyncCampaign(Campaign):
             return 0
         trailing = 0
         for child in reversed(list(self.children.values())):
+            if child.rejected_by in (RejectedBy.coder, RejectedBy.budget):
+                continue  # the gate never saw a draft (an LLM's outage, a spent token budget): no gate failure
             if child.status is not VariantStatus.rejected:
                 break
             trailing += 1

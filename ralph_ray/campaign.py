@@ -104,15 +104,23 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
 
 
 def hide_what_prepare_read(cfg: Config, opened: set[str], say: Callable[[str], None]) -> None:
-    """Hide from every run the data files prepare() read where runs could read them too (tasks/reads.py)."""
+    """Hide from every run the data files prepare() read where runs could read them too (tasks/reads.py), or with
+    sandbox.hide_prepare_reads=false only name them."""
     found = reads.exposed(opened, bound_folders(), hidden_paths(sandbox_policy(cfg)))
     if not found or cfg.sandbox.mode is SandboxMode.none:
         return
-    cfg.sandbox.prepare_reads = [str(p) for p in found]
+    shown = f"{', '.join(map(str, found[:5]))}{' ...' if len(found) > 5 else ''}"
+    if not cfg.sandbox.hide_prepare_reads:
+        say(
+            f"  [yellow]warning[/]: prepare.py read {len(found)} file(s) or folder(s) every trial can read "
+            f"(sandbox.hide_prepare_reads=false): {shown}"
+        )
+        return
+    cfg.sandbox.prepare_reads = sorted({*cfg.sandbox.prepare_reads, *map(str, found)})  # a resume's stored ones stay
     say(
-        f"  [yellow]sandbox[/]: prepare.py read {len(found)} file(s) in folders every trial sees; hidden from them "
-        f"now: {', '.join(map(str, found[:5]))}{' ...' if len(found) > 5 else ''}\n    fix (to say it yourself): "
-        "`def hidden_paths(data): return [<those files or their folder>]` in prepare.py"
+        f"  [yellow]sandbox[/]: prepare.py read {len(found)} file(s) or folder(s) every trial could read; hidden from "
+        f"them now: {shown}\n    fix (to say it yourself): `def hidden_paths(data): return [<those paths>]` in "
+        "prepare.py; sandbox.hide_prepare_reads=false keeps them visible (a vocabulary trainers read too)"
     )
 
 

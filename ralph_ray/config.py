@@ -324,6 +324,9 @@ class SandboxConfig:
     # Set by the campaign: data files the task's prepare() read in folders trials see (the system folders, the
     # Python environment), hidden from every run as `hidden_paths` would hide them (tasks/reads.py).
     prepare_reads: List[str] = field(default_factory=list)
+    # false: those files stay visible (a vocabulary or a model's config.json that prepare() and the trainers both
+    # read); the campaign still names them, as a warning
+    hide_prepare_reads: bool = True
 
     def policy(self, hidden: tuple[str, ...] = ()) -> Policy:
         """The runtime policy, with paths that must stay hidden from the run (data.root, runs, kb)."""

@@ -39,7 +39,7 @@ from ralph_ray.search import run_cycle
 from ralph_ray.state import CampaignState, Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import ScoredBy, Splits
-from ralph_ray.variants import VariantStatus, files_dir
+from ralph_ray.variants import RejectedBy, VariantStatus, files_dir
 
 
 @dataclass(frozen=True)
@@ -311,7 +311,15 @@ class Campaign:
             ),
         )
         best = max(((v, s) for v, (s, _) in scores.items()), key=lambda item: item[1], default=None)
-        asked = [c for c in children if c.status is not VariantStatus.seed and c.variant_id != c.parent_id]
+        # Rejections the gate (or the offline coder's CannotApply) made count; a coder's outage or a spent token
+        # budget never showed the gate a draft (their children have ids of their own since REJECTED.md).
+        asked = [
+            c
+            for c in children
+            if c.status is not VariantStatus.seed
+            and c.variant_id != c.parent_id
+            and c.rejected_by not in (RejectedBy.coder, RejectedBy.budget)
+        ]
         state.note_cycle(
             best,
             history.best_trial(con, self.run_id),

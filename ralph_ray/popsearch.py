@@ -67,6 +67,9 @@ class Member:
     best_order: int = 0  # when `best` was reached, in recorded trials: ties rank the first written, as sql.BEST_TRIAL
     # Replicates (noise.py): the seeds recorded, the selection and test scores of those that completed, and how
     # many are asked for but not recorded yet.
+    # Each search trial's score in recorded order (None: not completed): a child is judged against its parent's
+    # best over as many trials as it had itself (`best_of`), not over the parent's many knob samples since.
+    scores: list[float | None] = field(default_factory=list)
     replica_seeds: list[int] = field(default_factory=list)
     replica_scores: list[float] = field(default_factory=list)
     replica_tests: list[float] = field(default_factory=list)
@@ -88,9 +91,17 @@ class Member:
     ) -> None:
         """A search trial of this member was recorded, `order`-th of the run's: a completed one that beats `best`
         becomes it (a tie keeps the earlier: the first written, as sql.BEST_TRIAL)."""
-        if status is TrialStatus.completed and score is not None and (self.best is None or score > self.best):
+        completed = status is TrialStatus.completed and score is not None
+        self.scores.append(float(score) if completed and score is not None else None)
+        if completed and score is not None and (self.best is None or score > self.best):
             self.best, self.best_knobs = float(score), json.loads(knobs or "{}")
             self.best_trial_id, self.best_order = trial_id, order
+
+    def best_of(self, trials: int) -> float | None:
+        """The best score of its first `trials` search trials (the best so far where it has fewer): a max over more
+        samples is higher by chance alone, so equal counts compare a child with its parent."""
+        first = [s for s in self.scores[: max(1, trials)] if s is not None]
+        return max(first) if first else self.best
 
     @property
     def waiting(self) -> bool:

@@ -20,7 +20,7 @@ from ralph_ray.config import AgentConfig, Config
 from ralph_ray.decision import CycleFacts, Decision
 from ralph_ray.kb import now
 from ralph_ray.state import CampaignState, Phase, RunStatus
-from ralph_ray.variants import VariantStatus
+from ralph_ray.variants import RejectedBy, VariantStatus
 
 Row = dict[str, Any]
 
@@ -122,6 +122,8 @@ def intervention_rows(
     """
     if child.status is VariantStatus.seed or child.variant_id == child.parent_id:
         return []
+    if child.rejected_by in (RejectedBy.coder, RejectedBy.budget):
+        return []  # the gate never saw a draft (a coder's outage, a spent token budget): nothing of the intervention
     parent_score = child.parent_score
     if means and child.variant_id in means and child.parent_id in means:
         score, parent_score = means[child.variant_id], means[child.parent_id]

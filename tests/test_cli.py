@@ -57,3 +57,13 @@ def test_config_dir_adds_the_users_own_experiments(tmp_path: Path, capsys):
     assert main(["--config-dir", str(tmp_path / "nope"), "+experiment=mine"]) == 2
     assert "no such folder" in capsys.readouterr().err
     assert main(["+experiment=mine", "--cfg"]) == 2  # without the folder Hydra does not know it
+    # a resume with the same flags finds the experiment too (review: the folder was dropped from what finds the run)
+    from omegaconf import OmegaConf
+
+    from ralph_ray.config import load_config
+
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config([]))))
+    resume = [f"paths.runs={tmp_path / 'runs'}", "resume=r", "-cd", conf, "+experiment=mine", "--cfg"]
+    assert main(resume) == 0, capsys.readouterr().err

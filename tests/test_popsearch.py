@@ -204,3 +204,29 @@ def test_a_rebuilt_pool_ranks_ties_by_the_kbs_written_order_and_records_after_it
     p.add(member("bb", None, 1))
     finish(p, "t3", p.suggest("t3"), 0.9)
     assert [c.variant_id for c in p.ranked()] == ["zz", "aa", "bb"]
+
+
+def test_a_parent_is_measured_over_as_many_trials_as_its_child_had():
+    """Review: a child was judged against its parent's best over every knob sample the parent trained since (a max
+    over more samples is higher by chance alone); before that, against its score at breeding (user trial: a child
+    0.009 below its parent's best recorded as a +0.0185 win). Now: the parent's best over its first k trials."""
+    parent = member("p", None, 1, wanted=2)
+    for order, (trial, status, score) in enumerate(
+        [
+            ("t1", TrialStatus.completed, 0.833),
+            ("t2", TrialStatus.stopped_early, None),
+            ("t3", TrialStatus.completed, 0.8605),
+        ],
+        1,
+    ):
+        parent.note_trial(trial, status, score, "{}", order)
+    assert parent.scores == [0.833, None, 0.8605] and parent.best == 0.8605
+    assert (parent.best_of(1), parent.best_of(2), parent.best_of(3), parent.best_of(9)) == (
+        0.833,
+        0.833,
+        0.8605,
+        0.8605,
+    )
+    unscored = member("q", None, 1)
+    unscored.note_trial("u1", TrialStatus.failed, None, "{}", 1)
+    assert unscored.best_of(1) is None  # nothing completed: the campaign falls back to the score at breeding

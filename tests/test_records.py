@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from ralph_ray import records
@@ -11,7 +12,7 @@ from ralph_ray.config import AgentConfig, SafeguardsConfig, load_config
 from ralph_ray.decision import CycleFacts, decide
 from ralph_ray.kb import KnowledgeBase
 from ralph_ray.state import CampaignState, Phase, RunStatus
-from ralph_ray.variants import VariantStatus
+from ralph_ray.variants import RejectedBy, VariantStatus
 
 
 def child(
@@ -102,3 +103,11 @@ def test_run_status_and_decision_rows(tmp_path: Path):
     assert (row["decision"], row["exit_code"], row["tokens"], row["cycle"]) == ("stop", 0, 10, 3)
     assert records.part("r1", 3, "analyst") == "r1-c0003-analyst"
     assert records.trial_part("r1", 3, "t9").startswith(records.trial_parts("r1", 3))
+
+
+def test_a_rejection_the_gate_never_saw_measures_no_intervention():
+    """Review: since a child rejected before the gate is a variant of its own (REJECTED.md), an LLM's outage or a
+    spent token budget would have counted as the intervention's `rejected` tries in intervention_effects."""
+    for by, rows in ((RejectedBy.gate, 1), (RejectedBy.code, 1), (RejectedBy.coder, 0), (RejectedBy.budget, 0)):
+        rejected = dataclasses.replace(child("r", VariantStatus.rejected), rejected_by=by)
+        assert len(records.intervention_rows("run", "digits", 2, rejected, None)) == rows, by

@@ -244,8 +244,11 @@ def test_raw_data_prepare_reads_in_the_python_environment_is_hidden_from_trials(
         with reads.recording() as opened:
             prepare_splits(cfg)
         said: list[str] = []
+        kept = load_config([f"task={task}", "sandbox.hide_prepare_reads=false"])
+        hide_what_prepare_read(kept, opened, said.append)  # switched off: named, not hidden
+        assert kept.sandbox.prepare_reads == [] and "warning" in said[0] and str(labels) in said[0]
         hide_what_prepare_read(cfg, opened, said.append)
-        assert str(labels) in cfg.sandbox.prepare_reads and str(labels) in said[0]  # (with digits.rst, its notes)
+        assert cfg.sandbox.prepare_reads == [str(labels)] and str(labels) in said[1]
         policy = replace(sandbox_policy(cfg), memory_mb=512, processes=64, file_size_mb=64)
         assert str(labels) in policy.hidden
         outcome, work = hostile_run(tmp_path, public, "labels_launch_dir", policy=policy, target=labels)

@@ -12,6 +12,10 @@ from ralph_ray import sql
 
 COLUMNS = {
     "task": st.column_config.TextColumn("task"),
+    "metric": st.column_config.TextColumn("metric", help="the task's metric as the runs declared it"),
+    "direction": st.column_config.TextColumn(
+        "direction", help="max: a positive delta is a gain; min (a loss, bits per byte): stored as -value, so too"
+    ),
     "intervention": st.column_config.TextColumn("intervention"),
     "diagnosis": st.column_config.TextColumn("diagnosis", help="what the analyst saw in the parent"),
     "mean_delta": st.column_config.NumberColumn(

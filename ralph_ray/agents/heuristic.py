@@ -415,8 +415,8 @@ def _ends_before_its_epochs(trials: list[TrialSummary], knobs: dict[str, Any]) -
     """Why more EPOCHS would change nothing, or None: every trial of the parent that completed ended before its
     EPOCHS (the trainer's own early stopping, or the scheduler's max_t). User trial: `longer_training` was bred three
     times from a parent whose early stopping ended it at epochs 24-30 of 60; each child was its parent to the digit."""
-    ran = [
-        (max(p.epoch for p in t.curve), t.knobs.get(EPOCHS, knobs.get(EPOCHS)))
+    ran = [  # epochs reported, not the last one's number: `range(EPOCHS)` reports 0 .. EPOCHS - 1
+        (len({p.epoch for p in t.curve}), t.knobs.get(EPOCHS, knobs.get(EPOCHS)))
         for t in trials
         if t.status is TrialStatus.completed and t.curve
     ]

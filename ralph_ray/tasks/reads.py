@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # Opened by imports and the runtime, not data: hiding them would break the trials' own imports.
-CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".pth", ".so", ".pyd", ".typed")
+CODE_SUFFIXES = (".py", ".pyc", ".pyi", ".so", ".pyd", ".typed")
 # System configuration every process reads (locales, time zones, certificates, the loader's cache): never labels.
 RUNTIME_FOLDERS = ("/etc", "/usr/share/zoneinfo", "/usr/share/locale", "/usr/lib/locale", "/usr/share/ca-certificates")
 # Python's own library and installed packages: their files (metadata, fonts, certificates) are what trials run on,
@@ -55,8 +55,14 @@ def recording() -> Iterator[set[str]]:
         _recorders.remove(seen)
 
 
+# More files than this in one folder are hidden as the folder (an image folder under /opt would otherwise put a bind
+# per file on every trial's bwrap command line, past the kernel's argument limit).
+FILES_PER_FOLDER = 4
+
+
 def exposed(opened: Iterable[str], bound: Iterable[Path], hidden: Iterable[Path]) -> list[Path]:
-    """The data files among `opened` that lie in a folder trials see (`bound`) and that nothing hides yet."""
+    """What to hide of the data files among `opened` that lie in a folder trials see (`bound`) and that nothing hides
+    yet: each file, or its folder where it holds more than FILES_PER_FOLDER of them (never a bound folder itself)."""
     bound, hidden = [p.resolve() for p in bound], [p.resolve() for p in hidden]
     found = set()
     for name in opened:
@@ -69,4 +75,11 @@ def exposed(opened: Iterable[str], bound: Iterable[Path], hidden: Iterable[Path]
             continue
         if any(path.is_relative_to(folder) for folder in bound) and not any(path.is_relative_to(h) for h in hidden):
             found.add(path)
-    return sorted(found)
+    by_folder: dict[Path, list[Path]] = {}
+    for path in found:
+        by_folder.setdefault(path.parent, []).append(path)
+    collapsed: set[Path] = set()
+    for folder, files in by_folder.items():
+        many = len(files) > FILES_PER_FOLDER and folder not in bound and len(folder.parts) > 3
+        collapsed.update([folder] if many else files)
+    return sorted(collapsed)

@@ -371,6 +371,10 @@ def test_more_epochs_are_not_proposed_to_a_parent_whose_trials_end_before_their_
         "- `longer_training`: the parent's trials end before their EPOCHS by themselves (its longest ran 8 of 60"
         in (analysis.summary)
     )
+    # epochs counted from 0 (`for epoch in range(EPOCHS)`: the last reported is EPOCHS - 1) ran their course (review)
+    from_zero = [dataclasses.replace(p, epoch=p.epoch - 1) for p in UNDERTRAINED]
+    counted = dataclasses.replace(parent, trials=[trial(from_zero, knobs={"EPOCHS": len(from_zero)})])
+    assert "longer_training" in ranked_names(HeuristicAnalyst().analyse(counted, [], Usage()))
     # one trial that ran its epochs out (another knob sample) is enough to keep it
     both = dataclasses.replace(stops, trials=[*stops.trials, trial(UNDERTRAINED, trial_id="t1")])
     assert "longer_training" in ranked_names(HeuristicAnalyst().analyse(both, [], Usage()))

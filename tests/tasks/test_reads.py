@@ -40,3 +40,22 @@ def test_only_data_files_in_folders_trials_see_and_not_hidden_yet_are_exposed(tm
         path.write_text("x")
     opened = [str(p) for p in files.values()] + ["/etc/hosts", str(bound / "share" / "raw")]  # config; a folder
     assert reads.exposed(opened, [bound], [bound / "hidden"]) == [files["labels"]]
+
+
+def test_many_files_of_one_folder_are_hidden_as_the_folder(tmp_path: Path):
+    """Review: an image folder under /opt, every file opened by prepare(), put a bind per file on every trial's
+    command line (past the kernel's argument limit)."""
+    bound = tmp_path / "opt"
+    images, few = bound / "data" / "images", bound / "data" / "labels"
+    for folder in (images, few):
+        folder.mkdir(parents=True)
+    opened = []
+    for i in range(reads.FILES_PER_FOLDER + 1):
+        (images / f"{i}.png").write_text("x")
+        opened.append(str(images / f"{i}.png"))
+    (few / "test.csv").write_text("x")
+    opened.append(str(few / "test.csv"))
+    assert reads.exposed(opened, [bound], []) == [images, few / "test.csv"]
+    torch_saved = bound / "data" / "test.pth"  # a dataset torch.save wrote: data, though site's .pth files are not
+    torch_saved.write_text("x")
+    assert reads.exposed([str(torch_saved)], [bound], []) == [torch_saved]
