@@ -57,12 +57,13 @@ class KnobEdit:
     min: float | None = None
     max: float | None = None
 
-    def new_value(self, current: Any) -> Any:
-        """The knob's value after this edit; integers stay integers."""
+    def new_value(self, current: Any, named: str | None = None) -> Any:
+        """The knob's value after this edit (`named`: the trainer's own name for it); integers stay integers."""
         if self.op == "set":
             return self.value
         if isinstance(current, bool) or not isinstance(current, (int, float)):
-            raise NotApplicable(f"knob {self.knob} is {current!r}, not a number to {self.op}")
+            shown = self.knob if named in (None, self.knob) else f"{named} (the catalog's {self.knob})"
+            raise NotApplicable(f"knob {shown} is {current!r}, not a number to {self.op}")
         target = current * self.value if self.op == "mul" else current + self.value
         low = self.min if self.min is not None else -math.inf
         high = self.max if self.max is not None else math.inf
@@ -414,7 +415,9 @@ def _apply_knob_edits(intervention: Intervention, source: str) -> str:
     missing = [knob for knob, found in named.items() if found is None]
     if missing:
         raise NotApplicable(f"{intervention.name}: the trainer has no knob {', '.join(missing)}")
-    overrides = {named[edit.knob]: edit.new_value(current[named[edit.knob]]) for edit in intervention.knobs}
+    overrides = {
+        named[edit.knob]: edit.new_value(current[named[edit.knob]], named[edit.knob]) for edit in intervention.knobs
+    }
     try:
         return rewrite_knobs(source, overrides)
     except KnobError as error:

@@ -44,6 +44,9 @@ TRAINERS = {path.parent.name: path.parent for path in sorted(FIXTURES.glob("*/tr
 TRAINERS |= {name: PROJECT_ROOT / "trainers" / name for name in ("digits", "cifar10", "fashion", "lm", "diabetes")}
 # a user's regression trainer (kept apart from tests/fixtures/trainers, which the benches run on digits)
 TRAINERS["store_sales"] = PROJECT_ROOT / "tests" / "fixtures" / "regression" / "store_sales"
+# a user's Fashion-MNIST CNN (28x28 images: kept apart for the same reason): train_one_epoch(...) called from main()'s
+# epoch loop, a criterion with label_smoothing=0.05, a OneCycleLR stepped per batch
+TRAINERS["fmnist_cnn"] = PROJECT_ROOT / "tests" / "fixtures" / "images28" / "fmnist_cnn"
 SOURCES = {name: (folder / "train.py").read_text() for name, folder in TRAINERS.items()}
 
 ALL = set(TRANSFORMS)
@@ -120,6 +123,21 @@ APPLIES = {
         "grokfast_filter",
         "mixed_precision",
         "widen_layers",
+    },
+    # the batch loop in train_one_epoch(...), which main()'s epoch loop calls: what must live across the batch loop
+    # and the epoch loop (a weight average, a replay buffer, a self-model head, a gradient EMA) is refused
+    "epoch_function": ALL
+    - {"adamw_optimizer", "widen_layers", "ema_weights", "hard_example_replay", "self_model_head", "grokfast_filter"},
+    "fmnist_cnn": {
+        "add_dropout",
+        "channels_last",
+        "data_parallel",
+        "deepen",
+        "edge_of_chaos_curriculum",
+        "flip_augmentation",
+        "flip_tta",
+        "mixed_precision",
+        "shift_augmentation",
     },
     # a user's MLP on features: no conv layers; its width is a knob
     "early_stopping": ALL - {"widen_layers", "channels_last"},
@@ -841,7 +859,7 @@ def test_a_list_built_model_the_transforms_cannot_place_a_layer_in_is_refused_fo
 
 
 def test_widen_layers_doubles_each_width_of_a_list_knob_the_widen_move_cannot_multiply():
-    with pytest.raises(NotApplicable, match="not a number to mul"):
+    with pytest.raises(NotApplicable, match=r"knob HIDDEN \(the catalog's WIDTH\) is \[128, 64\], not a number to mul"):
         catalog_apply(load_catalog().get("widen"), SOURCES["store_sales"])
     widened = read_knobs(apply_transform("widen_layers", SOURCES["store_sales"]))
     assert widened["HIDDEN"] == [256, 128]
@@ -1037,3 +1055,99 @@ def test_a_data_parallel_child_trains_as_two_gloo_ranks_in_step(gate: Gate, tmp_
     ]
     assert epochs[0] and epochs[0] == epochs[1]
     assert (tmp_path / "rank0" / "predictions.npz").exists() and not (tmp_path / "rank1" / "predictions.npz").exists()
+
+
+# -----------------------------------------------------------------------------
+# A user's layout (tests/fixtures/images28/fmnist_cnn, tests/fixtures/trainers/epoch_function): the batch loop in
+# `train_one_epoch(...)`, called from main()'s `for epoch in range(...)`. Twelve transforms used to refuse it with
+# "no `for` loop over epochs around the batch loop".
+
+# sequential_flat without an epoch loop: one pass of the batch loop
+SINGLE_LOOP = SOURCES["sequential_flat"].replace("for ep in range(EPOCHS):", "if True:").replace("ep + 1", "1")
+# epoch_function whose settings are no knob block (not literals): a transform that adds a knob cannot apply
+NO_KNOBS = re.sub(r"^([A-Z_]+) = ([\d.]+)", r"\1 = float(\2)", SOURCES["epoch_function"], flags=re.MULTILINE)
+
+
+def test_the_epoch_loop_is_found_around_a_call_of_the_batch_loops_function():
+    trainer = analyse(SOURCES["epoch_function"])
+    assert code(trainer.epoch_loop().iter) == "range(EPOCHS)"
+    assert trainer.batch_in_call().name.value == "train_one_epoch"
+    # a per-epoch schedule is built before main()'s epoch loop and stepped after the call, both in main()
+    cosine = apply_transform("cosine_lr_schedule", SOURCES["epoch_function"])
+    assert (
+        "\n    cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=len(range(EPOCHS)))\n"
+        "    for epoch in range(EPOCHS):\n"
+        "        train_loss = train_one_epoch(model, train_loader, criterion, optimizer)\n"
+        "        cosine.step()  # once per epoch\n" in cosine
+    )
+    # data_parallel shards the DataLoader main() hands train_one_epoch(...)
+    parallel = apply_transform("data_parallel", SOURCES["fmnist_cnn"])
+    assert "train_loader = harness.shard_loader(DataLoader(train_ds, " in parallel
+    assert "model = harness.wrap(model)" in parallel
+    assert "harness.save_predictions(selection=flip_averaged" not in parallel
+    tta = apply_transform("flip_tta", SOURCES["fmnist_cnn"])
+    assert "out = flip_averaged(model, x)" in tta and "loss = criterion(model(x), y)" in tta
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        (
+            "ema_weights",
+            r"the batch loop runs in `train_one_epoch\(\)`, called from the epoch loop: the weight average",
+        ),
+        ("hard_example_replay", "runs in `train_one_epoch\\(\\)`, called from the epoch loop: the replay buffer"),
+        ("self_model_head", "runs in `train_one_epoch\\(\\)`, called from the epoch loop: the self-model head"),
+        ("cosine_lr_schedule", r"already has a schedule \(OneCycleLR\)"),
+        ("one_cycle_schedule", r"already has a schedule \(OneCycleLR\)"),
+        ("lr_warmup", r"already has a schedule \(OneCycleLR\)"),
+        ("label_smoothing", r"already smooths labels \(label_smoothing=0.05 on its criterion\)"),
+    ],
+)
+def test_a_called_batch_loop_is_refused_only_for_a_true_reason(name: str, reason: str):
+    with pytest.raises(NotApplicable, match=reason):
+        apply_transform(name, SOURCES["fmnist_cnn"])
+
+
+def test_flip_tta_needs_no_epoch_loop():
+    assert "vout = flip_averaged(net, Xv)" in apply_transform("flip_tta", SINGLE_LOOP)
+
+
+@pytest.mark.parametrize("trainer", [*sorted(TRAINERS), "single_loop", "no_knobs"])
+def test_check_passes_exactly_where_apply_succeeds(trainer: str):
+    """The analyst's dry run (check) and the coder's apply decide alike (a dry run once answered before placing the
+    helpers, which needed the epoch loop, and before finding the knob block: check said `augmentation` applies, the
+    coder's apply refused)."""
+    source = {"single_loop": SINGLE_LOOP, "no_knobs": NO_KNOBS}.get(trainer) or SOURCES[trainer]
+    checked = applicability(source)
+    for name in sorted(TRANSFORMS):
+        try:
+            apply_transform(name, source)
+            applied = None
+        except NotApplicable as reason:
+            applied = str(reason)
+        assert (checked[name] is None) == (applied is None), (name, checked[name], applied)
+
+
+def test_label_smoothing_carries_the_criterions_settings_or_refuses():
+    source = SOURCES["epoch_function"]
+    weighted = source.replace("nn.CrossEntropyLoss()", "nn.CrossEntropyLoss(ignore_index=-1)")
+    assert (
+        "loss = torch.nn.functional.cross_entropy(model(x), y, ignore_index=-1, label_smoothing=LABEL_SMOOTHING)"
+        in (apply_transform("label_smoothing", weighted))
+    )
+    # a name of main() would not reach train_one_epoch(): refused, not dropped
+    named = source.replace("nn.CrossEntropyLoss()", "nn.CrossEntropyLoss(weight=y.bincount().float())")
+    with pytest.raises(NotApplicable, match="reads a name of the function that builds it"):
+        apply_transform("label_smoothing", named)
+    positional_weight = source.replace("nn.CrossEntropyLoss()", "nn.CrossEntropyLoss(None)")
+    with pytest.raises(NotApplicable, match="replacement would drop"):
+        apply_transform("label_smoothing", positional_weight)
+
+
+def test_edge_of_chaos_keeps_the_criterions_label_smoothing_and_refuses_other_settings():
+    result = apply_transform("edge_of_chaos_curriculum", SOURCES["fmnist_cnn"])
+    assert "loss = edge_of_chaos_loss(model(x), y, label_smoothing=0.05)" in result
+    weighted = SOURCES["epoch_function"].replace("nn.CrossEntropyLoss()", "nn.CrossEntropyLoss(ignore_index=-1)")
+    with pytest.raises(NotApplicable, match=r"`ignore_index=-1`\) its replacement would drop"):
+        apply_transform("edge_of_chaos_curriculum", weighted)

@@ -68,7 +68,14 @@ def model_uses(trainer: Trainer, weights: bool = True) -> ModelUses:
     the first use that is none of evaluation, prediction, a best state or harmless. `weights`: whether the transform
     predicts with other weights (ema_weights: a state saved and restored must be a best state it can move along;
     flip_tta runs the model's own weights, so where they come from is no concern of it)."""
-    model, epoch, batch = trainer.model_name(), trainer.epoch_loop(), trainer.batch_loop()
+    model, batch = trainer.model_name(), trainer.batch_loop()
+    try:
+        epoch: cst.For = trainer.epoch_loop()
+    except NotApplicable:
+        if weights:
+            raise
+        # flip_tta is test-time only: where no loop runs the batch loop per epoch, training begins at the batch loop
+        epoch = batch
     home = next((a for a in trainer.ancestors(epoch) if isinstance(a, cst.FunctionDef)), trainer.module)
     uses, evaluators = ModelUses(model), evaluator_functions(trainer)
     for ref in _references(trainer, model, epoch, home):

@@ -2,10 +2,11 @@
 
 `Trainer` finds, once per source, the places PyTorch trainers are written around however they are spelled:
 the optimizer (`torch.optim.<Any>(...)` bound to some name), its `.step()`, the `.backward()` of the loss,
-the batch loop (the loop around the step) and the epoch loop around it, the model (whose `.parameters()`
-the optimizer gets), the loss call (`F.cross_entropy(...)`, a `nn.CrossEntropyLoss()` criterion; any torch loss
-where only its reduction matters), the forward call, the layers (`nn.Conv2d`/`nn.Linear` in `__init__`, inside
-`nn.Sequential(...)`, or added to a list handed to `nn.Sequential(*layers)`) and the knobs.
+the batch loop (the loop around the step) and the epoch loop around it (or around a call of the function that
+holds it), the model (whose `.parameters()` the optimizer gets), the loss call (`F.cross_entropy(...)`, a
+`nn.CrossEntropyLoss()` criterion; any torch loss where only its reduction matters), the forward call, the layers
+(`nn.Conv2d`/`nn.Linear` in `__init__`, inside `nn.Sequential(...)`, or added to a list handed to
+`nn.Sequential(*layers)`) and the knobs.
 Each lookup raises `NotApplicable` naming what it did not find. `Edits` collects replacements and statement
 insertions keyed by the original nodes and applies them in one pass, keeping comments and layout.
 """
@@ -339,11 +340,77 @@ class Trainer:
         return loop
 
     def epoch_loop(self) -> cst.For:
-        """The loop around the batch loop."""
-        loop = next((a for a in self.ancestors(self.batch_loop()) if isinstance(a, (cst.For, cst.While))), None)
-        if not isinstance(loop, cst.For):
-            raise NotApplicable("no `for` loop over epochs around the batch loop")
-        return loop
+        """The loop that runs the batch loop once per pass: around it, or around a call of the module-level function
+        that holds it (`for epoch in range(E): train_one_epoch(...)` in main()), one or two calls deep."""
+        return self._epoch_and_site()[0]
+
+    def batch_site(self) -> cst.CSTNode:
+        """What stands for the batch loop in the epoch loop's body: the batch loop itself, or the statement of the
+        epoch loop that calls the function running it (per-epoch work after the batches goes after this)."""
+        return self._epoch_and_site()[1]
+
+    def batch_in_call(self) -> cst.FunctionDef | None:
+        """The module-level function the epoch loop calls to run the batch loop (None: the loops are nested)."""
+        site = self._epoch_and_site()[1]
+        return None if site is self.batch_loop() else enclosing_function(self, self.batch_loop())
+
+    def passed_for(self, expr: cst.BaseExpression) -> cst.BaseExpression:
+        """What the epoch loop's call hands `train_one_epoch(...)` for its parameter `expr` (the batch loop's
+        `loader`: main()'s `train_loader`); `expr` itself where the loops are nested."""
+        function = self.batch_in_call()
+        if function is None:
+            return expr
+        name = dotted(expr)
+        params = [p.name.value for p in function.params.params]
+        call = next(
+            (
+                c
+                for c in self.calls(within=self.batch_site())
+                if isinstance(c.func, cst.Name) and c.func.value == function.name.value
+            ),
+            None,
+        )
+        if call is None or name not in params:
+            raise NotApplicable(
+                f"`{code(expr)}` of the batch loop in `{function.name.value}()` is not a parameter the epoch loop's "
+                "call hands it"
+            )
+        given = kwarg(call, name) or next(iter(positional(call)[params.index(name) :][:1]), None)
+        if given is None:
+            raise NotApplicable(f"the epoch loop's call of `{function.name.value}()` does not pass `{name}`")
+        return given.value
+
+    def _epoch_and_site(self) -> tuple[cst.For, cst.CSTNode]:
+        if not hasattr(self, "_epoch_site"):
+            self._epoch_site = self._find_epoch()
+        return self._epoch_site
+
+    def _find_epoch(self) -> tuple[cst.For, cst.CSTNode]:
+        batch = self.batch_loop()
+        loop = next((a for a in self.ancestors(batch) if isinstance(a, (cst.For, cst.While))), None)
+        if loop is not None:
+            if not isinstance(loop, cst.For):
+                raise NotApplicable("the loop around the batch loop is a `while` loop, not a `for` loop over epochs")
+            return loop, batch
+        # the batch loop runs in a module-level function: follow its callers (a call within a loop) two levels up
+        functions = {n.name.value: n for n in self.module.body if isinstance(n, cst.FunctionDef)}
+        frontier = [enclosing_function(self, batch)]
+        for _ in range(2):
+            callers = []
+            for function in frontier:
+                if function is None or functions.get(function.name.value) is not function:
+                    continue
+                for call in self.calls():
+                    if not (isinstance(call.func, cst.Name) and call.func.value == function.name.value):
+                        continue
+                    around = next((a for a in self.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
+                    if isinstance(around, cst.For) and not self.inside(around, function):
+                        return around, self.statement_of(call)
+                    callers.append(enclosing_function(self, call))
+            frontier = callers
+        raise NotApplicable(
+            "no `for` loop over epochs around the batch loop, nor around a call of the function that runs it"
+        )
 
     # -- the model and the loss -----------------------------------------------------------
 
@@ -503,16 +570,51 @@ class Trainer:
             )
         raise NotApplicable(f"the loss uses reduction={reduction}, not a literal mean, sum or none")
 
+    def criterion_built(self, call: cst.Call) -> cst.Call | None:
+        """The construction of the criterion a loss call calls (`criterion = nn.CrossEntropyLoss(...)` for
+        `criterion(out, y)`, the inner call of `nn.CrossEntropyLoss(...)(out, y)`); None for a function (F.*)."""
+        if isinstance(call.func, cst.Call):
+            return call.func
+        criterion = call_name(call)
+        return next(
+            (
+                c
+                for c in self.calls(LOSS_CLS)
+                if assign_target(self.statement_of(c)) == criterion and assign_value(self.statement_of(c)) is c
+            ),
+            None,
+        )
+
+    def criterion_settings(self, call: cst.Call, keep: frozenset[str]) -> dict[str, str]:
+        """The keyword settings (name -> source) of the criterion a loss call calls, for a transform that replaces
+        the call by a function and must carry them over; NotApplicable naming a setting it cannot carry: a
+        positional one, one not in `keep`, or one that reads a name the call's function may not see."""
+        ctor = self.criterion_built(call)
+        if ctor is None:
+            return {}
+        settings = {}
+        for arg in ctor.args:
+            if arg.keyword is None or arg.keyword.value not in keep:
+                raise NotApplicable(
+                    f"the criterion `{code(ctor)}` has a setting (`{code(arg).rstrip(', ')}`) its "
+                    "replacement would drop"
+                )
+            names = [n for n in self.within(arg.value) if isinstance(n, cst.Name)]
+            if names and enclosing_function(self, ctor) is not enclosing_function(self, call):
+                raise NotApplicable(
+                    f"the criterion's `{code(arg).rstrip(', ')}` reads a name of the function that "
+                    "builds it, out of the loss call's reach"
+                )
+            settings[arg.keyword.value] = code(arg.value)
+        return settings
+
     def loss_reduction_argument(self, call: cst.Call | None = None) -> str:
         """The loss call's (by default `loss_call`'s) `reduction=` (or its criterion's), as a string ("mean" when
         not given); a non-literal value comes back as its source text."""
         call = self.loss_call() if call is None else call
         found = kwarg(call, "reduction")
         if found is None:
-            criterion = call_name(call)
-            ctor = next((c for c in self.calls(LOSS_CLS) if assign_target(self.statement_of(c)) == criterion), None)
-            if isinstance(call.func, cst.Call):  # nn.CrossEntropyLoss(reduction=...)(logits, y)
-                ctor = call.func
+            ctor = self.criterion_built(call)
             found = kwarg(ctor, "reduction") if ctor is not None else None
         if found is None:
             return "mean"
@@ -704,6 +806,17 @@ def called_only_without_grad(trainer: Trainer) -> set[str]:
     return {name for name, ok in guarded.items() if ok}
 
 
+def batch_loop_reaches(trainer: Trainer, what: str) -> None:
+    """NotApplicable where the batch loop runs in a function the epoch loop calls (`train_one_epoch(...)`): `what`,
+    built beside the epoch loop, would not reach it (transforms add no parameter to the user's function)."""
+    function = trainer.batch_in_call()
+    if function is not None:
+        raise NotApplicable(
+            f"the batch loop runs in `{function.name.value}()`, called from the epoch loop: {what} built beside the "
+            "epoch loop would not reach it (no parameter is added to that function)"
+        )
+
+
 def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef | None:
     """The innermost function a node's code runs in (None: module level)."""
     return next((a for a in trainer.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -830,7 +943,11 @@ class Edits:
             return
         by_id = {id(n): n for n in self.trainer.nodes}
         touched = [by_id[key] for edits in (self.replace, self.before, self.after, self.sequential) for key in edits]
-        tops = [self.trainer.top_statement(n) for n in [self.trainer.epoch_loop(), *touched]]
+        try:
+            training: cst.CSTNode = self.trainer.epoch_loop()
+        except NotApplicable:  # one pass of the batch loop (flip_tta, an augmentation need no epoch loop)
+            training = self.trainer.batch_loop()
+        tops = [self.trainer.top_statement(n) for n in [training, *touched]]
         anchor = min(tops, key=self.trainer.order)
         self.before[id(anchor)] = [*self.helpers, *self.before.get(id(anchor), [])]
         self.helpers = []
@@ -845,9 +962,13 @@ class Edits:
         """The edited source (checked to parse, knobs still module-level literals); `Found` in a dry run."""
         if not (self.replace or self.before or self.after or self.helpers or self.new_knobs or self.set_knobs):
             raise NotApplicable("the edit changes nothing")
+        # placing the helpers and finding the knob block can refuse: a dry run does both before it answers Found,
+        # so check() fails exactly where apply() does (only the rendering is skipped)
+        self._place_helpers()
+        if self.new_knobs and not any(_is_knob(s) for s in self.trainer.module.body):
+            raise NotApplicable("the trainer has no knob block (UPPER_CASE constants) to add a knob to")
         if _DRY_RUN.get():
             raise Found
-        self._place_helpers()
         module = self.trainer.module.visit(_Apply(self))
         if self.new_knobs:
             module = _add_knobs(module, self.new_knobs)

@@ -13,6 +13,7 @@ from ralph_ray.agents.transforms._tree import (
     Edits,
     NotApplicable,
     analyse,
+    batch_loop_reaches,
     call_name,
     code,
     expression,
@@ -131,6 +132,7 @@ def grokfast_filter(source: str) -> str:
     if trainer.has(r"BatchNorm"):
         # measured on digits: with BatchNorm the amplified slow gradient destabilised training (0.96-0.97 vs 0.99)
         raise NotApplicable("the model uses BatchNorm, with which Grokfast destabilised training on digits")
+    batch_loop_reaches(trainer, "the running EMA of the gradients")
     model, edits = trainer.model_name(), Edits(trainer)
     grads = free_name(trainer, "grokfast_grads")
     edits.knob("GROKFAST_ALPHA", 0.98, "Grokfast EMA decay of the slow gradient")
@@ -163,11 +165,11 @@ def edge_of_chaos_curriculum(source: str) -> str:
             "or replaces a mean"
         )
     smoothing = kwarg(call, "label_smoothing")
-    extra = (
-        f", label_smoothing={code(smoothing.value)}"
-        if smoothing is not None and CROSS_ENTROPY_FN.match(call_name(call) or "")
-        else ""
-    )
+    value = code(smoothing.value) if smoothing is not None and CROSS_ENTROPY_FN.match(call_name(call) or "") else None
+    # a criterion's smoothing is carried into the helper; a setting the helper has no parameter for (weight=,
+    # ignore_index=) is refused rather than dropped (reduction is "mean" here, the helper's own)
+    value = trainer.criterion_settings(call, frozenset({"label_smoothing", "reduction"})).get("label_smoothing", value)
+    extra = f", label_smoothing={value}" if value is not None else ""
     edits = Edits(trainer)
     edits.knob("EDGE_MIX", 0.5, "how far the curriculum leans the loss towards examples at p(correct) ~ 1/2")
     edits.helper(EDGE_HELPER)
@@ -186,6 +188,7 @@ def hard_example_replay(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
+    batch_loop_reaches(trainer, "the replay buffer")
     model, optimizer = trainer.model_name(), trainer.optimizer_name()
     loss_args = positional(trainer.loss_call())
     targets = code(loss_args[1].value)
@@ -221,6 +224,7 @@ def self_model_head(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"SelfModel"):
         raise NotApplicable("the trainer already has a self-model head")
+    batch_loop_reaches(trainer, "the self-model head")
     classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
     if not classifier_layers:
         raise NotApplicable("the model has no nn.Linear classifier to read features from")

@@ -106,9 +106,11 @@ def data_parallel(source: str) -> str:
         )
     scope = next((a for a in trainer.ancestors(built) if isinstance(a, cst.FunctionDef)), trainer.module)
     loop = trainer.batch_loop()
-    if not trainer.inside(loop, scope):
+    # the batch loop runs where the model is built, or in a function that code's epoch loop calls (its `loader`
+    # is then the DataLoader the call hands it)
+    if not trainer.inside(loop if trainer.batch_in_call() is None else trainer.epoch_loop(), scope):
         raise NotApplicable("the model is built outside the code that trains it (no one place to join the group)")
-    loader = _loader_built(trainer, loop.iter, scope)
+    loader = _loader_built(trainer, trainer.passed_for(loop.iter), scope)
     edits = Edits(trainer)
     edits.insert_before(
         _start(trainer, scope), "harness.init_distributed()  # a data-parallel trial's process group (alone: nothing)"

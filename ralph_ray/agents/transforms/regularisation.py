@@ -28,6 +28,8 @@ from ralph_ray.agents.transforms._tree import (
     wrap_first_arg,
 )
 
+# nn.CrossEntropyLoss's keyword settings that F.cross_entropy takes as they are
+CE_SETTINGS = frozenset({"weight", "ignore_index", "reduction", "label_smoothing"})
 ADAMW_LR = 0.003
 ADAMW_WEIGHT_DECAY = 0.05
 
@@ -61,13 +63,25 @@ def label_smoothing(source: str) -> str:
     call = trainer.loss_call()
     if kwarg(call, "label_smoothing") is not None or "LABEL_SMOOTHING" in trainer.knobs():
         raise NotApplicable("the training loss already smooths labels")
+    ctor = trainer.criterion_built(call)
+    smoothed = kwarg(ctor, "label_smoothing") if ctor is not None else None
+    if smoothed is not None:
+        raise NotApplicable(
+            f"the training loss already smooths labels (label_smoothing={code(smoothed.value)} on its criterion)"
+        )
     edits = Edits(trainer)
     edits.knob("LABEL_SMOOTHING", 0.1, "cross-entropy label smoothing of the training loss")
     if CROSS_ENTROPY_FN.match(call_name(call) or "") or isinstance(call.func, cst.Call):
         edits.sub(call, lambda old: with_kwarg(old, "label_smoothing", "LABEL_SMOOTHING"))
-    else:  # a criterion object shared with evaluation: the training line gets its own smoothed call
-        args = ", ".join(code(a.value) for a in positional(call)[:2])
-        edits.sub(call, expression(f"torch.nn.functional.cross_entropy({args}, label_smoothing=LABEL_SMOOTHING)"))
+    else:
+        # A criterion object shared with evaluation: the training line gets its own smoothed call (smoothing the
+        # constructor would smooth the validation loss too), carrying the criterion's settings (weight=...) over.
+        settings = trainer.criterion_settings(call, CE_SETTINGS)
+        args = [code(a.value) for a in positional(call)[:2]] + [f"{k}={v}" for k, v in settings.items()]
+        edits.sub(
+            call,
+            expression(f"torch.nn.functional.cross_entropy({', '.join(args)}, label_smoothing=LABEL_SMOOTHING)"),
+        )
     return edits.apply()
 
 

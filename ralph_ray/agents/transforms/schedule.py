@@ -68,7 +68,11 @@ def _schedule(source: str, torch_: tuple[str, str, str], shape: str, value: str,
     edits = Edits(trainer)
     if knob is not None:
         edits.knob(*knob)
-    harness, factors = _harness(trainer), trainer.calls(_FACTOR)
+    factors = trainer.calls(_FACTOR)
+    try:
+        harness, loop_missing = _harness(trainer), None
+    except NotApplicable as error:  # a schedule already there is the truer reason (checked below first)
+        harness, loop_missing = None, error
     if factors:
         edits.sub(factors[0], _merged(factors[0], shape, value))
     elif harness is not None:
@@ -82,7 +86,13 @@ def _schedule(source: str, torch_: tuple[str, str, str], shape: str, value: str,
     else:
         conflicts, name, build = torch_
         if trainer.has(conflicts):
-            raise NotApplicable(f"the trainer already has a schedule (/{conflicts}/)")
+            # name the scheduler class that is there (`OneCycleLR`), else what matched (`warmup`)
+            classes = [m.group(1) for m in re.finditer(r"lr_scheduler\.(\w+)", trainer.source)]
+            found = next((c for c in classes if re.search(conflicts, f"lr_scheduler.{c}")), None)
+            shown = found or re.search(conflicts, trainer.source).group(0)  # type: ignore[union-attr]
+            raise NotApplicable(f"the trainer already has a schedule ({shown})")
+        if loop_missing is not None:
+            raise loop_missing
         _add(trainer, edits, name, build, "once per epoch")
     return edits.apply()
 
@@ -102,7 +112,8 @@ def _add(trainer: Trainer, edits: Edits, name: str, build: str, comment: str) ->
     var = free_name(trainer, name)
     build = build.format(opt=trainer.optimizer_name(), epochs=_epochs(trainer))
     edits.insert_before(trainer.epoch_loop(), f"{var} = {build}")
-    edits.insert_after(trainer.batch_loop(), f"{var}.step()  # {comment}")
+    # after the epoch's batches: the batch loop, or the epoch loop's call of the function that runs it
+    edits.insert_after(trainer.batch_site(), f"{var}.step()  # {comment}")
 
 
 @register("cosine_lr_schedule", "schedule")

@@ -11,6 +11,7 @@ from ralph_ray.agents.transforms._tree import (
     NotApplicable,
     analyse,
     assign_target,
+    batch_loop_reaches,
     expression,
     free_name,
     statement,
@@ -43,6 +44,7 @@ def ema_weights(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"AveragedModel|\bema\b"):
         raise NotApplicable("the trainer already averages its weights")
+    batch_loop_reaches(trainer, "the weight average (updated every step)")
     # every evaluation and prediction, closures included, and the best state early stopping keeps: all move to the
     # average, or the transform refuses (half of them on the raw model was a silently wrong trainer)
     uses = model_uses(trainer)
