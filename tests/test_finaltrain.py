@@ -193,7 +193,7 @@ def test_a_hidden_layer_is_added_before_the_classifier_where_the_pick_builds_one
     (files / "train.py").write_text(functional)
     kept = finaltrain.with_additions(files, tmp_path / "kept", ["deepen"])
     assert kept.files == files and not kept.added and not (tmp_path / "kept").exists()
-    assert kept.skipped == ("no deepen added (the model has no nn.Linear classifier)",)
+    assert kept.skipped == ("no deepen added (no nn.Conv2d / nn.Linear layers (a functional model of plain tensors?))",)
 
 
 def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_path: Path):
