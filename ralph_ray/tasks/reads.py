@@ -63,7 +63,10 @@ FILES_PER_FOLDER = 4
 def exposed(opened: Iterable[str], bound: Iterable[Path], hidden: Iterable[Path]) -> list[Path]:
     """What to hide of the data files among `opened` that lie in a folder trials see (`bound`) and that nothing hides
     yet: each file, or its folder where it holds more than FILES_PER_FOLDER of them (never a bound folder itself)."""
-    bound, hidden = [p.resolve() for p in bound], [p.resolve() for p in hidden]
+    bound = [p.resolve() for p in bound]
+    # Only a hidden path inside a bound folder covers anything (the jail's rule): the project root holds the venv a
+    # checkout installs into (`python -m venv .venv`, CI's), and hiding the root does not hide the bound venv.
+    hidden = [h for h in (p.resolve() for p in hidden) if any(h.is_relative_to(b) for b in bound)]
     found = set()
     for name in opened:
         path = Path(name).resolve()

@@ -40,6 +40,8 @@ def test_only_data_files_in_folders_trials_see_and_not_hidden_yet_are_exposed(tm
         path.write_text("x")
     opened = [str(p) for p in files.values()] + ["/etc/hosts", str(bound / "share" / "raw")]  # config; a folder
     assert reads.exposed(opened, [bound], [bound / "hidden"]) == [files["labels"]]
+    # a hidden folder that holds the bound one (the project root around its .venv) covers nothing in the jail (CI)
+    assert reads.exposed(opened, [bound], [bound / "hidden", tmp_path]) == [files["labels"]]
 
 
 def test_many_files_of_one_folder_are_hidden_as_the_folder(tmp_path: Path):
