@@ -899,6 +899,10 @@ def test_gradient_clipping_refuses_a_written_out_sum_it_cannot_scale():
     source = SOURCES["diabetes"].replace(MSE_LINE, "loss = ((model(x_train[idx]) - y_train[idx]) ** 2).sum()")
     with pytest.raises(NotApplicable, match="summed by hand"):
         apply_transform("gradient_clipping", source)
+    # review: a summed loss given by keyword was clipped by a bare GRAD_CLIP, the positional one by GRAD_CLIP * len(y)
+    by_keyword = 'loss = F.mse_loss(input=model(x_train[idx]), target=y_train[idx], reduction="sum")'
+    with pytest.raises(NotApplicable, match="in a call given by keyword"):
+        apply_transform("gradient_clipping", SOURCES["diabetes"].replace(MSE_LINE, by_keyword))
 
 
 @pytest.fixture(scope="module")

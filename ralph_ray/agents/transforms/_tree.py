@@ -544,6 +544,15 @@ class Trainer:
                     f"the loss is summed by hand (`{code(value)}`): the batch size a per-example limit scales by "
                     "is not known"
                 )
+            summed = isinstance(value, cst.Call) and any(
+                a.keyword is not None and a.keyword.value == "reduction" and code(a.value).strip("'\"") == "sum"
+                for a in value.args
+            )
+            if summed:  # `F.mse_loss(input=..., target=..., reduction="sum")`: the call is not read by keyword
+                raise NotApplicable(
+                    f"the loss is summed (`{code(value)}`) in a call given by keyword: the batch size a per-example "
+                    "limit scales by is not read"
+                )
             return None
         if self.loss_reduction(call) != "sum":
             return None
