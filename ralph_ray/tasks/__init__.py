@@ -128,8 +128,13 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
 
 
 def reproduce(folder: TaskFolder, cfg: Experiment) -> str:
-    """The command that runs a task's prepare() alone, with the data settings the failing run had."""
+    """The command that runs a task's prepare() alone, with the split and data settings the failing run had (the
+    task's own values: a task.yaml may set them, so each is given)."""
     data, args = cfg.data, [f"task={folder.path}"]
+    task = cfg.task
+    args += [f"task.{key}={getattr(task, key)}" for key in ("split_seed", "selection_fraction", "test_fraction")]
+    if getattr(task, "subsample", 0):  # a task that reads it (fashion): another sample is another failure
+        args.append(f"task.subsample={task.subsample}")
     if data.root:
         args.append(f"data.root={data.root}")
     if not data.download:

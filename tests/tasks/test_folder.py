@@ -97,7 +97,9 @@ def test_a_prepare_missing_its_data_names_a_command_that_shows_where_it_failed(t
     missing = tmp_path / "gone" / "sales.csv"
     prepare.write_text(prepare.read_text().replace("bunch = load_diabetes()", f"open({str(missing)!r})"))
     with pytest.raises(DataError, match="FileNotFoundError") as caught:
-        prepare_splits(load_config([f"task={folder}"]))
+        prepare_splits(load_config([f"task={folder}", "task.split_seed=3", "task.test_fraction=0.25"]))
+    # the run's split settings travel with the hint (review: a task.subsample or split_seed run was not reproduced)
+    assert "task.split_seed=3" in str(caught.value) and "task.test_fraction=0.25" in str(caught.value)
     # The hint was `python -c "import runpy; runpy.run_path(...)"`, which defines prepare() and never calls it.
     hint = re.search(r"`(python -m ralph_ray\.prepare [^`]+)`", str(caught.value))
     assert hint is not None, str(caught.value)
