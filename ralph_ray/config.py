@@ -27,7 +27,7 @@ from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
 from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
-from ralph_ray.variants import TRAINER_FILES, globs_file
+from ralph_ray.variants import TRAINER_FILES, globbed, globs_file
 
 CONF_DIR = PROJECT_ROOT / "conf"
 # safeguards.final_additions' names -> the offline agent's transform that adds each to the final's copy of the pick's
@@ -1167,8 +1167,9 @@ def _check_metric_in_trainer(cfg: Config) -> None:
     """search.metric is a name the seed's code reports: else the first trial's result stopped the campaign after Ray
     started, with Tune's traceback and the trainer's source in base64 (a user's `search.metric=val_accuracy`)."""
     reported: set[str] = {"epoch", TRAIN_SECONDS}
-    for path in sorted(cfg.trainer_dir().rglob("*.py")):
-        if path.name == "prepare.py":
+    # The code the seed variant ships (task.trainer_files), as the trials run it; never the frozen prepare.py.
+    for path in sorted(globbed(cfg.trainer_dir(), cfg.task.trainer_files)):
+        if path.suffix != ".py" or path.name == "prepare.py":
             continue
         try:
             found = reported_metrics(path.read_text())

@@ -101,7 +101,7 @@ def snapshot(source: Path, variants_root: Path, parent_id: str | None = None) ->
 
 def seed_snapshot(task_folder: Path, variants_root: Path, patterns: Sequence[str] = TRAINER_FILES) -> SeedSnapshot:
     """The seed variant: the files of `task_folder` that `patterns` glob (relative to it; hidden ones never)."""
-    matched = {path for pattern in patterns for path in task_folder.glob(pattern)}
+    matched = globbed(task_folder, patterns)
     shipped, left_out = [], []
     for path in _files(task_folder):
         relative = path.relative_to(task_folder)
@@ -117,6 +117,11 @@ def seed_snapshot(task_folder: Path, variants_root: Path, patterns: Sequence[str
         return SeedSnapshot(snapshot(staging, variants_root), sorted(str(p) for p in left_out))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def globbed(task_folder: Path, patterns: Sequence[str]) -> set[Path]:
+    """The paths of `task_folder` that `patterns` glob (task.trainer_files: what the seed variant may hold)."""
+    return {path for pattern in patterns for path in task_folder.glob(pattern)}
 
 
 def globs_file(patterns: Sequence[str], name: str) -> bool:

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
 from ralph_ray import PROJECT_ROOT, history, records
-from ralph_ray.agents.base import Analysis, Diagnosis, Recommendation, Usage
+from ralph_ray.agents.base import Analysis, Diagnosis, ParentView, Recommendation, Usage
 from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
 from ralph_ray.agents.siblings import refusals
 from ralph_ray.children import Breeder, Child, analysis_note, breed, one_line, seed_child
@@ -50,22 +52,39 @@ def breast_cancer_gate(tmp_path: Path) -> Gate:
     return Gate(write_smoke_data(splits, tmp_path / "smoke", "bc"), (), timeout_s=180)
 
 
-def test_an_intervention_the_gate_refused_for_a_parent_is_not_proposed_for_it_again(tmp_path: Path) -> None:
-    """User trial: the gate refused `augmentation` on a 30-column MLP in all 8 analyses of a campaign (random shifts
-    need images), which then bred nothing; now the refusal is in the KB with its parent, and the analyst skips it."""
-    run_id, agent = "refusal", AgentConfig()
-    trainer = tmp_path / "bc"
+class Seeded(NamedTuple):
+    """A run whose seed is the classification template's MLP (flat features, like the breast_cancer trial's), in
+    the KB, as a parent for the breeder."""
+
+    run_id: str
+    agent: AgentConfig
+    variants_root: Path
+    seed: Child
+    kb: KnowledgeBase
+    parent: Candidate
+    view: Callable[[str], ParentView]
+
+
+def seeded(tmp_path: Path, run_id: str) -> Seeded:
+    agent, trainer, variants_root = AgentConfig(), tmp_path / "bc", tmp_path / "variants"
     trainer.mkdir()
-    shutil.copy(TEMPLATE / "train.py", trainer / "train.py")  # an MLP over flat features, like the trial's
-    variants_root = tmp_path / "variants"
+    shutil.copy(TEMPLATE / "train.py", trainer / "train.py")
     seed = seed_child(trainer, variants_root)
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
     kb.put("variants", records.variant_rows(run_id, 1, [seed], agent), records.part(run_id, 1, "seed"))
     parent = Candidate(seed.variant_id, 0.95, {}, seed.variant_id)
 
-    def view(name: str):
+    def view(name: str) -> ParentView:
         return history.parent_view(kb.reader(), run_id, parent, variants_root, tmp_path / name, trainer)
+
+    return Seeded(run_id, agent, variants_root, seed, kb, parent, view)
+
+
+def test_an_intervention_the_gate_refused_for_a_parent_is_not_proposed_for_it_again(tmp_path: Path) -> None:
+    """User trial: the gate refused `augmentation` on a 30-column MLP in all 8 analyses of a campaign (random shifts
+    need images), which then bred nothing; now the refusal is in the KB with its parent, and the analyst skips it."""
+    run_id, agent, variants_root, seed, kb, parent, view = seeded(tmp_path, "refusal")
 
     # images=True: the task says nothing stops shifts, so only the gate's smoke run can refuse them (as in the trial)
     analyst = HeuristicAnalyst(images=True)
@@ -113,19 +132,7 @@ def test_an_edit_the_offline_coder_cannot_apply_is_recorded_and_not_asked_for_ag
     coder's real edit could not place it; the rejected child was the parent's code, so it had the parent's id, was
     never recorded, and the next pick asked for it again: 5 times in a row, then 4 picks gave no child and the
     campaign stopped on gate failures. Now it is a variant of its own (`REJECTED.md` says why), rejected by `code`."""
-    run_id, agent = "cannot", AgentConfig()
-    trainer = tmp_path / "bc"
-    trainer.mkdir()
-    shutil.copy(TEMPLATE / "train.py", trainer / "train.py")  # its optimizer is Adam already: adamw_optimizer can't
-    variants_root = tmp_path / "variants"
-    seed = seed_child(trainer, variants_root)
-    kb = KnowledgeBase(tmp_path / "kb")
-    kb.init()
-    kb.put("variants", records.variant_rows(run_id, 1, [seed], agent), records.part(run_id, 1, "seed"))
-    parent = Candidate(seed.variant_id, 0.95, {}, seed.variant_id)
-
-    def view(name: str):
-        return history.parent_view(kb.reader(), run_id, parent, variants_root, tmp_path / name, trainer)
+    run_id, agent, variants_root, seed, kb, parent, view = seeded(tmp_path, "cannot")
 
     breeder = Breeder(
         HeuristicCoder(), breast_cancer_gate(tmp_path), variants_root, tmp_path / "gen2", 1, 1, 1,
