@@ -281,9 +281,17 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
     lock = threading.Lock()
     wasted = Usage()
 
+    stop = threading.Event()  # set by the first attempt that raises: the queued ones then never start
+
     def attempt(index: int, rec: Recommendation) -> Child | None:
+        if stop.is_set():
+            return None
         usage = Usage()
-        child = _one_child(breeder, parent, view, rec, index, seen, lock, usage)
+        try:
+            child = _one_child(breeder, parent, view, rec, index, seen, lock, usage)
+        except BaseException:
+            stop.set()  # a pool worker takes the next queued attempt before the caller can cancel it
+            raise
         if child is None:
             with lock:
                 wasted.add(usage)
@@ -297,6 +305,7 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
     except BaseException:
         # Ctrl-C (or a crash): the attempts not yet started never start (each is a coder call and a smoke run, an
         # LLM's up to its timeout); the one in flight ends on its own, and exit waits for it.
+        stop.set()
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
