@@ -86,6 +86,7 @@ class Limits:
     # Fork the trainer from a warm server of this process (`warmstart`: torch already imported, same sandbox);
     # where one cannot run, the trainer starts cold.
     warm: bool = False
+    prestart: bool = True  # with warm: the server may hand this trainer to a spare forked ahead (`zygote`)
 
 
 @dataclass(frozen=True)
@@ -217,13 +218,15 @@ def _start_warm(trainer: Trainer, limits: Limits, jail: Jail, env: dict[str, str
     if server is None:
         return None
     try:
-        return server.spawn(warm_request(trainer, jail, env, limits.threads, key), jail.group_files())
+        return server.spawn(warm_request(trainer, jail, env, limits.threads, key, limits.prestart), jail.group_files())
     except warmstart.WarmStartError as err:
         warmstart.disable(key, str(err))
         return None
 
 
-def warm_request(trainer: Trainer, jail: Jail, env: Mapping[str, str], threads: int, key: warmstart.Key) -> dict:
+def warm_request(
+    trainer: Trainer, jail: Jail, env: Mapping[str, str], threads: int, key: warmstart.Key, prestart: bool = True
+) -> dict:
     """What the fork server needs to start one trainer as `start` would: the same view, environment and limits."""
     work = trainer.work.resolve()
     keep = [[str(work), True]] + ([[str(trainer.data_dir.resolve()), False]] if trainer.data_dir.exists() else [])
@@ -239,6 +242,8 @@ def warm_request(trainer: Trainer, jail: Jail, env: Mapping[str, str], threads: 
         "keep": keep,
         "hide": [str(key.root)],
         "rlimits": jail.rlimits(),
+        # A trainer that sets CUDA's environment itself must start CUDA after it: no trainer forked ahead for it.
+        "prestart": prestart and not warmstart.sets_cuda_env(work),
         # The calling thread's niceness, as a cold start's child inherits it: the breeder's smoke runs run nicer
         # than the trials (population.breeder_nice), also when forked from a server started at another niceness.
         "nice": os.getpriority(os.PRIO_PROCESS, 0),

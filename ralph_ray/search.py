@@ -324,6 +324,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
             budget,
             cfg.trial.grace_s,
             warm=cfg.trial.warm,
+            prestart=cfg.trial.prestart,
         ),
         # Under a budget ASHA counts seconds, not epochs: no epoch is held back for its last rung.
         str(trials_root),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -35,6 +36,16 @@ READY_TIMEOUT_S = 120.0  # a GPU node's first `import torch` can take a while
 START_TIMEOUT_S = 30.0
 MAX_SERVERS = 1  # per process (each holds torch in memory): a new cycle's folder replaces the server
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
+
+
+# A string literal naming a variable CUDA reads when it starts (`os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ...`).
+_PREFIXES = "|".join(prefix for prefix in zygote.CUDA_ENV_PREFIXES if prefix != "RALPH_DEVICE")
+_CUDA_SETTING = re.compile(rf"[\"'](?:{_PREFIXES})\w*[\"']")
+
+
+def sets_cuda_env(work: Path) -> bool:
+    """Whether the trainer's code names a variable CUDA reads at its start (the server's spare started CUDA already)."""
+    return any(_CUDA_SETTING.search(path.read_text(errors="replace")) for path in work.rglob("*.py") if path.is_file())
 
 
 class WarmStartError(RuntimeError):

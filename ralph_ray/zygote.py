@@ -13,6 +13,12 @@ the work dirs but its own, binds its work dir (writable) and the data (read-only
 drops every capability for good (no_new_privs, empty bounding set), then runs `train.py` as `__main__`. The
 keeper waits for it and sends its exit status; the trainer's first message (with the kernel's credentials)
 tells the engine its PID.
+
+One spare keeper and trainer are forked ahead, like the last request's: the spare trainer starts CUDA and its
+libraries' handles (on a GPU node, 0.5-0.7 s a trial) while the trial before it trains, then waits. The next
+request of the same kind (sandbox, network, the CUDA environment) is handed to it and it goes on as above; a
+request of another kind, or one that says `prestart: false`, gets a fork made for it. The spare has run nothing
+of any variant, so each trainer is still a fresh process.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ def main() -> None:
         except ImportError:
             pass  # a trainer that needs it fails the same way as on a cold start
     control.sendall(b"ready")
+    spare: tuple[dict, socket.socket] | None = None  # the kind of request it was made for, and its keeper's socket
     while True:
         readable, _, _ = select.select([control], [], [], 0.5)
         _reap()
@@ -75,11 +82,26 @@ def main() -> None:
             return
         if not data:
             return  # the engine went away: end, and every keeper and trainer with us (their parent-death signal)
-        if os.fork() == 0:
+        request = json.loads(data)
+        kind, handed = _kind(request), False
+        if spare is not None and request.get("prestart", True) and spare[0] == kind:
+            try:
+                socket.send_fds(spare[1], [data], fds)
+                handed = True
+            except OSError:
+                pass  # the spare is gone (it failed to start): fork one for this request as without a spare
+            spare[1].close()  # closing a spare's socket unhanded ends it
+            spare = None
+        if not handed and os.fork() == 0:
             control.close()
-            _keeper(json.loads(data), fds)  # never returns
+            _keeper(request, fds)  # never returns
         for fd in fds:
             os.close(fd)
+        if spare is not None and spare[0] != kind:
+            spare[1].close()
+            spare = None
+        if spare is None and request.get("prestart", True):
+            spare = kind, _fork_spare(kind, control)
 
 
 def _reap() -> None:
@@ -92,25 +114,119 @@ def _reap() -> None:
             return
 
 
+# The request's environment variables CUDA reads when it starts: a spare started CUDA under these values.
+CUDA_ENV_PREFIXES = ("CUDA_", "PYTORCH_", "CUBLAS", "CUDNN", "NVIDIA_", "TORCH_", "RALPH_DEVICE")
+
+
+def _kind(request: dict) -> dict:
+    """What a spare must share with a request to serve it: the namespaces, and the environment CUDA started in."""
+    cuda = {name: value for name, value in request["env"].items() if name.startswith(CUDA_ENV_PREFIXES)}
+    return {"isolate": request["isolate"], "network": request["network"], "cuda": cuda}
+
+
+def _fork_spare(kind: dict, control: socket.socket) -> socket.socket:
+    """Fork a keeper and trainer ahead of their request; the socket the request is handed over on."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if os.fork() == 0:
+        control.close()
+        ours.close()
+        try:
+            _spare_keeper(kind, theirs)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return ours
+
+
+def _spare_keeper(kind: dict, channel: socket.socket) -> None:
+    """A keeper forked ahead: its trainer starts CUDA now; a request handed over goes to it, then as `_keeper`."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _unshare(kind)
+    inner, outer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        channel.close()
+        outer.close()
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _start_cuda(kind["cuda"])
+        data, fds, _, _ = socket.recv_fds(inner, MAX_MESSAGE, MAX_FDS)
+        if not data:
+            os._exit(0)  # not used: the zygote dropped this spare
+        inner.close()
+        stdout, stderr, status_fd, *groups = fds
+        _trainer(json.loads(data), stdout, stderr, socket.socket(fileno=status_fd), groups)
+    inner.close()
+    data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, MAX_FDS)
+    if not data:
+        return  # dropped: closing `outer` on exit ends the waiting trainer
+    stdout, stderr, status_fd, *groups = fds
+    status = socket.socket(fileno=status_fd)
+    try:
+        socket.send_fds(outer, [data], fds)
+    except OSError as err:  # the spare trainer died before its request (the engine starts this trial cold)
+        _report(status, err)
+        os._exit(0)
+    _wait_and_report(pid, status, [stdout, stderr, *groups])
+
+
+def _start_cuda(cuda_env: dict[str, str]) -> None:
+    """In a spare trainer: start CUDA, cuBLAS, cuDNN and autograd's device thread as the request's environment says.
+
+    Nothing of a variant has run yet, and nothing stays allocated; where there is no GPU this does nothing.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or cuda_env.get("RALPH_DEVICE", "cuda").split(":")[0] != "cuda":
+        return
+    for name in [name for name in os.environ if name.startswith(CUDA_ENV_PREFIXES)]:
+        del os.environ[name]
+    os.environ.update(cuda_env)
+    try:
+        if not torch.cuda.is_available():
+            return
+        weight = torch.zeros(8, 8, 3, 3, device="cuda", requires_grad=True)
+        for dtype, layout in ((torch.float32, torch.contiguous_format), (torch.bfloat16, torch.channels_last)):
+            square = torch.zeros(64, 64, device="cuda", dtype=dtype)
+            square @ square  # noqa: B018 - the library's handle is what is wanted
+            image = torch.zeros(2, 8, 16, 16, device="cuda", dtype=dtype).to(memory_format=layout)
+            kernel = weight.to(dtype).to(memory_format=layout)
+            torch.nn.functional.conv2d(image, kernel, padding=1).float().sum().backward()
+        torch.cuda.synchronize()
+        del weight, square, image, kernel
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    except Exception:  # noqa: BLE001, S110 - the trainer meets the same problem itself, as on any start
+        pass
+
+
+def _unshare(request: dict) -> None:
+    """The trainer's namespaces, made in its keeper: the trainer forked next is PID 1 of its own."""
+    if request["isolate"]:
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+        if not request["network"]:
+            flags |= CLONE_NEWNET
+        _check(_libc.unshare(flags), "unshare")
+
+
 def _keeper(request: dict, fds: list[int]) -> None:
     """In the forked keeper: make the trainer's namespaces, fork it, wait for it and send how it ended."""
     stdout, stderr, status_fd, *groups = fds
     status = socket.socket(fileno=status_fd)
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if request["isolate"]:
-            flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-            if not request["network"]:
-                flags |= CLONE_NEWNET
-            _check(_libc.unshare(flags), "unshare")
+        _unshare(request)
         pid = os.fork()
     except BaseException as err:  # noqa: BLE001 - the engine must hear why
         _report(status, err)
         os._exit(0)
     if pid == 0:
         _trainer(request, stdout, stderr, status, groups)  # no handler above it: it ends as `python train.py` would
+    _wait_and_report(pid, status, [stdout, stderr, *groups])
+
+
+def _wait_and_report(pid: int, status: socket.socket, fds: list[int]) -> None:
+    """In a keeper: wait for its trainer and send how it ended; then the keeper ends."""
     try:
-        for fd in (stdout, stderr, *groups):
+        for fd in fds:
             os.close(fd)
         _, wait_status = os.waitpid(pid, 0)
         status.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(wait_status)}).encode())

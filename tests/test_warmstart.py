@@ -282,3 +282,41 @@ def test_a_driver_started_through_a_relative_path_still_starts_trainers_in_the_s
     assert outcome.status is Status.finished, outcome.reason
     assert warmstart.reason() is None, warmstart.reason()
     warmstart.close_all()
+
+
+AGE = """import os
+ticks = os.sysconf("SC_CLK_TCK")
+born = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19]) / ticks
+age = float(open("/proc/uptime").read().split()[0]) - born  # how long before its first line this process was forked
+from ralph_ray import harness
+harness.report(epoch=1, val_acc=0.1, age=age)
+"""
+
+
+@pytest.mark.parametrize("policy", [PLAIN, pytest.param(POLICY, marks=needs_bwrap)], ids=["none", "bwrap"])
+def test_the_next_trainer_of_the_same_kind_was_forked_ahead_and_no_other(tmp_path: Path, public: Path, policy: Policy):
+    """The server forks a spare after each request (on a GPU it starts CUDA meanwhile): the next request of the same
+    kind runs in it; `trial.prestart=false`, a trainer that sets a CUDA variable itself, or another CUDA environment
+    get a trainer forked on request. (That a spare-served trainer is as alone, fresh and unprivileged as any is
+    `test_each_warm_trainer_is_alone_fresh_and_without_privileges`: its second trainer is one.)"""
+    warmstart.close_all()
+    wait_s = 3.0
+
+    def age(name: str, source: str = AGE, prestart: bool = True, env: dict[str, str] | None = None) -> float:
+        time.sleep(wait_s)  # the spare, if any, was forked at least this long ago
+        work = tmp_path / "trials" / name
+        write_variant({"train.py": source.encode()}, work)
+        limits = Limits(60, sandbox=policy, warm=True, prestart=prestart)
+        outcome = run(Trainer(work, public, env=env or {}), limits)
+        assert outcome.status is Status.finished, outcome.reason
+        return outcome.last["age"]
+
+    age("server")  # starts the server; its spare is forked after this request
+    assert age("ahead") > wait_s - 0.5
+    assert age("asked_not_to", prestart=False) < wait_s - 1
+    sets_its_own = 'import os\nos.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"\n' + AGE
+    assert age("sets_cuda_env", sets_its_own) < wait_s - 1
+    assert age("ahead_again") > wait_s - 0.5  # the spare waited through both
+    assert age("other_gpus", env={"CUDA_VISIBLE_DEVICES": "7"}) < wait_s - 1
+    assert warmstart.reason() is None, warmstart.reason()
+    warmstart.close_all()
