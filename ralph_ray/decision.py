@@ -154,6 +154,11 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         if floors is not None
         else "best selection score"
     )
+    # The campaign's budgets: one rule each, shared with a resume's check (`spent_budgets`).
+    spent = {
+        b.reason: b
+        for b in spent_budgets(facts.cycle, facts.elapsed_s, facts.tokens_campaign, facts.cost_campaign, guards)
+    }
     rules: list[tuple[bool, StopReason, str]] = [
         (
             facts.manual_stop,
@@ -176,17 +181,8 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
             f"agents used {facts.tokens_cycle} tokens this cycle, over "
             f"safeguards.tokens_per_cycle={guards.tokens_per_cycle}",
         ),
-        (
-            guards.tokens_per_campaign is not None and facts.tokens_campaign > guards.tokens_per_campaign,
-            StopReason.token_budget,
-            f"agents used {facts.tokens_campaign} tokens in the campaign, over "
-            f"safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
-        ),
-        (
-            guards.cost_per_campaign is not None and facts.cost_campaign > guards.cost_per_campaign,
-            StopReason.cost_budget,
-            f"agents cost {facts.cost_campaign:.4f}, over safeguards.cost_per_campaign={guards.cost_per_campaign}",
-        ),
+        _spent_rule(spent, StopReason.token_budget),
+        _spent_rule(spent, StopReason.cost_budget),
         (
             facts.gate_fail_streak >= guards.gate_fail_cycles,
             StopReason.gate_failures,
@@ -199,16 +195,8 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
             f"{measure} has not risen by min_delta={guards.min_delta} for {stale} cycles "
             f"(safeguards.plateau_cycles={guards.plateau_cycles})",
         ),
-        (
-            guards.search_time_s is not None and facts.elapsed_s >= guards.search_time_s,
-            StopReason.campaign_time,
-            f"campaign ran {facts.elapsed_s:.0f}s, past {_time_rule(guards)}",
-        ),
-        (
-            facts.cycle >= guards.max_cycles,
-            StopReason.max_cycles,
-            f"cycle {facts.cycle} of safeguards.max_cycles={guards.max_cycles}",
-        ),
+        _spent_rule(spent, StopReason.campaign_time),
+        _spent_rule(spent, StopReason.max_cycles),
     ]
     for fired, reason, rationale in rules:
         if fired:
@@ -224,10 +212,18 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
     )
 
 
+# The stop rules of the campaign's budgets (`spent_budgets`): a resume re-decides them at once when the run stopped
+# on one (nothing was cut short to run again).
+BUDGET_REASONS = frozenset(
+    {StopReason.token_budget, StopReason.cost_budget, StopReason.campaign_time, StopReason.max_cycles}
+)
+
+
 @dataclass(frozen=True)
 class Spent:
-    """A budget a finished run has used up, and the override that gives it as much again."""
+    """A campaign budget a run has used up: the stop rule, what was used, and the override that gives as much again."""
 
+    reason: StopReason
     used: str  # e.g. "the campaign ran 248s, past safeguards.campaign_time_s=240"
     override: str  # e.g. "safeguards.campaign_time_s=488"
 
@@ -238,37 +234,52 @@ class Spent:
 
 
 def spent_budgets(cycle: int, elapsed_s: float, tokens: int, cost: float, guards: SafeguardsConfig) -> list[Spent]:
-    """The budgets of `guards` that a run at `cycle`, having used `elapsed_s`, `tokens` and `cost`, has spent: the
-    stop rules above that fire whatever its scores (a resume under the same limits stops again at once)."""
+    """The campaign budgets of `guards` that a run at `cycle`, having used `elapsed_s`, `tokens` and `cost`, has
+    spent: the stop rules that fire whatever its scores. `decide` stops on them; a resume under the same limits
+    would stop again at once, so it is refused with the overrides."""
     spent = []
-    if guards.search_time_s is not None and elapsed_s >= guards.search_time_s:
-        # as much search time again: the new limit less the final share is elapsed + the old search time
-        more = math.ceil(elapsed_s / (1.0 - guards.final_share) + guards.campaign_time_s)  # type: ignore[operator]
-        spent.append(
-            Spent(f"the campaign ran {elapsed_s:.0f}s, past {_time_rule(guards)}", f"safeguards.campaign_time_s={more}")
-        )
-    if cycle >= guards.max_cycles:
-        spent.append(
-            Spent(
-                f"it ran cycle {cycle} of safeguards.max_cycles={guards.max_cycles}",
-                f"safeguards.max_cycles={cycle + guards.max_cycles}",
-            )
-        )
     if guards.tokens_per_campaign is not None and tokens > guards.tokens_per_campaign:
         spent.append(
             Spent(
-                f"agents used {tokens} tokens, over safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
+                StopReason.token_budget,
+                f"agents used {tokens} tokens in the campaign, over "
+                f"safeguards.tokens_per_campaign={guards.tokens_per_campaign}",
                 f"safeguards.tokens_per_campaign={tokens + guards.tokens_per_campaign}",
             )
         )
     if guards.cost_per_campaign is not None and cost > guards.cost_per_campaign:
         spent.append(
             Spent(
+                StopReason.cost_budget,
                 f"agents cost {cost:.4f}, over safeguards.cost_per_campaign={guards.cost_per_campaign}",
                 f"safeguards.cost_per_campaign={cost + guards.cost_per_campaign:.4f}",
             )
         )
+    if guards.search_time_s is not None and elapsed_s >= guards.search_time_s:
+        # as much search time again: the new limit less the final share is elapsed + the old search time
+        more = math.ceil(elapsed_s / (1.0 - guards.final_share) + guards.campaign_time_s)  # type: ignore[operator]
+        spent.append(
+            Spent(
+                StopReason.campaign_time,
+                f"the campaign ran {elapsed_s:.0f}s, past {_time_rule(guards)}",
+                f"safeguards.campaign_time_s={more}",
+            )
+        )
+    if cycle >= guards.max_cycles:
+        spent.append(
+            Spent(
+                StopReason.max_cycles,
+                f"cycle {cycle} of safeguards.max_cycles={guards.max_cycles}",
+                f"safeguards.max_cycles={cycle + guards.max_cycles}",
+            )
+        )
     return spent
+
+
+def _spent_rule(spent: dict[StopReason, Spent], reason: StopReason) -> tuple[bool, StopReason, str]:
+    """`decide`'s rule for one campaign budget: fired when spent, with what was used as its rationale."""
+    found = spent.get(reason)
+    return found is not None, reason, found.used if found is not None else ""
 
 
 def _time_rule(guards: SafeguardsConfig) -> str:

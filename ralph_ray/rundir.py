@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from ralph_ray.children import Child
 from ralph_ray.config import Config, SafeguardsConfig
-from ralph_ray.decision import Spent, StopReason, spent_budgets
+from ralph_ray.decision import BUDGET_REASONS, Spent, spent_budgets
 from ralph_ray.gate import write_smoke_data
 from ralph_ray.population import Candidate
 from ralph_ray.state import CampaignState, RunStatus, open_state
@@ -57,15 +57,6 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
     return run_id, run_dir, resuming
 
 
-# The stop rules a resume re-decides at once when the run stopped on one of them (nothing was cut short to re-run).
-BUDGET_STOPS = (
-    StopReason.campaign_time.value,
-    StopReason.max_cycles.value,
-    StopReason.token_budget.value,
-    StopReason.cost_budget.value,
-)
-
-
 def spent_on_resume(run_dir: Path, guards: SafeguardsConfig) -> list[Spent]:
     """The budgets a finished run has spent that `guards` (its resume's) have not raised, when they would stop the
     resume at once: a spent time budget always (it cuts any trial short), the others when the run stopped on a budget
@@ -80,7 +71,7 @@ def spent_on_resume(run_dir: Path, guards: SafeguardsConfig) -> list[Spent]:
         state.cycle, state.elapsed_s, int(last.get("tokens_campaign", 0)), float(last.get("cost_campaign", 0.0)), guards
     )
     time_spent = any(s.key == "safeguards.campaign_time_s" for s in spent)
-    stopped_on_it = state.interrupted is None and state.stop_reason in BUDGET_STOPS
+    stopped_on_it = state.interrupted is None and state.stop_reason in {r.value for r in BUDGET_REASONS}
     return spent if time_spent or (stopped_on_it and spent) else []
 
 

@@ -137,7 +137,9 @@ def test_a_spent_budget_names_the_override_that_gives_as_much_again(guards, used
     spent_facts = facts(cycle=2, **used)
     limits = SafeguardsConfig(**{"max_cycles": 10, **guards})
     spent = spent_budgets(2, spent_facts.elapsed_s, spent_facts.tokens_campaign, spent_facts.cost_campaign, limits)
-    assert [s.override for s in spent] == [override] and decide(spent_facts, limits).stop
+    assert [s.override for s in spent] == [override]
+    stopped = decide(spent_facts, limits)  # the same rule: its reason, and what was used as its rationale
+    assert stopped.stop and (stopped.reason, stopped.rationale) == (spent[0].reason, spent[0].used)
     key, value = override.removeprefix("safeguards.").split("=")
     raised = replace(limits, **{key: type(getattr(limits, key) or 0)(float(value))})
     assert not decide(spent_facts, raised).stop
