@@ -250,6 +250,20 @@ class AsyncCampaign(Campaign):
             self.kb.put(
                 "variants", rows, records.part(self.run_id, generation, "bred", parent.variant_id, str(time.time_ns()))
             )
+            # A child the gate rejected is judged here, without a trial: its interventions count as rejected tries
+            # (intervention_effects.rejected), as the barrier loop records them.
+            refused = [
+                row
+                for child in children
+                if child.status is VariantStatus.rejected
+                for row in records.intervention_rows(self.run_id, cfg.task.name, generation, child, None)
+            ]
+            if refused:
+                self.kb.put(
+                    "interventions",
+                    refused,
+                    records.part(self.run_id, generation, "refused", parent.variant_id, str(time.time_ns())),
+                )
             self.kb.put(
                 "agent_usage",
                 [

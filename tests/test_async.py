@@ -463,3 +463,46 @@ def test_ctrl_c_records_the_run_interrupted_and_resume_goes_on(
     monkeypatch.delenv(ENV_INTERRUPT_AT)
     assert main(["report", "sig", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
     assert (run_dir / "report" / "final_report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_child_the_gate_rejects_counts_as_a_rejected_try_of_its_intervention(ray_session, tmp_path: Path):
+    """User trials: in the async loop a gate-rejected child left no interventions row, so intervention_effects
+    showed `rejected` 0 for edits that crashed every smoke run (the barrier loop's record phase wrote them)."""
+    from llm_server import edit_line
+    from slow_llm import ANALYSIS
+
+    class Breaking(SlowLLM):
+        """Diagnoses as the slow LLM does; every child it writes raises at its first line."""
+
+        def _answer(self, body: dict) -> str:
+            if "diagnose one trainer" in body["messages"][0]["content"]:
+                return json.dumps(ANALYSIS)
+            return edit_line(
+                r"^def main\(\) -> None:$", "def main() -> None:\n    raise RuntimeError('agent broke it')"
+            )(body)
+
+    llm = Breaking(delay_s=0.0)
+    try:
+        cfg = tiny(
+            tmp_path,
+            "run_id=refused",
+            "safeguards.max_cycles=2",
+            "population.children_per_parent=1",
+            "agent.max_retries=0",
+            *llm.overrides(),
+        )
+        outcome = run(cfg)
+    finally:
+        llm.close()
+    con = open_reader(outcome.kb_root)
+    [child] = rows(
+        con, "select variant_id, status, rejected_by from variants where run_id = ? and status <> 'seed'", ["refused"]
+    )
+    assert (child["status"], child["rejected_by"]) == ("rejected", "gate")
+    tries = rows(
+        con, "select intervention, outcome, delta from interventions where variant_id = ?", [child["variant_id"]]
+    )
+    assert tries == [{"intervention": "add_dropout", "outcome": "rejected", "delta": None}]
+    effects = rows(con, "select rejected, tried from intervention_effects where intervention = 'add_dropout'", [])
+    assert effects == [{"rejected": 1, "tried": 1}]
