@@ -18,7 +18,7 @@ from rich.console import Console
 
 from ralph_ray import environment, finaltrain, history, records, timeline, tracking, warmcheck
 from ralph_ray.asyncrun import AsyncCampaign
-from ralph_ray.config import Config, PopulationMode, sandbox_policy, short_budget
+from ralph_ray.config import Config, PopulationMode, budget_unread, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import interrupt_point
@@ -62,6 +62,8 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     if warning := unusual_direction(splits.metric):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     infer_images(cfg, splits.train_x, console.print)  # before the run row records the config and the agents read it
+    if warning := budget_unread(cfg):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
         f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value}, "

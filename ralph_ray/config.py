@@ -1193,6 +1193,27 @@ def _check_metric_in_trainer(cfg: Config) -> None:
     )
 
 
+# What a trainer calls (or reads) to train for trial.budget_s: without one, its trials run their own EPOCHS.
+BUDGET_READERS = ("epochs(", "time_left(", "progress(", "lr_factor(", "RALPH_BUDGET_S")
+
+
+def budget_unread(cfg: Config) -> str | None:
+    """A warning when trial.budget_s is set and the seed's code reads no budget (a user's `for epoch in
+    range(EPOCHS)` trainer ran every epoch under `trial.budget_s=5`, and nothing said so); else None."""
+    if cfg.trial.budget_s is None:
+        return None
+    for path in globbed(cfg.trainer_dir(), cfg.task.trainer_files):
+        if path.suffix == ".py" and path.name != "prepare.py":
+            text = path.read_text(errors="replace")
+            if any(reader in text for reader in BUDGET_READERS):
+                return None
+    return (
+        f"trial.budget_s={cfg.trial.budget_s:g} is set, but {cfg.trainer_dir()}'s code reads no budget "
+        "(harness.epochs, time_left, progress or lr_factor): its trials train their own EPOCHS, and past budget_s + "
+        "trial.grace_s of training the engine stops them unscored; loop `for epoch in harness.epochs(EPOCHS):`"
+    )
+
+
 def _check_pbt(cfg: Config) -> None:
     """scheduler=pbt: barrier cycles, epochs as its clock, knobs to perturb, a seed trainer that resumes."""
     sched = cfg.scheduler

@@ -19,6 +19,7 @@ from ralph_ray.config import (
     SamplerKind,
     SchedulerKind,
     SpaceKind,
+    budget_unread,
     load_config,
     resume_config,
 )
@@ -299,3 +300,18 @@ def test_knob_search_without_a_knob_to_search_is_refused():
         load_config(["agent=none", "~search.space"])
     assert "fix: name the knobs to search in the task's task.yaml" in str(info.value)
     assert load_config(["~search.space"]).search.space == {}  # an agent still has the code to change
+
+
+def test_a_time_budget_over_a_trainer_that_reads_none_is_warned_of(tmp_path: Path):
+    """User trial: `trial.budget_s=5` over a `for epoch in range(EPOCHS)` trainer ran every epoch, and nothing said the
+    budget was not read; the shipped seed loops over harness.epochs and gets no warning."""
+    from taskdirs import digits_task
+
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert "harness.epochs(" in seed
+    assert budget_unread(load_config(["trial.budget_s=5"])) is None
+    assert budget_unread(load_config([])) is None  # no budget, nothing to read
+    fixed = digits_task(tmp_path / "fixed", seed.replace("harness.epochs(EPOCHS)", "range(1, EPOCHS + 1)"))
+    assert "epochs(" not in (fixed / "train.py").read_text()
+    warning = budget_unread(load_config([f"task.trainer={fixed}", "trial.budget_s=5"]))
+    assert warning is not None and "reads no budget" in warning and "harness.epochs(EPOCHS)" in warning
