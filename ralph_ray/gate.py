@@ -52,6 +52,7 @@ class Gate:
     # trial.warm: fork each smoke run from a warm server of this process (torch imported once, same sandbox). The
     # breeder runs nicer than the trials, so on busy cores a cold smoke run's `import torch` took ~50 s (6 s alone).
     warm: bool = False
+    prestart: bool = True  # trial.prestart: the warm server may keep a smoke run's trainer forked ahead
 
     def check(self, child: Path, parent: Path) -> None:
         """Raise GateError naming the first problem; return quietly when the child may run."""
@@ -79,7 +80,9 @@ class Gate:
             present = read_knobs((child / self.entry).read_text())
             written = {k: v for k, v in {**(knobs or {}), **SMOKE_KNOBS}.items() if k in present}
             prepare_workdir(child, work, written, entry=self.entry)
-            limits = Limits(self.timeout_s, self.output_bytes, sandbox=self.sandbox, warm=self.warm)
+            limits = Limits(
+                self.timeout_s, self.output_bytes, sandbox=self.sandbox, warm=self.warm, prestart=self.prestart
+            )
             outcome = run(Trainer(work, self.smoke_data, self.entry), limits)
             if outcome.status is not Status.finished:
                 raise GateError(f"smoke run failed: {outcome.reason}")

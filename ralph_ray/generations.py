@@ -87,6 +87,7 @@ class Campaign:
             resumes=cfg.scheduler.name.population_based,
             workers=cfg.resources.workers_per_trial,
             warm=cfg.trial.warm,
+            prestart=cfg.trial.prestart,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
 
