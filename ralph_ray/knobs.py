@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import ast
+import math
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
 # Names a trainer may give a catalog knob (the knob moves and the transforms look a knob up under these too).
@@ -110,18 +113,48 @@ def _char_offset(line: str, byte_offset: int) -> int:
     return len(line.encode("utf-8")[:byte_offset].decode("utf-8"))
 
 
-def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: frozenset[str] | set[str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Bounds:
+    """The space a relatively searched knob was declared in (search.space): [low, high], or its numeric choices."""
+
+    low: float
+    high: float
+    integer: bool = False  # an int range: whole numbers only
+    choices: tuple[float, ...] = ()
+
+    def bound(self, value: float, integer: bool = False) -> Any:
+        """`value` in the declared space: clipped to [low, high] (rounded where `integer`), or its nearest choice."""
+        if self.choices:
+            if value <= 0:  # below every choice (they are positive: search.relative_knobs)
+                return min(self.choices)
+            # Nearest by ratio (log distance), as the factors are ratios and numeric choices mostly geometric
+            # (16/32/64, 1e-4/1e-3/1e-2): 23 lies nearer 32 than 16 by ratio; by difference it would snap to 16.
+            return min(self.choices, key=lambda choice: abs(math.log(value / choice)))
+        clipped = min(max(float(value), self.low), self.high)
+        low, high = math.ceil(self.low), math.floor(self.high)
+        if (integer or self.integer) and low <= high:
+            return min(max(int(round(clipped)), low), high)
+        return clipped
+
+
+def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: Mapping[str, Bounds]) -> dict[str, Any]:
     """The knob values a trial runs: sampled values as they are, and for `relative` knobs the sample is a factor
-    on the variant's own value (ints stay ints, at least 1), so an agent's knob change is searched around, not
-    undone."""
+    on the variant's own value, so an agent's knob change is searched around, not undone.
+
+    The factors compound over generations (a child's own value is its parent's sampled one), so each value is
+    kept in the space its knob was declared in (`relative[name]`).
+    """
     knobs: dict[str, Any] = {}
     for name, value in config.items():
         if not is_knob_name(name):
             continue
         base = own.get(name)
-        if name in relative and isinstance(base, (int, float)) and not isinstance(base, bool):
-            scaled = float(base) * float(value)
-            knobs[name] = max(1, int(round(scaled))) if isinstance(base, int) else scaled
+        bounds = relative.get(name)
+        if bounds is not None and isinstance(base, (int, float)) and not isinstance(base, bool):
+            # An int knob stays an int where its range is whole numbers (EPOCHS = 10 over [5, 20]); GAMMA = 1 over
+            # [0.3, 0.9] takes the fractions it is searched over.
+            whole = isinstance(base, int) and float(bounds.low).is_integer() and float(bounds.high).is_integer()
+            knobs[name] = bounds.bound(float(base) * float(value), integer=whole)
         else:
             knobs[name] = value
     return knobs

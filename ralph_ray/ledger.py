@@ -11,13 +11,13 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 from ray.tune.result import AUTO_RESULT_KEYS, DONE, NODE_IP, TRIAL_ID
 
-from ralph_ray.knobs import resolve_knobs
+from ralph_ray.knobs import Bounds, resolve_knobs
 from ralph_ray.pbt import SegmentLog
 from ralph_ray.peakmemory import GPU_KEY, RSS_KEY
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
@@ -87,14 +87,14 @@ class TrialLedger(Callback):
         seed: int,
         metric: str,
         sink: Sink,
-        relative: frozenset[str] = frozenset(),
+        relative: Mapping[str, Bounds] | None = None,
         own_knobs: dict[str, dict[str, Any]] | None = None,
         segments: SegmentLog | None = None,
         segment_sink: Callable[[list[dict[str, Any]]], None] | None = None,
         on_silent_error: Callable[[str], None] | None = None,
     ) -> None:
         self.run_id, self.cycle, self.labels = run_id, cycle, labels
-        self.relative, self.own_knobs = relative, own_knobs or {}  # to record the knob values trials really ran
+        self.relative, self.own_knobs = relative or {}, own_knobs or {}  # to record the knob values trials ran
         self.trials_root, self.seed, self.metric, self.sink = trials_root, seed, metric, sink
         # scheduler=pbt: the trial's segments (variant and knobs from an epoch on), written before its row
         self.segments, self.segment_sink = segments, segment_sink

@@ -312,7 +312,7 @@ class Pool:
         if member.started == 0 and not study.trials:  # a child runs as its coder wrote it first
             study.enqueue_trial(clip_to_space(member.own_knobs, self.settings.space, member.relative))
         trial = study.ask(self._distributions(member))
-        moved = relative_knobs(self.settings.space) if member.relative else frozenset()
+        moved = relative_knobs(self.settings.space) if member.relative else {}
         knobs = resolve_knobs(trial.params, member.own_knobs, moved)
         if member.waiting:
             member.queued_open.add(trial_id)
@@ -333,7 +333,7 @@ class Pool:
 
     def _params_of(self, member: Member, knobs: dict[str, Any]) -> dict[str, Any] | None:
         """A recorded trial's knob values as its study's params (factors for a relative member); None if outside."""
-        moved = relative_knobs(self.settings.space) if member.relative else frozenset()
+        moved = relative_knobs(self.settings.space) if member.relative else {}
         params: dict[str, Any] = {}
         distributions = self._distributions(member)
         for name, dist in distributions.items():
@@ -409,5 +409,5 @@ def run_member_trial(config: dict[str, Any], spec: Any) -> None:
 
     config = dict(config)
     files = decode_code(config.pop(CODE_KEY))
-    code = replace(spec.code, variants={str(config["variant"]): files}, own_knobs={}, relative=frozenset())
+    code = replace(spec.code, variants={str(config["variant"]): files}, own_knobs={}, relative={})
     run_trial(config, replace(spec, code=code))

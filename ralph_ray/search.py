@@ -28,6 +28,7 @@ from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SamplerKind, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.events import TrialStarts
+from ralph_ray.knobs import Bounds
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
@@ -69,14 +70,22 @@ def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float
     return domains
 
 
-def relative_knobs(space: dict[str, KnobSpace]) -> frozenset[str]:
-    """Knobs that can be searched relative to a variant's value: numeric ranges and all-numeric choices."""
-    return frozenset(
-        name
+def relative_knobs(space: dict[str, KnobSpace]) -> dict[str, Bounds]:
+    """Knobs that can be searched relative to a variant's value (numeric ranges and all-numeric choices), with the
+    space each was declared in: a trial's value stays inside it (knobs.resolve_knobs)."""
+    return {
+        name: _bounds(knob)
         for name, knob in space.items()
         if knob.type is not SpaceKind.choice
         or all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in knob.values or [])
-    )
+    }
+
+
+def _bounds(knob: KnobSpace) -> Bounds:
+    if knob.type is SpaceKind.choice:
+        values = tuple(knob.values or [])
+        return Bounds(min(values), max(values), choices=values)
+    return Bounds(float(knob.low), float(knob.high), integer=knob.type is SpaceKind.int)  # type: ignore[arg-type]
 
 
 def _choice_ratios(values: list[Any]) -> list[float]:
@@ -308,7 +317,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
         {c.variant_id: read_files(c.files_dir) for c in children},
         sha256_file(Path(harness.__file__)),
         own_knobs={c.variant_id: c.own_knobs for c in children},
-        relative=relative_knobs(cfg.search.space) if relative else frozenset(),
+        relative=relative_knobs(cfg.search.space) if relative else {},
     )
     budget = cfg.trial.budget_s  # the trainer's deadline (harness.time_left) and the runner's stop past it + grace
     parallel = cfg.resources.data_parallel

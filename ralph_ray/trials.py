@@ -23,7 +23,7 @@ from typing import Any
 
 from ralph_ray import harness, modeleval, runner
 from ralph_ray.datacache import PublicData, check_frozen, materialise_data
-from ralph_ray.knobs import resolve_knobs
+from ralph_ray.knobs import Bounds, resolve_knobs
 from ralph_ray.peakmemory import USAGE_FILE, PeakMemory
 from ralph_ray.runner import CHECKPOINT_DIR, Limits, Status, Trainer, TrialFailed
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
@@ -65,7 +65,7 @@ class Code:
     entry: str = "train.py"
     own_knobs: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant id -> its knob values
     # A relative search samples these knobs as factors on each variant's own values (knobs.resolve_knobs).
-    relative: frozenset[str] = frozenset()
+    relative: dict[str, Bounds] = field(default_factory=dict)  # name -> its declared space
 
 
 @dataclass(frozen=True)

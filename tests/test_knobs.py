@@ -63,13 +63,43 @@ def test_digits_trainer_has_the_searched_knobs():
 
 
 def test_relative_knobs_scale_each_variants_own_values():
-    from ralph_ray.knobs import resolve_knobs
+    from ralph_ray.knobs import Bounds, resolve_knobs
 
     own = {"LR": 0.02, "WIDTH": 16, "BATCH_SIZE": 64, "OPT": "sgd"}
     config = {"variant": "v1", "LR": 0.5, "WIDTH": 2.0, "BATCH_SIZE": 0.01, "OPT": "adam"}
-    knobs = resolve_knobs(config, own, frozenset({"LR", "WIDTH", "BATCH_SIZE"}))
-    assert knobs == {"LR": 0.01, "WIDTH": 32, "BATCH_SIZE": 1, "OPT": "adam"}  # ints stay ints, at least 1
-    assert resolve_knobs(config, own, frozenset()) == {k: v for k, v in config.items() if k != "variant"}
+    relative = {"LR": Bounds(1e-4, 1.0), "WIDTH": Bounds(1, 512), "BATCH_SIZE": Bounds(1, 512, integer=True)}
+    knobs = resolve_knobs(config, own, relative)
+    assert knobs == {"LR": 0.01, "WIDTH": 32, "BATCH_SIZE": 1, "OPT": "adam"}  # ints stay ints
+    assert resolve_knobs(config, own, {}) == {k: v for k, v in config.items() if k != "variant"}
+
+
+def test_relative_factors_stay_inside_the_declared_space():
+    # The factors compound over generations: trials ran HIDDEN 8 and 4 of choice [16, 32, 64], GAMMA 1.55 of
+    # uniform [0.3, 0.9] (a StepLR that raises the LR) and LR past 0.02 of loguniform [5e-4, 2e-2].
+    from ralph_ray.config import KnobSpace, SpaceKind
+    from ralph_ray.knobs import resolve_knobs
+    from ralph_ray.search import param_space, relative_knobs
+
+    space = {
+        "HIDDEN": KnobSpace(SpaceKind.choice, values=[16, 32, 64]),
+        "GAMMA": KnobSpace(SpaceKind.uniform, 0.3, 0.9),
+        "LR": KnobSpace(SpaceKind.loguniform, 5e-4, 2e-2),
+        "EPOCHS": KnobSpace(SpaceKind.int, 2, 10),
+        "DROPOUT": KnobSpace(SpaceKind.uniform, 0.0, 0.5),
+    }
+    relative = relative_knobs(space)
+    low = {"variant": "v", "HIDDEN": min(param_space(space, relative=True)["HIDDEN"].categories), "GAMMA": 0.5}
+    high = {"variant": "v", "GAMMA": 2.0, "LR": 2.0, "EPOCHS": 2.0, "DROPOUT": 2.0}
+    assert resolve_knobs(low, {"HIDDEN": 16, "GAMMA": 0.3}, relative) == {"HIDDEN": 16, "GAMMA": 0.3}
+    edge = {"GAMMA": 0.9, "LR": 0.0177, "EPOCHS": 8, "DROPOUT": 0.4}
+    assert resolve_knobs(high, edge, relative) == {"GAMMA": 0.9, "LR": 0.02, "EPOCHS": 10, "DROPOUT": 0.5}
+    # A choice snaps to the nearest declared value by ratio; an int stays an int where its range is whole numbers,
+    # a fractional knob written as an int (GAMMA = 1) takes fractions.
+    assert resolve_knobs({"HIDDEN": 1.45, "EPOCHS": 0.55}, {"HIDDEN": 16, "EPOCHS": 7}, relative) == {
+        "HIDDEN": 32,
+        "EPOCHS": 4,
+    }
+    assert resolve_knobs({"GAMMA": 0.7}, {"GAMMA": 1}, relative) == {"GAMMA": 0.7}
 
 
 def test_relative_search_space_and_first_points():
@@ -81,7 +111,7 @@ def test_relative_search_space_and_first_points():
         "WIDTH": KnobSpace(SpaceKind.choice, values=[8, 16, 32]),
         "OPT": KnobSpace(SpaceKind.choice, values=["sgd", "adam"]),
     }
-    assert relative_knobs(space) == {"LR", "WIDTH"}
+    assert set(relative_knobs(space)) == {"LR", "WIDTH"}
     domains = param_space(space, relative=True, span=2.0)
     assert (domains["LR"].lower, domains["LR"].upper) == (0.5, 2.0)
     assert domains["WIDTH"].categories == [0.5, 1.0, 2.0] and domains["OPT"].categories == ["sgd", "adam"]

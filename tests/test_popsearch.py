@@ -230,3 +230,16 @@ def test_a_parent_is_measured_over_as_many_trials_as_its_child_had():
     unscored = member("q", None, 1)
     unscored.note_trial("u1", TrialStatus.failed, None, "{}", 1)
     assert unscored.best_of(1) is None  # nothing completed: the campaign falls back to the score at breeding
+
+
+def test_a_childs_knob_samples_stay_inside_the_declared_space():
+    # Factors on a child's own values at the edges of the space (LR at its high, WIDTH at its low) would leave it.
+    p = pool()
+    p.add(member("seed", None, 1))
+    finish(p, "t1", p.suggest("t1"), 0.8)
+    p.add(member("child", "seed", 2, own={"LR": 0.3, "WIDTH": 8}))
+    finish(p, "t2", p.suggest("t2"), 0.9)
+    samples = [p.suggest(f"s{i}") for i in range(20)]
+    children = [s for s in samples if s["variant"] == "child"]
+    assert children and all(0.15 - 1e-9 <= s["LR"] <= 0.3 and s["WIDTH"] in (8, 16) for s in children)
+    assert any(s["LR"] == 0.3 for s in children) or any(s["WIDTH"] == 8 for s in children)
