@@ -38,9 +38,10 @@ MAX_SERVERS = 1  # per process (each holds torch in memory): a new cycle's folde
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
-# A string literal naming a variable CUDA reads when it starts (`os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ...`).
+# A variable CUDA reads when it starts, named in a string literal (`os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ...`) or
+# as a keyword (`os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")`).
 _PREFIXES = "|".join(prefix for prefix in zygote.CUDA_ENV_PREFIXES if prefix != "RALPH_DEVICE")
-_CUDA_SETTING = re.compile(rf"[\"'](?:{_PREFIXES})\w*[\"']")
+_CUDA_SETTING = re.compile(rf"[\"'](?:{_PREFIXES})\w*[\"']|\b(?:{_PREFIXES})\w*\s*=(?!=)")
 
 
 def sets_cuda_env(work: Path) -> bool:

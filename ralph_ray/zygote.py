@@ -14,8 +14,9 @@ drops every capability for good (no_new_privs, empty bounding set), then runs `t
 keeper waits for it and sends its exit status; the trainer's first message (with the kernel's credentials)
 tells the engine its PID.
 
-One spare keeper and trainer are forked ahead, like the last request's: the spare trainer starts CUDA and its
-libraries' handles (on a GPU node, 0.5-0.7 s a trial) while the trial before it trains, then waits. The next
+One spare keeper and trainer are forked ahead, like the last request's: without isolation the spare trainer starts
+CUDA and its libraries' handles (on a GPU node, 0.6-0.7 s a trial) while the trial before it trains, then waits;
+isolated, it starts no thread before its privilege drop (capabilities are per thread). The next
 request of the same kind (sandbox, network, the CUDA environment) is handed to it and it goes on as above; a
 request of another kind, or one that says `prestart: false`, gets a fork made for it. The spare has run nothing
 of any variant, so each trainer is still a fresh process.
@@ -84,22 +85,24 @@ def main() -> None:
             return  # the engine went away: end, and every keeper and trainer with us (their parent-death signal)
         request = json.loads(data)
         kind, handed = _kind(request), False
-        if spare is not None and request.get("prestart", True) and spare[0] == kind:
+        if spare is not None and spare[0] != kind:
+            spare[1].close()  # closing a spare's socket unhanded ends it
+            spare = None
+        if spare is not None and request.get("prestart", True):
             try:
                 socket.send_fds(spare[1], [data], fds)
                 handed = True
             except OSError:
-                pass  # the spare is gone (it failed to start): fork one for this request as without a spare
-            spare[1].close()  # closing a spare's socket unhanded ends it
+                pass  # the spare is gone (its trainer died): fork one for this request as without a spare
+            spare[1].close()
             spare = None
         if not handed and os.fork() == 0:
             control.close()
+            if spare is not None:
+                spare[1].close()  # a trainer holding it could hand the spare a request of its own making
             _keeper(request, fds)  # never returns
         for fd in fds:
             os.close(fd)
-        if spare is not None and spare[0] != kind:
-            spare[1].close()
-            spare = None
         if spare is None and request.get("prestart", True):
             spare = kind, _fork_spare(kind, control)
 
@@ -148,7 +151,10 @@ def _spare_keeper(kind: dict, channel: socket.socket) -> None:
         channel.close()
         outer.close()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        _start_cuda(kind["cuda"])
+        if not kind["isolate"]:
+            # Sandboxed, CUDA waits for the request: the threads it starts would keep the capabilities that the
+            # trainer gives up only for itself, after the request's mounts (see the check in `_trainer`).
+            _start_cuda(kind["cuda"])
         data, fds, _, _ = socket.recv_fds(inner, MAX_MESSAGE, MAX_FDS)
         if not data:
             os._exit(0)  # not used: the zygote dropped this spare
@@ -156,6 +162,9 @@ def _spare_keeper(kind: dict, channel: socket.socket) -> None:
         stdout, stderr, status_fd, *groups = fds
         _trainer(json.loads(data), stdout, stderr, socket.socket(fileno=status_fd), groups)
     inner.close()
+    while not select.select([channel], [], [], 0.5)[0]:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return  # the trainer died waiting: the zygote's hand-over fails, and it forks this request a new one
     data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, MAX_FDS)
     if not data:
         return  # dropped: closing `outer` on exit ends the waiting trainer
@@ -258,6 +267,10 @@ def _trainer(request: dict, stdout: int, stderr: int, status: socket.socket, gro
             resource.setrlimit(getattr(resource, name), (value, value))
         if request["isolate"]:
             _drop_capabilities()
+            # Capabilities and no_new_privs are per thread: a thread started before the drop would keep them.
+            threads = os.listdir("/proc/self/task")
+            if len(threads) != 1:
+                raise SetupError(f"{len(threads)} threads at the privilege drop, where only the trainer's may run")
         devnull = os.open(os.devnull, os.O_RDONLY)
         for source, target in ((devnull, 0), (stdout, 1), (stderr, 2)):
             os.dup2(source, target)
@@ -289,7 +302,9 @@ def _renice(nice: int) -> None:
     against another (as `sandbox.keep_niceness_in_session` does on the cold path). Best effort: never lower."""
     try:
         if nice > os.getpriority(os.PRIO_PROCESS, 0):
-            os.setpriority(os.PRIO_PROCESS, 0, min(19, nice))
+            # Linux keeps niceness per thread: a spare's CUDA threads (sandbox none) were started before this
+            for thread in os.listdir("/proc/self/task"):
+                os.setpriority(os.PRIO_PROCESS, int(thread), min(19, nice))
         current = os.getpriority(os.PRIO_PROCESS, 0)
         if current > 0:
             with open("/proc/self/autogroup", "w") as handle:

@@ -317,6 +317,60 @@ def test_the_next_trainer_of_the_same_kind_was_forked_ahead_and_no_other(tmp_pat
     sets_its_own = 'import os\nos.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"\n' + AGE
     assert age("sets_cuda_env", sets_its_own) < wait_s - 1
     assert age("ahead_again") > wait_s - 0.5  # the spare waited through both
+    as_keyword = 'import os\nos.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")\n' + AGE
+    assert age("sets_cuda_env_by_keyword", as_keyword) < wait_s - 1
     assert age("other_gpus", env={"CUDA_VISIBLE_DEVICES": "7"}) < wait_s - 1
+    assert warmstart.reason() is None, warmstart.reason()
+    warmstart.close_all()
+
+
+SOCKETS = """import os
+from ralph_ray import harness
+links = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    except FileNotFoundError:
+        pass  # the listing's own descriptor, closed by now
+harness.report(epoch=1, val_acc=0.1, sockets=sum(link.startswith("socket:") for link in links))
+"""
+
+
+@pytest.mark.parametrize("policy", [PLAIN, pytest.param(POLICY, marks=needs_bwrap)], ids=["none", "bwrap"])
+def test_a_trainer_forked_beside_a_spare_holds_no_socket_of_the_server(tmp_path: Path, public: Path, policy: Policy):
+    """Review: a trainer forked on request while the spare waited kept the spare's socket, so it could hand the spare
+    a request of its own making (no mounts, no cgroups, its own entry); and a spare dropped then lived on."""
+    warmstart.close_all()
+    for name, prestart in (("server", True), ("beside_the_spare", False), ("from_the_spare", True)):
+        work = tmp_path / "trials" / name
+        write_variant({"train.py": SOCKETS.encode()}, work)
+        outcome = run(Trainer(work, public), Limits(60, sandbox=policy, warm=True, prestart=prestart))
+        assert outcome.status is Status.finished, outcome.reason
+        assert outcome.last["sockets"] == 0, name
+    warmstart.close_all()
+
+
+def test_a_spare_that_died_waiting_leaves_the_next_trial_warm(tmp_path: Path, public: Path):
+    """Review: a spare trainer that died before its request failed that request's start, which turned warm starts
+    off for the worker; now its keeper goes too, and the server forks the request a trainer of its own."""
+    import psutil
+
+    warmstart.close_all()
+    outcome, _ = warm_run(tmp_path, public, "server", AGE, policy=PLAIN)
+    assert outcome.status is Status.finished, outcome.reason
+    [server] = [s for s in warmstart._servers.values()]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the spare: a keeper, and its trainer waiting below it
+        leaves = [p for p in psutil.Process(server.proc.pid).children(recursive=True) if not p.children()]
+        if leaves and leaves[0].parent().pid != server.proc.pid:
+            break
+        time.sleep(0.1)
+    [spare] = leaves
+    spare.kill()
+    spare.wait(10)
+    time.sleep(1.5)  # its keeper notices within 0.5 s
+    outcome, _ = warm_run(tmp_path, public, "after", AGE, policy=PLAIN)
+    assert outcome.status is Status.finished, outcome.reason
+    assert outcome.last["age"] < 1.0  # forked for this request
     assert warmstart.reason() is None, warmstart.reason()
     warmstart.close_all()
