@@ -302,9 +302,14 @@ def _renice(nice: int) -> None:
     against another (as `sandbox.keep_niceness_in_session` does on the cold path). Best effort: never lower."""
     try:
         if nice > os.getpriority(os.PRIO_PROCESS, 0):
-            # Linux keeps niceness per thread: a spare's CUDA threads (sandbox none) were started before this
+            os.setpriority(os.PRIO_PROCESS, 0, min(19, nice))
+            # Linux keeps niceness per thread: a spare's CUDA threads (sandbox none) were started before this. (In
+            # a PID namespace the IDs /proc shows here are not this namespace's: nothing to do there, alone.)
             for thread in os.listdir("/proc/self/task"):
-                os.setpriority(os.PRIO_PROCESS, int(thread), min(19, nice))
+                try:
+                    os.setpriority(os.PRIO_PROCESS, int(thread), min(19, nice))
+                except OSError:
+                    pass
         current = os.getpriority(os.PRIO_PROCESS, 0)
         if current > 0:
             with open("/proc/self/autogroup", "w") as handle:
