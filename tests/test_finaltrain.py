@@ -224,13 +224,13 @@ def test_flips_at_test_time_are_added_where_the_pick_evaluates_its_model(tmp_pat
 
 
 def test_an_addition_that_breaks_the_picks_smoke_run_is_left_out_with_the_reason(tmp_path: Path):
-    # A pick whose inputs are (N, 8, 8) grayscale images without a channel axis (its model unflattens them):
-    # flip_tta applies and compiles, then flip_averaged refuses 3-D inputs at run time. The cosine schedule runs.
+    # A pick whose inputs are (N, 1, 1, 8, 8) one-frame clips (its model flattens the frame axis away): flip_tta
+    # applies and compiles, then flip_averaged refuses 5-D inputs at run time. The cosine schedule runs.
     fixture = (Path(__file__).parent / "fixtures" / "trainers" / "sequential_flat" / "train.py").read_text()
-    source = fixture.replace("dtype=torch.float32)", "dtype=torch.float32).squeeze(1)").replace(
-        "    nn.Conv2d(1, 16, 3, padding=1),", "    nn.Unflatten(1, (1, 8)),\n    nn.Conv2d(1, 16, 3, padding=1),"
+    source = fixture.replace("dtype=torch.float32)", "dtype=torch.float32).unsqueeze(1)").replace(
+        "    nn.Conv2d(1, 16, 3, padding=1),", "    nn.Flatten(1, 2),\n    nn.Conv2d(1, 16, 3, padding=1),"
     )
-    assert source.count(".squeeze(1)") == 3 and "nn.Unflatten(1, (1, 8))" in source
+    assert source.count(".unsqueeze(1)") == 3 and "nn.Flatten(1, 2)" in source
     files = tmp_path / "pick"
     files.mkdir()
     (files / "train.py").write_text(source)

@@ -9,6 +9,7 @@ trainers go through the real validation gate (a real subprocess smoke run on dig
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import runpy
 import shutil
 import socket
 import subprocess
+import symtable
 import sys
 from pathlib import Path
 
@@ -47,6 +49,9 @@ TRAINERS["store_sales"] = PROJECT_ROOT / "tests" / "fixtures" / "regression" / "
 # a user's Fashion-MNIST CNN (28x28 images: kept apart for the same reason): train_one_epoch(...) called from main()'s
 # epoch loop, a criterion with label_smoothing=0.05, a OneCycleLR stepped per batch
 TRAINERS["fmnist_cnn"] = PROJECT_ROOT / "tests" / "fixtures" / "images28" / "fmnist_cnn"
+# a user's Lightning-style trainer in plain PyTorch: the model's configure_optimizers() builds the optimizer, a
+# generic Trainer.fit(model, ...) steps it and takes the loss from model.training_step(batch)
+TRAINERS["lit_classifier"] = PROJECT_ROOT / "tests" / "fixtures" / "lightning" / "lit_classifier"
 SOURCES = {name: (folder / "train.py").read_text() for name, folder in TRAINERS.items()}
 
 ALL = set(TRANSFORMS)
@@ -141,6 +146,15 @@ APPLIES = {
     },
     # a user's MLP on features: no conv layers; its width is a knob
     "early_stopping": ALL - {"widen_layers", "channels_last"},
+    # the loss comes from model.training_step(batch), the optimizer from model.configure_optimizers()
+    "lit_classifier": {
+        "add_dropout",
+        "add_weight_decay",
+        "batchnorm",
+        "deepen",
+        "gradient_clipping",
+        "grokfast_filter",
+    },
     "cifar10": {
         "deepen",
         "hard_example_replay",
@@ -659,6 +673,162 @@ def test_replay_dreams_before_an_epochs_batches_never_as_the_last_update(trainer
     assert epoch.index(".dream(") < epoch.index(batches.splitlines()[0])  # in the epoch, before its batches
 
 
+# A user's trainer (an LSTM trainer in a user trial, cut down): the knobs feed a dataclass config the loop reads
+# (`lr=cfg.lr`), its criterion smooths labels, and every step clips its gradients.
+CONFIG_TRAINER = """
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+LR = 1e-2  # RMSprop learning rate
+EPOCHS = 3  # epochs
+BATCH_SIZE = 32  # examples per step
+CLIP = 1.0  # grad-norm clip
+
+
+@dataclass
+class Config:
+    lr: float = LR
+    epochs: int = EPOCHS
+    batch_size: int = BATCH_SIZE
+    clip: float = CLIP
+
+
+cfg = Config()
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = (x[:, 0] > 0).long()
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    criterion = nn.CrossEntropyLoss(label_smoothing=0.1)
+    opt = torch.optim.RMSprop(model.parameters(), lr=cfg.lr)
+    for epoch in range(cfg.epochs):
+        model.train()
+        for start in range(0, len(x), cfg.batch_size):
+            xb, yb = x[start : start + cfg.batch_size], y[start : start + cfg.batch_size]
+            opt.zero_grad()
+            loss = criterion(model(xb), yb)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            opt.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "expected", "lr"),
+    [
+        # the config's field reads the LR knob: kept, and the knob set to AdamW's learning rate
+        ("RMSprop(model.parameters(), lr=cfg.lr)", "AdamW(model.parameters(), lr=cfg.lr, weight_decay=", 0.003),
+        # an Adam-family optimizer's name traced to no knob: kept as it is (its value is on AdamW's scale)
+        ("Adamax(model.parameters(), lr=lr)", "AdamW(model.parameters(), lr=lr, weight_decay=", 0.01),
+        # an SGD's name traced to no knob (`self.lr = 0.1` on the model): AdamW's own learning rate, not SGD's 0.1
+        (
+            "SGD(model.parameters(), lr=model.lr, momentum=cfg.momentum)",
+            "AdamW(model.parameters(), lr=0.003, betas=(cfg.momentum, 0.999), weight_decay=",
+            0.01,
+        ),
+    ],
+    ids=["config_field", "untraced_adam_family", "untraced_sgd"],
+)
+def test_adamw_keeps_the_trainers_own_learning_rate_expression(optimizer: str, expected: str, lr: float):
+    """`lr=cfg.lr` used to become `lr=0.003`: the LR knob, still searched and still passing the gate, no longer
+    reached the optimizer, and every later LR move of that lineage did nothing."""
+    source = CONFIG_TRAINER.replace("RMSprop(model.parameters(), lr=cfg.lr)", optimizer)
+    result = apply_transform("adamw_optimizer", source)
+    assert f"torch.optim.{expected}" in result
+    assert read_knobs(result)["LR"] == lr
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, **targets: tuple[object, str]) -> dict[str, int]:
+    """Count the calls of each `(owner, attribute)` under its key while a transformed trainer runs (the real runs)."""
+    counts = dict.fromkeys(targets, 0)
+
+    def counted(key: str, function):  # noqa: ANN001, ANN202 - wraps any callable
+        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            counts[key] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for key, (owner, name) in targets.items():
+        monkeypatch.setattr(owner, name, counted(key, getattr(owner, name)))
+    return counts
+
+
+def test_replay_steps_clip_and_take_the_trainers_loss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The replay's extra steps used to skip the trainer's gradient clipping and use plain cross-entropy (its
+    criterion's label smoothing dropped): every step now clips, and every loss is the trainer's criterion."""
+    result = apply_transform("hard_example_replay", CONFIG_TRAINER)
+    (tmp_path / "train.py").write_text(result)
+    counts = count_calls(
+        monkeypatch,
+        steps=(torch.optim.RMSprop, "step"),
+        clips=(torch.nn.utils, "clip_grad_norm_"),
+        criterion=(torch.nn.CrossEntropyLoss, "forward"),
+    )
+    runpy.run_path(str(tmp_path / "train.py"), run_name="__main__")
+    assert counts["steps"] > 3 * 8  # 3 epochs of 8 batches, and replay steps
+    assert counts["clips"] == counts["steps"] and counts["criterion"] == counts["steps"]
+
+
+def test_replay_steps_take_the_trainers_whole_loss_expression():
+    """A summed loss divided by the batch size (`F.cross_entropy(out, y, reduction="sum") / cfg.batch_size`) was
+    replayed as its bare call: every replay step at batch-size times the training step's scale."""
+    source = CONFIG_TRAINER.replace(
+        "loss = criterion(model(xb), yb)",
+        'loss = torch.nn.functional.cross_entropy(model(xb), yb, reduction="sum") / cfg.batch_size',
+    )
+    result = apply_transform("hard_example_replay", source)
+    dream = next(
+        n for n in ast.walk(ast.parse(result)) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(".dream")
+    )
+    loss = eval(
+        ast.unparse(next(k.value for k in dream.keywords if k.arg == "loss")), {"torch": torch, "cfg": ReplayConfig(32)}
+    )
+    logits, targets = torch.randn(32, 2), torch.randint(0, 2, (32,))
+    assert torch.allclose(loss(logits, targets), torch.nn.functional.cross_entropy(logits, targets))  # the step's own
+    # a loss that reads a name the batch loop binds, outside the call's logits and targets: refused
+    with pytest.raises(NotApplicable, match=r"loss .* reads `xb`, which its batch loop binds"):
+        apply_transform("hard_example_replay", source.replace("/ cfg.batch_size", "/ len(xb)"))
+
+
+class ReplayConfig:
+    """CONFIG_TRAINER's config, as its loss expression reads it."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+
+
+def test_replay_steps_clip_only_when_the_trainers_step_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`if cfg.clip > 0: clip_grad_norm_(...)` was replayed as an unconditional clip: at a clip of 0 every replay
+    step zeroed its gradients (and still stepped momentum and weight decay)."""
+    source = CONFIG_TRAINER.replace("CLIP = 1.0", "CLIP = 0.0").replace(
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)",
+        "            if cfg.clip > 0:\n                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)",
+    )
+    result = apply_transform("hard_example_replay", source)
+    (tmp_path / "train.py").write_text(result)
+    counts = count_calls(monkeypatch, steps=(torch.optim.RMSprop, "step"), clips=(torch.nn.utils, "clip_grad_norm_"))
+    runpy.run_path(str(tmp_path / "train.py"), run_name="__main__")
+    assert counts["steps"] > 3 * 8 and counts["clips"] == 0  # replay steps taken, none clipped
+    # a condition that reads the batch loop's names cannot be carried before the batches: refused
+    with pytest.raises(NotApplicable, match=r"condition .* reads `start`, which its batch loop binds"):
+        apply_transform("hard_example_replay", source.replace("if cfg.clip > 0:", "if start > 0:"))
+
+
+def test_replay_refuses_a_clip_that_reads_the_batch():
+    source = CONFIG_TRAINER.replace("cfg.clip)", "cfg.clip * len(yb))")
+    with pytest.raises(NotApplicable, match="gradient clipping .* reads `yb`, which its batch loop binds"):
+        apply_transform("hard_example_replay", source)
+
+
 def test_widen_doubles_literal_widths_and_the_sizes_after_them():
     result = apply_transform("widen_layers", SOURCES["sequential_flat"])
     assert "nn.Conv2d(1, 32, 3, padding=1)" in result and "nn.Linear(32 * 4 * 4, 10)" in result
@@ -1155,3 +1325,297 @@ def test_edge_of_chaos_keeps_the_criterions_label_smoothing_and_refuses_other_se
     weighted = SOURCES["epoch_function"].replace("nn.CrossEntropyLoss()", "nn.CrossEntropyLoss(ignore_index=-1)")
     with pytest.raises(NotApplicable, match=r"`ignore_index=-1`\) its replacement would drop"):
         apply_transform("edge_of_chaos_curriculum", weighted)
+
+
+def _helpers(**knobs: float) -> dict:
+    """The image helpers the data transforms insert, run as the trainer would run them."""
+    from ralph_ray.agents.transforms.data import FLIP_HELPER, SHIFT_HELPER, TTA_HELPER
+
+    scope: dict = {"torch": torch, **knobs}
+    for helper in (SHIFT_HELPER, FLIP_HELPER, TTA_HELPER):
+        exec(compile(helper, "train.py", "exec"), scope)
+    return scope
+
+
+@pytest.mark.parametrize("size", [(8, 8), (6, 8)], ids=["square", "wide"])
+def test_image_helpers_take_single_channel_images_without_a_channel_axis(size: tuple[int, int]):
+    """task.images reads (N, H, W) inputs as images (an LSTM over digits' rows fed (N, 8, 8)), so the helpers of the
+    interventions it offers take them too: four children of such a campaign were rejected at the gate by
+    "flip_averaged: expected images (N, C, H, W), got shape (24, 8, 8)" and the same from shift_images."""
+    helpers = _helpers(SHIFT=1, AUGMENT_PROB=1.0, FLIP_PROB=1.0)
+    x = torch.arange(24 * size[0] * size[1], dtype=torch.float32).reshape(24, *size) + 1
+    # shifts: the same draws as the image with its channel axis, each a translation by up to one pixel, zero padded
+    torch.manual_seed(0)
+    shifted = helpers["shift_images"](x)
+    torch.manual_seed(0)
+    assert shifted.shape == x.shape and torch.equal(shifted, helpers["shift_images"](x.unsqueeze(1)).squeeze(1))
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1))
+    moves = [padded[:, dy : dy + size[0], dx : dx + size[1]] for dy in range(3) for dx in range(3)]
+    assert all(any(torch.equal(shifted[i], move[i]) for move in moves) for i in range(len(x)))
+    assert not torch.equal(shifted, x)  # 24 draws of 9 offsets: some move
+    # flips: mirrored left to right, in training and at test time
+    assert torch.equal(helpers["flip_images"](x), x.flip(-1))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(size[0] * size[1], 3))
+    averaged = helpers["flip_averaged"](model, x)
+    assert averaged.shape == (24, 3) and torch.allclose(averaged, (model(x) + model(x.flip(-1))) / 2)
+    # (N, C, H, W) and flattened square images as before; other shapes still refused
+    assert torch.equal(helpers["flip_images"](x.unsqueeze(1)), x.unsqueeze(1).flip(-1))
+    if size[0] == size[1]:
+        assert torch.equal(helpers["flip_images"](x.flatten(1)), x.flip(-1).flatten(1))
+    with pytest.raises(ValueError, match="expected images"):
+        helpers["shift_images"](torch.zeros(2, 1, 1, 8, 8))
+
+
+LSTM_TRAINER = """
+import torch
+from torch import nn
+
+LR = 0.01  # learning rate
+EPOCHS = 2  # epochs
+
+
+class RowLSTM(nn.Module):
+    def __init__(self, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, hidden, batch_first=True)
+        self.fc = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.fc(out[:, -1])
+
+
+x, y = torch.randn(32, 8, 8), torch.arange(32) % 10
+model = RowLSTM(16, 10)
+optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+for epoch in range(EPOCHS):
+    for i in range(0, len(x), 8):
+        loss = nn.functional.cross_entropy(model(x[i : i + 8]), y[i : i + 8])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_batchnorm_on_an_lstm_says_what_it_found_not_that_the_edit_changes_nothing():
+    """A user's row LSTM got batchnorm refused with "the edit changes nothing": right to refuse (no BatchNorm on a
+    (B, T, F) output here), but the reason must say why."""
+    with pytest.raises(NotApplicable) as refused:
+        apply_transform("batchnorm", LSTM_TRAINER)
+    assert str(refused.value) == (
+        "no convolution or hidden nn.Linear layer to follow with a norm, only the classifier "
+        "`nn.Linear(hidden, classes)` (nn.LSTM is not handled)"
+    )
+    # a hidden nn.Linear after the LSTM is normed as before
+    hidden = LSTM_TRAINER.replace(
+        "        self.fc = nn.Linear(hidden, classes)",
+        "        self.mid = nn.Linear(hidden, hidden)\n        self.fc = nn.Linear(hidden, classes)",
+    ).replace("self.fc(out[:, -1])", "self.fc(self.mid(out[:, -1]))")
+    assert "self.fc(self.mid(" in hidden
+    assert "self.fc(self.bn_mid(self.mid(out[:, -1])))" in apply_transform("batchnorm", hidden)
+
+
+# -----------------------------------------------------------------------------
+# A user's Lightning-style trainer in plain PyTorch (tests/fixtures/lightning/lit_classifier): `configure_optimizers()`
+# builds the optimizer from `self.parameters()` and `Trainer.fit(self, model, ...)` steps it. grokfast_filter and
+# gradient_clipping wrote fit()'s `self` (the Trainer) as the model ('Trainer' object has no attribute
+# 'named_parameters'): names were matched across functions. They are resolved where they are used now.
+
+LIT = SOURCES["lit_classifier"]
+# the same trainer stepping `opt, sched` in fit() (the optimizer keeps its name in configure_optimizers())
+LIT_OPT = (
+    LIT.replace("optimizer, scheduler = model.configure_optimizers()", "opt, sched = model.configure_optimizers()")
+    .replace("                optimizer.", "                opt.")
+    .replace("            scheduler.step()", "            sched.step()")
+    .replace('lr=optimizer.param_groups[0]["lr"]', 'lr=opt.param_groups[0]["lr"]')
+)
+
+
+def unbound_names(source: str) -> set[str]:
+    """Names a function reads that neither it, an enclosing function, the module nor the builtins bind."""
+    top = symtable.symtable(source, "train.py", "exec")
+    known = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()} | set(dir(builtins))
+    missing: set[str] = set()
+    tables = list(top.get_children())
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        if table.get_type() == "function":
+            missing |= {
+                f"{table.get_name()}: {s.get_name()}"
+                for s in table.get_symbols()
+                if s.is_global() and s.is_referenced() and s.get_name() not in known
+            }
+    return missing
+
+
+@pytest.mark.parametrize("source", [LIT, LIT_OPT], ids=["optimizer", "opt"])
+def test_a_lightning_style_trainer_is_edited_with_the_names_of_the_function_edited(
+    source: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    stepped = "opt" if source is LIT_OPT else "optimizer"
+    assert "opt.step()" in LIT_OPT and "optimizer.step()" not in LIT_OPT
+    grokfast = apply_transform("grokfast_filter", source)
+    assert "                grokfast_grads = gradfilter_ema(model, grokfast_grads)\n" in grokfast
+    clipped = apply_transform("gradient_clipping", source)
+    clip = "                torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)\n"
+    assert f"{clip}                {stepped}.step()" in clipped
+    # every transform that applies gives a trainer whose fit() trains the model (one epoch on a few random digits)
+    monkeypatch.setenv("RALPH_METRICS_FILE", str(tmp_path / "metrics.jsonl"))
+    images = torch.utils.data.TensorDataset(torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))
+    loader = torch.utils.data.DataLoader(images, batch_size=8)
+    applied = [name for name, why in applicability(source).items() if why is None]
+    assert {"grokfast_filter", "gradient_clipping"} <= set(applied)
+    for name in applied:
+        result = apply_transform(name, source)
+        assert not unbound_names(result), (name, unbound_names(result))
+        built: dict = {"__name__": "lit"}
+        exec(compile(result, "train.py", "exec"), built)
+        model = built["LitClassifier"](10, 4, 0.003)
+        before = [p.detach().clone() for p in model.parameters()]
+        built["Trainer"](max_epochs=1).fit(model, loader, loader)
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), name
+
+
+@pytest.mark.parametrize(
+    ("source", "name", "reason"),
+    [
+        (LIT, "label_smoothing", r"the loss `loss` comes from the method `model.training_step`, which is not followed"),
+        (LIT_OPT, "mixed_precision", r"comes from the method `model.training_step`, which is not followed"),
+        (LIT, "ema_weights", r"the model comes into `fit\(\)` as its parameter `model`"),
+        (LIT_OPT, "flip_tta", r"the model comes into `fit\(\)` as its parameter `model`"),
+        (
+            LIT_OPT,
+            "self_model_head",
+            r"built in the model's method `configure_optimizers\(\)` and stepped in `fit\(\)` as `opt` \(from "
+            r"`model.configure_optimizers\(\)`\): the self-model head would be built in the method",
+        ),
+        (LIT_OPT, "data_parallel", r"stepped in `fit\(\)` as `opt`.*where the model itself is built is not followed"),
+        # an optimizer taken out of what the method returns by a subscript is not followed: refused, saying so
+        (
+            LIT_OPT.replace("opt, sched = model.configure_optimizers()", "opt = model.configure_optimizers()[0]"),
+            "grokfast_filter",
+            r"the optimizer comes from `model.configure_optimizers\(\)` in `fit\(\)`, and no `.step\(\)` line there "
+            r"steps a name `opt = model.configure_optimizers\(\)\[0\]` binds to it",
+        ),
+    ],
+)
+def test_a_lightning_style_trainer_is_refused_naming_what_was_found(source: str, name: str, reason: str):
+    with pytest.raises(NotApplicable, match=reason):
+        apply_transform(name, source)
+
+
+def test_the_model_is_named_as_the_function_stepping_the_optimizer_binds_it():
+    """The optimizer built in main() from `model.parameters()` and stepped in `train_one_epoch(net, ...)`: the clip
+    went in as `model.parameters()`, a name train_one_epoch() does not bind (main()'s, by name only)."""
+    source = SOURCES["epoch_function"]
+    head = "def train_one_epoch(model, loader, criterion, optimizer):\n    model.train()"
+    assert head in source and "loss = criterion(model(x), y)" in source
+    renamed = source.replace(head, "def train_one_epoch(net, loader, criterion, optimizer):\n    net.train()").replace(
+        "loss = criterion(model(x), y)", "loss = criterion(net(x), y)"
+    )
+    assert "torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)" in apply_transform(
+        "gradient_clipping", source
+    )
+    with pytest.raises(
+        NotApplicable,
+        match=r"built in `main\(\)` from `model.parameters\(\)` and stepped in `train_one_epoch\(\)`, which has no "
+        "`model` of its own",
+    ):
+        apply_transform("gradient_clipping", renamed)
+    # one instance's `self.opt` built in __init__ and stepped in another method of its class is the same optimizer
+    runner = (
+        "import torch\nimport torch.nn.functional as F\n\nEPOCHS = 2  # passes\n\n\nclass Runner:\n"
+        "    def __init__(self, model):\n        self.model = model\n"
+        "        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n"
+        "    def train(self, loader):\n        for epoch in range(EPOCHS):\n            for x, y in loader:\n"
+        "                loss = F.cross_entropy(self.model(x), y)\n                loss.backward()\n"
+        "                self.opt.step()\n"
+    )
+    clipped = apply_transform("gradient_clipping", runner)
+    assert "clip_grad_norm_(self.model.parameters(), GRAD_CLIP)\n                self.opt.step()" in clipped
+
+
+# An optimizer a module-level factory builds and returns (`optimizer = make_optimizer(model)`) is the one main()
+# steps: resolving `.step()` per function refused it ("steps something else") though the transforms applied before.
+FACTORY_TRAINER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LR = 0.1  # learning rate
+EPOCHS = 2  # epochs
+BATCH = 16  # examples per step
+
+
+def make_optimizer(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    return optimizer
+
+
+def main():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = make_optimizer(model)
+    for epoch in range(EPOCHS):
+        model.train()
+        for i in range(0, len(x), BATCH):
+            loss = F.cross_entropy(model(x[i : i + BATCH]), y[i : i + BATCH])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return before, model
+"""
+# the factory names the model `net` and main() the optimizer `opt`: the edits take main()'s names
+FACTORY_RENAMED = (
+    FACTORY_TRAINER.replace("def make_optimizer(model):", "def make_optimizer(net):")
+    .replace("SGD(model.parameters()", "SGD(net.parameters()")
+    .replace("    optimizer = make_optimizer(model)", "    opt = make_optimizer(model)")
+    .replace("            optimizer.", "            opt.")
+)
+
+
+@pytest.mark.parametrize("source", [FACTORY_TRAINER, FACTORY_RENAMED], ids=["same_names", "renamed"])
+def test_an_optimizer_from_a_factory_function_is_edited_with_the_callers_names(source: str):
+    stepped = "opt" if source is FACTORY_RENAMED else "optimizer"
+    assert f"            {stepped}.step()" in source
+    clipped = apply_transform("gradient_clipping", source)
+    assert f"clip_grad_norm_(model.parameters(), GRAD_CLIP)\n            {stepped}.step()" in clipped
+    assert "label_smoothing=LABEL_SMOOTHING)" in apply_transform("label_smoothing", source)
+    replay = apply_transform("hard_example_replay", source)
+    assert f"dream_replay.dream(model, {stepped}, " in replay
+    for name in ("gradient_clipping", "label_smoothing", "hard_example_replay"):
+        result = apply_transform(name, source)
+        assert not unbound_names(result), (name, unbound_names(result))
+        built: dict = {"__name__": "factory"}
+        exec(compile(result, "train.py", "exec"), built)
+        before, model = built["main"]()
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), name
+    # what goes beside the optimizer's construction would land in the factory, where main()'s names are not
+    with pytest.raises(NotApplicable, match=r"built in the function `make_optimizer\(\)` and stepped in `main\(\)`"):
+        apply_transform("self_model_head", source)
+
+
+def test_an_lbfgs_step_with_a_closure_is_still_the_training_step():
+    """`opt.step(closure)` (LBFGS) steps the optimizer like `opt.step()`: it was matched before steps were resolved
+    per function, and is again."""
+    source = TRAINS_IN_A_FUNCTION
+    closure = (
+        "            def closure():\n                optimizer.zero_grad()\n"
+        "                loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])\n"
+        "                loss.backward()\n                return loss\n\n"
+        "            optimizer.step(closure)\n"
+    )
+    step = (
+        "            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])\n            optimizer.zero_grad()\n"
+        "            loss.backward()\n            optimizer.step()\n"
+    )
+    assert step in source
+    lbfgs = source.replace(step, closure).replace("torch.optim.SGD(", "torch.optim.LBFGS(")
+    assert code(analyse(lbfgs).step_statement()).strip() == "optimizer.step(closure)"
+    clipped = apply_transform("gradient_clipping", lbfgs)
+    assert "torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)" in clipped
+    exec(compile(clipped, "train.py", "exec"), {"__name__": "lbfgs"})

@@ -287,7 +287,7 @@ def _configures_training(trainer: Trainer, ref: cst.CSTNode, epoch: cst.For, bat
 
 def _trains(trainer: Trainer, call: cst.Call) -> bool:
     """A call that is also handed the optimizer trains the model (hard_example_replay's `dream(model, optimizer)`)."""
-    optimizer = trainer.optimizer_name()
+    optimizer = trainer.stepped_name()
     return any(dotted(arg.value) == optimizer for arg in call.args)
 
 

@@ -1,7 +1,8 @@
 """What a transform needs to know about a trainer: its idioms located in the libcst tree, and a batch of edits.
 
 `Trainer` finds, once per source, the places PyTorch trainers are written around however they are spelled:
-the optimizer (`torch.optim.<Any>(...)` bound to some name), its `.step()`, the `.backward()` of the loss,
+the optimizer (`torch.optim.<Any>(...)` bound to some name), its `.step()` (by the name the step's own function
+binds it to: `opt, sched = model.configure_optimizers()` in a Lightning-style `fit()`), the `.backward()` of the loss,
 the batch loop (the loop around the step) and the epoch loop around it (or around a call of the function that
 holds it), the model (whose `.parameters()` the optimizer gets), the loss call (`F.cross_entropy(...)`, a
 `nn.CrossEntropyLoss()` criterion; any torch loss where only its reduction matters), the forward call, the layers
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ralph_ray.knobs import is_knob, parse, read_knobs
 
@@ -194,6 +196,19 @@ class Layer:
         return bool(self.attribute or self.sequential or self.listed)
 
 
+@dataclass(frozen=True)
+class Stepped:
+    """The optimizer as a `.step()` line's function names it."""
+
+    name: str  # the name stepped there (`opt`)
+    owner: str | None = (
+        None  # the object whose method built and returned it (`model` of `model.configure_optimizers()`)
+    )
+    # the line that binds it there from the builder's return (`opt, sched = model.configure_optimizers()`, or
+    # `opt = make_optimizer(model)` of a module-level function: no owner)
+    bound: cst.Assign | None = None
+
+
 class Trainer:
     """A trainer's source and the idioms found in it (each lookup raises NotApplicable when absent)."""
 
@@ -297,12 +312,127 @@ class Trainer:
         return self.statement_of(self.optimizer_call())  # type: ignore[return-value]
 
     def step_statements(self) -> list[cst.SimpleStatementLine]:
-        """The `<optimizer>.step()` lines."""
+        """The `<optimizer>.step()` lines: each names the optimizer as its own function binds it (see `stepped_as`),
+        not merely by the name it was built under (a `fit()` may step `opt`, or an `optimizer` of its own)."""
         name = self.optimizer_name()
-        found = [s for s in self.lines if (c := single_expr_call(s)) is not None and call_name(c) == f"{name}.step"]
-        if not found:
-            raise NotApplicable(f"no `{name}.step()` line found")
-        return found  # type: ignore[return-value]
+        if not hasattr(self, "_steps"):
+            steps = [s for s in self.lines if _stepped_name(s) is not None]
+            found = [s for s in steps if self.stepped_as(s) is not None]
+            self._steps = found or NotApplicable(self._no_step_reason(name, steps))
+        if isinstance(self._steps, NotApplicable):
+            raise NotApplicable(str(self._steps))
+        return self._steps  # type: ignore[return-value]
+
+    def stepped_as(self, line: cst.SimpleStatementLine) -> Stepped | None:
+        """How a `<name>.step()` line reaches the optimizer built by `optimizer_call`, resolved in the line's own
+        function: the builder's name in the builder's function or at module level, the same name handed in as a
+        parameter (`train_one_epoch(model, loader, optimizer)`), `self.opt` in another method of the class, or a
+        name bound there from a call of the method that builds and returns it (`opt, sched =
+        model.configure_optimizers()`); None for any other `.step()`."""
+        name = _stepped_name(line)
+        if name is None:
+            return None
+        built, builder, function = self.optimizer_name(), self.optimizer_function(), enclosing_function(self, line)
+        if name == built and (builder is None or (function is not None and self.inside(function, builder))):
+            return Stepped(name, None)  # where it is built, a closure there, or a module-level optimizer
+        if name == built and function is not None and name in [p.name.value for p in function.params.params]:
+            return Stepped(name, None)
+        root = name.split(".")[0]
+        if (
+            name == built
+            and function is not None
+            and builder is not None
+            and "." in name
+            and self._same_instance(function, builder, root)
+        ):
+            return Stepped(name, None)  # `self.opt` built in __init__, stepped in another method of the class
+        if builder is None or not (self._is_method(builder) or isinstance(self.parent(builder), cst.Module)):
+            return None
+        for node in self.within(function if function is not None else self.module):
+            if (
+                not isinstance(node, cst.Assign)
+                or len(node.targets) != 1
+                or enclosing_function(self, node) is not function
+                or not self._calls_builder(node.value, builder)
+            ):
+                continue
+            value = cst.ensure_type(node.value, cst.Call)
+            owner = dotted(value.func.value) if isinstance(value.func, cst.Attribute) else None
+            if _returned_as(builder, built, node.targets[0].target) == name:
+                return Stepped(name, owner, node)
+        return None
+
+    def _calls_builder(self, value: cst.BaseExpression, builder: cst.FunctionDef) -> bool:
+        """Whether an assigned value calls the function that builds the optimizer: `<obj>.<method>(...)` of a method,
+        `<function>(...)` of a module-level function (a factory `make_optimizer(model)`)."""
+        if not isinstance(value, cst.Call):
+            return False
+        if self._is_method(builder):
+            return (
+                isinstance(value.func, cst.Attribute)
+                and dotted(value.func.value) is not None
+                and value.func.attr.value == builder.name.value
+            )
+        return isinstance(value.func, cst.Name) and value.func.value == builder.name.value
+
+    def optimizer_function(self) -> cst.FunctionDef | None:
+        """The function that builds the optimizer (None: module level)."""
+        return enclosing_function(self, self.optimizer_call())
+
+    def _binds(self, function: cst.FunctionDef, name: str) -> bool:
+        """Whether a function binds `name` itself: a parameter, or a target of an assignment or a loop in its code."""
+        if name in [p.name.value for p in (*function.params.params, *function.params.kwonly_params)]:
+            return True
+        for node in self.within(function):
+            if enclosing_function(self, node) is not function:
+                continue
+            if isinstance(node, (cst.AssignTarget, cst.AnnAssign, cst.For, cst.AugAssign, cst.NamedExpr)):
+                target: cst.CSTNode = node.target
+            elif isinstance(node, cst.AsName):
+                target = node.name
+            else:
+                continue
+            if any(isinstance(n, cst.Name) and n.value == name for n in self.within(target)):
+                return True
+        return False
+
+    def _same_instance(self, a: cst.FunctionDef, b: cst.FunctionDef, root: str) -> bool:
+        """Whether `root` is the instance parameter of two methods of one class."""
+        return (
+            self._is_method(a)
+            and self._is_method(b)
+            and self.parent(a) is self.parent(b)
+            and first_parameter(a) == first_parameter(b) == root
+        )
+
+    def _is_method(self, function: cst.FunctionDef) -> bool:
+        """Whether a function is a method defined in a class body (its first parameter is the instance)."""
+        block = self.parent(function)
+        return isinstance(block, cst.IndentedBlock) and isinstance(self.parent(block), cst.ClassDef)
+
+    def _no_step_reason(self, name: str, steps: list[cst.SimpleStatementLine]) -> str:
+        """Why no `.step()` line steps the optimizer, saying what was found instead."""
+        builder = self.optimizer_function()
+        if builder is not None and (self._is_method(builder) or isinstance(self.parent(builder), cst.Module)):
+            for call in self.calls():
+                function = enclosing_function(self, call)
+                called = call_name(call) or ""
+                if function is not None and (
+                    called.endswith(f".{builder.name.value}")
+                    if self._is_method(builder)
+                    else called == builder.name.value
+                ):
+                    return (
+                        f"the optimizer comes from `{code(call)}` in `{function.name.value}()`, and no `.step()` line "
+                        f"there steps a name `{code(self.statement_of(call)).strip()}` binds to it"
+                    )
+        where = f" in `{builder.name.value}()`" if builder is not None else ""
+        reason = f"no `{name}.step()` line found where the optimizer built{where} as `{name}` is in reach"
+        if steps:
+            function = enclosing_function(self, steps[0])
+            shown = f"`{function.name.value}()`" if function is not None else "module level"
+            reason += f" (`{_stepped_name(steps[0])}.step()` in {shown} steps something else)"
+        return reason
 
     def step_statement(self) -> cst.SimpleStatementLine:
         """The training step's `<optimizer>.step()` line: the first inside a loop within a loop (batches within
@@ -416,6 +546,7 @@ class Trainer:
 
     def model_built(self) -> cst.SimpleStatementLine:
         """The last `<model> = ...` line before the optimizer is built (where the model takes its final form)."""
+        refuse_built_apart(self, "where the model itself is built is not followed")
         model, optimizer = self.model_name(), self.optimizer_statement()
         built = [
             s
@@ -427,8 +558,52 @@ class Trainer:
         return built[-1]
 
     def model_name(self) -> str:
-        """The model whose `.parameters()` the optimizer gets (an nn.Module): read in the optimizer call, else in
-        the parameter groups built before it (`[p for n, p in model.named_parameters() if ...]`)."""
+        """The model whose `.parameters()` the optimizer gets (an nn.Module), as the training step's function names
+        it: the builder's own name where the step is in reach of it, else the object whose method built the
+        optimizer (`model` of `opt, sched = model.configure_optimizers()` for `self.parameters()` there)."""
+        built = self.built_model()
+        try:
+            stepped = self.stepped_as(self.step_statement())
+        except NotApplicable:
+            return built
+        if stepped is None:
+            return built
+        function, builder = enclosing_function(self, self.step_statement()), self.optimizer_function()
+        if stepped.bound is None:
+            root = built.split(".")[0]
+            apart = builder is not None and (function is None or not self.inside(function, builder))
+            if apart and function is not None and not self._binds(function, root):
+                raise NotApplicable(
+                    f"the optimizer is built in `{_function_name(builder)}()` from `{built}.parameters()` and stepped "
+                    f"in `{_function_name(function)}()`, which has no `{root}` of its own"
+                )
+            return built
+        root, dot, rest = built.partition(".")
+        assert builder is not None  # a bound step comes from a call of the builder
+        passed = _passed_as(builder, cst.ensure_type(stepped.bound.value, cst.Call), root, self._is_method(builder))
+        if passed is None:
+            raise NotApplicable(
+                f"the optimizer is built in `{_function_name(builder)}()` from `{built}.parameters()`, which "
+                f"`{_function_name(function)}()` that steps it does not name"
+            )
+        return f"{passed}{dot}{rest}"
+
+    def stepped_name(self) -> str:
+        """The optimizer's name where the training step steps it (`opt` of `opt.step()`)."""
+        stepped = self.stepped_as(self.step_statement())
+        assert stepped is not None  # step_statement only returns lines that step it
+        return stepped.name
+
+    def stepped_apart(self) -> Stepped | None:
+        """How the step's function got the optimizer from a method or function that builds and returns it (`opt,
+        sched = model.configure_optimizers()`, `opt = make_optimizer(model)`); None where it is stepped in reach of the
+        name it is built under."""
+        stepped = self.stepped_as(self.step_statement())
+        return stepped if stepped is not None and stepped.bound is not None else None
+
+    def built_model(self) -> str:
+        """The model whose `.parameters()` the optimizer gets, as the builder names it: read in the optimizer call,
+        else in the parameter groups built before it (`[p for n, p in model.named_parameters() if ...]`)."""
         optimizer = self.optimizer_call()
         scope = next((a for a in self.ancestors(optimizer) if isinstance(a, cst.FunctionDef)), self.module)
         inside = self.within(optimizer)
@@ -493,9 +668,24 @@ class Trainer:
         call = self._loss_call_in(lines[::-1], CROSS_ENTROPY_FN, CROSS_ENTROPY_CLS)
         if call is None:
             raise NotApplicable(
-                f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)"
+                self._loss_elsewhere(lines[-1], name)
+                or f"the loss `{name}` is not a cross-entropy call (F.cross_entropy or nn.CrossEntropyLoss)"
             )
         return call
+
+    def _loss_elsewhere(self, line: cst.SimpleStatementLine, name: str) -> str | None:
+        """Where a loss computed by a call of the trainer's own function or method comes from (`loss =
+        model.training_step(batch)`): the transforms edit the loss where the step is, they do not follow calls."""
+        value = assign_value(line)
+        called = call_name(value) if isinstance(value, cst.Call) else None
+        if called is None:
+            return None
+        last = called.rsplit(".", 1)[-1]
+        defined = [n for n in self.nodes if isinstance(n, cst.FunctionDef) and n.name.value == last]
+        if not defined:
+            return None
+        kind = "method" if "." in called else "function"
+        return f"the loss `{name}` comes from the {kind} `{called}`, which is not followed"
 
     def _loss_call_in(
         self, places: list[cst.CSTNode], function: re.Pattern[str], criterion: re.Pattern[str]
@@ -826,6 +1016,21 @@ def batch_loop_reaches(trainer: Trainer, what: str) -> None:
         )
 
 
+def refuse_built_apart(trainer: Trainer, why: str) -> None:
+    """NotApplicable where the optimizer is built in the model's own method (`configure_optimizers()`) or a factory
+    function (`make_optimizer(model)`) and stepped in another function: what goes beside the optimizer's construction
+    would sit where the trained model has another name (`why` says what the transform would have needed)."""
+    apart = trainer.stepped_apart()
+    if apart is not None:
+        builder = trainer.optimizer_function()
+        kind = "the model's method" if builder is not None and trainer._is_method(builder) else "the function"
+        raise NotApplicable(
+            f"the optimizer is built in {kind} `{_function_name(builder)}()` and "
+            f"stepped in `{_function_name(enclosing_function(trainer, apart.bound))}()` as `{apart.name}` (from "
+            f"`{code(apart.bound.value)}`): {why}"
+        )
+
+
 def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef | None:
     """The innermost function a node's code runs in (None: module level)."""
     return next((a for a in trainer.ancestors(node) if isinstance(a, cst.FunctionDef)), None)
@@ -834,6 +1039,53 @@ def enclosing_function(trainer: Trainer, node: cst.CSTNode) -> cst.FunctionDef |
 def first_parameter(function: cst.FunctionDef) -> str | None:
     """The name of a function's first parameter (None: it takes none)."""
     return function.params.params[0].name.value if function.params.params else None
+
+
+def _function_name(function: cst.FunctionDef | None) -> str:
+    """A function's name (`<module>` for module level)."""
+    return function.name.value if function is not None else "<module>"
+
+
+def _stepped_name(line: cst.CSTNode) -> str | None:
+    """`opt` of a statement line `opt.step()`, or `opt.step(closure)` (LBFGS: one positional argument), else None."""
+    call = single_expr_call(line)
+    if call is None or not isinstance(call.func, cst.Attribute) or call.func.attr.value != "step":
+        return None
+    if len(call.args) > 1 or any(a.keyword is not None or a.star for a in call.args):
+        return None
+    return dotted(call.func.value)
+
+
+def _passed_as(function: cst.FunctionDef, call: cst.Call, parameter: str, method: bool) -> str | None:
+    """The dotted name a call of `function` passes as its `parameter`: the object of `obj.method(...)` for a method's
+    first parameter, else the positional or keyword argument that binds it; None where it is no dotted name."""
+    names = [p.name.value for p in function.params.params]
+    if method:
+        if names[:1] == [parameter]:
+            return dotted(call.func.value) if isinstance(call.func, cst.Attribute) else None
+        names = names[1:]
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == parameter:
+            return dotted(arg.value)
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if any(a.star for a in call.args) or parameter not in names or names.index(parameter) >= len(positional):
+        return None
+    return dotted(positional[names.index(parameter)].value)
+
+
+def _returned_as(method: cst.FunctionDef, name: str, target: cst.BaseAssignTargetExpression) -> str | None:
+    """The name `target` (of `target = obj.method()`) gives to what `method` binds as `name` and returns: `opt` for
+    `return optimizer` and `opt = ...`, or for `return optimizer, scheduler` and `opt, sched = ...`."""
+    for node in m.findall(method, m.Return()):
+        value = cst.ensure_type(node, cst.Return).value
+        if isinstance(value, cst.Name) and value.value == name and isinstance(target, cst.Name):
+            return target.value
+        if isinstance(value, (cst.Tuple, cst.List)) and isinstance(target, (cst.Tuple, cst.List)):
+            returned = [dotted(e.value) for e in value.elements]
+            bound = [dotted(e.value) for e in target.elements]
+            if name in returned and len(returned) == len(bound):
+                return bound[returned.index(name)]
+    return None
 
 
 def _before(trainer: Trainer, a: cst.CSTNode, b: cst.CSTNode) -> bool:

@@ -19,45 +19,48 @@ from ralph_ray.agents.transforms._tree import (
     under_no_grad,
 )
 
-# Both helpers take images (N, C, H, W) or flattened square images (N, H*W), as MLP trainers feed them.
+# Each helper takes images (N, C, H, W), single-channel images without a channel axis (N, H, W), as task.images reads
+# them (a model that unsqueezes or reads rows as steps), or flattened square images (N, H*W), as MLP trainers feed them.
 SHIFT_HELPER = '''
 def shift_images(x: torch.Tensor) -> torch.Tensor:
     """Translate an AUGMENT_PROB share of the images by up to SHIFT pixels (zero padded), batched."""
-    flat = x.dim() == 2
-    if flat:
+    shape = x.shape
+    if x.dim() == 2:
         side = int(round(x.shape[1] ** 0.5))
         if side * side != x.shape[1]:
             raise ValueError(f"shift_images: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
-        x = x.view(len(x), 1, side, side)
+        x = x.reshape(len(x), 1, side, side)
+    elif x.dim() == 3:
+        x = x.unsqueeze(1)
     if x.dim() != 4:
-        raise ValueError(f"shift_images: expected images (N, C, H, W), got shape {tuple(x.shape)}")
-    size = x.shape[-1]
+        raise ValueError(f"shift_images: expected images (N, C, H, W) or (N, H, W), got shape {tuple(x.shape)}")
+    height, width = x.shape[-2:]
     padded = torch.nn.functional.pad(x, (SHIFT,) * 4)
     offsets = torch.randint(0, 2 * SHIFT + 1, (2, len(x)), device=x.device)
     out = torch.empty_like(x)
     for dy in range(2 * SHIFT + 1):
         for dx in range(2 * SHIFT + 1):
             mask = (offsets[0] == dy) & (offsets[1] == dx)
-            out[mask] = padded[mask, :, dy : dy + size, dx : dx + size]
+            out[mask] = padded[mask, :, dy : dy + height, dx : dx + width]
     shifted = torch.rand(len(x), device=x.device) < AUGMENT_PROB
-    out = torch.where(shifted.view(-1, 1, 1, 1), out, x)
-    return out.flatten(1) if flat else out
+    return torch.where(shifted.view(-1, 1, 1, 1), out, x).reshape(shape)
 '''
 
 FLIP_HELPER = '''
 def flip_images(x: torch.Tensor) -> torch.Tensor:
     """Mirror a FLIP_PROB share of the images left to right, batched."""
-    flat = x.dim() == 2
-    if flat:
+    shape = x.shape
+    if x.dim() == 2:
         side = int(round(x.shape[1] ** 0.5))
         if side * side != x.shape[1]:
             raise ValueError(f"flip_images: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
-        x = x.view(len(x), 1, side, side)
+        x = x.reshape(len(x), 1, side, side)
+    elif x.dim() == 3:
+        x = x.unsqueeze(1)
     if x.dim() != 4:
-        raise ValueError(f"flip_images: expected images (N, C, H, W), got shape {tuple(x.shape)}")
+        raise ValueError(f"flip_images: expected images (N, C, H, W) or (N, H, W), got shape {tuple(x.shape)}")
     flipped = torch.rand(len(x), device=x.device) < FLIP_PROB
-    out = torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x)
-    return out.flatten(1) if flat else out
+    return torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x).reshape(shape)
 '''
 
 
@@ -109,11 +112,11 @@ def flip_averaged(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         side = int(round(x.shape[1] ** 0.5))
         if side * side != x.shape[1]:
             raise ValueError(f"flip_averaged: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
-        mirrored = x.view(len(x), 1, side, side).flip(-1).flatten(1)
-    elif x.dim() == 4:
+        mirrored = x.reshape(len(x), 1, side, side).flip(-1).flatten(1)
+    elif x.dim() in (3, 4):  # (N, H, W) or (N, C, H, W): the last axis is the width either way
         mirrored = x.flip(-1)
     else:
-        raise ValueError(f"flip_averaged: expected images (N, C, H, W), got shape {tuple(x.shape)}")
+        raise ValueError(f"flip_averaged: expected images (N, C, H, W) or (N, H, W), got shape {tuple(x.shape)}")
     return (model(x) + model(mirrored)) / 2
 '''
 

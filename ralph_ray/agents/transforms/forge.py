@@ -5,6 +5,8 @@ Each is an intervention like any other, so the knowledge base measures its effec
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from ralph_ray.agents.transforms._registry import register
@@ -12,7 +14,9 @@ from ralph_ray.agents.transforms._tree import (
     CROSS_ENTROPY_FN,
     Edits,
     NotApplicable,
+    Trainer,
     analyse,
+    assign_value,
     batch_loop_reaches,
     call_name,
     code,
@@ -20,7 +24,11 @@ from ralph_ray.agents.transforms._tree import (
     free_name,
     kwarg,
     positional,
+    refuse_built_apart,
 )
+
+# torch.nn.utils' gradient clipping, however imported (`clip_grad_norm_(...)`, `nn.utils.clip_grad_value_(...)`)
+CLIP_GRAD = re.compile(r"^(\w+\.)*clip_grad_(norm|value)_$")
 
 GROKFAST_HELPER = '''
 def gradfilter_ema(model: torch.nn.Module, grads: dict | None) -> dict:
@@ -72,8 +80,10 @@ class DreamReplay:
         self.y.append(y[hard].detach())
         self.batch_size = max(self.batch_size, len(y))
 
-    def dream(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """One pass over the remembered examples, shuffled, in batches of the training batch size."""
+    def dream(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss=None, clip=None) -> None:
+        """One pass over the remembered examples, shuffled, in batches of the training batch size, each step as the
+        trainer's own: its loss (`loss(logits, targets)`, plain cross-entropy if None) and its gradient clipping
+        (`clip()` between backward and step)."""
         if not self.y:
             return
         x, y = torch.cat(self.x), torch.cat(self.y)
@@ -81,9 +91,12 @@ class DreamReplay:
         order = torch.randperm(len(y), device=y.device)
         for i in range(0, len(y), self.batch_size):
             idx = order[i : i + self.batch_size]
-            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            logits = model(x[idx])
+            step_loss = torch.nn.functional.cross_entropy(logits, y[idx]) if loss is None else loss(logits, y[idx])
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            step_loss.backward()
+            if clip is not None:
+                clip()
             optimizer.step()
 '''
 
@@ -189,7 +202,8 @@ def hard_example_replay(source: str) -> str:
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
     batch_loop_reaches(trainer, "the replay buffer")
-    model, optimizer = trainer.model_name(), trainer.optimizer_name()
+    # both as the epoch loop's function names them (`opt` of `opt, sched = model.configure_optimizers()` in fit())
+    model, optimizer = trainer.model_name(), trainer.stepped_name()
     loss_args = positional(trainer.loss_call())
     targets = code(loss_args[1].value)
     edits = Edits(trainer)
@@ -204,8 +218,110 @@ def hard_example_replay(source: str) -> str:
     edits.helper(REPLAY_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{replay} = DreamReplay()")
     edits.insert_after(trainer.step_statement(), f"{replay}.observe({logits}, {inputs}, {targets})")
-    edits.insert_before(trainer.batch_loop(), f"{replay}.dream({model}, {optimizer})  # last epoch's hardest, first")
+    step = _replay_step(trainer, trainer.loss_call())
+    edits.insert_before(
+        trainer.batch_loop(), f"{replay}.dream({model}, {optimizer}{step})  # last epoch's hardest, first"
+    )
     return edits.apply()
+
+
+def _replay_step(trainer: Trainer, call: cst.Call) -> str:
+    """The replay's `loss=` and `clip=` arguments: the trainer's own loss expression on the replayed logits and
+    targets, and its own gradient clipping calls under their own conditions, so that a replay step is one of the
+    trainer's steps (a criterion's label smoothing, a summed loss's scale, the clip). NotApplicable where either
+    reads a name the batch loop binds: the replay runs before the loop's batches, where that name is the previous
+    epoch's last value or unbound."""
+    batch = trainer.batch_loop()
+    bound = _bound_in(trainer, batch)
+    logits, targets = free_name(trainer, "replay_logits"), free_name(trainer, "replay_targets")
+    first, second = positional(call)[:2]
+    # The whole expression of the loss line, not only its call: `F.cross_entropy(out, y, reduction="sum") / BATCH`
+    # replayed as the bare call would step at BATCH times the training step's scale. (Later `loss = loss ...` lines
+    # before the backward are not followed.)
+    value = assign_value(trainer.statement_of(call))
+    whole = value if value is not None and trainer.inside(call, value) else call
+    _reachable(trainer, "loss", whole, [whole], bound, skip=(first.value, second.value))
+    replaced = call.with_changes(
+        args=[
+            first.with_changes(value=cst.Name(logits)),
+            second.with_changes(value=cst.Name(targets)),
+            *(a for a in call.args if a is not first and a is not second),
+        ]
+    )
+    loss = code(whole.deep_replace(call, replaced) if whole is not call else replaced)
+    if whole is call and trainer.loss_reduction_argument(call) == "none":  # reduced on a later line: a mean
+        loss += ".mean()"
+    step = f", loss=lambda {logits}, {targets}: {loss}"
+    clips = []
+    for clip in trainer.calls(CLIP_GRAD, within=batch):
+        _reachable(trainer, "gradient clipping", clip, [clip], bound)
+        clips.append(code(clip) + _condition(trainer, clip, batch, bound))
+    if clips:
+        calls = clips[0] if len(clips) == 1 else f"({', '.join(f'({c})' for c in clips)})"
+        step += f", clip=lambda: {calls}"
+    return step
+
+
+def _condition(trainer: Trainer, clip: cst.Call, loop: cst.For, bound: set[str]) -> str:
+    """` if CONDITION else None` for a clip under `if`s in the batch loop (`if GRAD_CLIP > 0: clip_grad_norm_(...)`),
+    "" for one that always runs: a replay step clips when the trainer's step would (an unconditional clip at
+    GRAD_CLIP = 0 zeroes every gradient). NotApplicable where a condition reads a name the batch loop binds."""
+    tests = []
+    for outer in trainer.ancestors(clip):
+        if outer is loop:
+            break
+        if isinstance(outer, cst.If) and not trainer.inside(clip, outer.test):
+            _reachable(trainer, "gradient clipping's condition", outer.test, [outer.test], bound)
+            test = code(outer.test)
+            tests.append(f"({test})" if trainer.inside(clip, outer.body) else f"not ({test})")
+    return f" if {' and '.join(reversed(tests))} else None" if tests else ""
+
+
+def _bound_in(trainer: Trainer, loop: cst.For) -> set[str]:
+    """The plain names a loop binds (its target, assignments, walrus targets) anywhere in its body."""
+    targets: list[cst.CSTNode] = []
+    for node in trainer.within(loop):
+        if isinstance(node, (cst.For, cst.NamedExpr, cst.AnnAssign, cst.AugAssign)):
+            targets.append(node.target)
+        elif isinstance(node, cst.AssignTarget):
+            targets.append(node.target)
+    names: set[str] = set()
+    while targets:
+        target = targets.pop()
+        if isinstance(target, cst.Name):
+            names.add(target.value)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            targets.extend(e.value for e in target.elements)
+        elif isinstance(target, cst.StarredElement):
+            targets.append(target.value)
+    return names
+
+
+def _reachable(
+    trainer: Trainer,
+    what: str,
+    node: cst.CSTNode,
+    parts: list[cst.CSTNode],
+    bound: set[str],
+    skip: tuple[cst.CSTNode, ...] = (),
+) -> None:
+    """NotApplicable if `parts`, outside `skip` (the loss call's logits and targets, replaced), read a name in
+    `bound` (attribute names and keywords are not reads)."""
+    for part in parts:
+        for name in trainer.within(part):
+            if not isinstance(name, cst.Name) or name.value not in bound:
+                continue
+            if any(name is s or trainer.inside(name, s) for s in skip):
+                continue
+            parent = trainer.parent(name)
+            if (isinstance(parent, cst.Attribute) and parent.attr is name) or (
+                isinstance(parent, cst.Arg) and parent.keyword is name
+            ):
+                continue
+            raise NotApplicable(
+                f"the trainer's {what} `{code(node)}` reads `{name.value}`, which its batch loop binds: the replay, "
+                "before the loop's batches, cannot take the trainer's own step"
+            )
 
 
 def _named(edits: Edits, node: cst.BaseExpression, name: str) -> str:
@@ -229,6 +345,7 @@ def self_model_head(source: str) -> str:
     if not classifier_layers:
         raise NotApplicable("the model has no nn.Linear classifier to read features from")
     model, optimizer, loss = trainer.model_name(), trainer.optimizer_name(), trainer.loss_name()
+    refuse_built_apart(trainer, "the self-model head would be built in the method, apart from the training step")
     targets = code(positional(trainer.loss_call())[1].value)
     loss_line = trainer.statement_of(trainer.loss_call())
     edits = Edits(trainer)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import re
+
 from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
     Edits,
     NotApplicable,
     analyse,
     attribute_calls,
+    call_name,
     classifier,
     code,
     expression,
@@ -16,6 +19,11 @@ from ralph_ray.agents.transforms._tree import (
     size_code,
     statement,
     wrap_first_arg,
+)
+
+# Layers a model may be built of that get no norm here: named in the refusal of a model with nothing else to norm.
+UNHANDLED = re.compile(
+    r"^((torch\.)?nn\.)?(LSTM|GRU|RNN|Conv1d|Conv3d|ConvTranspose[123]d|Embedding|MultiheadAttention|Transformer\w*)$"
 )
 
 
@@ -30,6 +38,13 @@ def batchnorm(source: str) -> str:
     head = classifier(layers)
     # the head's input gets centred only where conv features feed it directly (many positive unit-scale inputs)
     convs = layers.index(head) > 0 and layers[layers.index(head) - 1].kind == "conv"
+    if len(layers) == 1:  # the classifier alone (an RNN's head): refused here for what was found
+        unhandled = sorted({f"nn.{call_name(c).rsplit('.', 1)[-1]}" for c in trainer.calls(UNHANDLED)})
+        shown = f" ({', '.join(unhandled)} {'is' if len(unhandled) == 1 else 'are'} not handled)" if unhandled else ""
+        raise NotApplicable(
+            f"no convolution or hidden nn.Linear layer to follow with a norm, only the classifier "
+            f"`{code(head.call)}`{shown}"
+        )
     edits = Edits(trainer)
     for layer in layers:
         if layer is head:

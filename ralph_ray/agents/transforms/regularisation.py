@@ -13,6 +13,8 @@ from ralph_ray.agents.transforms._tree import (
     NotApplicable,
     Trainer,
     analyse,
+    assign_target,
+    assign_value,
     attribute_calls,
     call_name,
     classifier,
@@ -32,6 +34,8 @@ from ralph_ray.agents.transforms._tree import (
 CE_SETTINGS = frozenset({"weight", "ignore_index", "reduction", "label_smoothing"})
 ADAMW_LR = 0.003
 ADAMW_WEIGHT_DECAY = 0.05
+# optimizers whose learning rate is on AdamW's scale (per-parameter normalised steps)
+ADAM_FAMILY = frozenset({"Adam", "NAdam", "RAdam", "Adamax"})
 
 
 @register("add_dropout", "regularisation")
@@ -110,7 +114,8 @@ def add_weight_decay(source: str) -> str:
 
 @register("adamw_optimizer", "regularisation")
 def adamw_optimizer(source: str) -> str:
-    """Switch any other torch.optim optimizer to AdamW (lr 3e-3, decoupled weight decay 0.05, momentum -> beta1)."""
+    """Switch any other torch.optim optimizer to AdamW (lr 3e-3, decoupled weight decay 0.05, momentum -> beta1,
+    RMSprop's alpha -> beta2); a setting the trainer reads from a knob or a name (`cfg.lr`) keeps reading it."""
     trainer = analyse(source)
     call = trainer.optimizer_call()
     name = (call_name(call) or "").rsplit(".", 1)[-1]
@@ -123,25 +128,44 @@ def adamw_optimizer(source: str) -> str:
         raise NotApplicable("the optimizer has parameter groups with their own settings (tuned by hand)")
     knobs, edits = trainer.knobs(), Edits(trainer)
     args = [code(params[0].value)]
-    args.append("lr=" + _setting(trainer, edits, call, "lr", ADAMW_LR, knobs))
-    momentum = kwarg(call, "momentum")
-    if momentum is not None and code(momentum.value) in knobs:
-        args.append(f"betas=({code(momentum.value)}, 0.999)")
+    # a learning rate traced to no knob is kept only from an Adam-family optimizer (on AdamW's scale): an SGD's
+    # `lr=model.lr` of 0.1 kept as it is would be AdamW at 0.1
+    args.append("lr=" + _setting(trainer, edits, call, "lr", ADAMW_LR, knobs, name in ADAM_FAMILY))
+    # SGD's and RMSprop's momentum is AdamW's beta1, RMSprop's alpha (its squared-gradient average) its beta2: a knob
+    # or a name the trainer tunes carries over (dropped, it would stay a knob that no longer reaches the optimizer)
+    betas = [_tuned(kwarg(call, "momentum"), knobs), _tuned(kwarg(call, "alpha"), knobs) if name == "RMSprop" else None]
+    if any(betas):
+        args.append(f"betas=({betas[0] or '0.9'}, {betas[1] or '0.999'})")
+    eps = kwarg(call, "eps")  # the same term in AdamW's denominator
+    if eps is not None:
+        args.append(f"eps={code(eps.value)}")
     decay = kwarg(call, "weight_decay")
     if decay is None:
         knob = free_name(trainer, "WEIGHT_DECAY")
         edits.knob(knob, ADAMW_WEIGHT_DECAY, "decoupled weight decay (AdamW)")
         args.append(f"weight_decay={knob}")
     else:
-        args.append("weight_decay=" + _setting(trainer, edits, call, "weight_decay", ADAMW_WEIGHT_DECAY, knobs))
+        args.append("weight_decay=" + _setting(trainer, edits, call, "weight_decay", ADAMW_WEIGHT_DECAY, knobs, True))
     edits.sub(call, expression(f"torch.optim.AdamW({', '.join(args)})"))
     result = edits.apply()
     # the knobs' comments name the optimizer they belong to
-    return re.sub(r"^([A-Z_]+ = [^#\n]*#.*)\bSGD\b", r"\1AdamW", result, flags=re.MULTILINE)
+    return re.sub(rf"^([A-Z_]+ = [^#\n]*#.*)\b{re.escape(name)}\b", r"\1AdamW", result, flags=re.MULTILINE)
 
 
-def _setting(trainer: Trainer, edits: Edits, call: cst.Call, key: str, value: float, knobs: dict) -> str:
-    """The AdamW argument for `key`: the same knob set to `value`, or the literal."""
+def _tuned(arg: cst.Arg | None, knobs: dict) -> str | None:
+    """An optimizer setting's source when the trainer tunes it (a knob, `cfg.momentum`, a variable), else None."""
+    if arg is None:
+        return None
+    text = code(arg.value)
+    return text if text in knobs or dotted(arg.value) is not None else None
+
+
+def _setting(
+    trainer: Trainer, edits: Edits, call: cst.Call, key: str, value: float, knobs: dict, untraced: bool
+) -> str:
+    """The AdamW argument for `key`: the same knob set to `value`; the trainer's own name (`cfg.lr`, `args.lr`, a
+    variable), with the knob it is read from set to `value` where it can be traced to one, or kept as it is where
+    `untraced` (its value suits AdamW); else the literal."""
     arg = kwarg(call, key)
     if arg is None:
         return repr(value)
@@ -149,6 +173,53 @@ def _setting(trainer: Trainer, edits: Edits, call: cst.Call, key: str, value: fl
     if text in knobs:
         edits.set_knobs[text] = value
         return text
-    if dotted(arg.value) is None and not isinstance(arg.value, (cst.Integer, cst.Float)):
+    if dotted(arg.value) is not None:
+        # a literal here would cut the knob behind the name off the optimizer: every later move of it a no-op
+        knob = _knob_behind(trainer, text, knobs)
+        if knob is not None:
+            edits.set_knobs[knob] = value
+            return text
+        if untraced:
+            return text
+        return repr(value)
+    if not isinstance(arg.value, (cst.Integer, cst.Float)):
         raise NotApplicable(f"the optimizer's {key} is computed (`{text}`), not a knob or a number")
     return repr(value)
+
+
+def _knob_behind(trainer: Trainer, name: str, knobs: dict) -> str | None:
+    """The knob a dotted setting reads through a config object: the default of its class's field (`lr: float = LR`
+    for `cfg.lr`, `cfg = Config()` or `cfg: Config`) or of its argparse option (`add_argument("--lr", default=LR)`
+    for `args = parser.parse_args()`); None unless exactly one is found."""
+    base, _, attribute = name.rpartition(".")
+    makers = {call_name(v) or "" for v in _bound_values(trainer, base) if isinstance(v, cst.Call)}
+    makers |= {
+        code(p.annotation.annotation)
+        for p in trainer.nodes
+        if isinstance(p, cst.Param) and p.annotation and p.name.value == base
+    }
+    found = set()
+    for node in trainer.nodes:
+        if isinstance(node, cst.ClassDef) and node.name.value in makers:
+            for line in node.body.body:
+                value = assign_value(line) if assign_target(line) == attribute else None
+                if value is not None and code(value) in knobs:
+                    found.add(code(value))
+        elif isinstance(node, cst.Call) and (call_name(node) or "").endswith(".add_argument"):
+            if not any(m.endswith(("parse_args", "parse_known_args")) for m in makers):
+                continue
+            flags = [a.value.evaluated_value for a in positional(node) if isinstance(a.value, cst.SimpleString)]
+            dest = kwarg(node, "dest")
+            names = {str(f).lstrip("-").replace("-", "_") for f in flags}
+            if dest is not None and isinstance(dest.value, cst.SimpleString):
+                names = {str(dest.value.evaluated_value)}
+            default = kwarg(node, "default")
+            if attribute in names and default is not None and code(default.value) in knobs:
+                found.add(code(default.value))
+    return found.pop() if len(found) == 1 else None
+
+
+def _bound_values(trainer: Trainer, name: str) -> list[cst.BaseExpression]:
+    """The values of the trainer's `name = value` lines."""
+    values = (assign_value(line) for line in trainer.lines if assign_target(line) == name)
+    return [v for v in values if v is not None]

@@ -110,7 +110,7 @@ def _merged(call: cst.Call, shape: str, value: str) -> Callable[[cst.Call], cst.
 def _add(trainer: Trainer, edits: Edits, name: str, build: str, comment: str) -> None:
     """A scheduler built before the epoch loop (`build` formatted with {opt}, {epochs}), stepped after the batches."""
     var = free_name(trainer, name)
-    build = build.format(opt=trainer.optimizer_name(), epochs=_epochs(trainer))
+    build = build.format(opt=trainer.stepped_name(), epochs=_epochs(trainer))
     edits.insert_before(trainer.epoch_loop(), f"{var} = {build}")
     # after the epoch's batches: the batch loop, or the epoch loop's call of the function that runs it
     edits.insert_after(trainer.batch_site(), f"{var}.step()  # {comment}")

@@ -14,6 +14,7 @@ from ralph_ray.agents.transforms._tree import (
     batch_loop_reaches,
     expression,
     free_name,
+    refuse_built_apart,
     statement,
 )
 
@@ -48,6 +49,7 @@ def ema_weights(source: str) -> str:
     # every evaluation and prediction, closures included, and the best state early stopping keeps: all move to the
     # average, or the transform refuses (half of them on the raw model was a silently wrong trainer)
     uses = model_uses(trainer)
+    refuse_built_apart(trainer, "the weight average would be built in the method, apart from the training step")
     model, edits = uses.model, Edits(trainer)
     if not uses.evaluated():
         raise NotApplicable(
