@@ -1166,14 +1166,17 @@ def _check_space_in_trainer(cfg: Config) -> None:
         )
 
 
+def _seed_code(cfg: Config) -> list[Path]:
+    """The Python files the seed variant ships (task.trainer_files), as the trials run them; never prepare.py."""
+    found = globbed(cfg.trainer_dir(), cfg.task.trainer_files)
+    return sorted(path for path in found if path.suffix == ".py" and path.name != "prepare.py")
+
+
 def _check_metric_in_trainer(cfg: Config) -> None:
     """search.metric is a name the seed's code reports: else the first trial's result stopped the campaign after Ray
     started, with Tune's traceback and the trainer's source in base64 (a user's `search.metric=val_accuracy`)."""
     reported: set[str] = {"epoch", TRAIN_SECONDS}
-    # The code the seed variant ships (task.trainer_files), as the trials run it; never the frozen prepare.py.
-    for path in sorted(globbed(cfg.trainer_dir(), cfg.task.trainer_files)):
-        if path.suffix != ".py" or path.name == "prepare.py":
-            continue
+    for path in _seed_code(cfg):
         try:
             found = reported_metrics(path.read_text())
         except (OSError, SyntaxError, ValueError):
@@ -1202,11 +1205,9 @@ def budget_unread(cfg: Config) -> str | None:
     range(EPOCHS)` trainer ran every epoch under `trial.budget_s=5`, and nothing said so); else None."""
     if cfg.trial.budget_s is None:
         return None
-    for path in globbed(cfg.trainer_dir(), cfg.task.trainer_files):
-        if path.suffix == ".py" and path.name != "prepare.py":
-            text = path.read_text(errors="replace")
-            if any(reader in text for reader in BUDGET_READERS):
-                return None
+    for path in _seed_code(cfg):
+        if any(reader in path.read_text(errors="replace") for reader in BUDGET_READERS):
+            return None
     return (
         f"trial.budget_s={cfg.trial.budget_s:g} is set, but {cfg.trainer_dir()}'s code reads no budget "
         "(harness.epochs, time_left, progress or lr_factor): its trials train their own EPOCHS, and past budget_s + "

@@ -181,7 +181,8 @@ def _spare_keeper(kind: dict, channel: socket.socket) -> None:
 def _start_cuda(cuda_env: dict[str, str]) -> None:
     """In a spare trainer: start CUDA, cuBLAS, cuDNN and autograd's device thread as the request's environment says.
 
-    Nothing of a variant has run yet, and nothing stays allocated; where there is no GPU this does nothing.
+    Nothing of a variant has run yet; its tensors are freed, the cache emptied and the peak count reset (cuBLAS
+    keeps its small workspace). Where there is no GPU this does nothing.
     """
     torch = sys.modules.get("torch")
     if torch is None or cuda_env.get("RALPH_DEVICE", "cuda").split(":")[0] != "cuda":
