@@ -12,9 +12,19 @@ from ralph_ray.agents.base import Analyst, Coder
 from ralph_ray.config import AgentBackend, Config, sandbox_policy
 
 if TYPE_CHECKING:
+    from ralph_ray.agents.catalog import Searched
     from ralph_ray.agents.llm import ChatClient
 
 SPARE_RECOMMENDATIONS = 2  # an LLM analyst proposes this many ideas beyond children_per_parent (for duplicates)
+
+
+def searched_knobs(cfg: Config) -> Searched:
+    """The knobs the search samples, with the space a child's trials keep each in (None: sampled outright, so an
+    agent's move of it is undone): what the offline agent's knob moves must respect."""
+    from ralph_ray.search import relative_knobs
+
+    relative = relative_knobs(cfg.search.space) if cfg.search.relative else {}
+    return {name: relative.get(name) for name in cfg.search.space}
 
 
 def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None, Coder | None]:
@@ -74,8 +84,9 @@ class _Builder:
             gpu=gpu,
             mirror_invariant=self.cfg.task.mirror_invariant,
             images=self.cfg.task.images,
+            searched=searched_knobs(self.cfg),
         )
-        return analyst, HeuristicCoder()
+        return analyst, HeuristicCoder(searched=searched_knobs(self.cfg))
 
     def analyst(self, kind: AgentBackend) -> Analyst:
         if kind is AgentBackend.heuristic:

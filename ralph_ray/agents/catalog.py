@@ -12,7 +12,7 @@ import ast
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,16 @@ import yaml
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
 from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable, apply_transform, check_transform
-from ralph_ray.knobs import KNOB_ALIASES, KnobError, is_knob_name, knob_nodes, parse, read_knobs, rewrite_knobs
+from ralph_ray.knobs import (
+    KNOB_ALIASES,
+    Bounds,
+    KnobError,
+    is_knob_name,
+    knob_nodes,
+    parse,
+    read_knobs,
+    rewrite_knobs,
+)
 
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 
@@ -45,6 +54,10 @@ _ENTRY_FIELDS = {
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
+# The knobs the campaign's search samples (search.space), by the trainer's own name: the declared space a relatively
+# searched knob's trials stay in (knobs.resolve_knobs), or None where every trial samples the space outright
+# (search.relative=false), so a knob move there is undone by the search.
+Searched = Mapping[str, Bounds | None]
 
 
 @dataclass(frozen=True)
@@ -349,17 +362,17 @@ def _parse_text_edit(raw: Any, fail: Fail) -> TextEdit:
 # Applying
 
 
-def check(intervention: Intervention, source: str) -> None:
+def check(intervention: Intervention, source: str, searched: Searched | None = None) -> None:
     """Return when `intervention` applies to `source`, NotApplicable (with the reason) otherwise.
 
     The same decision as `apply`, faster: a transform only finds its idioms (rendering the edited tree is the slow
     part, and the analyst checks every entry against every parent).
     """
     if intervention.transform is None:
-        apply(intervention, source)
+        apply(intervention, source, searched)
         return
     if intervention.knobs or intervention.add_knobs or intervention.edits:
-        source = apply(dataclasses.replace(intervention, transform=None), source)
+        source = apply(dataclasses.replace(intervention, transform=None), source, searched)
     _regex_gates(intervention, source)
     try:
         check_transform(intervention.transform, source)
@@ -377,11 +390,14 @@ def _regex_gates(intervention: Intervention, source: str) -> None:
             raise NotApplicable(f"{name}: already applied or conflicting (/{pattern}/ is present)")
 
 
-def apply(intervention: Intervention, source: str) -> str:
-    """The source with `intervention` applied; NotApplicable (with the reason) when it cannot apply."""
+def apply(intervention: Intervention, source: str, searched: Searched | None = None) -> str:
+    """The source with `intervention` applied; NotApplicable (with the reason) when it cannot apply.
+
+    A knob move stays inside the space `searched` declares for that knob, as its trials would (none given: no limit).
+    """
     name = intervention.name
     _regex_gates(intervention, source)
-    result = _apply_knob_edits(intervention, source)
+    result = _apply_knob_edits(intervention, source, searched or {})
     result = _add_knobs(intervention, result)
     for edit in intervention.edits:
         result = _apply_text_edit(name, edit, result)
@@ -404,7 +420,7 @@ def apply(intervention: Intervention, source: str) -> str:
 # Other spellings of the catalog's knob names in users' trainers: a knob move uses the trainer's own (first found).
 
 
-def _apply_knob_edits(intervention: Intervention, source: str) -> str:
+def _apply_knob_edits(intervention: Intervention, source: str, searched: Searched) -> str:
     if not intervention.knobs:
         return source
     current = read_knobs(source)
@@ -415,13 +431,53 @@ def _apply_knob_edits(intervention: Intervention, source: str) -> str:
     missing = [knob for knob, found in named.items() if found is None]
     if missing:
         raise NotApplicable(f"{intervention.name}: the trainer has no knob {', '.join(missing)}")
-    overrides = {
-        named[edit.knob]: edit.new_value(current[named[edit.knob]], named[edit.knob]) for edit in intervention.knobs
-    }
+    overrides: dict[str, Any] = {}
+    held: list[str] = []  # why a move was cut to nothing by the searched space
+    for edit in intervention.knobs:
+        knob = named[edit.knob]
+        assert knob is not None  # missing ones raised above
+        before = current[knob]
+        value = edit.new_value(before, knob)
+        if knob in searched and value != before:
+            value, why = _within_search(knob, before, value, searched[knob])
+            if why:
+                held.append(why)
+        overrides[knob] = value
+    if held and all(overrides[knob] == current[knob] for knob in overrides) and not _changes_code(intervention):
+        # Without this the child would differ from its parent on paper only: its trials train the value the space
+        # allows, the parent's, and the KB would record the move as an intervention with no effect.
+        raise NotApplicable(f"{intervention.name}: {'; '.join(held)}")
     try:
         return rewrite_knobs(source, overrides)
     except KnobError as error:
         raise NotApplicable(f"{intervention.name}: {error}") from error
+
+
+def _within_search(knob: str, before: Any, value: Any, bounds: Bounds | None) -> tuple[Any, str | None]:
+    """A knob move cut to what the search lets trials train, and why it was cut (None: not cut)."""
+    if bounds is None:
+        return before, f"{knob} is sampled from search.space in every trial (search.relative=false): a move is undone"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value, None
+    limited = bounds.bound(float(value), integer=isinstance(before, int) and not isinstance(before, bool))
+    if isinstance(before, (int, float)) and not isinstance(before, bool):
+        # The space limits the move, never reverses it (a parent already past the space keeps its value).
+        limited = max(limited, before) if value > before else min(limited, before)
+    if isinstance(before, int) and not isinstance(before, bool) and float(limited).is_integer():
+        limited = int(limited)
+    elif isinstance(limited, float):
+        limited = float(f"{limited:.6g}")
+    if limited == value:
+        return value, None
+    space = f"choices {list(bounds.choices)}" if bounds.choices else f"[{bounds.low:g}, {bounds.high:g}]"
+    return (
+        limited,
+        f"{knob} = {before!r} is at the edge of its search.space ({space}): its trials would train {limited!r}",
+    )
+
+
+def _changes_code(intervention: Intervention) -> bool:
+    return bool(intervention.transform or intervention.edits or intervention.add_knobs)
 
 
 def _add_knobs(intervention: Intervention, source: str) -> str:

@@ -34,7 +34,7 @@ from ralph_ray.agents.base import (
     TrialSummary,
     Usage,
 )
-from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, apply, check, load_catalog
+from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, Searched, apply, check, load_catalog
 from ralph_ray.agents.siblings import GATE_SAID, bred_from, refusals
 from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
@@ -454,6 +454,7 @@ class HeuristicAnalyst:
         gpu: bool | None = None,
         mirror_invariant: bool = True,
         images: bool | None = None,
+        searched: Searched | None = None,
     ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
@@ -464,6 +465,7 @@ class HeuristicAnalyst:
         self.gpu = gpu  # whether trials get a GPU (resources.gpu > 0); None: not known, nothing skipped for it
         self.mirror_invariant = mirror_invariant  # task.mirror_invariant: False skips interventions that mirror inputs
         self.images = images  # task.images: False skips image interventions; None: not known, nothing skipped for it
+        self.searched = searched or {}  # search.space: a knob move its trials would undo is not proposed
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
@@ -494,7 +496,7 @@ class HeuristicAnalyst:
                 why = ends_early
             if why is None:
                 try:
-                    check(intervention, source)
+                    check(intervention, source, self.searched)
                 except NotApplicable as reason:
                     why = str(reason).removeprefix(f"{intervention.name}: ")
             if why is None:
@@ -574,8 +576,9 @@ class HeuristicAnalyst:
 class HeuristicCoder:
     """Applies a catalog intervention to the child's copy of `train.py`; it cannot repair rejected code."""
 
-    def __init__(self, catalog: Catalog | None = None) -> None:
+    def __init__(self, catalog: Catalog | None = None, searched: Searched | None = None) -> None:
         self.catalog = catalog if catalog is not None else load_catalog()
+        self.searched = searched or {}  # search.space: knob moves stay where its trials can train them
 
     def write(
         self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
@@ -607,7 +610,7 @@ class HeuristicCoder:
             raise AgentError(error.args[0]) from None
         source = _read_trainer(workdir)
         try:
-            edited = apply(intervention, source)
+            edited = apply(intervention, source, self.searched)
         except NotApplicable as reason:
             raise CannotApply(f"cannot apply {name} to {workdir / TRAINER}: {reason}") from None
         (workdir / TRAINER).write_text(edited)

@@ -13,7 +13,7 @@ import pytest
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
 from ralph_ray.agents.catalog import CATALOG_PATH, NotApplicable, apply, load_catalog
-from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.knobs import Bounds, read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
 
@@ -185,6 +185,24 @@ def test_a_clamp_never_reverses_the_move():
     # cifar10's LR (11.5) is above raise_lr's max (1.0): raising must not lower it.
     with pytest.raises(NotApplicable, match="changes nothing"):
         apply(CATALOG.get("raise_lr"), CIFAR10)
+
+
+def test_a_knob_move_stays_in_the_space_its_trials_are_searched_in():
+    """User trial: `widen` took WIDTH past its `choice`; the child's trials snapped it back to the space (relative
+    search), so the child trained its parent's width and the KB recorded `widen` as having no effect."""
+    space = {"WIDTH": Bounds(8, 32, choices=(8, 16, 32)), "LR": Bounds(0.003, 0.3)}
+    assert read_knobs(apply(CATALOG.get("widen"), DIGITS, space))["WIDTH"] == 32  # 16 -> 32: inside
+    at_top = rewrite_knobs(DIGITS, {"WIDTH": 32})
+    with pytest.raises(NotApplicable, match=r"WIDTH = 32 is at the edge of its search.space \(choices \[8, 16, 32\]\)"):
+        apply(CATALOG.get("widen"), at_top, space)
+    assert read_knobs(apply(CATALOG.get("widen"), at_top))["WIDTH"] == 64  # no space given: the catalog's clamp only
+    # a range cuts the move at its bound (0.2 x 2 -> 0.3); a knob already past the space is never moved back into it
+    assert read_knobs(apply(CATALOG.get("raise_lr"), rewrite_knobs(DIGITS, {"LR": 0.2}), space))["LR"] == 0.3
+    with pytest.raises(NotApplicable, match=r"LR = 0.5 is at the edge of its search.space \(\[0.003, 0.3\]\)"):
+        apply(CATALOG.get("raise_lr"), rewrite_knobs(DIGITS, {"LR": 0.5}), space)
+    # sampled outright in every trial (search.relative=false): a move is undone by the search
+    with pytest.raises(NotApplicable, match="sampled from search.space in every trial"):
+        apply(CATALOG.get("lower_lr"), DIGITS, {"LR": None})
 
 
 def test_missing_knob_and_anchor_and_skip_if_are_not_applicable():

@@ -13,6 +13,7 @@ from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import (
     AgentError,
+    CannotApply,
     ChildSeen,
     Diagnosis,
     EpochPoint,
@@ -33,6 +34,7 @@ from ralph_ray.agents.heuristic import (
     smoothing_floor,
 )
 from ralph_ray.config import load_config
+from ralph_ray.knobs import rewrite_knobs
 
 SEED_TRAINER = PROJECT_ROOT / "trainers" / "digits" / "train.py"
 CATALOG = load_catalog()
@@ -345,6 +347,27 @@ def test_moves_of_knobs_the_trainer_lacks_are_neither_proposed_nor_listed_as_ski
     assert {"hotter_sampling", "stronger_kl"} <= {
         i.name for i in analyst._applicable(grpo_view, (grpo / "train.py").read_text())[0]
     }
+
+
+def test_knob_moves_the_search_would_undo_are_skipped_with_the_reason(tmp_path: Path):
+    """The campaign's analyst and coder get the search space: a move past it is not proposed, and says why."""
+    parent = parent_view(tmp_path, PLATEAU)
+    source = rewrite_knobs((parent.files_dir / "train.py").read_text(), {"WIDTH": 32})
+    (parent.files_dir / "train.py").write_text(source)
+    cfg = load_config([f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"])  # digits: WIDTH of 8-32
+    analyst, coder = make_agents(cfg)
+    applicable, skipped = analyst._applicable(parent, source)
+    assert "widen" not in {i.name for i in applicable}
+    assert (
+        skipped["widen"]
+        == "WIDTH = 32 is at the edge of its search.space (choices [8, 16, 32]): its trials would train 32"
+    )
+    assert "widen" in {i.name for i in HeuristicAnalyst()._applicable(parent, source)[0]}  # no space: proposed
+    with pytest.raises(CannotApply, match="at the edge of its search.space"):
+        coder.write(parent, Recommendation("widen", Diagnosis.underfitting, "r"), parent.files_dir, None, Usage())
+    absolute = load_config([f"paths.runs={tmp_path / 'runs'}", "search.relative=false"])
+    _, skipped = make_agents(absolute)[0]._applicable(parent, source)
+    assert "search.relative=false" in skipped["lower_lr"]
 
 
 def test_under_a_time_budget_a_move_of_epochs_alone_is_skipped(tmp_path: Path):
