@@ -39,9 +39,10 @@ _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 # A variable CUDA reads when it starts, named in a string literal (`os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ...`) or
-# as a keyword (`os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")`).
+# as a call's keyword (`os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")`); not a knob of the same spelling
+# (`CUDNN_BENCHMARK = True`, `TORCH_COMPILE = False` at a line's start), which sets no variable.
 _PREFIXES = "|".join(prefix for prefix in zygote.CUDA_ENV_PREFIXES if prefix != "RALPH_DEVICE")
-_CUDA_SETTING = re.compile(rf"[\"'](?:{_PREFIXES})\w*[\"']|\b(?:{_PREFIXES})\w*\s*=(?!=)")
+_CUDA_SETTING = re.compile(rf"[\"'](?:{_PREFIXES})\w*[\"']|[(,]\s*(?:{_PREFIXES})\w*\s*=(?!=)")
 
 
 def sets_cuda_env(work: Path) -> bool:

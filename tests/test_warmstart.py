@@ -324,6 +324,25 @@ def test_the_next_trainer_of_the_same_kind_was_forked_ahead_and_no_other(tmp_pat
     warmstart.close_all()
 
 
+def test_a_trainer_sets_cuda_env_where_it_names_a_cuda_variable_not_a_knob_of_that_spelling(tmp_path: Path):
+    """Review: the keyword form matched any `CUDNN_...=`, so a knob `CUDNN_BENCHMARK = True` cost every trial its
+    trainer forked ahead."""
+    cases = {
+        'os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"\n': True,
+        "os.environ.setdefault('CUDA_VISIBLE_DEVICES', '0')\n": True,
+        'os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")\n': True,
+        'os.environ.update(\n    TORCH_HOME="/x",\n    CUDNN_LOGINFO_DBG="1",\n)\n': True,
+        "CUDNN_BENCHMARK = True  # autotune convolutions\nTORCH_COMPILE = False\n": False,
+        "torch.backends.cudnn.benchmark = CUDNN_BENCHMARK\nif TORCH_COMPILE == True:\n    pass\n": False,
+    }
+    for number, (source, sets) in enumerate(cases.items()):
+        work = tmp_path / str(number)
+        (work / "pkg").mkdir(parents=True)
+        (work / "train.py").write_text("import os\n")
+        (work / "pkg" / "setup.py").write_text(source)  # in any .py of the trainer's folder
+        assert warmstart.sets_cuda_env(work) is sets, source
+
+
 SOCKETS = """import os
 from ralph_ray import harness
 links = []

@@ -1367,6 +1367,26 @@ def test_image_helpers_take_single_channel_images_without_a_channel_axis(size: t
         helpers["shift_images"](torch.zeros(2, 1, 1, 8, 8))
 
 
+def test_image_helpers_take_channels_last_images_as_images():
+    """task.images reads (N, H, W, C) inputs as images, but the helpers took any 4-D batch as (N, C, H, W): a flip
+    reversed the colour channels and a shift moved columns and channels (review)."""
+    helpers = _helpers(SHIFT=1, AUGMENT_PROB=1.0, FLIP_PROB=1.0)
+    nchw = torch.arange(6 * 3 * 8 * 8, dtype=torch.float32).reshape(6, 3, 8, 8) + 1
+    nhwc = nchw.permute(0, 2, 3, 1).contiguous()
+    assert torch.equal(helpers["flip_images"](nhwc), nchw.flip(-1).permute(0, 2, 3, 1))
+    torch.manual_seed(0)
+    shifted = helpers["shift_images"](nhwc)
+    torch.manual_seed(0)
+    assert torch.equal(shifted, helpers["shift_images"](nchw).permute(0, 2, 3, 1))  # the same draws, the same moves
+    assert not torch.equal(shifted, nhwc)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 3, 2))
+    mirrored = nchw.flip(-1).permute(0, 2, 3, 1)
+    assert torch.allclose(helpers["flip_averaged"](model, nhwc), (model(nhwc) + model(mirrored)) / 2)
+    # a batch of 8-channel 3x3 feature maps stays (N, C, H, W): only few channels on the last axis mean channels last
+    maps = torch.arange(2 * 8 * 3 * 3, dtype=torch.float32).reshape(2, 8, 3, 3)
+    assert torch.equal(helpers["flip_images"](maps), maps.flip(-1))
+
+
 LSTM_TRAINER = """
 import torch
 from torch import nn
@@ -1616,6 +1636,25 @@ def test_an_lbfgs_step_with_a_closure_is_still_the_training_step():
     assert step in source
     lbfgs = source.replace(step, closure).replace("torch.optim.SGD(", "torch.optim.LBFGS(")
     assert code(analyse(lbfgs).step_statement()).strip() == "optimizer.step(closure)"
-    clipped = apply_transform("gradient_clipping", lbfgs)
-    assert "torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)" in clipped
-    exec(compile(clipped, "train.py", "exec"), {"__name__": "lbfgs"})
+    averaged = apply_transform("ema_weights", lbfgs)  # after the step: the closure's evaluations are done
+    assert "optimizer.step(closure)\n            ema.update_parameters(model)" in averaged
+    exec(compile(averaged, "train.py", "exec"), {"__name__": "lbfgs"})
+    # Around the step line a transform misses the closure's gradients, or needs what LBFGS lacks: each of these
+    # crashed the trainer or changed nothing before (a replay's plain `step()`, Grokfast's EMA bound in the closure,
+    # a second parameter group, weight_decay=, a clip of the last evaluation's gradients).
+    refused = {
+        "gradient_clipping": "a clip before the step would clip the last evaluation's gradients",
+        "grokfast_filter": "the gradients to filter are computed inside the closure",
+        "hard_example_replay": "a replay step is a plain `step()`",
+        "mixed_precision": "the forward pass to put under autocast runs inside the closure",
+        "self_model_head": "the optimizer is LBFGS: it takes one parameter group",
+        "add_weight_decay": "the optimizer is LBFGS: it has no weight_decay",
+    }
+    for name, reason in refused.items():
+        with pytest.raises(NotApplicable, match=re.escape(reason)):
+            apply_transform(name, lbfgs)
+    # one-cycle cycles momentum by default, which LBFGS has not: it cycles the LR alone there, and runs
+    one_cycle = apply_transform("one_cycle_schedule", lbfgs)
+    assert "pct_start=0.25, cycle_momentum=False)" in one_cycle
+    exec(compile(one_cycle, "train.py", "exec"), {"__name__": "lbfgs"})
+    assert "cycle_momentum" not in apply_transform("one_cycle_schedule", TRAINS_IN_A_FUNCTION)  # SGD has momentum

@@ -1016,6 +1016,21 @@ def batch_loop_reaches(trainer: Trainer, what: str) -> None:
         )
 
 
+def refuse_closure_step(trainer: Trainer, why: str) -> None:
+    """NotApplicable where the training step passes a closure (`opt.step(closure)`, as LBFGS needs): the closure
+    computes the loss and gradients inside the step, re-evaluating them as the optimizer asks, so what a transform
+    puts around the step line (a clip, a filter, a second step) misses them (`why` says what it would have done)."""
+    call = single_expr_call(trainer.step_statement())
+    if call is not None and call.args:
+        raise NotApplicable(f"the optimizer steps with a closure (`{code(call)}`, LBFGS-style): {why}")
+
+
+def refuse_lbfgs(trainer: Trainer, why: str) -> None:
+    """NotApplicable where the optimizer is `torch.optim.LBFGS` (one parameter group, no momentum, no weight decay)."""
+    if (call_name(trainer.optimizer_call()) or "").rsplit(".", 1)[-1] == "LBFGS":
+        raise NotApplicable(f"the optimizer is LBFGS: {why}")
+
+
 def refuse_built_apart(trainer: Trainer, why: str) -> None:
     """NotApplicable where the optimizer is built in the model's own method (`configure_optimizers()`) or a factory
     function (`make_optimizer(model)`) and stepped in another function: what goes beside the optimizer's construction

@@ -19,8 +19,9 @@ from ralph_ray.agents.transforms._tree import (
     under_no_grad,
 )
 
-# Each helper takes images (N, C, H, W), single-channel images without a channel axis (N, H, W), as task.images reads
-# them (a model that unsqueezes or reads rows as steps), or flattened square images (N, H*W), as MLP trainers feed them.
+# Each helper takes images (N, C, H, W), channels last (N, H, W, C) with C <= 4 < H, W (as task.images reads them: a
+# model that permutes), single-channel images without a channel axis (N, H, W) (a model that unsqueezes or reads rows as
+# steps), or flattened square images (N, H*W), as MLP trainers feed them.
 SHIFT_HELPER = '''
 def shift_images(x: torch.Tensor) -> torch.Tensor:
     """Translate an AUGMENT_PROB share of the images by up to SHIFT pixels (zero padded), batched."""
@@ -34,6 +35,9 @@ def shift_images(x: torch.Tensor) -> torch.Tensor:
         x = x.unsqueeze(1)
     if x.dim() != 4:
         raise ValueError(f"shift_images: expected images (N, C, H, W) or (N, H, W), got shape {tuple(x.shape)}")
+    last = x.shape[3] <= 4 < min(x.shape[1], x.shape[2])  # (N, H, W, C): the channels last, moved first and back
+    if last:
+        x = x.permute(0, 3, 1, 2)
     height, width = x.shape[-2:]
     padded = torch.nn.functional.pad(x, (SHIFT,) * 4)
     offsets = torch.randint(0, 2 * SHIFT + 1, (2, len(x)), device=x.device)
@@ -43,7 +47,8 @@ def shift_images(x: torch.Tensor) -> torch.Tensor:
             mask = (offsets[0] == dy) & (offsets[1] == dx)
             out[mask] = padded[mask, :, dy : dy + height, dx : dx + width]
     shifted = torch.rand(len(x), device=x.device) < AUGMENT_PROB
-    return torch.where(shifted.view(-1, 1, 1, 1), out, x).reshape(shape)
+    out = torch.where(shifted.view(-1, 1, 1, 1), out, x)
+    return (out.permute(0, 2, 3, 1) if last else out).reshape(shape)
 '''
 
 FLIP_HELPER = '''
@@ -59,8 +64,12 @@ def flip_images(x: torch.Tensor) -> torch.Tensor:
         x = x.unsqueeze(1)
     if x.dim() != 4:
         raise ValueError(f"flip_images: expected images (N, C, H, W) or (N, H, W), got shape {tuple(x.shape)}")
+    last = x.shape[3] <= 4 < min(x.shape[1], x.shape[2])  # (N, H, W, C): the channels last, moved first and back
+    if last:
+        x = x.permute(0, 3, 1, 2)
     flipped = torch.rand(len(x), device=x.device) < FLIP_PROB
-    return torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x).reshape(shape)
+    out = torch.where(flipped.view(-1, 1, 1, 1), x.flip(3), x)
+    return (out.permute(0, 2, 3, 1) if last else out).reshape(shape)
 '''
 
 
@@ -113,6 +122,8 @@ def flip_averaged(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         if side * side != x.shape[1]:
             raise ValueError(f"flip_averaged: {tuple(x.shape)} is neither (N, C, H, W) nor flattened square images")
         mirrored = x.reshape(len(x), 1, side, side).flip(-1).flatten(1)
+    elif x.dim() == 4 and x.shape[3] <= 4 < min(x.shape[1], x.shape[2]):  # (N, H, W, C): the width is the third axis
+        mirrored = x.flip(2)
     elif x.dim() in (3, 4):  # (N, H, W) or (N, C, H, W): the last axis is the width either way
         mirrored = x.flip(-1)
     else:

@@ -25,6 +25,8 @@ from ralph_ray.agents.transforms._tree import (
     kwarg,
     positional,
     refuse_built_apart,
+    refuse_closure_step,
+    refuse_lbfgs,
 )
 
 # torch.nn.utils' gradient clipping, however imported (`clip_grad_norm_(...)`, `nn.utils.clip_grad_value_(...)`)
@@ -146,6 +148,7 @@ def grokfast_filter(source: str) -> str:
         # measured on digits: with BatchNorm the amplified slow gradient destabilised training (0.96-0.97 vs 0.99)
         raise NotApplicable("the model uses BatchNorm, with which Grokfast destabilised training on digits")
     batch_loop_reaches(trainer, "the running EMA of the gradients")
+    refuse_closure_step(trainer, "the gradients to filter are computed inside the closure, after any line before it")
     model, edits = trainer.model_name(), Edits(trainer)
     grads = free_name(trainer, "grokfast_grads")
     edits.knob("GROKFAST_ALPHA", 0.98, "Grokfast EMA decay of the slow gradient")
@@ -202,6 +205,7 @@ def hard_example_replay(source: str) -> str:
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
     batch_loop_reaches(trainer, "the replay buffer")
+    refuse_closure_step(trainer, "a replay step is a plain `step()`, which this optimizer cannot take")
     # both as the epoch loop's function names them (`opt` of `opt, sched = model.configure_optimizers()` in fit())
     model, optimizer = trainer.model_name(), trainer.stepped_name()
     loss_args = positional(trainer.loss_call())
@@ -341,6 +345,7 @@ def self_model_head(source: str) -> str:
     if trainer.has(r"SelfModel"):
         raise NotApplicable("the trainer already has a self-model head")
     batch_loop_reaches(trainer, "the self-model head")
+    refuse_lbfgs(trainer, "it takes one parameter group, and the head's parameters would be a second")
     classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
     if not classifier_layers:
         raise NotApplicable("the model has no nn.Linear classifier to read features from")

@@ -25,6 +25,7 @@ from ralph_ray.agents.transforms._tree import (
     insert_beside,
     kwarg,
     positional,
+    refuse_lbfgs,
     statement,
     with_kwarg,
     wrap_first_arg,
@@ -93,6 +94,7 @@ def label_smoothing(source: str) -> str:
 def add_weight_decay(source: str) -> str:
     """Give an optimizer without weight decay `weight_decay=WEIGHT_DECAY` (5e-4), a knob from then on."""
     trainer = analyse(source)
+    refuse_lbfgs(trainer, "it has no weight_decay")
     call = trainer.optimizer_call()
     current = kwarg(call, "weight_decay")
     if current is not None:

@@ -29,6 +29,9 @@ from ralph_ray.agents.transforms._tree import (
 )
 
 _FACTOR = re.compile(r"(.+\.)?lr_factor$")
+# torch.optim's optimizers without momentum or betas: OneCycleLR's default momentum cycling fails on them at its start
+# ("optimizer must support momentum or beta1 with `cycle_momentum` option enabled").
+_NO_MOMENTUM = {"LBFGS", "Adagrad", "Adadelta", "Rprop", "ASGD"}
 
 
 def _epochs(trainer: Trainer) -> str:
@@ -131,9 +134,14 @@ def cosine_lr_schedule(source: str) -> str:
 @register("one_cycle_schedule", "schedule")
 def one_cycle_schedule(source: str) -> str:
     """One-cycle: ramp the learning rate up to its value over the first quarter of the epochs, then anneal it."""
+    try:
+        optimizer = (call_name(analyse(source).optimizer_call()) or "").rsplit(".", 1)[-1]
+    except NotApplicable:
+        optimizer = ""  # _schedule says why
+    cycle = ", cycle_momentum=False" if optimizer in _NO_MOMENTUM else ""
     build = (
         "torch.optim.lr_scheduler.OneCycleLR({opt}, max_lr=[g['lr'] for g in {opt}.param_groups], "
-        "total_steps={epochs} + 1, pct_start=0.25)"
+        f"total_steps={{epochs}} + 1, pct_start=0.25{cycle})"
     )
     return _schedule(source, (r"lr_scheduler", "one_cycle", build), "anneal", '"one_cycle"')
 

@@ -15,6 +15,7 @@ from ralph_ray.agents.transforms._tree import (
     expression,
     free_name,
     refuse_built_apart,
+    refuse_closure_step,
     statement,
 )
 
@@ -27,6 +28,7 @@ def gradient_clipping(source: str) -> str:
     if trainer.has(r"clip_grad"):
         raise NotApplicable("the trainer already clips gradients")
     trainer.backward_statement()  # the clip goes between the backward pass and the step
+    refuse_closure_step(trainer, "a clip before the step would clip the last evaluation's gradients, not the step's")
     limit = "GRAD_CLIP"
     summed = trainer.summed_loss_batch()
     if summed is not None:
@@ -86,6 +88,7 @@ def mixed_precision(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"autocast"):
         raise NotApplicable("the trainer already uses autocast")
+    refuse_closure_step(trainer, "the forward pass to put under autocast runs inside the closure")
     loss, backward = trainer.loss_name(), trainer.backward_statement()
     forward = trainer.forward_input()
     body = trainer.parent(backward)
