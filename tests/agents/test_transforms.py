@@ -746,6 +746,22 @@ def test_adamw_keeps_the_trainers_own_learning_rate_expression(optimizer: str, e
     assert read_knobs(result)["LR"] == lr
 
 
+def test_adamw_never_keeps_an_untraced_weight_decay():
+    """Review: an untraced `weight_decay=wd` was kept, so SGD's L2 term of 5e-4 became AdamW's decoupled decay, 100x
+    weaker than AdamW's 0.05; a traced one keeps its name, with the knob behind it set to AdamW's."""
+    untraced = CONFIG_TRAINER.replace(
+        "RMSprop(model.parameters(), lr=cfg.lr)", "SGD(model.parameters(), lr=cfg.lr, weight_decay=wd)"
+    ).replace("    opt = torch.optim", "    wd = 5e-4\n    opt = torch.optim")
+    assert "torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.05)" in (
+        apply_transform("adamw_optimizer", untraced)
+    )
+    traced = untraced.replace("weight_decay=wd", "weight_decay=WEIGHT_DECAY").replace(
+        "EPOCHS = ", "WEIGHT_DECAY = 5e-4  # L2\nEPOCHS = ", 1
+    )
+    result = apply_transform("adamw_optimizer", traced)
+    assert "weight_decay=WEIGHT_DECAY)" in result and read_knobs(result)["WEIGHT_DECAY"] == 0.05
+
+
 def count_calls(monkeypatch: pytest.MonkeyPatch, **targets: tuple[object, str]) -> dict[str, int]:
     """Count the calls of each `(owner, attribute)` under its key while a transformed trainer runs (the real runs)."""
     counts = dict.fromkeys(targets, 0)

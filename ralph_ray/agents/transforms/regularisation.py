@@ -147,7 +147,9 @@ def adamw_optimizer(source: str) -> str:
         edits.knob(knob, ADAMW_WEIGHT_DECAY, "decoupled weight decay (AdamW)")
         args.append(f"weight_decay={knob}")
     else:
-        args.append("weight_decay=" + _setting(trainer, edits, call, "weight_decay", ADAMW_WEIGHT_DECAY, knobs, True))
+        # an untraced name is never kept: no other optimizer's weight_decay is AdamW's (SGD's and Adam's are an L2 term
+        # in the gradient, ~5e-4; AdamW's is decoupled, ~0.05), so `weight_decay=wd` would be AdamW at 100x less decay
+        args.append("weight_decay=" + _setting(trainer, edits, call, "weight_decay", ADAMW_WEIGHT_DECAY, knobs, False))
     edits.sub(call, expression(f"torch.optim.AdamW({', '.join(args)})"))
     result = edits.apply()
     # the knobs' comments name the optimizer they belong to
