@@ -320,7 +320,9 @@ class AsyncCampaign(Campaign):
             if hopeful and self._replicate([child.parent_id, child.variant_id]):
                 self.awaiting.add(child.variant_id)
                 return  # judged when its replicates (and its parent's) are in
-            comparison = replicates.evidence(child, member.best, reps, parent_best, guards.confidence)
+            comparison = replicates.evidence(
+                child, member.best, reps, parent_best, guards.confidence, replicates.split_examples(self.labels)
+            )
         child.status, child.reason = child_verdict(
             member.finished, member.failed, member.best, parent_best, guards.min_delta, child.reason, comparison
         )

@@ -512,10 +512,15 @@ def load_config(overrides: list[str] | None = None) -> Config:
 
 def _forced(override: str) -> str:
     """`key=value` as `++key=value` where the key is a field of the schema that the conf/ yaml may not list (e.g.
-    `task.mirror_invariant`, set by a task's own task.yaml): Hydra refuses to override a key its composed yaml lacks,
-    though the schema has it. Any other override goes to Hydra as written (a typo still gets its error)."""
+    `task.mirror_invariant`, set by a task's own task.yaml) or a knob's space: Hydra refuses to override a key its
+    composed yaml lacks, though the schema or task.yaml has it. Any other override goes to Hydra as written (a typo
+    still gets its error)."""
     key, eq, _ = override.partition("=")
-    if not eq or "." not in key or key.startswith(("+", "~")) or not _schema_leaf(key):
+    if not eq or "." not in key or key.startswith(("+", "~")):
+        return override
+    # A knob's space that only the task's task.yaml declares (`search.space.PATIENCE.high=20`): composed after
+    # Hydra, so Hydra alone refused it ("Could not override"); a misspelt knob still fails validation, by name.
+    if not _schema_leaf(key) and not key.startswith("search.space."):
         return override
     return "++" + override
 

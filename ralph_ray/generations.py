@@ -298,7 +298,11 @@ class Campaign:
         scores, counts = history.variant_scores(con, self.run_id), history.trial_counts(con, self.run_id, cycle)
         guards = self.cfg.safeguards
         reps = replicates.recorded(con, self.run_id) if guards.replicates else None
-        comparisons = replicates.comparisons(children, scores, reps, guards.confidence) if reps is not None else None
+        comparisons = (
+            replicates.comparisons(children, scores, reps, guards.confidence, replicates.split_examples(self.labels))
+            if reps is not None
+            else None
+        )
         judge(children, scores, counts, guards.min_delta, comparisons)
         prefix, merged = records.trial_parts(self.run_id, cycle), records.part(self.run_id, cycle, "compacted")
         for table in ("epochs", "trials", "segments"):  # one part per cycle instead of one per trial

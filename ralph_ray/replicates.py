@@ -28,7 +28,7 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE, Sink, TrialLedger, TrialRecord
 from ralph_ray.noise import Comparison, Sample, describe, floor, welch_greater, worth_replicating
 from ralph_ray.progress import LiveProgress
 from ralph_ray.search import StopRequest, storage_path, trial_spec
-from ralph_ray.tasks.base import Labels
+from ralph_ray.tasks.base import Labels, MetricKind
 from ralph_ray.trials import REPLICATE_KEY, SEED_KEY, PublicData, read_files, run_trial
 from ralph_ray.variants import VariantStatus
 
@@ -111,10 +111,25 @@ def points(
     return configs
 
 
+def split_examples(labels: Labels) -> int | None:
+    """The selection split's size where the selection score is an accuracy over it (its sampling error is then
+    binomial and counted in a keep verdict: noise.welch_greater); None for any other metric."""
+    metric = labels.metric
+    if metric.name == "accuracy" and metric.kind is MetricKind.classification and len(labels.selection) > 1:
+        return len(labels.selection)
+    return None
+
+
 def evidence(
-    child: Child, best: float | None, reps: dict[str, Replicated], parent_best: float | None, confidence: float
+    child: Child,
+    best: float | None,
+    reps: dict[str, Replicated],
+    parent_best: float | None,
+    confidence: float,
+    examples: int | None = None,
 ) -> Comparison:
-    """A child's replicates against its parent's; a child that was not worth replicating says why."""
+    """A child's replicates against its parent's (`examples`: the selection split's size where its sampling error
+    counts); a child that was not worth replicating says why."""
     parent = reps[child.parent_id].sample if child.parent_id in reps else Sample(())
     mine = reps[child.variant_id].sample if child.variant_id in reps else Sample(())
     if not worth_replicating(best, parent, parent_best):
@@ -129,7 +144,7 @@ def evidence(
         )
         note = f"not replicated: its best trial {shown} did not beat its parent's {against}"
         return Comparison(mine, parent, confidence, None, note)
-    return welch_greater(mine, parent, confidence)
+    return welch_greater(mine, parent, confidence, examples)
 
 
 def comparisons(
@@ -137,11 +152,12 @@ def comparisons(
     scores: dict[str, tuple[float, float | None]],
     reps: dict[str, Replicated],
     confidence: float,
+    examples: int | None = None,
 ) -> dict[str, Comparison]:
     """The evidence each scored candidate child is judged on."""
     return {
         c.variant_id: evidence(
-            c, scores[c.variant_id][0], reps, scores.get(c.parent_id, (c.parent_score, None))[0], confidence
+            c, scores[c.variant_id][0], reps, scores.get(c.parent_id, (c.parent_score, None))[0], confidence, examples
         )
         for c in children
         if c.status is VariantStatus.candidate and c.variant_id in scores

@@ -66,6 +66,23 @@ def test_a_schema_key_the_conf_yaml_lacks_can_be_overridden_and_wins_over_task_y
         load_config(["task.mirror_invariants=true"])
 
 
+def test_a_knob_space_only_task_yaml_declares_can_be_overridden(tmp_path: Path):
+    """User trial: `search.space.PATIENCE.high=20` got Hydra's "Could not override" (PATIENCE is in the task's
+    task.yaml, which is merged after Hydra composes conf/); `search.space.LR.high` worked only because conf/ has LR."""
+    folder = tmp_path / "mine"
+    shutil.copytree(PROJECT_ROOT / "trainers" / "digits", folder)
+    task_yaml = folder / "task.yaml"
+    task_yaml.write_text(
+        task_yaml.read_text().replace("  space:\n", "  space:\n    EPOCHS: {type: int, low: 4, high: 8}\n", 1)
+    )
+    assert load_config([f"task={folder}"]).search.space["EPOCHS"].high == 8
+    cfg = load_config([f"task={folder}", "search.space.EPOCHS.high=12", "search.space.WIDTH.values=[8,16]"])
+    assert (cfg.search.space["EPOCHS"].low, cfg.search.space["EPOCHS"].high) == (4, 12)
+    assert cfg.search.space["WIDTH"].values == [8, 16]
+    with pytest.raises(ConfigError, match="EPOCH"):  # a misspelt knob: a knob the trainer lacks, named
+        load_config([f"task={folder}", "search.space.EPOCH.high=12"])
+
+
 def test_a_removed_space_replaces_the_task_yamls_space():
     """`~search.space` then `+search.space={...}` leaves only the new knobs, though task.yaml brings its own."""
     assert set(load_config([]).search.space) == {"LR", "BATCH_SIZE", "WIDTH"}  # digits' task.yaml
