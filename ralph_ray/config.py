@@ -992,7 +992,28 @@ def _check_task(cfg: Config) -> TaskFolder:
             f"{'higher' if task.metric.direction.value == 'max' else 'lower'}, but search.mode={cfg.search.mode}",
             f"set search.mode={task.metric.direction.value} (in the task's task.yaml)",
         )
+    named = _direction_by_name(cfg.search.metric)
+    if named is not None and cfg.search.mode != named:
+        # User trial: search.mode=min with the classification template's own val_acc started a campaign that ranked
+        # its worst configs first (only the task metric's exact name and val_ prefix were checked).
+        raise ConfigError(
+            "search.mode",
+            f"search.metric={cfg.search.metric} reads as {'an accuracy' if named == 'max' else 'a loss or an error'}, "
+            f"better when {'higher' if named == 'max' else 'lower'}, but search.mode={cfg.search.mode}",
+            f"set search.mode={named}",
+        )
     return task
+
+
+# Metric names whose direction their name says (the trainer's reported names: val_acc, val_loss, val_bpb, ...).
+_HIGHER = re.compile(r"(^|_)(acc|accuracy|f1|macro_f1|auc|auroc|r2|precision|recall|top\d+)($|_)")
+_LOWER = re.compile(r"(^|_)(loss|mse|rmse|mae|bpb|bpc|perplexity|ppl|error|err|nll)($|_)")
+
+
+def _direction_by_name(metric: str) -> str | None:
+    """ "max" for a name that says accuracy (val_acc, f1_macro), "min" for one that says loss or error; else None."""
+    higher, lower = bool(_HIGHER.search(metric.lower())), bool(_LOWER.search(metric.lower()))
+    return None if higher == lower else "max" if higher else "min"
 
 
 def _check_llm_agent(cfg: Config) -> None:

@@ -215,6 +215,18 @@ def test_a_search_metric_the_trainer_does_not_report_is_refused_with_the_names_i
     assert load_config([f"task={folder}", "search.metric=val_accuracy"]).search.metric == "val_accuracy"
 
 
+def test_a_search_mode_against_what_the_metric_name_says_is_refused():
+    """User trial: `search.mode=min` with the template's own `val_acc` started a campaign ranking its worst configs
+    first (only the task metric's exact name, `accuracy` or `val_accuracy`, was checked)."""
+    with pytest.raises(ConfigError, match=r"search.metric=val_acc reads as an accuracy, better when higher") as info:
+        load_config(["search.mode=min"])
+    assert "fix: set search.mode=max" in str(info.value)
+    with pytest.raises(ConfigError, match=r"val_loss reads as a loss or an error, better when lower"):
+        load_config(["search.metric=val_loss"])  # digits' task.yaml says mode: max
+    assert load_config(["search.metric=val_loss", "search.mode=min"]).search.mode == "min"
+    assert load_config(["task=lm"]).search.mode == "min"  # its val_loss (bits per byte), lower is better
+
+
 def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):
     env = {**os.environ, "RAY_ADDRESS": ""}
     result = subprocess.run(
