@@ -27,7 +27,7 @@ from ralph_ray.report import write_report
 from ralph_ray.rundir import locate, open_run
 from ralph_ray.sandbox import SandboxMode, announce, bound_folders, hidden_paths
 from ralph_ray.state import RunStatus
-from ralph_ray.tasks import image_inputs, prepare_splits, reads
+from ralph_ray.tasks import prepare_splits, read_images, reads
 from ralph_ray.tasks.base import describe, unusual_direction
 
 INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
@@ -127,12 +127,17 @@ def hide_what_prepare_read(cfg: Config, opened: set[str], say: Callable[[str], N
 
 
 def infer_images(cfg: Config, train_x: Any, say: Callable[[str], None]) -> None:
-    """Set task.images, where the task leaves it unset, from the prepared train inputs' shape (tasks.image_inputs)."""
+    """Set task.images, where the task leaves it unset, from the prepared train inputs (tasks.read_images), and say
+    how to overrule it."""
     if cfg.task.images is not None:
         return
-    cfg.task.images = image_inputs(train_x)
-    found = "images" if cfg.task.images else "not images"
-    say(f"  task.images: inputs of shape {tuple(np.shape(train_x))} read as {found} (task.images in task.yaml decides)")
+    reading = read_images(train_x)
+    cfg.task.images = reading.images
+    found, other = ("images", "false") if reading.images else ("not images", "true")
+    say(
+        f"  task.images: inputs of shape {tuple(np.shape(train_x))} read as {found} ({reading.why}); "
+        f"if that is wrong, set `task: {{images: {other}}}` in task.yaml"
+    )
 
 
 def driver_setup() -> None:

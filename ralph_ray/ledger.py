@@ -159,7 +159,8 @@ class TrialLedger(Callback):
         except ScoringError as err:
             self._finish(trial, TrialStatus.failed, str(err))
             return
-        self._finish(trial, TrialStatus.completed, None, scores.selection, scores.test)
+        # A completed trial's reason is a warning only: predictions scored but suspect (all one class).
+        self._finish(trial, TrialStatus.completed, scores.warning, scores.selection, scores.test)
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
         self._finish(trial, TrialStatus.failed, failure_reason(trial))

@@ -29,6 +29,7 @@ class Scores:
 
     selection: float
     test: float
+    warning: str | None = None  # scored, but oddly (every selection prediction one class): said with the trial
 
 
 def score_predictions(path: Path, labels: Labels) -> Scores:
@@ -66,6 +67,7 @@ def _score(npz: bytes, labels: Labels, name: str) -> Scores:
         return Scores(
             selection=metric.oriented(metric.score(selection, labels.selection)),
             test=metric.oriented(metric.score(test, labels.test)),
+            warning=metric.one_class(selection, labels.selection),
         )
     except Exception as err:  # noqa: BLE001 - a task's own score function may raise anything: the trial is unscored
         if not isinstance(err, ValueError):

@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 from ray.train._internal.storage import StorageContext
 from ray.tune.error import _AbortTrialExecution
 from ray.tune.experiment import Trial
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
+from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.digits import prepare
 
@@ -85,3 +88,25 @@ def test_a_trial_tune_failed_without_telling_the_searcher_frees_its_slot_at_the_
     ledger.on_step_end(2, [running, failed])
     ledger.on_experiment_end([running, failed])
     assert [r.trial_id for r in recorded] == ["reset001", "running1"]  # nothing recorded twice
+
+
+def test_a_completed_trial_that_predicts_one_class_is_recorded_with_a_warning(ray_session, tmp_path: Path):
+    """Scored as usual, but its reason (shown on its console line) says why its score is the share of one class."""
+    recorded: list[TrialRecord] = []
+    splits = prepare(0, 0.2, 0.2)
+    ledger = TrialLedger(
+        "r", 1, splits.labels(), str(tmp_path / "trials"), 0, "val_acc", lambda r, _: recorded.append(r)
+    )
+    predictions = tmp_path / "predictions.npz"
+    np.savez(
+        predictions, selection=np.zeros(len(splits.selection_y), np.int64), test=np.zeros(len(splits.test_y), np.int64)
+    )
+    trial = tune_trial(tmp_path, "argmax01")
+    trial.update_last_result({PREDICTIONS_KEY: encode_predictions(predictions)})
+    ledger.on_trial_start(0, [trial], trial)
+    ledger.on_trial_complete(0, [trial], trial)
+    (record,) = recorded
+    assert record.status is TrialStatus.completed and record.selection_score == pytest.approx(0.1, abs=0.01)
+    assert record.reason is not None and record.reason.startswith(
+        "every prediction is class 0 while the labels hold 10"
+    )

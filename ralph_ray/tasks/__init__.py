@@ -10,17 +10,16 @@ only. This package imports no config (config imports it), so the registry adds n
 from __future__ import annotations
 
 import dataclasses
-import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.tasks.base import DataError, Experiment, Labels, Metric, Splits
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
+from ralph_ray.tasks.images import image_inputs, read_images
 from ralph_ray.tasks.plugins import GROUP, installed
 
 __all__ = [
@@ -35,6 +34,7 @@ __all__ = [
     "image_inputs",
     "prepare_splits",
     "prepare_task",
+    "read_images",
     "task_names",
 ]
 
@@ -142,22 +142,6 @@ def reproduce(folder: TaskFolder, cfg: Experiment) -> str:
     if data.url:
         args.append(f"data.url={data.url}")
     return shlex.join(["python", "-m", "ralph_ray.prepare", *args])
-
-
-# The fewest features a flat input may have to read as a flattened square image (4x4; digits' 64 are 8x8 images).
-MIN_FLAT_IMAGE = 16
-
-
-def image_inputs(train_x: Any) -> bool:
-    """Whether a task's train inputs look like images: (N, C, H, W) or (N, H, W, C), (N, H, W), or (N, side * side)
-    with at least MIN_FLAT_IMAGE features; anything else (table rows, token ids, text) is not."""
-    shape = np.shape(train_x)
-    if len(shape) in (3, 4):
-        return True
-    if len(shape) != 2:
-        return False
-    side = math.isqrt(shape[1])
-    return shape[1] >= MIN_FLAT_IMAGE and side * side == shape[1]
 
 
 def prepare_splits(cfg: Experiment) -> Splits:

@@ -100,6 +100,22 @@ class Metric:
         """The engine's score of a metric value (higher is better); applied twice it gives the value back."""
         return self.sign * value
 
+    def one_class(self, predictions: np.ndarray, targets: np.ndarray) -> str | None:
+        """A warning when every prediction is one class while the targets hold several (None: nothing odd); the
+        predictions must fit (`score` accepts them)."""
+        if self.kind is not MetricKind.classification:
+            return None
+        predicted = np.unique(_fit(np.asarray(predictions), targets, self.kind).astype(np.int64))
+        held = len(np.unique(targets))
+        if len(predicted) != 1 or held < 2:
+            return None
+        cause = (
+            "a model with a single output logit? argmax(1) over it is always 0: save `(logits > 0).long()`"
+            if predicted[0] == 0
+            else "a model that learnt one class?"
+        )
+        return f"every prediction is class {predicted[0]} while the labels hold {held} classes ({cause})"
+
     def score(self, predictions: np.ndarray, targets: np.ndarray) -> float:
         """The metric value of predictions against the engine-held targets (raises ValueError if they do not fit)."""
         predictions = _fit(np.asarray(predictions), targets, self.kind)
@@ -254,7 +270,9 @@ def _fit(predictions: np.ndarray, targets: np.ndarray, kind: MetricKind) -> np.n
         if predictions.ndim != 1 or not (np.issubdtype(predictions.dtype, np.integer) or predictions.dtype == bool):
             raise ValueError(
                 f"a classification metric scores one class id per input (integers, shape (N,)); got "
-                f"{predictions.dtype} of shape {predictions.shape}: save the argmax of the logits"
+                f"{predictions.dtype} of shape {predictions.shape}: save `logits.argmax(1)` for one logit per "
+                "class; for a single logit (BCEWithLogitsLoss) `(logits > 0).long()`, for probabilities of the "
+                "positive class `(probs > 0.5).long()` (argmax(1) of a single logit is always 0)"
             )
         return predictions
     if predictions.shape != targets.shape or not np.issubdtype(predictions.dtype, np.number):

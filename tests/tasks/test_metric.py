@@ -131,3 +131,46 @@ def test_predictions_that_do_not_fit_the_kind_are_refused():
         score_encoded(
             _encoded(np.array([np.nan, 1.0]), np.array([1.0])), Labels(np.array([1.0, 2.0]), np.array([1.0]), mse)
         )
+
+
+def _single_logit() -> tuple[np.ndarray, np.ndarray, Labels]:
+    """A binary classifier with one output logit (logistic regression on breast_cancer): its selection and test
+    logits, and the engine's labels (both classes held, 37% class 0)."""
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = StandardScaler().fit_transform(x)
+    model = LogisticRegression(max_iter=1000).fit(x[:343], y[:343])
+    accuracy = declared_metric({"name": "accuracy", "direction": "max"}, None)
+    labels = Labels(selection=y[343:456], test=y[456:], metric=accuracy)
+    return model.decision_function(x[343:456]), model.decision_function(x[456:]), labels
+
+
+def test_float_predictions_of_a_single_logit_are_refused_naming_what_to_save():
+    """The hint for float predictions covers a single logit and probabilities, not only the argmax of many logits."""
+    selection, test, labels = _single_logit()
+    for floats in (selection, 1 / (1 + np.exp(-selection))):  # logits, then probabilities
+        with pytest.raises(ScoringError, match=r"\(logits > 0\)\.long\(\)`, for probabilities .*\(probs > 0\.5\)"):
+            score_encoded(_encoded(floats, test), labels)
+    right = score_encoded(_encoded((selection > 0).astype(np.int64), (test > 0).astype(np.int64)), labels)
+    assert right.selection > 0.9 and right.warning is None
+
+
+def test_argmax_over_a_single_logit_is_scored_but_warned_of():
+    """The user trial: `model(x).argmax(1)` on (N, 1) logits saves class 0 for every input; it scored the share of
+    class 0 with no word. It is still scored (not failed), with a warning that names the cause and the fix."""
+    selection, test, labels = _single_logit()
+    scores = score_encoded(_encoded(selection[:, None].argmax(1), test[:, None].argmax(1)), labels)
+    assert scores.selection == pytest.approx(np.mean(labels.selection == 0))
+    assert scores.warning == (
+        "every prediction is class 0 while the labels hold 2 classes (a model with a single output logit? "
+        "argmax(1) over it is always 0: save `(logits > 0).long()`)"
+    )
+    ones = score_encoded(_encoded(np.ones_like(labels.selection), np.ones_like(labels.test)), labels)
+    assert (
+        ones.warning == "every prediction is class 1 while the labels hold 2 classes (a model that learnt one class?)"
+    )
+    one_class = Labels(selection=np.zeros(3, np.int64), test=np.zeros(2, np.int64), metric=labels.metric)
+    assert score_encoded(_encoded(np.zeros(3, np.int64), np.zeros(2, np.int64)), one_class).warning is None
