@@ -58,7 +58,7 @@ class Gate:
         """Raise GateError naming the first problem; return quietly when the child may run."""
         check_frozen_files(child, parent)
         sources = check_parses(child)
-        check_reach(sources)
+        check_reach(sources, _sources(parent))
         check_required_calls(sources.get(self.entry, ""), self.entry, MODEL_CALLS if self.scores_model else ())
         if self.resumes and (missing := missing_resume_calls(sources.get(self.entry, ""))):
             raise GateError(refusal(self.entry, missing))
@@ -139,12 +139,36 @@ def check_parses(child: Path) -> dict[str, str]:
     return sources
 
 
-def check_reach(sources: dict[str, str]) -> None:
-    """A fast first line beside the sandbox: no engine module but the harness, no path outside the work dir."""
+def check_reach(sources: dict[str, str], parent: dict[str, str] | None = None) -> None:
+    """A fast first line beside the sandbox: no engine module but the harness, no path outside the work dir, in what
+    the child adds to its `parent`'s files. What the parent had already (the user's seed saving to /tmp, say) is no
+    agent's doing: refused, it failed every child of that parent and the KB blamed each child's intervention (a user
+    trial's four children), while the sandbox still holds each trial to its work dir either way."""
     for name, source in sources.items():
         tree = parse(source, filename=name)
+        known = {what for _, what in _reaches_in((parent or {}).get(name))}
         for node, what in _reaches(tree):
-            raise GateError(f"{name} line {node.lineno}: {what}")
+            if what not in known:
+                raise GateError(f"{name} line {node.lineno}: {what}")
+
+
+def _sources(folder: Path) -> dict[str, str]:
+    """A variant's Python files by relative name (the parent's, trusted to parse: it was gated or is the seed)."""
+    return {
+        str(path.relative_to(folder)): path.read_text(errors="replace")
+        for path in variant_files(folder)
+        if path.suffix == ".py"
+    }
+
+
+def _reaches_in(source: str | None) -> list[tuple[ast.AST, str]]:
+    """`_reaches` of a source that may be missing or not parse (nothing then)."""
+    if source is None:
+        return []
+    try:
+        return _reaches(parse(source))
+    except SyntaxError:
+        return []
 
 
 def _reaches(tree: ast.AST) -> list[tuple[ast.AST, str]]:

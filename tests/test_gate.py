@@ -10,7 +10,7 @@ import pytest
 
 from ralph_ray import PROJECT_ROOT, warmstart
 from ralph_ray.agents.transforms import apply_transform
-from ralph_ray.gate import SMOKE_WORK, Gate, GateError, write_smoke_data
+from ralph_ray.gate import SMOKE_WORK, Gate, GateError, check_reach, write_smoke_data
 from ralph_ray.tasks.digits import prepare
 
 SEED = PROJECT_ROOT / "trainers" / "digits"
@@ -120,6 +120,23 @@ def test_reaching_past_the_work_dir_is_refused_before_the_smoke_run(
     )
     with pytest.raises(GateError, match=f"train.py line \\d+: {message}"):
         gate.check(child, parent)
+
+
+def test_a_path_or_import_the_parent_had_already_is_not_held_against_the_child():
+    """User trial: a seed naming `/usr/share/datasets/...` trained, then every child was refused for that line of
+    its parent's, and the KB blamed four interventions. The gate judges what the child adds."""
+    source = (SEED / "train.py").read_text()
+    parent = {"train.py": source.replace("def main() -> None:", "CKPT = '/tmp/ckpt.pt'\n\n\ndef main() -> None:")}
+    child = {"train.py": parent["train.py"].replace("DROPOUT = 0.0", "DROPOUT = 0.2")}
+    assert child != parent and "/tmp/ckpt.pt" in child["train.py"]
+    check_reach(child, parent)  # the parent's own line: no refusal
+    with pytest.raises(GateError, match="train.py line \\d+: names the path '/tmp/ckpt.pt'"):
+        check_reach(child)  # judged without its parent, as before
+    added = {"train.py": child["train.py"].replace("CKPT = ", "KB = '/work/kb'\nCKPT = ")}
+    with pytest.raises(GateError, match="names the path '/work/kb'"):
+        check_reach(added, parent)  # what the child adds is still refused
+    with pytest.raises(GateError, match="imports ralph_ray.kb"):
+        check_reach({**child, "extra.py": "import ralph_ray.kb\n"}, parent)  # and a file of its own, whole
 
 
 def test_a_child_that_left_the_data_parallel_group_is_refused_when_trials_have_workers(gate: Gate, tmp_path: Path):
