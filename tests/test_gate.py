@@ -50,6 +50,20 @@ def test_a_smoke_run_writes_in_the_knobs_it_is_given(gate: Gate, tmp_path: Path)
         gate.smoke(child, {"WIDTH": 512})
 
 
+def test_a_smoke_run_holds_a_batch_knob_to_what_its_few_rows_can_fill(gate: Gate, tmp_path: Path):
+    """User trial: `larger_batch` (BATCH_SIZE 256, a loader with `drop_last=True`) got no batch of the sliver's 144
+    train rows, and OneCycleLR's "Expected positive integer steps_per_epoch, but got 0" rejected it twice."""
+    line = "        order = torch.randperm(len(x_train))"
+    no_batch = "        assert len(x_train) // BATCH_SIZE > 0, 'no full batch'\n" + line
+    child, _ = child_of_seed(
+        tmp_path, lambda s: s.replace("BATCH_SIZE = 64", "BATCH_SIZE = 256").replace(line, no_batch, 1)
+    )
+    source = (child / "train.py").read_text()
+    assert "BATCH_SIZE = 256" in source and "no full batch" in source
+    gate.smoke(child)
+    gate.smoke(child, {"BATCH_SIZE": 512})  # a trial's own knobs too
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
