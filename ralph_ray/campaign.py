@@ -166,8 +166,8 @@ def campaign_class(cfg: Config) -> type[Campaign]:
 def _shape_note(cfg: Config) -> str:
     """Why a campaign runs the serial 1x1 shape when its budget chose it (config.resolve_shape)."""
     pop = cfg.population
-    if (pop.parents, pop.children_per_parent) != (1, 1) or not short_budget(cfg):
-        return ""
+    if (pop.parents, pop.children_per_parent) != (1, 1) or not short_budget(cfg) or not pop.shape_by_budget:
+        return ""  # a shape given as 1 x 1 was the user's choice, not the budget's
     return (
         f": the serial loop, as a {cfg.safeguards.campaign_time_s:g}-s budget"
         f" <= population.serial_up_to_s={pop.serial_up_to_s:g} calls for;"

@@ -358,6 +358,9 @@ class PopulationConfig:
     parents: Optional[int] = None
     children_per_parent: Optional[int] = None
     serial_up_to_s: float = 300.0  # 0: never serial by budget
+    shape_by_budget: bool = (
+        False  # set at load where the shape was left null (the console then says the budget chose it)
+    )
     trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
     explore: float = 0.2  # chance a parent slot goes to a random non-top variant
     one_per_lineage: bool = True  # prefer parents from different first-generation branches
@@ -683,7 +686,9 @@ def to_config(raw: Any) -> Config:
         raise ConfigError(key, _first_line(err) + _set_in_task_yaml(raw_dict, key), _fix_for(key)) from None
     if cfg.population.mode == PopulationMode.auto.value:
         cfg.population.mode = resolve_mode(cfg).value
-    cfg.population.parents, cfg.population.children_per_parent = resolve_shape(cfg)
+    pop = cfg.population
+    pop.shape_by_budget = pop.shape_by_budget or pop.parents is None or pop.children_per_parent is None
+    pop.parents, pop.children_per_parent = resolve_shape(cfg)
     validate(cfg)
     return cfg
 

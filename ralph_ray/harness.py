@@ -83,7 +83,9 @@ def load_data() -> Dataset:
     if missing:
         sys.exit(f"{root} lacks {', '.join(missing)}: run `python -m ralph_ray.prepare` for this task again.")
     meta = json.loads((root / "meta.json").read_text())
-    load = lambda name: np.load(root / name, mmap_mode="r")  # noqa: E731
+    # Copy-on-write: writable arrays (torch.as_tensor warned "The given NumPy array is not writable" in every trial of
+    # a user's trainer) whose writes stay in this process's memory; the files are read-only to trainers anyway.
+    load = lambda name: np.load(root / name, mmap_mode="c")  # noqa: E731
     return Dataset(
         train_x=load("train_x.npy"),
         train_y=load("train_y.npy"),

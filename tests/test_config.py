@@ -115,6 +115,9 @@ def test_the_shape_left_null_is_chosen_by_the_campaign_budget(overrides: list[st
     assert (cfg.population.parents, cfg.population.children_per_parent) == shape
     # The run's first line says when the budget made it serial, and how to ask for the population instead.
     assert ("the serial loop, as a" in _shape_note(cfg)) is (shape == (1, 1))
+    # ...and not where the user asked for 1 x 1 (user trial: "as a 150-s budget calls for" after an explicit 1 x 1)
+    given = load_config([*overrides, "population.parents=1", "population.children_per_parent=1"])
+    assert _shape_note(given) == ""
 
 
 def test_a_stored_config_keeps_the_shape_it_ran_with(tmp_path: Path):

@@ -55,6 +55,28 @@ def public_data() -> PublicData:
     return as_public(files)
 
 
+def test_public_data_loads_writable_without_touching_its_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """User trial: every trial's stderr held torch's "The given NumPy array is not writable" (read-only memory maps);
+    they map copy-on-write now: writable, and a write never reaches the read-only file."""
+    import warnings
+
+    import torch
+
+    for name, content in public_data().files.items():
+        (tmp_path / name).write_bytes(content)
+        (tmp_path / name).chmod(0o444)
+    monkeypatch.setenv(harness.ENV_DATA_DIR, str(tmp_path))
+    data = harness.load_data()
+    before = (tmp_path / "train_x.npy").read_bytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's warning would raise here
+        tensor = torch.as_tensor(data.train_x)
+    data.train_x[0, 0] = 5.0
+    assert tensor[0, 0] == 5.0 and data.train_x.flags.writeable  # shared with the tensor, as before: no copy
+    assert (tmp_path / "train_x.npy").read_bytes() == before
+    assert harness.load_data().train_x[0, 0] != 5.0
+
+
 def test_a_tune_run_of_the_adapter(ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     from ray import tune
 
