@@ -1189,10 +1189,14 @@ def _check_space_in_trainer(cfg: Config) -> None:
         return  # a missing or broken seed is the task check's and the gate's to explain
     missing = [name for name in cfg.search.space if name not in knobs]
     if missing:
+        near = {name: difflib.get_close_matches(name, list(knobs), n=1, cutoff=0.75) for name in missing}
+        # A misspelt knob (`WIDHT` for WIDTH, a user trial) names its likely spelling first
+        typos = " ".join(f"did you mean {found[0]} for {name}?" for name, found in near.items() if found)
         raise ConfigError(
             "search.space",
             f"names {', '.join(missing)}, which {entry} does not define (its knobs: {', '.join(knobs) or 'none'})",
-            "define each as a module-level UPPER_CASE constant in train.py, or drop it from the space: "
+            (f"{typos} " if typos else "")
+            + "define each as a module-level UPPER_CASE constant in train.py, or drop it from the space: "
             + " ".join(f"~search.space.{name}" for name in missing),
         )
 

@@ -83,6 +83,18 @@ def test_a_knob_space_only_task_yaml_declares_can_be_overridden(tmp_path: Path):
         load_config([f"task={folder}", "search.space.EPOCH.high=12"])
 
 
+def test_a_misspelt_knob_in_task_yaml_names_its_likely_spelling(tmp_path: Path):
+    """User trial: `WIDHT` in task.yaml's space exited 2 naming the trainer's knobs, with no "did you mean"."""
+    folder = shutil.copytree(PROJECT_ROOT / "trainers" / "digits", tmp_path / "mine")
+    task_yaml = folder / "task.yaml"
+    task_yaml.write_text(task_yaml.read_text().replace("    WIDTH:", "    WIDHT:", 1))
+    with pytest.raises(ConfigError) as info:
+        load_config([f"task={folder}"])
+    message = str(info.value)
+    assert "names WIDHT, which" in message and "fix: did you mean WIDTH for WIDHT? define each" in message
+    assert "~search.space.WIDHT" in message
+
+
 def test_a_removed_space_replaces_the_task_yamls_space():
     """`~search.space` then `+search.space={...}` leaves only the new knobs, though task.yaml brings its own."""
     assert set(load_config([]).search.space) == {"LR", "BATCH_SIZE", "WIDTH"}  # digits' task.yaml
