@@ -92,9 +92,12 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         if state.best_selection_score is not None
         else "-"
     )
+    # A run with no finished cycle yet (an async campaign's first generation still open) printed `best per cycle: []`
+    # beside a best selection score, which read as a contradiction (user trial).
+    per_cycle = [round(value(b), 4) if b is not None else None for b in state.best_by_cycle]
     console.print(
         f"  best selection {task.get('metric') or 'score'} ({'lower' if sign < 0 else 'higher'} is better): {best}; "
-        f" best per cycle: {[round(value(b), 4) if b is not None else None for b in state.best_by_cycle]}"
+        + (f"best per cycle: {per_cycle}" if per_cycle else "no cycle finished yet")
     )
     try:
         con = open_reader(kb)

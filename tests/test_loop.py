@@ -138,6 +138,20 @@ def test_status_and_report_commands(two_cycles: Outcome, capsys: pytest.CaptureF
     assert main(["status", "nope", "--runs", runs]) == 2
 
 
+def test_status_of_a_run_with_no_finished_cycle_says_so(two_cycles: Outcome, tmp_path, capsys):
+    """User trial: an async run's `status` printed `best per cycle: []` beside a best selection score."""
+    runs = tmp_path / "runs"
+    shutil.copytree(two_cycles.run_dir, runs / "loop")
+    assert main(["status", "--runs", str(runs), "--kb", str(two_cycles.kb_root)]) == 0
+    assert "best per cycle: [" in capsys.readouterr().out
+    state_file = runs / "loop" / "state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "best_by_cycle": []}))
+    assert main(["status", "--runs", str(runs), "--kb", str(two_cycles.kb_root)]) == 0
+    out = capsys.readouterr().out
+    assert "no cycle finished yet" in out and "best per cycle" not in out
+
+
 def test_status_shows_a_min_metric_as_its_own_values(two_cycles: Outcome, tmp_path, capsys, monkeypatch):
     """Scores are stored oriented (a min metric's negated); `status` shows a min task's values as they are."""
     monkeypatch.setenv("COLUMNS", "240")  # rich's table: no cell cut short
