@@ -1015,10 +1015,19 @@ _HIGHER = re.compile(r"(^|_)(acc|accuracy|f1|macro_f1|auc|auroc|r2|precision|rec
 _LOWER = re.compile(r"(^|_)(loss|mse|rmse|mae|bpb|bpc|perplexity|ppl|error|err|nll)($|_)")
 
 
+_NEGATED = re.compile(r"(^|_)(neg|negative|minus)($|_)")
+
+
 def _direction_by_name(metric: str) -> str | None:
-    """ "max" for a name that says accuracy (val_acc, f1_macro), "min" for one that says loss or error; else None."""
-    higher, lower = bool(_HIGHER.search(metric.lower())), bool(_LOWER.search(metric.lower()))
-    return None if higher == lower else "max" if higher else "min"
+    """The direction a metric's name says: max for an accuracy (val_acc, f1_macro), min for a loss or an error, the
+    other way for a negated one (val_neg_loss, neg_mean_squared_error); None where it says neither."""
+    name = metric.lower()
+    higher, lower = bool(_HIGHER.search(name)), bool(_LOWER.search(name))
+    if higher == lower:
+        return None
+    if _NEGATED.search(name):
+        higher = not higher
+    return "max" if higher else "min"
 
 
 def _check_llm_agent(cfg: Config) -> None:

@@ -25,11 +25,12 @@ REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictio
 MODEL_CALLS = ("harness.save_model",)  # also required where the task scores the exported model
 SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
 SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
-# A batch knob's largest value in a smoke run: four batches of the sliver's train rows (less a validation share). A
-# user trial's `larger_batch` child (BATCH_SIZE 256, `drop_last=True`) got no batch of 144 rows, and OneCycleLR's
-# "Expected positive integer steps_per_epoch, but got 0" rejected it twice, for the sliver's size alone.
+# A training batch knob's largest value in a smoke run (halved until it fits, so 64 -> 32, 96 -> 24: a multiple of
+# what it was a multiple of, for trainers that assert BATCH_SIZE % ACCUM == 0): three batches or more of the sliver's
+# train rows less a validation share. A user trial's `larger_batch` child (BATCH_SIZE 256, `drop_last=True`) got no
+# batch of 144 rows, and OneCycleLR's "Expected positive integer steps_per_epoch, but got 0" rejected it twice.
 SMOKE_BATCH = SMOKE_ROWS["train"] // 4
-BATCH_KNOB = re.compile(r"(^|_)BATCH(_SIZE)?$|^BS$")
+BATCH_KNOB = re.compile(r"^(TRAIN_)?BATCH(_SIZE)?$|^BS$")  # not EVAL_BATCH, TOKENS_PER_BATCH
 SMOKE_OUTPUT_BYTES = 10 * 1024 * 1024  # stdout and stderr of a smoke run
 SMOKE_WORK = "smoke_work"  # beside the smoke data: the folder of warm smoke runs' work dirs
 PACKAGE = "ralph_ray"
@@ -86,8 +87,9 @@ class Gate:
             written = {k: v for k, v in {**(knobs or {}), **SMOKE_KNOBS}.items() if k in present}
             for name, value in {**present, **written}.items():
                 if BATCH_KNOB.search(name) and isinstance(value, int) and not isinstance(value, bool):
-                    if value > SMOKE_BATCH:
-                        written[name] = SMOKE_BATCH
+                    while value > SMOKE_BATCH:
+                        value //= 2
+                    written[name] = value
             prepare_workdir(child, work, written, entry=self.entry)
             limits = Limits(
                 self.timeout_s, self.output_bytes, sandbox=self.sandbox, warm=self.warm, prestart=self.prestart

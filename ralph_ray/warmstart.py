@@ -10,6 +10,7 @@ Ray-free, like the runner that uses it. Where a server cannot start or fork, the
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -38,16 +39,30 @@ MAX_SERVERS = 1  # per process (each holds torch in memory): a new cycle's folde
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
-# A variable CUDA reads when it starts, named in a string literal (`os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ...`) or
-# as a call's keyword (`os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")`); not a knob of the same spelling
-# (`CUDNN_BENCHMARK = True`, `TORCH_COMPILE = False` at a line's start), which sets no variable.
-_PREFIXES = "|".join(prefix for prefix in zygote.CUDA_ENV_PREFIXES if prefix != "RALPH_DEVICE")
-_CUDA_SETTING = re.compile(rf"[\"'](?:{_PREFIXES})\w*[\"']|[(,]\s*(?:{_PREFIXES})\w*\s*=(?!=)")
+# A variable CUDA reads when it starts, named in a string (`os.environ["PYTORCH_CUDA_ALLOC_CONF"] = ...`) or as a
+# call's keyword (`os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")`), read off the syntax tree: not a knob of the
+# same spelling (`CUDNN_BENCHMARK = True`, `SEED, TORCH_COMPILE = 0, False`), and a comment between a call's keywords
+# is no obstacle (both were, to the regular expression before).
+_PREFIXES = tuple(prefix for prefix in zygote.CUDA_ENV_PREFIXES if prefix != "RALPH_DEVICE")
+_CUDA_NAME = re.compile(rf"(?:{'|'.join(_PREFIXES)})\w*")
 
 
 def sets_cuda_env(work: Path) -> bool:
     """Whether the trainer's code names a variable CUDA reads at its start (the server's spare started CUDA already)."""
-    return any(_CUDA_SETTING.search(path.read_text(errors="replace")) for path in work.rglob("*.py") if path.is_file())
+    return any(_names_cuda_env(path.read_text(errors="replace")) for path in work.rglob("*.py") if path.is_file())
+
+
+def _names_cuda_env(source: str) -> bool:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return True  # unreadable: fork it on request, as one that does (it will fail on its own anyway)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_NAME.fullmatch(node.value):
+            return True
+        if isinstance(node, ast.Call) and any(k.arg and _CUDA_NAME.fullmatch(k.arg) for k in node.keywords):
+            return True
+    return False
 
 
 class WarmStartError(RuntimeError):

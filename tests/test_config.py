@@ -240,6 +240,11 @@ def test_a_search_mode_against_what_the_metric_name_says_is_refused():
         load_config(["search.metric=val_loss"])  # digits' task.yaml says mode: max
     assert load_config(["search.metric=val_loss", "search.mode=min"]).search.mode == "min"
     assert load_config(["task=lm"]).search.mode == "min"  # its val_loss (bits per byte), lower is better
+    # a negated name reads the other way (review: `val_neg_loss` with mode=max was refused)
+    from ralph_ray.config import _direction_by_name
+
+    names = ("val_neg_loss", "neg_mean_squared_error", "minus_acc", "epoch", "val_acc")
+    assert [_direction_by_name(n) for n in names] == ["max", "max", "min", None, "max"]
 
 
 def test_cli_bad_config_exits_2_before_ray(tmp_path: Path):

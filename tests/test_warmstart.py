@@ -332,7 +332,9 @@ def test_a_trainer_sets_cuda_env_where_it_names_a_cuda_variable_not_a_knob_of_th
         "os.environ.setdefault('CUDA_VISIBLE_DEVICES', '0')\n": True,
         'os.environ.update(CUBLAS_WORKSPACE_CONFIG=":4096:8")\n': True,
         'os.environ.update(\n    TORCH_HOME="/x",\n    CUDNN_LOGINFO_DBG="1",\n)\n': True,
+        'os.environ.update(\n    # for determinism\n    CUBLAS_WORKSPACE_CONFIG=":4096:8",\n)\n': True,
         "CUDNN_BENCHMARK = True  # autotune convolutions\nTORCH_COMPILE = False\n": False,
+        "SEED, TORCH_COMPILE = 0, False\n": False,
         "torch.backends.cudnn.benchmark = CUDNN_BENCHMARK\nif TORCH_COMPILE == True:\n    pass\n": False,
     }
     for number, (source, sets) in enumerate(cases.items()):

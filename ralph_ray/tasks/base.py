@@ -111,7 +111,7 @@ class Metric:
             return None
         cause = (
             "a model with a single output logit? argmax(1) over it is always 0: save `(logits > 0).long()`"
-            if predicted[0] == 0
+            if predicted[0] == 0 and held == 2  # a single logit is a binary model's
             else "a model that learnt one class?"
         )
         return f"every prediction is class {predicted[0]} while the labels hold {held} classes ({cause})"

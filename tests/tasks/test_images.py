@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from scipy.ndimage import gaussian_filter
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_iris
 from sklearn.preprocessing import StandardScaler
 
 from ralph_ray.campaign import infer_images
 from ralph_ray.config import load_config
 from ralph_ray.scaffold import TEMPLATES_DIR
-from ralph_ray.tasks import image_inputs
+from ralph_ray.tasks import image_inputs, read_images
 
 FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
@@ -113,3 +114,19 @@ def test_shipped_tasks_say_whether_their_inputs_are_images(task: str, images: bo
     """Nothing shipped depends on the inference: each task.yaml says it."""
     data = ["data.root=/nonexistent/cifar"] if task == "cifar10" else []  # its config only names the folder
     assert load_config([f"task={task}", *data]).task.images is images
+
+
+def test_flat_rows_with_missing_values_one_live_feature_or_a_large_side_are_read_without_fault():
+    """Review: one varying feature crashed the test (`np.corrcoef` of one column is 0-d), a table with an empty column
+    lost every row to NaN and read as images ("too few rows"), and a flat 224 x 224 image's full correlation matrix
+    would take 20 GB."""
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(500, 36))
+    table[:, 3] = np.nan
+    assert not read_images(table).images
+    one = np.zeros((50, 16))
+    one[:, 2] = np.arange(50)
+    assert not read_images(one).images
+    smooth = gaussian_filter(rng.normal(size=(40, 224, 224)), sigma=(0, 2, 2))  # neighbours alike, far ones not
+    assert read_images(smooth.reshape(40, -1).astype(np.float32)).images
+    assert not read_images(rng.normal(size=(40, 224 * 224)).astype(np.float32)).images

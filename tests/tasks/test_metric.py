@@ -172,5 +172,9 @@ def test_argmax_over_a_single_logit_is_scored_but_warned_of():
     assert (
         ones.warning == "every prediction is class 1 while the labels hold 2 classes (a model that learnt one class?)"
     )
+    # ten classes: no single-logit hint (a single logit is a binary model's); still warned of
+    ten = Labels(selection=np.arange(20) % 10, test=np.arange(10), metric=labels.metric)
+    zeros = score_encoded(_encoded(np.zeros(20, np.int64), np.zeros(10, np.int64)), ten).warning
+    assert zeros == "every prediction is class 0 while the labels hold 10 classes (a model that learnt one class?)"
     one_class = Labels(selection=np.zeros(3, np.int64), test=np.zeros(2, np.int64), metric=labels.metric)
     assert score_encoded(_encoded(np.zeros(3, np.int64), np.zeros(2, np.int64)), one_class).warning is None
