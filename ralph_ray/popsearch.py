@@ -30,7 +30,8 @@ from ralph_ray.ledger import TrialRecord
 from ralph_ray.noise import Sample
 from ralph_ray.population import Candidate, branch_of, select_parents
 from ralph_ray.replicates import Replicated
-from ralph_ray.search import clip_to_space, optuna_sampler, param_space, relative_knobs
+from ralph_ray.search import optuna_sampler, param_space
+from ralph_ray.space import clip_to_space, relative_knobs
 from ralph_ray.statuses import TrialStatus
 
 CODE_KEY = "_code"  # a trial's config carries its variant's files: children are bred after the Tune run started

@@ -28,12 +28,12 @@ from ralph_ray.children import Child
 from ralph_ray.config import Config, KnobSpace, SamplerKind, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.events import TrialStarts
-from ralph_ray.knobs import Bounds
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
 from ralph_ray.runner import Limits
 from ralph_ray.sandbox import MIB
+from ralph_ray.space import clip_to_space, relative_knobs
 from ralph_ray.tasks.base import Labels, ScoredBy, sha256_file
 from ralph_ray.trials import Code, PublicData, Schedule, TrialSpec, read_files, run_trial
 
@@ -70,24 +70,6 @@ def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float
     return domains
 
 
-def relative_knobs(space: dict[str, KnobSpace]) -> dict[str, Bounds]:
-    """Knobs that can be searched relative to a variant's value (numeric ranges and all-numeric choices), with the
-    space each was declared in: a trial's value stays inside it (knobs.resolve_knobs)."""
-    return {
-        name: _bounds(knob)
-        for name, knob in space.items()
-        if knob.type is not SpaceKind.choice
-        or all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in knob.values or [])
-    }
-
-
-def _bounds(knob: KnobSpace) -> Bounds:
-    if knob.type is SpaceKind.choice:
-        values = tuple(knob.values or [])
-        return Bounds(min(values), max(values), choices=values)
-    return Bounds(float(knob.low), float(knob.high), integer=knob.type is SpaceKind.int)  # type: ignore[arg-type]
-
-
 def _choice_ratios(values: list[Any]) -> list[float]:
     ordered = sorted(values)
     middle = ordered[len(ordered) // 2]
@@ -103,35 +85,6 @@ class SearchPlan:
     num_samples: int
     seed: int
     relative: bool = False  # knobs sampled as factors on each variant's own values
-
-
-def clip_to_space(knobs: dict[str, Any], space: dict[str, KnobSpace], relative: bool = False) -> dict[str, Any]:
-    """A variant's own knob values as a point of the search space (Optuna refuses points outside it).
-
-    In a relative search a variant's own values are the factor 1 (the middle choice for choices).
-    """
-    point: dict[str, Any] = {}
-    movable = relative_knobs(space) if relative else frozenset()
-    for name, knob in space.items():
-        value = knobs.get(name)
-        if name in movable:
-            point[name] = 1.0
-            continue
-        if knob.type is SpaceKind.choice:
-            values = list(knob.values or [])
-            if value in values:
-                point[name] = value
-            elif isinstance(value, (int, float)) and all(isinstance(v, (int, float)) for v in values):
-                point[name] = min(values, key=lambda v: abs(v - value))
-            else:
-                point[name] = values[0]
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            low, high = float(knob.low), float(knob.high)  # type: ignore[arg-type]
-            clipped = min(max(float(value), low), high)
-            point[name] = int(round(clipped)) if knob.type is SpaceKind.int else clipped
-        else:
-            point[name] = knob.low if knob.type is not SpaceKind.int else int(knob.low)  # type: ignore[arg-type]
-    return point
 
 
 def scheduler(cfg: Config) -> TrialScheduler:

@@ -5,6 +5,7 @@ The prompts and the intervention catalog are files in the top-level `agents/` fo
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,12 +20,12 @@ SPARE_RECOMMENDATIONS = 2  # an LLM analyst proposes this many ideas beyond chil
 
 
 def searched_knobs(cfg: Config) -> Searched:
-    """The knobs the search samples, with the space a child's trials keep each in (None: sampled outright, so an
-    agent's move of it is undone): what the offline agent's knob moves must respect."""
-    from ralph_ray.search import relative_knobs
+    """For each searched knob, what a child's trials train for its own value of it (`space.trained_value`): what the
+    offline agent's knob moves are held to."""
+    from ralph_ray.space import trained_value
 
-    relative = relative_knobs(cfg.search.space) if cfg.search.relative else {}
-    return {name: relative.get(name) for name in cfg.search.space}
+    space, relative = cfg.search.space, cfg.search.relative
+    return {name: functools.partial(trained_value, name, space=space, relative=relative) for name in space}
 
 
 def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None, Coder | None]:

@@ -24,7 +24,6 @@ from ralph_ray.agents.base import Diagnosis
 from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable, apply_transform, check_transform
 from ralph_ray.knobs import (
     KNOB_ALIASES,
-    Bounds,
     KnobError,
     is_knob_name,
     knob_nodes,
@@ -54,10 +53,9 @@ _ENTRY_FIELDS = {
 }
 _ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 Fail = Callable[[str, str], ValueError]  # builds the error for (field, message) of the entry being read
-# The knobs the campaign's search samples (search.space), by the trainer's own name: the declared space a relatively
-# searched knob's trials stay in (knobs.resolve_knobs), or None where every trial samples the space outright
-# (search.relative=false), so a knob move there is undone by the search.
-Searched = Mapping[str, Bounds | None]
+# The knobs the campaign's search samples (search.space), by the trainer's own name: for each, what a child's trials
+# train for its own value of that knob (space.trained_value: held in the declared space).
+Searched = Mapping[str, Callable[[Any], Any]]
 
 
 @dataclass(frozen=True)
@@ -372,7 +370,8 @@ def check(intervention: Intervention, source: str, searched: Searched | None = N
         apply(intervention, source, searched)
         return
     if intervention.knobs or intervention.add_knobs or intervention.edits:
-        source = apply(dataclasses.replace(intervention, transform=None), source, searched)
+        # without its searched space: an entry that also edits code applies whatever its knobs are held to (apply)
+        source = apply(dataclasses.replace(intervention, transform=None), source)
     _regex_gates(intervention, source)
     try:
         check_transform(intervention.transform, source)
@@ -402,10 +401,12 @@ def apply(intervention: Intervention, source: str, searched: Searched | None = N
     for edit in intervention.edits:
         result = _apply_text_edit(name, edit, result)
     if intervention.transform is not None:
+        before = result
         try:
             result = apply_transform(intervention.transform, result)
         except NotApplicable as reason:
             raise NotApplicable(f"{name}: {reason}") from None
+        result = _held_to_search(before, result, searched or {})
     if result == source:
         raise NotApplicable(f"{name}: changes nothing (knobs already at their limits)")
     try:
@@ -453,27 +454,34 @@ def _apply_knob_edits(intervention: Intervention, source: str, searched: Searche
         raise NotApplicable(f"{intervention.name}: {error}") from error
 
 
-def _within_search(knob: str, before: Any, value: Any, bounds: Bounds | None) -> tuple[Any, str | None]:
-    """A knob move cut to what the search lets trials train, and why it was cut (None: not cut)."""
-    if bounds is None:
-        return before, f"{knob} is sampled from search.space in every trial (search.relative=false): a move is undone"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return value, None
-    limited = bounds.bound(float(value), integer=isinstance(before, int) and not isinstance(before, bool))
-    if isinstance(before, (int, float)) and not isinstance(before, bool):
+def _within_search(knob: str, before: Any, value: Any, trained: Callable[[Any], Any]) -> tuple[Any, str | None]:
+    """A knob move cut to what the child's trials would train (`trained`), and why it was cut (None: not cut)."""
+    limited = trained(value)
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (before, value, limited))
+    if numbers:
         # The space limits the move, never reverses it (a parent already past the space keeps its value).
         limited = max(limited, before) if value > before else min(limited, before)
-    if isinstance(before, int) and not isinstance(before, bool) and float(limited).is_integer():
-        limited = int(limited)
-    elif isinstance(limited, float):
-        limited = float(f"{limited:.6g}")
+        if isinstance(before, int) and float(limited).is_integer():
+            limited = int(limited)
+        elif isinstance(limited, float):
+            limited = float(f"{limited:.6g}")
     if limited == value:
         return value, None
-    space = f"choices {list(bounds.choices)}" if bounds.choices else f"[{bounds.low:g}, {bounds.high:g}]"
-    return (
-        limited,
-        f"{knob} = {before!r} is at the edge of its search.space ({space}): its trials would train {limited!r}",
+    return limited, (
+        f"the move {knob} {before!r} -> {value!r} leaves search.space, and its trials would train {trained(value)!r}"
     )
+
+
+def _held_to_search(before: str, source: str, searched: Searched) -> str:
+    """The knobs a transform set, held to what the child's trials would train: `adamw_optimizer` sets LR = 0.003,
+    which a search space of [0.005, 0.1] trains as 0.005 (review: the KB would record 0.003)."""
+    if not searched:
+        return source
+    old, values = read_knobs(before), read_knobs(source)
+    set_by_it = {name: value for name, value in values.items() if name in searched and old.get(name) != value}
+    held = {name: searched[name](value) for name, value in set_by_it.items()}
+    changed = {name: value for name, value in held.items() if value != values[name]}
+    return rewrite_knobs(source, changed) if changed else source
 
 
 def _changes_code(intervention: Intervention) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -13,7 +14,9 @@ import pytest
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
 from ralph_ray.agents.catalog import CATALOG_PATH, NotApplicable, apply, load_catalog
-from ralph_ray.knobs import Bounds, read_knobs, rewrite_knobs
+from ralph_ray.config import KnobSpace, SpaceKind
+from ralph_ray.knobs import read_knobs, rewrite_knobs
+from ralph_ray.space import trained_value
 from ralph_ray.tasks.base import write_public
 from ralph_ray.tasks.digits import prepare
 
@@ -187,22 +190,42 @@ def test_a_clamp_never_reverses_the_move():
         apply(CATALOG.get("raise_lr"), CIFAR10)
 
 
+def held(relative: bool = True, **space: KnobSpace) -> dict:
+    """What a child's trials train for each searched knob's value, as a campaign's agents get it."""
+    return {name: functools.partial(trained_value, name, space=space, relative=relative) for name in space}
+
+
 def test_a_knob_move_stays_in_the_space_its_trials_are_searched_in():
     """User trial: `widen` took WIDTH past its `choice`; the child's trials snapped it back to the space (relative
     search), so the child trained its parent's width and the KB recorded `widen` as having no effect."""
-    space = {"WIDTH": Bounds(8, 32, choices=(8, 16, 32)), "LR": Bounds(0.003, 0.3)}
+    width = KnobSpace(SpaceKind.choice, values=[8, 16, 32])
+    lr = KnobSpace(SpaceKind.loguniform, low=0.003, high=0.3)
+    space = held(WIDTH=width, LR=lr)
     assert read_knobs(apply(CATALOG.get("widen"), DIGITS, space))["WIDTH"] == 32  # 16 -> 32: inside
     at_top = rewrite_knobs(DIGITS, {"WIDTH": 32})
-    with pytest.raises(NotApplicable, match=r"WIDTH = 32 is at the edge of its search.space \(choices \[8, 16, 32\]\)"):
+    with pytest.raises(
+        NotApplicable, match=r"the move WIDTH 32 -> 64 leaves search.space, and its trials would train 32"
+    ):
         apply(CATALOG.get("widen"), at_top, space)
     assert read_knobs(apply(CATALOG.get("widen"), at_top))["WIDTH"] == 64  # no space given: the catalog's clamp only
     # a range cuts the move at its bound (0.2 x 2 -> 0.3); a knob already past the space is never moved back into it
     assert read_knobs(apply(CATALOG.get("raise_lr"), rewrite_knobs(DIGITS, {"LR": 0.2}), space))["LR"] == 0.3
-    with pytest.raises(NotApplicable, match=r"LR = 0.5 is at the edge of its search.space \(\[0.003, 0.3\]\)"):
+    with pytest.raises(
+        NotApplicable, match=r"the move LR 0.5 -> 1.0 leaves search.space, and its trials would train 0.3"
+    ):
         apply(CATALOG.get("raise_lr"), rewrite_knobs(DIGITS, {"LR": 0.5}), space)
-    # sampled outright in every trial (search.relative=false): a move is undone by the search
-    with pytest.raises(NotApplicable, match="sampled from search.space in every trial"):
-        apply(CATALOG.get("lower_lr"), DIGITS, {"LR": None})
+    # sampled outright (search.relative=false): a child's first trial runs its own value, clipped to the space
+    outright = held(relative=False, WIDTH=width, LR=lr)
+    assert read_knobs(apply(CATALOG.get("lower_lr"), DIGITS, outright))["LR"] == 0.025
+    with pytest.raises(NotApplicable, match="its trials would train 32"):
+        apply(CATALOG.get("widen"), at_top, outright)
+    # a transform's own knob setting is held too: AdamW's LR 0.003 under fashion's [0.005, 0.1] trains as 0.005
+    adamw = apply(CATALOG.get("adamw_optimizer"), DIGITS, held(LR=KnobSpace(SpaceKind.loguniform, low=0.005, high=0.1)))
+    assert read_knobs(adamw)["LR"] == 0.005 and read_knobs(apply(CATALOG.get("adamw_optimizer"), DIGITS))["LR"] == 0.003
+    # a float knob written as a whole number stays a float where its range is fractional (DROPOUT = 0 over [0, 0.5])
+    dropout = held(DROPOUT=KnobSpace(SpaceKind.uniform, low=0.0, high=0.5))
+    moved = read_knobs(apply(CATALOG.get("dropout"), rewrite_knobs(DIGITS, {"DROPOUT": 0}), dropout))["DROPOUT"]
+    assert 0 < moved <= 0.5
 
 
 def test_missing_knob_and_anchor_and_skip_if_are_not_applicable():

@@ -746,6 +746,37 @@ def test_adamw_keeps_the_trainers_own_learning_rate_expression(optimizer: str, e
     assert read_knobs(result)["LR"] == lr
 
 
+def test_weight_decay_edits_refuse_parameter_groups_built_by_a_function():
+    """User trial: `SGD(param_groups(model, WEIGHT_DECAY), ...)`, each group with its own weight_decay, got
+    `weight_decay=WEIGHT_DECAY_2` from add_weight_decay and `AdamW(..., weight_decay=WEIGHT_DECAY_2)` from
+    adamw_optimizer: both passed the gate, and neither decay applied (a group's own weight_decay wins)."""
+    helper = (
+        "def param_groups(model, weight_decay):\n"
+        "    decay = [p for p in model.parameters() if p.ndim > 1]\n"
+        "    rest = [p for p in model.parameters() if p.ndim <= 1]\n"
+        '    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]\n\n\n'
+    )
+    source = TRAINS_IN_A_FUNCTION.replace("def run(model, x, y):", helper + "def run(model, x, y):").replace(
+        "torch.optim.SGD(model.parameters(), lr=LR)", "torch.optim.SGD(param_groups(model, 5e-4), lr=LR)"
+    )
+    assert "SGD(param_groups(model, 5e-4), lr=LR)" in source
+    weights, bias = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
+    built = [{"params": [weights], "weight_decay": 5e-4}, {"params": [bias], "weight_decay": 0.0}]
+    groups = torch.optim.AdamW(built, lr=0.1, weight_decay=0.05).param_groups
+    assert [g["weight_decay"] for g in groups] == [5e-4, 0.0]  # the optimizer's own value never reaches a group
+    with pytest.raises(NotApplicable, match=r"the parameter groups of `param_groups\(model, 5e-4\)` set their own"):
+        apply_transform("add_weight_decay", source)
+    with pytest.raises(NotApplicable, match=r"parameter groups with their own weight_decay, from `param_groups"):
+        apply_transform("adamw_optimizer", source)
+    # a helper that only selects parameters, with no decay of its own, is no obstacle
+    plain = source.replace(', "weight_decay": weight_decay}', "}").replace(', "weight_decay": 0.0}', "}")
+    assert "weight_decay" not in plain.split("def run")[0].split("return")[1]
+    plain = plain.replace("param_groups(model, 5e-4)", "param_groups(model)").replace(
+        "def param_groups(model, weight_decay):", "def param_groups(model):"
+    )
+    assert "weight_decay=WEIGHT_DECAY" in apply_transform("add_weight_decay", plain)
+
+
 def test_adamw_never_keeps_an_untraced_weight_decay():
     """Review: an untraced `weight_decay=wd` was kept, so SGD's L2 term of 5e-4 became AdamW's decoupled decay, 100x
     weaker than AdamW's 0.05; a traced one keeps its name, with the knob behind it set to AdamW's."""
@@ -1674,3 +1705,361 @@ def test_an_lbfgs_step_with_a_closure_is_still_the_training_step():
     assert "pct_start=0.25, cycle_momentum=False)" in one_cycle
     exec(compile(one_cycle, "train.py", "exec"), {"__name__": "lbfgs"})
     assert "cycle_momentum" not in apply_transform("one_cycle_schedule", TRAINS_IN_A_FUNCTION)  # SGD has momentum
+
+
+# The user's tabular MLP (a trial): hidden layers a loop appends to an nn.ModuleList, called one by one in forward
+MODULE_LIST_NET = """class Net(nn.Module):
+    \"\"\"Hidden SiLU layers a loop appends to an nn.ModuleList, one output.\"\"\"
+
+    def __init__(self, n_in: int, hidden: int, depth: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList()
+        width = n_in
+        for _ in range(depth):
+            self.layers.append(nn.Linear(width, hidden))
+            width = hidden
+        self.act = nn.SiLU()
+        self.head = nn.Linear(width, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return self.head(x).squeeze(-1)
+"""
+MODULE_LIST_FORWARD = "        for layer in self.layers:\n            x = self.act(layer(x))\n"
+MODULE_LIST_APPEND = (
+    "        self.layers = nn.ModuleList()\n        width = n_in\n"
+    "        for _ in range(depth):\n            self.layers.append(nn.Linear(width, hidden))\n"
+    "            width = hidden\n"
+)
+
+
+def module_list_trainer(append: str = MODULE_LIST_APPEND, forward: str = MODULE_LIST_FORWARD) -> str:
+    """The diabetes seed with the user's ModuleList MLP, its loop or forward loop replaced."""
+    net = MODULE_LIST_NET.replace(MODULE_LIST_APPEND, append).replace(MODULE_LIST_FORWARD, forward)
+    return re.sub(r"class Net\(nn\.Module\):.*?\.squeeze\(-1\)\n", lambda _: net, SOURCES["diabetes"], flags=re.S)
+
+
+def trained(source: str, depth: int = 3) -> tuple[torch.nn.Module, dict[type, int]]:
+    """The (transformed) trainer's Net after two SGD steps on random rows, and how often each norm and dropout type
+    ran forward in one training batch."""
+    torch.manual_seed(0)
+    model = built(source, "Net", 10, 8, depth)
+    ran: dict[type, int] = {}
+    for module in model.modules():
+        if isinstance(module, (torch.nn.BatchNorm1d, torch.nn.Dropout)):
+            module.register_forward_hook(lambda m, _i, _o: ran.__setitem__(type(m), ran.get(type(m), 0) + 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 10), torch.randn(16)
+    for _ in range(2):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model, {kind: count // 2 for kind, count in ran.items()}
+
+
+@pytest.mark.parametrize(
+    ("append", "forward"),
+    [
+        (MODULE_LIST_APPEND, MODULE_LIST_FORWARD),
+        (
+            "        self.layers = nn.ModuleList(\n"
+            "            [nn.Linear(n_in if i == 0 else hidden, hidden) for i in range(depth)]\n"
+            "        )\n        width = hidden\n",
+            "        for i, layer in enumerate(self.layers):\n            x = self.act(layer(x))\n",
+        ),
+        (
+            MODULE_LIST_APPEND,
+            "        for i in range(len(self.layers)):\n            x = self.act(self.layers[i](x))\n",
+        ),
+    ],
+    ids=["append_loop", "comprehension_enumerate", "indexed"],
+)
+def test_an_mlp_in_an_nn_module_list_gets_a_batchnorm_after_each_hidden_layer_and_dropout_before_its_head(
+    append: str, forward: str
+):
+    """The user's MLP was refused batchnorm as "only the classifier nn.Linear(width, 1)": its DEPTH hidden layers
+    are appended to a ModuleList the forward calls one by one. Each hidden Linear now runs with its norm (the
+    element becomes nn.Sequential(Linear, BatchNorm1d): the forward's activation still follows each element)."""
+    source = module_list_trainer(append, forward)
+    normed = apply_transform("batchnorm", source)
+    model, ran = trained(normed)
+    assert [kinds(layer) for layer in model.layers] == [["Linear", "BatchNorm1d"]] * 3
+    assert ran == {torch.nn.BatchNorm1d: 3}  # every hidden layer's norm runs in a forward pass, the head has none
+    assert "self.head = nn.Linear(width, 1)" in normed
+    # dropout goes on the classifier's input (after the last hidden activation), as for every other model
+    dropped, ran = trained(apply_transform("add_dropout", source))
+    assert ran == {torch.nn.Dropout: 1}
+    x = torch.randn(64, 10)
+    assert not torch.equal(dropped(x), dropped(x))
+    dropped.eval()
+    assert torch.equal(dropped(x), dropped(x))
+    deeper, _ = trained(apply_transform("deepen", source))
+    assert kinds(deeper.head) == ["Linear", "ReLU", "Linear"]
+
+
+@pytest.mark.parametrize(
+    ("append", "forward", "reason"),
+    [
+        (
+            MODULE_LIST_APPEND,
+            "        for layer in self.layers:\n            x = self.act(F.linear(x, layer.weight, layer.bias))\n",
+            r"hidden layers are appended to the nn.ModuleList `self.layers`, whose use in forward\(\) is not followed "
+            r"\(`for layer in self.layers:`\)",
+        ),
+        (
+            "        self.layers = nn.ModuleList()\n        width = n_in\n"
+            "        for h in [hidden] * depth + [1]:\n            self.layers.append(nn.Linear(width, h))\n"
+            "            width = h\n",
+            "        for layer in self.layers[:-1]:\n            x = self.act(layer(x))\n"
+            "        return self.layers[-1](x).squeeze(-1)\n",
+            r"the last nn.Linear \(`nn.Linear\(width, h\)`\) is added to `self.layers` in a loop: the same line builds "
+            r"hidden layers and the output layer",
+        ),
+    ],
+    ids=["weights_read", "output_in_the_loop"],
+)
+def test_an_nn_module_list_the_forward_uses_otherwise_is_refused_for_what_it_is(append: str, forward: str, reason: str):
+    source = module_list_trainer(append, forward)
+    if "self.layers[-1]" in forward:  # no separate head: the list's last element is the output layer
+        source = source.replace("        self.head = nn.Linear(width, 1)\n", "").replace(
+            "        return self.head(x).squeeze(-1)\n", ""
+        )
+    with pytest.raises(NotApplicable, match=reason):
+        apply_transform("batchnorm", source)
+
+
+def test_widen_layers_leaves_a_literal_width_a_loop_carries_to_the_next_layer():
+    """`append(nn.Linear(width, 64)); width = 64` in a loop: doubling the 64 in the call alone gave the next pass
+    a 64-wide input for a 128-wide output (a shape error at the first batch); it is refused for what it is."""
+    append = MODULE_LIST_APPEND.replace("nn.Linear(width, hidden)", "nn.Linear(width, 64)").replace(
+        "width = hidden", "width = 64"
+    )
+    source = module_list_trainer(append).replace("WIDTH", "NHID")  # no width knob: the literal is all there is
+    trained(source)  # the trainer's own model runs
+    with pytest.raises(NotApplicable, match=r"the literal hidden width is in a layer a loop builds \(`nn.Linear\("):
+        apply_transform("widen_layers", source)
+
+
+# A user's Fashion-MNIST trainer (a trial) in the usual mixed-precision idiom: a GradScaler handed to
+# train_one_epoch(), which steps the optimizer through it, and an optimizer given the model through a helper that
+# splits its parameters into decayed and undecayed groups. The scaler is enabled on CPU here, so its loss scale is real.
+AMP_TRAINER = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+EPOCHS = 2  # epochs
+MAX_LR = 0.05  # peak learning rate
+WEIGHT_DECAY = 5e-4  # weight decay of the weights
+WIDTH = 8  # channels
+device = "cpu"
+
+
+class ResNetSmall(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.stem = nn.Conv2d(1, width, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        x = x + self.block(x)
+        return self.head(x.mean((2, 3)))
+
+
+def param_groups(model, weight_decay):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate(model, loader):
+    model.eval()
+    correct = total = 0
+    for x, y in loader:
+        correct += (model(x.to(device)).argmax(1) == y.to(device)).sum().item()
+        total += len(y)
+    return correct / total
+
+
+def train_one_epoch(model, loader, opt, sched, scaler):
+    model.train()
+    for x, y in loader:
+        x, y = x.to(device), y.to(device)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device, enabled=(device == "cuda")):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+
+
+def main():
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 10, (64,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
+    model = ResNetSmall(WIDTH).to(device)
+    opt = torch.optim.SGD(param_groups(model, WEIGHT_DECAY), lr=MAX_LR, momentum=0.9, nesterov=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=MAX_LR, total_steps=EPOCHS * len(loader))
+    scaler = torch.amp.GradScaler(device, enabled=True)
+    accuracies = []
+    for epoch in range(EPOCHS):
+        train_one_epoch(model, loader, opt, sched, scaler)
+        accuracies.append(evaluate(model, loader))
+    return accuracies
+"""
+AMP_CALL = "        train_one_epoch(model, loader, opt, sched, scaler)\n"
+# the same step written in main()'s epoch loop (the transforms that build state beside the epoch loop apply there)
+AMP_FLAT = AMP_TRAINER.replace(
+    AMP_CALL,
+    "        model.train()\n        for x, y in loader:\n            opt.zero_grad(set_to_none=True)\n"
+    '            with torch.autocast(device_type=device, enabled=(device == "cuda")):\n'
+    "                loss = F.cross_entropy(model(x), y)\n            scaler.scale(loss).backward()\n"
+    "            scaler.step(opt)\n            scaler.update()\n            sched.step()\n",
+)
+# what needs the step, the backward line or the model: refused before, with the false reasons below
+AMP_APPLIES = {
+    "gradient_clipping",
+    "flip_augmentation",
+    "shift_augmentation",
+    "flip_tta",
+    "channels_last",
+    "label_smoothing",
+    "edge_of_chaos_curriculum",
+}
+AMP_FLAT_APPLIES = AMP_APPLIES | {"ema_weights", "grokfast_filter", "hard_example_replay", "self_model_head"}
+
+
+def run_main(source: str) -> list[float]:
+    """Run a transformed trainer's main() (its GradScaler enabled: a second unscale_() or a bad step raises)."""
+    built: dict = {"__name__": "amp"}
+    exec(compile(source, "train.py", "exec"), built)
+    return built["main"]()
+
+
+@pytest.mark.parametrize("source", [AMP_TRAINER, AMP_FLAT], ids=["train_one_epoch", "flat"])
+def test_a_grad_scaler_step_is_the_training_step_and_every_transform_that_applies_runs(source: str):
+    """`scaler.step(opt)` steps `opt`: 13 transforms refused the user's trainer, saying it "steps something else",
+    and 5 more that the model built for `param_groups(model, ...)` was "no nn.Module model found"."""
+    assert (AMP_CALL in source) == (source is AMP_TRAINER)
+    trainer = analyse(source)
+    assert code(trainer.step_statement()).strip() == "scaler.step(opt)"
+    assert trainer.stepped_name() == "opt" and trainer.loss_name() == "loss" and trainer.model_name() == "model"
+    reasons = applicability(source)
+    for name, reason in reasons.items():
+        assert reason is None or not re.search(r"steps something else|no nn.Module model|closure", reason), name
+    expected = AMP_FLAT_APPLIES if source is AMP_FLAT else AMP_APPLIES
+    assert expected <= {name for name, reason in reasons.items() if reason is None}, reasons
+    if source is AMP_TRAINER:  # the true reason: what they build beside the epoch loop would not reach the step
+        assert "the batch loop runs in `train_one_epoch()`" in str(reasons["ema_weights"])
+    for name, reason in reasons.items():
+        if reason is None:
+            run_main(apply_transform(name, source))
+
+
+@pytest.mark.parametrize("source", [AMP_TRAINER, AMP_FLAT], ids=["train_one_epoch", "flat"])
+def test_a_clip_through_a_grad_scaler_follows_unscale_and_clips_the_true_gradients(
+    source: str, monkeypatch: pytest.MonkeyPatch
+):
+    """PyTorch's AMP recipe: `scaler.unscale_(opt)` before the clip, which then sees the real gradient norm (the
+    loss-scaled one is 65536 times it); Grokfast filters after it; stacked, they add one unscale_() (a second
+    raises)."""
+    indent = "            " if source is AMP_FLAT else "        "
+    clipped = apply_transform("gradient_clipping", source)
+    assert (
+        f"{indent}scaler.scale(loss).backward()\n{indent}scaler.unscale_(opt)\n"
+        f"{indent}torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)\n{indent}scaler.step(opt)\n"
+    ) in clipped
+    norms: list[float] = []
+    clip = torch.nn.utils.clip_grad_norm_
+
+    def recorded(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - wraps the real clip
+        norms.append(float(clip(*args, **kwargs)))
+        return norms[-1]
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", recorded)
+    run_main(clipped)
+    assert len(norms) == 8 and max(norms) < 100, norms  # 2 epochs x 4 batches of true gradients
+    if source is AMP_FLAT:
+        for stacked in (
+            apply_transform("grokfast_filter", clipped),
+            apply_transform("gradient_clipping", apply_transform("grokfast_filter", source)),
+        ):
+            assert stacked.count("scaler.unscale_(opt)") == 1
+            lines = [line.strip() for line in stacked.splitlines()]
+            unscale = lines.index("scaler.unscale_(opt)")
+            assert unscale < lines.index("grokfast_grads = gradfilter_ema(model, grokfast_grads)")
+            assert unscale < lines.index("torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)")
+            run_main(stacked)
+
+
+def test_a_scaler_the_transforms_cannot_unscale_is_refused_naming_it():
+    """A `.step(opt)` through something not traced to a GradScaler has no known `unscale_()`; a trainer that
+    unscales under a condition would unscale twice when it does: both are refused for what they are."""
+    made = AMP_FLAT.replace("torch.amp.GradScaler(device, enabled=True)", "make_scaler()")
+    with pytest.raises(NotApplicable, match=r"`scaler` is not traced to a `torch\.amp\.GradScaler\(\.\.\.\)`"):
+        apply_transform("gradient_clipping", made)
+    with pytest.raises(NotApplicable, match=r"`scaler` is not traced to a `torch\.amp\.GradScaler"):
+        apply_transform("grokfast_filter", made)
+    assert "ema_weights" in {n for n, r in applicability(made).items() if r is None}  # needs no unscale
+    conditional = AMP_FLAT.replace(
+        "            scaler.step(opt)\n",
+        "            if epoch > 0:\n                scaler.unscale_(opt)\n            scaler.step(opt)\n",
+    )
+    with pytest.raises(NotApplicable, match=r"unscales its GradScaler's gradients \(`scaler\.unscale_\(opt\)`\) else"):
+        apply_transform("grokfast_filter", conditional)
+
+
+def test_an_optimizer_given_the_model_through_a_parameter_group_helper_trains_that_model():
+    """`torch.optim.SGD(param_groups(model, wd))`: the trainer's own helper maps its parameter to the argument, an
+    imported one (timm's) is handed the one argument built from a module class."""
+    assert analyse(AMP_TRAINER).built_model() == "model"
+    renamed = AMP_TRAINER.replace("def param_groups(model, weight_decay):", "def param_groups(net, weight_decay):")
+    renamed = renamed.replace("in model.named_parameters():", "in net.named_parameters():")
+    assert analyse(renamed).built_model() == "model"
+    timm = AMP_TRAINER.replace("param_groups(model, WEIGHT_DECAY)", "param_groups_weight_decay(model, WEIGHT_DECAY)")
+    timm = "from timm.optim import param_groups_weight_decay\n" + timm
+    assert analyse(timm).built_model() == "model"
+    assert "clip_grad_norm_(model.parameters(), GRAD_CLIP)" in apply_transform("gradient_clipping", timm)
+    # a helper handed no model built from a class: still no model found
+    nothing = timm.replace("param_groups_weight_decay(model, WEIGHT_DECAY)", "param_groups_weight_decay(WEIGHT_DECAY)")
+    with pytest.raises(NotApplicable, match="no nn.Module model found"):
+        analyse(nothing).built_model()
+
+
+def test_a_model_whose_class_is_imported_is_refused_as_defined_elsewhere():
+    imported = re.sub(r"class ResNetSmall.*?\n\n\n", "", AMP_TRAINER, flags=re.S)
+    imported = imported.replace("from torch import nn\n", "from torch import nn\n\nfrom models import ResNetSmall\n")
+    assert "class ResNetSmall" not in imported
+    reason = "the model `ResNetSmall` is defined in `models` (imported), which the offline agent does not edit"
+    for name in ("batchnorm", "add_dropout", "deepen", "channels_last"):
+        with pytest.raises(NotApplicable, match=re.escape(reason)):
+            apply_transform(name, imported)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before:UserWarning")  # the skipped step
+def test_grokfast_through_a_grad_scaler_keeps_an_overflowing_step_out_of_its_ema(monkeypatch: pytest.MonkeyPatch):
+    """The scaler skips a step whose gradients overflowed (fp16 does at its first loss scales); the EMA of the
+    gradients must skip it too, or its inf/NaN is added to every later step's gradients (all finite again)."""
+    overflow = AMP_FLAT.replace(
+        "                loss = F.cross_entropy(model(x), y)\n",
+        '                loss = F.cross_entropy(model(x), y) * (float("inf") if ovf and ovf.pop() else 1.0)\n',
+    ).replace("    accuracies = []\n", "    accuracies, ovf = [], [True]  # the first step's gradients overflow\n")
+    assert "ovf.pop()" in overflow
+    filtered = apply_transform("grokfast_filter", overflow)
+    finite: list[bool] = []
+    step = torch.optim.SGD.step
+
+    def stepped(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - wraps the real step
+        result = step(self, *args, **kwargs)
+        finite.append(all(bool(p.isfinite().all()) for group in self.param_groups for p in group["params"]))
+        return result
+
+    monkeypatch.setattr(torch.optim.SGD, "step", stepped)
+    run_main(filtered)
+    assert finite == [True] * 7  # 8 batches, the overflowing one skipped

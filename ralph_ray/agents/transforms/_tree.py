@@ -2,12 +2,13 @@
 
 `Trainer` finds, once per source, the places PyTorch trainers are written around however they are spelled:
 the optimizer (`torch.optim.<Any>(...)` bound to some name), its `.step()` (by the name the step's own function
-binds it to: `opt, sched = model.configure_optimizers()` in a Lightning-style `fit()`), the `.backward()` of the loss,
+binds it to: `opt, sched = model.configure_optimizers()` in a Lightning-style `fit()`; or a GradScaler's
+`scaler.step(opt)`), the `.backward()` of the loss (`scaler.scale(loss).backward()` too),
 the batch loop (the loop around the step) and the epoch loop around it (or around a call of the function that
 holds it), the model (whose `.parameters()` the optimizer gets), the loss call (`F.cross_entropy(...)`, a
 `nn.CrossEntropyLoss()` criterion; any torch loss where only its reduction matters), the forward call, the layers
-(`nn.Conv2d`/`nn.Linear` in `__init__`, inside `nn.Sequential(...)`, or added to a list handed to
-`nn.Sequential(*layers)`) and the knobs.
+(`nn.Conv2d`/`nn.Linear` in `__init__`, inside `nn.Sequential(...)`, added to a list handed to
+`nn.Sequential(*layers)`, or to an `nn.ModuleList` attribute whose elements the model calls) and the knobs.
 Each lookup raises `NotApplicable` naming what it did not find. `Edits` collects replacements and statement
 insertions keyed by the original nodes and applies them in one pass, keeping comments and layout.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterator
@@ -68,6 +70,11 @@ LOSS_CLS = re.compile(r"^((torch\.)?nn\.)?[A-Z]\w*Loss$")
 CONV = re.compile(r"^((torch\.)?nn\.)?Conv2d$")
 LINEAR = re.compile(r"^((torch\.)?nn\.)?Linear$")
 SEQUENTIAL = re.compile(r"^((torch\.)?nn\.)?Sequential$")
+MODULE_LIST = re.compile(r"^((torch\.)?nn\.)?ModuleList$")
+# Methods that return the module they are called on, moved or cast (`Net(...).to(device)`)
+MOVES = frozenset({"to", "cuda", "float", "double", "half", "bfloat16", "train"})
+# Mixed precision's loss scaler, however imported (`torch.amp.GradScaler`, `torch.cuda.amp.GradScaler`, `GradScaler`)
+GRAD_SCALER = re.compile(r"^((torch\.)?(cuda\.|cpu\.)?amp\.(grad_scaler\.)?)?GradScaler$")
 NO_GRAD = re.compile(r"^torch\.(no_grad|inference_mode)$")
 # Module-level helpers the transforms add (their layers and calls are not the trainer's own).
 HELPERS = frozenset(
@@ -172,12 +179,16 @@ def with_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
 
 @dataclass
 class Listed:
-    """How a layer joins a list that is then handed to `nn.Sequential(*layers)`."""
+    """How a layer joins a list that is then handed to `nn.Sequential(*layers)`, or an `nn.ModuleList` attribute."""
 
-    name: str  # the list (`layers`)
+    name: str  # the list (`layers`, `self.layers` for a ModuleList)
     adds: cst.BaseSmallStatement  # `layers.append(<layer>)`, `layers += [...]`, `.extend([...])`, `layers = [...]`
     display: cst.List | None  # the list display `[...]` the layer is an element of (None: `layers.append(<layer>)`)
     repeated: bool  # added in a loop that runs after the list is made: one line builds a layer per pass
+    # an nn.ModuleList whose elements the model calls one by one (`for layer in self.layers: x = act(layer(x))`): a
+    # module beside the layer goes in the same element, `nn.Sequential(layer, module)`, so the forward is unchanged
+    # (a norm appended as an element of its own would get the activation the forward applies after each element)
+    module_list: bool = False
 
 
 @dataclass
@@ -188,7 +199,8 @@ class Layer:
     kind: str  # conv | linear
     attribute: str | None  # `self.<attribute> = nn.Linear(...)` in a module's __init__, else None
     sequential: cst.Call | None  # the nn.Sequential(...) call it is an element of, else None
-    listed: Listed | None = None  # how it joins a list handed to nn.Sequential(*list), else None
+    listed: Listed | None = None  # how it joins a list handed to nn.Sequential(*list) or an nn.ModuleList, else None
+    unfollowed: str | None = None  # why a layer of an nn.ModuleList is not placed: how the model uses the list
 
     @property
     def placed(self) -> bool:
@@ -207,6 +219,8 @@ class Stepped:
     # the line that binds it there from the builder's return (`opt, sched = model.configure_optimizers()`, or
     # `opt = make_optimizer(model)` of a module-level function: no owner)
     bound: cst.Assign | None = None
+    # the loss scaler that steps it (`scaler` of `scaler.step(opt)`, the mixed-precision idiom); None: `opt.step()`
+    scaler: str | None = None
 
 
 class Trainer:
@@ -328,10 +342,20 @@ class Trainer:
         function: the builder's name in the builder's function or at module level, the same name handed in as a
         parameter (`train_one_epoch(model, loader, optimizer)`), `self.opt` in another method of the class, or a
         name bound there from a call of the method that builds and returns it (`opt, sched =
-        model.configure_optimizers()`); None for any other `.step()`."""
+        model.configure_optimizers()`); a scaler's `scaler.step(opt)` (mixed precision's GradScaler) whose argument
+        reaches it so; None for any other `.step()`."""
         name = _stepped_name(line)
         if name is None:
             return None
+        found = self._stepped_by(line, name)
+        scaled = _scaler_stepped(line)
+        if found is None and scaled is not None:
+            found = self._stepped_by(line, scaled)
+            return None if found is None else dataclasses.replace(found, scaler=name)
+        return found
+
+    def _stepped_by(self, line: cst.SimpleStatementLine, name: str) -> Stepped | None:
+        """How the name `name` stepped on `line` reaches the optimizer (see `stepped_as`)."""
         built, builder, function = self.optimizer_name(), self.optimizer_function(), enclosing_function(self, line)
         if name == built and (builder is None or (function is not None and self.inside(function, builder))):
             return Stepped(name, None)  # where it is built, a closure there, or a module-level optimizer
@@ -396,6 +420,29 @@ class Trainer:
                 return True
         return False
 
+    def is_grad_scaler(self, function: cst.FunctionDef | None, name: str, depth: int = 2) -> bool:
+        """Whether `name` in `function` (None: module level) is a GradScaler: bound there from
+        `torch.amp.GradScaler(...)` (or `torch.cuda.amp.`), a module-level one, or a parameter that a call of the
+        module-level function fills with one (`train_one_epoch(model, loader, opt, sched, scaler)`), calls `depth`
+        deep."""
+        for node in self.within(function if function is not None else self.module):
+            if isinstance(node, (cst.Assign, cst.AnnAssign)) and enclosing_function(self, node) is function:
+                value = _bound_value(node, name)
+                if isinstance(value, cst.Call) and GRAD_SCALER.match(call_name(value) or ""):
+                    return True
+        if function is None:
+            return False
+        if not self._binds(function, name):
+            return self.is_grad_scaler(None, name, 0)
+        if depth == 0 or not isinstance(self.parent(function), cst.Module):
+            return False
+        for call in self.calls():
+            if isinstance(call.func, cst.Name) and call.func.value == function.name.value:
+                passed = _passed_as(function, call, name, False)
+                if passed is not None and self.is_grad_scaler(enclosing_function(self, call), passed, depth - 1):
+                    return True
+        return False
+
     def _same_instance(self, a: cst.FunctionDef, b: cst.FunctionDef, root: str) -> bool:
         """Whether `root` is the instance parameter of two methods of one class."""
         return (
@@ -453,10 +500,14 @@ class Trainer:
         raise NotApplicable("no `loss.backward()` line in the batch loop")
 
     def loss_name(self) -> str:
-        """The name whose `.backward()` is called."""
+        """The name whose `.backward()` is called (`loss` of `loss.backward()`, or of a loss scaler's
+        `scaler.scale(loss).backward()`)."""
         call = single_expr_call(self.backward_statement())
         assert call is not None and isinstance(call.func, cst.Attribute)
-        name = dotted(call.func.value)
+        scaled = call.func.value
+        if isinstance(scaled, cst.Call) and call_name(scaled) is not None and call_name(scaled).endswith(".scale"):
+            scaled = scaled.args[0].value if len(scaled.args) == 1 and scaled.args[0].keyword is None else scaled
+        name = dotted(scaled)
         if name is None:
             raise NotApplicable("the backward call is not on a named loss (`loss.backward()`)")
         return name
@@ -603,12 +654,15 @@ class Trainer:
 
     def built_model(self) -> str:
         """The model whose `.parameters()` the optimizer gets, as the builder names it: read in the optimizer call,
-        else in the parameter groups built before it (`[p for n, p in model.named_parameters() if ...]`)."""
+        else in a helper that builds the parameter groups from the model it is handed (`param_groups(model, wd)`,
+        timm's `param_groups_weight_decay(model, wd)`), else in the parameter groups built before it (`[p for n, p
+        in model.named_parameters() if ...]`)."""
         optimizer = self.optimizer_call()
         scope = next((a for a in self.ancestors(optimizer) if isinstance(a, cst.FunctionDef)), self.module)
         inside = self.within(optimizer)
         earlier = [n for n in self.within(scope) if self.order(n) < self.order(optimizer)]
-        for node in inside + earlier[::-1]:
+        helpers = [n for n in inside if isinstance(n, cst.Call) and n is not optimizer]
+        for node in [*inside, *helpers, *earlier[::-1]]:
             if (
                 isinstance(node, cst.Call)
                 and isinstance(node.func, cst.Attribute)
@@ -617,7 +671,45 @@ class Trainer:
                 name = dotted(node.func.value)
                 if name is not None:
                     return name
+            elif node in helpers and (handed := self._handed_model(cst.ensure_type(node, cst.Call), scope)):
+                return handed
         raise NotApplicable("the optimizer is not built from `<model>.parameters()` (no nn.Module model found)")
+
+    def _handed_model(self, call: cst.Call, scope: cst.CSTNode) -> str | None:
+        """The model a helper building the optimizer's parameter groups is handed: the argument that fills the
+        parameter whose `.parameters()` / `.named_parameters()` a module-level function of the trainer reads, or, for
+        a helper from elsewhere, the one argument bound in `scope` to a module built from a class (`Net(...)`,
+        `ResNetSmall(...).to(device)`)."""
+        name = call_name(call)
+        helper = next(
+            (n for n in self.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name),
+            None,
+        )
+        if helper is not None:
+            for node in self.within(helper):
+                if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                    if node.func.attr.value not in ("parameters", "named_parameters"):
+                        continue
+                    root, dot, rest = (dotted(node.func.value) or "").partition(".")
+                    passed = _passed_as(helper, call, root, False) if root else None
+                    if passed is not None:
+                        return f"{passed}{dot}{rest}"
+            return None
+        built = []
+        for arg in call.args:
+            argument = dotted(arg.value) if not arg.star else None
+            for stmt in self.statements(scope) if argument is not None else []:
+                value = assign_value(stmt) if assign_target(stmt) == argument else None
+                while (
+                    isinstance(value, cst.Call)
+                    and isinstance(value.func, cst.Attribute)
+                    and value.func.attr.value in MOVES
+                ):
+                    value = value.func.value  # `Net(...).to(device)`
+                if isinstance(value, cst.Call) and (call_name(value) or "").rsplit(".", 1)[-1][:1].isupper():
+                    built.append(argument)
+                    break
+        return built[0] if len(built) == 1 else None
 
     def forward_call(self) -> cst.Call:
         """The model's forward call in the batch loop (`model(x)`)."""
@@ -835,16 +927,23 @@ class Trainer:
             stmt = self.statement_of(call)
             target = assign_target(stmt) if assign_value(stmt) is call else None
             attribute = target.removeprefix("self.") if target and target.startswith("self.") else None
-            found.append(Layer(call, kind, attribute, sequential, listed.get(id(call))))
+            joined = listed.get(id(call))
+            unfollowed = joined if isinstance(joined, str) else None
+            joined = None if isinstance(joined, str) else joined
+            found.append(Layer(call, kind, attribute, sequential, joined, unfollowed))
         return found
 
     def model_layers(self) -> list[Layer]:
-        """The layers a transform can place a module beside (built in `__init__`, in `nn.Sequential(...)`, or added
-        to a list handed to `nn.Sequential(*list)`); NotApplicable says what the trainer has instead."""
+        """The layers a transform can place a module beside (built in `__init__`, in `nn.Sequential(...)`, added to a
+        list handed to `nn.Sequential(*list)`, or to an nn.ModuleList whose elements the model calls); NotApplicable
+        says what the trainer has instead."""
         layers = self.layers()
         placed = [layer for layer in layers if layer.placed]
         if placed:
             return placed
+        unfollowed = next((layer.unfollowed for layer in layers if layer.unfollowed), None)
+        if unfollowed is not None:
+            raise NotApplicable(unfollowed)
         for seq in self.calls(SEQUENTIAL):
             starred = next((a for a in seq.args if a.star == "*"), None)
             if starred is not None:
@@ -868,15 +967,50 @@ class Trainer:
                 "(`self.<name> = ...`), nor in `nn.Sequential(...)`, nor added to a list handed to "
                 "`nn.Sequential(*list)`"
             )
-        raise NotApplicable("no nn.Conv2d / nn.Linear layers (a functional model of plain tensors?)")
+        raise NotApplicable(
+            self.imported_model() or "no nn.Conv2d / nn.Linear layers (a functional model of plain tensors?)"
+        )
 
-    def _listed(self) -> dict[int, Listed]:
+    def imported_model(self) -> str | None:
+        """Why the model's layers are not in the source where its class is imported (`from models import Net`),
+        else None."""
+        try:
+            value = assign_value(self.model_built())
+        except NotApplicable:
+            return None
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MOVES:
+            value = value.func.value  # `Net(...).to(device)`
+        name = call_name(value) if isinstance(value, cst.Call) else None
+        if name is None or any(isinstance(n, cst.ClassDef) and n.name.value == name for n in self.module.body):
+            return None
+        for node in self.nodes:
+            if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+                bound = {(a.asname.name if a.asname else a.name).value for a in node.names}  # type: ignore[union-attr]
+                source = "." * len(node.relative) + (dotted(node.module) or "") if node.module or node.relative else ""
+                if name.split(".")[0] in bound:
+                    break
+            elif isinstance(node, cst.Import):
+                modules = [dotted(a.asname.name if a.asname else a.name) or "" for a in node.names]
+                source = next((mod for mod in modules if name.startswith(f"{mod}.")), "")
+                if source:
+                    break
+        else:
+            return None
+        if source.split(".")[0] in ("torch", "torchvision", "timm"):
+            return None
+        return (
+            f"the model `{name.rsplit('.', 1)[-1]}` is defined in `{source}` (imported), which the offline agent "
+            "does not edit: it edits train.py only"
+        )
+
+    def _listed(self) -> dict[int, Listed | str]:
         """Layers added to a list that `nn.Sequential(*list)` unpacks, by id of their call: `layers = []` (or a
         display of layers), then `layers.append(layer)`, `layers += [...]`, `layers.extend([...])` in the same
-        function, before the Sequential is built."""
+        function, before the Sequential is built; and layers of an nn.ModuleList attribute (see `_module_listed`),
+        or why one is not followed."""
         if hasattr(self, "_listed_layers"):
             return self._listed_layers
-        found: dict[int, Listed] = {}
+        found: dict[int, Listed | str] = self._module_listed()
         for seq in self.calls(SEQUENTIAL):
             scope = enclosing_function(self, seq)
             for arg in seq.args:
@@ -898,6 +1032,119 @@ class Trainer:
                     found[id(call)] = Listed(name, adds, display, repeated)
         self._listed_layers = found
         return found
+
+    def _module_listed(self) -> dict[int, Listed | str]:
+        """Layers of an nn.ModuleList attribute, by id of their call: `self.layers = nn.ModuleList()` then
+        `self.layers.append(nn.Linear(...))` in the same method, or `nn.ModuleList([nn.Linear(...), ...])` /
+        `nn.ModuleList([nn.Linear(...) for ...])`; placed where every other use of `self.layers` in its class calls
+        the elements (`for layer in self.layers: ... layer(x)`, `enumerate(self.layers)`, `self.layers[i](x)`,
+        `len(self.layers)`), else the reason it is not followed."""
+        found: dict[int, Listed | str] = {}
+        for made in self.calls(MODULE_LIST):
+            binding = self.parent(made)
+            if not isinstance(binding, (cst.Assign, cst.AnnAssign)) or binding.value is not made:
+                continue
+            name = (_assigned(binding) or [None])[0] if len(_assigned(binding)) == 1 else None
+            scope = enclosing_function(self, made)
+            owner = next((a for a in self.ancestors(made) if isinstance(a, cst.ClassDef)), None)
+            if name is None or not name.startswith("self.") or scope is None or owner is None:
+                continue
+            joined: dict[int, tuple[cst.BaseSmallStatement, cst.List | None, bool]] = {}
+            for call in self.calls(within=scope):
+                if not (CONV.match(call_name(call) or "") or LINEAR.match(call_name(call) or "")):
+                    continue
+                joins = self._joins_module_list(call, name, made)
+                if joins is None or enclosing_function(self, call) is not scope:
+                    continue
+                adds, display, comprehension = joins
+                if adds is not binding and self.order(adds) < self.order(binding):
+                    continue
+                loops = [a for a in self.ancestors(adds) if isinstance(a, (cst.For, cst.While))]
+                joined[id(call)] = (adds, display, comprehension or any(not self.inside(binding, lp) for lp in loops))
+            if not joined:
+                continue
+            adds_all = [adds for adds, _, _ in joined.values()]
+            how = "appended to" if any(adds is not binding for adds in adds_all) else "built into"
+            unfollowed = self._module_list_use(owner, name, [binding, *adds_all])
+            for key, (adds, display, repeated) in joined.items():
+                found[key] = (
+                    f"hidden layers are {how} the nn.ModuleList `{name}`, {unfollowed}"
+                    if unfollowed
+                    else Listed(name, adds, display, repeated, module_list=True)
+                )
+        return found
+
+    def _joins_module_list(
+        self, call: cst.Call, name: str, made: cst.Call
+    ) -> tuple[cst.BaseSmallStatement, cst.List | None, bool] | None:
+        """How a layer joins the nn.ModuleList `made` bound to `name`: its `.append(...)` statement, or the list
+        display or comprehension handed to it; (statement, display, built by a comprehension)."""
+        node = self.parent(call)
+        if isinstance(node, cst.Arg) and not node.star and node.keyword is None:
+            outer = self.parent(node)
+            small = self.parent(outer) if outer is not None else None
+            if isinstance(outer, cst.Call) and call_name(outer) == f"{name}.append" and isinstance(small, cst.Expr):
+                return small, None, False
+            return None
+        comprehension = isinstance(node, cst.ListComp) and node.elt is call
+        container = node if comprehension else self.parent(node) if isinstance(node, cst.Element) else None
+        holder = self.parent(container) if isinstance(container, (cst.List, cst.ListComp)) else None
+        if isinstance(holder, cst.Arg) and self.parent(holder) is made:
+            binding = self.parent(made)
+            if isinstance(binding, (cst.Assign, cst.AnnAssign)):
+                return binding, container if isinstance(container, cst.List) else None, comprehension
+        return None
+
+    def _module_list_use(self, owner: cst.ClassDef, name: str, building: list[cst.CSTNode]) -> str | None:
+        """None where the class uses the nn.ModuleList `name` (`self.layers`) only by calling its elements;
+        else what it does with it instead (the words finish a refusal)."""
+        # (`self.layers.parameters()`, a further `.append(nn.ReLU())`: no element is reached apart from the calls)
+        uses = [
+            n
+            for n in self.within(owner)
+            if isinstance(n, cst.Attribute)
+            and dotted(n) == name
+            and not any(self.inside(n, b) for b in building)
+            and not (isinstance(self.parent(n), cst.Attribute) and self.parent(n).value is n)  # type: ignore[union-attr]
+        ]
+        if not uses:
+            return "which the model never uses"
+        for use in uses:
+            if not self._calls_elements(use):
+                method = enclosing_function(self, use)
+                where = f"{method.name.value}()" if method is not None else f"class {owner.name.value}"
+                return (
+                    f"whose use in {where} is not followed (`{code(self.statement_of(use)).strip().splitlines()[0]}`)"
+                )
+        return None
+
+    def _calls_elements(self, use: cst.CSTNode) -> bool:
+        """Whether one use of an nn.ModuleList only calls its elements: `len(...)`, `self.layers[i](x)`, or a loop
+        over it (`self.layers`, a slice of it, or `enumerate(...)` of either) whose variable is only ever called."""
+        parent = self.parent(use)
+        if isinstance(parent, cst.Arg) and call_name(self.parent(parent) or use) == "len":
+            return True
+        node = use
+        if isinstance(parent, cst.Subscript) and parent.value is use:
+            grand = self.parent(parent)
+            if isinstance(grand, cst.Call) and grand.func is parent:
+                return True
+            node, parent = parent, grand
+        target: cst.CSTNode | None = None
+        if isinstance(parent, cst.For) and parent.iter is node:
+            target = parent.target
+        elif isinstance(parent, cst.Arg) and call_name(self.parent(parent) or use) == "enumerate":
+            loop = self.parent(self.parent(parent) or use)
+            if isinstance(loop, cst.For) and loop.iter is self.parent(parent) and isinstance(loop.target, cst.Tuple):
+                if len(loop.target.elements) == 2:
+                    target, parent = loop.target.elements[1].value, loop
+        if not isinstance(target, cst.Name) or not isinstance(parent, cst.For):
+            return False
+        named = [n for n in self.within(parent.body) if isinstance(n, cst.Name) and n.value == target.value]
+        return bool(named) and all(
+            isinstance(self.parent(n), cst.Call) and self.parent(n).func is n  # type: ignore[union-attr]
+            for n in named
+        )
 
     def _list_binding(
         self, seq: cst.Call, name: str, scope: cst.FunctionDef | None, display: bool = True
@@ -1020,9 +1267,48 @@ def refuse_closure_step(trainer: Trainer, why: str) -> None:
     """NotApplicable where the training step passes a closure (`opt.step(closure)`, as LBFGS needs): the closure
     computes the loss and gradients inside the step, re-evaluating them as the optimizer asks, so what a transform
     puts around the step line (a clip, a filter, a second step) misses them (`why` says what it would have done)."""
-    call = single_expr_call(trainer.step_statement())
-    if call is not None and call.args:
+    step = trainer.step_statement()
+    call = single_expr_call(step)
+    stepped = trainer.stepped_as(step)
+    if call is not None and call.args and (stepped is None or stepped.scaler is None):
         raise NotApplicable(f"the optimizer steps with a closure (`{code(call)}`, LBFGS-style): {why}")
+
+
+def own_unscale(trainer: Trainer, why: str) -> cst.SimpleStatementLine | None:
+    """The trainer's own `scaler.unscale_(opt)` line before a step through a loss scaler (`scaler.step(opt)`): after it
+    the gradients are the true ones. None where it has none; NotApplicable where it unscales elsewhere than on a line
+    of the step's own block before the step (under a condition: a second unscale_ would raise when it runs)."""
+    step = trainer.step_statement()
+    stepped = trainer.stepped_as(step)
+    if stepped is None or stepped.scaler is None:
+        return None
+    calls = [c for c in trainer.calls(within=trainer.batch_loop()) if call_name(c) == f"{stepped.scaler}.unscale_"]
+    if not calls:
+        return None
+    line = trainer.statement_of(calls[0])
+    if len(calls) > 1 or trainer.parent(line) is not trainer.parent(step) or not _before(trainer, line, step):
+        raise NotApplicable(
+            f"the trainer unscales its GradScaler's gradients (`{code(calls[0])}`) elsewhere than on a line before "
+            f"`{code(step).strip()}`: {why}"
+        )
+    return cst.ensure_type(line, cst.SimpleStatementLine)
+
+
+def unscale_line(trainer: Trainer, why: str) -> str | None:
+    """`scaler.unscale_(opt)`, to add before a line that reads the gradients where the optimizer steps through a
+    GradScaler (`scaler.step(opt)`: the gradients are the loss-scaled ones until then; PyTorch's AMP recipe unscales
+    before a clip); None where it steps itself, or the trainer unscales already (`own_unscale`). NotApplicable where
+    the scaler is not traced to a `torch.amp.GradScaler(...)` (`why` says what the transform needs)."""
+    step = trainer.step_statement()
+    stepped = trainer.stepped_as(step)
+    if stepped is None or stepped.scaler is None or own_unscale(trainer, why) is not None:
+        return None
+    if not trainer.is_grad_scaler(enclosing_function(trainer, step), stepped.scaler):
+        raise NotApplicable(
+            f"the optimizer steps through `{code(step).strip()}`, and `{stepped.scaler}` is not traced to a "
+            f"`torch.amp.GradScaler(...)` whose `unscale_()` would give the true gradients: {why}"
+        )
+    return f"{stepped.scaler}.unscale_({stepped.name})"
 
 
 def refuse_lbfgs(trainer: Trainer, why: str) -> None:
@@ -1069,6 +1355,14 @@ def _stepped_name(line: cst.CSTNode) -> str | None:
     if len(call.args) > 1 or any(a.keyword is not None or a.star for a in call.args):
         return None
     return dotted(call.func.value)
+
+
+def _scaler_stepped(line: cst.CSTNode) -> str | None:
+    """`opt` of a statement line `scaler.step(opt)` (one positional dotted name: what a loss scaler steps)."""
+    call = single_expr_call(line)
+    if _stepped_name(line) is None or call is None or len(call.args) != 1 or call.args[0].keyword is not None:
+        return None
+    return dotted(call.args[0].value)
 
 
 def _passed_as(function: cst.FunctionDef, call: cst.Call, parameter: str, method: bool) -> str | None:
@@ -1357,10 +1651,17 @@ def classifier(layers: list[Layer]) -> Layer:
 
 def insert_beside(edits: Edits, layer: Layer, text: str, before: bool = False) -> bool:
     """Put the module `text` right after (or before) a layer where the model is assembled: an element of its
-    nn.Sequential(...) or of the list display it joins, or `layers.append(text)` next to its `layers.append(...)`.
+    nn.Sequential(...) or of the list display it joins, `layers.append(text)` next to its `layers.append(...)`, or
+    `nn.Sequential(layer, text)` in place of an nn.ModuleList's layer.
     False for a layer bound to an attribute: the caller wires it into the forward pass."""
     if layer.sequential is not None:
         _insert_element(edits, layer.sequential, layer.call, text, before)
+    elif layer.listed is not None and layer.listed.module_list:
+        pair = "{text}, {old}" if before else "{old}, {text}"
+        edits.sub(
+            layer.call,
+            lambda old: expression(f"torch.nn.Sequential({pair.format(text=text, old=code(old))})"),
+        )
     elif layer.listed is not None and layer.listed.display is not None:
         _insert_element(edits, layer.listed.display, layer.call, text, before)
     elif layer.listed is not None:

@@ -49,7 +49,7 @@ def widen_layers(source: str) -> str:
         for c in trainer.calls()
         if CONV.match(call_name(c) or "") or LINEAR.match(call_name(c) or "") or re.match(NORM_CALL, call_name(c) or "")
     ]
-    edits, previous, changed = Edits(trainer), None, 0
+    edits, previous, changed, looped = Edits(trainer), None, 0, None
     for call in sized:
         is_layer = not re.match(NORM_CALL, call_name(call) or "")
         first = layer_size(call, 0, "in_features")
@@ -61,12 +61,32 @@ def widen_layers(source: str) -> str:
         if call is head.call or not isinstance(out, cst.Integer):
             previous = None
             continue
+        if _in_loop(trainer, call):
+            # a loop builds it once per pass: the next pass's input is its own output, carried by a name the loop
+            # sets (`width = 64`) that is not followed; doubling only the output would break the shapes
+            looped, previous = (call if looped is None else looped), None
+            continue
         previous = out.evaluated_value
         edits.sub(out, cst.Integer(str(2 * previous)))
         changed += 1
+    if not changed and looped is not None:
+        raise NotApplicable(
+            f"the literal hidden width is in a layer a loop builds (`{code(looped)}`): the width the loop carries to "
+            "the next layer is not followed"
+        )
     if not changed:
         raise NotApplicable("no literal hidden width in the conv/linear layers (sizes come from variables)")
     return edits.apply()
+
+
+def _in_loop(trainer: Trainer, call: cst.Call) -> bool:
+    """Whether a layer is built in a loop or a comprehension of its own function."""
+    for node in trainer.ancestors(call):
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
+            return False
+        if isinstance(node, (cst.For, cst.While, cst.ListComp, cst.GeneratorExp)):
+            return True
+    return False
 
 
 def _widen_knobs(trainer: Trainer) -> str:

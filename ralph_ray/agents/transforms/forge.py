@@ -23,10 +23,12 @@ from ralph_ray.agents.transforms._tree import (
     expression,
     free_name,
     kwarg,
+    own_unscale,
     positional,
     refuse_built_apart,
     refuse_closure_step,
     refuse_lbfgs,
+    unscale_line,
 )
 
 # torch.nn.utils' gradient clipping, however imported (`clip_grad_norm_(...)`, `nn.utils.clip_grad_value_(...)`)
@@ -151,11 +153,21 @@ def grokfast_filter(source: str) -> str:
     refuse_closure_step(trainer, "the gradients to filter are computed inside the closure, after any line before it")
     model, edits = trainer.model_name(), Edits(trainer)
     grads = free_name(trainer, "grokfast_grads")
+    # Through a GradScaler (`scaler.step(opt)`) the filter reads the true gradients: after the trainer's own
+    # `scaler.unscale_(opt)`, or one added after the backward pass. A step whose gradients overflowed is skipped by
+    # the scaler; its inf/NaN is kept out of the EMA, where it would stay for every later step.
+    why = "the EMA would average loss-scaled gradients, whose scale changes"
+    own, unscale = own_unscale(trainer, why), unscale_line(trainer, why)
+    scaled = trainer.stepped_as(trainer.step_statement())
+    lines = [f"{grads} = gradfilter_ema({model}, {grads})"]
+    if scaled is not None and scaled.scaler is not None:
+        finite = f"all(p.grad is None or p.grad.isfinite().all() for p in {model}.parameters())"
+        lines = [f"if {finite}:  # a step the GradScaler skips (overflow) stays out of the EMA\n    {lines[0]}"]
     edits.knob("GROKFAST_ALPHA", 0.98, "Grokfast EMA decay of the slow gradient")
     edits.knob("GROKFAST_LAMB", 2.0, "Grokfast amplification of the slow gradient")
     edits.helper(GROKFAST_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{grads} = None  # Grokfast: the running EMA of the gradients")
-    edits.insert_after(trainer.backward_statement(), f"{grads} = gradfilter_ema({model}, {grads})")
+    edits.insert_after(own or trainer.backward_statement(), *([unscale] if unscale else []), *lines)
     return edits.apply()
 
 
@@ -348,7 +360,7 @@ def self_model_head(source: str) -> str:
     refuse_lbfgs(trainer, "it takes one parameter group, and the head's parameters would be a second")
     classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
     if not classifier_layers:
-        raise NotApplicable("the model has no nn.Linear classifier to read features from")
+        raise NotApplicable(trainer.imported_model() or "the model has no nn.Linear classifier to read features from")
     model, optimizer, loss = trainer.model_name(), trainer.optimizer_name(), trainer.loss_name()
     refuse_built_apart(trainer, "the self-model head would be built in the method, apart from the training step")
     targets = code(positional(trainer.loss_call())[1].value)

@@ -1,5 +1,5 @@
 """Norm layers: BatchNorm after every conv and hidden linear layer, wherever the layers are built (`__init__`,
-`nn.Sequential(...)`, or a list a loop appends them to)."""
+`nn.Sequential(...)`, a list a loop appends them to, or an `nn.ModuleList` whose elements the forward calls)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def batchnorm(source: str) -> str:
     if trainer.has(r"BatchNorm|LayerNorm|GroupNorm"):
         raise NotApplicable("the model already has normalisation layers")
     layers = trainer.model_layers()
+    # hidden layers of an nn.ModuleList the model uses otherwise than by calling them: a norm beside some layers only
+    # would be another model than asked for, so the whole edit is refused for what was found
+    unfollowed = next((layer.unfollowed for layer in trainer.layers() if layer.unfollowed), None)
+    if unfollowed is not None:
+        raise NotApplicable(unfollowed)
     head = classifier(layers)
     # the head's input gets centred only where conv features feed it directly (many positive unit-scale inputs)
     convs = layers.index(head) > 0 and layers[layers.index(head) - 1].kind == "conv"

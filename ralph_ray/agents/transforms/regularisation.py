@@ -107,6 +107,11 @@ def add_weight_decay(source: str) -> str:
         r"[\"']weight_decay[\"']"
     ):
         raise NotApplicable("the parameter groups set their own weight_decay")
+    groups = _groups_built_by(trainer, call)
+    if groups is not None:
+        raise NotApplicable(
+            f"the parameter groups of `{groups}` set their own weight_decay, which wins over the optimizer's"
+        )
     edits = Edits(trainer)
     knob = free_name(trainer, "WEIGHT_DECAY")
     edits.knob(knob, 0.0005, "L2 weight decay of the optimizer")
@@ -128,6 +133,10 @@ def adamw_optimizer(source: str) -> str:
         raise NotApplicable("the optimizer gets its parameters by keyword")
     if isinstance(params[0].value, (cst.List, cst.Dict, cst.ListComp)):
         raise NotApplicable("the optimizer has parameter groups with their own settings (tuned by hand)")
+    groups = _groups_built_by(trainer, call)
+    if groups is not None:
+        # AdamW's weight_decay=0.05 would be the default each group's own weight_decay overrides: never applied
+        raise NotApplicable(f"the optimizer has parameter groups with their own weight_decay, from `{groups}`")
     knobs, edits = trainer.knobs(), Edits(trainer)
     args = [code(params[0].value)]
     # a learning rate traced to no knob is kept only from an Adam-family optimizer (on AdamW's scale): an SGD's
@@ -154,6 +163,23 @@ def adamw_optimizer(source: str) -> str:
     result = edits.apply()
     # the knobs' comments name the optimizer they belong to
     return re.sub(rf"^([A-Z_]+ = [^#\n]*#.*)\b{re.escape(name)}\b", r"\1AdamW", result, flags=re.MULTILINE)
+
+
+def _groups_built_by(trainer: Trainer, call: cst.Call) -> str | None:
+    """The call that builds the optimizer's parameter groups with a weight decay of their own (`param_groups(model,
+    WEIGHT_DECAY)`, timm's `param_groups_weight_decay(model, wd)`), or None. A group's own weight_decay wins over the
+    optimizer's: a user trial's `add_weight_decay` and `adamw_optimizer` children set one that never applied."""
+    params = positional(call)[:1]
+    if not params or not isinstance(params[0].value, cst.Call):
+        return None
+    built = params[0].value
+    name = (call_name(built) or "").rsplit(".", 1)[-1]
+    if name in ("parameters", "named_parameters"):
+        return None
+    text = code(built)
+    defined = [n for n in trainer.nodes if isinstance(n, cst.FunctionDef) and n.name.value == name]
+    says = "decay" in text.lower() or any(re.search(r"weight_decay", code(f)) for f in defined)
+    return text if says else None
 
 
 def _tuned(arg: cst.Arg | None, knobs: dict) -> str | None:

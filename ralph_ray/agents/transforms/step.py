@@ -17,6 +17,7 @@ from ralph_ray.agents.transforms._tree import (
     refuse_built_apart,
     refuse_closure_step,
     statement,
+    unscale_line,
 )
 
 
@@ -35,9 +36,13 @@ def gradient_clipping(source: str) -> str:
         # a summed loss's gradient is the batch size times the mean's: scale the limit with the batch so GRAD_CLIP
         # bounds the per-example-mean gradient norm, as it does for a mean loss (a fixed limit would throttle it)
         limit = f"GRAD_CLIP * len({summed})"
+    # through a GradScaler (`scaler.step(opt)`) the gradients are loss-scaled until `scaler.unscale_(opt)`: the clip
+    # follows it, as in PyTorch's AMP recipe (else it would clip gradients thousands of times their size)
+    unscale = unscale_line(trainer, "the clip would clip the loss-scaled gradients")
     params, edits = trainer.parameters_code(), Edits(trainer)
     edits.knob("GRAD_CLIP", 2.0, "max global gradient norm per step (of the per-example mean loss)")
-    edits.insert_before(trainer.step_statement(), f"torch.nn.utils.clip_grad_norm_({params}, {limit})")
+    clip = f"torch.nn.utils.clip_grad_norm_({params}, {limit})"
+    edits.insert_before(trainer.step_statement(), *([unscale] if unscale else []), clip)
     return edits.apply()
 
 
@@ -125,7 +130,7 @@ def channels_last(source: str) -> str:
     if trainer.has(r"channels_last"):
         raise NotApplicable("the trainer already uses channels_last")
     if not any(layer.kind == "conv" for layer in trainer.layers()):
-        raise NotApplicable("the model has no nn.Conv2d layers")
+        raise NotApplicable(trainer.imported_model() or "the model has no nn.Conv2d layers")
     model, built = trainer.model_name(), trainer.model_built()
     edits = Edits(trainer)
     edits.insert_after(built, f"{model} = {model}.to(memory_format=torch.channels_last)")
