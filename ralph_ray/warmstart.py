@@ -11,6 +11,7 @@ Ray-free, like the runner that uses it. Where a server cannot start or fork, the
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -52,6 +53,7 @@ def sets_cuda_env(work: Path) -> bool:
     return any(_names_cuda_env(path.read_text(errors="replace")) for path in work.rglob("*.py") if path.is_file())
 
 
+@functools.lru_cache(maxsize=256)  # every trial of a variant reads the same files: each is parsed once per process
 def _names_cuda_env(source: str) -> bool:
     try:
         tree = ast.parse(source)

@@ -135,6 +135,11 @@ class Intervention:
     mirrors_images: bool = False  # trains on mirrored inputs: not proposed where task.mirror_invariant is false
     needs_images: bool = False  # shifts, mirrors or lays out images: not proposed where task.images is false
 
+    @property
+    def changes_code(self) -> bool:
+        """Whether it edits the trainer beyond moving existing knobs (a transform, a text edit or a new knob)."""
+        return bool(self.transform or self.edits or self.add_knobs)
+
     def unsuited_to(self, images: bool | None, mirror_invariant: bool) -> str | None:
         """Why the task rules this out whatever the code says (task.images, task.mirror_invariant), or None: the one
         rule the analysts, the LLM's catalog and the final training's additions all follow."""
@@ -239,7 +244,7 @@ def _parse_entry(path: Path, index: int, raw: Any) -> Intervention:
         mirrors_images=mirrors_images,
         needs_images=needs_images,
     )
-    if not (intervention.knobs or intervention.add_knobs or intervention.edits or intervention.transform):
+    if not (intervention.knobs or intervention.changes_code):
         raise fail("knobs", "an intervention needs at least one of knobs, add_knobs, edits, transform")
     return intervention
 
@@ -444,7 +449,7 @@ def _apply_knob_edits(intervention: Intervention, source: str, searched: Searche
             if why:
                 held.append(why)
         overrides[knob] = value
-    if held and all(overrides[knob] == current[knob] for knob in overrides) and not _changes_code(intervention):
+    if held and all(overrides[knob] == current[knob] for knob in overrides) and not intervention.changes_code:
         # Without this the child would differ from its parent on paper only: its trials train the value the space
         # allows, the parent's, and the KB would record the move as an intervention with no effect.
         raise NotApplicable(f"{intervention.name}: {'; '.join(held)}")
@@ -482,10 +487,6 @@ def _held_to_search(before: str, source: str, searched: Searched) -> str:
     held = {name: searched[name](value) for name, value in set_by_it.items()}
     changed = {name: value for name, value in held.items() if value != values[name]}
     return rewrite_knobs(source, changed) if changed else source
-
-
-def _changes_code(intervention: Intervention) -> bool:
-    return bool(intervention.transform or intervention.edits or intervention.add_knobs)
 
 
 def _add_knobs(intervention: Intervention, source: str) -> str:

@@ -407,8 +407,11 @@ EPOCHS = "EPOCHS"
 def _moves_only_absent_knobs(intervention: Intervention, knobs: set[str]) -> bool:
     """A pure knob move (no code edit) of knobs the trainer does not have: not a candidate, and no reason worth
     recording in analysis.md or the not_applicable view."""
-    code = intervention.transform or intervention.edits or intervention.add_knobs
-    return bool(intervention.knobs) and not code and not any(edit.knob in knobs for edit in intervention.knobs)
+    return (
+        bool(intervention.knobs)
+        and not intervention.changes_code
+        and not any(edit.knob in knobs for edit in intervention.knobs)
+    )
 
 
 def _ends_before_its_epochs(trials: list[TrialSummary], knobs: dict[str, Any]) -> str | None:
@@ -434,7 +437,7 @@ def _epochs_only(intervention: Intervention) -> bool:
     return (
         bool(intervention.knobs)
         and all(edit.knob == EPOCHS for edit in intervention.knobs)
-        and not (intervention.add_knobs or intervention.edits or intervention.transform)
+        and not intervention.changes_code
     )
 
 

@@ -293,7 +293,7 @@ def _trains(trainer: Trainer, call: cst.Call) -> bool:
 
 def _reads_weights_only(trainer: Trainer, name: str, call: cst.Call, arg: cst.Arg) -> bool:
     """Whether a function of the trainer only reads the parameters of the model it is handed (`grad_norm(model)`)."""
-    function = next((n for n in trainer.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name), None)
+    function = next(iter(trainer.defined(name, top_level=True)), None)
     if function is None or arg.star:
         return False
     params = function.params.params

@@ -303,6 +303,11 @@ class Trainer:
         """Whether the source text matches a regex (for "already applied" checks)."""
         return re.search(pattern, self.source, re.MULTILINE) is not None
 
+    def defined(self, name: str, top_level: bool = False) -> list[cst.FunctionDef]:
+        """The functions and methods named `name` the trainer defines (only module-level functions if `top_level`)."""
+        nodes = self.module.body if top_level else self.nodes
+        return [n for n in nodes if isinstance(n, cst.FunctionDef) and n.name.value == name]
+
     # -- the optimisation step ------------------------------------------------------------
 
     def optimizer_call(self) -> cst.Call:
@@ -681,10 +686,7 @@ class Trainer:
         a helper from elsewhere, the one argument bound in `scope` to a module built from a class (`Net(...)`,
         `ResNetSmall(...).to(device)`)."""
         name = call_name(call)
-        helper = next(
-            (n for n in self.module.body if isinstance(n, cst.FunctionDef) and n.name.value == name),
-            None,
-        )
+        helper = next(iter(self.defined(name or "", top_level=True)), None)
         if helper is not None:
             for node in self.within(helper):
                 if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -773,8 +775,7 @@ class Trainer:
         if called is None:
             return None
         last = called.rsplit(".", 1)[-1]
-        defined = [n for n in self.nodes if isinstance(n, cst.FunctionDef) and n.name.value == last]
-        if not defined:
+        if not self.defined(last):
             return None
         kind = "method" if "." in called else "function"
         return f"the loss `{name}` comes from the {kind} `{called}`, which is not followed"

@@ -177,8 +177,7 @@ def _groups_built_by(trainer: Trainer, call: cst.Call) -> str | None:
     if name in ("parameters", "named_parameters"):
         return None
     text = code(built)
-    defined = [n for n in trainer.nodes if isinstance(n, cst.FunctionDef) and n.name.value == name]
-    says = "decay" in text.lower() or any(re.search(r"weight_decay", code(f)) for f in defined)
+    says = "decay" in text.lower() or any("weight_decay" in code(f) for f in trainer.defined(name))
     return text if says else None
 
 
