@@ -295,6 +295,24 @@ def test_deepen_adds_a_hidden_layer_as_wide_as_its_knob_and_a_second_one_reuses_
         apply_transform("deepen", own)
 
 
+@pytest.mark.parametrize(
+    ("trainer", "swap", "activation"),
+    [
+        ("sequential_flat", ("nn.ReLU()", "nn.SiLU()"), "SiLU"),  # a module in nn.Sequential
+        ("module_loader", ("F.relu(", "F.gelu("), "GELU"),  # a function in forward
+        ("lm", ("torch.tanh(", "torch.tanh("), "Tanh"),  # torch's own function
+        ("sequential_flat", ("nn.ReLU()", "nn.Identity()"), "ReLU"),  # none named: ReLU
+    ],
+)
+def test_deepen_uses_the_models_own_activation(trainer: str, swap: tuple[str, str], activation: str):
+    """User trial: deepen put a ReLU layer before the classifier of a SiLU network."""
+    source = SOURCES[trainer].replace(*swap)
+    assert swap[0] not in source or swap[0] == swap[1]
+    deepened = apply_transform("deepen", source)
+    assert "torch.nn.Linear(" in deepened and f"HEAD_WIDTH), torch.nn.{activation}(), " in deepened
+    assert activation == "ReLU" or "torch.nn.ReLU()" not in deepened
+
+
 def test_batchnorm_follows_each_layer_in_a_sequential_and_in_a_module():
     flat = apply_transform("batchnorm", SOURCES["sequential_flat"])
     assert "nn.Conv2d(1, 16, 3, padding=1),\n    torch.nn.BatchNorm2d(16)," in flat

@@ -49,15 +49,22 @@ def test_a_table_with_a_square_number_of_columns_is_not_read_as_images(columns: 
 
 
 def test_flattened_images_are_still_images():
-    """digits flattened to 64 features (adjacent pixels +0.42 above other pairs), raw or standardised; Fashion-MNIST
-    flattened to 784 (+0.65). Too few rows to measure: the shape decides, as before."""
+    """digits flattened to 64 features (adjacent pixels +0.42 above other pairs), raw or standardised. Too few rows to
+    measure: the shape decides, as before."""
     digits = load_digits().data
     assert image_inputs(digits) and image_inputs(StandardScaler().fit_transform(digits))
     assert image_inputs(digits[:5])
-    if FASHION.is_file():
-        with gzip.open(FASHION) as f:
-            fashion = np.frombuffer(f.read(16 + 3000 * 784), np.uint8, offset=16).reshape(-1, 784)
-        assert image_inputs(fashion) and image_inputs(fashion.astype(np.float32) / 255)
+
+
+@pytest.mark.skipif(
+    not FASHION.is_file(),
+    reason=f"Fashion-MNIST's files are not installed ({FASHION}): apt-get install dataset-fashion-mnist",
+)
+def test_flattened_fashion_images_are_images():
+    """Fashion-MNIST flattened to 784 features (+0.65), as bytes and as floats."""
+    with gzip.open(FASHION) as f:
+        fashion = np.frombuffer(f.read(16 + 3000 * 784), np.uint8, offset=16).reshape(-1, 784)
+    assert image_inputs(fashion) and image_inputs(fashion.astype(np.float32) / 255)
 
 
 def test_a_campaign_reads_task_images_from_the_inputs_only_where_the_task_leaves_it_unset():

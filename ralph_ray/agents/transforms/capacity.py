@@ -29,6 +29,24 @@ WIDTH_KNOB = r"(WIDTH|HIDDEN|CHANNELS|DIM|N_HIDDEN|HIDDEN_SIZE)\w*"
 # `widen` move keep widening the trainer's own layers after it, and a trainer's own HIDDEN_* knob is never taken over
 HEAD_KNOB = "HEAD_WIDTH"
 HEAD_UNITS = 256  # its value
+# The model's own nonlinearity, as a module or a function, by its torch.nn module: deepen's hidden layer uses the one
+# the model uses most (a user trial's SiLU network got a ReLU layer before its classifier).
+ACTIVATIONS = {
+    "relu": "ReLU",
+    "silu": "SiLU",
+    "gelu": "GELU",
+    "tanh": "Tanh",
+    "leaky_relu": "LeakyReLU",
+    "elu": "ELU",
+    "selu": "SELU",
+    "mish": "Mish",
+    "hardswish": "Hardswish",
+    "softplus": "Softplus",
+}
+ACTIVATION_CALL = re.compile(
+    rf"^(?:(?:(?:torch\.)?nn\.)?(?P<module>{'|'.join(ACTIVATIONS.values())})"
+    rf"|(?:torch\.nn\.functional|F|torch)\.(?P<function>{'|'.join(ACTIVATIONS)})_?)$"
+)
 
 
 @register("widen_layers", "capacity")
@@ -132,7 +150,8 @@ def _double_leading(edits: Edits, node: cst.BaseExpression, old: int) -> int:
 
 @register("deepen", "capacity")
 def deepen(source: str) -> str:
-    """One more hidden layer (Linear + ReLU, HEAD_WIDTH units: a new knob) before the classifier."""
+    """One more hidden layer (Linear and the model's own activation, ReLU if it names none; HEAD_WIDTH units: a new
+    knob) before the classifier."""
     trainer = analyse(source)
     trainer.model_layers()  # (says what the model is built from, where no layer is in reach)
     head = classifier(trainer.layers())
@@ -142,6 +161,7 @@ def deepen(source: str) -> str:
             "added to a list handed to `nn.Sequential(*list)`"
         )
     width = size_code(head, "in")
+    activation = _activation(trainer)
     edits = Edits(trainer)
     if width != HEAD_KNOB:  # a second deepen stacks another layer of the first one's width, its knob already there
         # A knob, not the classifier's input width: that grows with the conv width squared (3,136 x 3,136 at WIDTH
@@ -150,11 +170,22 @@ def deepen(source: str) -> str:
     edits.sub(
         head.call,
         lambda old: expression(
-            f"torch.nn.Sequential(torch.nn.Linear({width}, {HEAD_KNOB}), torch.nn.ReLU(), "
+            f"torch.nn.Sequential(torch.nn.Linear({width}, {HEAD_KNOB}), torch.nn.{activation}(), "
             f"{code(_with_input(old, HEAD_KNOB))})"
         ),
     )
     return edits.apply()
+
+
+def _activation(trainer: Trainer) -> str:
+    """The torch.nn activation the trainer's code uses most (`nn.SiLU()`, `F.gelu(x)`, `torch.tanh(x)`; the last
+    used of a tie), ReLU where it uses none."""
+    used = []
+    for call in trainer.calls(ACTIVATION_CALL):
+        found = ACTIVATION_CALL.match(call_name(call) or "")
+        assert found is not None  # calls() matched it
+        used.append(found["module"] or ACTIVATIONS[found["function"]])
+    return max(reversed(used), key=used.count) if used else "ReLU"
 
 
 def _with_input(call: cst.Call, size: str) -> cst.Call:
