@@ -127,13 +127,17 @@ class NoiseAwareASHA(ASHAScheduler):
         """Narrow the split size by one reported value; say once what the margin is when the size becomes known."""
         known = self.examples
         self._split.observe(value)
-        if known is None and self.examples is not None:
-            print(
-                f"ASHA: {self._metric} reads as an accuracy over {self.examples} examples: a trial stops at a rung "
-                f"only below its cutoff by more than {self.z:g} standard errors "
-                f"({binomial_margin(0.9, self.examples, self.z):.3f} at 0.9; scheduler.margin)",
-                file=sys.stderr,
-            )
+        if self.examples is None or self.examples == known:
+            return
+        # A size read off few values can be a factor of the true one (k/68 with every k even reads as 34; a user
+        # trial's console said 34): a value that rules it out grows it, and the console says so again.
+        grown = "" if known is None else f" (not {known}: {value:.6g} is no multiple of 1/{known})"
+        print(
+            f"ASHA: {self._metric} reads as an accuracy over {self.examples} examples{grown}: a trial stops at a rung "
+            f"only below its cutoff by more than {self.z:g} standard errors "
+            f"({binomial_margin(0.9, self.examples, self.z):.3f} at 0.9; scheduler.margin)",
+            file=sys.stderr,
+        )
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         value = result.get(self._metric) if self._metric else None

@@ -56,6 +56,23 @@ def test_the_split_size_is_read_off_the_reported_accuracies():
     assert examples_behind([0.3172, 0.2718281828, 0.1415926535]) is None  # no split of <= 10,000 examples fits
 
 
+def test_a_size_read_off_few_values_grows_when_a_value_rules_it_out_and_the_console_says_so(capsys):
+    """A user trial: accuracies over 68 examples whose first numerators were all even read as 34, and the console
+    said 34 while later values had made it 68."""
+    sched = digits_asha(None)
+    for count in (50, 56, 60):  # k/68 with k even: also multiples of 1/34
+        sched.observe(count / 68)
+    assert sched.examples == 34
+    sched.observe(61 / 68)
+    assert sched.examples == 68
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and "over 34 examples:" in said[0]
+    assert "over 68 examples (not 34: 0.897059 is no multiple of 1/34)" in said[1]
+    assert sched.margin_at(0.9) == pytest.approx(binomial_margin(0.9, 68, 2.0))
+    sched.observe(59 / 68)  # a size already known is not said again
+    assert not capsys.readouterr().err
+
+
 def test_the_margin_is_two_standard_errors_of_an_accuracy():
     assert binomial_margin(0.95, 161, 2.0) == pytest.approx(2 * math.sqrt(0.95 * 0.05 / 161))  # 0.034
     assert binomial_margin(0.9192546606063843, 161, 2.0) == pytest.approx(0.0429, abs=1e-4)
