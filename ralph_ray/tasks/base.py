@@ -7,6 +7,7 @@ higher is better (a sign, as Ray's ASHA does), so a `min` metric such as MSE is 
 
 from __future__ import annotations
 
+import difflib
 import enum
 import hashlib
 import json
@@ -192,8 +193,14 @@ def declared_metric(declaration: Any, score: Callable[[np.ndarray, np.ndarray], 
         if score is None:
             return Metric(name, implied, kind, fn, _scored_by(declaration))
     if score is None:
+        # a near spelling or an abbreviation ("acc") of a built-in is named first: the likeliest fix
+        near = (
+            difflib.get_close_matches(name.lower(), BUILTIN, n=1, cutoff=0.6)
+            or [b for b in BUILTIN if name and b.startswith(name.lower())][:1]
+        )
+        hint = f"did you mean {near[0]!r}? " if near else ""
         raise MetricError(
-            f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): define "
+            f"METRIC {name!r} is not built in ({', '.join(BUILTIN)}): {hint}define "
             "`def score(predictions, targets) -> float` in prepare.py, or name a built-in metric"
         )
     kind = declaration.get("kind", MetricKind.custom.value)

@@ -52,6 +52,16 @@ def test_a_declaration_without_a_usable_direction_names_the_fix(declaration, mes
         declared_metric(declaration, None)
 
 
+@pytest.mark.parametrize(("name", "near"), [("acc", "accuracy"), ("acuracy", "accuracy"), ("macro-f1", "macro_f1")])
+def test_an_unknown_name_near_a_builtin_names_it(name: str, near: str):
+    """A user trial's `"name": "acc"` got the list of built-ins and no word of which one it meant."""
+    with pytest.raises(MetricError, match=f"did you mean '{near}'"):
+        declared_metric({"name": name, "direction": "max"}, None)
+    with pytest.raises(MetricError) as refused:
+        declared_metric({"name": "bleu", "direction": "max"}, None)
+    assert "did you mean" not in str(refused.value)
+
+
 def _r2(predictions: np.ndarray, targets: np.ndarray) -> float:
     return float(1 - ((targets - predictions) ** 2).sum() / ((targets - targets.mean()) ** 2).sum())
 

@@ -24,7 +24,7 @@ from ralph_ray.agents.transforms._tree import (
 # steps), or flattened square images (N, H*W), as MLP trainers feed them.
 SHIFT_HELPER = '''
 def shift_images(x: torch.Tensor) -> torch.Tensor:
-    """Translate an AUGMENT_PROB share of the images by up to SHIFT pixels (zero padded), batched."""
+    """Translate an AUGMENT_PROB share of the images by up to SHIFT pixels (the edge pixels repeated), batched."""
     shape = x.shape
     if x.dim() == 2:
         side = int(round(x.shape[1] ** 0.5))
@@ -39,7 +39,8 @@ def shift_images(x: torch.Tensor) -> torch.Tensor:
     if last:
         x = x.permute(0, 3, 1, 2)
     height, width = x.shape[-2:]
-    padded = torch.nn.functional.pad(x, (SHIFT,) * 4)
+    # The border repeated, not zeros: in normalised inputs 0 is mid-grey, a strip no held-out image has (user trial)
+    padded = torch.nn.functional.pad(x, (SHIFT,) * 4, mode="replicate")
     offsets = torch.randint(0, 2 * SHIFT + 1, (2, len(x)), device=x.device)
     out = torch.empty_like(x)
     for dy in range(2 * SHIFT + 1):
