@@ -3,7 +3,8 @@
 The catalog is data, not code: each entry says which diagnoses it answers, how it moves knobs, which
 knobs it adds, and which code transform (`ralph_ray.agents.transforms`, over the syntax tree) or regex
 edits it makes to `train.py`. `apply` turns one entry into edited source, or raises `NotApplicable` with
-the reason when the trainer lacks what the entry needs or already has it.
+the reason when the trainer lacks what the entry needs or already has it; `apply_files` does it over a variant's
+files, where a layer transform reaches a model class train.py imports from a module beside it (`models.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import yaml
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
-from ralph_ray.agents.transforms import TRANSFORMS, NotApplicable, apply_transform, check_transform
+from ralph_ray.agents.transforms import (
+    MODEL_LIBRARIES,
+    TRANSFORMS,
+    NotApplicable,
+    analyse,
+    apply_transform,
+    check_transform,
+    model_module,
+)
 from ralph_ray.knobs import (
     KNOB_ALIASES,
     KnobError,
@@ -33,6 +42,10 @@ from ralph_ray.knobs import (
 )
 
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
+TRAINER = "train.py"
+# The transforms that edit only the model's layers: where train.py imports its model's class from a module of the
+# variant's folder (`from models import Net`, models.py beside it), they edit the class there (`apply_files`).
+MODEL_TRANSFORMS = frozenset({"batchnorm", "add_dropout", "deepen", "widen_layers"})
 
 KNOB_OPS = ("set", "mul", "add")
 _ENTRY_FIELDS = {
@@ -421,6 +434,67 @@ def apply(intervention: Intervention, source: str, searched: Searched | None = N
             f"{name}: the edits do not fit this trainer (invalid Python at line {error.lineno}: {error.msg})"
         ) from error
     return result
+
+
+def model_file(source: str) -> tuple[str, str] | None:
+    """The file, relative to the variant's folder, of the module train.py (`source`) imports its model's class from,
+    and the class's name there: `("pkg/models.py", "Net")` for `from pkg.models import Net`; None where train.py
+    defines the model, or it comes from outside the folder (`torchvision`, `..models`)."""
+    try:
+        found = analyse(source).model_import()
+    except NotApplicable:
+        return None
+    if found is None or found[0].startswith("..") or found[0].strip(".").split(".")[0] in ("", *MODEL_LIBRARIES):
+        return None
+    module, name = found
+    return module.lstrip(".").replace(".", "/") + ".py", name
+
+
+def apply_files(
+    intervention: Intervention, files: Mapping[str, str], searched: Searched | None = None
+) -> dict[str, str]:
+    """The variant's files that `intervention` changes, edited (`files`: relative path -> source, `train.py` among
+    them); NotApplicable (with the reason) when it cannot apply. Everything edits train.py, but a layer transform
+    (`MODEL_TRANSFORMS`) that train.py refuses edits the model's class in the module it is imported from, where that
+    module's file is in `files`."""
+    return _edit_files(intervention, files, searched, dry=False)
+
+
+def check_files(intervention: Intervention, files: Mapping[str, str], searched: Searched | None = None) -> None:
+    """Return when `intervention` applies to the variant's `files`, NotApplicable otherwise: `apply_files`'s
+    decision, as fast as `check`."""
+    _edit_files(intervention, files, searched, dry=True)
+
+
+def _edit_files(
+    intervention: Intervention, files: Mapping[str, str], searched: Searched | None, dry: bool
+) -> dict[str, str]:
+    source = files[TRAINER]
+    try:
+        if dry:
+            check(intervention, source, searched)
+            return {}
+        return {TRAINER: apply(intervention, source, searched)}
+    except NotApplicable as refused:
+        # (an entry that also moves knobs or edits text is about train.py's code, not only the model's layers)
+        alone = not (intervention.knobs or intervention.add_knobs or intervention.edits)
+        elsewhere = model_file(source) if intervention.transform in MODEL_TRANSFORMS and alone else None
+        if elsewhere is None:
+            raise
+        path, name = elsewhere
+        if path not in files:
+            raise NotApplicable(
+                f"{refused} (the model's class `{name}` is imported from `{path}`, not a file of the variant's folder)"
+            ) from None
+        assert intervention.transform is not None  # one of MODEL_TRANSFORMS
+        try:
+            with model_module(name):
+                if dry:
+                    check_transform(intervention.transform, files[path])
+                    return {}
+                return {path: apply_transform(intervention.transform, files[path])}
+        except NotApplicable as reason:
+            raise NotApplicable(f"{intervention.name}: in {path}: {reason}") from None
 
 
 # Other spellings of the catalog's knob names in users' trainers: a knob move uses the trainer's own (first found).

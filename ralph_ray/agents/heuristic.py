@@ -4,7 +4,8 @@ The analyst reads a parent's curves (the best completed trial's, plus why others
 it sees (`Diagnosis`) with the numbers as evidence, and ranks catalog interventions that answer it:
 score = the knowledge base's measured mean delta for (intervention, diagnosis), else its mean pooled over the
 diagnoses it was measured under, else the catalog's prior, plus a UCB exploration bonus so untried interventions
-get their turn. The coder applies the chosen intervention to the child's copy of `train.py`.
+get their turn. The coder applies the chosen intervention to the child's copy of `train.py` (a layer intervention
+to the model's class in the module of the variant's folder train.py imports it from, `models.py`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ from ralph_ray.agents.base import (
     TrialSummary,
     Usage,
 )
-from ralph_ray.agents.catalog import Catalog, Intervention, NotApplicable, Searched, apply, check, load_catalog
+from ralph_ray.agents.catalog import (
+    Catalog,
+    Intervention,
+    NotApplicable,
+    Searched,
+    apply_files,
+    check_files,
+    load_catalog,
+    model_file,
+)
 from ralph_ray.agents.siblings import GATE_SAID, bred_from, refusals
 from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
@@ -484,10 +494,12 @@ class HeuristicAnalyst:
             usage.add(Usage(calls=1, seconds=time.perf_counter() - start))
 
     def _applicable(self, parent: ParentView, source: str) -> tuple[list[Intervention], dict[str, str]]:
-        """Interventions that apply to the parent's code, suit the task and are neither spent along its lineage nor
-        refused for this parent already."""
+        """Interventions that apply to the parent's code (train.py's `source`, and the module of its folder the model
+        is imported from), suit the task and are neither spent along its lineage nor refused for this parent
+        already."""
         applicable, skipped = [], {}
         refused = refusals(parent)
+        files = _with_model_file(parent.files_dir, source)
         values = read_knobs(source)
         knobs = set(values)
         ends_early = _ends_before_its_epochs(parent.trials, values)
@@ -499,7 +511,7 @@ class HeuristicAnalyst:
                 why = ends_early
             if why is None:
                 try:
-                    check(intervention, source, self.searched)
+                    check_files(intervention, files, self.searched)
                 except NotApplicable as reason:
                     why = str(reason).removeprefix(f"{intervention.name}: ")
             if why is None:
@@ -577,7 +589,8 @@ class HeuristicAnalyst:
 
 
 class HeuristicCoder:
-    """Applies a catalog intervention to the child's copy of `train.py`; it cannot repair rejected code."""
+    """Applies a catalog intervention to the child's copy of `train.py` (or of its model's module); it cannot repair
+    rejected code."""
 
     def __init__(self, catalog: Catalog | None = None, searched: Searched | None = None) -> None:
         self.catalog = catalog if catalog is not None else load_catalog()
@@ -586,7 +599,7 @@ class HeuristicCoder:
     def write(
         self, parent: ParentView, recommendation: Recommendation, workdir: Path, feedback: str | None, usage: Usage
     ) -> Draft:
-        """Edit `workdir/train.py` in place with the recommended intervention."""
+        """Edit `workdir/train.py` (or the module its model is imported from) in place with the recommendation."""
         start = time.perf_counter()
         call = Usage(calls=1)
         try:
@@ -611,12 +624,13 @@ class HeuristicCoder:
             intervention = self.catalog.get(name)
         except KeyError as error:
             raise AgentError(error.args[0]) from None
-        source = _read_trainer(workdir)
+        files = _with_model_file(workdir, _read_trainer(workdir))
         try:
-            edited = apply(intervention, source, self.searched)
+            edited = apply_files(intervention, files, self.searched)
         except NotApplicable as reason:
             raise CannotApply(f"cannot apply {name} to {workdir / TRAINER}: {reason}") from None
-        (workdir / TRAINER).write_text(edited)
+        for path, source in edited.items():
+            (workdir / path).write_text(source)
         return intervention
 
 
@@ -629,6 +643,16 @@ def _read_trainer(files_dir: Path) -> str:
     if not path.is_file():
         raise AgentError(f"{path} does not exist: the heuristic agent edits a variant's {TRAINER}")
     return path.read_text()
+
+
+def _with_model_file(files_dir: Path, source: str) -> dict[str, str]:
+    """train.py's `source` by its name, and the module of the variant's folder its model is imported from
+    (`models.py`), where that file is there: what the catalog's layer transforms edit."""
+    files = {TRAINER: source}
+    found = model_file(source)
+    if found is not None and (Path(files_dir) / found[0]).is_file():
+        files[found[0]] = (Path(files_dir) / found[0]).read_text()
+    return files
 
 
 def _monotone(ranked: list[Recommendation]) -> list[Recommendation]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ralph_ray.agents.base import (
     TrialSummary,
     Usage,
 )
-from ralph_ray.agents.catalog import apply, load_catalog
+from ralph_ray.agents.catalog import NotApplicable, apply, apply_files, load_catalog, model_file
 from ralph_ray.agents.heuristic import (
     MIN_RECOMMENDATIONS,
     TOO_SLOW_EPOCH_SECONDS,
@@ -34,7 +35,10 @@ from ralph_ray.agents.heuristic import (
     smoothing_floor,
 )
 from ralph_ray.config import load_config
+from ralph_ray.gate import Gate, write_smoke_data
 from ralph_ray.knobs import rewrite_knobs
+from ralph_ray.tasks.digits import prepare
+from ralph_ray.variants import unified_diff
 
 SEED_TRAINER = PROJECT_ROOT / "trainers" / "digits" / "train.py"
 CATALOG = load_catalog()
@@ -587,3 +591,98 @@ def test_skipped_interventions_and_their_reasons_are_queryable_in_the_kb(tmp_pat
         _, skipped = analyst._applicable(parent, (parent.files_dir / "train.py").read_text())
         assert skipped and {i: why for p, i, why in rows if p == parent.variant_id} == skipped
     assert ("p1", "batchnorm", "already in the lineage") in rows
+
+
+# -----------------------------------------------------------------------------
+# A model class kept in a second file (`from models import BlockCNN`, models.py beside train.py)
+
+MULTIFILE = PROJECT_ROOT / "tests" / "fixtures" / "multifile" / "block_cnn"
+LAYER_INTERVENTIONS = ["batchnorm", "add_dropout", "deepen", "widen_layers"]
+
+
+@pytest.fixture(scope="module")
+def smoke_gate(tmp_path_factory: pytest.TempPathFactory) -> Gate:
+    smoke = write_smoke_data(prepare(0, 0.2, 0.2), tmp_path_factory.mktemp("smoke"), "digits")
+    return Gate(smoke, (), timeout_s=120)
+
+
+def multifile_parent(tmp_path: Path) -> ParentView:
+    files = tmp_path / "parent"
+    shutil.copytree(MULTIFILE, files, ignore=shutil.ignore_patterns("__pycache__"))
+    return ParentView("p", files, 0.9, [trial(UNDERFIT)], [], [], "program")
+
+
+@pytest.mark.parametrize("name", LAYER_INTERVENTIONS)
+def test_layer_interventions_edit_the_model_class_in_the_module_train_py_imports(
+    smoke_gate: Gate, tmp_path: Path, name: str
+):
+    """User trials keep the model in models.py: every layer intervention was refused as "defined in `models`
+    (imported)". The analyst proposes it, the coder edits models.py's model class (its block class too, not the
+    probe class train.py does not train), train.py stays as it was, and the pair passes the gate's smoke run."""
+    parent = multifile_parent(tmp_path)
+    applicable, skipped = HeuristicAnalyst()._applicable(parent, (parent.files_dir / "train.py").read_text())
+    assert name in {i.name for i in applicable}, skipped.get(name)
+    child = tmp_path / "child"
+    shutil.copytree(parent.files_dir, child)
+    HeuristicCoder().write(parent, recommendation(name), child, None, Usage())
+    assert (child / "train.py").read_text() == (MULTIFILE / "train.py").read_text()
+    models = (child / "models.py").read_text()
+    assert models != (MULTIFILE / "models.py").read_text()
+    assert "self.fc = nn.Linear(64, classes)\n" in models and "_fc" not in models  # the probe is no part of it
+    if name == "batchnorm":  # the block's conv is the model's too, its classifier's output gets none
+        assert "self.bn_conv = torch.nn.BatchNorm2d(cout)" in models and "bn_out" not in models
+    diff = unified_diff(parent.files_dir, child)  # the variant's diff.patch
+    assert "+++ b/models.py" in diff and "b/train.py" not in diff
+    smoke_gate.check(child, parent.files_dir)
+
+
+def test_the_analyst_and_the_coder_agree_on_a_model_kept_in_a_second_file(tmp_path: Path):
+    """For every catalog entry: the analyst's check passes where the coder's edit does, and refuses with its words."""
+    parent = multifile_parent(tmp_path)
+    files = {path: (parent.files_dir / path).read_text() for path in ("train.py", "models.py")}
+    applicable, skipped = HeuristicAnalyst()._applicable(parent, files["train.py"])
+    proposed = {i.name for i in applicable}
+    assert set(LAYER_INTERVENTIONS) <= proposed, skipped
+    for intervention in CATALOG:
+        if intervention.name not in proposed | set(skipped):
+            continue  # a move of knobs this trainer lacks (another kind of trainer's): not checked
+        try:
+            changed = apply_files(intervention, files)
+        except NotApplicable as reason:
+            assert skipped.get(intervention.name) == str(reason).removeprefix(f"{intervention.name}: ")
+            continue
+        assert intervention.name in proposed
+        expected = {"models.py"} if intervention.name in LAYER_INTERVENTIONS else {"train.py"}
+        assert set(changed) == expected, intervention.name
+
+
+def test_a_layer_intervention_on_a_model_from_outside_the_folder_says_why(tmp_path: Path):
+    """A models.py missing from the folder, a torchvision model: refused, naming where the model is."""
+    parent = multifile_parent(tmp_path)
+    (parent.files_dir / "models.py").unlink()
+    _, skipped = HeuristicAnalyst()._applicable(parent, (parent.files_dir / "train.py").read_text())
+    missing = "the model's class `BlockCNN` is imported from `models.py`, not a file of the variant's folder"
+    assert missing in skipped["batchnorm"] and missing in skipped["widen_layers"]
+    with pytest.raises(CannotApply, match=re.escape(missing)):
+        HeuristicCoder().write(parent, recommendation("add_dropout"), parent.files_dir, None, Usage())
+    source = (MULTIFILE / "train.py").read_text()
+    library = source.replace("from models import BlockCNN\n", "from torchvision.models import resnet18\n")
+    library = library.replace("BlockCNN(data.num_classes)", "resnet18(num_classes=data.num_classes)")
+    with pytest.raises(NotApplicable, match=r"`resnet18` comes from `torchvision\.models` \(a library\)"):
+        apply_files(CATALOG.get("deepen"), {"train.py": library})
+
+
+@pytest.mark.parametrize(
+    ("imports", "built", "expected"),
+    [
+        ("from models import BlockCNN as Net", "Net(10)", ("models.py", "BlockCNN")),
+        ("from pkg.models import Net", "Net(10).to(device)", ("pkg/models.py", "Net")),
+        ("from pkg import models", "models.Net(10)", ("pkg/models.py", "Net")),
+        ("from . import models", "models.Net(10)", ("models.py", "Net")),
+        ("import pkg.models as pm", "pm.Net(10)", ("pkg/models.py", "Net")),
+        ("from torchvision.models import resnet18", "resnet18()", None),
+    ],
+)
+def test_the_model_file_is_read_from_the_import(imports: str, built: str, expected: tuple[str, str] | None):
+    source = (MULTIFILE / "train.py").read_text().replace("from models import BlockCNN", imports)
+    assert model_file(source.replace("BlockCNN(data.num_classes)", built)) == expected

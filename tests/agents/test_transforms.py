@@ -19,6 +19,7 @@ import socket
 import subprocess
 import symtable
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from ralph_ray.agents.transforms import (
     applicability,
     apply_transform,
 )
-from ralph_ray.agents.transforms._tree import analyse, code
+from ralph_ray.agents.transforms._tree import Edits, analyse, code
 from ralph_ray.gate import SMOKE_KNOBS, Gate, write_smoke_data
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.tasks.base import Splits, declared_metric, random_split, write_public
@@ -130,18 +131,21 @@ APPLIES = {
         "widen_layers",
     },
     # the batch loop in train_one_epoch(...), which main()'s epoch loop calls: what must live across the batch loop
-    # and the epoch loop (a weight average, a replay buffer, a self-model head, a gradient EMA) is refused
-    "epoch_function": ALL
-    - {"adamw_optimizer", "widen_layers", "ema_weights", "hard_example_replay", "self_model_head", "grokfast_filter"},
+    # and the epoch loop (a weight average, a replay buffer, a self-model head, a gradient EMA) is handed to it by a
+    # parameter the transform adds
+    "epoch_function": ALL - {"adamw_optimizer", "widen_layers"},
     "fmnist_cnn": {
         "add_dropout",
         "channels_last",
         "data_parallel",
         "deepen",
         "edge_of_chaos_curriculum",
+        "ema_weights",
         "flip_augmentation",
         "flip_tta",
+        "hard_example_replay",
         "mixed_precision",
+        "self_model_head",
         "shift_augmentation",
     },
     # a user's MLP on features: no conv layers; its width is a knob
@@ -1197,6 +1201,8 @@ GATED = [
     ("list_mlp", ["batchnorm", "add_dropout", "deepen", "widen_layers", "gradient_clipping"]),
     ("airbench_style", ["self_model_head", "deepen", "flip_tta"]),  # the head's extra output: training only
     ("digits", ["edge_of_chaos_curriculum", "self_model_head", "mixed_precision"]),
+    # train_one_epoch(...) called from main()'s epoch loop: each state built beside the loop handed in by a parameter
+    ("epoch_function", ["ema_weights", "grokfast_filter", "hard_example_replay", "self_model_head"]),
 ]
 
 
@@ -1331,12 +1337,7 @@ def test_the_epoch_loop_is_found_around_a_call_of_the_batch_loops_function():
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
-        (
-            "ema_weights",
-            r"the batch loop runs in `train_one_epoch\(\)`, called from the epoch loop: the weight average",
-        ),
-        ("hard_example_replay", "runs in `train_one_epoch\\(\\)`, called from the epoch loop: the replay buffer"),
-        ("self_model_head", "runs in `train_one_epoch\\(\\)`, called from the epoch loop: the self-model head"),
+        ("grokfast_filter", "the model uses BatchNorm"),
         ("cosine_lr_schedule", r"already has a schedule \(OneCycleLR\)"),
         ("one_cycle_schedule", r"already has a schedule \(OneCycleLR\)"),
         ("lr_warmup", r"already has a schedule \(OneCycleLR\)"),
@@ -1346,6 +1347,171 @@ def test_the_epoch_loop_is_found_around_a_call_of_the_batch_loops_function():
 def test_a_called_batch_loop_is_refused_only_for_a_true_reason(name: str, reason: str):
     with pytest.raises(NotApplicable, match=reason):
         apply_transform(name, SOURCES["fmnist_cnn"])
+
+
+# The state four transforms build beside the epoch loop (a weight average, a gradient EMA, a replay buffer, a
+# self-model head) is handed to train_one_epoch(...) by a keyword parameter added last to its signature (None by
+# default) and passed by keyword at the epoch loop's call. They used to refuse this layout ("no parameter is added").
+THREADED = {
+    "ema_weights": "ema",
+    "grokfast_filter": "grokfast_grads",
+    "hard_example_replay": "dream_replay",
+    "self_model_head": "self_model",
+}
+SIGNATURES = {
+    "epoch_function": "def train_one_epoch(model, loader, criterion, optimizer{}):",
+    "fmnist_cnn": "def train_one_epoch(model, loader, criterion, optimizer, scheduler, device, clip=1.0{}):",
+}
+CALLS = {
+    "epoch_function": "train_loss = train_one_epoch(model, train_loader, criterion, optimizer{})",
+    "fmnist_cnn": "train_loss = train_one_epoch(model, train_loader, criterion, optimizer, scheduler, device{})",
+}
+# (fmnist_cnn has BatchNorm: Grokfast is refused there for that)
+THREADED_CASES = [(t, n) for t in SIGNATURES for n in THREADED if (t, n) != ("fmnist_cnn", "grokfast_filter")]
+
+
+@pytest.fixture(scope="module")
+def images28(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits smoke sliver with each 8x8 image zero-padded to 28x28 (the shape fmnist_cnn's model takes)."""
+    splits = prepare(0, 0.2, 0.2)
+    pad = ((0, 0), (0, 0), (10, 10), (10, 10))
+    padded = Splits(
+        train_x=np.pad(splits.train_x, pad),
+        train_y=splits.train_y,
+        selection_x=np.pad(splits.selection_x, pad),
+        selection_y=splits.selection_y,
+        test_x=np.pad(splits.test_x, pad),
+        test_y=splits.test_y,
+        num_classes=splits.num_classes,
+    )
+    return write_smoke_data(padded, tmp_path_factory.mktemp("images28"), "digits")
+
+
+def run_spied(monkeypatch: pytest.MonkeyPatch, folder: Path, data: Path, spy: Callable[[dict], None]) -> None:
+    """Run `folder/train.py`'s main() in this process on `data`, after `spy` has wrapped names in its module scope."""
+    for key, value in {"RALPH_DATA_DIR": str(data), "RALPH_DEVICE": "cpu", "RALPH_SEED": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(folder)
+    monkeypatch.setattr(sys, "argv", ["train.py"])  # fmnist_cnn's argparse: its knobs' defaults
+    scope = runpy.run_path(str(folder / "train.py"), run_name="train")["main"].__globals__
+    spy(scope)
+    scope["main"]()
+
+
+@pytest.mark.parametrize(("trainer", "name"), THREADED_CASES)
+def test_state_built_beside_the_epoch_loop_is_handed_to_the_batch_loops_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: Gate, images28: Path, trainer: str, name: str
+):
+    """Applied, parsed, and run for two epochs on tiny real data: the value built in main() is the one the batch
+    loop uses in every epoch (EMA: the average moved from the initial weights; Grokfast: one gradient EMA dict
+    across the epochs; replay: each later epoch dreams the previous epoch's buffer; self-model: its head trained)."""
+    value = THREADED[name]
+    result = apply_transform(name, SOURCES[trainer])
+    ast.parse(result)
+    lines = lines_of(result)
+    assert SIGNATURES[trainer].format(f", {value}=None") in lines
+    assert CALLS[trainer].format(f", {value}={value}") in lines
+    (tmp_path / "train.py").write_text(rewrite_knobs(result, {"EPOCHS": 2}))
+    seen: dict[str, list] = {"ema": [], "grads": [], "buffered": [], "heads": []}
+
+    def spy(scope: dict) -> None:
+        if name == "ema_weights":
+            init = AveragedModel.__init__
+
+            def spy_init(self, model, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+                init(self, model, *args, **kwargs)
+                seen["ema"].append((self, [p.detach().clone() for p in self.module.parameters()]))
+
+            monkeypatch.setattr(AveragedModel, "__init__", spy_init)
+        elif name == "grokfast_filter":
+            gradfilter = scope["gradfilter_ema"]
+
+            def spy_filter(model, grads):  # noqa: ANN001, ANN202
+                seen["grads"].append(grads)
+                return gradfilter(model, grads)
+
+            scope["gradfilter_ema"] = spy_filter
+        elif name == "hard_example_replay":
+            dream = scope["DreamReplay"].dream
+
+            def spy_dream(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+                seen["buffered"].append(len(self.y))
+                return dream(self, *args, **kwargs)
+
+            monkeypatch.setattr(scope["DreamReplay"], "dream", spy_dream)
+        else:
+            head_init = scope["SelfModel"].__init__
+
+            def spy_head(self, model):  # noqa: ANN001, ANN202
+                head_init(self, model)
+                seen["heads"].append((self, self.head.weight.detach().clone()))
+
+            monkeypatch.setattr(scope["SelfModel"], "__init__", spy_head)
+
+    run_spied(monkeypatch, tmp_path, images28 if trainer == "fmnist_cnn" else gate.smoke_data, spy)
+    assert (tmp_path / "predictions.npz").exists()
+    if name == "ema_weights":
+        ((ema, initial),) = seen["ema"]
+        assert ema.n_averaged.item() > 2  # updated at every step of both epochs
+        assert any(not torch.equal(p, q) for p, q in zip(ema.module.parameters(), initial, strict=True))
+    elif name == "grokfast_filter":
+        first = seen["grads"][0]
+        assert len(seen["grads"]) > 2 and all(g is first for g in seen["grads"])  # main()'s one dict, every epoch
+        assert first and all(isinstance(ema, torch.Tensor) for ema in first.values())  # filled in place
+    elif name == "hard_example_replay":
+        assert len(seen["buffered"]) == 2 and seen["buffered"][0] == 0 and seen["buffered"][1] > 0
+    else:
+        ((head, initial),) = seen["heads"]
+        assert not torch.equal(head.head.weight, initial)
+
+
+TWO_DEEP = (
+    SOURCES["epoch_function"]
+    .replace(
+        "\n\n@torch.no_grad()\ndef evaluate(",
+        "\n\ndef run_epoch(model, loader, criterion, optimizer):\n"
+        "    return train_one_epoch(model, loader, criterion, optimizer)\n\n\n@torch.no_grad()\ndef evaluate(",
+        1,
+    )
+    .replace("train_loss = train_one_epoch(model, train_loader", "train_loss = run_epoch(model, train_loader")
+)
+# a warm-up pass before the epoch loop: a second caller, which would hand the function nothing
+WARM_UP = SOURCES["epoch_function"].replace(
+    "    for epoch in range(EPOCHS):\n",
+    "    train_one_epoch(model, train_loader, criterion, optimizer)\n    for epoch in range(EPOCHS):\n",
+)
+
+
+@pytest.mark.parametrize("name", sorted(THREADED))
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (TWO_DEEP, r"runs in `train_one_epoch\(\)`, which the epoch loop calls through `run_epoch\(\)` \(two calls"),
+        (
+            WARM_UP,
+            r"called from the epoch loop and from `train_one_epoch\(model, train_loader, criterion, optimizer\)`",
+        ),
+    ],
+    ids=["two_deep", "second_caller"],
+)
+def test_state_that_a_parameter_would_not_carry_to_the_batch_loop_is_refused(name: str, source: str, reason: str):
+    assert source != SOURCES["epoch_function"]
+    assert analyse(source).batch_in_call().name.value == "train_one_epoch"
+    with pytest.raises(NotApplicable, match=reason):
+        apply_transform(name, source)
+
+
+def test_a_parameter_is_threaded_keyword_only_after_a_star_and_never_over_a_name_of_the_function():
+    source = SOURCES["epoch_function"].replace(
+        "def train_one_epoch(model, loader, criterion, optimizer):",
+        "def train_one_epoch(model, loader, criterion, optimizer, *, log_every=10):",
+    )
+    assert "def train_one_epoch(model, loader, criterion, optimizer, *, log_every=10, ema=None):" in apply_transform(
+        "ema_weights", source
+    )
+    trainer = analyse(SOURCES["epoch_function"])
+    with pytest.raises(NotApplicable, match=r"`train_one_epoch\(\)` already binds `total`"):
+        Edits(trainer).thread("total", "the weight average", trainer.optimizer_statement())
 
 
 def test_flip_tta_needs_no_epoch_loop():
@@ -1409,12 +1575,12 @@ def test_image_helpers_take_single_channel_images_without_a_channel_axis(size: t
     "flip_averaged: expected images (N, C, H, W), got shape (24, 8, 8)" and the same from shift_images."""
     helpers = _helpers(SHIFT=1, AUGMENT_PROB=1.0, FLIP_PROB=1.0)
     x = torch.arange(24 * size[0] * size[1], dtype=torch.float32).reshape(24, *size) + 1
-    # shifts: the same draws as the image with its channel axis, each a translation by up to one pixel, zero padded
+    # shifts: the same draws as the image with its channel axis, each a translation by up to one pixel, edges repeated
     torch.manual_seed(0)
     shifted = helpers["shift_images"](x)
     torch.manual_seed(0)
     assert shifted.shape == x.shape and torch.equal(shifted, helpers["shift_images"](x.unsqueeze(1)).squeeze(1))
-    padded = torch.nn.functional.pad(x, (1, 1, 1, 1))
+    padded = torch.nn.functional.pad(x.unsqueeze(1), (1, 1, 1, 1), mode="replicate").squeeze(1)
     moves = [padded[:, dy : dy + size[0], dx : dx + size[1]] for dy in range(3) for dx in range(3)]
     assert all(any(torch.equal(shifted[i], move[i]) for move in moves) for i in range(len(x)))
     assert not torch.equal(shifted, x)  # 24 draws of 9 offsets: some move
@@ -1430,6 +1596,18 @@ def test_image_helpers_take_single_channel_images_without_a_channel_axis(size: t
         assert torch.equal(helpers["flip_images"](x.flatten(1)), x.flip(-1).flatten(1))
     with pytest.raises(ValueError, match="expected images"):
         helpers["shift_images"](torch.zeros(2, 1, 1, 8, 8))
+
+
+def test_shifts_of_normalised_images_add_no_pixel_they_never_had():
+    """A user trial's inputs were normalised (background -0.81): zero padding gave each shifted training image a
+    strip of 0.0, mid-grey, that no selection or test image has. The border's own pixels fill it instead."""
+    helpers = _helpers(SHIFT=2, AUGMENT_PROB=1.0, FLIP_PROB=1.0)
+    images = torch.full((64, 1, 8, 8), -0.81)
+    images[:, :, 3:5, 3:5] = 2.0  # a bright blob in the middle
+    torch.manual_seed(0)
+    shifted = helpers["shift_images"](images)
+    assert not torch.equal(shifted, images)
+    assert torch.equal(shifted.unique(), images.unique())  # -0.81 and 2.0: no 0.0
 
 
 def test_image_helpers_take_channels_last_images_as_images():
@@ -1813,7 +1991,7 @@ def test_an_mlp_in_an_nn_module_list_gets_a_batchnorm_after_each_hidden_layer_an
     dropped.eval()
     assert torch.equal(dropped(x), dropped(x))
     deeper, _ = trained(apply_transform("deepen", source))
-    assert kinds(deeper.head) == ["Linear", "ReLU", "Linear"]
+    assert kinds(deeper.head) == ["Linear", "SiLU", "Linear"]  # the network's own activation (it was ReLU)
 
 
 @pytest.mark.parametrize(
@@ -1971,10 +2149,8 @@ def test_a_grad_scaler_step_is_the_training_step_and_every_transform_that_applie
     reasons = applicability(source)
     for name, reason in reasons.items():
         assert reason is None or not re.search(r"steps something else|no nn.Module model|closure", reason), name
-    expected = AMP_FLAT_APPLIES if source is AMP_FLAT else AMP_APPLIES
-    assert expected <= {name for name, reason in reasons.items() if reason is None}, reasons
-    if source is AMP_TRAINER:  # the true reason: what they build beside the epoch loop would not reach the step
-        assert "the batch loop runs in `train_one_epoch()`" in str(reasons["ema_weights"])
+    # (in train_one_epoch(...) too: what the four build beside the epoch loop is handed to it by a parameter)
+    assert AMP_FLAT_APPLIES <= {name for name, reason in reasons.items() if reason is None}, reasons
     for name, reason in reasons.items():
         if reason is None:
             run_main(apply_transform(name, source))
@@ -2054,7 +2230,7 @@ def test_a_model_whose_class_is_imported_is_refused_as_defined_elsewhere():
     imported = re.sub(r"class ResNetSmall.*?\n\n\n", "", AMP_TRAINER, flags=re.S)
     imported = imported.replace("from torch import nn\n", "from torch import nn\n\nfrom models import ResNetSmall\n")
     assert "class ResNetSmall" not in imported
-    reason = "the model `ResNetSmall` is defined in `models` (imported), which the offline agent does not edit"
+    reason = "the model `ResNetSmall` is defined in `models` (imported), not in train.py"
     for name in ("batchnorm", "add_dropout", "deepen", "channels_last"):
         with pytest.raises(NotApplicable, match=re.escape(reason)):
             apply_transform(name, imported)
@@ -2081,3 +2257,58 @@ def test_grokfast_through_a_grad_scaler_keeps_an_overflowing_step_out_of_its_ema
     monkeypatch.setattr(torch.optim.SGD, "step", stepped)
     run_main(filtered)
     assert finite == [True] * 7  # 8 batches, the overflowing one skipped
+
+
+ACCUMULATING = """
+import torch
+from torch import nn
+from sklearn.datasets import load_digits
+
+LR = 0.05  # learning rate
+EPOCHS = 2  # passes
+ACCUM = 2  # micro-batches per step
+
+x = torch.tensor(load_digits().data[:256], dtype=torch.float32) / 16
+y = torch.tensor(load_digits().target[:256])
+model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+opt = torch.optim.SGD(model.parameters(), lr=LR)
+steps = 0
+for epoch in range(EPOCHS):
+    for i in range(0, len(x), 32):
+        loss = nn.functional.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM
+        loss.backward()
+        if (i // 32 + 1) % ACCUM == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+"""
+
+
+def test_grokfast_filters_accumulated_gradients_once_per_step_before_the_clip():
+    """A user trial (gradients accumulated over 2 micro-batches): the filter ran after every backward pass, so the
+    second micro-batch's gradient already held the first's amplified EMA, which the EMA took in again (166x the
+    designed update after 2,000 steps). It runs once per optimizer step now, on the summed gradient, before the clip."""
+    out = apply_transform("grokfast_filter", ACCUMULATING)
+    step_block = out[out.index("if (i // 32 + 1) % ACCUM == 0:") :]
+    assert out.count("= gradfilter_ema(model, grokfast_grads)") == 1
+    assert step_block.index("gradfilter_ema(model") < step_block.index("clip_grad_norm_") < step_block.index("opt.step")
+    # the transformed trainer, run on digits with its filter counted: once per step
+    counted = out.replace("def gradfilter_ema(", "def _gradfilter_ema(").replace(
+        "\nsteps = 0", "\nsteps = 0\ndef gradfilter_ema(m, g):\n    CALLS.append(1)\n    return _gradfilter_ema(m, g)"
+    )
+    ran: dict = {"CALLS": []}
+    exec(compile(counted, "train.py", "exec"), ran)
+    assert len(ran["CALLS"]) == ran["steps"] == 8  # 2 epochs x 8 micro-batches / 2
+
+
+def test_the_self_model_term_of_a_loss_divided_for_accumulation_is_divided_alike():
+    """A user trial: `loss = criterion(out, y) / ACCUM` then `loss = loss + SELF_MODEL_WEIGHT * aux` weighed the
+    auxiliary loss ACCUM times what SELF_MODEL_WEIGHT says."""
+    out = apply_transform("self_model_head", ACCUMULATING)
+    assert "loss = loss + SELF_MODEL_WEIGHT * self_model.aux_loss(y[i : i + 32]) / ACCUM\n" in out
+    ran: dict = {}
+    exec(compile(out, "train.py", "exec"), ran)
+    assert ran["steps"] == 8
+    plain = apply_transform("self_model_head", ACCUMULATING.replace(") / ACCUM\n", ")\n"))
+    assert "SELF_MODEL_WEIGHT * self_model.aux_loss(y[i : i + 32])\n" in plain

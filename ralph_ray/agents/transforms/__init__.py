@@ -18,9 +18,19 @@ from ralph_ray.agents.transforms import (  # noqa: F401 (registers)
     step,
 )
 from ralph_ray.agents.transforms._registry import TRANSFORMS, Transform
-from ralph_ray.agents.transforms._tree import Found, NotApplicable, dry_run
+from ralph_ray.agents.transforms._tree import MODEL_LIBRARIES, Found, NotApplicable, analyse, dry_run, model_module
 
-__all__ = ["TRANSFORMS", "NotApplicable", "Transform", "applicability", "apply_transform", "check_transform"]
+__all__ = [
+    "MODEL_LIBRARIES",
+    "TRANSFORMS",
+    "NotApplicable",
+    "Transform",
+    "analyse",
+    "applicability",
+    "apply_transform",
+    "check_transform",
+    "model_module",
+]
 
 
 def apply_transform(name: str, source: str) -> str:

@@ -51,10 +51,29 @@ def dry_run() -> Iterator[None]:
         _DRY_RUN.reset(token)
 
 
-@functools.lru_cache(maxsize=16)
+# The class that is the model where the source is the module train.py imports it from (`from models import Net`):
+# its layers, and those of the classes it builds, are the model's (see `model_module`). None: the source is train.py.
+_MODEL_CLASS: contextvars.ContextVar[str | None] = contextvars.ContextVar("transforms_model_class", default=None)
+
+
+@contextlib.contextmanager
+def model_module(name: str) -> Iterator[None]:
+    """Within this block transforms edit a module train.py imports its model from, whose class `name` is the model."""
+    token = _MODEL_CLASS.set(name)
+    try:
+        yield
+    finally:
+        _MODEL_CLASS.reset(token)
+
+
 def analyse(source: str) -> Trainer:
     """The analysed trainer for a source, shared by the transforms (they only read it; edits are kept apart)."""
-    return Trainer(source)
+    return _analysed(source, _MODEL_CLASS.get())
+
+
+@functools.lru_cache(maxsize=16)
+def _analysed(source: str, model: str | None) -> Trainer:
+    return Trainer(source, model)
 
 
 OPTIMIZER = re.compile(r"^(torch\.)?optim\.[A-Z]\w*$")
@@ -71,6 +90,8 @@ CONV = re.compile(r"^((torch\.)?nn\.)?Conv2d$")
 LINEAR = re.compile(r"^((torch\.)?nn\.)?Linear$")
 SEQUENTIAL = re.compile(r"^((torch\.)?nn\.)?Sequential$")
 MODULE_LIST = re.compile(r"^((torch\.)?nn\.)?ModuleList$")
+# Libraries a model's class may come from (`torchvision.models.resnet18`): their code is not the trainer's to edit
+MODEL_LIBRARIES = ("torch", "torchvision", "timm")
 # Methods that return the module they are called on, moved or cast (`Net(...).to(device)`)
 MOVES = frozenset({"to", "cuda", "float", "double", "half", "bfloat16", "train"})
 # Mixed precision's loss scaler, however imported (`torch.amp.GradScaler`, `torch.cuda.amp.GradScaler`, `GradScaler`)
@@ -226,12 +247,13 @@ class Stepped:
 class Trainer:
     """A trainer's source and the idioms found in it (each lookup raises NotApplicable when absent)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, model: str | None = None) -> None:
         try:
             self.module = cst.parse_module(source)
         except cst.ParserSyntaxError as error:
             raise NotApplicable(f"the trainer does not parse: {error.message}") from error
         self.source = source
+        self.model_class = model  # the model's class where the source is the module it is imported from
         self.parents: dict[int, cst.CSTNode] = {}
         self.nodes: list[cst.CSTNode] = []  # in source order (pre-order)
         self.spans: dict[int, tuple[int, int]] = {}  # node -> [first, last) positions of its subtree in `nodes`
@@ -921,7 +943,7 @@ class Trainer:
         for call in self.calls():
             name = call_name(call) or ""
             kind = "conv" if CONV.match(name) else "linear" if LINEAR.match(name) else None
-            if kind is None or self._in_helper(call):
+            if kind is None or self._in_helper(call) or not self.in_model(call):
                 continue
             parent = self.parent(self.parent(call) or call)  # call -> Arg/Element -> container
             sequential = parent if isinstance(parent, cst.Call) and SEQUENTIAL.match(call_name(parent) or "") else None
@@ -972,9 +994,28 @@ class Trainer:
             self.imported_model() or "no nn.Conv2d / nn.Linear layers (a functional model of plain tensors?)"
         )
 
-    def imported_model(self) -> str | None:
-        """Why the model's layers are not in the source where its class is imported (`from models import Net`),
-        else None."""
+    def in_model(self, node: cst.CSTNode) -> bool:
+        """Whether a node lies in the model: anywhere in train.py; in a module the model is imported from, in its
+        class or a class or function of the module that the class uses (a ResNet's block)."""
+        if self.model_class is None:
+            return True
+        if not hasattr(self, "_model_spans"):
+            tops = {n.name.value: n for n in self.module.body if isinstance(n, (cst.ClassDef, cst.FunctionDef))}
+            if not isinstance(tops.get(self.model_class), cst.ClassDef):
+                raise NotApplicable(f"it defines no class `{self.model_class}`")
+            used, queue = {self.model_class}, [tops[self.model_class]]
+            while queue:
+                for name in {n.value for n in self.within(queue.pop()) if isinstance(n, cst.Name)} - used:
+                    if name in tops:
+                        used.add(name)
+                        queue.append(tops[name])
+            self._model_spans = [self.spans[id(tops[name])] for name in used]
+        return any(first <= self.order(node) < last for first, last in self._model_spans)
+
+    def model_import(self) -> tuple[str, str] | None:
+        """Where the model's class comes from when train.py imports it: (module, the class's name there), `("models",
+        "ResNetSmall")` for `from models import ResNetSmall as Net`; None where train.py defines it, or it is not
+        found."""
         try:
             value = assign_value(self.model_built())
         except NotApplicable:
@@ -984,25 +1025,37 @@ class Trainer:
         name = call_name(value) if isinstance(value, cst.Call) else None
         if name is None or any(isinstance(n, cst.ClassDef) and n.name.value == name for n in self.module.body):
             return None
+        head, _, rest = name.partition(".")
         for node in self.nodes:
             if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-                bound = {(a.asname.name if a.asname else a.name).value for a in node.names}  # type: ignore[union-attr]
                 source = "." * len(node.relative) + (dotted(node.module) or "") if node.module or node.relative else ""
-                if name.split(".")[0] in bound:
-                    break
+                for alias in node.names:
+                    if (dotted(alias.asname.name) if alias.asname else dotted(alias.name)) == head:
+                        # `from pkg import models` then `models.Net(...)`: the module is pkg.models
+                        imported = dotted(alias.name) or head
+                        if not rest:
+                            return source, imported
+                        module, _, cls = f"{imported}.{rest}".rpartition(".")
+                        return f"{source.rstrip('.')}.{module}" if source.strip(".") else f"{source}{module}", cls
             elif isinstance(node, cst.Import):
-                modules = [dotted(a.asname.name if a.asname else a.name) or "" for a in node.names]
-                source = next((mod for mod in modules if name.startswith(f"{mod}.")), "")
-                if source:
-                    break
-        else:
+                for alias in node.names:
+                    module = dotted(alias.name) or ""
+                    bound = dotted(alias.asname.name) if alias.asname else module
+                    if bound and name.startswith(f"{bound}."):
+                        return module, name.removeprefix(f"{bound}.")
+        return None
+
+    def imported_model(self) -> str | None:
+        """Why the model's layers are not in the source where its class is imported (`from models import Net`),
+        else None."""
+        found = self.model_import()
+        if found is None or found[0].split(".")[0] == "torch":  # (`nn.Sequential(*layers)`: its layers are here)
             return None
-        if source.split(".")[0] in ("torch", "torchvision", "timm"):
-            return None
-        return (
-            f"the model `{name.rsplit('.', 1)[-1]}` is defined in `{source}` (imported), which the offline agent "
-            "does not edit: it edits train.py only"
-        )
+        source, name = found
+        if source.split(".")[0] in MODEL_LIBRARIES:
+            return f"the model `{name}` comes from `{source}` (a library), whose layers the offline agent does not edit"
+        # (the catalog's layer interventions edit the class where `source` is a module of the variant's folder)
+        return f"the model `{name}` is defined in `{source}` (imported), not in train.py"
 
     def _listed(self) -> dict[int, Listed | str]:
         """Layers added to a list that `nn.Sequential(*list)` unpacks, by id of their call: `layers = []` (or a
@@ -1253,17 +1306,6 @@ def called_only_without_grad(trainer: Trainer) -> set[str]:
     return {name for name, ok in guarded.items() if ok}
 
 
-def batch_loop_reaches(trainer: Trainer, what: str) -> None:
-    """NotApplicable where the batch loop runs in a function the epoch loop calls (`train_one_epoch(...)`): `what`,
-    built beside the epoch loop, would not reach it (transforms add no parameter to the user's function)."""
-    function = trainer.batch_in_call()
-    if function is not None:
-        raise NotApplicable(
-            f"the batch loop runs in `{function.name.value}()`, called from the epoch loop: {what} built beside the "
-            "epoch loop would not reach it (no parameter is added to that function)"
-        )
-
-
 def refuse_closure_step(trainer: Trainer, why: str) -> None:
     """NotApplicable where the training step passes a closure (`opt.step(closure)`, as LBFGS needs): the closure
     computes the loss and gradients inside the step, re-evaluating them as the optimizer asks, so what a transform
@@ -1506,6 +1548,46 @@ class Edits:
         body = cst.parse_module(text.strip() + "\n").body
         self.helpers.extend([body[0].with_changes(leading_lines=[cst.EmptyLine()] * 2), *body[1:]])
 
+    def thread(self, name: str, what: str, bound: cst.CSTNode) -> None:
+        """Hand `name` (`what`, which the transform binds at `bound`, beside the epoch loop) to the function the epoch
+        loop calls to run the batch loop (`train_one_epoch(...)`): a parameter `name=None` last in its signature,
+        passed by keyword at the epoch loop's call. Nothing where the loops are nested. NotApplicable where the epoch
+        loop calls it through another function (two calls deep), it already binds `name`, the trainer calls it
+        elsewhere too (the lines added to its batch loop would find None there), or `bound` is in another function
+        than the call."""
+        trainer = self.trainer
+        function = trainer.batch_in_call()
+        if function is None:
+            return
+        called, site = function.name.value, trainer.batch_site()
+        calls = [c for c in trainer.calls() if isinstance(c.func, cst.Name) and c.func.value == called]
+        at_site = [c for c in calls if trainer.inside(c, site)]
+        if not at_site:
+            through = next(
+                (n for c in trainer.calls(within=site) if trainer.defined(n := call_name(c) or "", top_level=True)),
+                "another function",
+            )
+            raise NotApplicable(
+                f"the batch loop runs in `{called}()`, which the epoch loop calls through `{through}()` (two calls "
+                f"deep): {what} built beside the epoch loop would have to pass through both (a parameter is added "
+                "only to the function the epoch loop calls itself)"
+            )
+        head = f"the batch loop runs in `{called}()`, called from the epoch loop"
+        if trainer._binds(function, name):
+            raise NotApplicable(f"{head}: `{called}()` already binds `{name}`, the parameter that would hand it {what}")
+        others = [c for c in calls if not trainer.inside(c, site)]
+        if others:
+            raise NotApplicable(
+                f"{head} and from `{code(trainer.statement_of(others[0])).strip()}` too: {what}, handed to it by a "
+                "new parameter, would be None there, where the lines added to its batch loop need it"
+            )
+        scope = enclosing_function(trainer, bound)
+        if scope is not None and any(enclosing_function(trainer, c) is not scope for c in at_site):
+            raise NotApplicable(f"{head}: {what} would be built in `{scope.name.value}()`, apart from that call")
+        self.sub(function.params, lambda params: _with_parameter(cst.ensure_type(params, cst.Parameters), name))
+        for call in at_site:
+            self.sub(call, lambda edited: with_kwarg(cst.ensure_type(edited, cst.Call), name, name))
+
     def _place_helpers(self) -> None:
         """Helpers go before the first top-level statement that holds the training or any edit: in a flat script an
         edit can run at module level before the epoch loop (SelfModel(net) after the optimizer: a NameError when
@@ -1536,13 +1618,14 @@ class Edits:
         # placing the helpers and finding the knob block can refuse: a dry run does both before it answers Found,
         # so check() fails exactly where apply() does (only the rendering is skipped)
         self._place_helpers()
-        if self.new_knobs and not any(_is_knob(s) for s in self.trainer.module.body):
+        module_file = self.trainer.model_class is not None  # a models.py gets a block after its imports
+        if self.new_knobs and not module_file and not any(_is_knob(s) for s in self.trainer.module.body):
             raise NotApplicable("the trainer has no knob block (UPPER_CASE constants) to add a knob to")
         if _DRY_RUN.get():
             raise Found
         module = self.trainer.module.visit(_Apply(self))
         if self.new_knobs:
-            module = _add_knobs(module, self.new_knobs)
+            module = _add_knobs(module, self.new_knobs, module_file)
         result = module.code
         if self.set_knobs:
             from ralph_ray.knobs import rewrite_knobs
@@ -1559,6 +1642,16 @@ class Edits:
 
 def _stmts(lines: tuple[str | cst.BaseStatement, ...]) -> list[cst.BaseStatement]:
     return [statement(line) if isinstance(line, str) else line for line in lines]
+
+
+def _with_parameter(params: cst.Parameters, name: str) -> cst.Parameters:
+    """A signature with `name=None` added last: a default, so that other callers keep working; keyword-only after
+    `*args` or `*` (before them, a caller's extra positional arguments would fill it)."""
+    equal = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+    new = cst.Param(cst.Name(name), default=cst.Name("None"), equal=equal)
+    if isinstance(params.star_arg, (cst.Param, cst.ParamStar)):
+        return params.with_changes(kwonly_params=[*params.kwonly_params, new])
+    return params.with_changes(params=[*params.params, new])
 
 
 class _Apply(cst.CSTTransformer):
@@ -1592,10 +1685,16 @@ def _is_knob(stmt: cst.CSTNode) -> bool:
     return len(tree.body) == 1 and is_knob(tree.body[0])
 
 
-def _add_knobs(module: cst.Module, knobs: list[tuple[str, Any, str]]) -> cst.Module:
-    """Insert knob lines after the last knob of the first run of knobs (a blank line or code ends the run)."""
+def _add_knobs(module: cst.Module, knobs: list[tuple[str, Any, str]], module_file: bool = False) -> cst.Module:
+    """Insert knob lines after the last knob of the first run of knobs (a blank line or code ends the run); in a
+    module without knobs that train.py imports its model from (`module_file`), as a block after its imports."""
     body = list(module.body)
     first = next((i for i, s in enumerate(body) if _is_knob(s)), None)
+    lines = [statement(f"{name} = {value!r}  # {comment}") for name, value, comment in knobs]
+    if first is None and module_file:
+        at = next((i for i, s in enumerate(body) if not _is_import(s)), len(body))
+        lines[0] = lines[0].with_changes(leading_lines=[cst.EmptyLine()])
+        return module.with_changes(body=[*body[:at], *lines, *body[at:]])
     if first is None:
         raise NotApplicable("the trainer has no knob block (UPPER_CASE constants) to add a knob to")
     end = first
@@ -1604,8 +1703,18 @@ def _add_knobs(module: cst.Module, knobs: list[tuple[str, Any, str]]) -> cst.Mod
         if not _is_knob(body[i]) or blank:
             break
         end = i
-    lines = [statement(f"{name} = {value!r}  # {comment}") for name, value, comment in knobs]
     return module.with_changes(body=[*body[: end + 1], *lines, *body[end + 1 :]])
+
+
+def _is_import(stmt: cst.CSTNode) -> bool:
+    """A line of imports (or the module's docstring, which comes before them)."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return False
+    return all(
+        isinstance(s, (cst.Import, cst.ImportFrom))
+        or (isinstance(s, cst.Expr) and isinstance(s.value, (cst.SimpleString, cst.ConcatenatedString)))
+        for s in stmt.body
+    )
 
 
 # -----------------------------------------------------------------------------

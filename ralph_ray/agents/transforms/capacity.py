@@ -65,7 +65,12 @@ def widen_layers(source: str) -> str:
     sized = [
         c
         for c in trainer.calls()
-        if CONV.match(call_name(c) or "") or LINEAR.match(call_name(c) or "") or re.match(NORM_CALL, call_name(c) or "")
+        if (
+            CONV.match(call_name(c) or "")
+            or LINEAR.match(call_name(c) or "")
+            or re.match(NORM_CALL, call_name(c) or "")
+        )
+        and trainer.in_model(c)  # (in a models.py, the model's classes only)
     ]
     edits, previous, changed, looped = Edits(trainer), None, 0, None
     for call in sized:

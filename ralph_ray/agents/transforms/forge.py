@@ -17,7 +17,6 @@ from ralph_ray.agents.transforms._tree import (
     Trainer,
     analyse,
     assign_value,
-    batch_loop_reaches,
     call_name,
     code,
     expression,
@@ -36,12 +35,16 @@ CLIP_GRAD = re.compile(r"^(\w+\.)*clip_grad_(norm|value)_$")
 
 GROKFAST_HELPER = '''
 def gradfilter_ema(model: torch.nn.Module, grads: dict | None) -> dict:
-    """Grokfast-EMA (Lee et al. 2024): add GROKFAST_LAMB x (an EMA of the gradients) to them; returns the EMA."""
-    params = {n: p for n, p in model.named_parameters() if p.grad is not None}
-    if grads is None:
-        grads = {n: p.grad.detach().clone() for n, p in params.items()}
-    for n, p in params.items():
-        grads[n] = grads[n] * GROKFAST_ALPHA + p.grad.detach() * (1 - GROKFAST_ALPHA)
+    """Grokfast-EMA (Lee et al. 2024): add GROKFAST_LAMB x (an EMA of the gradients) to them; returns the EMA, `grads`
+    itself updated in place (a dict built beside the epoch loop and handed to each epoch's call stays the one EMA)."""
+    grads = {} if grads is None else grads
+    for n, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        if n not in grads:  # the first step: the EMA starts at the gradient
+            grads[n] = p.grad.detach().clone()
+        else:
+            grads[n] = grads[n] * GROKFAST_ALPHA + p.grad.detach() * (1 - GROKFAST_ALPHA)
         p.grad.add_(grads[n], alpha=GROKFAST_LAMB)
     return grads
 '''
@@ -149,10 +152,10 @@ def grokfast_filter(source: str) -> str:
     if trainer.has(r"BatchNorm"):
         # measured on digits: with BatchNorm the amplified slow gradient destabilised training (0.96-0.97 vs 0.99)
         raise NotApplicable("the model uses BatchNorm, with which Grokfast destabilised training on digits")
-    batch_loop_reaches(trainer, "the running EMA of the gradients")
+    edits, grads = Edits(trainer), free_name(trainer, "grokfast_grads")
+    edits.thread(grads, "the running EMA of the gradients", trainer.epoch_loop())
     refuse_closure_step(trainer, "the gradients to filter are computed inside the closure, after any line before it")
-    model, edits = trainer.model_name(), Edits(trainer)
-    grads = free_name(trainer, "grokfast_grads")
+    model = trainer.model_name()
     # Through a GradScaler (`scaler.step(opt)`) the filter reads the true gradients: after the trainer's own
     # `scaler.unscale_(opt)`, or one added after the backward pass. A step whose gradients overflowed is skipped by
     # the scaler; its inf/NaN is kept out of the EMA, where it would stay for every later step.
@@ -166,8 +169,22 @@ def grokfast_filter(source: str) -> str:
     edits.knob("GROKFAST_ALPHA", 0.98, "Grokfast EMA decay of the slow gradient")
     edits.knob("GROKFAST_LAMB", 2.0, "Grokfast amplification of the slow gradient")
     edits.helper(GROKFAST_HELPER)
-    edits.insert_before(trainer.epoch_loop(), f"{grads} = None  # Grokfast: the running EMA of the gradients")
-    edits.insert_after(own or trainer.backward_statement(), *([unscale] if unscale else []), *lines)
+    edits.insert_before(trainer.epoch_loop(), f"{grads} = {{}}  # Grokfast: the running EMA of the gradients")
+    step, backward = trainer.step_statement(), trainer.backward_statement()
+    if trainer.parent(step) is trainer.parent(backward) or own is not None:
+        edits.insert_after(own or backward, *([unscale] if unscale else []), *lines)
+        return edits.apply()
+    # The step runs under a condition the backward pass does not (gradients accumulated over micro-batches): filtered
+    # after every backward, the second micro-batch's gradient already held the first's amplified EMA, which the EMA
+    # then took in again (x1.02 per micro-batch, 166x the designed update after 2,000 steps; user trial). So once per
+    # step, before the step's own clip, on the summed gradient.
+    block = [line for line in trainer.statements(trainer.parent(step)) if trainer.parent(line) is trainer.parent(step)]
+    clips = [
+        line
+        for line in block[: block.index(step)]
+        if any(CLIP_GRAD.match(call_name(c) or "") for c in trainer.calls(within=line))
+    ]
+    edits.insert_before(clips[0] if clips else step, *([unscale] if unscale else []), *lines)
     return edits.apply()
 
 
@@ -216,14 +233,13 @@ def hard_example_replay(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"DreamReplay"):
         raise NotApplicable("the trainer already replays hard examples")
-    batch_loop_reaches(trainer, "the replay buffer")
+    edits, replay = Edits(trainer), free_name(trainer, "dream_replay")
+    edits.thread(replay, "the replay buffer", trainer.epoch_loop())
     refuse_closure_step(trainer, "a replay step is a plain `step()`, which this optimizer cannot take")
     # both as the epoch loop's function names them (`opt` of `opt, sched = model.configure_optimizers()` in fit())
     model, optimizer = trainer.model_name(), trainer.stepped_name()
     loss_args = positional(trainer.loss_call())
     targets = code(loss_args[1].value)
-    edits = Edits(trainer)
-    replay = free_name(trainer, "dream_replay")
     # The step's own batch and logits, named where the step computes them (`model((dream_inputs := shift(x)))`,
     # `(dream_logits := model(...))`) unless they have a name: observing them costs no second forward pass (it used
     # to: about a third more compute per step), and the examples kept are the ones ranked (a random augmentation
@@ -356,7 +372,8 @@ def self_model_head(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"SelfModel"):
         raise NotApplicable("the trainer already has a self-model head")
-    batch_loop_reaches(trainer, "the self-model head")
+    edits, head = Edits(trainer), free_name(trainer, "self_model")
+    edits.thread(head, "the self-model head", trainer.optimizer_statement())
     refuse_lbfgs(trainer, "it takes one parameter group, and the head's parameters would be a second")
     classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
     if not classifier_layers:
@@ -365,8 +382,6 @@ def self_model_head(source: str) -> str:
     refuse_built_apart(trainer, "the self-model head would be built in the method, apart from the training step")
     targets = code(positional(trainer.loss_call())[1].value)
     loss_line = trainer.statement_of(trainer.loss_call())
-    edits = Edits(trainer)
-    head = free_name(trainer, "self_model")
     edits.knob("SELF_MODEL_WEIGHT", 0.1, "weight of the self-model's loss-prediction loss")
     edits.helper(SELF_MODEL_HELPER)
     edits.insert_after(
@@ -374,5 +389,13 @@ def self_model_head(source: str) -> str:
         f"{head} = SelfModel({model})",
         f'{optimizer}.add_param_group({{"params": {head}.head.parameters()}})',
     )
-    edits.insert_after(loss_line, f"{loss} = {loss} + SELF_MODEL_WEIGHT * {head}.aux_loss({targets})")
+    # A loss divided for accumulation (`criterion(out, y) / ACCUM`) gets its auxiliary term divided alike: added whole,
+    # it weighed ACCUM times SELF_MODEL_WEIGHT (user trial)
+    value = assign_value(loss_line)
+    divided = (
+        f" / {code(value.right)}"
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)
+        else ""
+    )
+    edits.insert_after(loss_line, f"{loss} = {loss} + SELF_MODEL_WEIGHT * {head}.aux_loss({targets}){divided}")
     return edits.apply()

@@ -11,7 +11,6 @@ from ralph_ray.agents.transforms._tree import (
     NotApplicable,
     analyse,
     assign_target,
-    batch_loop_reaches,
     expression,
     free_name,
     refuse_built_apart,
@@ -52,19 +51,19 @@ def ema_weights(source: str) -> str:
     trainer = analyse(source)
     if trainer.has(r"AveragedModel|\bema\b"):
         raise NotApplicable("the trainer already averages its weights")
-    batch_loop_reaches(trainer, "the weight average (updated every step)")
+    edits, ema = Edits(trainer), free_name(trainer, "ema")
+    edits.thread(ema, "the weight average (updated every step)", trainer.optimizer_statement())
     # every evaluation and prediction, closures included, and the best state early stopping keeps: all move to the
     # average, or the transform refuses (half of them on the raw model was a silently wrong trainer)
     uses = model_uses(trainer)
     refuse_built_apart(trainer, "the weight average would be built in the method, apart from the training step")
-    model, edits = uses.model, Edits(trainer)
+    model = uses.model
     if not uses.evaluated():
         raise NotApplicable(
             f"no evaluation of `{model}` found (evaluate({model}, ...), {model}(x) under torch.no_grad(), or a "
             f"function under @torch.no_grad(), calling .eval() or only called under torch.no_grad() that runs the "
             f"model it is given)"
         )
-    ema = free_name(trainer, "ema")
     for call in uses.forwards:
         edits.sub(call.func, cst.Name(ema))
     for arg in uses.handed:
