@@ -15,12 +15,12 @@ import figures
 import kbdata
 import streamlit as st
 
-from ralph_ray import sql
+from ralph_ray import liveness, sql
 
 REFRESH_S = 3  # while a campaign runs, each page redraws itself this often
-# A campaign that says "running" but has written nothing for this long (at least; a trial may run up to its
-# timeout before its row lands) is shown as stopped unexpectedly: its driver was killed or its machine lost.
-STALE_S = float(os.environ.get("RALPH_APP_STALE_S", "300"))
+# A campaign that says "running" but has written nothing for RALPH_APP_STALE_S (300 s; longer where a trial may run
+# longer before its row lands) is shown as stopped unexpectedly: ralph_ray.liveness, the rule `ralph-ray status`
+# applies too.
 # What only some pages import, on their first use (the Knobs page's importance evaluators, the intervals' t
 # distribution): loaded once per server in the background after the first page has rendered, so a page visited
 # later does not pay for it on its first visit (bench/app_render.py).
@@ -53,20 +53,12 @@ class Campaign:
     @property
     def stale(self) -> bool:
         """Says running, but silent past `stale_after_s`: its driver is gone (killed, machine lost)."""
-        return self.live and self.quiet_s is not None and self.quiet_s > self.stale_after_s
+        return liveness.is_stale(self.status, self.quiet_s, self.config)
 
     @property
     def stale_after_s(self) -> float:
-        """How long a running campaign may be silent: STALE_S, or longer where one trial may take longer."""
-        trial, guards = self.config.get("trial") or {}, self.config.get("safeguards") or {}
-        longest = max(
-            float(guards.get("trial_timeout_s") or 0),
-            float(trial.get("budget_s") or 0) + float(trial.get("grace_s") or 0),
-            # the final training of the pick (safeguards.final_share) writes only when it ends
-            float(guards.get("final_share") or 0) * float(guards.get("campaign_time_s") or 0)
-            + float(trial.get("grace_s") or 0),
-        )
-        return max(STALE_S, longest + 60.0)
+        """How long a running campaign may be silent (liveness.stale_after_s)."""
+        return liveness.stale_after_s(self.config)
 
     @property
     def running(self) -> bool:
@@ -232,11 +224,11 @@ def banner(run: Campaign) -> None:
     """One line on the campaign's state; a crashed, interrupted or silent campaign says how to resume."""
     where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
     if run.stale:
+        resume = liveness.resume_command(run.run_id, f"paths.kb={run.kb_root}")
         st.error(
             f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but it has "
             f"written nothing for {run.quiet_s:,.0f} s (more than {run.stale_after_s:,.0f} s), so its driver was "
-            f"killed or its machine lost. Continue it with "
-            f"`python -m ralph_ray resume={run.run_id} paths.kb={run.kb_root}`.",
+            f"killed or its machine lost. Continue it with `{resume}`.",
             icon=":material/heart_broken:",
         )
     elif run.status == "crashed":

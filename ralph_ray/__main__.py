@@ -38,7 +38,7 @@ Runs a campaign. Without arguments: the embedded digits experiment (offline, CPU
 Config groups live in conf/ (experiment, task, data, search, scheduler, safeguards, target, population,
 agent, resources, paths, cluster, trial, sandbox, tracking).
 Exit codes: 0 target met or clean stop, 2 invalid config/data or a safeguard, 3 plateau, 4 unrecoverable error
-(no trial completed included), 130 interrupted (Ctrl-C; resume=RUN_ID goes on).
+(no trial completed included), 130 interrupted (Ctrl-C; resume=RUN_ID goes on), 143 the same by SIGTERM.
 """
 
 
@@ -99,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     from ralph_ray.raycluster import ClusterError, ensure_ray
     from ralph_ray.rundir import CampaignError
     from ralph_ray.sandbox import SandboxError, check
+    from ralph_ray.sigterm import arrived, install, restore
     from ralph_ray.tasks.base import DataError
 
+    before = install()  # SIGTERM (timeout, systemd, docker stop, Kubernetes) ends the campaign as Ctrl-C does
     try:
         check(cfg.sandbox.policy())  # before Ray starts: no sandbox, no campaign (unless sandbox=none)
         if cfg.cluster.mode is ClusterMode.address:
@@ -112,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.safeguard_or_config
     except KeyboardInterrupt as interrupt:
         run_id = getattr(interrupt, "run_id", None)  # campaign.Interrupted: the run is recorded as interrupted
+        terminated = arrived(interrupt)
+        if terminated:
+            err.print("[yellow]SIGTERM: stopping as a Ctrl-C does[/]")
         if run_id is None:
             err.print("[yellow]interrupted before a run was recorded[/]")
         elif getattr(interrupt, "finished", False):
@@ -126,11 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"knowledge base; continue with `python -m ralph_ray resume={run_id}`[/]",
                 highlight=False,
             )
-        return ExitCode.interrupted
+        return ExitCode.terminated if terminated else ExitCode.interrupted
     except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
         err.print("[red]unrecoverable error:[/]")
         traceback.print_exc()
         return ExitCode.error
+    finally:
+        restore(before)
 
 
 def resume_has_budget(cfg: Config, argv: list[str], err: Console) -> bool:

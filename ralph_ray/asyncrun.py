@@ -542,9 +542,7 @@ class AsyncCampaign(Campaign):
         return limit is not None and self._elapsed() >= limit
 
     def _save_state(self) -> None:
-        now = time.monotonic()
-        self.state.elapsed_s += now - self.mark
-        self.mark = now
+        self.charge_time()
         self.state.save(self.run_dir)
         with self.kb_lock:
             self.kb.put("runs", [records.run_status(self.run_row, RunStatus.running, self.state)], self.run_id)

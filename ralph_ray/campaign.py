@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 from rich.console import Console
 
-from ralph_ray import environment, finaltrain, history, records, timeline, tracking, warmcheck
+from ralph_ray import environment, finaltrain, history, records, sigterm, timeline, tracking, warmcheck
 from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import Config, PopulationMode, budget_unread, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
@@ -31,18 +31,21 @@ from ralph_ray.tasks import prepare_splits, read_images, reads
 from ralph_ray.tasks.base import describe, unusual_direction
 
 INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
+TERMINATED = "SIGTERM"  # ... of one SIGTERM ended (sigterm.Terminated, handled as Ctrl-C)
 # The start of Optuna's warning about a categorical choice that is not a scalar (driver_setup says why it is silenced).
 OPTUNA_SCALAR_CHOICES = "Choices for a categorical distribution should be a tuple of None, bool, int, float and str"
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT) ended the campaign of `run_id`, recorded as interrupted; `resume=run_id` continues it. With
-    `finished`, the run had already ended (recorded finished) and Ctrl-C cut only its report, timeline or tracking."""
+    """Ctrl-C (SIGINT) or SIGTERM ended the campaign of `run_id`, recorded as interrupted; `resume=run_id` continues
+    it; `code` is the exit code (130, or 143 for SIGTERM). With `finished`, the run had already ended (recorded
+    finished) and the signal cut only its report, timeline or tracking."""
 
-    def __init__(self, run_id: str, finished: bool = False) -> None:
+    def __init__(self, run_id: str, finished: bool = False, code: ExitCode = ExitCode.interrupted) -> None:
         super().__init__(run_id)
         self.run_id = run_id
         self.finished = finished
+        self.code = code
 
 
 def run(cfg: Config, console: Console | None = None) -> Outcome:
@@ -76,18 +79,25 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     base = records.run_row(cfg, run_id, run_dir, history.started_at(kb.reader(), run_id) if resuming else None)
     base["environment"] = environment.record(run_dir)  # also <run_dir>/env.json; a resume records where it resumed
     kb.put("runs", [records.run_status(base, RunStatus.running, state)], run_id)
+    loop: Campaign | None = None
     try:
         loop = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base)
         outcome = loop.loop()
         finaltrain.run(loop, outcome)  # safeguards.final_share: the pick trains once more for the time kept for it
-    except KeyboardInterrupt:
-        # Ctrl-C: recorded as interrupted, with no decision (nothing decided the campaign is over); the trials it cut
-        # short run again on resume, as after a kill.
-        state.status, state.stop_reason, state.exit_code = RunStatus.interrupted, INTERRUPTED, int(ExitCode.interrupted)
+    except KeyboardInterrupt as signalled:
+        # Ctrl-C or SIGTERM: recorded as interrupted, with no decision (nothing decided the campaign is over); the
+        # trials it cut short run again on resume, as after a kill. The time up to the signal counts (the loop adds
+        # it only when a phase or generation ends: a resume's campaign_time_s would overshoot by the rest).
+        code, reason = _signal_code(signalled)
+        if loop is not None:
+            loop.charge_time()
+        state.status, state.stop_reason, state.exit_code = RunStatus.interrupted, reason, int(code)
         state.save(run_dir)
-        kb.put("runs", [records.run_status(base, RunStatus.interrupted, state, INTERRUPTED)], run_id)
-        raise Interrupted(run_id) from None
+        kb.put("runs", [records.run_status(base, RunStatus.interrupted, state, reason)], run_id)
+        raise Interrupted(run_id, code=code) from None
     except BaseException as err:
+        if loop is not None:
+            loop.charge_time()
         state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
         state.save(run_dir)
         kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
@@ -99,10 +109,17 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
         console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
         tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as signalled:
         # The run is over and recorded; what Ctrl-C cut can be written again (compaction is atomic, `report` rewrites).
-        raise Interrupted(run_id, finished=True) from None
+        raise Interrupted(run_id, finished=True, code=_signal_code(signalled)[0]) from None
     return outcome
+
+
+def _signal_code(signalled: KeyboardInterrupt) -> tuple[ExitCode, str]:
+    """The exit code and stop reason of a KeyboardInterrupt: Ctrl-C's, or SIGTERM's (sigterm.Terminated)."""
+    if sigterm.arrived(signalled):
+        return ExitCode.terminated, TERMINATED
+    return ExitCode.interrupted, INTERRUPTED
 
 
 def hide_what_prepare_read(cfg: Config, opened: set[str], say: Callable[[str], None]) -> None:

@@ -239,22 +239,25 @@ def grow(
 def judge(
     children: list[Child],
     scores: dict[str, tuple[float, float | None]],
-    trials: dict[str, tuple[int, int]],
+    trials: dict[str, tuple[int, int, int]],
     min_delta: float,
     comparisons: dict[str, Comparison] | None = None,
 ) -> None:
-    """Give each candidate its verdict (decision.child_verdict) from its best score and its (run, failed) trials;
-    where `comparisons` has one (replicates on), from its replicates against its parent's."""
+    """Give each candidate its verdict (decision.child_verdict) from its best score and its (run, failed, cut by the
+    campaign's stop) trials; where `comparisons` has one (replicates on), from its replicates against its parent's."""
     for child in children:
         if child.status is VariantStatus.candidate:
             score = scores.get(child.variant_id, (None, None))[0]
+            ran, failed, cut = trials.get(child.variant_id, (0, 0, 0))
             child.status, child.reason = child_verdict(
-                *trials.get(child.variant_id, (0, 0)),
+                ran,
+                failed,
                 score,
                 child.parent_score,
                 min_delta,
                 child.reason,
                 (comparisons or {}).get(child.variant_id),
+                cut,
             )
 
 

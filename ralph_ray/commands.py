@@ -8,19 +8,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ralph_ray import sql
+from ralph_ray import liveness, sql
 from ralph_ray.control import request_stop
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.kb import open_reader
-from ralph_ray.state import CampaignState
+from ralph_ray.state import CampaignState, RunStatus
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
        ralph-ray export RUN_ID [VARIANT] [--search] [--out DIR] [--to hf REPO_ID]
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
        ralph-ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR] | kb sql "QUERY" [--csv] [--kb DIR]
-  status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard
-  stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP)
+  status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard; one recorded as running whose
+           run dir has not changed for RALPH_APP_STALE_S (300 s, or a trial's timeout) is stopped unexpectedly
+  stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP); a run that is
+           not running exits 2 and writes nothing
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
   export   the campaign's result (or a named variant) as a self-contained bundle (default
            <runs>/<run_id>/export/<variant>): the final training's winner as it trained, where one ran; else, or with
@@ -60,12 +62,7 @@ def main(argv: list[str], console: Console) -> int:
         )
         return ExitCode.safeguard_or_config
     if command == "stop":
-        path = request_stop(run_dir, "ralph-ray stop")
-        console.print(
-            f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `python -m ralph_ray "
-            f"resume={run_id}`)"
-        )
-        return ExitCode.ok
+        return _stop(console, run_dir, runs, kb)
     if command == "report":
         from ralph_ray.report import write_report
 
@@ -74,13 +71,60 @@ def main(argv: list[str], console: Console) -> int:
     return _status(console, run_dir, kb)
 
 
-def _status(console: Console, run_dir: Path, kb: Path) -> int:
+def _stop(console: Console, run_dir: Path, runs: Path, kb: Path) -> int:
+    """Ask a running campaign to stop; a run that is not running (finished, crashed, interrupted) is told, and no
+    STOP file is left behind (a later resume would clear it without a word)."""
     state = CampaignState.load(run_dir)
-    console.print(
-        f"[bold]run {state.run_id}[/]: {state.status.value}, cycle {state.cycle}, phase {state.phase.value}, "
-        f"elapsed {state.elapsed_s:.0f}s"
+    resume = liveness.resume_command(state.run_id, *_locating(runs, kb))
+    if state.status is not RunStatus.running:
+        console.print(
+            f"[red]error:[/] run {state.run_id} is not running: {_status_line(state)}; nothing to stop"
+            + ("" if state.status is RunStatus.finished else f" (continue it with `{resume}`)"),
+            highlight=False,
+        )
+        return ExitCode.safeguard_or_config
+    path = request_stop(run_dir, "ralph-ray stop")
+    console.print(f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `{resume}`)")
+    quiet, config = liveness.quiet_s(run_dir), _stored_config(run_dir)
+    if liveness.is_stale(state.status.value, quiet, config):
+        console.print(f"[yellow]  but it looks stopped unexpectedly: {_stale_why(quiet, config)}[/]", highlight=False)
+    return ExitCode.ok
+
+
+def _status_line(state: CampaignState, stale: bool = False) -> str:
+    """The run's status, cycle, phase and elapsed time, and its stop reason where it stopped."""
+    return (
+        f"{'stopped unexpectedly' if stale else state.status.value}, cycle {state.cycle}, "
+        f"phase {state.phase.value}, elapsed {state.elapsed_s:.0f}s"
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
+
+
+def _stale_why(quiet: float | None, config: dict) -> str:
+    """Why a run recorded as running reads as stopped unexpectedly (liveness.is_stale)."""
+    return (
+        f"its record says running, but its run dir (state.json, events.jsonl) has not changed for {quiet or 0:,.0f}s "
+        f"(more than {liveness.stale_after_s(config):,.0f}s, env {liveness.STALE_ENV}), so its driver was killed or "
+        "its machine lost"
+    )
+
+
+def _locating(runs: Path, kb: Path) -> list[str]:
+    """The overrides a resume needs to find this run and its KB where they are not the defaults."""
+    return [f"paths.{name}={path}" for name, path in (("runs", runs), ("kb", kb)) if path != Path(name)]
+
+
+def _status(console: Console, run_dir: Path, kb: Path) -> int:
+    state = CampaignState.load(run_dir)
+    config = _stored_config(run_dir)
+    quiet = liveness.quiet_s(run_dir)
+    # A driver killed with SIGKILL (or a lost machine) leaves state.json at `running` for good (user trial): the
+    # staleness rule of the app says it stopped unexpectedly.
+    stale = liveness.is_stale(state.status.value, quiet, config)
+    console.print(f"[bold]run {state.run_id}[/]: {_status_line(state, stale)}")
+    if stale:
+        resume = liveness.resume_command(state.run_id, *_locating(run_dir.parent, kb))
+        console.print(f"[red]  {_stale_why(quiet, config)}; continue it with `{resume}`[/]", highlight=False)
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
     from ralph_ray.finals import final_winner
     from ralph_ray.report import fetch_rows, metric_values, replicate_spread
@@ -153,11 +197,16 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
 
 def _stored_task(run_dir: Path) -> dict:
     """The task section of the run's config.yaml (its metric and direction), or {} where the file is gone."""
+    return dict(_stored_config(run_dir).get("task") or {})
+
+
+def _stored_config(run_dir: Path) -> dict:
+    """The run's config.yaml as a dict, or {} where the file is gone."""
     from omegaconf import OmegaConf
 
     stored = run_dir / "config.yaml"
     raw = OmegaConf.to_container(OmegaConf.load(stored)) if stored.exists() else {}
-    return dict(raw.get("task") or {}) if isinstance(raw, dict) else {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _publish(argv: list[str], console: Console) -> int:

@@ -633,6 +633,7 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
         )
     raw = OmegaConf.load(stored)
     raw = OmegaConf.create(_migrate_final_additions(OmegaConf.to_container(raw)))  # type: ignore[arg-type]
+    stored_raw = raw.copy()
     plain = [o.lstrip("+") for o in overrides or [] if not o.startswith(("resume=", "+experiment", "experiment="))]
     # A config group's choice (sandbox=none, agent=none) replaces that section with the group's file, as on a first
     # run; from_dotlist would set the section to the string ("str is not a subclass of SandboxConfig").
@@ -648,9 +649,40 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(
             "override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)"
         ) from None
+    _refuse_frozen_changes(stored_raw, raw)
     cfg = to_config(raw)
     cfg.resume = run_dir.name
     return cfg
+
+
+# What a resume may not change: the task (its data, splits and trainer) and what its trials are ranked by. A run's
+# trials must all be scored on the same frozen splits; `task.split_seed=1` on a resume rewrote data/*.npy and scored
+# the later cycles on another split than the first. The search space's bounds stay open to a resume (README).
+FROZEN_ON_RESUME = ("task", "search.metric", "search.mode")
+
+
+def _refuse_frozen_changes(stored: Any, asked: Any) -> None:
+    """Exit 2 (ConfigError) naming each frozen key (FROZEN_ON_RESUME) whose value a resume's overrides change."""
+    changed = []
+    for key in FROZEN_ON_RESUME:
+        before, after = _leaves(OmegaConf.select(stored, key), key), _leaves(OmegaConf.select(asked, key), key)
+        for leaf in sorted(before.keys() | after.keys()):
+            if before.get(leaf) != after.get(leaf):
+                changed.append(f"{leaf} (stored {before.get(leaf)!r}, asked {after.get(leaf)!r})")
+    if changed:
+        raise ConfigError(
+            "resume",
+            f"a resumed run keeps its task and metric, and this resume changes {'; '.join(changed)}",
+            "start a new campaign with the new value (no resume=), or resume without it",
+        )
+
+
+def _leaves(node: Any, prefix: str) -> dict[str, Any]:
+    """A config section's values by dotted key (a plain value: itself under `prefix`)."""
+    value = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    if not isinstance(value, dict):
+        return {prefix: value}
+    return {k: v for name, inner in value.items() for k, v in _leaves(inner, f"{prefix}.{name}").items()}
 
 
 def _group_choice(choice: str) -> Any:
@@ -748,7 +780,14 @@ def validate(cfg: Config) -> None:
     if cfg.search.mode not in ("max", "min"):
         raise ConfigError("search.mode", f"must be max or min, got {cfg.search.mode!r}", "set search.mode=max")
     for name, space in cfg.search.space.items():
-        _check_space(name, space)
+        try:
+            _check_space(name, space)
+        except ConfigError:
+            if is_knob_name(
+                name
+            ):  # a knob the trainer lacks is the likelier mistake: `LRR.low=...` for LR (user trial)
+                _check_space_in_trainer(cfg)
+            raise
     _check_space_in_trainer(cfg)
     _check_metric_in_trainer(cfg)
     if not cfg.search.space and cfg.agent.backend is AgentBackend.none:
@@ -1327,6 +1366,9 @@ def _override_error(err: Exception) -> ConfigError:
         "add new keys with +key=value only where the schema has them"
     )
     fix = _did_you_mean(key.lstrip("+~")) + fix
+    group = re.search(r"Could not override '([\w-]+)'\. No match in the defaults list", text)
+    if group and (CONF_DIR / group.group(1)).is_dir():  # `experiment=fashion`: an optional group takes a `+`
+        key, fix = group.group(1), f"write +{group.group(1)}=... (a `+` adds a group the defaults list leaves out)"
     if key in LEGACY_FINAL_KEYS:
         fix = _legacy_fix(key)
     if "Could not find" in text or "not found in" in text.lower():
@@ -1335,7 +1377,10 @@ def _override_error(err: Exception) -> ConfigError:
         if missing:  # an unknown option of a group (agent=gpt): name the group and its options
             key = missing.group(1)
             options = sorted(p.stem for p in (PROJECT_ROOT / "conf" / key).glob("*.yaml"))
-            fix = f"choose one of {key}={', '.join(options)} (files in conf/{key}/)"
+            near = difflib.get_close_matches(missing.group(2), options, n=1, cutoff=0.6)
+            plus = "+" if key == "experiment" else ""  # the one group the defaults list leaves out
+            fix = f"did you mean {plus}{key}={near[0]}? " if near else ""
+            fix += f"choose one of {key}={', '.join(options)} (files in conf/{key}/)"
             plugins = [name for name in task_names() if name not in options] if key == "task" else []
             if plugins:
                 fix += f", or an installed plug-in: {', '.join(plugins)}"

@@ -95,6 +95,11 @@ def improved(new: float | None, old: float | None, min_delta: float, *, beyond: 
 
 
 NO_SCORE_REASON = "no trial completed: the scheduler stopped every trial before its last epoch"
+# No trial completed, and none was stopped by the scheduler: the campaign's own stop (a stop request, its time budget)
+# cut them. Nothing was judged, so intervention_effects leaves the child out of its tries (sql.py).
+CUT_BY_STOP_REASON = (
+    "not judged: the campaign's own stop (stop request or time budget) cut every trial before its last epoch"
+)
 
 
 def child_verdict(
@@ -105,16 +110,20 @@ def child_verdict(
     min_delta: float,
     reason: str | None,
     comparison: Comparison | None = None,
+    cut: int = 0,
 ) -> tuple[VariantStatus, str | None]:
     """A trained child's status and reason: crashed if every trial failed, kept if it beat its parent, else discarded.
 
-    `trials` and `failed` count the child's trials this cycle; `reason` is the one it carries so far. With a
+    `trials`, `failed` and `cut` count the child's trials this cycle (`cut`: those the campaign's own stop ended,
+    ledger.STOPPED_WITH_CYCLE); `reason` is the one it carries so far. With a
     `comparison` (replicates on) the child is kept only if its replicates beat its parent's at the stated
     confidence, and its reason is that evidence; without one, its best trial must beat the parent's by min_delta.
     """
     if trials and failed == trials:
         return VariantStatus.crashed, "every trial failed"
     if score is None and trials:
+        if cut and failed + cut == trials:  # the scheduler stopped none: the campaign's stop left nothing to judge
+            return VariantStatus.discarded, CUT_BY_STOP_REASON
         return VariantStatus.discarded, NO_SCORE_REASON  # nothing to judge: its trials were stopped before the end
     if comparison is not None:
         status = VariantStatus.kept if comparison.better else VariantStatus.discarded

@@ -125,10 +125,14 @@ class Campaign:
         """This cycle's folder and the files its phases leave there."""
         return CycleFiles(self.run_dir, self.state.cycle)
 
-    def _advance(self, phase: Phase) -> None:
+    def charge_time(self) -> None:
+        """Add the campaign time since the last charge to state.elapsed_s (each state save; an interrupt's too)."""
         now = time.monotonic()
         self.state.elapsed_s += now - self.mark
         self.mark = now
+
+    def _advance(self, phase: Phase) -> None:
+        self.charge_time()
         self.state.phase = phase
         self.state.save(self.run_dir)
         # The runs row carries the live cycle and phase (the app's status page reads it); one part per run, replaced.
@@ -339,7 +343,7 @@ class Campaign:
                 records.cycle_row(
                     self.run_id,
                     cycle,
-                    sum(n for n, _ in counts.values()),
+                    sum(n for n, *_ in counts.values()),
                     state.best_selection_score,
                     asked,
                     files.path,

@@ -20,6 +20,7 @@ from ralph_ray.children import bake
 from ralph_ray.decision import CycleFacts
 from ralph_ray.population import Candidate, branch_of
 from ralph_ray.state import CampaignState
+from ralph_ray.statuses import STOPPED_WITH_CYCLE
 from ralph_ray.variants import files_dir
 
 
@@ -120,10 +121,10 @@ def trials_done(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int, rerun_r
     return [row[0] for row in con.execute(sql.CYCLE_TRIALS_DONE, [run_id, cycle, rerun_reason]).fetchall()]
 
 
-def trial_counts(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> dict[str, tuple[int, int]]:
-    """Per variant of a cycle: (trials recorded, trials failed)."""
-    rows = con.execute(sql.CYCLE_TRIAL_COUNTS, [run_id, cycle]).fetchall()
-    return {v: (int(n), int(failed)) for v, n, failed in rows}
+def trial_counts(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> dict[str, tuple[int, int, int]]:
+    """Per variant of a cycle: (trials recorded, trials failed, trials the campaign's stop cut short)."""
+    rows = con.execute(sql.CYCLE_TRIAL_COUNTS, [STOPPED_WITH_CYCLE, run_id, cycle]).fetchall()
+    return {v: (int(n), int(failed), int(cut)) for v, n, failed, cut in rows}
 
 
 def spend(con: duckdb.DuckDBPyConnection, run_id: str, cycle: int) -> Spend:

@@ -21,6 +21,7 @@ from ralph_ray.knobs import Bounds, resolve_knobs
 from ralph_ray.pbt import SegmentLog
 from ralph_ray.peakmemory import GPU_KEY, RSS_KEY
 from ralph_ray.scoring import PREDICTIONS_KEY, ScoringError, score_encoded
+from ralph_ray.statuses import STOPPED_WITH_CYCLE as STOPPED_WITH_CYCLE  # Ray-free home; imported from here too
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.base import Labels
 from ralph_ray.trials import (
@@ -37,8 +38,6 @@ from ralph_ray.trials import (
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
 _SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, STOPPED_KEY, "variant", RSS_KEY, GPU_KEY}
-# The reason of trials cut short by a stop of the whole cycle: a resumed cycle runs them again.
-STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"
 
 
 @dataclass

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ralph_ray import localray
+from ralph_ray import localray, sigterm
 from ralph_ray.config import ClusterConfig, ClusterMode, Config
 
 # Usage stats would try the network. The old console reporter honours `verbose=0`; the new one prints its own
@@ -69,6 +69,12 @@ def set_ray_env(auth_mode: str | None = None) -> None:
 
 def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None) -> None:
     """Start a local Ray, or join the configured cluster, unless this process is already connected (tests share one)."""
+    with sigterm.kept():  # ray.init's own SIGTERM handler would end the driver as crashed (sys.exit(1))
+        _start_ray(num_cpus, cluster)
+
+
+def _start_ray(num_cpus: int | None, cluster: ClusterConfig | None) -> None:
+    """ensure_ray's work: a local Ray (a kept one reused, or a fresh one), or the configured cluster joined."""
     cluster = cluster or ClusterConfig()
     import ray
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
+from ralph_ray.statuses import STOPPED_WITH_CYCLE
+
 # Base tables: one Parquet folder each, append-only. Tables listed in LATEST keep the newest row per key
 # (a run or a variant is re-written as its status changes).
 TABLES = ("runs", "cycles", "variants", "trials", "epochs", "interventions", "decisions", "agent_usage")
@@ -289,12 +291,31 @@ def _intervention_effects(p: str) -> str:
     # *and* its metric as the run declared it (runs.config): a delta is a difference of oriented scores, so a run
     # that minimised R^2 by mistake measured every effect with the opposite sign, and a task folder whose METRIC
     # changed (mse to r2) measured another quantity; averaged together they cancelled (user trial).
+    # A child no trial of which completed, none stopped by the scheduler and at least one cut by the campaign's own
+    # stop (a stop request, the time budget: STOPPED_WITH_CYCLE) was never judged: it is no try of its interventions.
+    # Read from its trials, so a KB written before decision.CUT_BY_STOP_REASON existed is read the same (user trial:
+    # two trials cut at epoch 0 by a 180 s budget counted as an unscored try of one_cycle_schedule in later campaigns).
     t = f"case when count(delta) > 31 then 1.96 else list_extract({T975}, (count(delta) - 1)::integer) end"
+    cut = "'" + STOPPED_WITH_CYCLE.replace("'", "''") + "'"
     return f"""
 with declared as (
     select run_id, any_value(json_extract_string(config, '$.task.metric')) as metric,
            any_value(json_extract_string(config, '$.task.direction')) as direction
     from {p}runs group by run_id
+),
+cut as (
+    select run_id, cycle, variant_id from {p}trials
+    where not coalesce(replicate, false) and not coalesce(final, false)
+    group by run_id, cycle, variant_id
+    having count(*) filter (where reason = {cut}) > 0
+       and count(*) filter (where status <> 'failed' and reason is distinct from {cut}) = 0
+),
+judged as (
+    select i.* from {p}interventions i
+    where i.delta is not null or i.outcome <> 'discarded'
+       or not exists (
+           select 1 from cut c where c.run_id = i.run_id and c.cycle = i.cycle and c.variant_id = i.variant_id
+       )
 )
 select task, metric, direction, intervention, diagnosis, count(delta) as n, count(*) as tried,
        avg(delta) as mean_delta, stddev_samp(delta) as sd_delta,
@@ -305,7 +326,7 @@ select task, metric, direction, intervention, diagnosis, count(delta) as n, coun
        count(*) filter (where outcome = 'rejected') as rejected,
        -- trained but never scored: every trial stopped at an ASHA rung or crashed (the analyst's "no gain" tries)
        count(*) filter (where delta is null and outcome in ('discarded', 'crashed')) as unscored
-from {p}interventions left join declared using (run_id)
+from judged left join declared using (run_id)
 group by task, metric, direction, intervention, diagnosis
 order by mean_delta desc nulls last
 """
@@ -458,7 +479,7 @@ where run_id = ? and cycle = ? and reason is distinct from ? and not coalesce(re
 """
 # Per variant of a cycle: search trials run, and how many failed (a child whose every trial failed crashed).
 CYCLE_TRIAL_COUNTS = """
-select variant_id, count(*), count(*) filter (where status = 'failed') from trials
+select variant_id, count(*), count(*) filter (where status = 'failed'), count(*) filter (where reason = ?) from trials
 where run_id = ? and cycle = ? and not coalesce(replicate, false) and not coalesce(final, false)
 group by variant_id
 """

@@ -14,3 +14,8 @@ class TrialStatus(str, enum.Enum):
     completed = "completed"
     stopped_early = "stopped_early"
     failed = "failed"
+
+
+# The reason of trials cut short by a stop of the whole cycle (a stop request, the campaign's time budget): a resumed
+# cycle runs them again, and the intervention_effects view leaves out a child no trial of which got further (sql.py).
+STOPPED_WITH_CYCLE = "stopped with the cycle (manual stop or time budget)"

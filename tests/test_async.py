@@ -415,7 +415,9 @@ def _campaign_until_training(tmp: Path, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("mode", "target"), [("async", "process"), ("generations", "group")])
+@pytest.mark.parametrize(
+    ("mode", "target", "sent"), [("async", "process", signal.SIGTERM), ("generations", "group", signal.SIGINT)]
+)
 def test_ctrl_c_records_the_run_interrupted_and_resume_goes_on(
     ray_session,
     tmp_path: Path,
@@ -423,27 +425,38 @@ def test_ctrl_c_records_the_run_interrupted_and_resume_goes_on(
     monkeypatch: pytest.MonkeyPatch,
     mode: str,
     target: str,
+    sent: signal.Signals,
 ):
-    """SIGINT to the driver (kill -INT) or to its process group (a terminal's Ctrl-C) while trials train: exit 130
-    with the resume hint, the run recorded `interrupted` (not running, no decision), and resume=ID goes on. Tune's
-    own SIGINT handler used to end the run as if it were over: exit 0 with the run left `running`, or exit 4 as a
-    finished run whose trials (killed by the signal) never completed."""
+    """SIGINT to its process group (a terminal's Ctrl-C), or SIGTERM to the driver (`timeout`, `kill`, docker,
+    Kubernetes) while trials train: exit 130 (143 for SIGTERM) with the resume hint, the run recorded `interrupted`
+    (not running, no decision) with the time up to the signal, and resume=ID goes on. Tune's own SIGINT handler used
+    to end the run as if it were over: exit 0 with the run left `running`, or exit 4 as a finished run whose trials
+    (killed by the signal) never completed. SIGTERM ended in Ray's handler (sys.exit(1), then an abort): exit 134,
+    the run recorded `crashed`, no resume hint. The time since the last phase or generation went unrecorded."""
     from ralph_ray.__main__ import main
 
     paths = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
     long = ["safeguards.max_cycles=2", "scheduler.max_t=30", "search.space.EPOCHS.values=[30]"]
     args = ["run_id=sig", *paths, *TINY, *long, f"population.mode={mode}"]
     proc = _campaign_until_training(tmp_path, *args)
-    if target == "group":
-        os.killpg(proc.pid, signal.SIGINT)
-    else:
-        os.kill(proc.pid, signal.SIGINT)
-    said = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, said[-3000:]
-    assert "python -m ralph_ray resume=sig" in said
     run_dir = tmp_path / "runs" / "sig"
-    state = json.loads((run_dir / "state.json").read_text())
-    assert state["status"] == "interrupted" and state["exit_code"] == 130 and state["phase"] != "done"
+    saved = run_dir / "state.json"
+    while time.time() - saved.stat().st_mtime < 3:  # a few seconds since the state last counted the time
+        time.sleep(0.2)
+    counted, counted_at = json.loads(saved.read_text())["elapsed_s"], saved.stat().st_mtime
+    signalled_at = time.time()
+    if target == "group":
+        os.killpg(proc.pid, sent)
+    else:
+        os.kill(proc.pid, sent)
+    said = proc.communicate(timeout=120)[0]
+    code = 128 + sent
+    assert proc.returncode == code, said[-3000:]
+    assert "python -m ralph_ray resume=sig" in said
+    state = json.loads(saved.read_text())
+    assert state["status"] == "interrupted" and state["exit_code"] == code and state["phase"] != "done"
+    assert state["stop_reason"] == ("SIGTERM" if sent == signal.SIGTERM else "SIGINT (Ctrl-C)")
+    assert state["elapsed_s"] >= counted + (signalled_at - counted_at) - 0.5  # the time up to the signal counts
     con = open_reader(tmp_path / "kb")
     assert rows(con, "select status from runs where run_id = 'sig'", []) == [{"status": "interrupted"}]
     assert rows(con, "select reason from decisions where run_id = 'sig'", []) == []  # nothing decided it was over

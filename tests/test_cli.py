@@ -1,9 +1,12 @@
-"""The command line: a missing dataset exits 2 with the fix and records nothing; `prepare` writes public data."""
+"""The command line: a missing dataset exits 2 with the fix and records nothing; `prepare` writes public data;
+`status` tells a run whose driver is gone; `stop` refuses a run that is not running."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ralph_ray.harness import PUBLIC_FILES
@@ -67,3 +70,71 @@ def test_config_dir_adds_the_users_own_experiments(tmp_path: Path, capsys):
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config([]))))
     resume = [f"paths.runs={tmp_path / 'runs'}", "resume=r", "-cd", conf, "+experiment=mine", "--cfg"]
     assert main(resume) == 0, capsys.readouterr().err
+
+
+def _recorded_run(runs: Path, status: str, quiet_s: float, **state: object) -> Path:
+    """A run dir as a campaign leaves it: state.json and events.jsonl, last changed `quiet_s` seconds ago."""
+    from ralph_ray.state import CampaignState, Phase, RunStatus
+
+    run_dir = runs / "r1"
+    run_dir.mkdir(parents=True)
+    CampaignState("r1", phase=Phase.train, status=RunStatus(status), cycle=3, **state).save(run_dir)  # type: ignore[arg-type]
+    (run_dir / "events.jsonl").write_text('{"event": "trial_start"}\n')
+    then = time.time() - quiet_s
+    for name in ("state.json", "events.jsonl"):
+        os.utime(run_dir / name, (then, then))
+    return run_dir
+
+
+def test_status_of_a_run_whose_driver_was_killed_says_it_stopped_unexpectedly(tmp_path: Path, capsys):
+    """User trial: after `kill -9` of the driver, `status` said `running, cycle 3, phase train` for ever; the app
+    already showed such a run as stopped unexpectedly. Both now apply one rule (ralph_ray.liveness)."""
+    from ralph_ray.__main__ import main
+
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    run_dir = _recorded_run(runs, "running", quiet_s=3600)
+    assert main(["status", "r1", "--runs", str(runs), "--kb", str(kb)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "r1: stopped unexpectedly, cycle 3, phase train" in shown
+    assert f"python -m ralph_ray resume=r1 paths.runs={runs} paths.kb={kb}" in shown
+
+    now = time.time()
+    os.utime(run_dir / "events.jsonl", (now, now))  # a trial just started: it runs
+    assert main(["status", "r1", "--runs", str(runs), "--kb", str(kb)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "r1: running, cycle 3, phase train" in shown and "resume=" not in shown
+
+
+def test_staleness_waits_for_as_long_as_one_trial_may_take(tmp_path: Path, capsys, monkeypatch):
+    from ralph_ray import liveness
+    from ralph_ray.__main__ import main
+
+    config = {"safeguards": {"trial_timeout_s": 3600}}
+    assert liveness.stale_after_s(config) == 3660 and not liveness.is_stale("running", 3000, config)
+    assert liveness.is_stale("running", 301, {}) and not liveness.is_stale("finished", 10**6, {})
+    monkeypatch.setenv(liveness.STALE_ENV, "120")
+    assert liveness.is_stale("running", 121, {}) and not liveness.is_stale("running", 119, {})
+    runs = tmp_path / "runs"
+    _recorded_run(runs, "running", quiet_s=60)
+    (runs / "r1" / "config.yaml").write_text("safeguards:\n  trial_timeout_s: 600\n")
+    assert main(["status", "--runs", str(runs), "--kb", str(tmp_path / "kb")]) == 0
+    assert "r1: running" in capsys.readouterr().out  # quiet for 60 s of a trial that may take 600
+
+
+def test_stop_of_a_run_that_is_not_running_exits_2_and_leaves_no_stop_file(tmp_path: Path, capsys):
+    """User trial: `stop` of a finished run said "the campaign ends its cycle cleanly", exited 0 and left a STOP file
+    that a later resume cleared without a word."""
+    from ralph_ray.__main__ import main
+
+    runs = tmp_path / "runs"
+    run_dir = _recorded_run(runs, "finished", quiet_s=10, stop_reason="plateau", exit_code=3)
+    assert main(["stop", "r1", "--runs", str(runs)]) == 2
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "run r1 is not running: finished, cycle 3" in shown and "stopped: plateau" in shown
+    assert "ends its cycle cleanly" not in shown
+    assert not (run_dir / "STOP").exists()
+
+    state = run_dir / "state.json"
+    state.write_text(state.read_text().replace('"finished"', '"running"'))
+    assert main(["stop", "r1", "--runs", str(runs)]) == 0
+    assert "stop requested" in capsys.readouterr().out and (run_dir / "STOP").exists()

@@ -179,6 +179,9 @@ def test_a_run_saved_before_final_additions_resumes_with_its_three_settings_as_t
         (["search.sampler=grid"], "search.sampler", "schema"),
         (["+experiment=cifar10"], "data.root", "data.root=/path/to/cifar"),
         (["+experiment=nope"], "experiment", "conf/"),
+        (["+experiment=fashon"], "experiment", "did you mean +experiment=fashion?"),  # user trial: no nearest named
+        (["experiment=fashion"], "experiment", "write +experiment=..."),  # user trial: "did you mean `run_id`?"
+        (["+search.space.LRR.low=0.001"], "search.space", "did you mean LR for LRR?"),  # not "needs low and high"
         (["task.name=mnist"], "task.name", "digits"),
         (["+search.space.lr={type: uniform, low: 0, high: 1}"], "search.space.lr", "UPPER_CASE"),
         (["search.space.LR.low=1", "search.space.LR.high=0.1"], "search.space.LR.low", "range"),
@@ -341,6 +344,32 @@ def test_a_resume_takes_a_config_groups_choice_as_a_first_run_does(tmp_path: Pat
     assert "bwrap, none" in str(info.value)
     with pytest.raises(ConfigError, match="keeps its task"):
         resume_config(run_dir, ["task=diabetes"])
+
+
+def test_a_resume_refuses_to_change_the_task_or_the_metric(tmp_path: Path):
+    """User trial: `resume=R2 task.split_seed=1` started without a word, rewrote the run's frozen splits and scored
+    its later cycles on another split than the first; task.subsample, search.metric and task.trainer went through too.
+    """
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    stored = load_config(["safeguards.max_cycles=3"])
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(stored)))
+    asked = ["task.split_seed=1", "task.subsample=500", "search.metric=val_loss", "task.trainer=trainers/fashion"]
+    with pytest.raises(ConfigError, match="keeps its task and metric") as info:
+        resume_config(run_dir, ["resume=r", "safeguards.max_cycles=5", *asked])
+    said = str(info.value)
+    assert "task.split_seed (stored 0, asked 1)" in said and "task.subsample (stored 0, asked 500)" in said
+    assert "search.metric (stored 'val_acc', asked 'val_loss')" in said
+    assert "task.trainer (stored 'trainers/digits', asked 'trainers/fashion')" in said
+    assert "start a new campaign" in said and "resume without it" in said
+    for one in ("search.mode=min", "task.selection_fraction=0.3"):
+        with pytest.raises(ConfigError, match=one.split("=")[0].replace(".", r"\.")):
+            resume_config(run_dir, [one])
+    # the stored values again, budgets, the population's shape, an agent and a knob's bounds: all still go on
+    same = ["task.split_seed=0", "search.metric=val_acc", "task.selection_fraction=0.2", "population.parents=1"]
+    resumed = resume_config(run_dir, [*same, "safeguards.max_cycles=6", "agent=none", "search.space.LR.high=0.5"])
+    assert (resumed.safeguards.max_cycles, resumed.population.parents, resumed.task.split_seed) == (6, 1, 0)
+    assert resumed.search.space["LR"].high == 0.5
 
 
 def test_knob_search_without_a_knob_to_search_is_refused():

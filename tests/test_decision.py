@@ -8,6 +8,7 @@ import pytest
 
 from ralph_ray.config import SafeguardsConfig, load_config
 from ralph_ray.decision import (
+    CUT_BY_STOP_REASON,
     NO_SCORE_REASON,
     CycleFacts,
     StopReason,
@@ -64,6 +65,17 @@ def test_improved_by_min_delta_rises_by_at_least_it_and_beyond_by_more():
 )
 def test_child_verdict(trials, failed, score, parent, reason, expected):
     assert child_verdict(trials, failed, score, parent, 0.01, reason) == expected
+
+
+def test_a_child_the_campaigns_stop_cut_is_not_judged_and_the_scheduler_is_not_blamed():
+    """User trial: a 180 s budget cut both trials of a child at epoch 0; its verdict blamed the scheduler."""
+    discarded = VariantStatus.discarded
+    assert child_verdict(2, 0, None, 0.9, 0.01, None, cut=2) == (discarded, CUT_BY_STOP_REASON)
+    assert child_verdict(2, 1, None, 0.9, 0.01, None, cut=1) == (discarded, CUT_BY_STOP_REASON)  # one crashed
+    assert child_verdict(2, 0, None, 0.9, 0.01, None, cut=1) == (discarded, NO_SCORE_REASON)  # ASHA stopped one
+    assert child_verdict(2, 0, 0.95, 0.9, 0.01, None, cut=1) == (VariantStatus.kept, None)  # one completed: judged
+    assert child_verdict(2, 2, None, 0.9, 0.01, None, cut=0)[0] is VariantStatus.crashed
+    assert "scheduler" not in CUT_BY_STOP_REASON
 
 
 def test_gate_fail_streak_grows_only_when_a_coder_got_every_child_rejected():

@@ -11,6 +11,7 @@ from ralph_ray import history
 from ralph_ray.kb import KnowledgeBase
 from ralph_ray.population import Candidate
 from ralph_ray.state import CampaignState
+from ralph_ray.statuses import STOPPED_WITH_CYCLE
 
 RUN = "r1"
 
@@ -140,7 +141,7 @@ def test_parent_view_bakes_the_best_knobs_and_reads_trials_curves_lineage(kb: Kn
 
 def test_cycle_facts_count_trials_spend_and_the_state(kb: KnowledgeBase):
     con = kb.reader()
-    assert history.trial_counts(con, RUN, 2) == {"a": (3, 0), "c": (1, 1)}
+    assert history.trial_counts(con, RUN, 2) == {"a": (3, 0, 0), "c": (1, 1, 0)}  # t6's reason is not the ledger's
     assert sorted(history.trials_done(con, RUN, 2, "stopped with the cycle")) == ["a", "a", "c"]
     assert history.spend(con, RUN, 2) == history.Spend(120, 130, 0.75)
     state = CampaignState(RUN, cycle=2, best_by_cycle=[0.92, 0.95], gate_fail_streak=1)
@@ -205,6 +206,56 @@ def test_children_that_trained_but_got_no_score_are_counted_apart_from_gate_reje
         .fetchone()
     )
     assert (tried, rejected, unscored) == (4, 1, 2)
+
+
+def test_a_child_the_campaigns_own_stop_cut_is_no_try_of_its_intervention(kb: KnowledgeBase):
+    """User trial: cycle 3 of a 180 s campaign started with 17 s left; both trials of a one_cycle_schedule child were
+    cut at epoch 0 by the time budget. The child was recorded as the scheduler's doing and intervention_effects
+    counted it as an unscored try (tried 5, unscored 1), lowering the intervention for every later campaign. Its
+    trials say what happened, so a KB written before the fix is read the same."""
+
+    def row(variant: str) -> dict:
+        return {
+            "run_id": RUN,
+            "task": "digits",
+            "cycle": 3,
+            "variant_id": variant,
+            "intervention": "one_cycle",
+            "diagnosis": "plateau",
+            "delta": None,
+            "outcome": "discarded",
+        }
+
+    def t(trial_id: str, variant: str, status: str, reason: str | None) -> dict:
+        return trial(trial_id, variant, status, None, 3, reason)
+
+    kb.append(
+        "trials",
+        [
+            t("u1", "cut", "stopped_early", STOPPED_WITH_CYCLE),  # both cut at epoch 0 by the time budget
+            t("u2", "cut", "stopped_early", STOPPED_WITH_CYCLE),
+            t("u3", "cut_and_failed", "failed", "boom"),
+            t("u4", "cut_and_failed", "stopped_early", STOPPED_WITH_CYCLE),
+            t("u5", "rung", "stopped_early", None),  # ASHA stopped it at a rung: a judged try without a score
+            t("u6", "rung_then_cut", "stopped_early", None),
+            t("u7", "rung_then_cut", "stopped_early", STOPPED_WITH_CYCLE),
+        ],
+        "c3",
+    )
+    kb.append("interventions", [row(v) for v in ("cut", "cut_and_failed", "rung", "rung_then_cut")], "i3")
+    con = kb.reader()
+    assert history.trial_counts(con, RUN, 3) == {
+        "cut": (2, 0, 2),
+        "cut_and_failed": (2, 1, 1),
+        "rung": (1, 0, 0),
+        "rung_then_cut": (2, 0, 1),
+    }
+    tried, unscored = con.execute(
+        "select tried, unscored from intervention_effects where intervention = 'one_cycle'"
+    ).fetchone()
+    assert (tried, unscored) == (2, 2)  # the scheduler stopped a trial of `rung` and of `rung_then_cut` only
+    [effect] = history.effects(con, "digits", None, None)
+    assert (effect.count, effect.unscored) == (0, 2)
 
 
 def test_effects_are_measured_per_metric_as_each_run_declared_it(kb: KnowledgeBase):

@@ -276,8 +276,8 @@ def test_a_running_campaign_shows_new_trials_on_the_next_refresh(tmp_path: Path)
 
 
 def test_the_app_reaches_the_engine_only_through_the_kb_reader_and_control(tiny: Tiny):
-    # Every page, in a fresh interpreter: no Ray, and of the engine only the KB reader, its SQL, the cost front's
-    # and the final winner's pure rules and the stop control.
+    # Every page, in a fresh interpreter: no Ray, and of the engine only the KB reader, its SQL and the statuses it
+    # names, the cost front's, the final winner's and the staleness rule's pure rules, and the stop control.
     script = textwrap.dedent(f"""
         import sys
         from streamlit.testing.v1 import AppTest
@@ -292,6 +292,7 @@ def test_the_app_reaches_the_engine_only_through_the_kb_reader_and_control(tiny:
     assert out.returncode == 0, out.stderr[-2000:]
     loaded = json.loads(out.stdout.strip().splitlines()[-1].replace("'", '"'))
     allowed = {"ralph_ray", "ralph_ray.kb", "ralph_ray.sql", "ralph_ray.front", "ralph_ray.finals", "ralph_ray.control"}
+    allowed |= {"ralph_ray.statuses", "ralph_ray.liveness"}
     assert set(loaded) <= allowed, loaded
 
 

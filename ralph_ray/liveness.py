@@ -1,0 +1,58 @@
+"""Whether a campaign recorded as running still runs: the one staleness rule of the app and `ralph-ray status`.
+
+A driver killed with SIGKILL (or whose machine was lost) cannot record that it stopped, so its state stays
+`running`. It is told apart by its silence: a running campaign writes a row (and an events line) at every phase
+change and trial end, so one that has written nothing for longer than a trial may take has no driver left.
+No PID is recorded for the driver, so silence is the only sign.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+STALE_ENV = "RALPH_APP_STALE_S"
+DEFAULT_STALE_S = 300.0
+
+
+def stale_s() -> float:
+    """The least silence that makes a running campaign stale: env RALPH_APP_STALE_S, else 300 s."""
+    return float(os.environ.get(STALE_ENV) or DEFAULT_STALE_S)
+
+
+def stale_after_s(config: Mapping[str, Any]) -> float:
+    """How long a running campaign of `config` (its stored config, as a dict) may be silent: `stale_s()`, or longer
+    where one trial (or the final training of the pick) may run longer, since its row lands only when it ends."""
+    trial, guards = config.get("trial") or {}, config.get("safeguards") or {}
+    longest = max(
+        float(guards.get("trial_timeout_s") or 0),
+        float(trial.get("budget_s") or 0) + float(trial.get("grace_s") or 0),
+        # the final training of the pick (safeguards.final_share) writes only when it ends
+        float(guards.get("final_share") or 0) * float(guards.get("campaign_time_s") or 0)
+        + float(trial.get("grace_s") or 0),
+    )
+    return max(stale_s(), longest + 60.0)
+
+
+def is_stale(status: str, quiet_s: float | None, config: Mapping[str, Any]) -> bool:
+    """Recorded as running, but silent for `quiet_s` seconds, past `stale_after_s`: its driver is gone."""
+    return status == "running" and quiet_s is not None and quiet_s > stale_after_s(config)
+
+
+def quiet_s(run_dir: Path, now: float | None = None) -> float | None:
+    """Seconds since the run dir's state.json or events.jsonl last changed (None: neither is there)."""
+    times = []
+    for name in ("state.json", "events.jsonl"):
+        try:
+            times.append((run_dir / name).stat().st_mtime)
+        except OSError:
+            continue
+    return (time.time() if now is None else now) - max(times) if times else None
+
+
+def resume_command(run_id: str, *overrides: str) -> str:
+    """The command that continues a campaign whose driver is gone (`overrides`: where it and its KB live)."""
+    return " ".join(["python -m ralph_ray", f"resume={run_id}", *overrides])
