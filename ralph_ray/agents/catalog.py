@@ -30,6 +30,7 @@ from ralph_ray.agents.transforms import (
     apply_transform,
     check_transform,
     model_module,
+    model_source,
 )
 from ralph_ray.knobs import (
     KNOB_ALIASES,
@@ -470,15 +471,17 @@ def _edit_files(
     intervention: Intervention, files: Mapping[str, str], searched: Searched | None, dry: bool
 ) -> dict[str, str]:
     source = files[TRAINER]
+    found = model_file(source)
     try:
-        if dry:
-            check(intervention, source, searched)
-            return {}
-        return {TRAINER: apply(intervention, source, searched)}
+        with model_source(files.get(found[0]) if found else None):  # rules about the model read its module too
+            if dry:
+                check(intervention, source, searched)
+                return {}
+            return {TRAINER: apply(intervention, source, searched)}
     except NotApplicable as refused:
         # (an entry that also moves knobs or edits text is about train.py's code, not only the model's layers)
         alone = not (intervention.knobs or intervention.add_knobs or intervention.edits)
-        elsewhere = model_file(source) if intervention.transform in MODEL_TRANSFORMS and alone else None
+        elsewhere = found if intervention.transform in MODEL_TRANSFORMS and alone else None
         if elsewhere is None:
             raise
         path, name = elsewhere

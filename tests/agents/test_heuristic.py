@@ -686,3 +686,21 @@ def test_a_layer_intervention_on_a_model_from_outside_the_folder_says_why(tmp_pa
 def test_the_model_file_is_read_from_the_import(imports: str, built: str, expected: tuple[str, str] | None):
     source = (MULTIFILE / "train.py").read_text().replace("from models import BlockCNN", imports)
     assert model_file(source.replace("BlockCNN(data.num_classes)", built)) == expected
+
+
+def test_a_rule_about_the_models_contents_reads_the_module_it_is_imported_from(tmp_path: Path):
+    """Grokfast refuses a BatchNorm model (it destabilised training on digits), but read train.py only: with the
+    model in models.py (a user's ResNet, BatchNorm in every block) it was proposed. It reads the model's module too."""
+    parent = multifile_parent(tmp_path)
+    files = {path: (parent.files_dir / path).read_text() for path in ("train.py", "models.py")}
+    assert set(apply_files(CATALOG.get("grokfast_filter"), files)) == {"train.py"}  # no BatchNorm: it applies
+    normed = files["models.py"].replace(
+        "self.conv = nn.Conv2d(cin, cout, kernel_size=3, padding=1)",
+        "self.conv = nn.Sequential(nn.Conv2d(cin, cout, kernel_size=3, padding=1), nn.BatchNorm2d(cout))",
+    )
+    assert normed != files["models.py"]
+    (parent.files_dir / "models.py").write_text(normed)
+    _, skipped = HeuristicAnalyst()._applicable(parent, files["train.py"])
+    assert "the model uses BatchNorm" in skipped["grokfast_filter"]
+    with pytest.raises(NotApplicable, match="the model uses BatchNorm"):
+        apply_files(CATALOG.get("grokfast_filter"), {**files, "models.py": normed})

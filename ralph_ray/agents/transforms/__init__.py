@@ -18,7 +18,15 @@ from ralph_ray.agents.transforms import (  # noqa: F401 (registers)
     step,
 )
 from ralph_ray.agents.transforms._registry import TRANSFORMS, Transform
-from ralph_ray.agents.transforms._tree import MODEL_LIBRARIES, Found, NotApplicable, analyse, dry_run, model_module
+from ralph_ray.agents.transforms._tree import (
+    MODEL_LIBRARIES,
+    Found,
+    NotApplicable,
+    analyse,
+    dry_run,
+    model_module,
+    model_source,
+)
 
 __all__ = [
     "MODEL_LIBRARIES",
@@ -30,6 +38,7 @@ __all__ = [
     "apply_transform",
     "check_transform",
     "model_module",
+    "model_source",
 ]
 
 

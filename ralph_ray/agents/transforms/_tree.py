@@ -66,6 +66,21 @@ def model_module(name: str) -> Iterator[None]:
         _MODEL_CLASS.reset(token)
 
 
+# The source of the module train.py imports its model's class from, while a transform edits train.py: what a rule
+# about the model's contents reads besides train.py (`Trainer.model_has`; Grokfast refuses a BatchNorm model).
+_MODEL_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("transforms_model_source", default=None)
+
+
+@contextlib.contextmanager
+def model_source(source: str | None) -> Iterator[None]:
+    """Within this block `Trainer.model_has` also reads `source`, the module train.py imports its model from."""
+    token = _MODEL_SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _MODEL_SOURCE.reset(token)
+
+
 def analyse(source: str) -> Trainer:
     """The analysed trainer for a source, shared by the transforms (they only read it; edits are kept apart)."""
     return _analysed(source, _MODEL_CLASS.get())
@@ -324,6 +339,11 @@ class Trainer:
     def has(self, pattern: str) -> bool:
         """Whether the source text matches a regex (for "already applied" checks)."""
         return re.search(pattern, self.source, re.MULTILINE) is not None
+
+    def model_has(self, pattern: str) -> bool:
+        """Whether the source, or the module its model is imported from (`model_source`), matches a regex."""
+        imported = _MODEL_SOURCE.get()
+        return self.has(pattern) or (imported is not None and re.search(pattern, imported, re.MULTILINE) is not None)
 
     def defined(self, name: str, top_level: bool = False) -> list[cst.FunctionDef]:
         """The functions and methods named `name` the trainer defines (only module-level functions if `top_level`)."""
