@@ -20,7 +20,8 @@ USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--r
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
        ralph-ray kb check [--repair] [--kb DIR] | kb compact [--kb DIR] | kb sql "QUERY" [--csv] [--kb DIR]
   status   the latest (or named) campaign: phase, cycle, best, budgets, leaderboard; one recorded as running whose
-           run dir has not changed for RALPH_APP_STALE_S (300 s, or a trial's timeout) is stopped unexpectedly
+           run dir has not changed for longer than any phase may take (a trial, a breeding phase's agent calls
+           and smoke runs; at least RALPH_APP_STALE_S, 300 s) is stopped unexpectedly
   stop     ask a running campaign to stop cleanly at its next check (writes <runs>/<run_id>/STOP); a run that is
            not running exits 2 and writes nothing
   report   (re)write <runs>/<run_id>/report/final_report.md and progress.png
@@ -94,18 +95,19 @@ def _stop(console: Console, run_dir: Path, runs: Path, kb: Path) -> int:
 def _status_line(state: CampaignState, stale: bool = False) -> str:
     """The run's status, cycle, phase and elapsed time, and its stop reason where it stopped."""
     return (
-        f"{'stopped unexpectedly' if stale else state.status.value}, cycle {state.cycle}, "
+        f"{'stopped unexpectedly?' if stale else state.status.value}, cycle {state.cycle}, "
         f"phase {state.phase.value}, elapsed {state.elapsed_s:.0f}s"
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
 
 
 def _stale_why(quiet: float | None, config: dict) -> str:
-    """Why a run recorded as running reads as stopped unexpectedly (liveness.is_stale)."""
+    """Why a run recorded as running reads as stopped unexpectedly (liveness.is_stale): a guess from its silence."""
     return (
-        f"its record says running, but its run dir (state.json, events.jsonl) has not changed for {quiet or 0:,.0f}s "
-        f"(more than {liveness.stale_after_s(config):,.0f}s, env {liveness.STALE_ENV}), so its driver was killed or "
-        "its machine lost"
+        f"its record says running, but its run dir (state.json, events.jsonl) has not changed for {quiet or 0:,.0f}s, "
+        f"longer than any phase of it should take ({liveness.stale_after_s(config):,.0f}s: a trial, an agent call "
+        f"with its retries and a smoke run; env {liveness.STALE_ENV}), so its driver was probably killed or its "
+        "machine lost (check that no driver of it still runs before resuming)"
     )
 
 
@@ -115,6 +117,7 @@ def _locating(runs: Path, kb: Path) -> list[str]:
 
 
 def _status(console: Console, run_dir: Path, kb: Path) -> int:
+    """Print one run's status, best so far, budgets and leaderboard (stopped unexpectedly where it is stale)."""
     state = CampaignState.load(run_dir)
     config = _stored_config(run_dir)
     quiet = liveness.quiet_s(run_dir)
@@ -274,6 +277,7 @@ def _take_hub(argv: list[str]) -> tuple[list[str], str | None, bool]:
 
 
 def _options(argv: list[str]) -> tuple[list[str], Path, Path]:
+    """The positional arguments and the --runs / --kb folders (default runs/ and kb/) of a command line."""
     args, runs, kb = [], Path("runs"), Path("kb")
     items = iter(argv)
     for item in items:
@@ -291,5 +295,6 @@ def _options(argv: list[str]) -> tuple[list[str], Path, Path]:
 
 
 def _latest(runs: Path) -> str | None:
+    """The id of the run whose state.json changed last (None: no run under `runs`)."""
     found = sorted((p for p in runs.glob("*/state.json")), key=lambda p: p.stat().st_mtime)
     return found[-1].parent.name if found else None

@@ -649,6 +649,7 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
         raise ConfigError(
             "override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)"
         ) from None
+    _keep_the_stored_trainer(stored_raw, raw)
     _refuse_frozen_changes(stored_raw, raw)
     cfg = to_config(raw)
     cfg.resume = run_dir.name
@@ -659,6 +660,20 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
 # trials must all be scored on the same frozen splits; `task.split_seed=1` on a resume rewrote data/*.npy and scored
 # the later cycles on another split than the first. The search space's bounds stay open to a resume (README).
 FROZEN_ON_RESUME = ("task", "search.metric", "search.mode")
+
+
+def _keep_the_stored_trainer(stored: Any, asked: Any) -> None:
+    """A resume's `task.trainer` naming the stored folder another way (./mytask, a trailing /, a symlink) is the
+    stored value: the first run stored it resolved, and only a different folder is a change (review)."""
+    before, after = OmegaConf.select(stored, "task.trainer"), OmegaConf.select(asked, "task.trainer")
+    if not isinstance(before, str) or not isinstance(after, str) or before == after:
+        return
+    kept = Path(before).expanduser()
+    kept = (kept if kept.is_absolute() else PROJECT_ROOT / kept).resolve()
+    # a relative folder: from here, as task=./path resolves it, or from the project root, as trainer_dir reads it
+    given = Path(after).expanduser()
+    if kept in {given.resolve(), (PROJECT_ROOT / given).resolve()}:
+        asked.task.trainer = before
 
 
 def _refuse_frozen_changes(stored: Any, asked: Any) -> None:
@@ -1166,6 +1181,7 @@ def _check_cluster(cfg: Config) -> None:
 
 
 def _check_space(name: str, space: KnobSpace) -> None:
+    """Raise ConfigError where a search knob has no UPPER_CASE name or an unusable range."""
     key = f"search.space.{name}"
     if not is_knob_name(name):
         raise ConfigError(
@@ -1349,6 +1365,7 @@ def _non_negative_number(text: str) -> bool:
 
 
 def _positive(key: str, value: float) -> None:
+    """Raise ConfigError where `key` is not above 0."""
     if value <= 0:
         raise ConfigError(key, f"must be positive, got {value}", f"set {key} to a value above 0")
 
@@ -1390,10 +1407,12 @@ def _override_error(err: Exception) -> ConfigError:
 
 
 def _legacy_fix(key: str) -> str:
+    """The fix for a safeguards key that became a name in safeguards.final_additions."""
     return f"{key} is a name in safeguards.final_additions now: set {LEGACY_FINAL_KEYS[key]}"
 
 
 def _fix_for(key: str) -> str:
+    """The fix for an unknown or mistyped key: the nearest known name, and where the schema is."""
     return f"{_did_you_mean(key)}check `{key}` against the schema in ralph_ray/config.py (spelling and type)"
 
 
@@ -1425,4 +1444,5 @@ def _set_in_task_yaml(raw: dict[str, Any], key: str) -> str:
 
 
 def _first_line(err: Exception) -> str:
+    """The first line of an error's message (its type's name where it has none)."""
     return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

@@ -2,12 +2,14 @@
 
 A driver killed with SIGKILL (or whose machine was lost) cannot record that it stopped, so its state stays
 `running`. It is told apart by its silence: a running campaign writes a row (and an events line) at every phase
-change and trial end, so one that has written nothing for longer than a trial may take has no driver left.
+change and trial end, so one that has written nothing for longer than a trial (or a breeding phase, which writes
+only when it ends) may take has no driver left.
 No PID is recorded for the driver, so silence is the only sign.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -25,7 +27,8 @@ def stale_s() -> float:
 
 def stale_after_s(config: Mapping[str, Any]) -> float:
     """How long a running campaign of `config` (its stored config, as a dict) may be silent: `stale_s()`, or longer
-    where one trial (or the final training of the pick) may run longer, since its row lands only when it ends."""
+    where one trial (or the final training of the pick, or a breeding phase: `breeding_s`) may run longer, since
+    its row lands only when it ends."""
     trial, guards = config.get("trial") or {}, config.get("safeguards") or {}
     longest = max(
         float(guards.get("trial_timeout_s") or 0),
@@ -33,8 +36,35 @@ def stale_after_s(config: Mapping[str, Any]) -> float:
         # the final training of the pick (safeguards.final_share) writes only when it ends
         float(guards.get("final_share") or 0) * float(guards.get("campaign_time_s") or 0)
         + float(trial.get("grace_s") or 0),
+        breeding_s(config),
     )
     return max(stale_s(), longest + 60.0)
+
+
+def agent_call_s(agent: Mapping[str, Any], backend: str | None) -> float:
+    """The longest one agent call of `backend` may take (0: no LLM): an LLM answer (each HTTP request with its
+    retries, for each malformed answer sent back), or a CLI call."""
+    answers = int(agent.get("answer_retries") or 0) + 1  # llm.py only: a bad answer goes back with the error
+    http = float(agent.get("timeout_s") or 0) * (int(agent.get("http_retries") or 0) + 1) * answers
+    if backend == "hybrid":
+        backend = str(agent.get("hybrid_llm") or "openai")
+    return {"openai": http, "cli": float(agent.get("cli_timeout_s") or 0)}.get(str(backend), 0.0)
+
+
+def breeding_s(config: Mapping[str, Any]) -> float:
+    """The longest the analyse or write phase may run: neither saves state or writes a row before it ends (user
+    review: a live write phase of CLI coder calls and gate smoke runs was reported stopped unexpectedly)."""
+    agent, guards, pop = config.get("agent") or {}, config.get("safeguards") or {}, config.get("population") or {}
+    backend = agent.get("backend")
+    parents = int(pop.get("parents") or 2)  # null: resolved at load; 2 x 3 is the larger shape it picks
+    children = parents * int(pop.get("children_per_parent") or 3)
+    analyst = agent_call_s(agent, agent.get("analyst") or backend)
+    analyse = parents * analyst  # the analyst diagnoses the parents one at a time
+    # Each child: its coder call(s) and a gate smoke run, again for each gate failure sent back; `concurrency` at once.
+    child = (int(agent.get("max_retries") or 0) + 1) * (
+        agent_call_s(agent, backend) + float(guards.get("smoke_timeout_s") or 0)
+    )
+    return max(analyse, math.ceil(children / max(1, int(agent.get("concurrency") or 1))) * child)
 
 
 def is_stale(status: str, quiet_s: float | None, config: Mapping[str, Any]) -> bool:

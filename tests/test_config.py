@@ -372,6 +372,25 @@ def test_a_resume_refuses_to_change_the_task_or_the_metric(tmp_path: Path):
     assert resumed.search.space["LR"].high == 0.5
 
 
+def test_a_resume_takes_the_same_task_folder_written_another_way(tmp_path: Path, monkeypatch):
+    """Review: task.trainer is stored resolved, so `resume=R task.trainer=./mytask` (or mytask/, or a symlink to
+    it) was refused as a change of task though it names the same folder. A different folder is still refused."""
+    mytask = tmp_path / "mytask"
+    shutil.copytree(PROJECT_ROOT / "trainers" / "digits", mytask)
+    (tmp_path / "link").symlink_to(mytask)
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    stored = load_config([f"task={mytask}"])
+    assert stored.task.trainer == str(mytask.resolve())
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(stored)))
+    monkeypatch.chdir(tmp_path)
+    for same in ("./mytask", "mytask/", "link", f"{mytask}/"):
+        resumed = resume_config(run_dir, ["resume=r", f"task.trainer={same}"])
+        assert resumed.task.trainer == str(mytask.resolve()) and resumed.trainer_dir() == mytask.resolve(), same
+    with pytest.raises(ConfigError, match="task.trainer"):
+        resume_config(run_dir, ["resume=r", "task.trainer=trainers/digits"])
+
+
 def test_knob_search_without_a_knob_to_search_is_refused():
     """User trial: `space: {}` in task.yaml with agent=none ran 111 trials in 60 s, each the seed's same run."""
     with pytest.raises(ConfigError, match="is empty and agent=none") as info:

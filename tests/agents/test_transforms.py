@@ -306,6 +306,7 @@ def test_deepen_adds_a_hidden_layer_as_wide_as_its_knob_and_a_second_one_reuses_
         ("module_loader", ("F.relu(", "F.gelu("), "GELU"),  # a function in forward
         ("lm", ("torch.tanh(", "torch.tanh("), "Tanh"),  # torch's own function
         ("sequential_flat", ("nn.ReLU()", "nn.Identity()"), "ReLU"),  # none named: ReLU
+        ("module_loader", ("F.relu(", "nn.functional.silu("), "SiLU"),  # `from torch import nn` (review)
     ],
 )
 def test_deepen_uses_the_models_own_activation(trainer: str, swap: tuple[str, str], activation: str):
@@ -315,6 +316,16 @@ def test_deepen_uses_the_models_own_activation(trainer: str, swap: tuple[str, st
     deepened = apply_transform("deepen", source)
     assert "torch.nn.Linear(" in deepened and f"HEAD_WIDTH), torch.nn.{activation}(), " in deepened
     assert activation == "ReLU" or "torch.nn.ReLU()" not in deepened
+
+
+def test_deepen_reads_the_activation_of_the_model_not_of_the_loss():
+    """Review: a GELU model whose loss line used `torch.tanh` twice got a Tanh layer: only the model's classes and
+    Sequentials count where it has them."""
+    source = SOURCES["module_loader"].replace("F.relu(", "F.gelu(")
+    extra = " + 0 * torch.tanh(loss)" * (source.count("F.gelu(") + 1)  # more than the model's own calls
+    tanh = source.replace("loss.backward()", f"(loss{extra}).backward()", 1)
+    assert tanh.count("torch.tanh(") > tanh.count("F.gelu(") > 0
+    assert "HEAD_WIDTH), torch.nn.GELU(), " in apply_transform("deepen", tanh)
 
 
 def test_batchnorm_follows_each_layer_in_a_sequential_and_in_a_module():
@@ -2302,6 +2313,44 @@ def test_grokfast_filters_accumulated_gradients_once_per_step_before_the_clip():
     assert len(ran["CALLS"]) == ran["steps"] == 8  # 2 epochs x 8 micro-batches / 2
 
 
+CONTINUE_GUARD = ACCUMULATING.replace(
+    """        if (i // 32 + 1) % ACCUM == 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+""",
+    """        if (i // 32 + 1) % ACCUM != 0:
+            continue
+        if GRAD_CLIP > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+""",
+).replace("ACCUM = 2  # micro-batches per step", "ACCUM = 2  # micro-batches per step\nGRAD_CLIP = 1.0  # clip")
+
+
+def test_grokfast_filters_once_per_step_after_a_guard_that_skips_the_step_and_before_a_conditional_clip():
+    """Review: `if (i + 1) % ACCUM != 0: continue` keeps the step in the backward's block (the filter went after every
+    backward again), and a clip under `if GRAD_CLIP > 0:` was not seen (the filter went after it, amplifying clipped
+    gradients)."""
+    assert CONTINUE_GUARD != ACCUMULATING
+    out = apply_transform("grokfast_filter", CONTINUE_GUARD)
+    after_guard = out[out.index("            continue\n") :]
+    assert (
+        after_guard.index("gradfilter_ema(model")
+        < after_guard.index("if GRAD_CLIP > 0:")
+        < after_guard.index("opt.step()")
+    )
+    counted = out.replace("def gradfilter_ema(", "def _gradfilter_ema(").replace(
+        "\nsteps = 0", "\nsteps = 0\ndef gradfilter_ema(m, g):\n    CALLS.append(1)\n    return _gradfilter_ema(m, g)"
+    )
+    ran: dict = {"CALLS": []}
+    exec(compile(counted, "train.py", "exec"), ran)
+    assert len(ran["CALLS"]) == ran["steps"] == 8
+
+
 def test_the_self_model_term_of_a_loss_divided_for_accumulation_is_divided_alike():
     """A user trial: `loss = criterion(out, y) / ACCUM` then `loss = loss + SELF_MODEL_WEIGHT * aux` weighed the
     auxiliary loss ACCUM times what SELF_MODEL_WEIGHT says."""
@@ -2312,3 +2361,65 @@ def test_the_self_model_term_of_a_loss_divided_for_accumulation_is_divided_alike
     assert ran["steps"] == 8
     plain = apply_transform("self_model_head", ACCUMULATING.replace(") / ACCUM\n", ")\n"))
     assert "SELF_MODEL_WEIGHT * self_model.aux_loss(y[i : i + 32])\n" in plain
+    # a summed loss divided into a mean, stepped every batch: its term is a mean already, not divided (review)
+    mean = ACCUMULATING.replace(") / ACCUM\n", ', reduction="sum") / 32\n').replace(
+        "        if (i // 32 + 1) % ACCUM == 0:\n", "        if True:\n"
+    )
+    stepped = apply_transform(
+        "self_model_head", mean.replace("        if True:\n", "").replace("\n            ", "\n        ")
+    )
+    assert "SELF_MODEL_WEIGHT * self_model.aux_loss(y[i : i + 32])\n" in stepped
+
+
+TRAINS_AND_EVALUATES = """import torch
+from torch import nn
+import torch.nn.functional as F
+
+LR = 0.05  # learning rate
+EPOCHS = 2  # passes
+
+
+def run_epoch(model, loader, val, optimizer, *, log=False):
+    model.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        return (model(val[0]).argmax(1) == val[1]).float().mean().item()
+
+
+def main():
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    loader = [(x[i : i + 16], y[i : i + 16]) for i in range(0, 64, 16)]
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for epoch in range(EPOCHS):
+        acc = run_epoch(model, loader, (x, y), optimizer)
+    with torch.no_grad():
+        print(model(x).argmax(1))
+
+
+main()
+"""
+
+
+def test_ema_never_swaps_the_model_a_training_call_gets_and_refuses_one_that_also_evaluates_it():
+    """Review: `acc = run_epoch(model, loader, val, optimizer)` that trains, then `.eval()`s and scores the model, was
+    read as an evaluation: its model argument became `ema`, whose own copy of the weights took the forward passes, so
+    `optimizer.step()` found no gradient on the real model and the child trained nothing (it passed the gate)."""
+    with pytest.raises(NotApplicable, match=r"`run_epoch\(\)` trains `model` and also evaluates it"):
+        apply_transform("ema_weights", TRAINS_AND_EVALUATES)
+    trains_only = TRAINS_AND_EVALUATES.replace(
+        "    model.eval()\n    with torch.no_grad():\n"
+        "        return (model(val[0]).argmax(1) == val[1]).float().mean().item()",
+        "    return 0.0",
+    )
+    assert trains_only != TRAINS_AND_EVALUATES
+    out = apply_transform("ema_weights", trains_only)
+    assert "acc = run_epoch(model, loader, (x, y), optimizer, ema=ema)" in out  # the trained model stays the model
+    assert "print(ema(x).argmax(1))" in out
+    ran: dict = {"__name__": "train"}
+    exec(compile(out, "train.py", "exec"), ran)

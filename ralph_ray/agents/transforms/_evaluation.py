@@ -201,10 +201,19 @@ def _place(
         if name == "harness.save_model":
             uses.exports.append(parent)
             return
+        if _trains(trainer, call):
+            # the model a training call (`run_epoch(model, loader, opt)`) gets is the one it trains, never swapped;
+            # one that also evaluates it (`.eval()`, then a forward) would keep those evaluations on the raw weights
+            if evaluates(name, evaluators):
+                raise NotApplicable(
+                    f"`{name}()` trains `{model}` and also evaluates it: its evaluations would stay on the raw "
+                    f"weights: `{_line(trainer, ref)}`"
+                )
+            return
         if evaluates(name, evaluators):
             uses.handed.append(parent)
             return
-        if name in HARMLESS_CALLS or _trains(trainer, call) or _reads_weights_only(trainer, name, call, parent):
+        if name in HARMLESS_CALLS or _reads_weights_only(trainer, name, call, parent):
             return
     raise NotApplicable(
         f"a use of `{model}` once training begins that is neither evaluation, a prediction, nor a best state saved "
@@ -286,9 +295,16 @@ def _configures_training(trainer: Trainer, ref: cst.CSTNode, epoch: cst.For, bat
 
 
 def _trains(trainer: Trainer, call: cst.Call) -> bool:
-    """A call that is also handed the optimizer trains the model (hard_example_replay's `dream(model, optimizer)`)."""
+    """A call that is also handed the optimizer trains the model (hard_example_replay's `dream(model, optimizer)`), as
+    does the call of the function that runs the batch loop (`train_one_epoch(model, loader)`, its optimizer global)."""
     optimizer = trainer.stepped_name()
-    return any(dotted(arg.value) == optimizer for arg in call.args)
+    if any(dotted(arg.value) == optimizer for arg in call.args):
+        return True
+    try:
+        function = trainer.batch_in_call()
+    except NotApplicable:
+        return False
+    return function is not None and call_name(call) == function.name.value
 
 
 def _reads_weights_only(trainer: Trainer, name: str, call: cst.Call, arg: cst.Arg) -> bool:

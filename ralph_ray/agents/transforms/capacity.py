@@ -10,6 +10,7 @@ from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
     CONV,
     LINEAR,
+    SEQUENTIAL,
     Edits,
     NotApplicable,
     Trainer,
@@ -45,7 +46,7 @@ ACTIVATIONS = {
 }
 ACTIVATION_CALL = re.compile(
     rf"^(?:(?:(?:torch\.)?nn\.)?(?P<module>{'|'.join(ACTIVATIONS.values())})"
-    rf"|(?:torch\.nn\.functional|F|torch)\.(?P<function>{'|'.join(ACTIVATIONS)})_?)$"
+    rf"|(?:(?:torch\.)?nn\.functional|F|torch)\.(?P<function>{'|'.join(ACTIVATIONS)})_?)$"
 )
 
 
@@ -183,10 +184,14 @@ def deepen(source: str) -> str:
 
 
 def _activation(trainer: Trainer) -> str:
-    """The torch.nn activation the trainer's code uses most (`nn.SiLU()`, `F.gelu(x)`, `torch.tanh(x)`; the last
-    used of a tie), ReLU where it uses none."""
+    """The torch.nn activation the model's code uses most (`nn.SiLU()`, `F.gelu(x)`, `torch.tanh(x)`; the last used of
+    a tie), ReLU where it uses none: calls in its classes and `nn.Sequential(...)`, else anywhere in the model's code
+    (a functional model), never a loss's or an evaluation's `torch.tanh` beside a module model (review)."""
+    calls = [c for c in trainer.calls(ACTIVATION_CALL) if trainer.in_model(c)]
+    sequentials = {id(c) for c in trainer.calls(SEQUENTIAL)}
+    built = [c for c in calls if any(isinstance(a, cst.ClassDef) or id(a) in sequentials for a in trainer.ancestors(c))]
     used = []
-    for call in trainer.calls(ACTIVATION_CALL):
+    for call in built or calls:
         found = ACTIVATION_CALL.match(call_name(call) or "")
         assert found is not None  # calls() matched it
         used.append(found["module"] or ACTIVATIONS[found["function"]])

@@ -170,22 +170,46 @@ def grokfast_filter(source: str) -> str:
     edits.knob("GROKFAST_LAMB", 2.0, "Grokfast amplification of the slow gradient")
     edits.helper(GROKFAST_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{grads} = {{}}  # Grokfast: the running EMA of the gradients")
-    step, backward = trainer.step_statement(), trainer.backward_statement()
-    if trainer.parent(step) is trainer.parent(backward) or own is not None:
-        edits.insert_after(own or backward, *([unscale] if unscale else []), *lines)
+    per_step = _once_per_step(trainer)
+    if per_step is None or own is not None:
+        edits.insert_after(own or trainer.backward_statement(), *([unscale] if unscale else []), *lines)
         return edits.apply()
-    # The step runs under a condition the backward pass does not (gradients accumulated over micro-batches): filtered
-    # after every backward, the second micro-batch's gradient already held the first's amplified EMA, which the EMA
-    # then took in again (x1.02 per micro-batch, 166x the designed update after 2,000 steps; user trial). So once per
-    # step, before the step's own clip, on the summed gradient.
-    block = [line for line in trainer.statements(trainer.parent(step)) if trainer.parent(line) is trainer.parent(step)]
+    # Gradients accumulated over micro-batches: filtered after every backward, the second micro-batch's gradient
+    # already held the first's amplified EMA, which the EMA then took in again (x1.02 per micro-batch, 166x the
+    # designed update after 2,000 steps; user trial). So once per step, on the summed gradient, before the step's clip.
+    edits.insert_before(per_step, *([unscale] if unscale else []), *lines)
+    return edits.apply()
+
+
+def _once_per_step(trainer: Trainer) -> cst.CSTNode | None:
+    """Where work done once per optimizer step goes when the trainer accumulates gradients over micro-batches: before
+    the first statement of the step's run that clips (`if GRAD_CLIP: clip_grad_norm_(...)` too), else before the step.
+    The step's run is its block where it runs under a condition the backward pass does not (`if (i + 1) % ACCUM ==
+    0:`), or what follows a guard that skips it (`if (i + 1) % ACCUM: continue`). None: each backward pass steps."""
+    step, backward = trainer.step_statement(), trainer.backward_statement()
+    block = trainer.parent(step)
+    if not isinstance(block, cst.IndentedBlock):
+        return None
+    lines = list(block.body)
+    index = next(i for i, line in enumerate(lines) if line is step or trainer.inside(step, line))
+    if trainer.parent(backward) is block:
+        after = next(i for i, line in enumerate(lines) if line is backward) + 1
+        guards = [
+            i
+            for i in range(after, index)
+            if isinstance(lines[i], cst.If) and any(isinstance(n, cst.Continue) for n in trainer.within(lines[i]))
+        ]
+        if not guards:
+            return None
+        start = guards[-1] + 1
+    else:
+        start = 0
     clips = [
         line
-        for line in block[: block.index(step)]
+        for line in lines[start:index]
         if any(CLIP_GRAD.match(call_name(c) or "") for c in trainer.calls(within=line))
     ]
-    edits.insert_before(clips[0] if clips else step, *([unscale] if unscale else []), *lines)
-    return edits.apply()
+    return clips[0] if clips else step
 
 
 @register("edge_of_chaos_curriculum", "forge")
@@ -389,12 +413,15 @@ def self_model_head(source: str) -> str:
         f"{head} = SelfModel({model})",
         f'{optimizer}.add_param_group({{"params": {head}.head.parameters()}})',
     )
-    # A loss divided for accumulation (`criterion(out, y) / ACCUM`) gets its auxiliary term divided alike: added whole,
-    # it weighed ACCUM times SELF_MODEL_WEIGHT (user trial)
+    # A loss divided for accumulation (`criterion(out, y) / ACCUM`, the step once per ACCUM backward passes) gets its
+    # auxiliary term divided alike: added whole, it weighed ACCUM times SELF_MODEL_WEIGHT (user trial)
+    # (only there: `F.cross_entropy(..., reduction="sum") / len(y)` is a mean, and its term is the mean's already)
     value = assign_value(loss_line)
     divided = (
         f" / {code(value.right)}"
-        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide)
+        if isinstance(value, cst.BinaryOperation)
+        and isinstance(value.operator, cst.Divide)
+        and _once_per_step(trainer) is not None
         else ""
     )
     edits.insert_after(loss_line, f"{loss} = {loss} + SELF_MODEL_WEIGHT * {head}.aux_loss({targets}){divided}")
