@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import sys
@@ -132,12 +133,35 @@ def main(argv: list[str] | None = None) -> int:
                 highlight=False,
             )
         return ExitCode.terminated if terminated else ExitCode.interrupted
-    except Exception:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
+    except Exception as error:  # noqa: BLE001 - the last line of defence prints the traceback and exits 4
         err.print("[red]unrecoverable error:[/]")
         traceback.print_exc()
+        if disk_full(error):  # its traceback is hundreds of chained lines (Tune's too): the cause, last, in words
+            err.print(
+                f"[red]the disk is full[/] (No space left on device): free space where the runs "
+                f"({cfg.paths.runs}) and the knowledge base ({cfg.paths.kb}) live, then continue the run with "
+                "`python -m ralph_ray resume=RUN_ID` (`python -m ralph_ray status` names it; the knowledge base's "
+                "parts are written atomically, `python -m ralph_ray kb check` confirms them)",
+                highlight=False,
+            )
         return ExitCode.error
     finally:
         restore(before)
+
+
+def disk_full(error: BaseException) -> bool:
+    """Whether an error, or one it was raised from or while handling, is a full disk (ENOSPC, EDQUOT), also as the
+    text of an error that wraps it (Ray and Tune pass a worker's error on as a message)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(current) or "Disk quota exceeded" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def resume_has_budget(cfg: Config, argv: list[str], err: Console) -> bool:

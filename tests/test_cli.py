@@ -143,3 +143,29 @@ def test_stop_of_a_run_that_is_not_running_exits_2_and_leaves_no_stop_file(tmp_p
     state.write_text(state.read_text().replace('"finished"', '"running"'))
     assert main(["stop", "r1", "--runs", str(runs)]) == 0
     assert "stop requested" in capsys.readouterr().out and (run_dir / "STOP").exists()
+
+
+def test_a_full_disk_is_named_in_words_however_deep_in_the_chain(tmp_path: Path):
+    """An MLOps user's campaign on a full disk ended in ~290 lines of chained tracebacks and no word of the cause.
+    The errors here are the operating system's own: a write to /dev/full fails with ENOSPC."""
+    from ralph_ray.__main__ import disk_full
+
+    try:
+        with open("/dev/full", "w") as full:
+            full.write("x")
+            full.flush()
+    except OSError as error:
+        enospc = error
+    assert enospc.errno == 28
+    try:
+        try:
+            raise enospc
+        except OSError:
+            raise RuntimeError("Error stopping trial: could not write its checkpoint")  # noqa: B904 - a context
+    except RuntimeError as wrapped:
+        assert disk_full(wrapped)  # reached through __context__
+    assert disk_full(RuntimeError(f"worker failed: {enospc}"))  # a worker's error passed on as text
+    try:
+        (tmp_path / "missing" / "file").write_text("x")
+    except OSError as other:
+        assert not disk_full(other)  # another OS error is not a full disk
