@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -437,6 +438,7 @@ def apply(intervention: Intervention, source: str, searched: Searched | None = N
     return result
 
 
+@functools.lru_cache(maxsize=64)  # the analyst asks it for every catalog entry of every parent
 def model_file(source: str) -> tuple[str, str] | None:
     """The file, relative to the variant's folder, of the module train.py (`source`) imports its model's class from,
     and the class's name there: `("pkg/models.py", "Net")` for `from pkg.models import Net`; None where train.py

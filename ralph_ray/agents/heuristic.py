@@ -36,6 +36,7 @@ from ralph_ray.agents.base import (
     Usage,
 )
 from ralph_ray.agents.catalog import (
+    TRAINER,
     Catalog,
     Intervention,
     NotApplicable,
@@ -49,8 +50,6 @@ from ralph_ray.agents.siblings import GATE_SAID, bred_from, refusals
 from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
 from ralph_ray.statuses import TrialStatus
-
-TRAINER = "train.py"
 
 # -----------------------------------------------------------------------------
 # Thresholds (each says why it sits where it does)

@@ -39,46 +39,37 @@ class Found(Exception):
 
 
 _DRY_RUN = contextvars.ContextVar("transforms_dry_run", default=False)
-
-
-@contextlib.contextmanager
-def dry_run() -> Iterator[None]:
-    """Within this block transforms only check that they apply: rendering the edited tree is the slow part."""
-    token = _DRY_RUN.set(True)
-    try:
-        yield
-    finally:
-        _DRY_RUN.reset(token)
-
-
 # The class that is the model where the source is the module train.py imports it from (`from models import Net`):
 # its layers, and those of the classes it builds, are the model's (see `model_module`). None: the source is train.py.
 _MODEL_CLASS: contextvars.ContextVar[str | None] = contextvars.ContextVar("transforms_model_class", default=None)
-
-
-@contextlib.contextmanager
-def model_module(name: str) -> Iterator[None]:
-    """Within this block transforms edit a module train.py imports its model from, whose class `name` is the model."""
-    token = _MODEL_CLASS.set(name)
-    try:
-        yield
-    finally:
-        _MODEL_CLASS.reset(token)
-
-
 # The source of the module train.py imports its model's class from, while a transform edits train.py: what a rule
 # about the model's contents reads besides train.py (`Trainer.model_has`; Grokfast refuses a BatchNorm model).
 _MODEL_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("transforms_model_source", default=None)
 
 
 @contextlib.contextmanager
-def model_source(source: str | None) -> Iterator[None]:
-    """Within this block `Trainer.model_has` also reads `source`, the module train.py imports its model from."""
-    token = _MODEL_SOURCE.set(source)
+def _set(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """`var` is `value` within the block (the transforms' settings: one mechanism for all three)."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _MODEL_SOURCE.reset(token)
+        var.reset(token)
+
+
+def dry_run() -> contextlib.AbstractContextManager[None]:
+    """Within this block transforms only check that they apply: rendering the edited tree is the slow part."""
+    return _set(_DRY_RUN, True)
+
+
+def model_module(name: str) -> contextlib.AbstractContextManager[None]:
+    """Within this block transforms edit a module train.py imports its model from, whose class `name` is the model."""
+    return _set(_MODEL_CLASS, name)
+
+
+def model_source(source: str | None) -> contextlib.AbstractContextManager[None]:
+    """Within this block `Trainer.model_has` also reads `source`, the module train.py imports its model from."""
+    return _set(_MODEL_SOURCE, source)
 
 
 def analyse(source: str) -> Trainer:
