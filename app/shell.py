@@ -44,6 +44,7 @@ class Campaign:
     phase: str | None
     config: dict[str, Any]
     quiet_s: float | None = None  # seconds since the campaign last wrote to the KB
+    driver: dict[str, Any] | None = None  # its driver process, as state.json records it (liveness.driver_alive)
 
     @property
     def live(self) -> bool:
@@ -53,7 +54,7 @@ class Campaign:
     @property
     def stale(self) -> bool:
         """Says running, but silent past `stale_after_s`: its driver is gone (killed, machine lost)."""
-        return liveness.is_stale(self.status, self.quiet_s, self.config)
+        return liveness.is_stale(self.status, self.quiet_s, self.config, self.driver)
 
     @property
     def stale_after_s(self) -> float:
@@ -146,9 +147,10 @@ def campaign() -> Campaign | None:
         return None
     picked = runs[runs["run_id"] == st.session_state.get("run_id")]
     rec = figures.records((picked if not picked.empty else runs).head(1))[0]
-    quiet = None
+    quiet = driver = None
     if rec.get("status") == "running":
         quiet = figures.records(kbdata.frame(root, sql.APP_LAST_WRITE, (rec["run_id"],)))[0]["quiet_s"]
+        driver = liveness.recorded_driver(rec.get("run_dir") or "")  # where the app runs beside the driver
     return Campaign(
         root,
         rec["run_id"],
@@ -163,6 +165,7 @@ def campaign() -> Campaign | None:
         rec.get("phase"),
         json.loads(rec.get("config") or "{}"),
         None if quiet is None else float(quiet),
+        driver,
     )
 
 
@@ -225,10 +228,15 @@ def banner(run: Campaign) -> None:
     where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
     if run.stale:
         resume = liveness.resume_command(run.run_id, f"paths.kb={run.kb_root}")
+        why = (
+            f"its driver (PID {run.driver['pid']} on {run.driver['host']}) is no longer running"
+            if liveness.driver_alive(run.driver) is False
+            else f"it has written nothing for {run.quiet_s or 0:,.0f} s (more than {run.stale_after_s:,.0f} s), so "
+            "its driver was killed or its machine lost"
+        )
         st.error(
-            f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but it has "
-            f"written nothing for {run.quiet_s:,.0f} s (more than {run.stale_after_s:,.0f} s), so its driver was "
-            f"killed or its machine lost. Continue it with `{resume}`.",
+            f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but {why}. "
+            f"Continue it with `{resume}`.",
             icon=":material/heart_broken:",
         )
     elif run.status == "crashed":

@@ -84,11 +84,19 @@ def _stop(console: Console, run_dir: Path, runs: Path, kb: Path) -> int:
             highlight=False,
         )
         return ExitCode.safeguard_or_config
+    if liveness.driver_alive(state.driver) is False:
+        # Nobody is left to read a STOP file (and a resume would clear it without a word).
+        why = liveness.why_stale(None, {}, state.driver)
+        console.print(
+            f"[red]error:[/] run {state.run_id}: {why}; nothing to stop (continue it with `{resume}`)", highlight=False
+        )
+        return ExitCode.safeguard_or_config
     path = request_stop(run_dir, "ralph-ray stop")
     console.print(f"stop requested: {path} (the campaign ends its cycle cleanly; resume with `{resume}`)")
     quiet, config = liveness.quiet_s(run_dir), _stored_config(run_dir)
-    if liveness.is_stale(state.status.value, quiet, config):
-        console.print(f"[yellow]  but it looks stopped unexpectedly: {_stale_why(quiet, config)}[/]", highlight=False)
+    if liveness.is_stale(state.status.value, quiet, config, state.driver):
+        why = liveness.why_stale(quiet, config, state.driver)
+        console.print(f"[yellow]  but it looks stopped unexpectedly: {why}[/]", highlight=False)
     return ExitCode.ok
 
 
@@ -98,16 +106,6 @@ def _status_line(state: CampaignState, stale: bool = False) -> str:
         f"{'stopped unexpectedly?' if stale else state.status.value}, cycle {state.cycle}, "
         f"phase {state.phase.value}, elapsed {state.elapsed_s:.0f}s"
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
-    )
-
-
-def _stale_why(quiet: float | None, config: dict) -> str:
-    """Why a run recorded as running reads as stopped unexpectedly (liveness.is_stale): a guess from its silence."""
-    return (
-        f"its record says running, but its run dir (state.json, events.jsonl) has not changed for {quiet or 0:,.0f}s, "
-        f"longer than any phase of it should take ({liveness.stale_after_s(config):,.0f}s: a trial, an agent call "
-        f"with its retries and a smoke run; env {liveness.STALE_ENV}), so its driver was probably killed or its "
-        "machine lost (check that no driver of it still runs before resuming)"
     )
 
 
@@ -123,11 +121,12 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     quiet = liveness.quiet_s(run_dir)
     # A driver killed with SIGKILL (or a lost machine) leaves state.json at `running` for good (user trial): the
     # staleness rule of the app says it stopped unexpectedly.
-    stale = liveness.is_stale(state.status.value, quiet, config)
+    stale = liveness.is_stale(state.status.value, quiet, config, state.driver)
     console.print(f"[bold]run {state.run_id}[/]: {_status_line(state, stale)}")
     if stale:
         resume = liveness.resume_command(state.run_id, *_locating(run_dir.parent, kb))
-        console.print(f"[red]  {_stale_why(quiet, config)}; continue it with `{resume}`[/]", highlight=False)
+        why = liveness.why_stale(quiet, config, state.driver)
+        console.print(f"[red]  {why}; continue it with `{resume}`[/]", highlight=False)
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
     from ralph_ray.finals import final_winner
     from ralph_ray.report import fetch_rows, metric_values, replicate_spread

@@ -4,17 +4,23 @@ A driver killed with SIGKILL (or whose machine was lost) cannot record that it s
 `running`. It is told apart by its silence: a running campaign writes a row (and an events line) at every phase
 change and trial end, so one that has written nothing for longer than a trial (or a breeding phase, which writes
 only when it ends) may take has no driver left.
-No PID is recorded for the driver, so silence is the only sign.
+Where the driver recorded itself (state.json's `driver`: host, boot, PID namespace, PID and start time) and the
+reader shares its host, boot and PID namespace, its process table decides at once instead: a dead driver is
+stale however recently it wrote (a full disk, an OOM kill), a live one is not however long it has been quiet.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 STALE_ENV = "RALPH_APP_STALE_S"
 DEFAULT_STALE_S = 300.0
@@ -67,9 +73,91 @@ def breeding_s(config: Mapping[str, Any]) -> float:
     return max(analyse, math.ceil(children / max(1, int(agent.get("concurrency") or 1))) * child)
 
 
-def is_stale(status: str, quiet_s: float | None, config: Mapping[str, Any]) -> bool:
-    """Recorded as running, but silent for `quiet_s` seconds, past `stale_after_s`: its driver is gone."""
-    return status == "running" and quiet_s is not None and quiet_s > stale_after_s(config)
+def _read(path: Path) -> str | None:
+    """A small /proc file's text, None where it cannot be read (not Linux, the process gone)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> str | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat field 22): a PID reused by a later
+    process reads differently."""
+    stat = _read(Path(f"/proc/{pid}/stat"))
+    # The command name (field 2) may hold spaces and parentheses: count the fields after its last ')'.
+    return stat.rsplit(")", 1)[1].split()[19] if stat else None
+
+
+def _pid_namespace() -> str | None:
+    """This process's PID namespace (PIDs are only comparable inside one: another container sees other ones)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def this_driver() -> dict[str, Any]:
+    """What identifies the running driver process: state.json's `driver` (written when a campaign starts or
+    resumes)."""
+    return {
+        "host": socket.gethostname(),
+        "boot": _read(BOOT_ID),
+        "pid_ns": _pid_namespace(),
+        "pid": os.getpid(),
+        "started": _start_ticks(os.getpid()),
+    }
+
+
+def driver_alive(driver: Mapping[str, Any] | None) -> bool | None:
+    """Whether the recorded driver still runs: None where this process cannot tell (no driver recorded, another
+    host, boot or PID namespace, no /proc): then silence is the only sign."""
+    if not driver or not driver.get("pid"):
+        return None
+    here = this_driver()
+    if any(driver.get(key) != here[key] or here[key] is None for key in ("host", "boot", "pid_ns")):
+        return None
+    started = _start_ticks(int(driver["pid"]))
+    return started is not None and started == driver.get("started")
+
+
+def is_stale(
+    status: str, quiet_s: float | None, config: Mapping[str, Any], driver: Mapping[str, Any] | None = None
+) -> bool:
+    """Recorded as running, but its driver is gone: its recorded process is dead (`driver_alive`), or, where that
+    cannot be told, it has been silent for `quiet_s` seconds, past `stale_after_s`."""
+    if status != "running":
+        return False
+    alive = driver_alive(driver)
+    if alive is not None:
+        return not alive
+    return quiet_s is not None and quiet_s > stale_after_s(config)
+
+
+def why_stale(quiet_s: float | None, config: Mapping[str, Any], driver: Mapping[str, Any] | None) -> str:
+    """Why a run recorded as running is stale (`is_stale`): its driver's process is gone, or a guess from its
+    silence."""
+    if driver_alive(driver) is False:
+        return (
+            f"its record says running, but its driver (PID {driver['pid']} on {driver['host']}) is no longer "
+            "running: it was killed, ran out of memory or of disk, or its machine restarted"
+        )
+    return (
+        "its record says running, but its run dir (state.json, events.jsonl) has not changed for "
+        f"{quiet_s or 0:,.0f}s, longer than any phase of it should take ({stale_after_s(config):,.0f}s: a trial, an "
+        f"agent call with its retries and a smoke run; env {STALE_ENV}), so its driver was probably killed or its "
+        "machine lost (check that no driver of it still runs before resuming)"
+    )
+
+
+def recorded_driver(run_dir: Path | str) -> dict[str, Any] | None:
+    """The driver a run's state.json records (None: none recorded, or no state.json readable here)."""
+    if not run_dir:
+        return None
+    try:
+        return json.loads((Path(run_dir) / "state.json").read_text()).get("driver")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def quiet_s(run_dir: Path, now: float | None = None) -> float | None:

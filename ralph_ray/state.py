@@ -7,7 +7,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ralph_ray import liveness
 from ralph_ray.control import STOP_FILE
 from ralph_ray.kb import now
 
@@ -53,6 +55,8 @@ class CampaignState:
     elapsed_s: float = 0.0  # campaign time across resumes
     interrupted: Phase | None = None  # the phase a manual stop or the time budget cut short (a resume re-enters it)
     updated_at: str = field(default_factory=lambda: now().isoformat())
+    # The process that runs it (liveness.this_driver): `status` and the app tell a killed driver from a quiet one.
+    driver: dict[str, Any] | None = None
 
     def save(self, run_dir: Path) -> None:
         """Write state.json via a temp file and rename, so a crash never leaves half a file."""
@@ -110,5 +114,6 @@ def open_state(run_dir: Path, run_id: str, resuming: bool) -> CampaignState:
         if state.status is RunStatus.interrupted:
             state.stop_reason = state.exit_code = None  # a Ctrl-C decided nothing: the run goes on as it was
         state.status = RunStatus.running
+    state.driver = liveness.this_driver()
     state.save(run_dir)
     return state

@@ -145,6 +145,39 @@ def test_stop_of_a_run_that_is_not_running_exits_2_and_leaves_no_stop_file(tmp_p
     assert "stop requested" in capsys.readouterr().out and (run_dir / "STOP").exists()
 
 
+def test_status_and_stop_read_the_recorded_drivers_process(tmp_path: Path, capsys, monkeypatch):
+    """User trial: a driver that died on a full disk left `running` in state.json, and `status` said running (it had
+    written a second before) while `stop` wrote a STOP file nobody would read. Its recorded process decides."""
+    import subprocess
+    import sys
+
+    from ralph_ray import liveness
+    from ralph_ray.__main__ import main
+
+    monkeypatch.delenv(liveness.STALE_ENV, raising=False)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    driver = {**liveness.this_driver(), "pid": process.pid, "started": liveness._start_ticks(process.pid)}
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    run_dir = _recorded_run(runs, "running", quiet_s=3600, driver=driver)  # quiet for an hour, but alive
+    try:
+        assert main(["status", "r1", "--runs", str(runs), "--kb", str(kb)]) == 0
+        assert "r1: running, cycle 3" in " ".join(capsys.readouterr().out.split())
+    finally:
+        process.kill()
+        process.wait()
+    now = time.time()
+    os.utime(run_dir / "state.json", (now, now))  # it wrote just now, then died
+    assert main(["status", "r1", "--runs", str(runs), "--kb", str(kb)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "r1: stopped unexpectedly?, cycle 3" in shown
+    assert f"its driver (PID {process.pid} on {driver['host']}) is no longer running" in shown
+    assert f"python -m ralph_ray resume=r1 paths.runs={runs} paths.kb={kb}" in shown
+    assert main(["stop", "r1", "--runs", str(runs)]) == 2
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "is no longer running" in shown and "nothing to stop" in shown and "resume=r1" in shown
+    assert not (run_dir / "STOP").exists()
+
+
 def test_a_full_disk_is_named_in_words_however_deep_in_the_chain(tmp_path: Path):
     """An MLOps user's campaign on a full disk ended in ~290 lines of chained tracebacks and no word of the cause.
     The errors here are the operating system's own: a write to /dev/full fails with ENOSPC."""

@@ -160,6 +160,7 @@ MUST_NOT_REACH = {
     "harness": {"*"},  # the trainer's only engine import: copied alone into the sandbox
     "front": {"*"},  # the score-against-cost front: the app imports it, so it must pull in nothing of the engine
     "finals": {"*"},  # the final training's winner rule: the app imports it too
+    "liveness": {"*"},  # the staleness rule: the app and state.json's driver record import it
     "runner": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
     "sandbox": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},
     "workdir": {"kb", "campaign", "generations", "asyncrun", "search", "trials"},

@@ -1,8 +1,11 @@
-"""The staleness rule of the app and `ralph-ray status` (ralph_ray.liveness): silence past every phase's length."""
+"""The staleness rule of the app and `ralph-ray status` (ralph_ray.liveness): the recorded driver's process where
+it can be read, else silence past every phase's length."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +83,60 @@ def test_status_of_a_quiet_run_in_its_write_phase_says_running(tmp_path: Path, c
     assert main(["status", "r1", "--runs", str(tmp_path / "runs"), "--kb", str(tmp_path / "kb")]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "r1: running, cycle 2, phase write" in shown and "resume=" not in shown
+
+
+def _sleeper() -> subprocess.Popen:
+    """A real process to stand for a campaign's driver."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+def _recorded(process: subprocess.Popen) -> dict:
+    """The `driver` a campaign run by `process` records (liveness.this_driver, with its PID and start)."""
+    from ralph_ray import liveness
+
+    return {**liveness.this_driver(), "pid": process.pid, "started": liveness._start_ticks(process.pid)}
+
+
+def test_a_recorded_driver_decides_at_once_where_its_process_table_can_be_read():
+    """User trial: a driver killed by a full disk or the OOM killer read as running for up to `stale_after_s` (hours
+    with an LLM backend), and a live one quiet for longer than that read as dead. Its recorded process decides."""
+    from ralph_ray import liveness
+
+    process = _sleeper()
+    try:
+        driver = _recorded(process)
+        assert driver["started"] is not None and liveness.driver_alive(driver) is True
+        assert not liveness.is_stale("running", 10**6, {}, driver)  # quiet for days, but its driver runs
+        # the same PID started at another time: a later process that reused it
+        assert liveness.driver_alive({**driver, "started": str(int(driver["started"]) + 1)}) is False
+        # on another host, boot or PID namespace this process cannot tell: silence decides
+        for key in ("host", "boot", "pid_ns"):
+            elsewhere = {**driver, key: "elsewhere"}
+            assert liveness.driver_alive(elsewhere) is None
+            assert liveness.is_stale("running", 10**6, {}, elsewhere)
+            assert not liveness.is_stale("running", 10, {}, elsewhere)
+    finally:
+        process.kill()
+        process.wait()
+    assert liveness.driver_alive(driver) is False
+    assert liveness.is_stale("running", 1, {}, driver)  # it wrote a second ago, but it is gone
+    assert not liveness.is_stale("finished", 1, {}, driver)
+    assert f"its driver (PID {process.pid} on {driver['host']}) is no longer running" in liveness.why_stale(
+        1, {}, driver
+    )
+    assert liveness.driver_alive(None) is None and liveness.driver_alive({}) is None
+
+
+def test_a_campaign_records_its_driver_when_it_starts_and_when_it_resumes(tmp_path: Path):
+    from ralph_ray import liveness
+    from ralph_ray.state import CampaignState, open_state
+
+    open_state(tmp_path, "r1", resuming=False)
+    recorded = liveness.recorded_driver(tmp_path)
+    assert recorded == liveness.this_driver() and liveness.driver_alive(recorded) is True
+    state = CampaignState.load(tmp_path)
+    state.driver = {**recorded, "pid": 1, "started": "0"}  # an earlier driver's record
+    state.save(tmp_path)
+    open_state(tmp_path, "r1", resuming=True)
+    assert liveness.recorded_driver(tmp_path)["pid"] == os.getpid()
+    assert liveness.recorded_driver(tmp_path / "missing") is None and liveness.recorded_driver("") is None

@@ -147,6 +147,24 @@ def test_a_running_campaign_that_stopped_writing_is_shown_stale_without_stop(
     assert not at.button  # nobody left to stop
 
 
+def test_a_running_campaign_whose_driver_died_is_stale_though_it_just_wrote(tmp_path: Path):
+    # Its state.json records its driver's process; the app beside it reads the process table (liveness.driver_alive).
+    import subprocess
+    import sys
+
+    from ralph_ray import liveness
+    from ralph_ray.state import CampaignState
+
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    driver = {**liveness.this_driver(), "pid": process.pid, "started": liveness._start_ticks(process.pid) or "0"}
+    process.wait()
+    root = kb_with_run(tmp_path, "running")
+    CampaignState("r1", driver=driver).save(tmp_path / "runs" / "r1")
+    at = open_page(root, "views/status.py")
+    assert f"its driver (PID {process.pid} on {driver['host']}) is no longer running" in texts(at)
+    assert {m.label: m.value for m in at.metric}["status"] == "stale" and not at.button
+
+
 def test_a_running_campaign_that_writes_is_live_with_stop(tmp_path: Path):
     at = open_page(kb_with_run(tmp_path, "running"), "views/status.py")
     assert "stopped unexpectedly" not in texts(at)
