@@ -14,7 +14,9 @@ KNOB_ALIASES = {
     "LR": ("LEARNING_RATE", "BASE_LR"),
     "EPOCHS": ("NUM_EPOCHS", "N_EPOCHS", "MAX_EPOCHS"),
     "BATCH_SIZE": ("BATCH", "BS"),
-    "WIDTH": ("HIDDEN", "HIDDEN_SIZE", "CHANNELS"),
+    # a transformer's width: its embedding size (doubling keeps it a multiple of any head count)
+    "WIDTH": ("HIDDEN", "HIDDEN_SIZE", "CHANNELS", "EMBED_DIM", "D_MODEL", "HIDDEN_DIM"),
+    "DEPTH": ("N_LAYERS", "NUM_LAYERS", "N_BLOCKS", "NUM_BLOCKS"),
     "WEIGHT_DECAY": ("WD",),
 }
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import Diagnosis
@@ -258,6 +259,53 @@ def test_knob_moves_find_the_trainers_own_spelling():
     assert read_knobs(apply(CATALOG.get("smaller_batch"), flat))["BATCH"] == 16
 
 
+# A user's ViT (user trial): its capacity is EMBED_DIM and DEPTH, which no knob move reached.
+TINY_VIT = """
+import torch
+from torch import nn
+
+EMBED_DIM = 32  # the token width
+DEPTH = 2  # transformer layers
+NUM_HEADS = 4  # attention heads (EMBED_DIM must stay a multiple)
+PATCH = 4  # pixels per patch side (8x8 digits: 4 patches)
+
+
+def build() -> nn.Module:
+    layer = nn.TransformerEncoderLayer(EMBED_DIM, NUM_HEADS, dim_feedforward=2 * EMBED_DIM, batch_first=True)
+    return nn.ModuleDict(
+        {
+            "embed": nn.Linear(PATCH * PATCH, EMBED_DIM),
+            "encoder": nn.TransformerEncoder(layer, DEPTH, enable_nested_tensor=False),
+            "head": nn.Linear(EMBED_DIM, 10),
+        }
+    )
+
+
+def forward(model: nn.ModuleDict, x: torch.Tensor) -> torch.Tensor:
+    patches = x.reshape(-1, 2, PATCH, 2, PATCH).permute(0, 1, 3, 2, 4).reshape(-1, 4, PATCH * PATCH)
+    return model["head"](model["encoder"](model["embed"](patches)).mean(1))
+"""
+
+
+def test_a_transformers_width_and_depth_are_knob_moves():
+    widened = apply(CATALOG.get("widen"), TINY_VIT)
+    deeper = apply(CATALOG.get("more_blocks"), widened)
+    assert read_knobs(deeper) == {"EMBED_DIM": 64, "DEPTH": 3, "NUM_HEADS": 4, "PATCH": 4}
+    with pytest.raises(NotApplicable, match="no literal hidden width"):
+        apply(CATALOG.get("widen_layers"), TINY_VIT)  # the move reaches it: no second way to double it
+    trainer: dict = {}
+    exec(compile(deeper, "train.py", "exec"), trainer)  # the moved trainer still builds and predicts
+    model = trainer["build"]()
+    assert len(model["encoder"].layers) == 3 and model["embed"].out_features == 64
+    assert trainer["forward"](model, torch.zeros(5, 8, 8)).shape == (5, 10)
+    with pytest.raises(NotApplicable, match="has no knob DEPTH"):
+        apply(CATALOG.get("more_blocks"), DIGITS)  # a CNN whose depth is its code, not a knob
+    capped = rewrite_knobs(TINY_VIT, {"DEPTH": 12})
+    assert read_knobs(apply(CATALOG.get("more_blocks"), rewrite_knobs(TINY_VIT, {"DEPTH": 11})))["DEPTH"] == 12
+    with pytest.raises(NotApplicable):
+        apply(CATALOG.get("more_blocks"), capped)  # at its cap: the move would change nothing
+
+
 def test_added_knobs_join_the_knob_block():
     source = apply(CATALOG.get("grokfast_filter"), DIGITS)
     knobs = read_knobs(source)
@@ -362,10 +410,11 @@ RL_ENTRIES = {
 KTO_ENTRIES = {"more_samples_per_prompt", "raise_desirable_weight", "add_true_answers", "more_kto_prompts"}
 
 
-def test_all_but_three_entries_apply_to_the_seed():
+def test_all_but_four_entries_apply_to_the_seed():
+    # more_blocks moves a DEPTH knob (a transformer's layers: test_a_transformers_width_and_depth_are_knob_moves)
     assert (
         set(CATALOG.names()) - set(ON_SEED)
-        == {"add_dropout", "add_weight_decay", "widen_layers"} | RL_ENTRIES | KTO_ENTRIES
+        == {"add_dropout", "add_weight_decay", "widen_layers", "more_blocks"} | RL_ENTRIES | KTO_ENTRIES
     )
 
 
