@@ -24,7 +24,7 @@ from ralph_ray.agents.base import (
     TrialSummary,
     Usage,
 )
-from ralph_ray.agents.catalog import NotApplicable, apply, apply_files, load_catalog, model_file
+from ralph_ray.agents.catalog import NotApplicable, apply, apply_files, check_files, load_catalog, model_file
 from ralph_ray.agents.heuristic import (
     MIN_RECOMMENDATIONS,
     TOO_SLOW_EPOCH_SECONDS,
@@ -686,6 +686,23 @@ def test_a_layer_intervention_on_a_model_from_outside_the_folder_says_why(tmp_pa
 def test_the_model_file_is_read_from_the_import(imports: str, built: str, expected: tuple[str, str] | None):
     source = (MULTIFILE / "train.py").read_text().replace("from models import BlockCNN", imports)
     assert model_file(source.replace("BlockCNN(data.num_classes)", built)) == expected
+
+
+def test_a_wrapper_of_the_model_is_not_taken_for_its_class():
+    """User trial: on the digits seed, `model = harness.wrap(model)` was read as the model's construction, and
+    widen_layers and add_dropout were refused as "the model's class `wrap` is imported from `ralph_ray/harness.py`"
+    (its class Net is in train.py). A call given the model itself wraps it: the class is the one it wraps."""
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert "model = harness.wrap(model)" in seed and model_file(seed) is None
+    for name in ("widen_layers", "add_dropout"):
+        with pytest.raises(NotApplicable) as refused:
+            check_files(CATALOG.get(name), {"train.py": seed})
+        assert "harness" not in str(refused.value) and "wrap" not in str(refused.value)
+    source = (MULTIFILE / "train.py").read_text()
+    compiled = source.replace(
+        "BlockCNN(data.num_classes)", "BlockCNN(data.num_classes)\n    model = torch.compile(model)", 1
+    )
+    assert "torch.compile(model)" in compiled and model_file(compiled) == ("models.py", "BlockCNN")
 
 
 def test_a_rule_about_the_models_contents_reads_the_module_it_is_imported_from(tmp_path: Path):

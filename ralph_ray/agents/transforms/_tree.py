@@ -646,6 +646,20 @@ class Trainer:
             raise NotApplicable(f"no `{model} = ...` line before the optimizer")
         return built[-1]
 
+    def _model_constructed(self) -> cst.BaseExpression:
+        """The value the model is constructed from: the last `<model> = ...` before the optimizer that does not wrap
+        the model itself (`model = harness.wrap(model)`, `torch.compile(model)`: the class is the one wrapped)."""
+        model, last = self.model_name(), self.order(self.model_built())
+        built = [s for s in self.statements(self.module) if assign_target(s) == model and self.order(s) <= last]
+        for statement in reversed(built):
+            value = assign_value(statement)
+            wrapped = isinstance(value, cst.Call) and any(
+                isinstance(arg.value, cst.Name) and arg.value.value == model for arg in value.args
+            )
+            if not wrapped:
+                return value
+        raise NotApplicable(f"no `{model} = ...` line that builds the model")
+
     def model_name(self) -> str:
         """The model whose `.parameters()` the optimizer gets (an nn.Module), as the training step's function names
         it: the builder's own name where the step is in reach of it, else the object whose method built the
@@ -1028,7 +1042,7 @@ class Trainer:
         "ResNetSmall")` for `from models import ResNetSmall as Net`; None where train.py defines it, or it is not
         found."""
         try:
-            value = assign_value(self.model_built())
+            value = self._model_constructed()
         except NotApplicable:
             return None
         while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in MOVES:
