@@ -363,8 +363,9 @@ def progress_chart(timeline: pd.DataFrame, target: float | None, sign: float = 1
 
 
 def score_chart(board: pd.DataFrame, target: float | None, sign: float = 1.0) -> alt.LayerChart:
-    """Each variant's best selection score (best first), with the campaign's target as a dashed rule. Scores as
-    stored (oriented); `sign` -1 draws a min metric's values, lowest first."""
+    """Each variant's best selection score in the leaderboard's order (rank 1, the pick, first: by replicate mean where
+    replicated), with the campaign's target as a dashed rule. Scores as stored (oriented); `sign` -1 draws a min
+    metric's values."""
     data = as_values(board.dropna(subset=["selection_score"]), sign)
     data = data.assign(variant=data["variant_id"].map(short))
     target = None if target is None else sign * target
@@ -374,8 +375,10 @@ def score_chart(board: pd.DataFrame, target: float | None, sign: float = 1.0) ->
         .encode(
             x=alt.X(
                 "variant:N",
-                sort=alt.EncodingSortField("selection_score", order="descending" if sign > 0 else "ascending"),
-                title="variant (best first)",
+                # The rank, not the best trial's score: the seed's lucky trial put it first beside a pick (rank 1)
+                # ranked by its replicate mean (user trial)
+                sort=alt.EncodingSortField("rank", order="ascending"),
+                title="variant (by rank, the pick first)",
                 axis=alt.Axis(labelAngle=-45),
             ),
             y=alt.Y("selection_score:Q", title="selection score", scale=alt.Scale(zero=False)),

@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     err = Console(stderr=True, soft_wrap=True)
     if any(a in ("-h", "--help") for a in argv):
-        print(USAGE)
+        from ralph_ray.commands import COMMANDS, usage
+
+        # `kb sql --help` asks about kb sql (and `status --help` about the commands), not about running a campaign
+        print(usage(argv) if argv[0] in COMMANDS else USAGE)
         return ExitCode.ok
     from ralph_ray.commands import COMMANDS
 

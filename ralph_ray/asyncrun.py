@@ -60,6 +60,7 @@ class AsyncCampaign(Campaign):
         self.children: dict[str, Child] = {}  # every bred child in breed order, rejected ones too
         self.judged: set[str] = set()
         self.awaiting: set[str] = set()  # children whose verdict waits for replicates (theirs or their parent's)
+        self.tally = replicates.Tally()  # every replicate by (variant, knobs): only a variant's best knobs' count
         self.forecaster = forecast.make(cfg)  # scheduler.forecast: stops trials whose forecast cannot win
         self.decision: Decision | None = None
         self.stop_now = False
@@ -185,7 +186,8 @@ class AsyncCampaign(Campaign):
         self.trials.append(trial)
         kill_point("after_completion")
         self._note_gpu_use(trial)
-        score = f"{trial.selection_score:.4f}" if trial.selection_score is not None else "-"
+        # the metric's own value (a min metric's is stored as -value)
+        score = f"{self.cfg.metric_sign() * trial.selection_score:.4f}" if trial.selection_score is not None else "-"
         self._log(
             f"  trial {trial.trial_id} gen {trial.cycle} {trial.variant_id}: {trial.status.value} {score} "
             f"({trial.seconds:.1f}s){' ' + trial.reason if trial.reason else ''}"
@@ -194,11 +196,14 @@ class AsyncCampaign(Campaign):
             return  # cut short by the end of the run: a resume runs it again
         member = self.pool.finish(trial)
         if trial.replicate:
+            done = trial.status is TrialStatus.completed
+            score, test = (trial.selection_score, trial.test_score) if done else (None, None)
+            self.tally.note(trial.variant_id, trial.knobs, trial.seed, score, test)
             self._replicates_in()
-        elif member is not None and member.judged and member.variant_id in self.children:
+        elif member is not None and member.judged and member.variant_id in self.children and not self._judged(member):
             self._judge(member)
-        elif member is not None and member.judged and member.generation == 1:
-            self._replicate([member.variant_id])  # the seed's sample: every later verdict needs it
+        elif member is not None and member.judged and self._follows_best(member):
+            self._replicate([member.variant_id])
         self._check()
 
     # -- breeding (the breeder's thread) ---------------------------------------------------------
@@ -217,16 +222,18 @@ class AsyncCampaign(Campaign):
             children = [knob_child(parent, view.files_dir, variants_root)]
         else:
             view = history.parent_view(con, self.run_id, parent, variants_root, baked, cfg.trainer_dir())
-            if self.analyst is not None:
+            budget = self._campaign_budget(con, generation)
+            over = budget.spent() if budget else None  # spent: no call; the decision engine stops the campaign
+            if self.analyst is not None and over is None:
                 effects = history.effects(con, cfg.task.name, cfg.task.metric, cfg.task.direction)
                 analysis, spent = analyse(self.analyst, view, effects, self._log)
-                usage.append((parent.variant_id, spent))
+                usage.append((parent.variant_id, budget.track(spent) if budget else spent))
             else:
                 from ralph_ray.agents.base import Analysis
 
-                analysis = Analysis(parent.variant_id, [], "", [])
+                analysis = Analysis(parent.variant_id, [], f"not analysed: {over}" if over else "", [])
             with (folder / "analysis.md").open("a") as notes:
-                notes.write(analysis_note(parent, analysis) + "\n")
+                notes.write(analysis_note(parent, analysis, cfg.metric_sign()) + "\n")
             known = history.known_variants(con, self.run_id) | frozenset(self.children)
             breeder = Breeder(
                 self.coder,
@@ -239,6 +246,7 @@ class AsyncCampaign(Campaign):
                 known,
                 cfg.safeguards.tokens_per_cycle,
                 self._log,
+                budget,
             )
             children, wasted = breed(breeder, parent, view, analysis)
             usage += [(c.variant_id, c.usage) for c in children if c.usage.calls]
@@ -301,13 +309,44 @@ class AsyncCampaign(Campaign):
 
     # -- verdicts, decisions ---------------------------------------------------------------------
 
-    def _judge(self, member: Member) -> None:
-        """A child's trials are all in: kept, discarded or crashed against its parent, with its interventions."""
+    def _follows_best(self, member: Member) -> bool:
+        """Whether its replicates follow its best knobs: the seed's (every later verdict needs its sample) and a kept
+        child's once replicated. A later knob sample that becomes its best is run again, so its leaderboard mean, the
+        campaign's floor and the next verdict against it measure the knobs it is shown and bred with (a discarded
+        child's best moving costs no replicates: nothing is judged against it)."""
+        child = self.children.get(member.variant_id)
+        return member.generation == 1 or bool(
+            member.replica_seeds and child is not None and child.status is VariantStatus.kept
+        )
+
+    def _judged(self, member: Member) -> bool:
+        """Its verdict is given (a later knob sample of a kept child is a parent's sample, not a reason to judge)."""
         child = self.children[member.variant_id]
-        if child.variant_id in self.judged or child.status is not VariantStatus.candidate:
+        return child.variant_id in self.judged or child.status is not VariantStatus.candidate
+
+    def _replicated(self) -> dict[str, replicates.Replicated]:
+        """Each variant's replicates of its best knobs as they stand (replicates.Tally.at)."""
+        with self.pool.changed:  # the breeder's thread adds members meanwhile
+            best = {v: dict(m.best_knobs) for v, m in self.pool.members.items() if m.best is not None}
+        return self.tally.at(best)
+
+    def _judge(self, member: Member) -> None:
+        """A child's trials are all in: kept, discarded or crashed against its parent, with its interventions.
+
+        With replicates, a child is judged against its parent's replicates of the parent's best knobs as they stand
+        when it is judged: replicated again first where the parent's best moved since its replicates ran (`short`
+        counts replicates per knobs). Not against the knobs it was bred from: the leaderboard, the pick and the
+        campaign's floor measure a variant at its best knobs, and a keep there is one over the parent as it is
+        shown; a parent that improved by its own knob search since has that gain in the reference, so a knob
+        change is never counted as the intervention's win (user trial: a child bred from the seed's new best knobs
+        was kept against the mean of the seed's old ones).
+        """
+        if self._judged(member):
             return
+        child = self.children[member.variant_id]
         comparison, guards = None, self.cfg.safeguards
-        reps = self.pool.replicated() if guards.replicates else None
+        reps = self._replicated() if guards.replicates else None
+        self._note_unvaried(reps)
         # The parent's best over as many search trials as the child had: the parent keeps training knob samples
         # after a child is bred from its first trial. The score it had then (child.parent_score) made a child that
         # lost to it a win in intervention_effects (user trial: +0.0185 recorded for a child 0.009 below its
@@ -326,7 +365,9 @@ class AsyncCampaign(Campaign):
         child.status, child.reason = child_verdict(
             member.finished, member.failed, member.best, parent_best, guards.min_delta, child.reason, comparison
         )
-        child.parent_score = parent_best  # what it was judged against: the variants and interventions rows say so
+        # What it was judged against (the parent's replicate mean where the verdict read one): the variants and
+        # interventions rows say so
+        child.parent_score = records.measured(member.best, parent_best, comparison)[1]
         self.awaiting.discard(child.variant_id)
         self.judged.add(child.variant_id)
         scores = {child.variant_id: (member.best, None)} if member.best is not None else {}
@@ -339,12 +380,7 @@ class AsyncCampaign(Campaign):
             self.kb.put(
                 "interventions",
                 records.intervention_rows(
-                    self.run_id,
-                    self.cfg.task.name,
-                    member.generation,
-                    child,
-                    member.best,
-                    replicates.means(reps) if reps is not None else None,
+                    self.run_id, self.cfg.task.name, member.generation, child, member.best, comparison
                 ),
                 records.part(self.run_id, member.generation, "effects", child.variant_id),
             )
@@ -360,7 +396,7 @@ class AsyncCampaign(Campaign):
         present = [v for v in variants if v in members]
         if not count or not present:
             return False
-        reps = self.pool.replicated()
+        reps = self._replicated()  # of each variant's best knobs: a parent whose best moved is short again
         wanted = [v for v in present if members[v].best is not None and replicates.short(reps.get(v), count)]
         wanted = [v for v in wanted if not members[v].replicas_pending]
         configs = replicates.points(
@@ -411,7 +447,7 @@ class AsyncCampaign(Campaign):
         state.best_trial_id = best.best_trial_id if best else None
         advanced = closed > len(state.best_by_cycle)
         guards = cfg.safeguards
-        floor = replicates.campaign_floor(self.pool.replicated(), guards.confidence) if guards.replicates else None
+        floor = replicates.campaign_floor(self._replicated(), guards.confidence) if guards.replicates else None
         while len(state.best_by_cycle) < closed:
             state.best_by_cycle.append(state.best_selection_score)
         while guards.replicates and len(state.floor_by_cycle) < closed:
@@ -435,6 +471,7 @@ class AsyncCampaign(Campaign):
             self._elapsed(),
             manual,
             state.floor_by_cycle[:-1] + [floor] if guards.replicates else None,
+            sign=cfg.metric_sign(),
         )
         decision = decide(facts, cfg.safeguards)
         # "No trial completed" only once none can: the seed's search still open, or a trial still running (a
@@ -599,9 +636,10 @@ class AsyncCampaign(Campaign):
                 continue
             mine = [t[:5] for t in trials if t[1] == variant_id and not t[5]]
             member = self._member(child, int(generation), started=len(mine))
-            for _, _, trial_status, _, score, _, seed, test in (t for t in trials if t[1] == variant_id and t[5]):
+            for _, _, trial_status, knobs, score, _, seed, test in (t for t in trials if t[1] == variant_id and t[5]):
                 done = trial_status == TrialStatus.completed.value
                 member.note_replicate(int(seed), score if done else None, test if done else None)
+                self.tally.note(variant_id, knobs, int(seed), score if done else None, test if done else None)
             member.finished = len(mine)
             member.failed = sum(t[2] == TrialStatus.failed.value for t in mine)
             self.pool.add(member)
@@ -613,6 +651,8 @@ class AsyncCampaign(Campaign):
                 self._judge(member)  # its last trial was recorded, its verdict not yet
             elif member.judged and status is VariantStatus.seed:
                 self._replicate([variant_id])  # replicates a stop cut short run again
+            if member.judged and status is VariantStatus.kept and self._follows_best(member):
+                self._replicate([variant_id])  # a kept child whose best moved before the stop (see _sink)
         queued = self.pool.queued()
         self._log(
             f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "
@@ -632,7 +672,9 @@ class _StopNow(tune.Stopper):
 
     def stop_all(self) -> bool:
         c = self.campaign
-        return c.stop_now or stop_requested(c.run_dir) or c._time_spent()
+        # A failed breeder (a key revoked, a model gone: AgentConfigError) ends the run as a stop request does; the
+        # driver then raises its error. Left running, the seed's knob samples filled the slots until a budget.
+        return c.stop_now or c.breeder.error is not None or stop_requested(c.run_dir) or c._time_spent()
 
     def __getstate__(self) -> dict[str, Any]:
         return {}  # Tune pickles its run config; the campaign lives only in this driver

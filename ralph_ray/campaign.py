@@ -17,8 +17,9 @@ import numpy as np
 from rich.console import Console
 
 from ralph_ray import environment, finaltrain, history, records, sigterm, timeline, tracking, warmcheck
+from ralph_ray.agents import preflight
 from ralph_ray.asyncrun import AsyncCampaign
-from ralph_ray.config import Config, PopulationMode, budget_unread, sandbox_policy, short_budget
+from ralph_ray.config import Config, PopulationMode, budget_unread, final_unread, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import interrupt_point
@@ -53,6 +54,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     driver_setup()
     console, kb_root = console or Console(soft_wrap=True), Path(cfg.paths.kb).resolve()
     run_id, run_dir, resuming = locate(cfg)
+    preflight(cfg)  # the agents' endpoint or CLI: a refusal (exit 2) writes nothing of the run
     # The sandbox first, then the data: either missing stops here, before a run is recorded or Ray starts.
     announce(sandbox_policy(cfg), console.print)
     cfg.trial.warm = warmcheck.announce(sandbox_policy(cfg), cfg.trial.warm, console.print)
@@ -65,8 +67,9 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     if warning := unusual_direction(splits.metric):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     infer_images(cfg, splits.train_x, console.print)  # before the run row records the config and the agents read it
-    if warning := budget_unread(cfg):
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    for warning in (budget_unread(cfg), final_unread(cfg)):
+        if warning:
+            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
         f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value}, "

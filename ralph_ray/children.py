@@ -30,6 +30,7 @@ from ralph_ray.agents.base import (
     Usage,
 )
 from ralph_ray.decision import child_verdict
+from ralph_ray.eventlog import write_event
 from ralph_ray.gate import Gate, GateError
 from ralph_ray.knobs import read_knobs, with_knobs
 from ralph_ray.noise import Comparison
@@ -63,6 +64,7 @@ class Child:
     attempts: int = 1
     usage: Usage = field(default_factory=Usage)
     rejected_by: RejectedBy | None = None  # what rejected it (status rejected), else None
+    refusals: list[str] = field(default_factory=list)  # every gate refusal of its attempts ("attempt N: why")
 
     def as_json(self) -> dict[str, Any]:
         """For children.json (resume reads it back)."""
@@ -89,6 +91,46 @@ class Child:
         )
 
 
+class CampaignBudget:
+    """The campaign's agent budgets (safeguards.tokens_per_campaign, cost_per_campaign) while children are written:
+    what was spent before plus every call made since (analysis, each attempt and its retries, from any thread).
+    A coder call is made only while it is not spent, so the overshoot is the calls already in flight."""
+
+    def __init__(
+        self,
+        tokens: int | None,
+        cost: float | None,
+        spent_tokens: int,
+        spent_cost: float,
+        price_in_per_m: float,
+        price_out_per_m: float,
+    ) -> None:
+        self.tokens, self.cost = tokens, cost
+        self.spent_tokens, self.spent_cost = spent_tokens, spent_cost
+        self.prices = (price_in_per_m, price_out_per_m)
+        self._usages: list[Usage] = []  # live: an agent adds each call to its Usage as it returns
+        self._lock = threading.Lock()
+
+    def track(self, usage: Usage) -> Usage:
+        """Count `usage` (and whatever is added to it later) against the budgets; returns it."""
+        with self._lock:
+            self._usages.append(usage)
+        return usage
+
+    def spent(self) -> str | None:
+        """Why no further agent call may be made (a budget the decision engine stops the campaign on), else None."""
+        with self._lock:
+            tokens_in = sum(u.tokens_in for u in self._usages)
+            tokens_out = sum(u.tokens_out for u in self._usages)
+        tokens = self.spent_tokens + tokens_in + tokens_out
+        cost = self.spent_cost + (tokens_in * self.prices[0] + tokens_out * self.prices[1]) / 1e6
+        if self.tokens is not None and tokens > self.tokens:
+            return f"safeguards.tokens_per_campaign={self.tokens} spent ({tokens} tokens)"
+        if self.cost is not None and cost > self.cost:
+            return f"safeguards.cost_per_campaign={self.cost:g} spent (agents cost {cost:.4f})"
+        return None
+
+
 @dataclass(frozen=True)
 class Breeder:
     """Everything the children step needs, decided by the orchestrator."""
@@ -103,6 +145,7 @@ class Breeder:
     known_variants: frozenset[str]  # ids already in this run: a child identical to one of them is no child
     token_budget_left: int | None  # None: unlimited
     log: Callable[[str], None]
+    campaign_budget: CampaignBudget | None = None  # None: no campaign budget, or checked only between batches
 
 
 def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "train.py") -> Path:
@@ -146,11 +189,12 @@ def seed_child(
     )
 
 
-def analysis_note(parent: Candidate, analysis: Analysis) -> str:
-    """One parent's section of the cycle's analysis.md."""
+def analysis_note(parent: Candidate, analysis: Analysis, sign: float = 1.0) -> str:
+    """One parent's section of the cycle's analysis.md, its score as the metric's value (`sign` -1: a min metric's,
+    stored as -value)."""
     diagnoses = ", ".join(d.value for d in analysis.diagnoses) or "-"
     return (
-        f"## parent {parent.variant_id} (selection {parent.selection_score:.4f})\n\n"
+        f"## parent {parent.variant_id} (selection {sign * parent.selection_score:.4f})\n\n"
         f"diagnoses: {diagnoses}\n\n{analysis.summary}\n"
     )
 
@@ -182,11 +226,13 @@ def analyse_parents(
     effects: list[InterventionEffect],
     shown: int,
     log: Callable[[str], None],
+    sign: float = 1.0,
 ) -> tuple[list[str], dict[str, Any], list[tuple[str, Usage]]]:
     """Every parent diagnosed: its analysis.md section, its recommendations.json entry, and what each call cost.
 
     Each parent's view is built even without an analyst (agent=none): it bakes the knob children's code.
-    `shown`: how many of a parent's top recommendations the log names (the children it will get).
+    `shown`: how many of a parent's top recommendations the log names (the children it will get); `sign` -1: a min
+    metric's scores, shown as its values.
     """
     notes: list[str] = []
     recs: dict[str, Any] = {}
@@ -197,7 +243,7 @@ def analyse_parents(
             continue
         analysis, usage = analyse(analyst, parent_view, effects, log)
         spent.append((parent.variant_id, usage))
-        notes.append(analysis_note(parent, analysis))
+        notes.append(analysis_note(parent, analysis, sign))
         recs[parent.variant_id] = analysis_json(analysis)
         top = ", ".join(r.intervention for r in analysis.recommendations[:shown])
         diagnoses = ", ".join(recs[parent.variant_id]["diagnoses"]) or "-"
@@ -289,7 +335,7 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
     def attempt(index: int, rec: Recommendation) -> Child | None:
         if stop.is_set():
             return None
-        usage = Usage()
+        usage = breeder.campaign_budget.track(Usage()) if breeder.campaign_budget else Usage()
         try:
             child = _one_child(breeder, parent, view, rec, index, seen, lock, usage)
         except BaseException:
@@ -298,6 +344,8 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
         if child is None:
             with lock:
                 wasted.add(usage)
+        elif child.rejected_by is RejectedBy.budget and breeder.campaign_budget and breeder.campaign_budget.spent():
+            stop.set()  # the campaign's budget is spent: the queued attempts never call the coder
         return child
 
     # First pass: the top choices concurrently; then top up from the rest when some were duplicates.
@@ -346,9 +394,13 @@ def _one_child(
     rejected_by: RejectedBy | None = None
     rationale = rec.rationale
     interventions = [rec.intervention]
+    refusals: list[str] = []
     for attempt in range(1, breeder.max_retries + 2):
         if breeder.token_budget_left is not None and usage.tokens > breeder.token_budget_left:
             reason, rejected_by = f"token budget for this cycle spent after {usage.tokens} tokens", RejectedBy.budget
+            break
+        if breeder.campaign_budget is not None and (spent := breeder.campaign_budget.spent()):
+            reason, rejected_by = f"{spent} before coder call {attempt}", RejectedBy.budget
             break
         if workdir.exists():
             shutil.rmtree(workdir)
@@ -372,6 +424,17 @@ def _one_child(
             feedback = reason = str(err)
             rejected_by = RejectedBy.gate
             breeder.log(f"    gate refused {parent.variant_id} + {rec.intervention} (attempt {attempt}): {err}")
+            # Each refusal is recorded, not only the last: a child that tried an engine import and then passed kept
+            # no trace of it but the console (user trial). The variants dir's folder is the run dir (rundir).
+            refusals.append(f"attempt {attempt}: {err}")
+            write_event(
+                breeder.variants_root.parent,
+                "gate_refused",
+                parent_id=parent.variant_id,
+                interventions=interventions,
+                attempt=attempt,
+                reason=str(err),
+            )
             if refused.exists():
                 shutil.rmtree(refused)
             workdir.rename(refused)
@@ -394,6 +457,7 @@ def _one_child(
             None,
             attempt,
             usage,
+            refusals=refusals,
         )
     # Rejected: keep the last draft the gate refused (else the last attempt's files) so the diff shows what went wrong.
     # A retry starts from the parent's copy, so a coder that then gave up (the heuristic one always does) left the
@@ -422,6 +486,7 @@ def _one_child(
         breeder.max_retries + 1,
         usage,
         rejected_by,
+        refusals,
     )
 
 
@@ -439,6 +504,7 @@ def _child(
     attempts: int,
     usage: Usage,
     rejected_by: RejectedBy | None = None,
+    refusals: list[str] | None = None,
 ) -> Child:
     diff = unified_diff(view.files_dir, files_dir)
     (files_dir.parent / "diff.patch").write_text(diff)
@@ -458,6 +524,7 @@ def _child(
         attempts,
         usage,
         rejected_by,
+        list(refusals or []),
     )
     (files_dir.parent / "meta.json").write_text(
         json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str)

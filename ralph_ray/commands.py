@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -15,6 +16,8 @@ from ralph_ray.kb import open_reader
 from ralph_ray.state import CampaignState, RunStatus
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
+# The KB root when no --kb is given: $RALPH_KB (as the app reads it), else ./kb.
+KB_ENV = "RALPH_KB"
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
        ralph-ray export RUN_ID [VARIANT] [--search] [--out DIR] [--to hf REPO_ID]
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
@@ -34,7 +37,22 @@ USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--r
   kb check list the knowledge base's damaged Parquet parts; --repair moves them to <kb>/damaged/ (deletes nothing)
   kb compact merge finished campaigns' parts into one sorted file per table (fast queries on a big KB)
   kb sql   one SQL query over the KB's views (leaderboard, curves, lineage, ...), printed (--csv: as CSV)
+The KB is --kb DIR, else $RALPH_KB, else ./kb. A run id not under --runs is found in the run dir the KB recorded.
 """
+KB_SQL_USAGE = """usage: ralph-ray kb sql "QUERY" [--csv] [--kb DIR]
+  one SQL query over the knowledge base's views, printed as a table (--csv: as CSV on stdout); read-only, no lock
+  views: leaderboard (one row per variant, ranked: rank 1 is the pick), curves, lineage, intervention_effects,
+         budgets, not_applicable, and the tables runs, cycles, variants, trials, epochs, interventions, decisions,
+         agent_usage, segments
+  --kb DIR  the KB root (default $RALPH_KB, else ./kb)
+  e.g. ralph-ray kb sql "select variant_id, rank, mean_score, ci_low, ci_high from leaderboard where run_id = 'ID'"
+"""
+
+
+def usage(argv: list[str]) -> str:
+    """The help of a command line (`kb sql --help`: the kb sql usage; any other command: the commands' usage)."""
+    args = [a for a in argv if a not in ("-h", "--help")]
+    return KB_SQL_USAGE if args[:2] == ["kb", "sql"] else USAGE
 
 
 def main(argv: list[str], console: Console) -> int:
@@ -58,10 +76,15 @@ def main(argv: list[str], console: Console) -> int:
         return ExitCode.safeguard_or_config
     run_dir = runs / run_id
     if not (run_dir / "state.json").exists():
-        console.print(
-            f"[red]error:[/] no campaign {run_id} under {runs.resolve()} (pass --runs DIR if it lives elsewhere)"
-        )
-        return ExitCode.safeguard_or_config
+        recorded = _recorded_run_dir(kb, run_id)
+        if recorded is None:
+            console.print(
+                f"[red]error:[/] no campaign {run_id} under {runs.resolve()} (pass --runs DIR if it lives elsewhere)"
+            )
+            return ExitCode.safeguard_or_config
+        # One KB shared by several runs dirs: the KB's runs row says where this run lives (user trial).
+        console.print(f"run {run_id} is not under {runs.resolve()}: using {recorded}, as the knowledge base records")
+        run_dir, runs = recorded, recorded.parent
     if command == "stop":
         return _stop(console, run_dir, runs, kb)
     if command == "report":
@@ -70,6 +93,16 @@ def main(argv: list[str], console: Console) -> int:
         console.print(f"wrote {write_report(kb, run_id, run_dir)}")
         return ExitCode.ok
     return _status(console, run_dir, kb)
+
+
+def _recorded_run_dir(kb: Path, run_id: str) -> Path | None:
+    """The run dir the KB's runs row records for `run_id`, where it still holds the run (None: no KB, no row, gone)."""
+    try:
+        row = open_reader(kb).execute(sql.RUN_DIR, [run_id]).fetchone()
+    except FileNotFoundError:
+        return None
+    run_dir = Path(str(row[0])) if row and row[0] else None
+    return run_dir if run_dir is not None and (run_dir / "state.json").exists() else None
 
 
 def _stop(console: Console, run_dir: Path, runs: Path, kb: Path) -> int:
@@ -128,7 +161,7 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         why = liveness.why_stale(quiet, config, state.driver)
         console.print(f"[red]  {why}; continue it with `{resume}`[/]", highlight=False)
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.
-    from ralph_ray.finals import final_winner
+    from ralph_ray.finals import final_winner, worse_than_search
     from ralph_ray.report import fetch_rows, metric_values, replicate_spread
 
     task = _stored_task(run_dir)
@@ -141,9 +174,11 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     # A run with no finished cycle yet (an async campaign's first generation still open) printed `best per cycle: []`
     # beside a best selection score, which read as a contradiction (user trial).
     per_cycle = [round(value(b), 4) if b is not None else None for b in state.best_by_cycle]
+    # The best single search trial (its luck included), not the pick: the pick (rank 1, by replicate mean where
+    # replicated) is named below and heads the leaderboard (user trial: the two read as two answers to "best").
     console.print(
-        f"  best selection {task.get('metric') or 'score'} ({'lower' if sign < 0 else 'higher'} is better): {best}; "
-        + (f"best per cycle: {per_cycle}" if per_cycle else "no cycle finished yet")
+        f"  best single trial, selection {task.get('metric') or 'score'} ({'lower' if sign < 0 else 'higher'} is "
+        f"better): {best}; " + (f"best per cycle: {per_cycle}" if per_cycle else "no cycle finished yet")
     )
     try:
         con = open_reader(kb)
@@ -178,6 +213,9 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
             f"  final training of {of} {final['variant_id']}: selection "
             f"{value(final['selection_score']):.4f}, test {value(final['test_score']):.4f} (export's default)"
         )
+        searched = fetch_rows(con, sql.LEADERBOARD_ROW, [state.run_id, final["variant_id"]])
+        if warning := worse_than_search(final, searched[0] if searched else None, value):
+            console.print(f"  [yellow]warning:[/] {warning.replace('RUN_ID', state.run_id)}", highlight=False)
     table = Table(title="leaderboard", header_style="bold")
     for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
         table.add_column(column, no_wrap=column in ("rank", "variant"))  # ids stay whole, to copy into export
@@ -232,13 +270,15 @@ def _publish(argv: list[str], console: Console) -> int:
     try:
         if command == "export":
             from ralph_ray import hub
-            from ralph_ray.export import export
+            from ralph_ray.export import export, shipped_warning
 
             # A push that cannot happen (no package, no token) fails before a bundle is written.
             api = hub.client(repo_id) if repo_id is not None else None
             variant = rest[1] if len(rest) > 1 else None
             bundle = export(kb.resolve(), rest[0], variant, Path(out) if out else None, search)
             console.print(f"exported {bundle} (run it: python {bundle / 'reproduce.py'})")
+            if warning := shipped_warning(bundle):
+                console.print(f"[yellow]warning:[/] {warning}", highlight=False)
             if api is not None and repo_id is not None:
                 message = f"ralph_ray export of variant {bundle.name} from campaign {rest[0]}"
                 url = hub.push(api, bundle, repo_id, message)
@@ -277,7 +317,7 @@ def _take_hub(argv: list[str]) -> tuple[list[str], str | None, bool]:
 
 def _options(argv: list[str]) -> tuple[list[str], Path, Path]:
     """The positional arguments and the --runs / --kb folders (default runs/ and kb/) of a command line."""
-    args, runs, kb = [], Path("runs"), Path("kb")
+    args, runs, kb = [], Path("runs"), Path(os.environ.get(KB_ENV) or "kb")
     items = iter(argv)
     for item in items:
         if item == "--runs":

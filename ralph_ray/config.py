@@ -25,7 +25,9 @@ from ralph_ray.knobs import KnobError, is_knob_name, read_knobs, reported_metric
 from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
+from ralph_ray.seedcheck import harness_problem, unread_problem
 from ralph_ray.tasks import TASKS, find_task, task_names
+from ralph_ray.tasks.base import ScoredBy
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 from ralph_ray.variants import TRAINER_FILES, globbed, globs_file
 
@@ -488,7 +490,11 @@ class Config:
         target = self.target.selection_score
         if target is None:
             return None
-        return -target if self.task.direction == "min" else target
+        return self.metric_sign() * target
+
+    def metric_sign(self) -> float:
+        """-1 for a min metric, else 1: a stored (oriented) score times it is the metric's own value, as shown."""
+        return -1.0 if self.task.direction == "min" else 1.0
 
 
 def load_config(overrides: list[str] | None = None) -> Config:
@@ -784,6 +790,9 @@ def validate(cfg: Config) -> None:
     """Check values a type cannot express: signs, ranges, known names, required data roots."""
     task = _check_task(cfg)
     _check_task_paths(cfg)
+    scores_model = cfg.task.scored_by == ScoredBy.model.value
+    if problem := harness_problem(_seed_code(cfg), cfg.seed_entry(), scores_model):  # before its knobs' own check
+        raise ConfigError("task.trainer", *problem)
     for key, value in (
         ("task.selection_fraction", cfg.task.selection_fraction),
         ("task.test_fraction", cfg.task.test_fraction),
@@ -804,6 +813,8 @@ def validate(cfg: Config) -> None:
                 _check_space_in_trainer(cfg)
             raise
     _check_space_in_trainer(cfg)
+    if problem := unread_problem(_seed_code(cfg), list(cfg.search.space), cfg.seed_entry()):
+        raise ConfigError("search.space", *problem)
     _check_metric_in_trainer(cfg)
     if not cfg.search.space and cfg.agent.backend is AgentBackend.none:
         # A user trial: 111 trials in 60 s, each the seed's same run (same knobs, same seed).
@@ -932,6 +943,7 @@ def validate(cfg: Config) -> None:
             f"{task.metric.name} is in (0, 1], got {cfg.target.selection_score}",
             "set target.selection_score=0.99 or null",
         )
+    _check_target_sign(cfg, task)
     _positive("population.parents", cfg.population.parents)
     _positive("population.children_per_parent", cfg.population.children_per_parent)
     _positive("population.trials_per_child", cfg.population.trials_per_child)
@@ -990,6 +1002,28 @@ def validate(cfg: Config) -> None:
 
 # Metrics whose values are fractions in [0, 1] (a target outside (0, 1] is a mistake).
 FRACTION_METRICS = ("accuracy", "macro_f1")
+# Words of a min metric's name that say it is never negative (an MSE, an error, bits per byte, a perplexity):
+# `recon_mse`, lm's `bits_per_byte`, `val_loss`.
+NEVER_NEGATIVE = frozenset(
+    {"mse", "rmse", "mae", "mape", "bpb", "bpc", "bits_per_byte", "perplexity", "ppl", "wer", "cer", "loss"}
+)
+
+
+def _check_target_sign(cfg: Config, task: TaskFolder) -> None:
+    """A target is in the metric's own units. A negative one for a min metric that is never negative can never be
+    met: it is most likely the negated score the KB stores, copied (a user trial wrote -0.03 for an MSE of 0.03).
+    A metric of another name may be negative: its target is taken as given."""
+    target, name = cfg.target.selection_score, task.metric.name
+    if target is None or target >= 0 or task.metric.direction.value != "min":
+        return
+    words = {name.lower(), *re.split(r"[^a-z0-9]+", name.lower())}
+    if words & NEVER_NEGATIVE:
+        raise ConfigError(
+            "target.selection_score",
+            f"is {target:g}, but {name} is never negative, so it could never be met: a target is in the metric's "
+            f"own units (the {name} to get at or below), not the negated score the knowledge base stores",
+            f"set target.selection_score={-target:g} (or null)",
+        )
 
 
 def _check_task_paths(cfg: Config) -> None:
@@ -1283,7 +1317,7 @@ def _check_metric_in_trainer(cfg: Config) -> None:
         if found is None:
             return  # `report(**metrics)`: the names are known at run time only
         reported |= found
-    if cfg.search.metric in reported or len(reported) == 2:  # no report call found: the task check says so
+    if cfg.search.metric in reported or len(reported) == 2:  # no report call: seedcheck refused it already
         return
     names = sorted(reported - {"epoch", TRAIN_SECONDS})
     near = difflib.get_close_matches(cfg.search.metric, names, n=1, cutoff=0.6)
@@ -1302,16 +1336,32 @@ BUDGET_READERS = ("epochs(", "time_left(", "progress(", "lr_factor(", "RALPH_BUD
 def budget_unread(cfg: Config) -> str | None:
     """A warning when trial.budget_s is set and the seed's code reads no budget (a user's `for epoch in
     range(EPOCHS)` trainer ran every epoch under `trial.budget_s=5`, and nothing said so); else None."""
-    if cfg.trial.budget_s is None:
+    if cfg.trial.budget_s is None or _reads_budget(cfg):
         return None
-    for path in _seed_code(cfg):
-        if any(reader in path.read_text(errors="replace") for reader in BUDGET_READERS):
-            return None
     return (
         f"trial.budget_s={cfg.trial.budget_s:g} is set, but {cfg.trainer_dir()}'s code reads no budget "
         "(harness.epochs, time_left, progress or lr_factor): its trials train their own EPOCHS, and past budget_s + "
         "trial.grace_s of training the engine stops them unscored; loop `for epoch in harness.epochs(EPOCHS):`"
     )
+
+
+def final_unread(cfg: Config) -> str | None:
+    """A warning when safeguards.final_share keeps time for a longer final training but the seed's code reads no
+    budget: its final trains the same EPOCHS as a search trial (a user's `range(EPOCHS)` autoencoder's final ran
+    exactly as long as its search, and only the additions differed); else None."""
+    if not cfg.safeguards.final_share or _reads_budget(cfg):
+        return None
+    return (
+        f"safeguards.final_share={cfg.safeguards.final_share:g} keeps time to train the pick longer, but "
+        f"{cfg.trainer_dir()}'s code reads no budget (harness.epochs, time_left, progress or lr_factor): its final "
+        "training runs its own EPOCHS, as long as a search trial; loop `for epoch in harness.epochs(EPOCHS):` (or "
+        "set safeguards.final_share=0)"
+    )
+
+
+def _reads_budget(cfg: Config) -> bool:
+    """Whether the seed's code calls (or reads) anything that trains for the time it is given."""
+    return any(reader in path.read_text(errors="replace") for path in _seed_code(cfg) for reader in BUDGET_READERS)
 
 
 def _check_pbt(cfg: Config) -> None:

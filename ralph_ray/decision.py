@@ -62,6 +62,9 @@ class CycleFacts:
     # With replicates (safeguards.replicates): after each cycle, the highest lower confidence bound of any
     # replicated variant (noise.floor). The plateau rule and the target read it instead of the single best trial.
     floor_by_cycle: list[float | None] | None = None
+    # +1 for a max metric, -1 for a min metric: the scores above are oriented (a min metric's are -value), and the
+    # rationales show `sign * score`, the metric's own value (a user copied the -0.029 shown into a target).
+    sign: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -158,11 +161,14 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
     # With replicates, the target and the plateau read the score reached with the stated confidence (the floor).
     reached = (floors[-1] if floors else None) if floors is not None else best
     stale = plateau_length(floors if floors is not None else facts.best_by_cycle, guards.min_delta)
+    sign = facts.sign
+    # The floor is a lower bound of oriented scores: for a min metric, an upper bound of its values.
     measure = (
-        f"the {guards.confidence:.0%} lower bound of the best replicated variant"
+        f"the {guards.confidence:.0%} {'upper' if sign < 0 else 'lower'} bound of the best replicated variant"
         if floors is not None
         else "best selection score"
     )
+    num = lambda score: _num(score, sign)  # noqa: E731
     # The campaign's budgets: one rule each, shared with a resume's check (`spent_budgets`).
     spent = {
         b.reason: b
@@ -177,7 +183,7 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         (
             facts.target is not None and reached is not None and reached >= facts.target,
             StopReason.target_met,
-            f"{measure} {_num(reached)} reached the target {_num(facts.target)}",
+            f"{measure} {num(reached)} {'is at or below' if sign < 0 else 'reached'} the target {num(facts.target)}",
         ),
         (
             best is None,
@@ -201,7 +207,7 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         (
             stale >= guards.plateau_cycles,
             StopReason.plateau,
-            f"{measure} has not risen by min_delta={guards.min_delta} for {stale} cycles "
+            f"{measure} has not {'fallen' if sign < 0 else 'risen'} by min_delta={guards.min_delta} for {stale} cycles "
             f"(safeguards.plateau_cycles={guards.plateau_cycles})",
         ),
         _spent_rule(spent, StopReason.campaign_time),
@@ -216,7 +222,7 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
         False,
         StopReason.none,
         int(ExitCode.ok),
-        f"continue: best {_num(best)}, {stale} cycle(s) without improvement, {left} cycle(s) left",
+        f"continue: best {num(best)}, {stale} cycle(s) without improvement, {left} cycle(s) left",
         best,
     )
 
@@ -301,9 +307,10 @@ def _time_rule(guards: SafeguardsConfig) -> str:
     )
 
 
-def _num(score: float | None) -> str:
-    """A score in a rationale at 4 decimals, as every page shows it (the KB row keeps the full value)."""
-    return "-" if score is None else f"{score:.4f}"
+def _num(score: float | None, sign: float = 1.0) -> str:
+    """A score in a rationale as the metric's value (`sign * score`) at 4 decimals, as every page shows it (the KB
+    row keeps the full oriented value)."""
+    return "-" if score is None else f"{sign * score:.4f}"
 
 
 def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig) -> str:

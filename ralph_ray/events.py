@@ -3,7 +3,9 @@
 Every step of a campaign leaves its outcome in the KB, so the events are taken where the rows are written: a
 KnowledgeBase that also appends a line per phase change (the runs row), gate verdict and judgement (variants),
 trial end (trials), recorded cycle and decision. Both campaign modes (barrier and async) write through it. A trial's
-start reaches no table, so `TrialStarts`, a Tune callback beside the ledger, writes its line.
+start reaches no table, so `TrialStarts`, a Tune callback beside the ledger, writes its line; nor does a gate
+refusal of one attempt that the coder then mends (only the child's last verdict is a variants row), so the breeder
+writes a `gate_refused` line per refusal (`ralph_ray.eventlog.write_event`).
 Each line has `ts` (UTC, ISO 8601), `event` and `run_id`; the rest are the row's fields that matter to a follower.
 """
 
@@ -18,9 +20,9 @@ from typing import Any
 
 from ray.tune import Callback
 
+from ralph_ray.eventlog import EVENTS_FILE
 from ralph_ray.kb import KnowledgeBase
 
-EVENTS_FILE = "events.jsonl"
 # table -> (event name, the row's fields a follower reads)
 _FIELDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "runs": ("phase", ("status", "cycle", "phase", "stop_reason")),

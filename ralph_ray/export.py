@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,13 @@ import duckdb
 
 from ralph_ray import sql
 from ralph_ray.environment import ENV_FILE
-from ralph_ray.finals import final_winner
+from ralph_ray.finals import final_winner, worse_than_search
 from ralph_ray.kb import open_reader
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.noise import Sample, half_width
 from ralph_ray.report import fetch_rows
 from ralph_ray.rundir import CampaignError
+from ralph_ray.scoring import clip_interval
 from ralph_ray.variants import final_code_dir, unified_diff
 
 TRAINER = "trainer"  # the bundle's folder with the trainer's files
@@ -80,8 +81,10 @@ def main() -> int:
     if budget_s is not None:
         env[harness.ENV_BUDGET_S] = str(budget_s)
     subprocess.run([sys.executable, "train.py"], cwd=HERE / "trainer", env=env, check=True)
-    scores = score_predictions(work / "predictions.npz", splits.labels())
-    print(json.dumps({"selection_score": scores.selection, "test_score": scores.test,
+    labels = splits.labels()
+    scores = score_predictions(work / "predictions.npz", labels)
+    sign = labels.metric.sign  # scores are oriented (a min metric's are -value): printed as the metric's values
+    print(json.dumps({"selection_score": sign * scores.selection, "test_score": sign * scores.test,
                       "recorded_selection_score": recorded["selection_score"],
                       "recorded_test_score": recorded["test_score"]}))
     return 0
@@ -159,7 +162,20 @@ def export(
     train.write_text(rewrite_knobs(train.read_text(), {k: v for k, v in knobs.items() if k in present}))
     (out / "diff_vs_seed.patch").write_text(unified_diff(seed.files_dir, trainer))
     trial = _trial(con, run_id, str(final["trial_id"] if final else best["best_trial_id"]))
-    scores = _final_scores(final, best) if final else _scores(con, run_id, variant.variant_id, best, trial)
+    task = json.loads(str(run.iloc[0]["config"] or "{}")).get("task") or {}
+    scores = (
+        _final_scores(final, best)
+        if final
+        else _scores(con, run_id, variant.variant_id, best, trial, (task.get("metric"), task.get("direction")))
+    )
+    # Scores are stored oriented (a min metric's as -value); the bundle shows the metric's own values (user trial:
+    # an MSE read "selection: -0.0341" under "higher is better").
+    sign = -1.0 if task.get("direction") == "min" else 1.0
+    scores = _as_values(scores, sign, task)
+    chain = [replace(s, selection_score=None if s.selection_score is None else sign * s.selection_score) for s in chain]
+    if final:  # a final that scored below the search's best of its variant still ships by default: said
+        warning = worse_than_search(final, best.to_dict(), lambda score: sign * score)
+        scores["final_training"]["warning"] = warning and warning.replace("RUN_ID", run_id)
     _write_json(out / "scores.json", scores)
     _write_json(out / "knobs.json", knobs)
     _write_json(out / "lineage.json", [_step_json(s) for s in chain])
@@ -172,6 +188,13 @@ def export(
     (out / "reproduce.py").write_text(REPRODUCE)
     (out / "README.md").write_text(_card(run, chain, knobs, scores, (out / "checkpoint").exists()))
     return out
+
+
+def shipped_warning(bundle: Path) -> str | None:
+    """What the bundle's scores.json warns of (a final training that scored below the search's best of its
+    variant), for the console after an export; None when nothing."""
+    scores = json.loads((bundle / "scores.json").read_text())
+    return (scores.get("final_training") or {}).get("warning")
 
 
 def _lineage(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str) -> list[Step]:
@@ -208,11 +231,19 @@ def _trial(con: duckdb.DuckDBPyConnection, run_id: str, trial_id: str) -> dict[s
     return {} if row.empty else row.iloc[0].to_dict()
 
 
-def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: Any, trial: dict[str, Any]) -> dict:
+def _scores(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    variant_id: str,
+    best: Any,
+    trial: dict[str, Any],
+    metric: tuple[str | None, str | None] = (None, None),
+) -> dict:
     """The recorded scores of the best trial, and its replicates' mean with a 95% Student-t interval where n >= 2.
 
     The replicates are the ones the leaderboard counts (fresh seeds of the variant's best knobs, `noise`), so the
-    interval is its ci_low/ci_high; the best search trial is not one of them (it was picked for its luck too).
+    interval is its ci_low/ci_high, clipped as it is to the range of a built-in `metric` (name, direction:
+    accuracy's [0, 1]; `clipped` says so); the best search trial is not one of them (it was picked for its luck too).
     """
     replicates = con.execute(sql.EXPORT_REPLICATES, [run_id, variant_id]).fetchall()
     spread: dict[str, Any] = {"n": len(replicates), "seeds": [int(r[2]) for r in replicates], "confidence": CONFIDENCE}
@@ -220,11 +251,13 @@ def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: 
         sample = Sample.of([r[i] for r in replicates])
         half = half_width(sample, CONFIDENCE)
         if sample.mean is not None and half is not None:
+            low, high, clipped = clip_interval(sample.mean - half, sample.mean + half, *metric)
             spread[name] = {
                 "mean": sample.mean,
                 "sd": sample.sd,
                 "n": sample.n,
-                "ci95": [sample.mean - half, sample.mean + half],
+                "ci95": [low, high],
+                "clipped": clipped,
             }
     return {
         "variant_id": variant_id,
@@ -235,7 +268,6 @@ def _scores(con: duckdb.DuckDBPyConnection, run_id: str, variant_id: str, best: 
         "epochs": int(trial.get("epochs", 0)),
         "trials_of_variant": int(best["trials"]),
         "replicates": spread,
-        "scores_are_oriented": "higher is better (a min metric's value is negated)",
     }
 
 
@@ -262,8 +294,39 @@ def _final_scores(final: dict[str, Any], best: Any) -> dict:
             },
         },
         "replicates": {"n": 0, "seeds": [], "confidence": CONFIDENCE, "why_none": "one long run, not replicated"},
-        "scores_are_oriented": "higher is better (a min metric's value is negated)",
     }
+
+
+def _as_values(scores: dict[str, Any], sign: float, task: dict[str, Any]) -> dict[str, Any]:
+    """`scores` (oriented, as the KB stores them) as the metric's own values (`sign` -1: a min metric's, stored as
+    -value), with the metric named: what scores.json, the model card and reproduce.py show."""
+
+    def value(score: Any) -> Any:
+        return None if score is None else sign * score
+
+    out = {**scores, "selection_score": value(scores["selection_score"]), "test_score": value(scores["test_score"])}
+    replicates = dict(scores["replicates"])
+    for name in ("selection", "test"):
+        if name in replicates:  # the mean and interval flip with the sign; the spread (sd) does not
+            spread = replicates[name]
+            replicates[name] = {
+                **spread,
+                "mean": value(spread["mean"]),
+                "ci95": sorted(value(v) for v in spread["ci95"]),
+            }
+    out["replicates"] = replicates
+    if "final_training" in scores:
+        search = scores["final_training"]["search_best"]
+        search = {
+            **search,
+            "selection_score": value(search["selection_score"]),
+            "test_score": value(search["test_score"]),
+        }
+        out["final_training"] = {**scores["final_training"], "search_best": search}
+    direction = task.get("direction") or "max"
+    out["metric"] = {"name": task.get("metric") or "accuracy", "direction": direction}
+    out["scores_are"] = f"the metric's own values ({'lower' if direction == 'min' else 'higher'} is better)"
+    return out
 
 
 def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
@@ -278,11 +341,12 @@ def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, 
     extra = f", `checkpoint/` (trial `{scores['trial_id']}`'s)" if checkpoint else ""
     knob_lines = "\n".join(f"- `{k} = {v!r}`" for k, v in knobs.items())
     how = _trained(scores)
+    metric = scores["metric"]
     return f"""# Variant {v.variant_id} of campaign {r["run_id"]} ({r["experiment"]}, task {r["task"]})
 
 Exported by `python -m ralph_ray export`. Path from the seed: **{v.path}**.
 
-## Scores (frozen evaluation, higher is better)
+## Scores (frozen evaluation: {metric["name"]}, {"lower" if metric["direction"] == "min" else "higher"} is better)
 
 - selection: {scores["selection_score"]:.4f} (trial `{scores["trial_id"]}`); {_interval(rep, "selection")}
 - test: {"-" if scores["test_score"] is None else f"{scores['test_score']:.4f}"} (scored once, never used to select);
@@ -334,11 +398,12 @@ def _trained(scores: dict[str, Any]) -> str:
     )
     search = final["search_best"]
     test = "-" if search["test_score"] is None else f"{search['test_score']:.4f}"
+    warning = f"\n\n**Warning**: {final['warning']}." if final.get("warning") else ""
     return (
         f"Trained by the campaign's final training (`safeguards.final_share`): {scores['epochs']} epoch(s), "
         f"{seconds} s of training{budget}{added}; `reproduce.py` gives the trainer that budget. The same variant's "
         f"best search trial (`{search['trial_id']}`): selection {search['selection_score']:.4f}, test {test} "
-        "(`export --search` ships that one)."
+        f"(`export --search` ships that one).{warning}"
     )
 
 
@@ -349,7 +414,11 @@ def _interval(replicates: dict[str, Any], name: str) -> str:
         why = replicates.get("why_none") or f"{replicates['n']} replicate(s) at the best knobs: an interval needs 2"
         return f"no interval ({why})"
     low, high = spread["ci95"]
-    return f"replicates: mean {spread['mean']:.4f}, 95% CI [{low:.4f}, {high:.4f}] (Student t, n={spread['n']})"
+    # at n=2 the t interval of an accuracy near 1 reaches past 1: clipped to the metric's range, and said
+    clipped = ", clipped to the metric's range" if spread.get("clipped") else ""
+    return (
+        f"replicates: mean {spread['mean']:.4f}, 95% CI [{low:.4f}, {high:.4f}] (Student t, n={spread['n']}{clipped})"
+    )
 
 
 def _step_json(s: Step) -> dict[str, Any]:

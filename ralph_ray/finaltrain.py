@@ -25,7 +25,7 @@ from ralph_ray.agents.catalog import load_catalog
 from ralph_ray.agents.transforms import NotApplicable, apply_transform
 from ralph_ray.config import FINAL_ADDITIONS
 from ralph_ray.decision import StopReason
-from ralph_ray.finals import final_winner
+from ralph_ray.finals import final_winner, worse_than_search
 from ralph_ray.gate import GateError
 from ralph_ray.knobs import with_knobs
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord, last_line
@@ -331,7 +331,8 @@ def _train(
             "trains it again"
         )
     # Over every final trial of the run (a resume's earlier ones too); one a stop cut short never wins (not completed)
-    finals = fetch_rows(campaign.kb.reader(), sql.FINAL_TRIAL, [campaign.run_id])
+    reader = campaign.kb.reader()
+    finals = fetch_rows(reader, sql.FINAL_TRIAL, [campaign.run_id])
     best = final_winner(finals)
     if best is not None:
         which = f"the long run's winner by selection is {best['variant_id']}" if len(finals) > 1 else "done"
@@ -339,6 +340,9 @@ def _train(
             f"[bold]final training[/]: {which} (export it with its additions and knobs: "
             f"`python -m ralph_ray export {campaign.run_id}`)"
         )
+        searched = fetch_rows(reader, sql.LEADERBOARD_ROW, [campaign.run_id, best["variant_id"]])
+        if warning := worse_than_search(best, searched[0] if searched else None, lambda score: sign * score):
+            say(f"[yellow]warning:[/] {warning.replace('RUN_ID', campaign.run_id)}", highlight=False)
     return ended
 
 

@@ -17,12 +17,11 @@ from ralph_ray.knobs import parse, read_knobs
 from ralph_ray.resumable import missing_calls, missing_resume_calls, parallel_problem, refusal
 from ralph_ray.runner import Limits, Status, Trainer, run
 from ralph_ray.sandbox import Policy
+from ralph_ray.seedcheck import MODEL_CALLS, REQUIRED_CALLS  # the seed is held to them at startup
 from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.variants import MUTABLE, is_mutable, variant_files
 from ralph_ray.workdir import prepare_workdir
 
-REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
-MODEL_CALLS = ("harness.save_model",)  # also required where the task scores the exported model
 SMOKE_ROWS = {"train": 160, "selection": 40, "test": 40}
 SMOKE_KNOBS = {"EPOCHS": 1}  # knobs set for the smoke run when the trainer has them
 # A training batch knob's largest value in a smoke run (halved until it fits, so 64 -> 32, 96 -> 24: a multiple of
@@ -36,6 +35,7 @@ SMOKE_WORK = "smoke_work"  # beside the smoke data: the folder of warm smoke run
 PACKAGE = "ralph_ray"
 ABSOLUTE_PATH = re.compile(r"^(~|/[\w.-])[\w./~-]*$")  # "/etc/passwd", "~/data": not "/", not "a/b", not "x / y"
 PARENT_DIR = re.compile(r"(^|[/\\])\.\.([/\\]|$)")  # "../kb", "a/../../b"
+IMPORT_CALLS = frozenset({"import_module", "__import__", "find_spec", "load_module"})  # a module named by a string
 
 
 class GateError(ValueError):
@@ -208,12 +208,21 @@ def _reaches(tree: ast.AST) -> list[tuple[ast.AST, str]]:
                 found.append((node, engine.format(node.module)))
         elif isinstance(node, ast.JoinedStr):
             skip.update(id(part) for part in node.values[1:])  # only an f-string's start can make it absolute
+        elif isinstance(node, ast.Call) and _callee(node.func) in IMPORT_CALLS and node.args:
+            name = node.args[0]  # `importlib.import_module("ralph_ray.tasks")`: an import the statements miss
+            if isinstance(name, ast.Constant) and isinstance(name.value, str) and _is_engine(name.value):
+                found.append((node, engine.format(name.value)))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
-            if _is_engine(node.value):
-                found.append((node, engine.format(node.value)))
-            elif ABSOLUTE_PATH.match(node.value) or PARENT_DIR.search(node.value):
+            # Only a path: a string naming the package is no import (a user trial's `[..., "ralph_ray"]` path parts
+            # read as "imports ralph_ray"); the sandbox holds a child to its work dir whatever it names.
+            if ABSOLUTE_PATH.match(node.value) or PARENT_DIR.search(node.value):
                 found.append((node, path.format(node.value)))
     return sorted(found, key=lambda item: getattr(item[0], "lineno", 0))
+
+
+def _callee(func: ast.expr) -> str:
+    """A call's function name as written last: `import_module` of `importlib.import_module`, `__import__`."""
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _is_engine(module: str) -> bool:

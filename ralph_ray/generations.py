@@ -16,19 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from rich.console import Console
 
 from ralph_ray import history, records, replicates
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
-from ralph_ray.children import Breeder, Child, analyse_parents, grow, judge, seed_child
+from ralph_ray.children import Breeder, CampaignBudget, Child, analyse_parents, grow, judge, seed_child
 from ralph_ray.config import Config, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import StopReason, budgets_line, decide, gate_fail_streak
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
 from ralph_ray.kb import KnowledgeBase
-from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
+from ralph_ray.ledger import SCORING_FAILED, STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.peakmemory import GpuUse
 from ralph_ray.population import Candidate, select_parents
 from ralph_ray.raycluster import ensure_ray
@@ -73,6 +74,7 @@ class Campaign:
         self.run_row, self.run_id, self.labels = run_row, state.run_id, splits.labels()
         self.trials: list[TrialRecord] = []
         self.gpu_use = GpuUse(cfg.resources.gpu)  # a trial given a GPU that never started CUDA is said once
+        self.seed_said = False  # replicates that are copies of one run (replicates.seed_ignored) are said once
         self._views: dict[tuple[int, str], ParentView] = {}
         self.mark = time.monotonic()
         self.analyst, self.coder = make_agents(cfg, self.run_id)
@@ -163,7 +165,7 @@ class Campaign:
             history.ranked(self.kb.reader(), self.run_id), pop.parents, pop.explore, pop.one_per_lineage, rng
         )
         self.files.save_parents(picks)
-        names = ", ".join(f"{p.variant_id} ({p.selection_score:.4f})" for p in picks)
+        names = ", ".join(f"{p.variant_id} ({self.cfg.metric_sign() * p.selection_score:.4f})" for p in picks)
         self._phase("select", names or "no parent: nothing has completed")
         self._advance(Phase.analyse)
 
@@ -173,7 +175,13 @@ class Campaign:
         self._phase("analyse", f"{len(parents)} parent(s), agent {self.cfg.agent.backend.value}")
         effects = history.effects(self.kb.reader(), self.cfg.task.name, self.cfg.task.metric, self.cfg.task.direction)
         notes, recs, spent = analyse_parents(
-            self.analyst, parents, self._view, effects, self.cfg.population.children_per_parent, self._log
+            self.analyst,
+            parents,
+            self._view,
+            effects,
+            self.cfg.population.children_per_parent,
+            self._log,
+            self.cfg.metric_sign(),
         )
         self.files.save_analysis(notes, recs)
         self._put(
@@ -200,6 +208,7 @@ class Campaign:
             history.known_variants(self.kb.reader(), self.run_id),
             self.cfg.safeguards.tokens_per_cycle,
             self._log,
+            self._campaign_budget(self.kb.reader(), self.state.cycle),
         )
         children, wasted = grow(breeder, files.parents(), self._view, files.recommendations(), files.baked)
         files.save_children(children)
@@ -286,9 +295,37 @@ class Campaign:
             return
         work = Path(failed.work_dir)
         lines = [f"  first failure: trial {failed.trial_id} of {failed.variant_id}: {failed.reason}"]
-        lines += [f"    {line}" for line in error_tail(work)]  # the driver's node keeps most trials' work dirs
-        lines.append(f"  its whole log: {work / 'stderr.log'}")
+        if (failed.reason or "").startswith(SCORING_FAILED):  # the trainer's log holds nothing of it
+            lines.append(
+                "  the task's metric could not score what the trainer saved: check its predictions' shape against "
+                f"the targets', or the metric (`python -m ralph_ray.prepare task={self.cfg.task_folder()}` checks it)"
+            )
+        else:
+            lines += [f"    {line}" for line in error_tail(work)]  # the driver's node keeps most trials' work dirs
+            lines.append(f"  its whole log: {work / 'stderr.log'}")
         self.console.print("\n".join(lines), style="red", markup=False, highlight=False)  # a traceback has [brackets]
+
+    def _note_unvaried(self, reps: dict[str, replicates.Replicated] | None) -> None:
+        """Say once when a variant's replicates all scored the same whatever their seed (replicates.seed_ignored)."""
+        if reps and not self.seed_said and (warning := replicates.seed_ignored(reps)):
+            self.seed_said = True
+            self.console.print(warning, style="yellow", markup=False, highlight=False)
+
+    def _campaign_budget(self, con: duckdb.DuckDBPyConnection, generation: int) -> CampaignBudget | None:
+        """The campaign's agent budgets as spent so far, checked before each agent call (checked only between
+        batches, an async cost budget of 0.01 ended at 0.059: a parent's analysis and children were in flight)."""
+        guards, agent = self.cfg.safeguards, self.cfg.agent
+        if guards.tokens_per_campaign is None and guards.cost_per_campaign is None:
+            return None
+        spent = history.spend(con, self.run_id, generation)
+        return CampaignBudget(
+            guards.tokens_per_campaign,
+            guards.cost_per_campaign,
+            spent.tokens_campaign,
+            spent.cost_campaign,
+            agent.price_in_per_m,
+            agent.price_out_per_m,
+        )
 
     def _note_gpu_use(self, trial: TrialRecord) -> None:
         """Say once when a finished trial that was given a GPU never started CUDA (its trainer ran on the CPU)."""
@@ -302,12 +339,17 @@ class Campaign:
         scores, counts = history.variant_scores(con, self.run_id), history.trial_counts(con, self.run_id, cycle)
         guards = self.cfg.safeguards
         reps = replicates.recorded(con, self.run_id) if guards.replicates else None
+        self._note_unvaried(reps)
         comparisons = (
             replicates.comparisons(children, scores, reps, guards.confidence, replicates.split_examples(self.labels))
             if reps is not None
             else None
         )
         judge(children, scores, counts, guards.min_delta, comparisons)
+        for child in children:  # the variants row says what it was judged against (the interventions rows measure it)
+            if comparisons and child.variant_id in comparisons:
+                score = scores[child.variant_id][0]
+                child.parent_score = records.measured(score, child.parent_score, comparisons[child.variant_id])[1]
         prefix, merged = records.trial_parts(self.run_id, cycle), records.part(self.run_id, cycle, "compacted")
         for table in ("epochs", "trials", "segments"):  # one part per cycle instead of one per trial
             self.kb.compact(table, prefix, merged)
@@ -315,9 +357,7 @@ class Campaign:
         self._put_variants(children, "record", scores)
         self._put(
             "interventions",
-            records.effect_rows(
-                self.run_id, self.cfg.task.name, cycle, children, scores, replicates.means(reps) if reps else None
-            ),
+            records.effect_rows(self.run_id, self.cfg.task.name, cycle, children, scores, comparisons),
         )
         best = max(((v, s) for v, (s, _) in scores.items()), key=lambda item: item[1], default=None)
         # Rejections the gate (or the offline coder's CannotApply) made count; a coder's outage or a spent token
@@ -352,7 +392,8 @@ class Campaign:
             ],
         )
         kept = [f"{c.variant_id} (+{' + '.join(c.interventions)})" for c in children if c.status is VariantStatus.kept]
-        best_text = f"{state.best_selection_score:.4f} ({state.best_variant_id})" if best else "-"
+        shown = self.cfg.metric_sign() * (state.best_selection_score or 0.0)  # the metric's value (stored oriented)
+        best_text = f"{shown:.4f} ({state.best_variant_id})" if best else "-"
         self._phase("record", f"best so far {best_text}; kept: {', '.join(kept) or 'none'}")
         state.phase = Phase.decide
         state.save(self.run_dir)
@@ -367,6 +408,7 @@ class Campaign:
             state.elapsed_s + (time.monotonic() - self.mark),
             stop_requested(self.run_dir),
             bool(guards.replicates),
+            self.cfg.metric_sign(),
         )
         decision = decide(facts, guards)
         data = records.decision_json(decision, facts, state.best_variant_id)

@@ -141,9 +141,10 @@ def cycle_facts(
     elapsed_s: float,
     manual_stop: bool,
     replicated: bool = False,
+    sign: float = 1.0,
 ) -> CycleFacts:
     """What the decision engine reads after a cycle: the state's bests (and confident floors, with `replicated`)
-    and gate streak, and the agents' spend."""
+    and gate streak, and the agents' spend (`sign` -1: a min metric's, shown as its values in the rationale)."""
     spent = spend(con, state.run_id, state.cycle)
     return CycleFacts(
         state.cycle,
@@ -156,6 +157,7 @@ def cycle_facts(
         elapsed_s,
         manual_stop,
         list(state.floor_by_cycle) if replicated else None,
+        sign,
     )
 
 

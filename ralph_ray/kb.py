@@ -129,6 +129,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("delta", pa.float64()),
             ("outcome", pa.string()),
             ("written_at", TS),
+            # what the delta compares (records.EffectBasis: replicate means, or best trials); NULL before 2026-12-01
+            ("basis", pa.string()),
         ]
     ),
     "decisions": pa.schema(

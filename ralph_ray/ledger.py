@@ -38,6 +38,8 @@ from ralph_ray.trials import (
 # Keys Tune adds to every result; everything else numeric came from the trainer (or frozen scoring).
 _TUNE_KEYS = set(AUTO_RESULT_KEYS) | {DONE, TRIAL_ID, "should_checkpoint", "experiment_tag"}
 _SKIP_KEYS = {PREDICTIONS_KEY, FAILED_KEY, HELD_KEY, STOPPED_KEY, "variant", RSS_KEY, GPU_KEY}
+# How a failed trial's reason starts when the trainer ran to its end and the driver could not score its predictions
+SCORING_FAILED = "scoring failed on the driver (the trainer finished and sent its predictions)"
 
 
 @dataclass
@@ -155,8 +157,8 @@ class TrialLedger(Callback):
             return
         try:
             scores = score_encoded(str(encoded), self.labels)
-        except ScoringError as err:
-            self._finish(trial, TrialStatus.failed, str(err))
+        except ScoringError as err:  # the trainer finished: its own log says nothing of this
+            self._finish(trial, TrialStatus.failed, f"{SCORING_FAILED}: {err}")
             return
         # A completed trial's reason is a warning only: predictions scored but suspect (all one class).
         self._finish(trial, TrialStatus.completed, scores.warning, scores.selection, scores.test)

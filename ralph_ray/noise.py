@@ -15,6 +15,12 @@ from typing import Sequence
 
 from scipy import stats
 
+# The fix where replicates did not vary with their seeds, in a verdict and on the console
+SEED_FIX = (
+    "seed torch, numpy and random from harness.seed() (an argparse --seed default=harness.seed()); a trainer "
+    "deterministic by design is judged on one trial with safeguards.replicates=0"
+)
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -42,6 +48,11 @@ class Sample:
             return None
         mean = sum(self.values) / self.n
         return math.sqrt(sum((v - mean) ** 2 for v in self.values) / (self.n - 1))
+
+    @property
+    def unvaried(self) -> bool:
+        """Two values or more, all the same: replicates, each with its own seed, that are copies of one run."""
+        return self.n >= 2 and len(set(self.values)) == 1
 
 
 def half_width(sample: Sample, confidence: float) -> float | None:
@@ -86,6 +97,11 @@ class Comparison:
     p_value: float | None  # None: too few replicates on a side to test
     note: str = ""  # why there was no test (e.g. the child was not worth replicating)
     examples: int | None = None  # the selection split's size where its sampling error was counted (an accuracy)
+    # The parent's best trial a child not worth replicating was held against, where the parent had no replicate mean
+    # (the reference the verdict used: records.measured writes it to the interventions row)
+    parent_best: float | None = None
+    # Every replicate on both sides scored the same with its own seed: the seeds' spread is unknown, so no test
+    unvaried: bool = False
 
     @property
     def better(self) -> bool:
@@ -97,6 +113,12 @@ class Comparison:
         child, parent = describe(self.child, self.confidence), describe(self.parent, self.confidence)
         if self.note:
             return self.note
+        if self.unvaried:
+            return (
+                f"not shown better at {self.confidence:.0%}: child {child} vs parent {parent}, every replicate scoring "
+                f"the same with its own seed, so the seeds' spread is unknown (does train.py ignore harness.seed()? "
+                f"{SEED_FIX})"
+            )
         if self.p_value is None:
             return f"too few replicates to compare: child {child}, parent {parent}"
         verdict = "better" if self.better else "not shown better"
@@ -121,14 +143,19 @@ def welch_greater(child: Sample, parent: Sample, confidence: float, examples: in
     difference (`split_variance`: the child gains examples and loses none) is added to the difference's, as a known
     variance (in the Welch-Satterthwaite numerator only). It is a floor: real pairs of models disagree on more
     examples, so the test is still optimistic, but no longer blind: a child one example of 113 ahead on three
-    replicates that did not vary was "better, p=4e-29" (user trial), and is now one standard error ahead (p 0.16).
+    replicates that did not vary was "better, p=4e-29" (user trial), and the floor puts it one standard error
+    ahead (p 0.16; replicates that do not vary at all are no test, below).
     Adding both sides' binomial variances instead, as if the two were scored on independent splits, kept 4 of 12
     digits keeps that 5 new seeds confirmed, and 0 of 2 on Fashion-MNIST (bench/rejudge_keeps.py): far too blunt.
-    Without `examples` (a loss, an F1, an R2), two samples without any spread (a deterministic trainer) have no t
-    statistic: their means decide, p 0 or 1.
+    Two samples without any spread, each replicate with its own seed, are no test at all: the trainer ignored
+    harness.seed() (user trial: a `--seed default=0` trainer's replicates were copies, and "better, p=6.76e-05"
+    rested on the split's floor alone, where the seeds' own spread, 0.008, was as large as a gain it would keep), or
+    it is deterministic by design, judged on one trial with replicates off. Before, their means decided (p 0 or 1).
     """
     if child.n < 2 or parent.n < 2:
         return Comparison(child, parent, confidence, None, examples=examples)
+    if child.unvaried and parent.unvaried:
+        return Comparison(child, parent, confidence, None, examples=examples, unvaried=True)
     if examples is not None and child.mean is not None and parent.mean is not None:
         seeds = [(s.sd or 0.0) ** 2 / s.n for s in (child, parent)]
         known = split_variance(child.mean - parent.mean, examples)
@@ -138,8 +165,6 @@ def welch_greater(child: Sample, parent: Sample, confidence: float, examples: in
         t = (child.mean - parent.mean) / math.sqrt(spread)
         p_value = float(stats.norm.sf(t)) if math.isinf(df) else float(stats.t.sf(t, df))
         return Comparison(child, parent, confidence, p_value, examples=examples)
-    if child.sd == 0 and parent.sd == 0:
-        return Comparison(child, parent, confidence, 0.0 if (child.mean or 0) > (parent.mean or 0) else 1.0)
     with warnings.catch_warnings():  # "Precision loss ..." for nearly equal values: the p-value stands, said once here
         warnings.simplefilter("ignore", RuntimeWarning)
         result = stats.ttest_ind(child.values, parent.values, equal_var=False, alternative="greater")

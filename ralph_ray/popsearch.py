@@ -27,9 +27,7 @@ from ralph_ray.config import KnobSpace, SamplerKind
 from ralph_ray.faults import kill_point
 from ralph_ray.knobs import resolve_knobs
 from ralph_ray.ledger import TrialRecord
-from ralph_ray.noise import Sample
 from ralph_ray.population import Candidate, branch_of, select_parents
-from ralph_ray.replicates import Replicated
 from ralph_ray.search import optuna_sampler, param_space
 from ralph_ray.space import clip_to_space, relative_knobs
 from ralph_ray.statuses import TrialStatus
@@ -164,20 +162,6 @@ class Pool:
                 self.members[str(config["variant"])].replicas_pending += 1
                 self.replicas.append(config)
             self.changed.notify_all()
-
-    def replicated(self) -> dict[str, Replicated]:
-        """Each member's replicates so far, as the KB would give them (replicates.recorded)."""
-        with self.changed:
-            return {
-                m.variant_id: Replicated(
-                    len(m.replica_seeds),
-                    tuple(m.replica_seeds),
-                    Sample.of(m.replica_scores),
-                    Sample.of(m.replica_tests),
-                )
-                for m in self.members.values()
-                if m.replica_seeds
-            }
 
     def queued(self) -> int:
         """Gated children (or the seed) with trials still to start."""

@@ -14,7 +14,13 @@ def main(argv: list[str] | None = None) -> int:
     """Prepare `<cwd>/data/prepared/<task>` (overrides as for `python -m ralph_ray`) and print the export line."""
     from ralph_ray.config import ConfigError, load_config
     from ralph_ray.tasks import DataError, prepare_splits
-    from ralph_ray.tasks.base import describe, unusual_direction, write_public
+    from ralph_ray.tasks.base import (
+        describe,
+        scored_by_builtin,
+        unscorable_targets,
+        unusual_direction,
+        write_public,
+    )
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -25,6 +31,21 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exception(err.__cause__, file=sys.stderr)
         print(err, file=sys.stderr)
         return ExitCode.safeguard_or_config
+    unscorable = unscorable_targets(splits)
+    if unscorable is not None and scored_by_builtin(splits.metric):
+        # a built-in metric scores predictions shaped like the targets: every trial would fail in scoring
+        print(
+            f"{unscorable}\n  fix: name a built-in metric that reads these targets, or define "
+            "`def score(predictions, targets) -> float` in prepare.py",
+            file=sys.stderr,
+        )
+        return ExitCode.safeguard_or_config
+    if unscorable is not None:  # a task's own score() may read other predictions than the targets (probabilities)
+        print(
+            f"warning: {unscorable}. If score() reads predictions of another form than the targets, carry on; if "
+            "not, every trial will fail in scoring: fix score() in prepare.py",
+            file=sys.stderr,
+        )
     out = Path("data/prepared") / cfg.task.name
     write_public(splits, out, cfg.task.name)
     print(

@@ -18,8 +18,9 @@ from ralph_ray.statuses import TrialStatus
 class LiveProgress(Callback):
     """A Tune callback drawing a rich panel; finished trials are also printed as log lines."""
 
-    def __init__(self, console: Console, title: str, total: int) -> None:
+    def __init__(self, console: Console, title: str, total: int, sign: float = 1.0) -> None:
         self.console, self.title, self.total = console, title, total
+        self.sign = sign  # -1 for a min metric: scores are stored as -value, and shown as the metric's values
         self.running: set[str] = set()
         self.counts = {status: 0 for status in TrialStatus}
         self.best: float | None = None
@@ -49,7 +50,7 @@ class LiveProgress(Callback):
         if record.selection_score is not None and (self.best is None or record.selection_score > self.best):
             self.best = record.selection_score
         score = (
-            f"selection={record.selection_score:.4f} test={record.test_score:.4f}"
+            f"selection={self.sign * record.selection_score:.4f} test={_shown(record.test_score, self.sign)}"
             if record.selection_score is not None
             else ""
         )
@@ -68,7 +69,7 @@ class LiveProgress(Callback):
         table = Table(title=self.title, show_header=True, header_style="bold")
         for column in ("running", "completed", "stopped early", "failed", "total", "best selection", "elapsed"):
             table.add_column(column, justify="right")
-        best = f"{self.best:.4f}" if self.best is not None else "-"
+        best = _shown(self.best, self.sign)
         table.add_row(
             str(len(self.running)),
             str(self.counts[TrialStatus.completed]),
@@ -79,3 +80,8 @@ class LiveProgress(Callback):
             f"{time.monotonic() - self.start:.0f}s",
         )
         return table
+
+
+def _shown(score: float | None, sign: float) -> str:
+    """An oriented score as the metric's value at 4 decimals (`sign` -1: a min metric's), or `-`."""
+    return "-" if score is None else f"{sign * score:.4f}"

@@ -8,6 +8,7 @@ Trial and epoch rows are made by the ledger (`TrialRecord.row`).
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import asdict
 from datetime import datetime
@@ -19,6 +20,7 @@ from ralph_ray.children import Child
 from ralph_ray.config import AgentConfig, Config
 from ralph_ray.decision import CycleFacts, Decision
 from ralph_ray.kb import now
+from ralph_ray.noise import Comparison
 from ralph_ray.state import CampaignState, Phase, RunStatus
 from ralph_ray.variants import RejectedBy, VariantStatus
 
@@ -112,21 +114,48 @@ def usage_row(run_id: str, cycle: int, role: str, variant_id: str, usage: Usage,
     }
 
 
+class EffectBasis(str, enum.Enum):
+    """What an interventions row's delta compares (the reference its child's verdict used)."""
+
+    replicates = "replicates"  # the child's replicate mean against its parent's (both measured on fresh seeds)
+    best_trial = "best_trial"  # the child's best trial against its parent's best trial (over as many trials)
+    # the child's best trial against its parent's replicate mean: a child not worth replicating (noise.py)
+    best_trial_vs_replicates = "best_trial_vs_replicates"
+
+
+def measured(
+    score: float | None, parent_score: float | None, comparison: Comparison | None
+) -> tuple[float | None, float | None, EffectBasis]:
+    """The child's and parent's scores its verdict compared, and their basis: `score`, `parent_score` are the best
+    trials (the parent's over as many trials as the child had); `comparison` the replicates' evidence, if any.
+
+    User trial: a row recorded the parent's best trial 0.9554 while the verdict said "did not beat its parent's
+    replicate mean 0.9485", and best-trial deltas were averaged with replicate-mean ones with nothing to tell them
+    apart."""
+    if comparison is None:
+        return score, parent_score, EffectBasis.best_trial
+    parent_mean = comparison.parent.mean
+    if not comparison.note and comparison.child.mean is not None and parent_mean is not None:
+        return comparison.child.mean, parent_mean, EffectBasis.replicates
+    if parent_mean is not None:  # not worth replicating (or its replicates gave no sample): its best trial
+        return score, parent_mean, EffectBasis.best_trial_vs_replicates
+    reference = comparison.parent_best if comparison.parent_best is not None else parent_score
+    return score, reference, EffectBasis.best_trial
+
+
 def intervention_rows(
-    run_id: str, task: str, cycle: int, child: Child, score: float | None, means: dict[str, float] | None = None
+    run_id: str, task: str, cycle: int, child: Child, score: float | None, comparison: Comparison | None = None
 ) -> list[Row]:
     """One row per intervention of a judged child, with its measured delta over the parent (none for the seed).
 
-    Where child and parent both have replicates (`means`: variant -> mean selection score over them), the delta
-    is between those means, not between two single best trials.
+    The delta is over what the verdict compared (`measured`): with `comparison` (replicates on) between replicate
+    means where child and parent both have them, else the child's best trial against `child.parent_score`.
     """
     if child.status is VariantStatus.seed or child.variant_id == child.parent_id:
         return []
     if child.rejected_by in (RejectedBy.coder, RejectedBy.budget):
         return []  # the gate never saw a draft (a coder's outage, a spent token budget): nothing of the intervention
-    parent_score = child.parent_score
-    if means and child.variant_id in means and child.parent_id in means:
-        score, parent_score = means[child.variant_id], means[child.parent_id]
+    score, parent_score, basis = measured(score, child.parent_score, comparison)
     delta = None if score is None or parent_score is None else score - parent_score
     return [
         {
@@ -141,6 +170,7 @@ def intervention_rows(
             "child_score": score,
             "delta": delta,
             "outcome": child.status.value,
+            "basis": basis.value if delta is not None else None,  # no delta (rejected, unscored): nothing compared
         }
         for name in child.interventions
     ]
@@ -152,14 +182,16 @@ def effect_rows(
     cycle: int,
     children: list[Child],
     scores: dict[str, tuple[float, float | None]],
-    means: dict[str, float] | None = None,
+    comparisons: dict[str, Comparison] | None = None,
 ) -> list[Row]:
-    """The intervention rows of every judged child of a cycle (`scores`: variant -> (selection, test); `means`:
-    replicate means, see intervention_rows)."""
+    """The intervention rows of every judged child of a cycle (`scores`: variant -> (selection, test);
+    `comparisons`: the replicates' evidence each was judged on, see intervention_rows)."""
     return [
         row
         for c in children
-        for row in intervention_rows(run_id, task, cycle, c, scores.get(c.variant_id, (None, None))[0], means)
+        for row in intervention_rows(
+            run_id, task, cycle, c, scores.get(c.variant_id, (None, None))[0], (comparisons or {}).get(c.variant_id)
+        )
     ]
 
 

@@ -1,6 +1,12 @@
 """Replicates: which variants' best knobs run again with fresh seeds, the trials that do it, and the samples
 they leave in the KB (noise.Sample) for the keep verdict, the plateau rule and the target.
 
+Replicates belong to a (variant, knobs) pair, not to a variant: a variant's best knobs move when a later search
+trial of it scores higher, and a mean measured on its old knobs would then stand beside knobs it never measured
+(user trial: a child bred from its parent's new best knobs was kept against the mean of the old ones, so a knob
+change was counted as its intervention's win). So a variant's replicates are those of its best knobs as they
+stand (`Tally.at`); one whose best moved has none until its new best runs again.
+
 Replicate trials are ordinary trials (the same trainable, ledger, frozen scoring and KB rows), marked
 `replicate` and given their own seeds. Here they run as one Tune run of fixed points to the end (FIFO: ASHA
 would cut a replicate short, and a replicate's knobs are chosen already); the asynchronous campaign queues them
@@ -25,7 +31,7 @@ from ralph_ray.children import Child
 from ralph_ray.config import Config
 from ralph_ray.events import TrialStarts
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, Sink, TrialLedger, TrialRecord
-from ralph_ray.noise import Comparison, Sample, describe, floor, welch_greater, worth_replicating
+from ralph_ray.noise import SEED_FIX, Comparison, Sample, describe, floor, welch_greater, worth_replicating
 from ralph_ray.progress import LiveProgress
 from ralph_ray.search import StopRequest, storage_path, trial_spec
 from ralph_ray.tasks.base import Labels, MetricKind
@@ -35,7 +41,7 @@ from ralph_ray.variants import VariantStatus
 
 @dataclass(frozen=True)
 class Replicated:
-    """What the KB holds of one variant's replicates."""
+    """What the KB holds of one variant's replicates of one set of knobs."""
 
     run: int  # replicate trials recorded, whatever their end
     seeds: tuple[int, ...]
@@ -43,13 +49,48 @@ class Replicated:
     tests: Sample  # their test scores
 
 
+def knob_key(knobs: dict[str, Any] | str | None) -> str:
+    """Knobs as the ledger writes them to `trials.knobs` (sorted JSON), so equal knobs compare equal."""
+    values = json.loads(knobs or "{}") if isinstance(knobs, str) or knobs is None else knobs
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+class Tally:
+    """Every replicate recorded so far, by (variant, knobs)."""
+
+    def __init__(self) -> None:
+        self.runs: dict[tuple[str, str], list[tuple[int, float | None, float | None]]] = {}
+
+    def note(
+        self, variant: str, knobs: dict[str, Any] | str, seed: int, score: float | None, test: float | None
+    ) -> None:
+        """A replicate trial was recorded (`score`, `test`: None unless it completed)."""
+        self.runs.setdefault((variant, knob_key(knobs)), []).append((int(seed), score, test))
+
+    def at(self, best: dict[str, dict[str, Any]]) -> dict[str, Replicated]:
+        """Each variant's replicates of its best knobs (`best`: variant -> its best search trial's knobs); a variant
+        whose best knobs were never replicated is absent, whatever other knobs of it were."""
+        found = {}
+        for variant, knobs in best.items():
+            runs = self.runs.get((variant, knob_key(knobs)))
+            if runs:
+                found[variant] = Replicated(
+                    len(runs),
+                    tuple(seed for seed, _, _ in runs),
+                    Sample.of([score for _, score, _ in runs]),
+                    Sample.of([test for _, _, test in runs]),
+                )
+        return found
+
+
 def recorded(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Replicated]:
-    """Every variant's replicates so far (those a stop of the run cut short run again)."""
-    rows = con.execute(sql.REPLICATES_FOR_RUN, [run_id, STOPPED_WITH_CYCLE]).fetchall()
-    return {
-        v: Replicated(int(n), tuple(int(s) for s in seeds or []), Sample.of(scores or []), Sample.of(tests or []))
-        for v, n, seeds, scores, tests in rows
-    }
+    """Every variant's replicates of its best knobs so far (those a stop of the run cut short run again)."""
+    tally = Tally()
+    for variant, knobs, seed, score, test in con.execute(
+        sql.REPLICATES_FOR_RUN, [run_id, STOPPED_WITH_CYCLE]
+    ).fetchall():
+        tally.note(variant, knobs, seed, score, test)
+    return tally.at(best_knobs(con, run_id))
 
 
 def samples(reps: dict[str, Replicated]) -> dict[str, Sample]:
@@ -73,7 +114,8 @@ def needing(children: list[Child], best: dict[str, float], reps: dict[str, Repli
 
     The seed always (every later verdict needs its sample); a child only when its best search trial beats its
     parent's replicate mean (a child below that is discarded without replicates), with its parent if the parent
-    has no replicates yet (a parent chosen for exploration may never have been replicated).
+    has no replicates of its best knobs yet (a parent chosen for exploration may never have been replicated, and a
+    knob-search cycle may have moved its best since: `reps` holds only replicates of each variant's best knobs).
     """
     wanted: list[str] = []
     for child in children:
@@ -90,7 +132,7 @@ def needing(children: list[Child], best: dict[str, float], reps: dict[str, Repli
 
 
 def short(rep: Replicated | None, count: int) -> bool:
-    """Whether a variant has run fewer than `count` replicates."""
+    """Whether a variant has run fewer than `count` replicates (of its best knobs: `rep` comes from Tally.at)."""
     return rep is None or rep.run < count
 
 
@@ -102,7 +144,8 @@ def worth(best: float | None, parent: Replicated | None, parent_best: float | No
 def points(
     variants: list[str], knobs: dict[str, dict[str, Any]], reps: dict[str, Replicated], count: int, base_seed: int
 ) -> list[dict[str, Any]]:
-    """The trial configs of the replicates still missing: each variant's best knobs, a fresh seed, the mark."""
+    """The trial configs of the replicates still missing: each variant's best knobs, a fresh seed, the mark (`reps`:
+    the replicates of those knobs, so a variant whose best moved runs the same seeds again on its new best)."""
     configs = []
     for variant in variants:
         used = reps[variant].seeds if variant in reps else ()
@@ -143,7 +186,9 @@ def evidence(
             else "score (none yet)"
         )
         note = f"not replicated: its best trial {shown} did not beat its parent's {against}"
-        return Comparison(mine, parent, confidence, None, note)
+        return Comparison(
+            mine, parent, confidence, None, note, parent_best=parent_best if parent.mean is None else None
+        )
     return welch_greater(mine, parent, confidence, examples)
 
 
@@ -164,15 +209,28 @@ def comparisons(
     }
 
 
-def means(reps: dict[str, Replicated]) -> dict[str, float]:
-    """Each replicated variant's mean selection score (what intervention effects are measured with)."""
-    return {v: r.sample.mean for v, r in reps.items() if r.sample.mean is not None}
-
-
 def campaign_floor(reps: dict[str, Replicated], confidence: float) -> float | None:
     """The score the campaign has reached with the stated confidence (noise.floor), or None before any."""
     found = floor(samples(reps), confidence)
     return found[1] if found else None
+
+
+def seed_ignored(reps: dict[str, Replicated]) -> str | None:
+    """A warning where a variant's replicates, each with its own seed, all scored the same on selection and test
+    (copies of one run: no keep verdict rests on them, noise.welch_greater); None otherwise. Test scores too: two
+    seeds may well score the same accuracy on a small selection split, but seldom on both splits."""
+    copies = sorted(
+        v
+        for v, r in reps.items()
+        if r.sample.unvaried and (r.tests.unvaried or not r.tests.n) and len(set(r.seeds)) > 1
+    )
+    if not copies:
+        return None
+    shown = ", ".join(f"{v} {reps[v].sample.values[0]:.4f} x{reps[v].sample.n}" for v in copies[:3])
+    return (
+        f"warning: replicates scored the same whatever their seed ({shown}{', ...' if len(copies) > 3 else ''}), so "
+        f"no child is shown better on them: train.py seems to ignore harness.seed(); {SEED_FIX}"
+    )
 
 
 class FixedPoints(Searcher):
@@ -258,7 +316,7 @@ def run(
     tag = label.replace(" ", "_")
     spec = trial_spec(cfg, [], cycle_dir / "trials", data, relative=False)
     spec = replace(spec, code=replace(spec.code, variants={v: read_files(path) for v, path in files.items()}))
-    progress = LiveProgress(console, f"cycle {cycle} {label}", len(configs))
+    progress = LiveProgress(console, f"cycle {cycle} {label}", len(configs), cfg.metric_sign())
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         sink(trial, epoch_rows)

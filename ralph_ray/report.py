@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ralph_ray import sql
 from ralph_ray.environment import summary
-from ralph_ray.finals import final_winner
+from ralph_ray.finals import final_winner, worse_than_search
 from ralph_ray.front import cost_front, cost_seconds
 from ralph_ray.kb import open_reader
 from ralph_ray.variants import unified_diff
@@ -29,13 +29,13 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     interventions = fetch_rows(con, sql.INTERVENTIONS_FOR_RUN, [run_id])
     variants = {v["variant_id"]: v for v in fetch_rows(con, sql.VARIANTS_FOR_RUN, [run_id])}
     timeline = fetch_rows(con, sql.TRIAL_TIMELINE, [run_id])
-    plot_progress(timeline, out / "progress.png")
 
     config = json.loads(run.get("config") or "{}") if run else {}
     target = (config.get("target") or {}).get("selection_score")
     task = config.get("task") or {}
     # Scores are stored oriented (higher is better); a min metric's are -value: shown here as the metric's values.
     sign, value = metric_values(task)
+    plot_progress(timeline, out / "progress.png", sign, task.get("metric"))
 
     spread = lambda row: replicate_spread(row, value)  # noqa: E731
 
@@ -174,6 +174,8 @@ def final_section(
             f"  - the same variant's best search trial: selection {_f(value(best.get('selection_score')))}, test "
             f"{_f(value(best.get('test_score')))}"
         )
+        if warning := worse_than_search(trial, best, value):
+            lines.append(f"  - **warning**: {warning}")
     return lines
 
 
@@ -235,8 +237,9 @@ def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value:
     return lines
 
 
-def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
-    """Every completed trial as a point by time, kept vs discarded variants in two colours, the best as a step line."""
+def plot_progress(timeline: list[dict[str, Any]], path: Path, sign: float = 1.0, metric: str | None = None) -> None:
+    """Every completed trial as a point by time, kept vs discarded variants in two colours, the best as a step line;
+    scores as the metric's values (`sign` -1: a min metric's, stored as -value)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -253,18 +256,18 @@ def plot_progress(timeline: list[dict[str, Any]], path: Path) -> None:
             (False, "tab:gray", "discarded variant"),
         ):
             xs = [m for m, k in zip(minutes, kept) if k is flag]
-            ys = [t["selection_score"] for t, k in zip(done, kept) if k is flag]
+            ys = [sign * t["selection_score"] for t, k in zip(done, kept) if k is flag]
             ax.scatter(xs, ys, s=18, c=colour, label=label, alpha=0.8)
         best, running = [], float("-inf")
         for t in done:
             running = max(running, t["selection_score"])
-            best.append(running)
+            best.append(sign * running)
         ax.step(minutes, best, where="post", color="tab:blue", label="running best")
-        ax.legend(loc="lower right")
+        ax.legend(loc="best" if sign < 0 else "lower right")
     else:
         ax.text(0.5, 0.5, "no completed trial yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("minutes since the first trial ended")
-    ax.set_ylabel("selection score (higher is better; a min metric as -value)")
+    ax.set_ylabel(f"selection {metric or 'score'} ({'lower' if sign < 0 else 'higher'} is better)")
     ax.set_title("campaign progress")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -325,7 +328,13 @@ def replicate_spread(row: dict[str, Any] | None, value: Callable[[Any], Any] = l
     if not row or not row.get("replicates"):
         return "-"
     mean, half = _f(value(row["mean_score"])), row.get("half_width")
-    return f"{mean} (n={row['replicates']})" if half is None else f"{mean} ± {_f(half)} (n={row['replicates']})"
+    if half is None:
+        return f"{mean} (n={row['replicates']})"
+    clipped = ""
+    if row.get("ci_clipped"):  # the t interval left the metric's range (accuracy above 1 at n=2): the view cut it
+        low, high = sorted((value(row["ci_low"]), value(row["ci_high"])))
+        clipped = f", 95% CI clipped to [{_f(low)}, {_f(high)}]"
+    return f"{mean} ± {_f(half)} (n={row['replicates']}{clipped})"
 
 
 def _f(value: Any, digits: int = 4) -> str:

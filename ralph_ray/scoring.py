@@ -10,13 +10,25 @@ import base64
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ralph_ray.tasks.base import Labels
+if TYPE_CHECKING:  # sql.py reads the ranges below: importing the tasks package here would weigh on every KB reader
+    from ralph_ray.tasks.base import Labels
 
 # The key of a trial's last result that carries its predictions back to the driver.
 PREDICTIONS_KEY = "predictions"
+
+# The value range of each built-in metric (tasks.base.BUILTIN), by name; None: unbounded on that side. A metric of any
+# other name is the task's own score, of no known range. A replicate mean's Student-t interval at n=2 is wide enough
+# to leave the range (accuracy 0.95 +- 0.12): the leaderboard and export clip it to these bounds and say so.
+METRIC_RANGES: dict[str, tuple[float | None, float | None]] = {
+    "accuracy": (0.0, 1.0),
+    "macro_f1": (0.0, 1.0),
+    "mse": (0.0, None),
+    "mae": (0.0, None),
+}
 
 
 class ScoringError(ValueError):
@@ -30,6 +42,23 @@ class Scores:
     selection: float
     test: float
     warning: str | None = None  # scored, but oddly (every selection prediction one class): said with the trial
+
+
+def score_range(metric: str | None, direction: str | None) -> tuple[float | None, float | None]:
+    """The range of a metric's oriented scores (a min metric's value negated), by its name and direction; (None, None)
+    for a metric of no known range."""
+    low, high = METRIC_RANGES.get(metric or "", (None, None))
+    if direction == "min":
+        return (None if high is None else -high, None if low is None else -low)
+    return low, high
+
+
+def clip_interval(low: float, high: float, metric: str | None, direction: str | None) -> tuple[float, float, bool]:
+    """An interval of oriented scores cut to the metric's range, and whether it was cut."""
+    floor, ceiling = score_range(metric, direction)
+    clipped_low = low if floor is None else max(low, floor)
+    clipped_high = high if ceiling is None else min(high, ceiling)
+    return clipped_low, clipped_high, (clipped_low, clipped_high) != (low, high)
 
 
 def score_predictions(path: Path, labels: Labels) -> Scores:

@@ -353,7 +353,7 @@ def run_cycle(
         relative,
     )
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
-    progress = LiveProgress(console, f"cycle {cycle}", remaining)
+    progress = LiveProgress(console, f"cycle {cycle}", remaining, cfg.metric_sign())
     segments = pbt.SegmentLog() if cfg.scheduler.name.population_based else None
     forecaster = forecast.make(cfg)
 

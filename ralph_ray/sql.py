@@ -161,6 +161,9 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
                 f"select * from {source} qualify row_number() "
                 "over (partition by run_id, trial_id order by written_at) = 1"
             )
+        elif table == "interventions":
+            # A KB written before `basis` (records.EffectBasis, 2026-12-01) reads it as NULL: a delta of unknown kind.
+            body = f"select * from {source} union all by name select cast(null as varchar) as basis where false"
         else:
             body = f"select * from {source}"
         statements.append(f"create or replace view {p}{table} as {body}")
@@ -192,6 +195,10 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
 def _leaderboard(p: str) -> str:
     # One row per variant: its best completed search trial by selection score, how its trials ended, and the
     # mean of its replicates (fresh seeds of the best knobs) with a 95% Student-t interval (none below n = 2).
+    # Only replicates of the knobs its best trial ran count: a later search trial may have moved its best since it
+    # was replicated, and a mean of other knobs beside those best_knobs described knobs nobody shows (user trial:
+    # the seed's mean 0.9485 of old knobs sat beside new best knobs that scored 0.9777). Such a variant has no
+    # replicates here until its new best runs again (replicates.py).
     # Rank: replicated variants first, by their replicate mean, then the rest by their best search trial. A best
     # trial is the luckiest of a variant's samples (and a variant with more trials draws more), so where fresh
     # seeds measured a variant they, not that trial, place it: what the report, export and app call "best".
@@ -203,10 +210,18 @@ def _leaderboard(p: str) -> str:
     # from a different row per column and per read (the app, `status` and `export --search` named different trials).
     best = "order by t.selection_score desc, t.written_at, t.trial_id"
     scored = "t.selection_score is not null"
-    replica = "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
+    replica = (
+        "coalesce(t.replicate, false) and t.status = 'completed' and t.selection_score is not null"
+        " and t.knobs = k.best_knobs"
+    )
     final = "coalesce(t.final, false) and t.status = 'completed'"
     return f"""
-select *, mean_score - half_width as ci_low, mean_score + half_width as ci_high
+select l.*,
+       case when half_width is not null then greatest(mean_score - half_width, coalesce(b.floor, '-inf'::double))
+            end as ci_low,
+       case when half_width is not null then least(mean_score + half_width, coalesce(b.ceiling, 'inf'::double))
+            end as ci_high,
+       coalesce(mean_score - half_width < b.floor or mean_score + half_width > b.ceiling, false) as ci_clipped
 from (
 select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.cycle) as cycle,
        any_value(v.status) as status, any_value(v.interventions) as interventions,
@@ -233,10 +248,42 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
            * case when count(*) filter (where {replica}) > 31 then 1.96
                   else list_extract({T975}, (count(*) filter (where {replica}) - 1)::integer) end as half_width
 from {p}trials t left join {p}variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
+left join (
+    select t.run_id, t.variant_id, first(t.knobs {best}) as best_knobs from {p}trials t
+    where {search} and {scored} group by t.run_id, t.variant_id
+) k on k.run_id = t.run_id and k.variant_id = t.variant_id
 group by t.run_id, t.variant_id
-)
-order by mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last, run_id, variant_id
+) l
+left join ({_score_ranges(p)}) b on b.ranged_run = l.run_id
+order by mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last, l.run_id, variant_id
 """
+
+
+def _score_ranges(p: str) -> str:
+    # Each run's range of oriented scores where its metric is a built-in of known range (scoring.METRIC_RANGES): a
+    # replicate mean's t interval at n=2 spans accuracy 0.95 +- 0.12, past 1; the leaderboard clips it (ci_clipped).
+    # A metric of another name (the task's own score) has no known range: nothing is clipped.
+    from ralph_ray.scoring import METRIC_RANGES, score_range
+
+    rows = [
+        f"({_quoted(name)}, {_quoted(direction)}, {_number(floor)}, {_number(ceiling)})"
+        for name in METRIC_RANGES
+        for direction in ("max", "min")
+        for floor, ceiling in [score_range(name, direction)]
+    ]
+    return f"""
+select r.run_id as ranged_run, k.floor, k.ceiling
+from (select run_id, any_value(json_extract_string(config, '$.task.metric')) as metric,
+             any_value(coalesce(json_extract_string(config, '$.task.direction'), 'max')) as direction
+      from {p}runs group by run_id) r
+join (values {", ".join(rows)}) k(metric, direction, floor, ceiling)
+  on k.metric = r.metric and k.direction = r.direction
+"""
+
+
+def _number(value: float | None) -> str:
+    """A SQL double literal (NULL for None)."""
+    return "null::double" if value is None else f"{float(value)!r}::double"
 
 
 def _curves(p: str) -> str:
@@ -287,7 +334,10 @@ order by v.run_id, v.cycle, l.selection_score desc nulls last
 
 def _intervention_effects(p: str) -> str:
     # Measured effects across every campaign in this KB: mean delta with a 95% Student-t interval (none below n = 2),
-    # win rate. Each delta is between replicate means where child and parent were replicated (records.py). Per task
+    # win rate. Each delta is between replicate means where child and parent were replicated (records.py); otherwise it
+    # is the child's best trial against its parent's best trial, or against its parent's replicate mean where the
+    # child was not worth replicating: the row's `basis` (records.EffectBasis). Two estimators of different noise, so
+    # the view counts and averages the replicate-mean deltas apart (n_replicates, mean_delta_replicates). Per task
     # *and* its metric as the run declared it (runs.config): a delta is a difference of oriented scores, so a run
     # that minimised R^2 by mistake measured every effect with the opposite sign, and a task folder whose METRIC
     # changed (mse to r2) measured another quantity; averaged together they cancelled (user trial).
@@ -322,6 +372,9 @@ select task, metric, direction, intervention, diagnosis, count(delta) as n, coun
        avg(delta) - {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_low,
        avg(delta) + {t} * stddev_samp(delta) / sqrt(count(delta)) as ci_high,
        avg(case when delta > 0 then 1.0 else 0.0 end) filter (where delta is not null) as win_rate,
+       count(delta) filter (where basis = 'replicates') as n_replicates,
+       avg(delta) filter (where basis = 'replicates') as mean_delta_replicates,
+       count(delta) filter (where basis in ('best_trial', 'best_trial_vs_replicates')) as n_best_trial,
        count(*) filter (where outcome = 'kept') as kept,
        count(*) filter (where outcome = 'rejected') as rejected,
        -- trained but never scored: every trial stopped at an ASHA rung or crashed (the analyst's "no gain" tries)
@@ -383,12 +436,18 @@ PROBE_TABLES = "select " + ", ".join(f"(select count(*) from {table})" for table
 
 LEADERBOARD_FOR_RUN = "select * from leaderboard where run_id = ? order by rank limit ?"
 LEADERBOARD_ROW = "select * from leaderboard where run_id = ? and variant_id = ?"
+# The campaign's pick: the leaderboard's rank 1 (replicate mean where replicated), what every surface calls "the best
+# variant" (the MLflow tag, the Lineage page's border); ties to the smaller id, as the app's board lists them.
+PICK = """
+select variant_id from leaderboard where run_id = ? and selection_score is not null order by rank, variant_id limit 1
+"""
 TRIALS_FOR_RUN = "select * from trials where run_id = ? order by cycle, trial_id"
 TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ? group by status order by status"
 SEGMENTS_FOR_RUN = "select * from segments where run_id = ? order by cycle, trial_id, segment"
 CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order by epoch"
 RUN = "select * from runs where run_id = ?"
 RUN_CONFIG = "select config from runs where run_id = ?"
+RUN_DIR = "select run_dir from runs where run_id = ?"
 EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run_id = ?"
 # Search trials only: a replicate re-runs knobs already chosen, and its luck must not pick the best.
 BEST_TRIAL = """
@@ -443,12 +502,11 @@ listed as (
 )
 select variant_id, knobs, cycle from listed order by part, nth
 """
-# Each variant's replicates so far (noise.py): how many were run, their seeds and the scores of those that completed.
+# Every replicate trial so far (replicates.Tally: by variant and knobs), with its scores where it completed.
 REPLICATES_FOR_RUN = """
-select variant_id, count(*), list(seed order by seed),
-       list(selection_score order by seed) filter (where status = 'completed' and selection_score is not null),
-       list(test_score order by seed) filter (where status = 'completed' and test_score is not null)
-from trials where run_id = ? and coalesce(replicate, false) and reason is distinct from ? group by variant_id
+select variant_id, knobs, seed,
+       case when status = 'completed' then selection_score end, case when status = 'completed' then test_score end
+from trials where run_id = ? and coalesce(replicate, false) and reason is distinct from ? order by written_at, seed
 """
 VARIANTS_FOR_RUN = "select * from variants where run_id = ? order by cycle, variant_id"
 
@@ -650,10 +708,12 @@ select trial_id, max(value) from epochs where run_id = ? and metric = 'train_sec
 EPOCHS_FOR_RUN = "select trial_id, epoch, metric, value from epochs where run_id = ? order by trial_id, epoch, metric"
 VARIANT_LINEAGE = APP_LINEAGE  # each variant with its lineage path, scores, files and diff
 # A variant's completed trials at its best knobs (seeds apart): the spread its exported score is quoted with.
-# A variant's replicates as the leaderboard's interval counts them (completed, scored fresh-seed runs).
+# A variant's replicates as the leaderboard's interval counts them (completed, scored fresh-seed runs of its best
+# knobs).
 EXPORT_REPLICATES = """
-select selection_score, test_score, seed from trials
+select selection_score, test_score, seed from trials t
 where run_id = ? and variant_id = ? and coalesce(replicate, false) and status = 'completed'
   and selection_score is not null
+  and knobs = (select l.best_knobs from leaderboard l where l.run_id = t.run_id and l.variant_id = t.variant_id)
 order by seed, trial_id
 """

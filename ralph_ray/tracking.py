@@ -2,7 +2,8 @@
 
 What is written comes from the KB, after the campaign's record is complete, through each library's own client:
 
-- MLflow (`MlflowClient`): one run per campaign (config, env.json and the report as artifacts, its best scores),
+- MLflow (`MlflowClient`): one run per campaign (config, env.json and the report as artifacts; tag `best_variant`:
+  the pick, the leaderboard's rank 1, with its best trial's scores),
   a nested run per variant (lineage, interventions and status as tags, its diff as `diff.patch`, its best scores),
   and a run per trial nested under its variant (knobs and seed as params, every per-epoch metric with the epoch as
   step, the frozen selection and test scores, status and reason as tags). Offline by default: a SQLite store and
@@ -131,6 +132,7 @@ class Record:
     run_dir: Path
     variants: list[Variant]
     trials: list[Trial]
+    pick: str | None = None  # the leaderboard's rank 1 (by replicate mean where replicated): the best variant
 
     def files(self) -> dict[str, Path]:
         """The campaign's files worth attaching: its env.json and its report folder's files."""
@@ -196,6 +198,7 @@ def load(con: duckdb.DuckDBPyConnection, run_id: str) -> Record:
         Path(str(r["run_dir"])),
         variants,
         trials,
+        next(iter(con.execute(sql.PICK, [run_id]).fetchone() or ()), None),
     )
 
 
@@ -258,9 +261,9 @@ def to_mlflow(record: Record, uri: str) -> str:
             client.log_batch(run_id, metrics=metrics[i : i + _MLFLOW_BATCH], params=items[i : i + _MLFLOW_BATCH])
         client.set_terminated(run_id, status)
 
-    best = max(
-        (v for v in record.variants if v.selection_score is not None), key=lambda v: v.selection_score, default=None
-    )
+    # The campaign's best variant is its pick, as the report, status and export name it: a raw max over best trials
+    # named the luckiest single trial's variant instead (user trial: the seed, while rank 1 was its child).
+    best = next((v for v in record.variants if v.variant_id == record.pick), None)
     campaign = start(
         record.run_id,
         "campaign",

@@ -211,6 +211,7 @@ def test_equal_time_budget_in_a_campaign(ray_session, tmp_path: Path):
             "trial.budget_s=2",
             "trial.grace_s=5",  # ASHA's max_t (2 x budget + grace = 9 s) still lies past the runner's stop at 7 s
             f"task.trainer={greedy}",
+            "~search.space.EPOCHS",  # a loop that ignores EPOCHS: searching it is refused (seedcheck.unread_knobs)
             "search.num_samples=1",
             "search.max_concurrent=1",
         )
@@ -519,3 +520,69 @@ def test_a_child_the_gate_rejects_counts_as_a_rejected_try_of_its_intervention(r
     assert tries == [{"intervention": "add_dropout", "outcome": "rejected", "delta": None}]
     effects = rows(con, "select rejected, tried from intervention_effects where intervention = 'add_dropout'", [])
     assert effects == [{"rejected": 1, "tried": 1}]
+
+
+@pytest.mark.slow
+def test_a_key_revoked_mid_campaign_stops_it_at_once_with_exit_code_2(
+    ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """User trial: the breeder kept a 401 (or a model's 404) to itself, and the seed's knob samples ran on until a
+    budget (202 trials in 10 minutes): its error now ends the Tune run as a stop request does."""
+    from llm_server import Reply, ScriptedLLM
+
+    from ralph_ray.__main__ import main
+
+    llm = ScriptedLLM()  # GET /models answers (the preflight passes); the first chat call is refused
+    llm.add(*[Reply(status=401, error="Incorrect API key provided.")] * 4)
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    try:
+        code = main(
+            [
+                f"paths.runs={tmp_path / 'runs'}",
+                f"paths.kb={tmp_path / 'kb'}",
+                *TINY,
+                "run_id=revoked",
+                "safeguards.campaign_time_s=120",  # the bound the campaign ran to before
+                "agent=openai",
+                f"agent.base_url={llm.base_url}",
+                "agent.model=scripted",
+                "agent.api_key_env=null",
+            ]
+        )
+    finally:
+        llm.close()
+    took = time.monotonic() - start
+    assert code == 2 and "HTTP 401" in capsys.readouterr().err and len(llm.requests) == 1
+    trials = open_reader(tmp_path / "kb").execute("select count(*) from trials where run_id = 'revoked'").fetchone()[0]
+    assert trials <= 4 and took < 90, f"{trials} trials in {took:.0f}s after the agent's endpoint refused the key"
+
+
+@pytest.mark.slow
+def test_a_cost_budget_is_checked_before_each_coder_call(ray_session, tmp_path: Path):
+    """User trial: cost_per_campaign=0.01 ended at 0.0592, children written after the stop: the spend was read only
+    between trials while a parent's analysis and children were in flight."""
+    llm = SlowLLM(delay_s=0.0)  # every call: 120 tokens in, 30 out = 0.18 at these prices
+    try:
+        outcome = run(
+            tiny(
+                tmp_path,
+                "run_id=cost",
+                "safeguards.max_cycles=2",
+                "population.children_per_parent=4",
+                "agent.concurrency=1",
+                "agent.price_in_per_m=1000",
+                "agent.price_out_per_m=2000",
+                "safeguards.cost_per_campaign=0.5",
+                *llm.overrides(),
+            )
+        )
+    finally:
+        llm.close()
+    assert outcome.stop_reason == "cost_budget" and int(outcome.exit_code) == 2
+    assert len(llm.requests) == 3  # analyst 0.18, coder 0.36, coder 0.54: then no call (not 4 children's worth)
+    con = open_reader(outcome.kb_root)
+    cost = con.execute("select sum(cost) from agent_usage where run_id = 'cost'").fetchone()[0]
+    assert cost == pytest.approx(0.54)
+    refused = rows(con, "select reason from variants where run_id = 'cost' and rejected_by = 'budget'", [])
+    assert len(refused) == 1 and "safeguards.cost_per_campaign=0.5 spent" in refused[0]["reason"]

@@ -190,3 +190,27 @@ def test_epochs_past_the_last_rung_keep_their_curve(ray_session, tiny_config, tm
         "by trial_id"
     ).fetchall()
     assert len(rows) == 2 and all(epochs == [1, 2, 3, 4, 5] for _, epochs in rows)
+
+
+def test_a_seed_whose_predictions_cannot_be_scored_says_so_not_its_empty_log(ray_session, tiny_config, tmp_path: Path):
+    """User trial: every trial of a denoiser failed in the driver's scoring, and the console pointed to the first
+    trial's stderr.log, empty since the trainer ran fine. Here the digits trainer saves its logits, which accuracy
+    cannot score: the first failure says the scoring failed on the driver and how to check the metric."""
+    import io
+
+    from rich.console import Console
+
+    from ralph_ray import PROJECT_ROOT
+    from ralph_ray.campaign import run
+
+    digits = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    logits = digits.replace("return model(x).argmax(1).cpu().numpy()", "return model(x).cpu().numpy()")
+    assert logits != digits
+    task = digits_task(tmp_path / "logits", logits)
+    said = io.StringIO()
+    outcome = run(tiny_config("run_id=unscored", f"task.trainer={task}"), Console(file=said, width=400))
+    assert outcome.exit_code == 4 and outcome.stop_reason == "no_trial_completed"
+    console = said.getvalue()
+    assert "first failure: trial" in console and "scoring failed on the driver (the trainer finished" in console
+    assert "the task's metric could not score what the trainer saved" in console
+    assert "its whole log" not in console  # the trainer's log holds nothing of a scoring failure

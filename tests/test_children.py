@@ -14,7 +14,7 @@ import pytest
 from sklearn.datasets import load_breast_cancer
 
 from ralph_ray import PROJECT_ROOT, history, records
-from ralph_ray.agents.base import Analysis, Diagnosis, ParentView, Recommendation, Usage
+from ralph_ray.agents.base import Analysis, Diagnosis, Draft, ParentView, Recommendation, Usage
 from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
 from ralph_ray.agents.siblings import refusals
 from ralph_ray.children import Breeder, Child, analysis_note, breed, one_line, seed_child
@@ -179,3 +179,46 @@ def test_ctrl_c_while_breeding_starts_no_further_attempt(tmp_path: Path) -> None
     with pytest.raises(KeyboardInterrupt):
         breed(breeder, parent, view, Analysis(seed.variant_id, [], "", recommendations))
     assert calls == [recommendations[0].intervention]  # one worker: the other two were queued, and never started
+
+
+def test_every_gate_refusal_is_recorded_even_when_a_retry_passes(tmp_path: Path) -> None:
+    """User trial: a hostile child's first draft imported the engine, the gate refused it, the retry passed and was
+    kept, and the refusal showed only on the console. Now each refusal is an events.jsonl line and in the child."""
+    run_id, agent, variants_root, seed, kb, parent, view = seeded(tmp_path, "hostile")
+    drafts: list[str | None] = []
+
+    class Hostile(HeuristicCoder):
+        """A coder whose first draft reaches for the engine's task module, and whose second is harmless."""
+
+        def write(self, parent, recommendation, workdir, feedback, usage):  # noqa: ANN001, ANN201 - the Coder's
+            drafts.append(feedback)
+            train = workdir / "train.py"
+            line = "from ralph_ray.tasks import digits\n" if feedback is None else "# tuned\n"
+            train.write_text(line + train.read_text())
+            return Draft(workdir, [recommendation.intervention], "peek at the labels")
+
+    breeder = Breeder(
+        Hostile(), breast_cancer_gate(tmp_path), variants_root, tmp_path / "gen2", 1, 1, 1,
+        frozenset({seed.variant_id}), None, lambda line: None,
+    )  # fmt: skip
+    rec = Recommendation("tta_ensemble", Diagnosis.healthy, "average views", 1.0)
+    [child] = breed(breeder, parent, view("baked"), Analysis(seed.variant_id, [], "", [rec]))[0]
+
+    assert child.status is VariantStatus.candidate and child.attempts == 2 and drafts[1] is not None
+    [refusal] = child.refusals
+    assert refusal.startswith("attempt 1: train.py line 1: imports ralph_ray.tasks")
+    assert json.loads((child.files_dir.parent / "meta.json").read_text())["refusals"] == [refusal]
+    assert Child.from_json(json.loads(json.dumps(child.as_json()))) == child  # children.json keeps them on resume
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["run_id"], e["parent_id"], e["attempt"], e["interventions"]) for e in events] == [
+        ("gate_refused", tmp_path.name, seed.variant_id, 1, ["tta_ensemble"])
+    ]
+    assert events[0]["reason"] == refusal.removeprefix("attempt 1: ")
+
+
+def test_analysis_md_shows_a_min_metrics_parent_score_as_its_own_value():
+    """User trial: an MSE run's analysis.md read "## parent ... (selection -0.0477)" (the KB's oriented score)."""
+    parent = Candidate("v1", -0.0477, {"LR": 0.01}, "v1")
+    analysis = Analysis("v1", [Diagnosis.overfitting], "it overfits", [])
+    assert analysis_note(parent, analysis, sign=-1.0).startswith("## parent v1 (selection 0.0477)\n")
+    assert "(selection -0.0477)" in analysis_note(parent, analysis)  # a max metric's score is shown as stored

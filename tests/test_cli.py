@@ -202,3 +202,50 @@ def test_a_full_disk_is_named_in_words_however_deep_in_the_chain(tmp_path: Path)
         (tmp_path / "missing" / "file").write_text("x")
     except OSError as other:
         assert not disk_full(other)  # another OS error is not a full disk
+
+
+def test_status_and_report_find_a_run_where_the_kb_records_it_and_say_best_single_trial(tmp_path: Path, capsys):
+    """User trial: one KB, two runs dirs; `status RUN_ID` and `report RUN_ID` said "no campaign ... under runs_b"
+    though the KB's runs row records the run's dir. And `status`'s "best" was the best single trial (the seed's lucky
+    0.99) beside a pick of another variant: now labelled as what it is, and the pick's interval clipped at 1."""
+    from pickkb import KID_LOW, pick_kb
+
+    from ralph_ray.__main__ import main
+
+    kb, run_dir = pick_kb(tmp_path, tmp_path / "runs_b" / "r1")
+    other = tmp_path / "runs_a"
+    other.mkdir()
+    assert main(["status", "r1", "--runs", str(other), "--kb", str(kb)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"run r1 is not under {other.resolve()}: using {run_dir}, as the knowledge base records" in shown
+    assert "best single trial, selection accuracy (higher is better): 0.9900 (seed)" in shown
+    assert f"pick (rank 1, by replicate mean): kid, 0.9700 ± 0.3812 (n=2, 95% CI clipped to [{KID_LOW}, 1.0000])" in (
+        shown
+    )
+    assert main(["report", "r1", "--runs", str(other), "--kb", str(kb)]) == 0
+    report = (run_dir / "report" / "final_report.md").read_text()
+    assert (
+        f"- best variant: kid, selection 0.9700, test 0.9700; over its replicates (fresh seeds, 95% t interval): "
+        f"0.9700 ± 0.3812 (n=2, 95% CI clipped to [{KID_LOW}, 1.0000])" in report
+    )
+    assert main(["status", "nope", "--runs", str(other), "--kb", str(kb)]) == 2  # in neither: the error as before
+    assert f"no campaign nope under {other.resolve()}" in capsys.readouterr().out
+
+
+def test_kb_sql_reads_ralph_kb_and_has_its_own_help(tmp_path: Path, capsys, monkeypatch):
+    """User trial: `kb sql` ignored RALPH_KB, which the app honours; `kb sql --help` printed the campaign's usage."""
+    from pickkb import pick_kb
+
+    from ralph_ray.__main__ import main
+
+    kb, _ = pick_kb(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("RALPH_KB", str(kb))
+    assert main(["kb", "sql", "select count(*) as n from trials", "--csv"]) == 0
+    assert capsys.readouterr().out.split() == ["n", "6"]
+    assert main(["kb", "sql", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith('usage: ralph-ray kb sql "QUERY" [--csv] [--kb DIR]') and "$RALPH_KB" in shown
+    assert "Runs a campaign" not in shown

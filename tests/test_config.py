@@ -20,6 +20,7 @@ from ralph_ray.config import (
     SchedulerKind,
     SpaceKind,
     budget_unread,
+    final_unread,
     load_config,
     resume_config,
 )
@@ -412,3 +413,144 @@ def test_a_time_budget_over_a_trainer_that_reads_none_is_warned_of(tmp_path: Pat
     assert "epochs(" not in (fixed / "train.py").read_text()
     warning = budget_unread(load_config([f"task.trainer={fixed}", "trial.budget_s=5"]))
     assert warning is not None and "reads no budget" in warning and "harness.epochs(EPOCHS)" in warning
+
+
+def test_a_negative_target_for_a_min_metric_that_is_never_negative_exits_2_naming_the_fix(tmp_path: Path):
+    """User trial: after seeing an MSE shown as -0.0477 everywhere, `target.selection_score=-0.03` was accepted, and
+    the engine's target became +0.03, which no MSE's oriented score (-value <= 0) can reach."""
+    assert load_config(["task=diabetes", "target.selection_score=3000"]).target_score() == -3000  # its own units
+    for task in ("task=diabetes", "task=lm"):  # built-in mse; lm's own bits_per_byte
+        with pytest.raises(ConfigError, match=r"never negative.*\n  fix: set target.selection_score=0.03 "):
+            load_config([task, "target.selection_score=-0.03"])
+    folder = shutil.copytree(PROJECT_ROOT / "trainers" / "diabetes", tmp_path / "mine")
+    prepare = folder / "prepare.py"
+    source = (
+        prepare.read_text()
+        + "\n\ndef score(predictions, targets):\n    return float(((predictions - targets) ** 2).mean())\n"
+    )
+    for name, refused in (("recon_mse", True), ("margin", False)):  # a user's own metric: by the words of its name
+        prepare.write_text(source.replace('"name": "mse"', f'"name": "{name}"'))
+        if refused:
+            with pytest.raises(ConfigError, match="recon_mse is never negative"):
+                load_config([f"task={folder}", "target.selection_score=-0.03"])
+        else:  # a metric that may be negative: taken as given
+            assert load_config([f"task={folder}", "target.selection_score=-0.03"]).target_score() == 0.03
+    result = _cli(tmp_path, "task=diabetes", "target.selection_score=-0.03")
+    assert result.returncode == 2 and "set target.selection_score=0.03" in result.stderr
+
+
+def _cli(cwd: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`python -m ralph_ray OVERRIDES` run from `cwd` as a user would (no Ray address inherited)."""
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    command = [sys.executable, "-m", "ralph_ray", *overrides]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_final_training_over_a_trainer_that_reads_no_budget_is_warned_of(tmp_path: Path):
+    """User trial: safeguards.final_share over a `range(EPOCHS)` trainer trained the final exactly as long as the
+    search's trials, and nothing said so."""
+    from taskdirs import digits_task
+
+    final = ["safeguards.campaign_time_s=600", "safeguards.final_share=0.25"]
+    assert final_unread(load_config(final)) is None  # the shipped seed loops over harness.epochs
+    assert final_unread(load_config([])) is None  # no final training
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    fixed = digits_task(tmp_path / "fixed", seed.replace("harness.epochs(EPOCHS)", "range(1, EPOCHS + 1)"))
+    assert final_unread(load_config([f"task.trainer={fixed}"])) is None
+    warning = final_unread(load_config([f"task.trainer={fixed}", *final]))
+    assert warning is not None and "final_share=0.25" in warning and "runs its own EPOCHS" in warning
+
+
+# A user's own argparse trainer as it came (user trial ut_argparse): its own data, no harness call at all.
+OWN_TRAINER = """\
+import argparse
+import torch
+from sklearn.datasets import load_digits
+
+LR = 1e-3
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lr", type=float, default={lr})
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    x, y = load_digits(return_X_y=True)
+    model = torch.nn.Linear(64, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    {report}
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_seed_that_never_calls_the_harness_exits_2_before_ray_starts(tmp_path: Path):
+    """User trial: a trainer calling no harness function started Ray, ran five failing trials and exited 4 after 53 s
+    (the gate's check of the harness calls ran for children only), and one without save_predictions trained in full
+    before failing."""
+    from taskdirs import digits_task
+
+    bare = digits_task(tmp_path / "bare", OWN_TRAINER.format(lr="LR", report="print(model)"))
+    space = ["~search.space.BATCH_SIZE", "~search.space.WIDTH"]  # LR is its one knob
+    with pytest.raises(ConfigError, match="config error at `task.trainer`") as info:
+        load_config([f"task.trainer={bare}", *space])
+    said = str(info.value)
+    assert "never calls harness.load_data, harness.report, harness.save_predictions" in said
+    assert "fix: adapt train.py first (README, Add your own task, step 3)" in said
+    # Before the knobs' check: a seed without knobs or harness is told to adapt train.py, not to drop its knobs
+    with pytest.raises(ConfigError, match="never calls harness.load_data"):
+        load_config([f"task.trainer={bare}"])
+    half = OWN_TRAINER.format(lr="LR", report="harness.report(epoch=1, val_acc=0.5)").replace(
+        "x, y = load_digits(return_X_y=True)", "data = harness.load_data()"
+    )
+    half = "from ralph_ray import harness\n" + half
+    partial = digits_task(tmp_path / "partial", half)
+    with pytest.raises(ConfigError, match=r"never calls harness.save_predictions \(") as info:
+        load_config([f"task.trainer={partial}", *space])
+    assert "call `harness.save_predictions(selection=..., test=...)` at the end" in str(info.value)
+    # The calls may live in another file of the seed (a models.py or loop.py it imports)
+    (partial / "finish.py").write_text(
+        "from ralph_ray import harness\n\ndef finish(s, t):\n    harness.save_predictions(selection=s, test=t)\n"
+    )
+    assert load_config([f"task.trainer={partial}", *space]).search.space.keys() == {"LR"}
+    result = _cli(tmp_path, f"task={bare}", *space)
+    assert result.returncode == 2 and "never calls harness.load_data" in result.stderr
+    assert not (tmp_path / "runs").exists()  # refused before a run folder, or Ray, was started
+
+
+def test_a_searched_knob_the_trainer_never_reads_exits_2_naming_it(tmp_path: Path):
+    """User trial: `LR = 1e-3` added beside argparse's unchanged `default=1e-3` was searched with no warning, and the KB
+    recorded LR=0.0064 for a trial that trained at 1e-3."""
+    from taskdirs import digits_task
+
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert seed.count("lr=LR") == 2
+    forgot = digits_task(tmp_path / "forgot", seed.replace("lr=LR", "lr=0.05"))
+    with pytest.raises(ConfigError, match="config error at `search.space`") as info:
+        load_config([f"task.trainer={forgot}"])
+    said = str(info.value)
+    assert f"names LR, which {forgot / 'train.py'} sets but never reads" in said
+    assert "default=LR" in said and "~search.space.LR" in said and "WIDTH" not in said.split("fix:")[0]
+    assert load_config([f"task.trainer={forgot}", "~search.space.LR"]).search.space.keys() == {"BATCH_SIZE", "WIDTH"}
+    # Read from another file of the seed (`from train import LR`, `cfg.LR`): read
+    (forgot / "opt.py").write_text("import train\n\ndef lr():\n    return train.LR\n")
+    assert "LR" in load_config([f"task.trainer={forgot}"]).search.space
+    (forgot / "opt.py").unlink()
+    # A trainer that reads its namespace whole (nanoGPT's config dump) is taken at its word
+    digits_task(forgot, seed.replace("lr=LR", "lr=globals()['LR']"))
+    assert "LR" in load_config([f"task.trainer={forgot}"]).search.space
+    # The argparse trainer wired as the README says: default=LR
+    wired = OWN_TRAINER.format(lr="LR", report="harness.report(epoch=1, val_acc=0.5)")
+    wired = "from ralph_ray import harness\n" + wired.replace(
+        "x, y = load_digits(return_X_y=True)",
+        "data = harness.load_data()\n    harness.save_predictions(selection=[], test=[])",
+    )
+    mine = digits_task(tmp_path / "argparse", wired)
+    only_lr = ["~search.space.BATCH_SIZE", "~search.space.WIDTH"]
+    assert load_config([f"task.trainer={mine}", *only_lr]).search.space.keys() == {"LR"}
+    digits_task(mine, wired.replace("default=LR", "default=1e-3"))
+    with pytest.raises(ConfigError, match="names LR, which .* sets but never reads"):
+        load_config([f"task.trainer={mine}", *only_lr])

@@ -156,3 +156,21 @@ def test_a_spent_budget_names_the_override_that_gives_as_much_again(guards, used
     raised = replace(limits, **{key: type(getattr(limits, key) or 0)(float(value))})
     assert not decide(spent_facts, raised).stop
     assert spent_budgets(2, spent_facts.elapsed_s, spent_facts.tokens_campaign, spent_facts.cost_campaign, raised) == []
+
+
+def test_a_min_metrics_rationales_show_its_own_values_and_an_upper_bound():
+    """User trial: an MSE run's report read "the 90% lower bound of the best replicated variant -0.0282 reached the
+    target -0.0290", two lines under "target (selection recon_mse): 0.029"."""
+    cfg = load_config(["task=diabetes", "target.selection_score=0.029"])
+    assert cfg.metric_sign() == -1.0 and cfg.target_score() == -0.029  # compared oriented: higher is better
+    guards = replace(cfg.safeguards, plateau_cycles=5)
+    oriented = facts(best_by_cycle=[-0.0477, -0.0287], target=cfg.target_score(), sign=cfg.metric_sign())
+    met = decide(replace(oriented, floor_by_cycle=[None, -0.0282]), guards)
+    assert met.reason is StopReason.target_met and met.best_selection_score == -0.0287  # the KB keeps it oriented
+    assert "the 90% upper bound of the best replicated variant 0.0282 is at or below the target 0.0290" in (
+        met.rationale
+    )
+    going = decide(replace(oriented, target=None), guards)
+    assert going.rationale.startswith("continue: best 0.0287, ")
+    flat = decide(replace(oriented, target=None, best_by_cycle=[-0.0287, -0.0287]), replace(guards, plateau_cycles=1))
+    assert flat.reason is StopReason.plateau and "best selection score has not fallen by min_delta" in flat.rationale

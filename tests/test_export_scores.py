@@ -26,6 +26,12 @@ RUN = "scored"
 REPLICATES = [(0.88, 0.86), (0.90, 0.90), (0.92, 0.91)]  # (selection, test) of three fresh seeds
 
 
+def _reproduce(bundle: Path, work: Path) -> subprocess.CompletedProcess:
+    """Run an export bundle's reproduce.py as its README says."""
+    command = [sys.executable, str(bundle / "reproduce.py"), "--work", str(work)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
 def trial(trial_id: str, variant: str, selection: float | None, test: float | None, seed: int, replicate: bool) -> dict:
     return {
         "run_id": RUN,
@@ -166,12 +172,7 @@ def test_the_default_export_is_the_final_trainings_winner_as_it_trained(finished
     assert "of a 120-s budget" in card and "(`s0`): selection 0.8000, test 0.7900" in card
     assert "no interval (one long run, not replicated)" in card
     # reproduce.py gives the trainer the final's budget, not the search's 5 s of the run's config
-    ran = subprocess.run(
-        [sys.executable, str(out / "reproduce.py"), "--work", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    ran = _reproduce(out, tmp_path / "work")
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert (out / "trainer" / "budget.txt").read_text() == "120.0"
     assert json.loads(ran.stdout.strip().splitlines()[-1])["recorded_selection_score"] == 0.95
@@ -200,3 +201,131 @@ def test_a_final_whose_code_folder_is_gone_names_the_fix(finished: KnowledgeBase
     shutil.rmtree(final_code_dir(tmp_path / "runs" / RUN, "child"))
     with pytest.raises(ExportError, match="--search"):
         export(finished.root, RUN, "child", out=tmp_path / "bundle")
+
+
+def test_an_accuracy_interval_past_1_is_clipped_and_says_so(tmp_path: Path) -> None:
+    """User trial: scores.json and the model card said "95% CI [0.9149, 1.0211]" for an accuracy (n=2)."""
+    from pickkb import KID_LOW, RUN, pick_kb
+
+    kb_root, _ = pick_kb(tmp_path)
+    out = export(kb_root, RUN, out=tmp_path / "bundle")
+    selection = json.loads((out / "scores.json").read_text())["replicates"]["selection"]
+    assert selection["ci95"] == pytest.approx([KID_LOW, 1.0], abs=1e-4) and selection["clipped"] is True
+    card = (out / "README.md").read_text()
+    assert f"95% CI [{KID_LOW:.4f}, 1.0000] (Student t, n=2, clipped to the metric's range)" in card
+    # the leaderboard view clips the same interval, and says so
+    row = open_reader(kb_root).execute("select ci_low, ci_high, ci_clipped from leaderboard where variant_id = 'kid'")
+    low, high, clipped = row.fetchone()
+    assert (round(low, 4), high, clipped) == (KID_LOW, 1.0, True)
+
+
+# A regression trainer predicting 0 everywhere: diabetes' MSE is then the mean squared target, far above 0.
+ZERO_TRAINER = """import numpy as np
+
+from ralph_ray import harness
+
+LR = 0.1  # learning rate
+data = harness.load_data()
+harness.save_predictions(np.zeros(len(data.selection_x)), np.zeros(len(data.test_x)))
+"""
+
+
+@pytest.fixture()
+def mse_run(tmp_path: Path) -> KnowledgeBase:
+    return write_mse_kb(tmp_path)
+
+
+def write_mse_kb(tmp_path: Path) -> KnowledgeBase:
+    """A min metric's campaign (diabetes' mse) as the real writer stores it, oriented (-value): the child searched to
+    0.0287 with three replicates, then its final training (`deepen` added) scored worse, 0.0341."""
+    config = load_config(["task=diabetes"])
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    run_dir = tmp_path / "runs" / RUN
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
+    files = {name: tmp_path / "variants" / name for name in ("seed", "child")}
+    for folder in (*files.values(), final_code_dir(run_dir, "child")):
+        folder.mkdir(parents=True)
+        (folder / "train.py").write_text(ZERO_TRAINER)
+    stored = json.dumps({"task": {"name": "diabetes", "metric": "mse", "direction": "min"}})
+    run = {"run_id": RUN, "experiment": "diabetes", "task": "diabetes", "run_dir": str(run_dir), "config": stored}
+    kb.append("runs", [run], RUN)
+    variants = [
+        ("seed", None, 1, "seed", "[]"),
+        ("child", "seed", 2, "kept", '["batchnorm"]'),
+    ]
+    kb.append(
+        "variants",
+        [
+            {
+                "run_id": RUN,
+                "variant_id": v,
+                "parent_id": parent,
+                "cycle": cycle,
+                "status": status,
+                "interventions": interventions,
+                "files_dir": str(files[v]),
+            }
+            for v, parent, cycle, status, interventions in variants
+        ],
+        RUN,
+    )
+    rows = [trial("s0", "seed", -0.0477, -0.0518, 0, False), trial("c0", "child", -0.0287, -0.0301, 0, False)]
+    rows += [trial(f"r{i}", "child", -s, -t, i, True) for i, (s, t) in enumerate([(0.030, 0.031), (0.029, 0.030)], 1)]
+    kb.append("trials", rows, RUN)
+    final = {"final": True, "final_budget_s": 60.0, "final_added": "deepen", "epochs": 4}
+    kb.append("trials", [{**trial("f1", "child", -0.0341, -0.0355, 7, False), **final}], f"{RUN}-final")
+    return kb
+
+
+def test_a_min_metrics_bundle_shows_its_own_values_and_warns_of_a_worse_final(mse_run: KnowledgeBase, tmp_path):
+    """User trial: an MSE's bundle read "Scores (frozen evaluation, higher is better) - selection: -0.0341", and its
+    final training, worse than the search's 0.0287, shipped by default without a word."""
+    shown = Console(record=True, width=400)
+    out = tmp_path / "bundle"
+    assert commands.main(["export", RUN, "--kb", str(mse_run.root), "--out", str(out)], shown) == ExitCode.ok
+    said = shown.export_text()
+    assert "warning: the final training of child scored worse on selection (0.0341) than its best search trial " in (
+        said.replace("\n", " ")
+    )
+    assert f"`export {RUN} --search` ships the search's version" in said.replace("\n", " ")
+    scores = json.loads((out / "scores.json").read_text())
+    assert (scores["trial_id"], scores["selection_score"], scores["test_score"]) == ("f1", 0.0341, 0.0355)
+    assert scores["metric"] == {"name": "mse", "direction": "min"} and "lower is better" in scores["scores_are"]
+    assert scores["final_training"]["search_best"] == {
+        "trial_id": "c0",
+        "selection_score": 0.0287,
+        "test_score": 0.0301,
+    }
+    assert "(0.0341) than its best search trial (0.0287)" in scores["final_training"]["warning"]
+    card = (out / "README.md").read_text()
+    assert "## Scores (frozen evaluation: mse, lower is better)" in card and "- selection: 0.0341 (trial `f1`)" in card
+    assert "**Warning**: the final training of child scored worse" in card and "-0.0" not in card
+    assert [s["selection_score"] for s in json.loads((out / "lineage.json").read_text())] == [0.0477, 0.0287]
+    ran = _reproduce(out, tmp_path / "work")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    printed = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert printed["selection_score"] > 1000 and printed["recorded_selection_score"] == 0.0341  # MSEs, not -MSEs
+
+    searched = json.loads((export(mse_run.root, RUN, out=tmp_path / "s", search=True) / "scores.json").read_text())
+    selection = searched["replicates"]["selection"]
+    assert searched["selection_score"] == 0.0287 and selection["mean"] == pytest.approx(0.0295)
+    low, high = selection["ci95"]
+    assert 0 < low < 0.0295 < high  # the interval of the values, ascending
+
+
+def test_status_warns_of_a_final_worse_than_the_search_it_would_export(mse_run: KnowledgeBase, tmp_path: Path):
+    from ralph_ray.state import CampaignState, RunStatus
+
+    run_dir = tmp_path / "runs" / RUN
+    CampaignState(RUN, status=RunStatus.finished, best_selection_score=-0.0287, best_variant_id="child").save(run_dir)
+    shown = Console(record=True, width=400)
+    argv = ["status", RUN, "--runs", str(tmp_path / "runs"), "--kb", str(mse_run.root)]
+    assert commands.main(argv, shown) == ExitCode.ok
+    said = shown.export_text()
+    assert "final training of the pick child: selection 0.0341, test 0.0355 (export's default)" in said
+    assert "warning: the final training of child scored worse on selection (0.0341) than its best search trial " in (
+        said
+    )
+    assert f"`export {RUN} --search` ships the search's version" in said

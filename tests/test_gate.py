@@ -153,6 +153,17 @@ def test_a_path_or_import_the_parent_had_already_is_not_held_against_the_child()
         check_reach({**child, "extra.py": "import ralph_ray.kb\n"}, parent)  # and a file of its own, whole
 
 
+def test_a_string_naming_the_package_is_no_import():
+    """User trial: path parts `["", "work", "main", "ralph_ray"]` were refused as "imports ralph_ray"; imports are
+    read from the syntax tree (statements, and a module named to an import call), not from any string."""
+    source = (SEED / "train.py").read_text()
+    parts = source.replace("def main() -> None:", 'PARTS = ["", "work", "main", "ralph_ray"]\n\n\ndef main() -> None:')
+    check_reach({"train.py": parts}, {"train.py": source})
+    named = parts.replace("PARTS = ", "MOD = importlib.import_module('ralph_ray.kb')\nPARTS = ")
+    with pytest.raises(GateError, match="imports ralph_ray.kb"):
+        check_reach({"train.py": named}, {"train.py": source})
+
+
 def test_a_child_that_left_the_data_parallel_group_is_refused_when_trials_have_workers(gate: Gate, tmp_path: Path):
     """Under resources.workers_per_trial=N > 1 a child without harness.init_distributed would run as N copies."""
     child, parent = child_of_seed(tmp_path, lambda s: s.replace("    harness.init_distributed()", "    pass"))

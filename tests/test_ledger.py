@@ -12,7 +12,7 @@ from ray.tune.error import _AbortTrialExecution
 from ray.tune.experiment import Trial
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
-from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
+from ralph_ray.ledger import SCORING_FAILED, STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.tasks.digits import prepare
@@ -110,3 +110,27 @@ def test_a_completed_trial_that_predicts_one_class_is_recorded_with_a_warning(ra
     assert record.reason is not None and record.reason.startswith(
         "every prediction is class 0 while the labels hold 10"
     )
+
+
+def test_a_trial_whose_predictions_cannot_be_scored_says_it_failed_in_scoring_on_the_driver(
+    ray_session, tmp_path: Path
+):
+    """User trial: the reason read "predictions: Found array with dim 4" and the console sent the user to the trial's
+    stderr.log, empty since the trainer ran fine. The reason says the trainer finished and the driver's scoring
+    failed."""
+    recorded: list[TrialRecord] = []
+    splits = prepare(0, 0.2, 0.2)
+    ledger = TrialLedger(
+        "r", 1, splits.labels(), str(tmp_path / "trials"), 0, "val_acc", lambda r, _: recorded.append(r)
+    )
+    predictions = tmp_path / "predictions.npz"
+    rng = np.random.default_rng(0)  # one logit per class saved, not the class ids accuracy scores
+    np.savez(predictions, selection=rng.normal(size=(len(splits.selection_y), 10)), test=rng.normal(size=(5, 10)))
+    trial = tune_trial(tmp_path, "logits01")
+    trial.update_last_result({PREDICTIONS_KEY: encode_predictions(predictions)})
+    ledger.on_trial_start(0, [trial], trial)
+    ledger.on_trial_complete(0, [trial], trial)
+    (record,) = recorded
+    assert record.status is TrialStatus.failed and record.selection_score is None
+    assert record.reason is not None and record.reason.startswith(f"{SCORING_FAILED}: predictions: ")
+    assert "save `logits.argmax(1)`" in record.reason

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from scipy import stats
+from taskdirs import digits_task
 
+from ralph_ray import PROJECT_ROOT, sql
 from ralph_ray.__main__ import main
 from ralph_ray.campaign import run
 from ralph_ray.children import Child
 from ralph_ray.config import SafeguardsConfig
 from ralph_ray.decision import NO_SCORE_REASON, CycleFacts, StopReason, child_verdict, decide
 from ralph_ray.kb import SCHEMAS, KnowledgeBase, open_reader
+from ralph_ray.ledger import STOPPED_WITH_CYCLE
 from ralph_ray.noise import Comparison, Sample, describe, floor, half_width, lower_bound, welch_greater
-from ralph_ray.replicates import Replicated, evidence, fresh_seeds, needing, points
+from ralph_ray.replicates import (
+    Replicated,
+    Tally,
+    best_knobs,
+    evidence,
+    fresh_seeds,
+    needing,
+    points,
+    recorded,
+    seed_ignored,
+)
 from ralph_ray.trials import REPLICATE_KEY, SEED_KEY
 from ralph_ray.variants import VariantStatus
 
@@ -42,21 +56,45 @@ def test_welch_matches_scipy_and_needs_two_values_a_side():
     noisy = welch_greater(Sample.of([0.9680, 0.9650, 0.9710]), Sample.of([0.9610, 0.9694, 0.9638]), 0.9)
     assert not noisy.better and "not shown better" in noisy.text()
     assert welch_greater(Sample.of([0.99]), parent, 0.9).p_value is None  # one value: no test, never better
-    # No spread on either side (a deterministic trainer): the means decide.
-    assert welch_greater(Sample.of([0.9, 0.9]), Sample.of([0.8, 0.8]), 0.9).better
-    assert not welch_greater(Sample.of([0.8, 0.8]), Sample.of([0.8, 0.8]), 0.9).better
+    # One side without spread is still a test: the other side's spread counts
+    assert welch_greater(Sample.of([0.9, 0.9]), Sample.of([0.8, 0.81]), 0.9).p_value is not None
+
+
+def test_replicates_that_did_not_vary_with_their_seeds_are_no_test():
+    """User trial: a `--seed default=0` trainer ignored harness.seed(); each replicate was a copy of one run, and a keep
+    read "better at 90%: child 0.9777 ± 0.0000 (n=3) vs parent 0.9387 ± 0.0000 (n=3), one-sided Welch p=6.76e-05",
+    the seeds' own spread (0.008 on five real seeds) counted as none. Before, too, their means decided: p 0 or 1."""
+    for examples in (None, 359):
+        found = welch_greater(Sample.of([0.9777] * 3), Sample.of([0.9387] * 3), 0.9, examples=examples)
+        assert not found.better and found.p_value is None and found.unvaried
+        said = found.text()
+        assert said.startswith("not shown better at 90%: child 0.9777 ± 0.0000 (n=3) vs parent 0.9387 ± 0.0000 (n=3)")
+        assert "(does train.py ignore harness.seed()? seed torch, numpy and random from harness.seed()" in said
+        assert "Welch p=" not in said
+    # 112/113 three times has a standard deviation of 1e-16, not 0: copies are told by their values, not by sd == 0
+    assert welch_greater(Sample.of([112 / 113] * 3), Sample.of([111 / 113] * 3), 0.9).unvaried
+    assert not Sample.of([0.9]).unvaried and not Sample.of([0.9, 0.91]).unvaried and Sample.of([0.9, 0.9]).unvaried
+    # Replicates that varied on one side are a test as before
+    assert not welch_greater(Sample.of([0.9777] * 3), Sample.of([0.93, 0.94, 0.95]), 0.9).unvaried
+    # The console's warning wants copies on both splits: two seeds may tie on a small selection split by chance
+    copies = Replicated(3, (1, 2, 3), Sample.of([0.9387] * 3), Sample.of([0.9411] * 3))
+    tie = Replicated(3, (1, 2, 3), Sample.of([0.9387] * 3), Sample.of([0.93, 0.94, 0.95]))
+    warning = seed_ignored({"p": copies, "c": tie})
+    assert warning is not None and "(p 0.9387 x3)" in warning and "train.py seems to ignore harness.seed()" in warning
+    assert seed_ignored({"c": tie}) is None and seed_ignored({}) is None
 
 
 def test_a_keep_counts_the_selection_splits_sampling_error_where_the_score_is_an_accuracy():
     """User trial (breast cancer, a 113-example selection split): a child one example ahead on three replicates that
     did not vary was kept as "better at 90%, p=3.93e-29"; replicates vary the seed on one fixed split, so their
     spread says nothing of that split's own sampling error."""
-    one_example = welch_greater(Sample.of([112 / 113] * 3), Sample.of([111 / 113] * 3), 0.9, examples=113)
+    # (Replicates that did not vary at all are no test now: test_replicates_that_did_not_vary_with_their_seeds_...)
+    one_example = welch_greater(Sample.of([112 / 113] * 3), Sample.of([111 / 113] * 2 + [111.01 / 113]), 0.9, 113)
     assert not one_example.better and one_example.p_value == pytest.approx(0.16, abs=0.01)  # one standard error
     assert "counting the 113-example selection split's sampling error (at least ±0.0088 on the difference)" in (
         one_example.text()
     )
-    assert welch_greater(Sample.of([112 / 113] * 3), Sample.of([111 / 113] * 3), 0.9).better  # the old verdict
+    assert welch_greater(Sample.of([112 / 113] * 3), Sample.of([111 / 113] * 2 + [111.01 / 113]), 0.9).better
     child, parent = Sample.of([112 / 113, 112 / 113, 111 / 113]), Sample.of([111 / 113, 111 / 113, 110 / 113])
     assert not welch_greater(child, parent, 0.9, examples=113).better  # Welch alone: p 0.05, "better"
     # A gain the split can show: 3 points on 1,000 examples (30 examples won: 5.5 standard errors)...
@@ -147,6 +185,63 @@ def test_plan_replicates_the_seed_and_children_with_a_chance_and_their_unreplica
     ]
 
 
+def trial_row(trial_id: str, knobs: dict, score: float, replicate: bool = False, seed: int = 0) -> dict:
+    return {
+        "run_id": "r",
+        "cycle": 1,
+        "trial_id": trial_id,
+        "variant_id": "s",
+        "status": "completed",
+        "knobs": json.dumps(knobs, sort_keys=True),
+        "seed": seed,
+        "epochs": 4,
+        "selection_score": score,
+        "test_score": score,
+        "replicate": replicate,
+    }
+
+
+def test_replicates_belong_to_the_knobs_they_ran(tmp_path: Path):
+    """User trial: the seed was replicated at its best knobs then (0.9526, 0.9443); a later search trial of other knobs
+    scored 0.9777 and became its best, was never replicated, and its leaderboard row showed those knobs beside the
+    old knobs' mean 0.9485, the mean a child bred from the new knobs was then kept against."""
+    old, new = {"LR": 0.0376, "WIDTH": 16}, {"LR": 0.119, "WIDTH": 32}
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    for row in (
+        trial_row("a", old, 0.9554),
+        trial_row("a1", old, 0.9526, True, 1),
+        trial_row("a2", old, 0.9443, True, 2),
+        trial_row("b", new, 0.9777),
+    ):
+        kb.append("trials", [row], row["trial_id"])  # one part each, in this order (written_at)
+    con = open_reader(kb.root)
+    # Its best knobs moved: no replicates of them yet, so a hopeful child's verdict replicates the parent again first,
+    # at its new best knobs, with the seeds the old ones ran.
+    reps = recorded(con, "r")
+    assert "s" not in reps
+    hopeful = child("c", "s", VariantStatus.candidate)
+    assert needing([hopeful], {"s": 0.9777, "c": 0.98}, reps, 2) == ["s", "c"]
+    assert [(c["LR"], c[SEED_KEY]) for c in points(["s"], best_knobs(con, "r"), reps, 2, 0)] == [(0.119, 1), (0.119, 2)]
+    board = "select best_knobs, replicates, mean_score from leaderboard where run_id = 'r'"
+    assert con.execute(board).fetchone() == (json.dumps(new, sort_keys=True), 0, None)
+    for row in (trial_row("b1", new, 0.97, True, 1), trial_row("b2", new, 0.98, True, 2)):
+        kb.append("trials", [row], row["trial_id"])
+    con = open_reader(kb.root)
+    reps = recorded(con, "r")
+    assert reps["s"].seeds == (1, 2) and reps["s"].sample.mean == pytest.approx(0.975)
+    # The leaderboard's mean, its interval and the export's spread count only replicates of the best knobs.
+    best, n, mean = con.execute(board).fetchone()
+    assert (n, mean) == (2, pytest.approx(0.975))
+    assert sorted(r[0] for r in con.execute(sql.EXPORT_REPLICATES, ["r", "s"]).fetchall()) == [0.97, 0.98]
+    # The async campaign's own count (the pool's best knobs: the trial's knobs read back) agrees.
+    tally = Tally()
+    for v, knobs, seed, score, test in con.execute(sql.REPLICATES_FOR_RUN, ["r", STOPPED_WITH_CYCLE]).fetchall():
+        tally.note(v, knobs, seed, score, test)
+    assert set(tally.at({"s": json.loads(best)})["s"].sample.values) == {0.97, 0.98}
+    assert "s" not in tally.at({"s": {"WIDTH": 16, "LR": 0.119}})
+
+
 CAMPAIGN = [
     "search.num_samples=2",
     "search.max_concurrent=2",
@@ -166,7 +261,9 @@ CAMPAIGN = [
 def replicate_record(kb_root: Path, run_id: str):
     con = open_reader(kb_root)
     trials = con.execute(
-        "select variant_id, seed, replicate, status, selection_score from trials where run_id = ?", [run_id]
+        "select variant_id, seed, replicate, status, selection_score from trials where run_id = ? "
+        "and reason is distinct from ?",
+        [run_id, STOPPED_WITH_CYCLE],
     ).fetchall()
     variants = con.execute(
         "select variant_id, parent_id, status, reason from variants where run_id = ?", [run_id]
@@ -190,11 +287,23 @@ def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(
     assert outcome.exit_code == 0
     trials, variants, board = replicate_record(outcome.kb_root, f"noise-{mode}")
     seed = next(v for v, _, status, _ in variants if status == "seed")
-    # The seed's best knobs ran twice more, with fresh seeds, as trials marked replicate.
-    assert sorted(s for v, s, rep, _, _ in trials if v == seed and rep) == [1, 2]
+    # The seed's best knobs ran twice more, with fresh seeds, as trials marked replicate (async: again on each new
+    # best of its knob samples since, with the same seeds; the run's end may have cut the last of these).
+    con = open_reader(outcome.kb_root)
+    per_knobs = con.execute(
+        "select knobs, list(seed order by seed) from trials where run_id = ? and variant_id = ? and replicate "
+        "and reason is distinct from ? group by knobs order by min(written_at)",
+        [f"noise-{mode}", seed, STOPPED_WITH_CYCLE],
+    ).fetchall()
+    assert per_knobs and per_knobs[0][1] == [1, 2] and all(seeds in ([1], [1, 2]) for _, seeds in per_knobs)
     assert all(s == 0 for _, s, rep, _, _ in trials if not rep)  # search trials keep the search seed
     n, mean, low, high, best = board[seed]
-    assert n == 2 and low < mean < high
+    # The leaderboard counts only the replicates of its best knobs.
+    (shown,) = con.execute(
+        "select best_knobs from leaderboard where run_id = ? and variant_id = ?", [f"noise-{mode}", seed]
+    ).fetchone()
+    assert n == sum(len(seeds) for knobs, seeds in per_knobs if knobs == shown)
+    assert not n or low < mean < high
     searched = [score for v, _, rep, _, score in trials if v == seed and not rep and score is not None]
     assert best == max(searched)  # search trials only
     children = [(v, status, reason) for v, parent, status, reason in variants if parent == seed]
@@ -208,19 +317,113 @@ def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(
             assert status == "discarded" and reason == NO_SCORE_REASON  # ASHA stopped its one trial: nothing to judge
             continue
         # Each verdict states its evidence: a Welch test over both samples, or why the child was not replicated (or
-        # its replicates gave no sample: they failed).
-        assert replicated in (0, 2)
-        assert ("Welch p=" in reason or "too few replicates" in reason) if replicated else "not replicated" in reason
+        # its replicates gave no sample: they failed). Async: a replicated child is replicated again at a new best.
+        assert replicated == 0 or replicated >= 2
+        # (replicates that tie on both sides by chance are no test: "every replicate scoring the same")
+        tested = ("Welch p=", "too few replicates", "every replicate scoring the same")
+        assert any(t in reason for t in tested) if replicated else "not replicated" in reason
         assert status != "kept" or "better at 90%" in reason
+    # Each interventions row records the reference its verdict named, and what kind of delta it is.
+    effects = con.execute(
+        "select i.basis, i.child_score, i.parent_score, v.reason from interventions i join variants v "
+        "using (run_id, variant_id) where run_id = ? and i.delta is not null",
+        [f"noise-{mode}"],
+    ).fetchall()
+    for basis, child_score, parent_score, reason in effects:
+        if "too few replicates" in reason:
+            continue  # its replicates gave no sample: its best trial against the parent's reference, nothing to read
+        said = {
+            "replicates": f"child {child_score:.4f}",
+            "best_trial_vs_replicates": f"its best trial {child_score:.4f} did not beat its parent's replicate mean "
+            f"{parent_score:.4f}",
+            "best_trial": f"its best trial {child_score:.4f} did not beat its parent's best trial {parent_score:.4f}",
+        }[basis]
+        assert said in reason and (basis != "replicates" or f"parent {parent_score:.4f}" in reason)
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
-    assert "| replicates |" in report and "(n=2)" in report
+    assert "| replicates |" in report
     # The campaign's pick is the replicated variant with the best replicate mean, in the report and in `status`.
-    top = max(mean for n, mean, *_ in board.values() if n)
-    picks = [v for v, (n, mean, *_) in board.items() if n and mean == top]
+    top = max((mean for n, mean, *_ in board.values() if n), default=None)
+    picks = [v for v, (n, mean, *_) in board.items() if n and mean == top] or [
+        v for v, (*_, best) in board.items() if best == max(b for *_, b in board.values() if b is not None)
+    ]
     assert any(f"- best variant: {p}, selection" in report for p in picks)
     assert main(["status", f"noise-{mode}", "--runs", str(outcome.run_dir.parent), "--kb", str(outcome.kb_root)]) == 0
     out = capsys.readouterr().out
     assert any(f"pick (rank 1, by replicate mean): {p}, " in out for p in picks)
+
+
+def test_a_trainer_that_ignores_its_seed_is_warned_of_once_and_no_child_is_kept_on_copies(
+    ray_session, tiny_config, tmp_path: Path
+):
+    """User trial: a trainer seeding from its own `--seed default=0` ran every replicate the same, shown as
+    `± 0.0000` with no word, and a child was kept on `p=6.76e-05`."""
+    import io
+
+    from rich.console import Console
+
+    source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert "    seed = harness.seed()\n" in source
+    fixed = digits_task(tmp_path / "seed0", source.replace("    seed = harness.seed()\n", "    seed = 0\n"))
+    said = io.StringIO()
+    outcome = run(
+        tiny_config(*CAMPAIGN, "run_id=seed0", f"task.trainer={fixed}", "agent=heuristic"),
+        Console(file=said, width=400),
+    )
+    assert outcome.exit_code == 0
+    trials, variants, _ = replicate_record(outcome.kb_root, "seed0")
+    seed = next(v for v, _, status, _ in variants if status == "seed")
+    copies = [score for v, s, rep, status, score in trials if v == seed and rep and status == "completed"]
+    assert len(copies) >= 2 and len(set(copies)) == 1  # fresh seeds 1, 2: the same run twice
+    console = said.getvalue()
+    assert console.count("warning: replicates scored the same whatever their seed (") == 1
+    assert f"{seed} {copies[0]:.4f} x" in console and "train.py seems to ignore harness.seed()" in console
+    for variant, parent, status, reason in variants:
+        replicated = [score for v, _, rep, _, score in trials if v == variant and rep and score is not None]
+        if parent == seed and len(set(replicated)) == 1 and len(replicated) >= 2:  # judged on copies of copies
+            assert (
+                status == "discarded" and "does train.py ignore harness.seed()?" in reason and "Welch p=" not in reason
+            )
+
+
+def test_an_async_variant_is_replicated_again_when_its_best_knobs_move(ray_session, tiny_config, tmp_path: Path):
+    """User trial: the seed, replicated at its best knobs then, found better knobs by its later knob samples and was
+    never replicated at them; its leaderboard row showed the new knobs beside the old knobs' mean. Here its own
+    knobs (LR 0.0001) are replicated first, and its first knob sample at LR 0.1 becomes its best."""
+    source = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert "LR = 0.05 " in source
+    slow = digits_task(tmp_path / "slow_lr", source.replace("LR = 0.05 ", "LR = 0.0001 "))
+    outcome = run(
+        tiny_config(
+            "run_id=moved",
+            "population.mode=async",
+            "agent=none",  # no child: the slot runs knob samples of the seed (its search goes on under a time budget)
+            f"task.trainer={slow}",
+            "~search.space",
+            "+search.space={LR: {type: choice, values: [0.0001, 0.1]}, EPOCHS: {type: choice, values: [2]}}",
+            "search.num_samples=1",
+            "search.max_concurrent=1",  # its own knobs first, alone: they are replicated before any knob sample
+            "scheduler.max_t=2",
+            "scheduler.grace_period=2",
+            "safeguards.replicates=2",
+            # The run ends once a replicated mean's lower bound passes 0.5: LR 0.1's, never LR 0.0001's (~0.1)
+            "target.selection_score=0.5",
+            "safeguards.campaign_time_s=400",
+            "population.breeder_nice=0",
+        )
+    )
+    con = open_reader(outcome.kb_root)
+    (seed,) = con.execute("select variant_id from variants where run_id = 'moved' and status = 'seed'").fetchone()
+    replicated = con.execute(
+        "select json_extract(knobs, '$.LR')::double, list(seed order by seed), avg(selection_score) from trials "
+        "where run_id = 'moved' and variant_id = ? and replicate and status = 'completed' group by all order by 1",
+        [seed],
+    ).fetchall()
+    assert [(lr, seeds) for lr, seeds, _ in replicated] == [(0.0001, [1, 2]), (0.1, [1, 2])]
+    best_knobs, n, mean = con.execute(
+        "select best_knobs, replicates, mean_score from leaderboard where run_id = 'moved' and variant_id = ?", [seed]
+    ).fetchone()
+    assert json.loads(best_knobs)["LR"] == 0.1
+    assert n == 2 and mean == pytest.approx(replicated[1][2])  # the mean of the knobs it shows, not of all four
 
 
 def test_a_kb_written_before_replicates_reads_them_as_absent(tmp_path: Path):

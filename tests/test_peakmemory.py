@@ -27,7 +27,7 @@ from ralph_ray import harness
 EPOCHS = 1  # epochs
 data = harness.load_data()
 block = np.ones(30_000_000)
-harness.report(epoch=1, val_acc=float(block[-1]) / 10)
+harness.report(epoch=EPOCHS, val_acc=float(block[-1]) / 10)  # EPOCHS read: it is searched
 harness.save_predictions(selection=np.zeros(len(data.selection_x), int), test=np.zeros(len(data.test_x), int))
 """
 # Reports first, then allocates and waits to be stopped: only the runner's samples can see the allocation.

@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
 from ralph_ray import records
 from ralph_ray.agents.base import Usage
 from ralph_ray.children import Child
 from ralph_ray.config import AgentConfig, SafeguardsConfig, load_config
-from ralph_ray.decision import CycleFacts, decide
-from ralph_ray.kb import KnowledgeBase
+from ralph_ray.decision import CycleFacts, child_verdict, decide
+from ralph_ray.kb import SCHEMAS, KnowledgeBase, open_reader
+from ralph_ray.noise import Sample, welch_greater
+from ralph_ray.replicates import Replicated, evidence
 from ralph_ray.state import CampaignState, Phase, RunStatus
 from ralph_ray.variants import RejectedBy, VariantStatus
 
@@ -111,3 +117,80 @@ def test_a_rejection_the_gate_never_saw_measures_no_intervention():
     for by, rows in ((RejectedBy.gate, 1), (RejectedBy.code, 1), (RejectedBy.coder, 0), (RejectedBy.budget, 0)):
         rejected = dataclasses.replace(child("r", VariantStatus.rejected), rejected_by=by)
         assert len(records.intervention_rows("run", "digits", 2, rejected, None)) == rows, by
+
+
+def test_an_interventions_row_records_the_reference_its_verdict_used_and_its_basis(tmp_path: Path):
+    """User trial: a child "did not beat its parent's replicate mean 0.9485", yet its row recorded the parent's best
+    trial 0.9554 (delta -0.0223 instead of -0.0154), and intervention_effects averaged such deltas with deltas between
+    replicate means with no column to tell them apart."""
+    parent_reps = {"p": Replicated(2, (1, 2), Sample.of([0.9526, 0.9443]), Sample(()))}
+    hopeless = child("h", VariantStatus.candidate, interventions=("replay",), parent_score=0.9554)
+    not_worth = evidence(hopeless, 0.9331, parent_reps, 0.9554, 0.9)
+    hopeless.status, hopeless.reason = child_verdict(1, 0, 0.9331, 0.9554, 0.0, None, not_worth)
+    assert "its best trial 0.9331 did not beat its parent's replicate mean 0.9485 ±" in (hopeless.reason or "")
+    (row,) = records.intervention_rows("r1", "digits", 2, hopeless, 0.9331, not_worth)
+    assert (row["parent_score"], row["basis"]) == (pytest.approx(0.94845), "best_trial_vs_replicates")
+    assert row["delta"] == pytest.approx(0.9331 - 0.94845)
+    # Both replicated: the delta between the means the Welch test compared.
+    kept = child("k", VariantStatus.candidate, interventions=("replay",), parent_score=0.9554)
+    welch = welch_greater(Sample.of([0.968, 0.970]), parent_reps["p"].sample, 0.9)
+    kept.status, kept.reason = child_verdict(1, 0, 0.975, 0.9554, 0.0, None, welch)
+    (row,) = records.intervention_rows("r1", "digits", 2, kept, 0.975, welch)
+    assert (row["child_score"], row["parent_score"], row["basis"]) == (
+        pytest.approx(0.969),
+        pytest.approx(0.94845),
+        "replicates",
+    )
+    # An unreplicated parent: best trial against best trial (the parent's the evidence named, not the breed-time one).
+    alone = child("a", VariantStatus.candidate, interventions=("replay",), parent_score=0.99)
+    against_best = evidence(alone, 0.93, {}, 0.95, 0.9)
+    alone.status, alone.reason = child_verdict(1, 0, 0.93, 0.95, 0.0, None, against_best)
+    (row,) = records.intervention_rows("r1", "digits", 2, alone, 0.93, against_best)
+    assert (row["parent_score"], row["basis"]) == (0.95, "best_trial")
+    # Replicates off: its best trial against the parent's it was judged on; a rejected child compared nothing.
+    (row,) = records.intervention_rows(
+        "r1", "digits", 2, child("o", VariantStatus.kept, interventions=("replay",)), 0.93
+    )
+    assert (row["parent_score"], row["basis"]) == (0.9, "best_trial")
+    (row,) = records.intervention_rows(
+        "r1", "digits", 2, child("x", VariantStatus.rejected, interventions=("replay",)), None
+    )
+    assert row["basis"] is None
+
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    rows = [
+        row
+        for c, score, comparison in (
+            (hopeless, 0.9331, not_worth),
+            (kept, 0.975, welch),
+            (alone, 0.93, against_best),
+            (child("x", VariantStatus.rejected, interventions=("replay",)), None, None),
+        )
+        for row in records.intervention_rows("r1", "digits", 2, c, score, comparison)
+    ]
+    kb.put("interventions", rows, records.part("r1", 2))
+    effect = (
+        kb.reader()
+        .execute("select n, tried, n_replicates, mean_delta_replicates, n_best_trial from intervention_effects")
+        .fetchone()
+    )
+    assert effect[:3] == (3, 4, 1) and effect[3] == pytest.approx(0.969 - 0.94845) and effect[4] == 2
+
+
+def test_a_kb_written_before_the_basis_column_still_reads(tmp_path: Path):
+    """An interventions table whose parts (and schema part) predate `basis` reads it as NULL, and the view counts
+    its deltas in neither basis."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    folder = kb.parquet / "interventions"
+    old = pa.schema([f for f in SCHEMAS["interventions"] if f.name != "basis"])
+    pq.write_table(old.empty_table(), folder / "_schema.parquet")
+    row = {
+        k: v for k, v in records.intervention_rows("old", "digits", 2, child("k", VariantStatus.kept), 0.95)[0].items()
+    }
+    row.pop("basis")
+    pq.write_table(pa.Table.from_pylist([row], schema=old), folder / "old.parquet")
+    con = open_reader(kb.root)
+    assert con.execute("select basis, delta from interventions").fetchone() == (None, pytest.approx(0.05))
+    assert con.execute("select n, n_replicates, n_best_trial from intervention_effects").fetchone() == (1, 0, 0)

@@ -22,3 +22,19 @@ def test_the_section_reads_training_seconds_and_shows_a_min_metrics_own_values()
     lines = cost_section(trials, {"t1": 12.0}, lambda score: None if score is None else -score)
     table = [line for line in lines if line.startswith("| ") and "cost s" not in line and "---" not in line]
     assert table == ["| 12.0 | 2.5000 | 2.6000 | t1 | v |", "| 60.0 | 2.0000 | 2.1000 | t2 | w |"]
+
+
+def test_a_min_metrics_report_warns_of_a_final_worse_than_the_search_in_its_own_values(tmp_path):
+    """User trial: a final training (`deepen` added) scored 0.0341 MSE against the search's 0.0287 for the same
+    variant, and the report set the two side by side without a word."""
+    from test_export_scores import RUN, write_mse_kb  # the min metric's KB, as the real writer stores it
+
+    from ralph_ray.report import write_report
+
+    kb = write_mse_kb(tmp_path)
+    report = write_report(kb.root, RUN, tmp_path / "runs" / RUN).read_text()
+    final = report.split("## Final training of the pick")[1].split("\n## ")[0]
+    assert "selection 0.0341, test **0.0355**" in final and "best search trial: selection 0.0287" in final
+    assert "**warning**: the final training of child scored worse on selection (0.0341) than its best search " in final
+    assert "`export RUN_ID --search` ships the search's version" in final
+    assert (tmp_path / "runs" / RUN / "report" / "progress.png").stat().st_size > 0

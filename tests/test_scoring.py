@@ -44,3 +44,15 @@ def test_predictions_travel_as_text_and_score_on_the_driver(tmp_path: Path):
     assert (scores.selection, scores.test) == (0.75, 0.5)
     with pytest.raises(ScoringError, match="unreadable predictions"):
         score_encoded("not base64!", labels)
+
+
+def test_every_built_in_metric_has_a_range_and_a_min_metrics_is_negated():
+    """The leaderboard and export clip intervals to these ranges: a built-in metric without one would go unclipped."""
+    from ralph_ray.scoring import METRIC_RANGES, clip_interval, score_range
+    from ralph_ray.tasks.base import BUILTIN
+
+    assert set(METRIC_RANGES) == set(BUILTIN)
+    assert score_range("mse", "min") == (None, -0.0) and score_range("own_score", "max") == (None, None)
+    assert clip_interval(0.9149, 1.0211, "accuracy", "max") == (0.9149, 1.0, True)
+    assert clip_interval(0.9149, 1.0211, "own_score", "max") == (0.9149, 1.0211, False)  # a task's own: as computed
+    assert clip_interval(-0.2, 0.1, "mae", "min") == (-0.2, 0.0, True)  # an MAE below 0, negated

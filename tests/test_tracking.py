@@ -284,3 +284,19 @@ def test_events_follow_phases_verdicts_trial_ends_and_the_decision(campaign: Out
     decisions = [e for e in events if e["event"] == "decision"]
     assert [d["decision"] for d in decisions] == ["continue", "stop"]
     assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
+
+
+def test_mlflow_names_the_pick_as_the_best_variant_not_the_luckiest_trials(tmp_path: Path) -> None:
+    """User trial: the campaign's `best_variant` tag was a raw max over best trials (the seed's lucky 0.99), while
+    the report, status and export named the leaderboard's rank 1 (its child, by replicate mean)."""
+    from mlflow.tracking import MlflowClient
+    from pickkb import RUN, pick_kb
+
+    kb, _ = pick_kb(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    publish(load(open_reader(kb), RUN), ["mlflow"], uri)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("ralph_ray/digits")
+    (camp,) = client.search_runs([experiment.experiment_id], f"tags.`{KIND_TAG}` = 'campaign'")
+    assert camp.data.tags["best_variant"] == "kid"
+    assert camp.data.metrics["selection_score"] == pytest.approx(0.97)  # the pick's best trial

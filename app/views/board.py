@@ -125,7 +125,7 @@ def body(run: shell.Campaign) -> None:
         "wall seconds); the step line is the front, the variants no other variant beats for the same or less "
         "cost (ringed). A gain bought with compute sits further right. All variants, whatever the filters."
     )
-    tie = within_noise(board)
+    tie = within_noise(board, sign)
     if tie:
         st.caption(tie)
 
@@ -144,13 +144,25 @@ def with_spread(board: pd.DataFrame, replicates: pd.DataFrame, sign: float = 1.0
             half = rec.get("half_width")
             known = half is not None and not pd.isna(half)
             mean = sign * rec["mean_score"]
-            spread.append(f"{mean:.4f} ± {half:.4f} (n={int(n)}, 95% t)" if known else f"n={int(n)}, no interval")
+            spread.append(
+                f"{mean:.4f} ± {half:.4f} (n={int(n)}, 95% t{_clipped(rec, sign)})"
+                if known
+                else f"n={int(n)}, no interval"
+            )
             width.append(float(half) if known else None)
             continue
         rep = found.get((rec["variant_id"], rec["best_knobs"]))
         spread.append(None if rep is None else figures.spread_text(sign * rep["mean"], rep["sd"], rep["n"]))
         width.append(None if rep is None else figures.half_width(rep["sd"], rep["n"]))
     return board.assign(spread=spread, half_width=width)
+
+
+def _clipped(rec: dict, sign: float) -> str:
+    """`; clipped to [0.8274, 1.0000]` where the view cut the interval at the metric's range (accuracy's 1 at n=2)."""
+    if not rec.get("ci_clipped"):
+        return ""
+    low, high = sorted((sign * rec["ci_low"], sign * rec["ci_high"]))
+    return f"; clipped to [{low:.4f}, {high:.4f}]"
 
 
 def with_cost(board: pd.DataFrame) -> pd.DataFrame:
@@ -166,21 +178,30 @@ def with_cost(board: pd.DataFrame) -> pd.DataFrame:
     return board.assign(cost_s=[r["cost_s"] for r in rows], on_front=board["variant_id"].isin(on))
 
 
-def within_noise(board: pd.DataFrame) -> str | None:
-    """A note when the first two ranks differ by less than the leader's replicate interval."""
+def within_noise(board: pd.DataFrame, sign: float = 1.0) -> str | None:
+    """A note when the first two ranks differ by less than the leader's replicate interval, each measured as the
+    ranking measures it: by its replicate mean where replicated, else by its best trial."""
     top = figures.records(board.dropna(subset=["selection_score"]).head(2))
     if len(top) < 2 or top[0].get("half_width") is None:
         return None
-    # The rank's own measure: both replicate means where both ranks were replicated, else their best trials.
-    means = [r.get("mean_score") for r in top]
-    key = "mean_score" if all(m is not None and not pd.isna(m) for m in means) else "selection_score"
-    gap = top[0][key] - top[1][key]
+    measures = [_ranked_by(r) for r in top]
+    gap = measures[0][1] - measures[1][1]
     if abs(gap) >= top[0]["half_width"]:
         return None
+    (what1, score1), (what2, score2) = measures
     return (
-        f"Ranks 1 and 2 are within noise: {abs(gap):.4f} apart, less than the leader's ±{top[0]['half_width']:.4f} "
+        f"Ranks 1 and 2 are within noise: {abs(gap):.4f} apart (rank 1's {what1} {sign * score1:.4f}, rank 2's "
+        f"{what2} {sign * score2:.4f}), less than the leader's ±{top[0]['half_width']:.4f} "
         "(95% t interval of its replicates)."
     )
+
+
+def _ranked_by(rec: dict) -> tuple[str, float]:
+    """What ranks a board row: its replicate mean where it has one, else its best trial's selection score."""
+    mean = rec.get("mean_score")
+    if mean is not None and not pd.isna(mean):
+        return "replicate mean", float(mean)
+    return "best trial", float(rec["selection_score"])
 
 
 shell.page("Leaderboard", body)

@@ -18,8 +18,10 @@ def body(run: shell.Campaign) -> None:
     if tree.empty:
         shell.no_trials_yet(run, "variant")
         return
-    scored = tree.dropna(subset=["selection_score"])
-    best_id = scored.sort_values("selection_score", ascending=False)["variant_id"].iloc[0] if not scored.empty else None
+    # The best variant is the pick (the leaderboard's rank 1, by replicate mean where replicated), not the variant
+    # of the luckiest single trial: the border and the report name the same one.
+    pick = kbdata.frame(run.kb_root, sql.PICK, (run.run_id,))
+    best_id = str(pick["variant_id"].iloc[0]) if not pick.empty else None
     event = st.altair_chart(
         figures.lineage_chart(tree, best_id, run.sign),
         width="stretch",
@@ -29,7 +31,8 @@ def body(run: shell.Campaign) -> None:
     )
     st.caption(
         "Click a node for its story below. Fill: selection score (red = the run's worst, green = its best, grey = "
-        "none). Shape and border: status (legend); thick border: the best variant. Edges: the interventions."
+        "none). Shape and border: status (legend); thick border: the best variant, the pick (the Leaderboard's rank 1, "
+        "by replicate mean where replicated). Edges: the interventions."
     )
 
     records = {r["variant_id"]: r for r in figures.records(tree)}

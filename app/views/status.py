@@ -99,7 +99,13 @@ def body(run: shell.Campaign) -> None:
             hide_index=True,
             placeholder="-",
             column_config={
-                "best_selection_score": st.column_config.NumberColumn("best", format="%.4f"),
+                # The best single trial so far, as the decision saw it: not the pick (rank 1, by replicate mean)
+                "best_selection_score": st.column_config.NumberColumn(
+                    "best single trial", format="%.4f", help="the campaign's best single search trial at this decision"
+                ),
+                "best_variant_id": st.column_config.TextColumn(
+                    "its variant", help="the variant of that trial (the pick, rank 1, is named above)"
+                ),
                 "elapsed_s": st.column_config.NumberColumn("elapsed s", format="%.0f"),
                 "rationale": st.column_config.TextColumn("rationale", width="large"),
             },

@@ -66,6 +66,12 @@ def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None,
     raise NotImplementedError(f"agent backend {backend.value} is not built yet")
 
 
+def preflight(cfg: Config) -> None:
+    """The backend's startup checks alone (endpoint, key, model; a CLI on PATH), run before anything of the run is
+    written: a refused start leaves no run behind, a refused resume its run as it was (not rewritten as crashed)."""
+    make_agents(cfg)
+
+
 class _Builder:
     """Builds one backend's agents; analyst and coder share one endpoint client, checked once."""
 

@@ -678,8 +678,10 @@ def _recommendation(candidate: Candidate) -> Recommendation:
 
 def _summary(parent: ParentView, findings: list[Finding], ranked: list[Recommendation], skipped: dict[str, str]) -> str:
     """The analysis as markdown: the evidence, the diagnoses, the ranking, what was skipped and why."""
-    score_text = "unscored" if parent.selection_score is None else f"selection {parent.selection_score:.4f}"
-    lines = [f"### Parent `{parent.variant_id}` ({score_text})", ""]
+    # The score is in analysis.md's heading above this, as the metric's value: the view's is stored oriented (a min
+    # metric's -value, which the note showed beside the heading's positive MSE).
+    unscored = " (unscored)" if parent.selection_score is None else ""
+    lines = [f"### Parent `{parent.variant_id}`{unscored}", ""]
     lines += _curve_lines(parent.trials)
     lines += ["", "**Diagnoses**", ""]
     lines += [f"- **{f.diagnosis.value}**: {f.evidence}" for f in findings]

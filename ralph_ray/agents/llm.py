@@ -5,13 +5,14 @@ diff that `patching` applies with git (a diff that does not apply goes back with
 `openai` SDK does the HTTP: timeouts, retries with backoff on 429/5xx/dropped connections, any base_url.
 One client serves every thread of a cycle (the SDK's client is thread-safe).
 
-Errors: a wrong key (401/403), a wrong model or URL (404), or an endpoint that cannot be reached at start
-are `AgentConfigError` (the campaign stops, exit code 2); anything else is an `AgentError` (one child or
-one analysis fails and the campaign goes on).
+Errors: a wrong key (401/403), a wrong model or URL (404, or at start a model GET /models does not list), or an
+endpoint that cannot be reached at start are `AgentConfigError` (the campaign stops, exit code 2); anything else
+is an `AgentError` (one child or one analysis fails and the campaign goes on).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -34,11 +35,12 @@ from ralph_ray.agents.base import (
     Recommendation,
     Usage,
 )
-from ralph_ray.agents.patching import PatchFailed, apply_diff, extract_diff, require_git
+from ralph_ray.agents.patching import PatchFailed, answer_diff, apply_diff, require_git
 from ralph_ray.config import AgentConfig
 from ralph_ray.variants import mutable_names
 
 PREFLIGHT_TIMEOUT_S = 15.0
+MODELS_SHOWN = 10  # of the ids /models lists, how many an unknown agent.model's error names (OpenAI lists ~100)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _JSON_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
 Message = dict[str, str]
@@ -60,9 +62,12 @@ class ChatClient:
         )
 
     def preflight(self) -> None:
-        """Fail fast, before any training: the endpoint answers and accepts the key (GET /models, no tokens spent)."""
+        """Fail fast, before any training: the endpoint answers, accepts the key and lists agent.model where it lists
+        any (GET /models, no tokens spent)."""
         try:
-            self._client.with_options(max_retries=1, timeout=min(self.timeout_s, PREFLIGHT_TIMEOUT_S)).models.list()
+            listed = self._client.with_options(
+                max_retries=1, timeout=min(self.timeout_s, PREFLIGHT_TIMEOUT_S)
+            ).models.list()
         except (openai.AuthenticationError, openai.PermissionDeniedError) as err:
             raise self._key_error(err) from None
         except openai.APIConnectionError as err:  # includes timeouts
@@ -73,7 +78,25 @@ class ChatClient:
                 )
             ) from None
         except openai.APIStatusError:
-            pass  # the server does not serve /models (some proxies): the first real call will tell
+            return  # the server does not serve /models (some proxies): the first real call will tell
+        self._check_model([m.id for m in listed.data if getattr(m, "id", None)])
+
+    def _check_model(self, served: list[str]) -> None:
+        """agent.model among the ids the server lists (a wrong one answered 404 only at the first chat call, which
+        an async campaign's breeder met mid-run). Ollama also serves `name` as `name:latest`."""
+        if not served or self.model in served or f"{self.model}:latest" in served:
+            return
+        close = difflib.get_close_matches(self.model, served, n=1)
+        shown = ", ".join(served[:MODELS_SHOWN]) + (
+            f" (and {len(served) - MODELS_SHOWN} more)" if len(served) > MODELS_SHOWN else ""
+        )
+        hint = f"did you mean agent.model={close[0]}? " if close else ""
+        raise AgentConfigError(
+            self._redact(
+                f"the LLM endpoint {self.base_url} does not serve model {self.model!r}; it lists {shown}\n"
+                f"  fix: {hint}set agent.model to a model this server serves"
+            )
+        )
 
     def chat(self, messages: list[Message], usage: Usage, json_mode: bool = False) -> tuple[str, bool]:
         """The model's answer to `messages` and whether it was cut at max_tokens; adds the call to `usage`."""
@@ -233,7 +256,8 @@ class LLMCoder:
             text, cut = self.chat.chat(messages, usage)
             messages = messages + [{"role": "assistant", "content": text}]
             try:
-                apply_diff(workdir, extract_diff(text))
+                diff, whole = answer_diff(text, workdir)
+                apply_diff(workdir, diff)
             except PatchFailed as err:
                 problem = str(err) + (" (the answer was cut at agent.max_tokens)" if cut else "")
                 messages.append(
@@ -246,7 +270,10 @@ class LLMCoder:
                 continue
             with self._lock:
                 self._last[workdir] = messages
-            return Draft(workdir, [recommendation.intervention], _rationale(text) or recommendation.rationale)
+            rationale = _rationale(text) or recommendation.rationale
+            if whole is not None:  # the child's record says so: the diff is the engine's, not the model's
+                rationale = f"(answered with the whole of {whole}; the engine diffed it) {rationale}"
+            return Draft(workdir, [recommendation.intervention], rationale)
         raise AgentError(f"no applicable diff after {self.answer_retries + 1} tries: {problem}")
 
 

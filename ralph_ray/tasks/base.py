@@ -140,15 +140,26 @@ def _macro_f1(predictions: np.ndarray, labels: np.ndarray) -> float:
     return float(f1_score(labels, predictions, average="macro"))
 
 
+def _rows(predictions: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Targets of more than two dimensions (images, sequences) as one row per example: sklearn reads at most two, and
+    its uniform average over the columns is then the mean over every element (a user trial's reconstruction MSE
+    failed every trial with "Found array with dim 4")."""
+    if np.ndim(targets) <= 2:
+        return predictions, targets
+    return np.reshape(predictions, (len(predictions), -1)), np.reshape(targets, (len(targets), -1))
+
+
 def _mse(predictions: np.ndarray, targets: np.ndarray) -> float:
     from sklearn.metrics import mean_squared_error
 
+    predictions, targets = _rows(predictions, targets)
     return float(mean_squared_error(targets, predictions))
 
 
 def _mae(predictions: np.ndarray, targets: np.ndarray) -> float:
     from sklearn.metrics import mean_absolute_error
 
+    predictions, targets = _rows(predictions, targets)
     return float(mean_absolute_error(targets, predictions))
 
 
@@ -240,10 +251,16 @@ def unusual_direction(metric: Metric) -> str | None:
     )
 
 
+def scored_by_builtin(metric: Metric) -> bool:
+    """Whether the built-in function of the metric's name scores it (not prepare.py's own score())."""
+    builtin = BUILTIN.get(metric.name)
+    return builtin is not None and metric.fn is builtin[2]
+
+
 def describe(metric: Metric) -> str:
     """A metric, its direction and who scores it (a built-in function or prepare.py's own score()), for the console."""
     builtin = BUILTIN.get(metric.name)
-    if builtin is not None and metric.fn is builtin[2]:
+    if scored_by_builtin(metric):
         by = f"the built-in {metric.name}"
     elif builtin is not None:
         by = f"prepare.py's own score() (kind {metric.kind.value}), not the built-in {metric.name}"
@@ -253,6 +270,24 @@ def describe(metric: Metric) -> str:
         by += " on the outputs of the trainer's exported model"
     better = "higher" if metric.direction is Direction.max else "lower"
     return f"metric {metric.name} ({better} is better), scored by {by}"
+
+
+def unscorable_targets(splits: Splits) -> str | None:
+    """Why the task's metric cannot score the selection targets taken as predictions (a trainer that predicted them
+    exactly), or None: a metric that cannot read the targets' shape fails here, when the task is prepared, not in
+    every trial's scoring. The exported model's outputs (scored_by model) are no targets: not checked."""
+    metric = splits.metric
+    if metric.scored_by is ScoredBy.model:
+        return None
+    targets = splits.labels().selection
+    try:
+        metric.score(targets, targets)
+    except Exception as err:  # noqa: BLE001 - a task's own score function may raise anything
+        return (
+            f"metric {metric.name} cannot score the selection targets ({targets.dtype}, shape {targets.shape}) "
+            f"taken as predictions: {type(err).__name__}: {err}"
+        )
+    return None
 
 
 def _scored_by(declaration: Mapping[str, Any]) -> ScoredBy:
@@ -282,6 +317,8 @@ def _fit(predictions: np.ndarray, targets: np.ndarray, kind: MetricKind) -> np.n
                 "positive class `(probs > 0.5).long()` (argmax(1) of a single logit is always 0)"
             )
         return predictions
+    if predictions.shape != targets.shape and predictions.size == targets.size and targets.ndim > 1:
+        predictions = predictions.reshape(targets.shape)  # flattened images (N, H*W) against (N, C, H, W) targets
     if predictions.shape != targets.shape or not np.issubdtype(predictions.dtype, np.number):
         raise ValueError(
             f"a regression metric scores numbers shaped like the targets {targets.shape}; got "

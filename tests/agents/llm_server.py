@@ -47,6 +47,7 @@ class ScriptedLLM:
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
         self.key: str | None = None  # when set, any other bearer token gets 401
+        self.models = ["scripted"]  # the ids GET /v1/models lists (the preflight checks agent.model against them)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -114,7 +115,9 @@ def _handler(llm: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
                     200,
                     {
                         "object": "list",
-                        "data": [{"id": "scripted", "object": "model", "created": 0, "owned_by": "test"}],
+                        "data": [
+                            {"id": name, "object": "model", "created": 0, "owned_by": "test"} for name in llm.models
+                        ],
                     },
                 )
 

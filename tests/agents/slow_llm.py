@@ -72,6 +72,7 @@ class SlowLLM(ScriptedLLM):
         self.calls = itertools.count()
         self.count_lock = threading.Lock()
         self.script = _Forever(Reply(self._answer, delay_s=delay_s))  # type: ignore[assignment]
+        self.models = ["slow"]
 
     def _answer(self, body: dict[str, Any]) -> str:
         system = body["messages"][0]["content"]

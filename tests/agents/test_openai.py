@@ -175,20 +175,64 @@ def test_diff_that_never_applies_rejects_the_child(llm_server: ScriptedLLM, pare
     assert (workdir / "train.py").read_text() == (parent.files_dir / "train.py").read_text()  # git apply is atomic
 
 
-@pytest.mark.parametrize(
-    "answer, message", [(FROZEN_DIFF, "frozen file 'program.md'"), (OUTSIDE_DIFF, "outside the trainer folder")]
-)
-def test_diff_touching_frozen_or_outside_paths_is_refused(
-    llm_server: ScriptedLLM, parent: ParentView, workdir: Path, answer: str, message: str
-):
-    llm_server.add(answer)
-    with pytest.raises(AgentError, match=message):
+def test_diff_touching_a_frozen_file_is_refused(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
+    llm_server.add(FROZEN_DIFF)
+    with pytest.raises(AgentError, match="frozen file 'program.md'"):
         LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(
             parent, REC, workdir, None, Usage()
         )
     assert len(llm_server.requests) == 1  # refused outright, not retried
     assert (workdir / "program.md").read_text() == (parent.files_dir / "program.md").read_text()
+
+
+def test_diff_reaching_outside_goes_back_to_the_model_and_never_writes_there(
+    llm_server: ScriptedLLM, parent: ParentView, workdir: Path
+):
+    """User trial: `a/../train.py` was refused outright with a retry left; now it goes back like a diff that does not
+    apply, and a model that keeps at it still writes nothing outside the work dir."""
+    escape = GOOD_DIFF.replace("a/train.py", "a/../train.py").replace("b/train.py", "b/../train.py")
+    llm_server.add(escape, GOOD_DIFF)
+    LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(parent, REC, workdir, None, Usage())
+    assert "DROPOUT = 0.2" in (workdir / "train.py").read_text() and len(llm_server.requests) == 2
+    assert "'../train.py', outside the trainer folder" in llm_server.chats()[1][-1]["content"]
+    assert not (workdir.parent / "train.py").exists()
+
+    (workdir / "train.py").write_text((parent.files_dir / "train.py").read_text())
+    llm_server.add(OUTSIDE_DIFF, OUTSIDE_DIFF, OUTSIDE_DIFF)
+    with pytest.raises(AgentError, match="no applicable diff after 3 tries: .*outside the trainer folder"):
+        LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(
+            parent, REC, workdir, None, Usage()
+        )
     assert not (workdir.parent / "other").exists()
+    assert (workdir / "train.py").read_text() == (parent.files_dir / "train.py").read_text()
+
+
+def test_repository_paths_are_cut_to_the_variants_file(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
+    """User trial: `a/trainers/digits/train.py` (the repository's path) failed in git; its tail names train.py."""
+    repo = GOOD_DIFF.replace("a/train.py", "a/trainers/digits/train.py").replace(
+        "b/train.py", "b/trainers/digits/train.py"
+    )
+    llm_server.add(repo)
+    LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(parent, REC, workdir, None, Usage())
+    assert "DROPOUT = 0.2" in (workdir / "train.py").read_text() and len(llm_server.requests) == 1
+    assert not (workdir / "trainers").exists()
+
+
+def test_a_whole_file_answer_is_diffed_by_the_engine(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
+    """User trial: small local models answer with the whole file in a ```python block; it was refused 3 times."""
+    source = (parent.files_dir / "train.py").read_text()
+    edited = source.replace("DROPOUT = 0.0", "DROPOUT = 0.2")
+    snippet = "def main() -> None:\n    pass\n"  # a fragment, not the file: it must not replace the file
+    llm_server.add(
+        f"Here is part of it:\n\n```python\n{snippet}```\n",
+        f"Here is the updated train.py with dropout 0.2:\n\n```python\n{edited}```\n",
+    )
+    draft = LLMCoder(ChatClient(agent_config(llm_server)), agent_config(llm_server)).write(
+        parent, REC, workdir, None, Usage()
+    )
+    assert (workdir / "train.py").read_text() == edited and len(llm_server.requests) == 2
+    assert "not clearly the whole of" in llm_server.chats()[1][-1]["content"]
+    assert draft.rationale.startswith("(answered with the whole of train.py; the engine diffed it)")
 
 
 def test_gate_feedback_continues_the_conversation(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
@@ -353,7 +397,10 @@ def test_token_budget_stops_the_campaign_with_exit_code_2(
 
     assert code == 2
     decision = json.loads((tmp_path / "runs" / "budget" / "cycle_0002" / "decision.json").read_text())
-    assert decision["reason"] == "token_budget" and decision["tokens_campaign"] == 8600
+    # The analysis alone spent the budget: the coder is never called (it was, for 3100 more tokens, before the budget
+    # was checked before each call).
+    assert decision["reason"] == "token_budget" and decision["tokens_campaign"] == 5500
+    assert len(llm_server.requests) == 1
     assert "token_budget" in capsys.readouterr().out
 
 
@@ -431,3 +478,78 @@ def test_the_analyst_is_shown_no_image_interventions_where_the_inputs_are_not_im
     for name in ("augmentation", "flip_augmentation", "flip_tta", "channels_last"):
         assert (f"- `{name}`:" in user) is images
     assert "- `batchnorm`:" in user
+
+
+def test_preflight_refuses_a_model_the_server_does_not_list(llm_server: ScriptedLLM):
+    llm_server.models = ["scripted", "tiny-coder"]
+    ChatClient(agent_config(llm_server)).preflight()  # listed: no error
+    with pytest.raises(AgentConfigError) as info:
+        ChatClient(agent_config(llm_server, model="tiny-coderr")).preflight()
+    assert "does not serve model 'tiny-coderr'; it lists scripted, tiny-coder" in str(info.value)
+    assert "did you mean agent.model=tiny-coder?" in str(info.value)
+    with pytest.raises(AgentConfigError, match=r"it lists scripted, tiny-coder\n  fix: set agent.model"):
+        ChatClient(agent_config(llm_server, model="qwen2.5-coder:14b")).preflight()
+    llm_server.models = ["qwen2.5-coder:latest"]
+    ChatClient(agent_config(llm_server, model="qwen2.5-coder")).preflight()  # Ollama's implicit tag
+    assert llm_server.requests == []  # GET /models only: no chat call, no tokens
+
+
+def unreachable_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens here once the socket closes
+
+
+@pytest.mark.parametrize("refusal", ["unreachable", "unknown_model"])
+def test_a_refused_start_leaves_no_run_behind(
+    llm_server: ScriptedLLM,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    refusal,
+):
+    monkeypatch.chdir(tmp_path)
+    url, model = (unreachable_url(), "scripted") if refusal == "unreachable" else (llm_server.base_url, "other")
+    code = main(
+        [
+            f"paths.runs={tmp_path / 'runs'}",
+            f"paths.kb={tmp_path / 'kb'}",
+            "agent=openai",
+            f"agent.base_url={url}",
+            f"agent.model={model}",
+            "agent.api_key_env=null",
+            "agent.http_retries=0",
+            "run_id=refused",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and ("cannot reach the LLM endpoint" in err or "does not serve model 'other'" in err)
+    assert not (tmp_path / "runs" / "refused").exists()  # no run dir, so no `crashed` run in status or the app
+    if (tmp_path / "kb").exists():
+        assert not list((tmp_path / "kb").rglob("*.parquet"))  # no runs row
+
+
+@pytest.mark.slow
+def test_a_refused_resume_leaves_the_finished_run_as_it_was(
+    ray_session, tiny_config, llm_server: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    llm_server.add(Reply(json.dumps(ANALYSIS)), Reply(GOOD_DIFF))
+    cfg = tiny_config(*campaign_overrides(llm_server), "run_id=done")
+    assert run(cfg).stop_reason == "max_cycles"
+    run_dir = tmp_path / "runs" / "done"
+    before = {name: (run_dir / name).read_bytes() for name in ("state.json", "config.yaml")}
+    llm_server.close()  # the server is down at the resume
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            f"paths.runs={tmp_path / 'runs'}",
+            f"paths.kb={tmp_path / 'kb'}",
+            "resume=done",
+            "safeguards.max_cycles=3",
+            "agent.http_retries=0",
+        ]
+    )
+    assert code == 2
+    assert {name: (run_dir / name).read_bytes() for name in before} == before  # not crashed, not max_cycles=3
+    status = open_reader(tmp_path / "kb").execute("select status from runs where run_id = 'done'").fetchall()
+    assert [s for (s,) in status] == ["finished"]

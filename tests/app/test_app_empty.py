@@ -137,3 +137,18 @@ def test_rationales_show_floats_at_four_decimals():
         figures.round_floats("best 0.9637883008356546 (-0.00123456) v1.2.3456789")
         == "best 0.9638 (-0.0012) v1.2.3456789"
     )
+
+
+def test_the_score_chart_orders_variants_by_rank():
+    board = pd.DataFrame(
+        {
+            "variant_id": ["kid", "seed"],
+            "rank": [1, 2],
+            "status": ["kept", "kept"],
+            "selection_score": [0.97, 0.99],
+            "test_score": [0.97, 0.99],
+        }
+    )
+    x = figures.score_chart(board, None).to_dict()["layer"][0]["encoding"]["x"]
+    assert x["sort"]["field"] == "rank" and x["sort"]["order"] == "ascending"
+    assert x["title"] == "variant (by rank, the pick first)"

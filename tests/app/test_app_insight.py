@@ -128,18 +128,61 @@ def test_leaderboard_ranks_by_replicate_means_and_says_when_ranks_1_and_2_are_wi
     kb.put(
         "variants", [{"run_id": "r1", "variant_id": v, "cycle": 1, "status": "kept"} for v in ("flashy", "calm")], "v"
     )
-    rows = [trial("r1", 1, "flashy", 0.99), trial("r1", 2, "calm", 0.93)]
+    knobs = '{"LR": 0.1}'  # the replicates ran the best trial's knobs (only those count)
+    rows = [trial("r1", 1, "flashy", 0.99, knobs=knobs), trial("r1", 2, "calm", 0.93, knobs=knobs)]
     for n, (variant, base) in enumerate((("flashy", 0.955), ("calm", 0.96))):
         rows += [
-            trial("r1", 10 * (n + 1) + i, variant, base + d, replicate=True) for i, d in enumerate((-0.01, 0, 0.01))
+            trial("r1", 10 * (n + 1) + i, variant, base + d, replicate=True, knobs=knobs)
+            for i, d in enumerate((-0.01, 0, 0.01))
         ]
     kb.append("trials", rows, "t")
     at = open_page(root)
     assert list(at.dataframe[0].value["variant_id"]) == ["calm", "flashy"]
-    assert "Ranks 1 and 2 are within noise: 0.0050 apart, less than the leader's ±0.0248" in texts(at)
+    assert (
+        "Ranks 1 and 2 are within noise: 0.0050 apart (rank 1's replicate mean 0.9600, rank 2's replicate mean "
+        "0.9550), less than the leader's ±0.0248" in texts(at)
+    )
     # The Status page names the same pick and what ranked it.
     status = texts(open_page(root, "views/status.py"))
     assert "Pick (rank 1): **calm**, by its replicate mean 0.9600 ± 0.0248 (95% t) over 3 fresh seeds" in status
+
+
+def test_within_noise_compares_what_ranks_each_variant(tmp_path: Path):
+    """User trial: the note compared best trials though rank 1 is ranked by its replicate mean. Here calm (replicate
+    mean 0.96, its search trial 0.93) ranks above flashy (best trial 0.975, never replicated): 0.015 apart by what
+    ranks them, inside calm's +-0.0248; their best trials are 0.045 apart, which said nothing."""
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    kb.put(
+        "variants", [{"run_id": "r1", "variant_id": v, "cycle": 1, "status": "kept"} for v in ("flashy", "calm")], "v"
+    )
+    knobs = '{"LR": 0.1}'  # the replicates ran the best trial's knobs
+    rows = [trial("r1", 1, "flashy", 0.975, knobs=knobs), trial("r1", 2, "calm", 0.93, knobs=knobs)]
+    rows += [trial("r1", 10 + i, "calm", 0.96 + d, replicate=True, knobs=knobs) for i, d in enumerate((-0.01, 0, 0.01))]
+    kb.append("trials", rows, "t")
+    at = open_page(root)
+    assert list(at.dataframe[0].value["variant_id"]) == ["calm", "flashy"]
+    assert (
+        "Ranks 1 and 2 are within noise: 0.0150 apart (rank 1's replicate mean 0.9600, rank 2's best trial 0.9750)"
+        in texts(at)
+    )
+
+
+def test_the_best_variant_is_the_pick_on_every_page_and_a_clipped_interval_says_so(tmp_path: Path):
+    """User trial: the Lineage page's thick border ("the best variant") and the Leaderboard chart's "best first"
+    followed the luckiest single trial (the seed's 0.99) while the board's rank 1 is its child (replicate mean); and
+    an accuracy interval reached 1.0751. The Status page's decisions name the best single trial as such."""
+    from pickkb import KID_LOW, pick_kb
+
+    root, _ = pick_kb(tmp_path)
+    at = open_page(root, "views/lineage.py")
+    assert at.selectbox(key="lineage_variant").value == "kid"  # the best variant: first, and the one bordered
+    assert "thick border: the best variant, the pick (the Leaderboard's rank 1" in texts(at)
+    board = open_page(root)
+    spread = board.dataframe[0].value.set_index("variant_id")["spread"]
+    assert spread["kid"] == f"0.9700 ± 0.3812 (n=2, 95% t; clipped to [{KID_LOW:.4f}, 1.0000])"
+    status = open_page(root, "views/status.py")
+    assert "Pick (rank 1): **kid**" in texts(status)
 
 
 def test_trials_page_lists_every_trial_with_knobs_and_opens_a_failure(tmp_path: Path):

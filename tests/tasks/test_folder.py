@@ -128,6 +128,51 @@ def test_a_builtin_metric_keeps_its_direction_beside_a_score_and_an_unusual_one_
     assert done.returncode == 0 and "warning: METRIC 'r2'" in done.stderr and '"direction": "max"' in done.stderr
 
 
+DENOISING = """
+import numpy as np
+
+from ralph_ray.tasks.base import DataSource, Splits, TaskSettings, random_split
+
+METRIC = {"name": "mse", "direction": "min"}
+
+
+def prepare(settings: TaskSettings, data: DataSource) -> Splits:
+    from sklearn.datasets import load_digits
+
+    clean = (load_digits().images[:300, None] / 16.0).astype(np.float32)
+    noisy = np.clip(clean + 0.3 * np.random.default_rng(0).standard_normal(clean.shape), 0, 1).astype(np.float32)
+    clean = TARGETS
+    train, selection, test = random_split(len(clean), (0.2, 0.2), settings.split_seed)
+    return Splits(noisy[train], clean[train], noisy[selection], clean[selection], noisy[test], clean[test])
+"""
+
+
+def test_prepare_scores_the_targets_against_themselves_with_the_tasks_metric(tmp_path: Path):
+    """User trial: the built-in mse could not read a denoiser's image targets, prepare said nothing and every trial
+    then failed in scoring. Prepare scores the selection targets as predictions: image targets pass (per pixel); a
+    built-in metric that cannot read the targets exits 2 with the fix; a task's own score() that cannot is warned of
+    (it may read predictions of another form)."""
+    folder = _copy_task(tmp_path)
+    prepare = folder / "prepare.py"
+    prepare.write_text(DENOISING.replace("TARGETS", "clean"))
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "scored by the built-in mse" in done.stdout and "warning" not in done.stderr
+    prepare.write_text(DENOISING.replace("TARGETS", "np.where(clean > 0.5, 'ink', 'paper')"))
+    again = tmp_path / "again"
+    again.mkdir()
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=again)
+    assert done.returncode == 2 and not (again / "data").exists()  # nothing written
+    assert "metric mse cannot score the selection targets (<U5, shape (60, 1, 8, 8))" in done.stderr, done.stderr
+    assert "fix: name a built-in metric that reads these targets, or define `def score(" in done.stderr
+    custom = "\n\ndef score(predictions, targets):\n    return float((predictions.argmax(1) == targets).mean())\n"
+    prepare.write_text(DENOISING.replace("TARGETS", "clean[:, 0, 0, 0]").replace('"mse"', '"acc"') + custom)
+    prepare.write_text(prepare.read_text().replace('"direction": "min"', '"direction": "max"'))
+    done = _cli("ralph_ray.prepare", f"task={folder}", cwd=tmp_path)
+    assert done.returncode == 0 and "warning: metric acc cannot score the selection targets" in done.stderr
+    assert "AxisError" in done.stderr and "fix score() in prepare.py" in done.stderr
+
+
 def test_frozen_parts_never_reach_a_variant_and_the_folder_is_hidden_from_trials(tmp_path: Path):
     folder = _copy_task(tmp_path)
     seed = seed_snapshot(folder, tmp_path / "variants").variant

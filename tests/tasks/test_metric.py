@@ -188,3 +188,43 @@ def test_argmax_over_a_single_logit_is_scored_but_warned_of():
     assert zeros == "every prediction is class 0 while the labels hold 10 classes (a model that learnt one class?)"
     one_class = Labels(selection=np.zeros(3, np.int64), test=np.zeros(2, np.int64), metric=labels.metric)
     assert score_encoded(_encoded(np.zeros(3, np.int64), np.zeros(2, np.int64)), one_class).warning is None
+
+
+def _digits_autoencoder() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A 2-layer autoencoder (64 -> 8 -> 64) trained briefly on digits' 8x8 images: its reconstructions of held-out
+    images shaped like them (N, 1, 8, 8), and those images, for selection and test."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    torch.manual_seed(0)
+    images = torch.as_tensor(load_digits().images[:300, None] / 16.0, dtype=torch.float32)
+    train, selection, test = images[:200], images[200:250], images[250:]
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 64), torch.nn.Sigmoid()
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(100):
+        loss = torch.nn.functional.mse_loss(model(train).view(-1, 1, 8, 8), train)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        reconstruct = [model(x).view(-1, 1, 8, 8).numpy() for x in (selection, test)]
+    return reconstruct[0], reconstruct[1], selection.numpy(), test.numpy()
+
+
+@pytest.mark.parametrize(("name", "error"), [("mse", np.square), ("mae", np.abs)])
+def test_builtin_regression_metrics_score_image_targets_per_pixel(name: str, error):
+    """User trial: the built-in mse on a denoiser's (N, 1, 28, 28) targets failed every trial in scoring ("Found array
+    with dim 4"). Each metric is the mean over every pixel, whether the trainer saves images or flattened rows."""
+    selection, test, selection_y, test_y = _digits_autoencoder()
+    metric = declared_metric({"name": name, "direction": "min"}, None)
+    labels = Labels(selection=selection_y, test=test_y, metric=metric)
+    scores = score_encoded(_encoded(selection, test), labels)
+    assert scores.selection == pytest.approx(-float(error(selection - selection_y).mean()), rel=1e-6)
+    assert scores.test == pytest.approx(-float(error(test - test_y).mean()), rel=1e-6)
+    assert 0 < -scores.selection < float(error(selection_y - selection_y.mean()).mean())  # it learnt something
+    flat = score_encoded(_encoded(selection.reshape(len(selection), -1), test.reshape(len(test), -1)), labels)
+    assert flat.selection == pytest.approx(scores.selection) and flat.test == pytest.approx(scores.test)
+    with pytest.raises(ScoringError, match="shaped like the targets"):  # another number of pixels is still refused
+        score_encoded(_encoded(selection[:, :, :4], test), labels)

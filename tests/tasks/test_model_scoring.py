@@ -36,6 +36,7 @@ EPOCHS = 1  # epochs
 LR = 0.003  # the lm task's searched knobs, unused
 HIDDEN = 128  # unused
 WINDOW = 8  # unused
+print(LR, HIDDEN, WINDOW)  # read once: a searched knob no code reads exits 2 (seedcheck)
 
 
 class Uniform(torch.nn.Module):

@@ -1,10 +1,18 @@
-"""Input augmentation on image batches: random shifts and flips of the batch the model is fed; flips at test time."""
+"""Input augmentation on image batches: random shifts and flips of the batch the model is fed; flips at test time.
+
+Each keeps a class label and moves the inputs alone: refused where the targets are images too (an autoencoder).
+"""
 
 from __future__ import annotations
+
+import re
+
+import libcst as cst
 
 from ralph_ray.agents.transforms._evaluation import model_uses
 from ralph_ray.agents.transforms._registry import register
 from ralph_ray.agents.transforms._tree import (
+    HELPERS,
     Edits,
     NotApplicable,
     Trainer,
@@ -16,6 +24,8 @@ from ralph_ray.agents.transforms._tree import (
     evaluator_functions,
     expression,
     first_parameter,
+    positional,
+    size_code,
     under_no_grad,
 )
 
@@ -74,15 +84,106 @@ def flip_images(x: torch.Tensor) -> torch.Tensor:
 '''
 
 
+# Modules only a model whose outputs are images ends with: a decoder that upsamples, unflattens or reshuffles pixels
+IMAGE_OUTPUT = re.compile(
+    r"^((torch\.)?nn\.)?(ConvTranspose[123]d|Upsample|UpsamplingNearest2d|UpsamplingBilinear2d|PixelShuffle|Unflatten)$"
+)
+RESHAPES = frozenset({"view", "reshape"})
+RESHAPED_LIKE = frozenset({"view_as", "reshape_as", "unflatten"})
+# The calls that reshape or move a batch without changing what it holds (`x.view(-1, 784)` is still the batch `x`)
+SAME_BATCH = frozenset({"view", "reshape", "flatten", "view_as", "reshape_as", "to", "float", "contiguous", "cuda"})
+
+
+def _batch_root(expr: cst.BaseExpression) -> str:
+    """The batch an expression reshapes or moves (`x` of `x.view(len(x), -1).to(device)`), as source."""
+    while isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute) and expr.func.attr.value in SAME_BATCH:
+        expr = expr.func.value
+    return code(expr)
+
+
+def _returned(trainer: Trainer, function: cst.FunctionDef, value: cst.BaseExpression) -> cst.BaseExpression:
+    """What a returned name was last bound to in the function (`x = x.view(-1, 1, 28, 28)` before `return x`)."""
+    if not isinstance(value, cst.Name):
+        return value
+    bound = value
+    for node in trainer.within(function):
+        if isinstance(node, cst.Assign) and any(code(t.target) == value.value for t in node.targets):
+            bound = node.value
+    return bound
+
+
+def _image_shaped(call: cst.BaseExpression) -> bool:
+    """Whether a returned expression reshapes to images: `.view(-1, 1, 28, 28)` (three sizes or more: (N, H, W) or
+    (N, C, H, W)), `.view(x.shape)`, `.view_as(x)`, `.unflatten(1, (1, 28, 28))`."""
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute):
+        return False
+    method, args = call.func.attr.value, call.args
+    if method in RESHAPED_LIKE:
+        return True
+    if method not in RESHAPES:
+        return False
+    if len(args) >= 3 or any(a.star for a in args):
+        return True
+    return len(args) == 1 and bool(re.search(r"\.shape\b|\.size\(\)", code(args[0].value)))
+
+
+def image_targets(trainer: Trainer) -> str | None:
+    """Why the model's outputs are images too (a reconstruction, a denoiser, an image-to-image map), or None: read
+    from the code, not the loss's name (an autoencoder trains with an MSE or a binary cross-entropy alike). Shifting
+    or mirroring its inputs alone would no longer line them up with the targets (user trial: an autoencoder's
+    flip_tta averaged each reconstruction with the mirror image's, 6.5% worse)."""
+    try:
+        batch, loss = trainer.forward_input(), trainer.any_loss_call()
+    except NotApplicable:
+        batch, loss = None, None
+    if batch is not None and loss is not None:
+        for arg in positional(loss)[1:]:
+            if _batch_root(arg.value) == _batch_root(batch):
+                return f"the loss `{code(loss)}` compares the model's output with its input batch (a reconstruction)"
+    for call in trainer.calls(IMAGE_OUTPUT):
+        if trainer.in_model(call):
+            return f"the model builds `{code(call)}`: its outputs are images"
+    for node in trainer.nodes:
+        if not (isinstance(node, cst.FunctionDef) and node.name.value == "forward" and trainer.in_model(node)):
+            continue
+        if not any(isinstance(a, cst.ClassDef) and a.name.value in HELPERS for a in trainer.ancestors(node)):
+            for ret in trainer.within(node):
+                if isinstance(ret, cst.Return) and ret.value is not None:
+                    value = _returned(trainer, node, ret.value)
+                    if _image_shaped(value):
+                        return f"the model's forward returns `{code(value)}`: its outputs are images"
+    linears = [layer for layer in trainer.layers() if layer.kind == "linear"]
+    if len(linears) >= 2:
+        try:
+            width_in, width_out = size_code(linears[0], "in"), size_code(linears[-1], "out")
+        except NotApplicable:
+            width_in, width_out = "", None
+        if width_in == width_out:
+            return (
+                f"the model's last layer `{code(linears[-1].call)}` is as wide as its first "
+                f"`{code(linears[0].call)}`: its outputs are its inputs' size (a reconstruction)"
+            )
+    return None
+
+
 def _images_only(trainer: Trainer) -> None:
-    """Shifts and flips move pixels: refuse a trainer whose inputs are token ids or regression features (found on the
-    lm and diabetes seeds, where the helpers' shape check failed only at the gate's smoke run)."""
+    """Shifts and flips move pixels and keep a class label: refuse a trainer whose inputs are token ids (found on the
+    lm seed, where the helpers' shape check failed only at the gate's smoke run), whose targets are images too, or
+    that regresses values (the diabetes seed: features, whose shape check failed the same way)."""
     if trainer.has(r"nn\.Embedding\("):
         raise NotApplicable("the model embeds tokens (nn.Embedding): its batches are token ids, not images")
+    why = image_targets(trainer)
+    if why is not None:
+        raise NotApplicable(
+            f"the targets are images too ({why}): moving or mirroring the inputs alone would misalign them"
+        )
     regression = r"\b(mse_loss|MSELoss|l1_loss|L1Loss|smooth_l1_loss|SmoothL1Loss|huber_loss|HuberLoss)\b"
     # Beside a cross-entropy a Huber/MSE is an auxiliary loss (self_model_head's own), not a regression task.
     if trainer.has(regression) and not trainer.has(r"cross_entropy|CrossEntropyLoss|nll_loss|NLLLoss"):
-        raise NotApplicable("a regression loss: the inputs are features, not images")
+        raise NotApplicable(
+            "a regression loss on outputs that are not images: its targets are values, not class labels a shift or "
+            "a mirror image keeps"
+        )
 
 
 @register("shift_augmentation", "data")
