@@ -18,6 +18,7 @@ from rich.console import Console
 
 from ralph_ray import environment, finaltrain, history, records, sigterm, timeline, tracking, warmcheck
 from ralph_ray.agents import preflight
+from ralph_ray.agents.base import AgentConfigWarning
 from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import Config, PopulationMode, budget_unread, final_unread, sandbox_policy, short_budget
 from ralph_ray.events import EventedKB
@@ -54,7 +55,14 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     driver_setup()
     console, kb_root = console or Console(soft_wrap=True), Path(cfg.paths.kb).resolve()
     run_id, run_dir, resuming = locate(cfg)
-    preflight(cfg)  # the agents' endpoint or CLI: a refusal (exit 2) writes nothing of the run
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AgentConfigWarning)
+        preflight(cfg)  # the agents' endpoint or CLI: a refusal (exit 2) writes nothing of the run
+    for warning in caught:
+        if issubclass(warning.category, AgentConfigWarning):
+            console.print(f"[yellow]warning:[/] {warning.message}", highlight=False)
+        else:  # not ours to word: shown as Python would have
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
     # The sandbox first, then the data: either missing stops here, before a run is recorded or Ray starts.
     announce(sandbox_policy(cfg), console.print)
     cfg.trial.warm = warmcheck.announce(sandbox_policy(cfg), cfg.trial.warm, console.print)

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import duckdb
 from rich.console import Console
 from rich.table import Table
 
@@ -98,9 +99,15 @@ def main(argv: list[str], console: Console) -> int:
 def _recorded_run_dir(kb: Path, run_id: str) -> Path | None:
     """The run dir the KB's runs row records for `run_id`, where it still holds the run (None: no KB, no row, gone)."""
     try:
-        row = open_reader(kb).execute(sql.RUN_DIR, [run_id]).fetchone()
+        con = open_reader(kb)
     except FileNotFoundError:
         return None
+    try:
+        row = con.execute(sql.RUN_DIR, [run_id]).fetchone()
+    except duckdb.Error:  # a damaged or foreign KB: the caller's "no campaign" stands
+        return None
+    finally:
+        con.close()
     run_dir = Path(str(row[0])) if row and row[0] else None
     return run_dir if run_dir is not None and (run_dir / "state.json").exists() else None
 

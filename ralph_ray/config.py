@@ -1003,10 +1003,13 @@ def validate(cfg: Config) -> None:
 # Metrics whose values are fractions in [0, 1] (a target outside (0, 1] is a mistake).
 FRACTION_METRICS = ("accuracy", "macro_f1")
 # Words of a min metric's name that say it is never negative (an MSE, an error, bits per byte, a perplexity):
-# `recon_mse`, lm's `bits_per_byte`, `val_loss`.
+# `recon_mse`, lm's `bits_per_byte`.
+# Not "loss" (a Gaussian NLL or an ELBO loss may be negative), and no name with a word that makes a difference or a
+# log of one (log_mse, mse_delta: review), whose values may be negative.
 NEVER_NEGATIVE = frozenset(
-    {"mse", "rmse", "mae", "mape", "bpb", "bpc", "bits_per_byte", "perplexity", "ppl", "wer", "cer", "loss"}
+    {"mse", "rmse", "mae", "mape", "bpb", "bpc", "bits_per_byte", "perplexity", "ppl", "wer", "cer"}
 )
+MAY_BE_NEGATIVE = frozenset({"log", "nll", "delta", "diff", "gain", "elbo", "neg", "change", "improvement"})
 
 
 def _check_target_sign(cfg: Config, task: TaskFolder) -> None:
@@ -1017,7 +1020,7 @@ def _check_target_sign(cfg: Config, task: TaskFolder) -> None:
     if target is None or target >= 0 or task.metric.direction.value != "min":
         return
     words = {name.lower(), *re.split(r"[^a-z0-9]+", name.lower())}
-    if words & NEVER_NEGATIVE:
+    if words & NEVER_NEGATIVE and not words & MAY_BE_NEGATIVE:
         raise ConfigError(
             "target.selection_score",
             f"is {target:g}, but {name} is never negative, so it could never be met: a target is in the metric's "

@@ -189,7 +189,8 @@ def evidence(
         return Comparison(
             mine, parent, confidence, None, note, parent_best=parent_best if parent.mean is None else None
         )
-    return welch_greater(mine, parent, confidence, examples)
+    tests = tuple(reps[v].tests if v in reps else Sample(()) for v in (child.variant_id, child.parent_id))
+    return welch_greater(mine, parent, confidence, examples, (tests[0], tests[1]))
 
 
 def comparisons(

@@ -428,7 +428,9 @@ def test_a_negative_target_for_a_min_metric_that_is_never_negative_exits_2_namin
         prepare.read_text()
         + "\n\ndef score(predictions, targets):\n    return float(((predictions - targets) ** 2).mean())\n"
     )
-    for name, refused in (("recon_mse", True), ("margin", False)):  # a user's own metric: by the words of its name
+    # a user's own metric: by the words of its name (review: log_mse, mse_delta, nll_loss may well be negative)
+    named = (("recon_mse", True), ("margin", False), ("log_mse", False), ("mse_delta", False), ("nll_loss", False))
+    for name, refused in named:
         prepare.write_text(source.replace('"name": "mse"', f'"name": "{name}"'))
         if refused:
             with pytest.raises(ConfigError, match="recon_mse is never negative"):
@@ -516,6 +518,16 @@ def test_a_seed_that_never_calls_the_harness_exits_2_before_ray_starts(tmp_path:
         "from ralph_ray import harness\n\ndef finish(s, t):\n    harness.save_predictions(selection=s, test=t)\n"
     )
     assert load_config([f"task.trainer={partial}", *space]).search.space.keys() == {"LR"}
+    # However the harness is imported (a reviewer: these seeds ran, and were refused as never calling it)
+    (partial / "finish.py").unlink()
+    for imports, call in (
+        ("from ralph_ray.harness import save_predictions as save", "save"),
+        ("import ralph_ray.harness as h", "h.save_predictions"),
+        ("import ralph_ray.harness", "ralph_ray.harness.save_predictions"),
+    ):
+        aliased = half.replace("import torch", f"import torch\n{imports}", 1) + f"\n{call}(selection=None, test=None)\n"
+        (partial / "train.py").write_text(aliased)
+        assert load_config([f"task.trainer={partial}", *space]).search.space.keys() == {"LR"}, imports
     result = _cli(tmp_path, f"task={bare}", *space)
     assert result.returncode == 2 and "never calls harness.load_data" in result.stderr
     assert not (tmp_path / "runs").exists()  # refused before a run folder, or Ray, was started
@@ -554,3 +566,13 @@ def test_a_searched_knob_the_trainer_never_reads_exits_2_naming_it(tmp_path: Pat
     digits_task(mine, wired.replace("default=LR", "default=1e-3"))
     with pytest.raises(ConfigError, match="names LR, which .* sets but never reads"):
         load_config([f"task.trainer={mine}", *only_lr])
+
+
+def test_the_kb_defaults_to_ralph_kb_as_the_cli_and_the_app_read_it(monkeypatch: pytest.MonkeyPatch):
+    """Review: `status`/`report` and the app read $RALPH_KB, but a campaign wrote ./kb, so the CLI read another KB
+    and printed a resume into it."""
+    monkeypatch.delenv("RALPH_KB", raising=False)
+    assert load_config([]).paths.kb == "kb"
+    monkeypatch.setenv("RALPH_KB", "/data/team-kb")
+    assert load_config([]).paths.kb == "/data/team-kb"
+    assert load_config(["paths.kb=mine"]).paths.kb == "mine"  # an explicit override wins

@@ -82,6 +82,15 @@ def test_replicates_that_did_not_vary_with_their_seeds_are_no_test():
     warning = seed_ignored({"p": copies, "c": tie})
     assert warning is not None and "(p 0.9387 x3)" in warning and "train.py seems to ignore harness.seed()" in warning
     assert seed_ignored({"c": tie}) is None and seed_ignored({}) is None
+    # ... and so does the verdict (review): an accuracy tied on selection across honest seeds, its test scores varying,
+    # is tested (the split's floor gives it a spread), not refused as copies
+    child, parent = Sample.of([0.9777] * 3), Sample.of([0.9387] * 3)
+    varied = (Sample.of([0.95, 0.96, 0.97]), Sample.of([0.93, 0.94, 0.95]))
+    tested = welch_greater(child, parent, 0.9, 359, varied)
+    assert not tested.unvaried and tested.p_value is not None and tested.better
+    copied = (Sample.of([0.96] * 3), Sample.of([0.94] * 3))
+    assert welch_greater(child, parent, 0.9, 359, copied).unvaried
+    assert welch_greater(child, parent, 0.9, None, varied).unvaried  # a loss does not tie by chance
 
 
 def test_a_keep_counts_the_selection_splits_sampling_error_where_the_score_is_an_accuracy():

@@ -35,6 +35,11 @@ class CannotApply(AgentError):
     no idiom it knows): it would find the same every time, so the rejection is about the code, as a gate's is."""
 
 
+class AgentConfigWarning(UserWarning):
+    """Something about the agent backend that may or may not work (an agent.model the server does not list: Azure
+    deployments, LiteLLM wildcards and llama.cpp answer to names they do not list); the campaign prints it once."""
+
+
 class AgentConfigError(RuntimeError):
     """The agent backend cannot work at all (wrong API key, unreachable endpoint, missing CLI): not one child's
     failure but the campaign's, so it is no AgentError; the entry point exits with code 2 and the message's fix."""

@@ -18,6 +18,7 @@ import os
 import re
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import openai
 from ralph_ray.agents import prompts
 from ralph_ray.agents.base import (
     AgentConfigError,
+    AgentConfigWarning,
     AgentError,
     Analysis,
     Diagnosis,
@@ -40,6 +42,7 @@ from ralph_ray.config import AgentConfig
 from ralph_ray.variants import mutable_names
 
 PREFLIGHT_TIMEOUT_S = 15.0
+_WARNED: set[tuple[str, str]] = set()  # (endpoint, model) pairs warned of: the check runs at each start
 MODELS_SHOWN = 10  # of the ids /models lists, how many an unknown agent.model's error names (OpenAI lists ~100)
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _JSON_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n```", re.DOTALL)
@@ -79,23 +82,34 @@ class ChatClient:
             ) from None
         except openai.APIStatusError:
             return  # the server does not serve /models (some proxies): the first real call will tell
-        self._check_model([m.id for m in listed.data if getattr(m, "id", None)])
+        self._check_model([m.id for m in getattr(listed, "data", None) or [] if getattr(m, "id", None)])
 
     def _check_model(self, served: list[str]) -> None:
-        """agent.model among the ids the server lists (a wrong one answered 404 only at the first chat call, which
-        an async campaign's breeder met mid-run). Ollama also serves `name` as `name:latest`."""
+        """Warn (once per endpoint and model) where agent.model is not among the ids the server lists: a wrong one
+        answered 404 only at the first chat call, mid-run. Only a warning: Azure lists base models, not deployments,
+        a LiteLLM proxy lists wildcard routes, llama.cpp answers to any name (review); a real 404 stops the campaign
+        at its first agent call with exit 2. Ollama also serves `name` as `name:latest`."""
         if not served or self.model in served or f"{self.model}:latest" in served:
             return
+        if (
+            any(s.endswith(f"/{self.model}") or s.endswith("*") for s in served)
+            or (self.base_url, self.model) in _WARNED
+        ):
+            return
+        _WARNED.add((self.base_url, self.model))
         close = difflib.get_close_matches(self.model, served, n=1)
         shown = ", ".join(served[:MODELS_SHOWN]) + (
             f" (and {len(served) - MODELS_SHOWN} more)" if len(served) > MODELS_SHOWN else ""
         )
         hint = f"did you mean agent.model={close[0]}? " if close else ""
-        raise AgentConfigError(
+        warnings.warn(
             self._redact(
-                f"the LLM endpoint {self.base_url} does not serve model {self.model!r}; it lists {shown}\n"
-                f"  fix: {hint}set agent.model to a model this server serves"
-            )
+                f"the LLM endpoint {self.base_url} does not list model {self.model!r} (it lists {shown}): if it does "
+                f"not serve it, the campaign stops at its first agent call with exit 2; {hint}set agent.model to a "
+                "model this server serves"
+            ),
+            AgentConfigWarning,
+            stacklevel=2,
         )
 
     def chat(self, messages: list[Message], usage: Usage, json_mode: bool = False) -> tuple[str, bool]:

@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from ralph_ray.__main__ import main
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import (
     AgentConfigError,
+    AgentConfigWarning,
     AgentError,
     Diagnosis,
     InterventionEffect,
@@ -480,17 +482,25 @@ def test_the_analyst_is_shown_no_image_interventions_where_the_inputs_are_not_im
     assert "- `batchnorm`:" in user
 
 
-def test_preflight_refuses_a_model_the_server_does_not_list(llm_server: ScriptedLLM):
+def test_preflight_warns_of_a_model_the_server_does_not_list(llm_server: ScriptedLLM):
+    # A warning, not a refusal (review): Azure lists base models, not deployments; LiteLLM lists wildcard routes;
+    # llama.cpp answers to any name. A real 404 stops the campaign at its first agent call (exit 2).
     llm_server.models = ["scripted", "tiny-coder"]
-    ChatClient(agent_config(llm_server)).preflight()  # listed: no error
-    with pytest.raises(AgentConfigError) as info:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ChatClient(agent_config(llm_server)).preflight()  # listed: no warning
+        llm_server.models = ["qwen2.5-coder:latest", "openai/*", "azure/gpt-4o-mini"]
+        for served in ("qwen2.5-coder", "gpt-4o", "gpt-4o-mini"):  # Ollama's tag, a wildcard route, a provider prefix
+            ChatClient(agent_config(llm_server, model=served)).preflight()
+    llm_server.models = ["scripted", "tiny-coder"]
+    with pytest.warns(AgentConfigWarning) as caught:
         ChatClient(agent_config(llm_server, model="tiny-coderr")).preflight()
-    assert "does not serve model 'tiny-coderr'; it lists scripted, tiny-coder" in str(info.value)
-    assert "did you mean agent.model=tiny-coder?" in str(info.value)
-    with pytest.raises(AgentConfigError, match=r"it lists scripted, tiny-coder\n  fix: set agent.model"):
-        ChatClient(agent_config(llm_server, model="qwen2.5-coder:14b")).preflight()
-    llm_server.models = ["qwen2.5-coder:latest"]
-    ChatClient(agent_config(llm_server, model="qwen2.5-coder")).preflight()  # Ollama's implicit tag
+    said = str(caught[0].message)
+    assert "does not list model 'tiny-coderr' (it lists scripted, tiny-coder)" in said
+    assert "did you mean agent.model=tiny-coder?" in said and "stops at its first agent call with exit 2" in said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ChatClient(agent_config(llm_server, model="tiny-coderr")).preflight()  # once per endpoint and model
     assert llm_server.requests == []  # GET /models only: no chat call, no tokens
 
 
@@ -500,7 +510,7 @@ def unreachable_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens here once the socket closes
 
 
-@pytest.mark.parametrize("refusal", ["unreachable", "unknown_model"])
+@pytest.mark.parametrize("refusal", ["unreachable", "wrong_key"])
 def test_a_refused_start_leaves_no_run_behind(
     llm_server: ScriptedLLM,
     tmp_path: Path,
@@ -509,21 +519,22 @@ def test_a_refused_start_leaves_no_run_behind(
     refusal,
 ):
     monkeypatch.chdir(tmp_path)
-    url, model = (unreachable_url(), "scripted") if refusal == "unreachable" else (llm_server.base_url, "other")
+    url = unreachable_url() if refusal == "unreachable" else llm_server.base_url
+    llm_server.key = "sk-right-key-0000"  # the campaign sends none: 401
     code = main(
         [
             f"paths.runs={tmp_path / 'runs'}",
             f"paths.kb={tmp_path / 'kb'}",
             "agent=openai",
             f"agent.base_url={url}",
-            f"agent.model={model}",
+            "agent.model=scripted",
             "agent.api_key_env=null",
             "agent.http_retries=0",
             "run_id=refused",
         ]
     )
     err = capsys.readouterr().err
-    assert code == 2 and ("cannot reach the LLM endpoint" in err or "does not serve model 'other'" in err)
+    assert code == 2 and ("cannot reach the LLM endpoint" in err or "refused no key" in err), err
     assert not (tmp_path / "runs" / "refused").exists()  # no run dir, so no `crashed` run in status or the app
     if (tmp_path / "kb").exists():
         assert not list((tmp_path / "kb").rglob("*.parquet"))  # no runs row
