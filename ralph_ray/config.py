@@ -587,14 +587,15 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
         experiment = _experiment_keys(overrides)
         if experiment is not None:
             merged = OmegaConf.merge(merged, experiment)
-        for removed in (o[1:].split("=", 1)[0] for o in overrides if o.startswith("~")):
-            _delete(merged, removed)  # `~search.space +search.space={...}` replaces the task's space, as in Hydra
-        plain = [
-            o.lstrip("+")
-            for o in overrides
-            if "=" in o and not o.startswith("~") and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir()
-        ]
-        return OmegaConf.merge(merged, OmegaConf.from_dotlist(plain)) if plain else merged
+        # In the order given, as Hydra applies them: `~search.space +search.space={...}` replaces the task's space,
+        # and `+search.space.EPOCHS=... ~search.space.EPOCHS` leaves none (the deletions once ran first, so a later
+        # one was undone by the addition it meant to remove).
+        for o in overrides:
+            if o.startswith("~"):
+                _delete(merged, o[1:].split("=", 1)[0])
+            elif "=" in o and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir():
+                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([o.lstrip("+")]))
+        return merged
     except OmegaConfBaseException as err:
         raise ConfigError(
             "task",

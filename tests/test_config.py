@@ -576,3 +576,14 @@ def test_the_kb_defaults_to_ralph_kb_as_the_cli_and_the_app_read_it(monkeypatch:
     monkeypatch.setenv("RALPH_KB", "/data/team-kb")
     assert load_config([]).paths.kb == "/data/team-kb"
     assert load_config(["paths.kb=mine"]).paths.kb == "mine"  # an explicit override wins
+
+
+def test_overrides_apply_in_order_over_a_task_folders_yaml():
+    """A deletion after an addition (`+search.space.EPOCHS=... ~search.space.EPOCHS`, a test's shared list then its
+    own change) was undone: with a task folder the overrides were applied again, deletions first."""
+    folder = "task.trainer=trainers/digits"
+    added = "+search.space.EPOCHS={type: choice, values: [2]}"
+    assert "EPOCHS" in load_config([folder, added]).search.space
+    assert sorted(load_config([folder, added, "~search.space.EPOCHS"]).search.space) == ["BATCH_SIZE", "LR", "WIDTH"]
+    replaced = load_config([folder, "~search.space", "+search.space={LR: {type: choice, values: [0.1]}}"])
+    assert sorted(replaced.search.space) == ["LR"]  # the task's space replaced, as in Hydra
