@@ -228,15 +228,9 @@ def banner(run: Campaign) -> None:
     where = f"cycle {run.cycle}, phase {run.phase}" if run.cycle is not None else ""
     if run.stale:
         resume = liveness.resume_command(run.run_id, f"paths.kb={run.kb_root}")
-        why = (
-            f"its driver (PID {run.driver['pid']} on {run.driver['host']}) is no longer running"
-            if liveness.driver_alive(run.driver) is False
-            else f"it has written nothing for {run.quiet_s or 0:,.0f} s (more than {run.stale_after_s:,.0f} s), so "
-            "its driver was killed or its machine lost"
-        )
+        why = liveness.why_stale(run.quiet_s, run.config, run.driver)  # the rule's own words, as `status` says it
         st.error(
-            f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): its record says running, but {why}. "
-            f"Continue it with `{resume}`.",
+            f"Campaign `{run.run_id}` **stopped unexpectedly** (stale): {why}. Continue it with `{resume}`.",
             icon=":material/heart_broken:",
         )
     elif run.status == "crashed":
