@@ -20,11 +20,9 @@ import streamlit as st
 from snapshot import Snapshot
 
 from ralph_ray import sql
-from ralph_ray.kb import PARQUET_DIR
+from ralph_ray.kb import DEFAULT_KB, KB_ENV, PARQUET_DIR
 
 TTL_S = 2
-DEFAULT_KB = "kb"
-KB_ENV = "RALPH_KB"  # as ralph_ray.commands.KB_ENV (the CLI reads it too; the app imports none of the CLI)
 
 
 def kb_from_args(argv: list[str], env: dict[str, str]) -> Path:

@@ -638,7 +638,7 @@ class AsyncCampaign(Campaign):
             member = self._member(child, int(generation), started=len(mine))
             for _, _, trial_status, knobs, score, _, seed, test in (t for t in trials if t[1] == variant_id and t[5]):
                 done = trial_status == TrialStatus.completed.value
-                member.note_replicate(int(seed), score if done else None, test if done else None)
+                member.note_replicate(int(seed))
                 self.tally.note(variant_id, knobs, int(seed), score if done else None, test if done else None)
             member.finished = len(mine)
             member.failed = sum(t[2] == TrialStatus.failed.value for t in mine)

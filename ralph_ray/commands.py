@@ -13,12 +13,10 @@ from rich.table import Table
 from ralph_ray import liveness, sql
 from ralph_ray.control import request_stop
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import open_reader
+from ralph_ray.kb import DEFAULT_KB, KB_ENV, open_reader
 from ralph_ray.state import CampaignState, RunStatus
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
-# The KB root when no --kb is given: $RALPH_KB (as the app reads it), else ./kb.
-KB_ENV = "RALPH_KB"
 USAGE = """usage: ralph-ray status [RUN_ID] | stop RUN_ID | report RUN_ID   [--runs DIR] [--kb DIR]
        ralph-ray export RUN_ID [VARIANT] [--search] [--out DIR] [--to hf REPO_ID]
        ralph-ray track RUN_ID [mlflow] [tensorboard] [wandb] [--mlflow-uri URI]
@@ -292,7 +290,6 @@ def _publish(argv: list[str], console: Console) -> int:
                 console.print(f"pushed to the Hugging Face Hub: {url}", highlight=False)
             return ExitCode.ok
         from ralph_ray import tracking
-        from ralph_ray.kb import open_reader
 
         record = tracking.load(open_reader(kb), rest[0])
         for name, where in tracking.publish(record, rest[1:] or ["mlflow", "tensorboard"], uri).items():
@@ -324,7 +321,7 @@ def _take_hub(argv: list[str]) -> tuple[list[str], str | None, bool]:
 
 def _options(argv: list[str]) -> tuple[list[str], Path, Path]:
     """The positional arguments and the --runs / --kb folders (default runs/ and kb/) of a command line."""
-    args, runs, kb = [], Path("runs"), Path(os.environ.get(KB_ENV) or "kb")
+    args, runs, kb = [], Path("runs"), Path(os.environ.get(KB_ENV) or DEFAULT_KB)
     items = iter(argv)
     for item in items:
         if item == "--runs":

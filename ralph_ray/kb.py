@@ -28,6 +28,9 @@ from ralph_ray import sql
 
 DB_FILE = "kb.duckdb"
 PARQUET_DIR = "parquet"
+# The KB root where none is given: $RALPH_KB, else ./kb (the CLI, the app, and conf/paths/default.yaml by name).
+KB_ENV = "RALPH_KB"
+DEFAULT_KB = "kb"
 # The duckdb shell on PyPI (duckdb-cli 1.5) cannot read files in 2.0's default storage format.
 STORAGE_VERSION = "v1.4.0"
 TS = pa.timestamp("us", tz="UTC")

@@ -64,26 +64,20 @@ class Member:
     best_knobs: dict[str, Any] = field(default_factory=dict)
     best_trial_id: str | None = None  # the completed trial that scored `best` (state.json's best_trial_id)
     best_order: int = 0  # when `best` was reached, in recorded trials: ties rank the first written, as sql.BEST_TRIAL
-    # Replicates (noise.py): the seeds recorded, the selection and test scores of those that completed, and how
-    # many are asked for but not recorded yet.
     # Each search trial's score in recorded order (None: not completed): a child is judged against its parent's
     # best over as many trials as it had itself (`best_of`), not over the parent's many knob samples since.
     scores: list[float | None] = field(default_factory=list)
+    # Replicates: the seeds of those recorded (their scores are replicates.Tally's, per knobs) and how many are asked
+    # for but not recorded yet.
     replica_seeds: list[int] = field(default_factory=list)
-    replica_scores: list[float] = field(default_factory=list)
-    replica_tests: list[float] = field(default_factory=list)
     replicas_pending: int = 0
     # Queued trials started and not finished yet (Tune trial ids). A knob sample of this member started in a free
     # slot may finish first (a queued trial lost its node and waits to resume): it must not stand in for it.
     queued_open: set[str] = field(default_factory=set)
 
-    def note_replicate(self, seed: int, score: float | None, test: float | None) -> None:
-        """A replicate trial of this member was recorded (its score None unless it completed)."""
+    def note_replicate(self, seed: int) -> None:
+        """A replicate trial of this member was recorded."""
         self.replica_seeds.append(seed)
-        if score is not None:
-            self.replica_scores.append(score)
-        if test is not None:
-            self.replica_tests.append(test)
 
     def note_trial(
         self, trial_id: str, status: TrialStatus, score: float | None, knobs: str | None, order: int
@@ -244,10 +238,7 @@ class Pool:
                 return None
             if record.replicate:
                 member.replicas_pending = max(0, member.replicas_pending - 1)
-                completed = record.status is TrialStatus.completed
-                member.note_replicate(
-                    record.seed, record.selection_score if completed else None, record.test_score if completed else None
-                )
+                member.note_replicate(record.seed)
                 self.changed.notify_all()
                 return member
             member.finished += 1

@@ -35,6 +35,11 @@ def missing_calls(source: str, calls: tuple[str, ...]) -> list[str]:
         tree = parse(source)
     except SyntaxError:
         return list(calls)
+    return calls_missing(tree, calls)
+
+
+def calls_missing(tree: ast.Module, calls: tuple[str, ...]) -> list[str]:
+    """The `module.function` calls of `calls` that a parsed module never makes."""
     modules = {name.split(".")[0] for name in calls}
     # Local names bound to those modules or their functions, however imported (a reviewer: a seed that wrote
     # `from ralph_ray.harness import report` or `import ralph_ray.harness as h` ran, but was refused as never calling

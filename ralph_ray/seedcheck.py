@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from ralph_ray.knobs import parse
-from ralph_ray.resumable import missing_calls
+from ralph_ray.resumable import calls_missing
 
 REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
 MODEL_CALLS = ("harness.save_model",)  # also required where the task scores the exported model
@@ -30,10 +30,11 @@ def _trees(paths: list[Path]) -> dict[Path, ast.Module] | None:
 def harness_problem(paths: list[Path], entry: Path, scores_model: bool) -> tuple[str, str] | None:
     """(problem, fix) where no file of the seed (`paths`) makes a call the engine needs (REQUIRED_CALLS, which the
     gate holds children to, and MODEL_CALLS where the task scores the model); None otherwise."""
-    if _trees(paths) is None or not paths:
+    trees = _trees(paths)
+    if not trees:
         return None
     calls = (*REQUIRED_CALLS, *(MODEL_CALLS if scores_model else ()))
-    absent = [set(missing_calls(path.read_text(), calls)) for path in paths]
+    absent = [set(calls_missing(tree, calls)) for tree in trees.values()]
     missing = [c for c in calls if all(c in each for each in absent)]
     if not missing:
         return None
