@@ -322,9 +322,16 @@ def compare_chart(curves: pd.DataFrame, metric: str) -> alt.Chart:
 
 
 def progress_frame(timeline: pd.DataFrame) -> pd.DataFrame:
-    """The trial timeline with the running best selection score (scored trials only carry a score)."""
+    """The trial timeline with the running best selection score of the search trials (scored trials only carry a
+    score). Replicates are left out, as report.running_best leaves them out: a fresh seed of knobs already ranked is
+    luck, not progress (the line peaked above the best the leaderboard named)."""
     data = timeline.sort_values("written_at").reset_index(drop=True).copy()
-    data["running best"] = data["selection_score"].cummax().ffill()
+    search = (
+        data["selection_score"].where(~data["replicate"].astype(bool))
+        if "replicate" in data
+        else data["selection_score"]
+    )
+    data["running best"] = search.cummax().ffill()
     return data
 
 

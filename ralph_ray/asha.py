@@ -16,7 +16,9 @@ cutoff, z * sqrt(p (1 - p) / n) (p held at least 1/n from 0 and 1). Digits' 161 
 reported yet, the margin is 0: plain ASHA, as before. A number sets the margin by hand (0: plain ASHA).
 
 Rungs at or past the trainer's last epoch are dropped: a stop there saves no epoch (the engine holds that epoch's
-report until the predictions are in, so the trial completes and is scored either way). Tune places a rung at
+report until the predictions are in, so the trial completes and is scored either way; a trial whose own EPOCHS is
+below max_t has its last epoch held the same: trials.hold_from). Each stop's reason (rung, value, cutoff, margin)
+goes to `stops`, which the ledger records as the trial's reason. Tune places a rung at
 grace_period x reduction_factor^k wherever that is below its max_t, the last epoch + 1 (grace 4, reduction 3: 4, 12).
 """
 
@@ -29,6 +31,9 @@ from typing import Any
 import numpy as np
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.schedulers.async_hyperband import _Bracket
+
+from ralph_ray.config import Config, SchedulerKind, SpaceKind
+from ralph_ray.knobs import KnobError, epochs_knob, read_knobs
 
 MAX_EXAMPLES = 10_000  # the largest split a margin is inferred for (beyond it the noise is below 0.01 anyway)
 MIN_DISTINCT = 3  # distinct values in (0, 1) needed before a split size is trusted
@@ -87,19 +92,45 @@ class _MarginBracket(_Bracket):
     """Tune's bracket; its cutoff lowered by the scheduler's current margin."""
 
     owner: NoiseAwareASHA
+    last_cut: tuple[float, float, int] = (0.0, 0.0, 0)  # the last cutoff computed: (cutoff, margin, trials recorded)
 
     def cutoff(self, recorded: dict[str, float]) -> Any:
         cut = super().cutoff(recorded)
-        return None if cut is None else cut - self.owner.margin_at(float(cut))
+        if cut is None:
+            return None
+        margin = self.owner.margin_at(float(cut))
+        self.last_cut = (float(cut), margin, len(recorded))  # what a stop's reason names (on_result)
+        return cut - margin
+
+    def on_result(self, trial: Any, cur_iter: int, cur_rew: float | None) -> str:
+        action = super().on_result(trial, cur_iter, cur_rew)
+        if action == "STOP" and cur_rew is not None:
+            # The rung the result was just recorded at: the highest milestone it reached (rungs run descending).
+            # Tune's bracket records every result it stops on; were a later Tune to stop one it did not record,
+            # the stop goes unexplained rather than raising StopIteration inside Tune's scheduler loop.
+            rungs = (m for m, recorded in self._rungs if cur_iter >= m and trial.trial_id in recorded)
+            if (milestone := next(rungs, None)) is not None:
+                self.owner.note_stop(trial.trial_id, milestone, cur_iter, cur_rew, *self.last_cut)
+        return action
 
 
 class NoiseAwareASHA(ASHAScheduler):
     """ASHAScheduler whose rung cutoffs are lowered by a noise margin: a fixed one (`margin`), or, with
     margin=None, `z` standard errors of an accuracy over the split size its reported values reveal."""
 
-    def __init__(self, *, margin: float | None, z: float, last: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        margin: float | None,
+        z: float,
+        last: float | None = None,
+        stops: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.fixed_margin, self.z = margin, z
+        # trial id -> why ASHA stopped it (the ledger records it as the trial's reason; the KB had NULL for ASHA)
+        self.stops: dict[str, str] = {} if stops is None else stops
         self._split = SplitSize()  # margin=None: the split size the values reported so far reveal
         for bracket in self._brackets:
             bracket.__class__ = _MarginBracket
@@ -139,8 +170,56 @@ class NoiseAwareASHA(ASHAScheduler):
             file=sys.stderr,
         )
 
+    def note_stop(
+        self, trial_id: str, milestone: float, at: float, oriented: float, cut: float, margin: float, there: int
+    ) -> None:
+        """Why a trial stops at a rung, in the metric's own direction (values are oriented: -value for mode=min)."""
+        sign = float(self._metric_op)
+        unit = "epoch " if self._time_attr == "epoch" else f"{self._time_attr}="
+        less = f" less a margin of {margin:.4g} (scheduler.margin)" if margin else ""
+        self.stops[trial_id] = (
+            f"ASHA: {self._metric} {sign * oriented:.4g} at {unit}{at:g} is {'below' if sign > 0 else 'above'} the "
+            f"cutoff {sign * (cut - margin):.4g} of the rung at {unit}{milestone:g} (the top "
+            f"1/{self._reduction_factor:g} of the {there} trial(s) recorded there{less})"
+        )
+
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         value = result.get(self._metric) if self._metric else None
         if self.fixed_margin is None and isinstance(value, (int, float)) and math.isfinite(value):
             self.observe(float(value))
         return super().on_trial_result(tune_controller, trial, result)
+
+
+def most_epochs(cfg: Config) -> tuple[str, int] | None:
+    """The seed trainer's epochs knob and the most epochs a search trial of it can train: its space's high (or
+    largest choice) where it is searched, else its literal; None where the trainer has no integer EPOCHS knob."""
+    try:
+        knobs = read_knobs(cfg.seed_entry().read_text())
+    except (OSError, SyntaxError, ValueError, KnobError):
+        return None  # the config checks and the gate say what is wrong with the trainer
+    name = epochs_knob(knobs, cfg.search.space)
+    if name is None:
+        return None
+    if (space := cfg.search.space.get(name)) is None:
+        return name, knobs[name]
+    ends = [*(space.values or [])] if space.type is SpaceKind.choice else [space.high]
+    whole = [int(v) for v in ends if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return (name, max(whole)) if whole else None
+
+
+def epochs_past_max_t(cfg: Config) -> str | None:
+    """A warning when trials can train past scheduler.max_t (the epochs ASHA's rungs and the forecaster count);
+    else None. max_t does not cap training as in Ray Tune: a user's max_t=3 over EPOCHS=6 trained 6 epochs, and an
+    EPOCHS range up to 12 under max_t=6 trained 9, with no rung past max_t."""
+    sched = cfg.scheduler
+    if cfg.trial.budget_s is not None or not (sched.name is SchedulerKind.asha or sched.forecast):
+        return None  # under a budget the rungs count seconds, as shares of max_t
+    found = most_epochs(cfg)
+    if found is None or found[1] <= sched.max_t:
+        return None
+    name, epochs = found
+    return (
+        f"scheduler.max_t={sched.max_t} is below the {epochs} epochs a trial can train ({name}): max_t places the "
+        f"rungs and the forecaster's last epoch but does not cap training, so trials train all their {name} with no "
+        f"early stop past epoch {sched.max_t}; set scheduler.max_t={epochs} (or lower {name})"
+    )

@@ -31,9 +31,9 @@ from ray.tune.search import ConcurrencyLimiter
 
 from ralph_ray import forecast, history, records, replicates, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
-from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child
+from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, reruns_parent, write_meta
 from ralph_ray.control import stop_requested
-from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide
+from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide, unjudged_note
 from ralph_ray.events import TrialStarts
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import kill_point
@@ -42,6 +42,7 @@ from ralph_ray.knobs import read_knobs
 from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
 from ralph_ray.popsearch import Member, Pool, PoolSettings, PopulationSearcher, member_code, run_member_trial
 from ralph_ray.population import Candidate
+from ralph_ray.progress import scores_text
 from ralph_ray.search import scheduler, storage_path, trial_spec
 from ralph_ray.state import Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
@@ -153,7 +154,7 @@ class AsyncCampaign(Campaign):
                 metric=cfg.search.metric,
                 mode=cfg.search.mode,
                 search_alg=slots,
-                scheduler=replicates.SpareReplicates(scheduler(cfg)),  # replicates run to the end
+                scheduler=replicates.SpareReplicates(scheduler(cfg, ledger.stop_reasons)),  # replicates run to the end
                 num_samples=-1,
                 reuse_actors=cfg.search.reuse_actors,
                 trial_dirname_creator=lambda trial: trial.trial_id,
@@ -186,8 +187,10 @@ class AsyncCampaign(Campaign):
         self.trials.append(trial)
         kill_point("after_completion")
         self._note_gpu_use(trial)
-        # the metric's own value (a min metric's is stored as -value)
-        score = f"{self.cfg.metric_sign() * trial.selection_score:.4f}" if trial.selection_score is not None else "-"
+        # the metric's own values (a min metric's is stored as -value), the metric named
+        score = (
+            scores_text(trial.selection_score, trial.test_score, self.cfg.metric_sign(), self.cfg.task.metric) or "-"
+        )
         self._log(
             f"  trial {trial.trial_id} gen {trial.cycle} {trial.variant_id}: {trial.status.value} {score} "
             f"({trial.seconds:.1f}s){' ' + trial.reason if trial.reason else ''}"
@@ -305,6 +308,7 @@ class AsyncCampaign(Campaign):
             wanted=wanted,
             parent_score=child.parent_score,
             started=started,
+            runs_own_first=not reruns_parent(child),
         )
 
     # -- verdicts, decisions ---------------------------------------------------------------------
@@ -365,11 +369,14 @@ class AsyncCampaign(Campaign):
         child.status, child.reason = child_verdict(
             member.finished, member.failed, member.best, parent_best, guards.min_delta, child.reason, comparison
         )
+        with self.pool.changed:
+            member.discarded = child.status is VariantStatus.discarded
         # What it was judged against (the parent's replicate mean where the verdict read one): the variants and
         # interventions rows say so
         child.parent_score = records.measured(member.best, parent_best, comparison)[1]
         self.awaiting.discard(child.variant_id)
         self.judged.add(child.variant_id)
+        write_meta(child)  # its meta.json says the verdict, not `candidate`
         scores = {child.variant_id: (member.best, None)} if member.best is not None else {}
         with self.kb_lock:
             self.kb.put(
@@ -386,7 +393,7 @@ class AsyncCampaign(Campaign):
             )
         self._log(
             f"  child {child.variant_id} (gen {member.generation}, +{' + '.join(child.interventions)}): "
-            f"{child.status.value}"
+            f"{child.status.value}{unjudged_note(child.reason, member.best)}"
         )
 
     def _replicate(self, variants: list[str]) -> bool:
@@ -447,7 +454,11 @@ class AsyncCampaign(Campaign):
         state.best_trial_id = best.best_trial_id if best else None
         advanced = closed > len(state.best_by_cycle)
         guards = cfg.safeguards
-        floor = replicates.campaign_floor(self._replicated(), guards.confidence) if guards.replicates else None
+        with self.pool.changed:  # a child its verdict discarded raises no floor: the pick ranks it last
+            discarded = {v for v, m in self.pool.members.items() if m.discarded}
+        floor = (
+            replicates.campaign_floor(self._replicated(), guards.confidence, discarded) if guards.replicates else None
+        )
         while len(state.best_by_cycle) < closed:
             state.best_by_cycle.append(state.best_selection_score)
         while guards.replicates and len(state.floor_by_cycle) < closed:
@@ -636,6 +647,7 @@ class AsyncCampaign(Campaign):
                 continue
             mine = [t[:5] for t in trials if t[1] == variant_id and not t[5]]
             member = self._member(child, int(generation), started=len(mine))
+            member.discarded = status is VariantStatus.discarded
             for _, _, trial_status, knobs, score, _, seed, test in (t for t in trials if t[1] == variant_id and t[5]):
                 done = trial_status == TrialStatus.completed.value
                 member.note_replicate(int(seed))

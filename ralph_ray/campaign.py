@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -19,18 +20,30 @@ from rich.console import Console
 from ralph_ray import environment, finaltrain, history, records, sigterm, timeline, tracking, warmcheck
 from ralph_ray.agents import preflight
 from ralph_ray.agents.base import AgentConfigWarning
+from ralph_ray.asha import epochs_past_max_t
 from ralph_ray.asyncrun import AsyncCampaign
-from ralph_ray.config import Config, PopulationMode, budget_unread, final_unread, sandbox_policy, short_budget
+from ralph_ray.config import (
+    Config,
+    PopulationMode,
+    budget_unread,
+    final_unread,
+    knob_overridden,
+    sandbox_policy,
+    schedule_unsized,
+    short_budget,
+)
 from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import interrupt_point
 from ralph_ray.generations import Campaign, Outcome
+from ralph_ray.raycluster import watch_head
 from ralph_ray.report import write_report
 from ralph_ray.rundir import locate, open_run
 from ralph_ray.sandbox import SandboxMode, announce, bound_folders, hidden_paths
-from ralph_ray.state import RunStatus
+from ralph_ray.space import seed_off_space
+from ralph_ray.state import CampaignState, RunStatus
 from ralph_ray.tasks import prepare_splits, read_images, reads
-from ralph_ray.tasks.base import describe, unusual_direction
+from ralph_ray.tasks.base import describe, text_memory_note, unusual_direction
 
 INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
 TERMINATED = "SIGTERM"  # ... of one SIGTERM ended (sigterm.Terminated, handled as Ctrl-C)
@@ -72,10 +85,13 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         splits = prepare_splits(cfg)
     hide_what_prepare_read(cfg, opened, console.print)
     console.print(f"  {describe(splits.metric)}", highlight=False)
+    if note := text_memory_note(splits):
+        console.print(f"  note: {note}", highlight=False)
     if warning := unusual_direction(splits.metric):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     infer_images(cfg, splits.train_x, console.print)  # before the run row records the config and the agents read it
-    for warning in (budget_unread(cfg), final_unread(cfg)):
+    warnings_at_start = (budget_unread(cfg), final_unread(cfg), schedule_unsized(cfg), knob_overridden(cfg))
+    for warning in (*warnings_at_start, seed_off_space(cfg), epochs_past_max_t(cfg)):
         if warning:
             console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     state = open_run(cfg, run_dir, resuming, console.print)
@@ -91,8 +107,10 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     base["environment"] = environment.record(run_dir)  # also <run_dir>/env.json; a resume records where it resumed
     kb.put("runs", [records.run_status(base, RunStatus.running, state)], run_id)
     loop: Campaign | None = None
+    watch = None
     try:
         loop = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base)
+        watch = watch_head(cfg.cluster, lambda reason: head_lost(reason, loop, state, run_dir, kb, base, console))
         outcome = loop.loop()
         finaltrain.run(loop, outcome)  # safeguards.final_share: the pick trains once more for the time kept for it
     except KeyboardInterrupt as signalled:
@@ -100,19 +118,24 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         # trials it cut short run again on resume, as after a kill. The time up to the signal counts (the loop adds
         # it only when a phase or generation ends: a resume's campaign_time_s would overshoot by the rest).
         code, reason = _signal_code(signalled)
-        if loop is not None:
-            loop.charge_time()
-        state.status, state.stop_reason, state.exit_code = RunStatus.interrupted, reason, int(code)
-        state.save(run_dir)
-        kb.put("runs", [records.run_status(base, RunStatus.interrupted, state, reason)], run_id)
+        with _ENDING:
+            if loop is not None:
+                loop.charge_time()
+            state.status, state.stop_reason, state.exit_code = RunStatus.interrupted, reason, int(code)
+            state.save(run_dir)
+            kb.put("runs", [records.run_status(base, RunStatus.interrupted, state, reason)], run_id)
         raise Interrupted(run_id, code=code) from None
     except BaseException as err:
-        if loop is not None:
-            loop.charge_time()
-        state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
-        state.save(run_dir)
-        kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
+        with _ENDING:
+            if loop is not None:
+                loop.charge_time()
+            state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
+            state.save(run_dir)
+            kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
         raise
+    finally:
+        if watch is not None:
+            watch.set()
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
     try:
         interrupt_point("report")
@@ -124,6 +147,42 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         # The run is over and recorded; what Ctrl-C cut can be written again (compaction is atomic, `report` rewrites).
         raise Interrupted(run_id, finished=True, code=_signal_code(signalled)[0]) from None
     return outcome
+
+
+# Held while the run's final status is recorded: the head watch's thread (head_lost) and the main thread's own
+# ending (interrupted, crashed) must not both charge the time and write state.json and the runs row at once.
+_ENDING = threading.Lock()
+
+
+def head_lost(
+    reason: str,
+    loop: Campaign | None,
+    state: CampaignState,
+    run_dir: Path,
+    kb: EventedKB,
+    base: dict[str, Any],
+    console: Console,
+) -> None:
+    """The cluster's head is gone (raycluster.watch_head's thread): Ray would end this process with std::_Exit(1)
+    before any handler runs, so record the run crashed, name the resume and exit 4 first."""
+    run_id = base["run_id"]
+    _ENDING.acquire()  # never released: this thread ends the process below, and the main thread's ending waits
+    if state.status is not RunStatus.running:  # the main thread recorded the end first
+        _ENDING.release()
+        return
+    if loop is not None:
+        loop.charge_time()
+    state.status, state.stop_reason, state.exit_code = RunStatus.crashed, reason, int(ExitCode.error)
+    state.save(run_dir)
+    kb.put("runs", [records.run_status(base, RunStatus.crashed, state, reason)], run_id)
+    console.print(
+        f"[red]error:[/] {reason}: run {run_id} is recorded as crashed and its finished trials are in the knowledge "
+        f"base; once the head runs again (or at a new one: cluster.address=<head>:<port>), continue with "
+        f"`python -m ralph_ray resume={run_id}`",
+        highlight=False,
+    )
+    console.file.flush()
+    os._exit(ExitCode.error)  # the main thread waits on Ray calls that cannot return, and Ray's exit would say 1
 
 
 def _signal_code(signalled: KeyboardInterrupt) -> tuple[ExitCode, str]:

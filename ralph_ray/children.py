@@ -526,9 +526,7 @@ def _child(
         rejected_by,
         list(refusals or []),
     )
-    (files_dir.parent / "meta.json").write_text(
-        json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str)
-    )
+    write_meta(child)
     verdict = "ok" if status is VariantStatus.candidate else f"REJECTED ({reason})"
     # One line per child; the full rationale is in the variant's meta.json, the KB (variants.rationale) and the app.
     breeder.log(
@@ -536,6 +534,26 @@ def _child(
         f"; why: {one_line(rationale)}"
     )
     return child
+
+
+def write_meta(child: Child) -> None:
+    """The child's variants/<id>/meta.json as it stands (its status and reason once judged), without its diff."""
+    (child.files_dir.parent / "meta.json").write_text(
+        json.dumps({k: v for k, v in child.as_json().items() if k != "diff"}, indent=2, default=str)
+    )
+
+
+KNOB_SEARCH = "knob_search"  # the intervention of agent=none's child: its parent's code, its best knobs written in
+
+
+def reruns_parent(child: Child) -> bool:
+    """Whether the child's own knobs would rerun its parent's best trial: a knob-search child is its parent's code
+    with those knobs written in, and search trials share one seed, so that trial would repeat the parent's score
+    exactly (a user trial: half of each child's trials, and two identical models tied at rank 1).
+
+    Such a child starts with knob samples instead. Not the same knobs under a new seed: that trial would measure seed
+    noise (the replicates' job), and a child judged by its best trial would beat its parent on it by chance alone."""
+    return child.interventions == [KNOB_SEARCH]
 
 
 def one_line(text: str, width: int = 100) -> str:
@@ -555,7 +573,7 @@ def knob_child(parent: Candidate, baked: Path, variants_root: Path) -> Child:
         variant.variant_id,
         parent.variant_id,
         variant.files_dir,
-        ["knob_search"],
+        [KNOB_SEARCH],
         Diagnosis.healthy.value,
         "knob search only (agent=none): the parent with its best trial's knobs",
         VariantStatus.candidate,

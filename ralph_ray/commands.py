@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -13,7 +14,7 @@ from rich.table import Table
 from ralph_ray import liveness, sql
 from ralph_ray.control import request_stop
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import DEFAULT_KB, KB_ENV, open_reader
+from ralph_ray.kb import DEFAULT_KB, KB_ENV, now, open_reader
 from ralph_ray.state import CampaignState, RunStatus
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
@@ -138,13 +139,29 @@ def _stop(console: Console, run_dir: Path, runs: Path, kb: Path) -> int:
     return ExitCode.ok
 
 
-def _status_line(state: CampaignState, stale: bool = False) -> str:
-    """The run's status, cycle, phase and elapsed time, and its stop reason where it stopped."""
+def _status_line(state: CampaignState, stale: bool = False, clock: tuple[float, float | None] | None = None) -> str:
+    """The run's status, cycle, phase and elapsed time (`clock`: live_elapsed's, read once by the caller), and its
+    stop reason where it stopped."""
+    elapsed, since = clock or live_elapsed(state, stale)
     return (
         f"{'stopped unexpectedly?' if stale else state.status.value}, cycle {state.cycle}, "
-        f"phase {state.phase.value}, elapsed {state.elapsed_s:.0f}s"
+        f"phase {state.phase.value}, elapsed {elapsed:.0f}s"
+        + (f" ({state.elapsed_s:.0f}s when state.json was saved + {since:.0f}s since)" if since is not None else "")
         + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
     )
+
+
+def live_elapsed(state: CampaignState, stale: bool = False) -> tuple[float, float | None]:
+    """The campaign time so far, and the seconds added to state.json's since it was saved (None: none added).
+
+    state.json is saved at phase changes: an async run stays in its train phase for minutes, and its recorded
+    elapsed lagged behind (user trial: "elapsed 13s" at about 60 s). While its driver runs (the recorded process is
+    alive), the campaign's clock has run on since the save; a finished, dead or unknown driver's has not.
+    """
+    if state.status is not RunStatus.running or stale or liveness.driver_alive(state.driver) is not True:
+        return state.elapsed_s, None
+    since = max(0.0, (now() - datetime.fromisoformat(state.updated_at)).total_seconds())
+    return state.elapsed_s + since, since
 
 
 def _locating(runs: Path, kb: Path) -> list[str]:
@@ -160,7 +177,8 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     # A driver killed with SIGKILL (or a lost machine) leaves state.json at `running` for good (user trial): the
     # staleness rule of the app says it stopped unexpectedly.
     stale = liveness.is_stale(state.status.value, quiet, config, state.driver)
-    console.print(f"[bold]run {state.run_id}[/]: {_status_line(state, stale)}")
+    clock = live_elapsed(state, stale)  # one reading for the status line and the time budget
+    console.print(f"[bold]run {state.run_id}[/]: {_status_line(state, stale, clock)}")
     if stale:
         resume = liveness.resume_command(state.run_id, *_locating(run_dir.parent, kb))
         why = liveness.why_stale(quiet, config, state.driver)
@@ -201,7 +219,7 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
 
     console.print(
         f"  budgets: cycles {state.cycle}/{limit('max_cycles')}, "
-        f"time {state.elapsed_s:.0f}s/{limit('campaign_time_s', 's')}, "
+        f"time {clock[0]:.0f}s/{limit('campaign_time_s', 's')}, "
         f"tokens {tokens}/{limit('tokens_per_campaign')}, cost {cost:.4f}/{limit('cost_per_campaign')}, "
         f"agent calls {calls}"
     )
@@ -222,7 +240,9 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
         if warning := worse_than_search(final, searched[0] if searched else None, value):
             console.print(f"  [yellow]warning:[/] {warning.replace('RUN_ID', state.run_id)}", highlight=False)
     table = Table(title="leaderboard", header_style="bold")
-    for column in ("rank", "variant", "parent", "interventions", "status", "selection", "test", "replicates", "trials"):
+    # The scores' columns name the metric (user trial: `selection` / `test` said not which score they were)
+    named = [f"{split} {task['metric']}" if task.get("metric") else split for split in ("selection", "test")]
+    for column in ("rank", "variant", "parent", "interventions", "status", *named, "replicates", "trials"):
         table.add_column(column, no_wrap=column in ("rank", "variant"))  # ids stay whole, to copy into export
     for row in board:
         table.add_row(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import os
 import re
 import typing
@@ -25,7 +26,7 @@ from ralph_ray.knobs import KnobError, is_knob_name, read_knobs, reported_metric
 from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
-from ralph_ray.seedcheck import harness_problem, unread_problem
+from ralph_ray.seedcheck import harness_problem, overridden_knobs, sized_schedule, unread_problem
 from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.base import ScoredBy
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
@@ -143,7 +144,7 @@ class DataConfig:
 class SearchConfig:
     """One Tune run per cycle: Optuna samples knobs, reported `metric` ranks trials during training."""
 
-    num_samples: int = 8
+    num_samples: int = 8  # the seed's knob search (cycle 1); later cycles: population.trials_per_child per child
     max_concurrent: int = 2
     seed: int = 0
     metric: str = "val_acc"
@@ -363,7 +364,7 @@ class PopulationConfig:
     shape_by_budget: bool = (
         False  # set at load where the shape was left null (the console then says the budget chose it)
     )
-    trials_per_child: int = 2  # Optuna knob samples per child (the first runs the child's own knobs)
+    trials_per_child: int = 2  # knob samples per child (the first runs its own knobs; a knob-search child's: none)
     explore: float = 0.2  # chance a parent slot goes to a random non-top variant
     one_per_lineage: bool = True  # prefer parents from different first-generation branches
     # async: the background breeder (analysis, coding, the gate's smoke runs) runs this much nicer than the trials,
@@ -516,7 +517,7 @@ def load_config(overrides: list[str] | None = None) -> Config:
         raw.task.name, raw.task.trainer = chosen[0], str(chosen[1])
     if not any(o.lstrip("+").startswith("experiment=") for o in composed):
         raw.experiment = raw.task.name  # task=diabetes without an experiment file is the diabetes experiment
-    return to_config(_with_task_yaml(raw, composed))
+    return to_config(_with_task_yaml(raw, composed), composed)
 
 
 def _forced(override: str) -> str:
@@ -658,7 +659,7 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
         ) from None
     _keep_the_stored_trainer(stored_raw, raw)
     _refuse_frozen_changes(stored_raw, raw)
-    cfg = to_config(raw)
+    cfg = to_config(raw, plain)
     cfg.resume = run_dir.name
     return cfg
 
@@ -723,8 +724,9 @@ def _group_choice(choice: str) -> Any:
     return section
 
 
-def to_config(raw: Any) -> Config:
-    """Merge a composed config onto the schema (types, unknown keys) and check its values."""
+def to_config(raw: Any, overrides: list[str] | None = None) -> Config:
+    """Merge a composed config onto the schema (types, unknown keys) and check its values; `overrides`: the command
+    line's, to say where a refused value was set."""
     OmegaConf.set_struct(raw, False)
     raw_dict = OmegaConf.to_container(raw, resolve=True)
     raw_dict.pop("hydra", None)  # type: ignore[union-attr]
@@ -737,7 +739,8 @@ def to_config(raw: Any) -> Config:
         cfg: Config = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as err:
         key = str(getattr(err, "full_key", None) or "?")
-        raise ConfigError(key, _first_line(err) + _set_in_task_yaml(raw_dict, key), _fix_for(key)) from None
+        where = _set_on_command_line(overrides or [], key) or _set_in_task_yaml(raw_dict, key)
+        raise ConfigError(key, _first_line(err) + where, _fix_for(key, err)) from None
     if cfg.population.mode == PopulationMode.auto.value:
         cfg.population.mode = resolve_mode(cfg).value
     pop = cfg.population
@@ -1235,6 +1238,14 @@ def _check_space(name: str, space: KnobSpace) -> None:
         raise ConfigError(f"{key}.low", f"low={space.low} must be below high={space.high}", "swap or widen the range")
     if space.type is SpaceKind.loguniform and space.low <= 0:
         raise ConfigError(f"{key}.low", "a loguniform range must be positive", "use a low above 0")
+    if space.type is SpaceKind.int:  # `low: 4.5` was truncated to 4, below the range as written
+        for bound, value, whole in (("low", space.low, math.ceil), ("high", space.high, math.floor)):
+            if not float(value).is_integer():
+                raise ConfigError(
+                    f"{key}.{bound}",
+                    f"an int range takes whole numbers, got {bound}={value:g}",
+                    f"set {key}.{bound}={whole(value)}, or type: uniform to search fractions",
+                )
 
 
 def sandbox_policy(cfg: Config) -> Policy:
@@ -1301,6 +1312,29 @@ def _check_space_in_trainer(cfg: Config) -> None:
             + "define each as a module-level UPPER_CASE constant in train.py, or drop it from the space: "
             + " ".join(f"~search.space.{name}" for name in missing),
         )
+    for name, space in cfg.search.space.items():
+        if problem := _range_on_seed_value(name, space, knobs[name], entry):
+            raise ConfigError(f"search.space.{name}", *problem)
+
+
+def _range_on_seed_value(name: str, space: KnobSpace, value: Any, entry: Path) -> tuple[str, str] | None:
+    """(problem, fix) where a range cannot hold the seed's own value of its knob: an int range over `LR = 3e-3`
+    trained every trial at LR 1 to 3 (one-class and NaN trials, a user trial); a range over a string or a tuple."""
+    if space.type is SpaceKind.choice:
+        return None
+    written = f"{entry}'s {name} = {value!r}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return (
+            f"is a {space.type.value} range, but {written} is a {type(value).__name__}",
+            f"search {name} over its values: search.space.{name}={{type: choice, values: [...]}}",
+        )
+    if space.type is SpaceKind.int and isinstance(value, float):  # DROPOUT = 0.0 over [0, 1] trains 0 or 1 too
+        kind = "loguniform" if value > 0 else "uniform"
+        return (
+            f"is an int range, but {written} is a float: every trial would train a whole number",
+            f"set search.space.{name}.type={kind} (with low and high around {value:g})",
+        )
+    return None
 
 
 def _seed_code(cfg: Config) -> list[Path]:
@@ -1360,6 +1394,41 @@ def final_unread(cfg: Config) -> str | None:
         f"{cfg.trainer_dir()}'s code reads no budget (harness.epochs, time_left, progress or lr_factor): its final "
         "training runs its own EPOCHS, as long as a search trial; loop `for epoch in harness.epochs(EPOCHS):` (or "
         "set safeguards.final_share=0)"
+    )
+
+
+def schedule_unsized(cfg: Config) -> str | None:
+    """A warning when trial.budget_s or safeguards.final_share lets harness.epochs run as many epochs as fit, the seed
+    reads that budget (BUDGET_READERS), and it builds an LR scheduler sized up front (a user's LambdaLR over
+    `EPOCHS * steps` trained 10 of its final's 19 epochs at lr 0, and its 4-s search trials never annealed); else None.
+    A seed that reads no budget trains its own EPOCHS, so its schedule fits (budget_unread, final_unread warn)."""
+    budgets = [f"trial.budget_s={cfg.trial.budget_s:g}"] if cfg.trial.budget_s is not None else []
+    budgets += [f"safeguards.final_share={cfg.safeguards.final_share:g}"] if cfg.safeguards.final_share else []
+    if not budgets or not _reads_budget(cfg) or not (built := sized_schedule(_seed_code(cfg))):
+        return None  # a trainer that reads no budget runs its own EPOCHS (budget_unread, final_unread say so)
+    return (
+        f"{' and '.join(budgets)}: harness.epochs runs as many epochs as the time allows, not EPOCHS, but "
+        f"{cfg.trainer_dir()}'s code builds {built} with its length given up front and never calls "
+        "harness.progress or harness.lr_factor: the schedule ends early and trains at lr 0 for the rest (or never "
+        "anneals); size it by time: `LambdaLR(optimizer, lambda epoch: harness.lr_factor(epoch, EPOCHS, "
+        '"cosine", warmup_epochs=1))` stepped once per epoch, or per step `lr = peak * shape(harness.progress(step, '
+        "total_steps))` (README, An equal time budget per trial)"
+    )
+
+
+def knob_overridden(cfg: Config) -> str | None:
+    """A warning when the seed sets a dataclass field that reads a searched knob to a literal after all (`lr: float =
+    LR`, then `dataclasses.replace(TrainConfig(), lr=1e-3)`: a user's every trial would train lr=1e-3 while the KB
+    recorded sampled LR values, and the unread-knob check saw LR read); else None. A warning, not exit 2: the call may
+    sit off the trials' path (a debug helper)."""
+    found = overridden_knobs(_seed_code(cfg), list(cfg.search.space))
+    if not found:
+        return None
+    return (
+        f"{cfg.trainer_dir()}'s code sets a knob's field to a literal in a constructor or dataclasses.replace call: "
+        f"{', '.join(found)}; where the trials run that call, each trains the literal while the KB records the "
+        "sampled values; fix: leave the field to its knob default (`lr: float = LR`) and drop the literal from that "
+        "call (README, Add your own task, step 3)"
     )
 
 
@@ -1465,8 +1534,20 @@ def _legacy_fix(key: str) -> str:
     return f"{key} is a name in safeguards.final_additions now: set {LEGACY_FINAL_KEYS[key]}"
 
 
-def _fix_for(key: str) -> str:
-    """The fix for an unknown or mistyped key: the nearest known name, and where the schema is."""
+def _fix_for(key: str, err: Exception | None = None) -> str:
+    """The fix for an unknown or mistyped key (the nearest known name, and where the schema is), or for a known key's
+    value of the wrong kind (the values it takes: `search.sampler=cmaes` was told "did you mean `search.sampler`?")."""
+    schema, leaf = getattr(err, "object_type", None), getattr(err, "key", None)
+    hints = typing.get_type_hints(schema) if dataclasses.is_dataclass(schema) else {}
+    if leaf in hints:
+        kind = next((a for a in typing.get_args(hints[leaf]) if a is not type(None)), hints[leaf])  # Optional[X]: X
+        value = str(getattr(err, "value", ""))
+        if isinstance(kind, type) and issubclass(kind, enum.Enum):
+            options = [str(member.value) for member in kind]
+            near = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+            return (f"did you mean {key}={near[0]}? " if near else "") + f"set {key} to one of {', '.join(options)}"
+        name = getattr(kind, "__name__", str(kind))
+        return f"set {key} to a value of type {name} (got {value!r}; the schema: ralph_ray/config.py)"
     return f"{_did_you_mean(key)}check `{key}` against the schema in ralph_ray/config.py (spelling and type)"
 
 
@@ -1487,11 +1568,21 @@ def _task_yaml(trainer: Any) -> Path:
     return (folder if folder.is_absolute() else PROJECT_ROOT / folder) / "task.yaml"
 
 
+def _set_on_command_line(overrides: list[str], key: str) -> str:
+    """Where a refused key came from when the command line sets it, or a section holding it (the last one wins)."""
+    for override in reversed(overrides):
+        name, eq, _ = override.lstrip("+~").partition("=")
+        if eq and (key == name or key.startswith(f"{name}.")):
+            return f" (set on the command line: {override})"
+    return ""
+
+
 def _set_in_task_yaml(raw: dict[str, Any], key: str) -> str:
-    """Where a refused key came from when the task's task.yaml sets it (the user looks there, not at the CLI)."""
+    """Where a refused key came from when the task's task.yaml sets it to the refused value (the user looks there)."""
     task_yaml = _task_yaml((raw.get("task") or {}).get("trainer", ""))
     try:
-        found = task_yaml.is_file() and OmegaConf.select(OmegaConf.load(task_yaml), key) is not None
+        own = OmegaConf.select(OmegaConf.load(task_yaml), key) if task_yaml.is_file() else None
+        found = own is not None and own == OmegaConf.select(OmegaConf.create(raw), key)
     except (OmegaConfBaseException, OSError):
         found = False
     return f" (set in {task_yaml})" if found else ""

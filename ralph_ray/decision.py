@@ -97,7 +97,12 @@ def improved(new: float | None, old: float | None, min_delta: float, *, beyond: 
     return new > old + min_delta if beyond else (new > old and new >= old + min_delta)
 
 
-NO_SCORE_REASON = "no trial completed: the scheduler stopped every trial before its last epoch"
+# The scheduler (ASHA, the forecaster) stopped every trial: the child is discarded unjudged. A user's children with
+# 1-2 trials each were all stopped at epoch 2 (grace_period 2), and the console said only `discarded`: the hint is here.
+NO_SCORE_REASON = (
+    "not judged: no trial completed, the scheduler stopped every trial before its last epoch (to judge such children, "
+    "raise scheduler.grace_period or population.trials_per_child)"
+)
 # No trial completed, and none was stopped by the scheduler: the campaign's own stop (a stop request, its time budget)
 # cut them. Nothing was judged, so intervention_effects leaves the child out of its tries (sql.py).
 CUT_BY_STOP_REASON = (
@@ -134,6 +139,12 @@ def child_verdict(
     if improved(score, parent_score, min_delta, beyond=True):
         return VariantStatus.kept, reason
     return VariantStatus.discarded, reason or ("not trained (stopped)" if not trials else None)
+
+
+def unjudged_note(reason: str | None, best: float | None) -> str:
+    """What a console verdict line adds for a child no trial of which completed (`best` None): its reason (why it
+    was not judged, with the fix); "" for a judged child."""
+    return f" ({reason})" if best is None and reason else ""
 
 
 def gate_fail_streak(streak: int, asked: list[VariantStatus], coder: bool) -> int:
@@ -216,15 +227,33 @@ def decide(facts: CycleFacts, guards: SafeguardsConfig) -> Decision:
     for fired, reason, rationale in rules:
         if fired:
             return Decision(facts.cycle, True, reason, int(EXIT_CODES[reason]), rationale, best)
-    left = guards.max_cycles - facts.cycle
     return Decision(
-        facts.cycle,
-        False,
-        StopReason.none,
-        int(ExitCode.ok),
-        f"continue: best {num(best)}, {stale} cycle(s) without improvement, {left} cycle(s) left",
-        best,
+        facts.cycle, False, StopReason.none, int(ExitCode.ok), _continue_text(facts, guards, reached, stale), best
     )
+
+
+def _continue_text(facts: CycleFacts, guards: SafeguardsConfig, reached: float | None, stale: int) -> str:
+    """Why the campaign goes on, naming the figures the rules read: with replicates the plateau count and the target
+    read the floor (a lower bound), not the best single trial (user trial: "best 0.9805, 1 cycle(s) without
+    improvement" while the best trial had just risen; a target that looked met by the best trial went unexplained)."""
+    best, sign, left = facts.best_by_cycle[-1], facts.sign, guards.max_cycles - facts.cycle
+    if facts.floor_by_cycle is None:
+        parts = [f"continue: best {_num(best, sign)}", f"{stale} cycle(s) without improvement"]
+        measure = "the best selection score"
+    else:
+        bound = "upper" if sign < 0 else "lower"
+        measure = f"the best variant's {guards.confidence:.0%} {bound} bound"
+        floor = (
+            f"{measure} {_num(reached, sign)}" if reached is not None else f"no {bound} bound yet (nothing replicated)"
+        )
+        parts = [
+            f"continue: {floor} (best single trial {_num(best, sign)})",
+            f"{stale} cycle(s) without the {bound} bound {'falling' if sign < 0 else 'rising'} by min_delta",
+        ]
+    if facts.target is not None:
+        target = f"target {_num(facts.target, sign)} not yet met"
+        parts.append(f"{target}: {measure} is {_num(reached, sign)}" if reached is not None else target)
+    return ", ".join([*parts, f"{left} cycle(s) left"])
 
 
 # The stop rules of the campaign's budgets (`spent_budgets`): a resume re-decides them at once when the run stopped

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pandas as pd
 
 from ralph_ray import sql
 from ralph_ray.environment import ENV_FILE
@@ -84,9 +85,14 @@ def main() -> int:
     labels = splits.labels()
     scores = score_predictions(work / "predictions.npz", labels)
     sign = labels.metric.sign  # scores are oriented (a min metric's are -value): printed as the metric's values
+    metric = (recorded.get("metric") or {}).get("name") or labels.metric.name
+    shown = lambda score: "-" if score is None else f"{score:.4f}"  # noqa: E731
+    # For a reader, with the metric named (stderr); the JSON line on stdout keeps its keys for scripts
+    print(f"selection {metric} {shown(sign * scores.selection)} (recorded {shown(recorded['selection_score'])}), "
+          f"test {metric} {shown(sign * scores.test)} (recorded {shown(recorded['test_score'])})", file=sys.stderr)
     print(json.dumps({"selection_score": sign * scores.selection, "test_score": sign * scores.test,
                       "recorded_selection_score": recorded["selection_score"],
-                      "recorded_test_score": recorded["test_score"]}))
+                      "recorded_test_score": recorded["test_score"], "metric": metric}))
     return 0
 
 
@@ -114,6 +120,12 @@ class Step:
     rationale: str | None
     selection_score: float | None
     files_dir: Path
+
+
+def run_config(run: pd.Series) -> dict[str, Any]:
+    """The runs row's config as a dict; {} where it has none (None, or NaN as pandas may give a missing value)."""
+    config = run.get("config")
+    return json.loads(str(config)) if pd.notna(config) and config else {}
 
 
 def export(
@@ -162,7 +174,7 @@ def export(
     train.write_text(rewrite_knobs(train.read_text(), {k: v for k, v in knobs.items() if k in present}))
     (out / "diff_vs_seed.patch").write_text(unified_diff(seed.files_dir, trainer))
     trial = _trial(con, run_id, str(final["trial_id"] if final else best["best_trial_id"]))
-    task = json.loads(str(run.iloc[0]["config"] or "{}")).get("task") or {}
+    task = run_config(run.iloc[0]).get("task") or {}
     scores = (
         _final_scores(final, best)
         if final
@@ -186,7 +198,8 @@ def export(
     if trial["work_dir"] and checkpoint.is_dir():
         shutil.copytree(checkpoint, out / "checkpoint")
     (out / "reproduce.py").write_text(REPRODUCE)
-    (out / "README.md").write_text(_card(run, chain, knobs, scores, (out / "checkpoint").exists()))
+    budget_s = (run_config(run.iloc[0]).get("trial") or {}).get("budget_s")
+    (out / "README.md").write_text(_card(run, chain, knobs, scores, (out / "checkpoint").exists(), budget_s))
     return out
 
 
@@ -329,8 +342,16 @@ def _as_values(scores: dict[str, Any], sign: float, task: dict[str, Any]) -> dic
     return out
 
 
-def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, Any], checkpoint: bool) -> str:
-    """The bundle's README: what it is, how it scored, how it came to be, how to run it."""
+def _card(
+    run: Any,
+    chain: list[Step],
+    knobs: dict[str, Any],
+    scores: dict[str, Any],
+    checkpoint: bool,
+    budget_s: float | None = None,
+) -> str:
+    """The bundle's README: what it is, how it scored, how it came to be, how to run it (`budget_s`: the search
+    trials' `trial.budget_s`, None where the campaign set none)."""
     r, v = run.iloc[0], chain[-1]
     rep = scores["replicates"]
     steps = "\n".join(
@@ -340,7 +361,7 @@ def _card(run: Any, chain: list[Step], knobs: dict[str, Any], scores: dict[str, 
     )
     extra = f", `checkpoint/` (trial `{scores['trial_id']}`'s)" if checkpoint else ""
     knob_lines = "\n".join(f"- `{k} = {v!r}`" for k, v in knobs.items())
-    how = _trained(scores)
+    how = _trained(scores, budget_s)
     metric = scores["metric"]
     return f"""# Variant {v.variant_id} of campaign {r["run_id"]} ({r["experiment"]}, task {r["task"]})
 
@@ -384,13 +405,18 @@ Scores reproduce within the noise of one training run (seed {scores["seed"]}; GP
 """
 
 
-def _trained(scores: dict[str, Any]) -> str:
-    """Which training the bundle ships: the campaign's final training (how long, what it added) or the search's."""
+def _trained(scores: dict[str, Any], budget_s: float | None = None) -> str:
+    """Which training the bundle ships: the campaign's final training (how long, what it added) or the search's (with
+    the search trials' budget where `trial.budget_s` was set)."""
     final = scores.get("final_training")
     if final is None:
-        return (
-            "Trained as the search ran it: the variant's best search trial (`trial.budget_s` of the campaign's config)."
+        # Named only where set (user trial: the card cited `trial.budget_s` for a campaign that set none)
+        budget = (
+            f"a {budget_s:g}-s budget, `trial.budget_s` of the campaign's config"
+            if budget_s is not None
+            else "no time budget: the trainer's own epochs"
         )
+        return f"Trained as the search ran it: the variant's best search trial ({budget})."
     budget = "" if scores.get("budget_s") is None else f" of a {scores['budget_s']:.0f}-s budget"
     seconds = "-" if final["train_seconds"] is None else f"{final['train_seconds']:.0f}"
     added = (

@@ -25,7 +25,14 @@ from ralph_ray.agents.base import ParentView
 from ralph_ray.children import Breeder, CampaignBudget, Child, analyse_parents, grow, judge, seed_child
 from ralph_ray.config import Config, sandbox_policy
 from ralph_ray.control import stop_requested
-from ralph_ray.decision import StopReason, budgets_line, decide, gate_fail_streak
+from ralph_ray.decision import (
+    CUT_BY_STOP_REASON,
+    NO_SCORE_REASON,
+    StopReason,
+    budgets_line,
+    decide,
+    gate_fail_streak,
+)
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
 from ralph_ray.kb import KnowledgeBase
@@ -161,11 +168,17 @@ class Campaign:
             self._advance(Phase.train)
             return
         pop, rng = self.cfg.population, random.Random(self.cfg.agent.seed * 1000 + self.state.cycle)
-        picks = select_parents(
-            history.ranked(self.kb.reader(), self.run_id), pop.parents, pop.explore, pop.one_per_lineage, rng
-        )
+        rows = history.ranked_with_ranks(self.kb.reader(), self.run_id)  # the leaderboard's order: rank 1 is the pick
+        picks = select_parents([c for c, _ in rows], pop.parents, pop.explore, pop.one_per_lineage, rng)
         self.files.save_parents(picks)
-        names = ", ".join(f"{p.variant_id} ({self.cfg.metric_sign() * p.selection_score:.4f})" for p in picks)
+        # Its leaderboard rank, as `status` and the app show it, says why a parent is there (rank 1: the pick; a later
+        # one: exploration or another lineage); the score is its best trial, which is not what ranks a replicated one.
+        rank = {c.variant_id: r for c, r in rows}
+        names = ", ".join(
+            f"{p.variant_id} (rank {rank[p.variant_id] or '-'}, "
+            f"best trial {self.cfg.metric_sign() * p.selection_score:.4f})"
+            for p in picks
+        )
         self._phase("select", names or "no parent: nothing has completed")
         self._advance(Phase.analyse)
 
@@ -374,8 +387,9 @@ class Campaign:
             history.best_trial(con, self.run_id),
             gate_fail_streak(state.gate_fail_streak, [c.status for c in asked], self.coder is not None),
         )
+        # This cycle's verdicts are written above: a child discarded now is left out of the floor as earlier ones are.
         if reps is not None:
-            floor = replicates.campaign_floor(reps, guards.confidence)
+            floor = replicates.campaign_floor(reps, guards.confidence, history.discarded(self.kb.reader(), self.run_id))
             state.floor_by_cycle = state.floor_by_cycle[: cycle - 1] + [floor]
         self._put(
             "cycles",
@@ -394,7 +408,15 @@ class Campaign:
         kept = [f"{c.variant_id} (+{' + '.join(c.interventions)})" for c in children if c.status is VariantStatus.kept]
         shown = self.cfg.metric_sign() * (state.best_selection_score or 0.0)  # the metric's value (stored oriented)
         best_text = f"{shown:.4f} ({state.best_variant_id})" if best else "-"
-        self._phase("record", f"best so far {best_text}; kept: {', '.join(kept) or 'none'}")
+        # The best single trial may be a discarded child's luck: the pick (rank 1, as `status` names it) is said
+        # beside it, so "kept: none" never reads as contradicted by the id before it (review).
+        pick = history.pick(self.kb.reader(), self.run_id) or "-"
+        self._phase("record", f"best single trial {best_text}; pick {pick}; kept: {', '.join(kept) or 'none'}")
+        for child in children:  # a child discarded unjudged says why, and how to have such children judged
+            if child.reason in (NO_SCORE_REASON, CUT_BY_STOP_REASON):
+                self._log(
+                    f"  child {child.variant_id} (+{' + '.join(child.interventions)}): discarded ({child.reason})"
+                )
         state.phase = Phase.decide
         state.save(self.run_dir)
 

@@ -83,16 +83,25 @@ def load_data() -> Dataset:
     if missing:
         sys.exit(f"{root} lacks {', '.join(missing)}: run `python -m ralph_ray.prepare` for this task again.")
     meta = json.loads((root / "meta.json").read_text())
-    # Copy-on-write: writable arrays (torch.as_tensor warned "The given NumPy array is not writable" in every trial of
-    # a user's trainer) whose writes stay in this process's memory; the files are read-only to trainers anyway.
-    load = lambda name: np.load(root / name, mmap_mode="c")  # noqa: E731
     return Dataset(
-        train_x=load("train_x.npy"),
-        train_y=load("train_y.npy"),
-        selection_x=load("selection_x.npy"),
-        test_x=load("test_x.npy"),
+        train_x=_load(root / "train_x.npy"),
+        train_y=_load(root / "train_y.npy"),
+        selection_x=_load(root / "selection_x.npy"),
+        test_x=_load(root / "test_x.npy"),
         num_classes=int(meta["num_classes"]),
     )
+
+
+def _load(path: Path) -> np.ndarray:
+    """One public array, memory-mapped copy-on-write: writable arrays (torch.as_tensor warned "The given NumPy array is
+    not writable" in every trial of a user's trainer) whose writes stay in this process's memory."""
+    try:
+        return np.load(path, mmap_mode="c")
+    except ValueError as err:  # an object array, saved before prepare turned text into fixed-width strings
+        sys.exit(
+            f"{path} cannot be memory-mapped ({err}): run `python -m ralph_ray.prepare` for this task again; it "
+            "saves text as fixed-width strings and refuses other Python objects"
+        )
 
 
 def public_file(name: str) -> Path:

@@ -21,7 +21,7 @@ from ralph_ray.decision import CycleFacts
 from ralph_ray.population import Candidate, branch_of
 from ralph_ray.state import CampaignState
 from ralph_ray.statuses import STOPPED_WITH_CYCLE
-from ralph_ray.variants import files_dir
+from ralph_ray.variants import VariantStatus, files_dir
 
 
 @dataclass(frozen=True)
@@ -41,16 +41,35 @@ def started_at(con: duckdb.DuckDBPyConnection, run_id: str) -> datetime | None:
 
 def variant_scores(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, tuple[float, float | None]]:
     """Each variant with a completed trial: (best selection score, that trial's test score)."""
-    return {v: (score, test) for v, score, _, test in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()}
+    return {v: (score, test) for v, score, _, test, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()}
 
 
 def ranked(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Candidate]:
     """The parent candidates, best first: variants with a completed trial, their best knobs and branch."""
+    return [candidate for candidate, _ in ranked_with_ranks(con, run_id)]
+
+
+def ranked_with_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[Candidate, int | None]]:
+    """The parent candidates, best first, each with its leaderboard rank (what `status` and the app show)."""
     parents = {row[0]: row[1] for row in con.execute(sql.VARIANT_PARENTS, [run_id]).fetchall()}
     return [
-        Candidate(v, float(score), json.loads(knobs or "{}"), branch_of(v, parents))
-        for v, score, knobs, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()
+        (Candidate(v, float(score), json.loads(knobs or "{}"), branch_of(v, parents)), rank)
+        for v, score, knobs, _, rank in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()
     ]
+
+
+def discarded(con: duckdb.DuckDBPyConnection, run_id: str) -> frozenset[str]:
+    """The variants of this run a verdict discarded, as each stands now (the campaign's floor leaves them out)."""
+    cursor = con.execute(sql.VARIANTS_FOR_RUN, [run_id])
+    columns = [d[0] for d in cursor.description]
+    at_id, at_status = columns.index("variant_id"), columns.index("status")
+    return frozenset(row[at_id] for row in cursor.fetchall() if row[at_status] == VariantStatus.discarded.value)
+
+
+def pick(con: duckdb.DuckDBPyConnection, run_id: str) -> str | None:
+    """The campaign's pick (sql.PICK: the leaderboard's rank 1), or None before any completed trial."""
+    row = con.execute(sql.PICK, [run_id]).fetchone()
+    return row[0] if row else None
 
 
 def known_variants(con: duckdb.DuckDBPyConnection, run_id: str) -> frozenset[str]:
@@ -78,9 +97,14 @@ def parent_view(
     and curves, the interventions of its lineage, its children so far in this run, and the task's program.md."""
     files = bake(files_dir(variants_root, parent.variant_id), parent.best_knobs, baked)
     program = trainer_dir / "program.md"
+    others: dict[tuple[str, int], dict[str, float]] = {}
+    for trial_id, epoch, metric, value in con.execute(
+        sql.VARIANT_OTHER_METRICS, [run_id, parent.variant_id]
+    ).fetchall():
+        others.setdefault((trial_id, epoch), {})[metric] = value
     curves: dict[str, list[EpochPoint]] = {}
-    for trial_id, *point in con.execute(sql.VARIANT_CURVES, [run_id, parent.variant_id]).fetchall():
-        curves.setdefault(trial_id, []).append(EpochPoint(*point))
+    for trial_id, epoch, *point in con.execute(sql.VARIANT_CURVES, [run_id, parent.variant_id]).fetchall():
+        curves.setdefault(trial_id, []).append(EpochPoint(epoch, *point, others=others.get((trial_id, epoch), {})))
     trials = [
         TrialSummary(trial_id, status, reason, json.loads(knobs or "{}"), score, curves.get(trial_id, []))
         for trial_id, status, reason, knobs, score in con.execute(

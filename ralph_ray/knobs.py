@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard, cast
 
@@ -19,6 +19,16 @@ KNOB_ALIASES = {
     "DEPTH": ("N_LAYERS", "NUM_LAYERS", "N_BLOCKS", "NUM_BLOCKS"),
     "WEIGHT_DECAY": ("WD",),
 }
+
+
+def epochs_knob(knobs: Mapping[str, Any], searched: Container[str] = ()) -> str | None:
+    """The trainer's epochs knob: the first of EPOCHS and its aliases that is `searched` or a whole-number literal."""
+    for name in ("EPOCHS", *KNOB_ALIASES["EPOCHS"]):
+        value = knobs.get(name)
+        if name in searched or (isinstance(value, int) and not isinstance(value, bool)):
+            return name
+    return None
+
 
 # CPython 3.11's AST constructor is not thread-safe ("AST constructor recursion depth mismatch" when two
 # threads parse at once), and children are written and gated in a thread pool: every parse goes through here.
@@ -52,7 +62,7 @@ def rewrite_knobs(source: str, overrides: dict[str, Any]) -> str:
         value = nodes[name].value
         if value.lineno != value.end_lineno:
             raise KnobError(f"knob {name} spans several lines; keep knob values on one line")
-        text = _literal(name, overrides[name])
+        text = _literal(name, _as_written(value, overrides[name]))
         line = lines[value.lineno - 1]
         start, end = _char_offset(line, value.col_offset), _char_offset(line, value.end_col_offset)  # type: ignore[arg-type]
         lines[value.lineno - 1] = line[:start] + text + line[end:]
@@ -99,6 +109,17 @@ def _is_literal(node: ast.expr) -> bool:
     return True
 
 
+def _as_written(node: ast.expr, value: Any) -> Any:
+    """A list or tuple value in the container the trainer wrote (`HIDDEN = (128, 64)` stays a tuple): a list where the
+    trainer has a tuple breaks a dataclass field that defaults to it ("mutable default ... is not allowed")."""
+    if isinstance(value, (list, tuple)):
+        if isinstance(node, ast.Tuple):
+            return tuple(value)
+        if isinstance(node, ast.List):
+            return list(value)
+    return value
+
+
 def _literal(name: str, value: Any) -> str:
     """A Python literal for a sampled value; numpy scalars become plain numbers."""
     if hasattr(value, "item"):
@@ -123,6 +144,8 @@ class Bounds:
     high: float
     integer: bool = False  # an int range: whole numbers only
     choices: tuple[float, ...] = ()
+    log: bool = False  # a loguniform range
+    span: float = 2.0  # the factors' range, [1/span, span] (search.relative_span)
 
     def bound(self, value: float, integer: bool = False) -> Any:
         """`value` in the declared space: clipped to [low, high] (rounded where `integer`), or its nearest choice."""
@@ -138,13 +161,71 @@ class Bounds:
             return min(max(int(round(clipped)), low), high)
         return clipped
 
+    def scaled(self, base: float, factor: float, integer: bool = False) -> Any:
+        """The value a trial trains for `factor` on a variant's own value `base`.
+
+        A base that factors cannot move (0: DROPOUT = 0.0 trained 0.0 for ever; one outside the space: every factor
+        clipped to the same bound) is searched over the whole space instead, the factor read as a place in it
+        (`outright`); factor 1, the variant as its coder wrote it, still trains `base` (held in the space).
+        """
+        value = float(base) * factor
+        if factor == 1.0:
+            return self.bound(value, integer)
+        if not self.moves(base, integer):
+            return self.outright(factor, integer)
+        # A factor past a range's bound is reflected back inside (by ratio, as the factors are ratios): clipped, half
+        # the samples of a variant at a bound trained that bound, its own value again (choices snap, as documented).
+        if self.choices:
+            pass
+        elif value > self.high and value * self.high > 0:
+            value = self.high * self.high / value
+        elif value < self.low and value * self.low > 0:
+            value = self.low * self.low / value
+        return self.bound(value, integer)
+
+    def moves(self, base: float, integer: bool = False) -> bool:
+        """Whether factors on `base` reach other values of the space: not for 0, nor for a base outside the space."""
+        if self.choices:
+            return base in self.choices
+        if base == 0 or not self.low <= base <= self.high:
+            return False
+        return any(self.bound(base * f, integer) != self.bound(base, integer) for f in (self.span, 1 / self.span))
+
+    def outright(self, factor: float, integer: bool = False) -> Any:
+        """A factor of [1/span, span] as the value at the same place of the whole space (on a log scale for a
+        loguniform range, in order for choices): a search over the declared space for a base factors cannot move."""
+        if self.choices:  # the factors are the ratios of the choices to the middle one (search.param_space)
+            ordered = sorted(self.choices)
+            return self.bound(factor * ordered[len(ordered) // 2])
+        share = min(max((math.log(max(factor, 1e-300)) / math.log(self.span) + 1) / 2, 0.0), 1.0)
+        whole = integer or self.integer
+        low, high = (self.low - 0.5, self.high + 0.5) if whole else (self.low, self.high)  # each int equally often
+        if self.log:
+            return self.bound(math.exp(math.log(self.low) + share * math.log(self.high / self.low)), integer)
+        return self.bound(low + share * (high - low), integer)
+
+    def factor_of(self, base: float, value: float, integer: bool = False) -> float:
+        """The factor that gives `value` for `base` (`scaled`'s inverse where it has one): a recorded trial as its
+        study's parameter when a resumed campaign rebuilds the study."""
+        if self.moves(base, integer) or value == base:
+            return float(value) / float(base) if base else 1.0
+        if self.choices:
+            ordered = sorted(self.choices)
+            return float(value) / ordered[len(ordered) // 2]
+        if self.log:
+            share = math.log(value / self.low) / math.log(self.high / self.low)
+        else:
+            share = (value - self.low) / (self.high - self.low)
+        return float(self.span ** (2 * min(max(share, 0.0), 1.0) - 1))
+
 
 def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: Mapping[str, Bounds]) -> dict[str, Any]:
     """The knob values a trial runs: sampled values as they are, and for `relative` knobs the sample is a factor
     on the variant's own value, so an agent's knob change is searched around, not undone.
 
     The factors compound over generations (a child's own value is its parent's sampled one), so each value is
-    kept in the space its knob was declared in (`relative[name]`).
+    kept in the space its knob was declared in (`relative[name]`); a value factors cannot move (0, or outside that
+    space) is searched over the whole space (`Bounds.scaled`).
     """
     knobs: dict[str, Any] = {}
     for name, value in config.items():
@@ -156,7 +237,7 @@ def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: Mapping
             # An int knob stays an int where its range is whole numbers (EPOCHS = 10 over [5, 20]); GAMMA = 1 over
             # [0.3, 0.9] takes the fractions it is searched over.
             whole = isinstance(base, int) and float(bounds.low).is_integer() and float(bounds.high).is_integer()
-            knobs[name] = bounds.bound(float(base) * float(value), integer=whole)
+            knobs[name] = bounds.scaled(base, float(value), integer=whole)
         else:
             knobs[name] = value
     return knobs

@@ -106,6 +106,8 @@ class TrialLedger(Callback):
         # Told the id of a trial Tune failed without telling its searcher (an actor reset that failed): the async
         # run frees the trial's slot in its ConcurrencyLimiter, which would otherwise count it live for good.
         self.on_silent_error = on_silent_error
+        # trial id -> why the scheduler stopped it (asha.NoiseAwareASHA fills it: `scheduler(cfg, ledger.stop_reasons)`)
+        self.stop_reasons: dict[str, str] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its run config; the sink (KB writer, console) lives only in this driver process.
@@ -153,7 +155,9 @@ class TrialLedger(Callback):
             return
         encoded = (trial.last_result or {}).get(PREDICTIONS_KEY)
         if encoded is None:
-            self._finish(trial, TrialStatus.stopped_early, (trial.last_result or {}).get(STOPPED_KEY))  # ASHA, budget
+            # the runner's budget stop says why in its result; an ASHA stop, in the scheduler's stop_reasons
+            reason = (trial.last_result or {}).get(STOPPED_KEY) or self.stop_reasons.get(trial.trial_id)
+            self._finish(trial, TrialStatus.stopped_early, reason)
             return
         try:
             scores = score_encoded(str(encoded), self.labels)

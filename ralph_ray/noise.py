@@ -182,7 +182,8 @@ def welch_greater(
 
 def floor(samples: dict[str, Sample], confidence: float) -> tuple[str, float] | None:
     """The variant whose lower confidence bound is highest, and that bound: the score the campaign has reached
-    with the stated confidence (what the plateau rule and the target read when replicates are on)."""
+    with the stated confidence (what the plateau rule and the target read when replicates are on; the campaign
+    passes only variants no verdict discarded, replicates.campaign_floor)."""
     bounds = [(v, b) for v, s in samples.items() if (b := lower_bound(s, confidence)) is not None]
     return max(bounds, key=lambda item: (item[1], item[0])) if bounds else None
 

@@ -4,7 +4,8 @@
 score), one Optuna study per member (ask/tell, TPE) and the queue of gated children. Three threads share it:
 Tune's (`suggest`), the ledger's sink (a finished trial is told to its study) and the breeder's (new children).
 `PopulationSearcher` is the thin Tune side. A slot goes to the first queued child that still has trials to
-start (its own knobs first, then TPE samples); with no child waiting, to a knob sample of a promising variant
+start (its own knobs first, then TPE samples; a knob-search child's are its parent's best trial's, so it starts
+with samples); with no child waiting, to a knob sample of a promising variant
 chosen as parents are (`population.select_parents`), so no slot waits for the agents.
 """
 
@@ -57,6 +58,8 @@ class Member:
     relative: bool  # knobs sampled as factors on its own values (children), or over the configured ranges (seed)
     wanted: int  # trials it is queued for (the first runs its own knobs); more may come as knob samples
     parent_score: float | None = None
+    # False for a knob-search child (children.reruns_parent): its own knobs would repeat its parent's best trial.
+    runs_own_first: bool = True
     started: int = 0
     finished: int = 0
     failed: int = 0
@@ -74,6 +77,11 @@ class Member:
     # Queued trials started and not finished yet (Tune trial ids). A knob sample of this member started in a free
     # slot may finish first (a queued trial lost its node and waits to resume): it must not stand in for it.
     queued_open: set[str] = field(default_factory=set)
+    # Its verdict found it no better than its parent: it ranks below every other member, as the leaderboard ranks
+    # it (sql._leaderboard), so no parent pick rests on a discarded child's luckier best trial. Unlike the
+    # leaderboard, the pool ranks the rest by their best search trial, not by a replicate mean (the replicates'
+    # scores are the campaign's replicates.Tally, not the pool's): async parents can differ from the pick.
+    discarded: bool = False
 
     def note_replicate(self, seed: int) -> None:
         """A replicate trial of this member was recorded."""
@@ -163,7 +171,8 @@ class Pool:
             return sum(1 for v in self.queue if self.members[v].waiting)
 
     def ranked(self, below_generation: int | None = None) -> list[Candidate]:
-        """Members with a completed trial, best first (optionally only those younger than a generation)."""
+        """Members with a completed trial, best first, discarded ones last (optionally only those younger than a
+        generation)."""
         with self.changed:
             parents = {m.variant_id: m.parent_id for m in self.members.values()}
             scored = [
@@ -171,16 +180,18 @@ class Pool:
                 for m in self.members.values()
                 if m.best is not None and (below_generation is None or m.generation < below_generation)
             ]
-            scored.sort(key=lambda m: (-(m.best or 0.0), m.best_order, m.variant_id))
+            scored.sort(key=lambda m: (m.discarded, *_by_best_trial(m)))
             return [
                 Candidate(m.variant_id, float(m.best or 0.0), dict(m.best_knobs), branch_of(m.variant_id, parents))
                 for m in scored
             ]
 
     def best(self) -> Member | None:
-        """The member with the best selection score so far."""
-        ranked = self.ranked()
-        return self.members[ranked[0].variant_id] if ranked else None
+        """The member with the best single search trial so far, discarded or not (state.json's best, as
+        sql.BEST_TRIAL); parents come from `ranked`."""
+        with self.changed:
+            scored = [m for m in self.members.values() if m.best is not None]
+            return min(scored, key=_by_best_trial, default=None)
 
     def warm_start(
         self, variant_id: str, trial_id: str, knobs: str | None, score: float | None, status: TrialStatus, order: int
@@ -285,10 +296,10 @@ class Pool:
 
     def _sample(self, member: Member, trial_id: str) -> dict[str, Any]:
         study = self._study(member)
-        if member.started == 0 and not study.trials:  # a child runs as its coder wrote it first
+        if member.started == 0 and not study.trials and member.runs_own_first:  # as its coder wrote it first
             study.enqueue_trial(clip_to_space(member.own_knobs, self.settings.space, member.relative))
         trial = study.ask(self._distributions(member))
-        moved = relative_knobs(self.settings.space) if member.relative else {}
+        moved = relative_knobs(self.settings.space, self.settings.relative_span) if member.relative else {}
         knobs = resolve_knobs(trial.params, member.own_knobs, moved)
         if member.waiting:
             member.queued_open.add(trial_id)
@@ -309,14 +320,18 @@ class Pool:
 
     def _params_of(self, member: Member, knobs: dict[str, Any]) -> dict[str, Any] | None:
         """A recorded trial's knob values as its study's params (factors for a relative member); None if outside."""
-        moved = relative_knobs(self.settings.space) if member.relative else {}
+        moved = relative_knobs(self.settings.space, self.settings.relative_span) if member.relative else {}
         params: dict[str, Any] = {}
         distributions = self._distributions(member)
         for name, dist in distributions.items():
             value = knobs.get(name)
             base = member.own_knobs.get(name)
-            if name in moved and isinstance(value, (int, float)) and isinstance(base, (int, float)) and base:
-                value = float(value) / float(base)
+            if name in moved and _numeric(value) and _numeric(base):
+                bounds = moved[name]
+                # The integer flag resolve_knobs scales with: without it a small int base's factor (outright over a
+                # whole-number range) gives back another value than the one recorded
+                whole = isinstance(base, int) and float(bounds.low).is_integer() and float(bounds.high).is_integer()
+                value = bounds.factor_of(base, value, integer=whole)  # type: ignore[arg-type]
             if value is None:
                 return None
             if isinstance(dist, optuna.distributions.CategoricalDistribution):
@@ -331,6 +346,11 @@ class Pool:
                 value = int(round(value)) if isinstance(dist, optuna.distributions.IntDistribution) else float(value)
             params[name] = value
         return params
+
+
+def _by_best_trial(member: Member) -> tuple[float, int, str]:
+    """Best search trial first; a tie to the first written (sql.BEST_TRIAL's order), then the variant id."""
+    return -(member.best or 0.0), member.best_order, member.variant_id
 
 
 def _numeric(value: Any) -> bool:

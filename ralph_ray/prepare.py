@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     from ralph_ray.tasks.base import (
         describe,
         scored_by_builtin,
+        text_memory_note,
         unscorable_targets,
         unusual_direction,
         write_public,
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(splits.test_y)} inputs)"
     )
     print(describe(splits.metric))
+    if note := text_memory_note(splits):
+        print(f"note: {note}")
     warning = unusual_direction(splits.metric)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

@@ -18,9 +18,10 @@ from ralph_ray.statuses import TrialStatus
 class LiveProgress(Callback):
     """A Tune callback drawing a rich panel; finished trials are also printed as log lines."""
 
-    def __init__(self, console: Console, title: str, total: int, sign: float = 1.0) -> None:
+    def __init__(self, console: Console, title: str, total: int, sign: float = 1.0, metric: str | None = None) -> None:
         self.console, self.title, self.total = console, title, total
         self.sign = sign  # -1 for a min metric: scores are stored as -value, and shown as the metric's values
+        self.metric = metric  # the task's metric (task.metric), named on each trial line
         self.running: set[str] = set()
         self.counts = {status: 0 for status in TrialStatus}
         self.best: float | None = None
@@ -49,11 +50,7 @@ class LiveProgress(Callback):
         self.counts[record.status] += 1
         if record.selection_score is not None and (self.best is None or record.selection_score > self.best):
             self.best = record.selection_score
-        score = (
-            f"selection={self.sign * record.selection_score:.4f} test={_shown(record.test_score, self.sign)}"
-            if record.selection_score is not None
-            else ""
-        )
+        score = scores_text(record.selection_score, record.test_score, self.sign, self.metric)
         reason = f" ({record.reason})" if record.reason else ""
         self.console.print(
             f"  trial {record.trial_id} {record.status.value:<13} epochs={record.epochs:<3} {score}{reason}  "
@@ -80,6 +77,14 @@ class LiveProgress(Callback):
             f"{time.monotonic() - self.start:.0f}s",
         )
         return table
+
+
+def scores_text(selection: float | None, test: float | None, sign: float, metric: str | None) -> str:
+    """A finished trial's scores on its console line, the metric named (`selection macro_f1=0.8327 test=0.8234`;
+    user trial: `selection=0.8327` said not which score it was), or '' where it has none."""
+    if selection is None:
+        return ""
+    return f"selection{' ' + metric if metric else ''}={_shown(selection, sign)} test={_shown(test, sign)}"
 
 
 def _shown(score: float | None, sign: float) -> str:

@@ -16,6 +16,7 @@ in its pool instead (popsearch). A resumed cycle runs only the replicates still 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -210,9 +211,11 @@ def comparisons(
     }
 
 
-def campaign_floor(reps: dict[str, Replicated], confidence: float) -> float | None:
-    """The score the campaign has reached with the stated confidence (noise.floor), or None before any."""
-    found = floor(samples(reps), confidence)
+def campaign_floor(reps: dict[str, Replicated], confidence: float, discarded: Collection[str]) -> float | None:
+    """The score the campaign has reached with the stated confidence (noise.floor), or None before any. A variant
+    its verdict `discarded` never counts: the pick ranks it last (sql._leaderboard), so a floor it raised would stop
+    the run "target met" (and reset the plateau count) on a variant the run does not pick (review)."""
+    found = floor(samples({v: r for v, r in reps.items() if v not in discarded}), confidence)
     return found[1] if found else None
 
 
@@ -317,7 +320,7 @@ def run(
     tag = label.replace(" ", "_")
     spec = trial_spec(cfg, [], cycle_dir / "trials", data, relative=False)
     spec = replace(spec, code=replace(spec.code, variants={v: read_files(path) for v, path in files.items()}))
-    progress = LiveProgress(console, f"cycle {cycle} {label}", len(configs), cfg.metric_sign())
+    progress = LiveProgress(console, f"cycle {cycle} {label}", len(configs), cfg.metric_sign(), cfg.task.metric)
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         sink(trial, epoch_rows)
@@ -357,7 +360,7 @@ def run(
 
 def best_knobs(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, dict[str, Any]]:
     """Each variant's best search trial's knobs (what its replicates run)."""
-    return {v: json.loads(k or "{}") for v, _, k, _ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()}
+    return {v: json.loads(k or "{}") for v, _, k, *_ in con.execute(sql.VARIANT_SCORES, [run_id]).fetchall()}
 
 
 def say(configs: list[dict[str, Any]], log: Callable[[str], None]) -> None:

@@ -41,7 +41,8 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
 
     metric = f"{task.get('metric') or 'accuracy'}, {'lower' if sign < 0 else 'higher'} is better"
     last = decisions[-1] if decisions else {}
-    best = board[0] if board else None
+    # A variant with no completed trial is no one's best (user trial: a failed run's report named its seed, 0 done)
+    best = board[0] if board and board[0]["selection_score"] is not None else None
     seed_id = next((v for v, row in variants.items() if row.get("status") == "seed"), None)
     kept = [i for i in interventions if i["outcome"] == "kept"]
     seed_row = _one(con, sql.LEADERBOARD_ROW, [run_id, seed_id]) if seed_id else {}
@@ -54,10 +55,12 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         f"- outcome: {last.get('decision', 'running')} after cycle {last.get('cycle', '-')}, reason "
         f"**{last.get('reason', '-')}** "
         f"(exit code {last.get('exit_code', '-')}): {last.get('rationale', '')}",
-        f"- best variant: {best['variant_id'] if best else '-'}, selection "
-        f"{_f(best and value(best['selection_score']))}, "
-        f"test {_f(best and value(best['test_score']))}; over its replicates (fresh seeds, 95% t interval): "
-        f"{spread(best)}",
+        (
+            f"- best variant: {best['variant_id']}, selection {_f(value(best['selection_score']))}, "
+            f"test {_f(value(best['test_score']))}; over its replicates (fresh seeds, 95% t interval): {spread(best)}"
+            if best
+            else "- best variant: none (no variant has a completed trial)"
+        ),
         f"- seed variant: {seed_id or '-'}, selection {_f(value(seed_row.get('selection_score')))}, test "
         f"{_f(value(seed_row.get('test_score')))} "
         f"(its best knob sample in cycle 1); over its replicates: {spread(seed_row)}",
@@ -67,7 +70,7 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         "",
         "## Cost",
         "",
-        f"- cycles: {budget.get('cycles', 0) if budget else 0}, trials: {budget.get('trials', 0) if budget else 0}, "
+        f"- cycles: {_cycles(last, budget)}, trials: {budget.get('trials', 0) if budget else 0}, "
         f"trial-hours: {_f(budget and budget['trial_hours'])}",
         f"- wall time: {_f(last.get('elapsed_s'), 0)} s",
         f"- peak memory per trial: {_peak_memory(con.execute(sql.PEAK_MEMORY_FOR_RUN, [run_id]).fetchone())}",
@@ -89,10 +92,12 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     for row in board:
         lines.append(
             f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | "
-            f"{row['status']} | "
+            f"{row['status']}{UNJUDGED if _unjudged(row) else ''} | "
             f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {spread(row)} | "
             f"{row['completed']}/{row['stopped_early']}/{row['failed']} |"
         )
+    if any(_unjudged(row) for row in board):
+        lines += ["", UNJUDGED_NOTE]
     lines += [
         "",
         "## Interventions",
@@ -119,7 +124,9 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     lines += ["", "## Decisions", ""]
     lines += [f"- cycle {d['cycle']}: {d['decision']} ({d['reason']}): {d['rationale']}" for d in decisions]
     lines += ["", "## Best variant vs the seed", ""]
-    if best and seed_id and best["variant_id"] != seed_id and best["variant_id"] in variants and seed_id in variants:
+    if best is None:
+        lines.append("None: no variant has a completed trial.")
+    elif best and seed_id and best["variant_id"] != seed_id and best["variant_id"] in variants and seed_id in variants:
         diff = unified_diff(Path(variants[seed_id]["files_dir"]), Path(variants[best["variant_id"]]["files_dir"]))
         lines += ["```diff", diff.rstrip("\n"), "```"]
     else:
@@ -190,6 +197,15 @@ class Point:
     test: float | None
 
 
+def _cycles(last: dict[str, Any], budget: dict[str, Any]) -> int:
+    """The cycles the run went through: the last decision's cycle, as the outcome line and `status` count them; the
+    KB's cycles rows where no decision was made yet. An async run records a cycles row per lineage depth, not per
+    generation closed (user trial: "cycles: 3" under "stop after cycle 4")."""
+    if last.get("cycle") is not None:
+        return int(last["cycle"])
+    return int(budget.get("cycles", 0)) if budget else 0
+
+
 def _peak_memory(row: tuple[Any, ...] | None) -> str:
     """`trainer RSS up to 412 MiB (median 388, 12 trial(s)); GPU up to 2,310 MiB (12 trial(s))`, or `not recorded`."""
     if not row or not row[2]:
@@ -237,9 +253,23 @@ def cost_section(trials: list[dict[str, Any]], train_s: dict[str, float], value:
     return lines
 
 
+def running_best(timeline: list[dict[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+    """Each scored search trial in time order with the best selection score so far (oriented). Replicates are left
+    out, as the cost front leaves them out: a fresh seed of knobs already ranked is luck, not progress (user trial:
+    the line peaked at a replicate's 0.8586 above the 0.8490 that status and the report named best)."""
+    best, running = [], float("-inf")
+    for t in timeline:
+        if t["selection_score"] is None or t.get("replicate"):
+            continue
+        running = max(running, t["selection_score"])
+        best.append((t, running))
+    return best
+
+
 def plot_progress(timeline: list[dict[str, Any]], path: Path, sign: float = 1.0, metric: str | None = None) -> None:
-    """Every completed trial as a point by time, kept vs discarded variants in two colours, the best as a step line;
-    scores as the metric's values (`sign` -1: a min metric's, stored as -value)."""
+    """Every completed trial as a point by time, kept vs discarded variants in two colours (replicates hollow), the
+    best search trial so far as a step line; scores as the metric's values (`sign` -1: a min metric's, stored as
+    -value)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -249,20 +279,40 @@ def plot_progress(timeline: list[dict[str, Any]], path: Path, sign: float = 1.0,
     done = [t for t in timeline if t["selection_score"] is not None]
     if done:
         start = min(t["written_at"] for t in timeline)
-        minutes = [(t["written_at"] - start).total_seconds() / 60 for t in done]
-        kept = [t["variant_status"] in KEPT_LIKE for t in done]
+
+        def minutes(t: dict[str, Any]) -> float:
+            return (t["written_at"] - start).total_seconds() / 60
+
         for flag, colour, label in (
             (True, "tab:green", "kept variant (or seed)"),
             (False, "tab:gray", "discarded variant"),
         ):
-            xs = [m for m, k in zip(minutes, kept) if k is flag]
-            ys = [sign * t["selection_score"] for t, k in zip(done, kept) if k is flag]
-            ax.scatter(xs, ys, s=18, c=colour, label=label, alpha=0.8)
-        best, running = [], float("-inf")
-        for t in done:
-            running = max(running, t["selection_score"])
-            best.append(sign * running)
-        ax.step(minutes, best, where="post", color="tab:blue", label="running best")
+            for replicate in (False, True):
+                shown = [
+                    t
+                    for t in done
+                    if (t["variant_status"] in KEPT_LIKE) is flag and bool(t.get("replicate")) is replicate
+                ]
+                if not shown and replicate:
+                    continue
+                ax.scatter(
+                    [minutes(t) for t in shown],
+                    [sign * t["selection_score"] for t in shown],
+                    s=18,
+                    c="none" if replicate else colour,
+                    edgecolors=colour,
+                    label=f"{label}, replicate" if replicate else label,
+                    alpha=0.8,
+                )
+        steps = running_best(done)
+        if steps:
+            ax.step(
+                [minutes(t) for t, _ in steps],
+                [sign * best for _, best in steps],
+                where="post",
+                color="tab:blue",
+                label="best search trial so far",
+            )
         ax.legend(loc="best" if sign < 0 else "lower right")
     else:
         ax.text(0.5, 0.5, "no completed trial yet", ha="center", va="center", transform=ax.transAxes)
@@ -273,6 +323,20 @@ def plot_progress(timeline: list[dict[str, Any]], path: Path, sign: float = 1.0,
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# A discarded child no trial of which completed was never judged (decision.NO_SCORE_REASON): the table says so, and
+# how to have such children judged (a user's table showed `discarded` and `-` with the reason only in events.jsonl).
+UNJUDGED = " (not judged: no trial completed)"
+UNJUDGED_NOTE = (
+    "Not judged: ASHA (or the campaign's own stop) ended every trial of the variant before its last epoch, so it was "
+    "discarded without a score; to have such children judged, raise `scheduler.grace_period` or "
+    "`population.trials_per_child`."
+)
+
+
+def _unjudged(row: dict[str, Any]) -> bool:
+    return row["status"] == "discarded" and not row["completed"] and bool(row["stopped_early"])
 
 
 def fetch_rows(con: Any, query: str, params: list[Any]) -> list[dict[str, Any]]:

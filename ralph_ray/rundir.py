@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from ralph_ray.children import Child
+from ralph_ray.children import Child, write_meta
 from ralph_ray.config import Config, SafeguardsConfig
 from ralph_ray.decision import BUDGET_REASONS, Spent, spent_budgets
 from ralph_ray.gate import write_smoke_data
@@ -172,8 +172,12 @@ class CycleFiles:
         return json.loads((self.path / RECOMMENDATIONS_FILE).read_text() or "{}")
 
     def save_children(self, children: list[Child]) -> None:
-        """The cycle's children as they stand (write saves them, record saves their verdicts)."""
+        """The cycle's children as they stand (write saves them, record saves their verdicts), in children.json and
+        each variant's meta.json."""
         (self.path / "children.json").write_text(json.dumps([c.as_json() for c in children], indent=2, default=str))
+        for child in children:
+            if (child.files_dir.parent / "diff.patch").exists():  # a variant folder (variants/<id>/), never a user's
+                write_meta(child)
 
     def children(self) -> list[Child]:
         """The cycle's children (none before write)."""

@@ -2,7 +2,9 @@
 
 All of a cycle's children run in the same Tune run, with the variant as one more categorical parameter, so
 ASHA compares code variants against each other, not only knob settings. Each child's own knob values are
-enqueued first (Optuna's warm start), so every child is tried exactly as its coder wrote it.
+enqueued first (Optuna's warm start), so every child is tried, and exactly as its coder wrote it (agent=none's
+knob-search child starts from a point drawn from the space: its own knobs are its parent's best trial's,
+`children.reruns_parent`).
 
 `run_cycle` is the one call the orchestrator makes: it builds the trial spec, the ledger (frozen scoring, KB
 rows), the stopper (STOP file, campaign deadline) and the live progress view, and runs the Tune run.
@@ -16,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 from ray.tune.search import BasicVariantGenerator
@@ -24,7 +27,7 @@ from rich.console import Console
 
 from ralph_ray import dataparallel, forecast, harness, pbt
 from ralph_ray.asha import NoiseAwareASHA
-from ralph_ray.children import Child
+from ralph_ray.children import Child, reruns_parent
 from ralph_ray.config import Config, KnobSpace, SamplerKind, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.events import TrialStarts
@@ -70,6 +73,46 @@ def param_space(space: dict[str, KnobSpace], relative: bool = False, span: float
     return domains
 
 
+def first_points(
+    children: list[Child], tried: set[str], space: dict[str, KnobSpace], relative: bool, span: float, seed: int
+) -> list[dict[str, Any]]:
+    """One first point for each child not `tried` yet, so each is tried at least once whatever Optuna samples for
+    the variant: its own knobs, or for a knob-search child (its own knobs are its parent's best trial's,
+    `reruns_parent`) a point drawn once from the space."""
+    return [
+        {
+            "variant": c.variant_id,
+            **(
+                drawn_point(space, c.own_knobs, relative, span, seed + index)
+                if reruns_parent(c)
+                else clip_to_space(c.own_knobs, space, relative)
+            ),
+        }
+        for index, c in enumerate(children)
+        if c.variant_id not in tried
+    ]
+
+
+def drawn_point(
+    space: dict[str, KnobSpace], own: dict[str, Any], relative: bool, span: float, seed: int
+) -> dict[str, Any]:
+    """A point of the cycle's space drawn once (from `seed`) that is not `own`'s (in a relative search: not every
+    factor 1), so a knob-search child's first trial is not its parent's best trial again; `own`'s where the space
+    holds no other point."""
+    domains = param_space(space, relative, span)
+    mine = clip_to_space(own, space, relative)
+    rng = np.random.default_rng(seed)
+    for _ in range(32):  # a space of few points can draw `own`'s again: draw anew
+        point = {name: _plain(domain.sample(random_state=rng)) for name, domain in domains.items()}
+        if point != mine:
+            return point
+    return mine
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value  # Optuna's points hold Python values
+
+
 def _choice_ratios(values: list[Any]) -> list[float]:
     ordered = sorted(values)
     middle = ordered[len(ordered) // 2]
@@ -87,11 +130,12 @@ class SearchPlan:
     relative: bool = False  # knobs sampled as factors on each variant's own values
 
 
-def scheduler(cfg: Config) -> TrialScheduler:
+def scheduler(cfg: Config, stops: dict[str, str] | None = None) -> TrialScheduler:
     """ASHA over epochs (over training seconds under trial.budget_s), or FIFO (every trial to the end) for baselines.
 
-    ASHA is Tune's ASHAScheduler with a noise margin at its rungs (`scheduler.margin`, ralph_ray.asha).
-    scheduler=pbt needs the cycle's search space: `run_search` builds it (ralph_ray.pbt).
+    ASHA is Tune's ASHAScheduler with a noise margin at its rungs (`scheduler.margin`, ralph_ray.asha); it writes why
+    it stopped a trial into `stops` (the ledger's stop_reasons). scheduler=pbt needs the cycle's search space:
+    `run_search` builds it (ralph_ray.pbt).
     """
     if cfg.scheduler.name is SchedulerKind.fifo or cfg.scheduler.name.population_based:
         return FIFOScheduler()
@@ -105,6 +149,7 @@ def scheduler(cfg: Config) -> TrialScheduler:
         return NoiseAwareASHA(
             margin=margin,
             z=sched.margin_z,
+            stops=stops,
             time_attr=harness.TRAIN_SECONDS,
             max_t=2 * budget + cfg.trial.grace_s,
             grace_period=budget * sched.grace_period / sched.max_t,
@@ -113,6 +158,7 @@ def scheduler(cfg: Config) -> TrialScheduler:
     return NoiseAwareASHA(
         margin=margin,
         z=sched.margin_z,
+        stops=stops,
         # ASHA stops any trial that reaches max_t, which would race the trial's final scoring report; one past the
         # last epoch lets a finished trainer end on its own. A rung at the last epoch (it could save none) is dropped.
         last=sched.max_t,
@@ -162,11 +208,13 @@ def run_search(
     callbacks: list[tune.Callback],
     stopper: tune.Stopper | None = None,
     segments: pbt.SegmentLog | None = None,
+    stops: dict[str, str] | None = None,
 ) -> tune.ResultGrid:
     """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`).
 
     Under scheduler=pbt, `segments` hears of each exploit step; Tune's PBT takes no searcher, so the children's
     own knobs go first and the other trials sample the space at random (a population, not a sequential search).
+    ASHA writes why it stopped a trial into `stops` (the ledger's stop_reasons).
     """
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec),
@@ -193,7 +241,7 @@ def run_search(
     }
     points = list(plan.first_points) or None
     searcher: Any = OptunaSearch(sampler=optuna_sampler(cfg.search.sampler, plan.seed), points_to_evaluate=points)
-    chosen = scheduler(cfg)
+    chosen = scheduler(cfg, stops)
     if cfg.scheduler.name.population_based:
         searcher = BasicVariantGenerator(points_to_evaluate=points, random_state=plan.seed)
         sched = cfg.scheduler
@@ -270,7 +318,7 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
         {c.variant_id: read_files(c.files_dir) for c in children},
         sha256_file(Path(harness.__file__)),
         own_knobs={c.variant_id: c.own_knobs for c in children},
-        relative=relative_knobs(cfg.search.space) if relative else {},
+        relative=relative_knobs(cfg.search.space, cfg.search.relative_span) if relative else {},
     )
     budget = cfg.trial.budget_s  # the trainer's deadline (harness.time_left) and the runner's stop past it + grace
     parallel = cfg.resources.data_parallel
@@ -340,20 +388,11 @@ def run_cycle(
     )
     relative = cfg.search.relative and cycle > 1  # the seed's cycle searches the configured ranges
     tried = set(done)
-    points = [
-        {"variant": c.variant_id, **clip_to_space(c.own_knobs, cfg.search.space, relative)}
-        for c in children
-        if c.variant_id not in tried
-    ]
-    plan = SearchPlan(
-        [c.variant_id for c in children],
-        points[:remaining],
-        remaining,
-        cfg.search.seed + 7919 * cycle + len(done),
-        relative,
-    )
+    seed = cfg.search.seed + 7919 * cycle + len(done)
+    points = first_points(children, tried, cfg.search.space, relative, cfg.search.relative_span, seed)
+    plan = SearchPlan([c.variant_id for c in children], points[:remaining], remaining, seed, relative)
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
-    progress = LiveProgress(console, f"cycle {cycle}", remaining, cfg.metric_sign())
+    progress = LiveProgress(console, f"cycle {cycle}", remaining, cfg.metric_sign(), cfg.task.metric)
     segments = pbt.SegmentLog() if cfg.scheduler.name.population_based else None
     forecaster = forecast.make(cfg)
 
@@ -378,5 +417,8 @@ def run_cycle(
     stopper = StopRequest(str(run_dir), deadline)
     both = forecast.combined(stopper, forecaster)
     starts = TrialStarts(run_dir, run_id, cycle)  # events.jsonl's trial_start lines
-    run_search(cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", [ledger, progress, starts], both, segments)
+    callbacks: list[tune.Callback] = [ledger, progress, starts]
+    run_search(
+        cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", callbacks, both, segments, ledger.stop_reasons
+    )
     return stopper.stop_all()

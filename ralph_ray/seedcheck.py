@@ -99,3 +99,136 @@ def unread_problem(paths: list[Path], searched: list[str], entry: Path) -> tuple
         f"`lr: float = {unread[0]}`), or drop it from the space: "
         + " ".join(f"~search.space.{name}" for name in unread),
     )
+
+
+# LR schedulers given their length up front (a step or epoch count, milestones, a LambdaLR's own lambda over
+# `EPOCHS * steps`): under a time budget harness.epochs runs as many epochs as fit, not EPOCHS, so such a schedule ends
+# early and trains at lr 0 for the rest, or never anneals (a user's LambdaLR warmup-then-linear-decay final trained 10
+# of its 19 epochs at lr 0). torch.optim.lr_scheduler's, and transformers' warmup schedules built on LambdaLR.
+SIZED_SCHEDULERS = frozenset(
+    {
+        "LambdaLR",
+        "CosineAnnealingLR",
+        "OneCycleLR",
+        "LinearLR",
+        "PolynomialLR",
+        "MultiStepLR",
+        "SequentialLR",
+        "get_linear_schedule_with_warmup",
+        "get_cosine_schedule_with_warmup",
+        "get_cosine_with_hard_restarts_schedule_with_warmup",
+        "get_polynomial_decay_schedule_with_warmup",
+    }
+)
+# What sizes a schedule by the training actually given (time under a budget, steps without).
+TIMED_SCHEDULES = frozenset({"progress", "lr_factor"})
+
+
+def _called(node: ast.AST) -> str | None:
+    """The name a call calls (`LambdaLR(...)`, `torch.optim.lr_scheduler.LambdaLR(...)`); None for anything else."""
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def sized_schedule(paths: list[Path]) -> str | None:
+    """Where the seed (`paths`) first builds an LR scheduler sized up front (`LambdaLR (train.py:109)`), when none of
+    its files calls harness.progress or harness.lr_factor; None otherwise."""
+    trees = _trees(paths)
+    if not trees:
+        return None
+    built: list[tuple[str, int, str]] = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            name = _called(node)
+            if name in TIMED_SCHEDULES:
+                return None
+            if name in SIZED_SCHEDULERS and isinstance(node, ast.Call):
+                built.append((path.name, node.lineno, name))
+    if not built:
+        return None
+    file, line, name = min(built)
+    return f"{name} ({file}:{line})"
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    """Whether a class is decorated @dataclass (`@dataclass`, `@dataclasses.dataclass`, either called)."""
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else ""
+        if name == "dataclass":
+            return True
+    return False
+
+
+def _literal(node: ast.expr) -> bool:
+    """Whether an expression is a literal value (`1e-3`, `-0.5`, `(64, 32)`), which no knob can reach."""
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _knob_fields(tree: ast.Module, searched: set[str]) -> dict[str, dict[str, str]]:
+    """Per dataclass, its fields whose default reads a searched knob (`lr: float = LR`): {class: {field: knob}}."""
+    found: dict[str, dict[str, str]] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and _is_dataclass(node)):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name) and item.value is not None:
+                knobs = [n.id for n in ast.walk(item.value) if isinstance(n, ast.Name) and n.id in searched]
+                if knobs:
+                    found.setdefault(node.name, {})[item.target.id] = knobs[0]
+    return found
+
+
+def _replaces(tree: ast.Module) -> set[str]:
+    """The names that call dataclasses.replace here: `dataclasses.replace`, and `replace` where imported from it."""
+    names = {"dataclasses.replace"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "dataclasses":
+            names |= {alias.asname or alias.name for alias in node.names if alias.name == "replace"}
+    return names
+
+
+def overridden_knobs(paths: list[Path], searched: list[str]) -> list[str]:
+    """Each place the seed sets a dataclass field whose default reads a searched knob to a literal, in a constructor
+    or dataclasses.replace call (`replace(TrainConfig(), lr=1e-3)`, `TrainConfig(**{"lr": 1e-3})`): every trial would
+    train that literal while the KB records the sampled values. As `LR (lr=0.001 at train.py:40)`."""
+    trees = _trees(paths)
+    if not trees:
+        return []
+    fields: dict[str, dict[str, str]] = {}
+    for tree in trees.values():
+        fields.update(_knob_fields(tree, set(searched)))
+    if not fields:
+        return []
+    any_field = {name: knob for each in fields.values() for name, knob in each.items()}
+    found: list[tuple[str, int, str]] = []
+    for path, tree in trees.items():
+        replacers = _replaces(tree)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = ast.unparse(node.func)
+            # a replace() may act on any of the dataclasses; a constructor sets its own fields only
+            known = any_field if called in replacers else fields.get(called.rsplit(".", 1)[-1])
+            if not known:
+                continue
+            pairs: list[tuple[str, ast.expr]] = []
+            for keyword in node.keywords:
+                if keyword.arg is not None:
+                    pairs.append((keyword.arg, keyword.value))
+                elif isinstance(keyword.value, ast.Dict):  # **{"lr": 1e-3}
+                    pairs += [
+                        (key.value, value)
+                        for key, value in zip(keyword.value.keys, keyword.value.values)
+                        if isinstance(key, ast.Constant) and isinstance(key.value, str)
+                    ]
+            for name, value in pairs:
+                if name in known and _literal(value):
+                    found.append((path.name, node.lineno, f"{known[name]} ({name}={ast.unparse(value)} at "))
+    return [f"{text}{file}:{line})" for file, line, text in sorted(found)]

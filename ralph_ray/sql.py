@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from pathlib import Path
 
-from ralph_ray.statuses import STOPPED_WITH_CYCLE
+from ralph_ray.statuses import LEGACY_STOPPED_WITH_CYCLE, STOPPED_WITH_CYCLE
 
 # Base tables: one Parquet folder each, append-only. Tables listed in LATEST keep the newest row per key
 # (a run or a variant is re-written as its status changes).
@@ -117,6 +117,9 @@ def attach_kb_file(db: Path, storage_version: str) -> str:
 # The trials columns that held a final training's additions before `final_added` (KBs of 2026-11-28/29), and the
 # `final_added` they read as: "cosine + shift + flip + deepen", the names safeguards.final_additions uses.
 LEGACY_FINAL_COLUMNS = ("final_schedule", "final_augment", "final_deepen")
+CUT_REASON = (
+    f"case when reason = {_quoted(LEGACY_STOPPED_WITH_CYCLE)} then {_quoted(STOPPED_WITH_CYCLE)} else reason end"
+)
 LEGACY_FINAL_ADDED = (
     "coalesce(final_added, nullif(concat_ws(' + ', final_schedule, final_augment, "
     "case when final_deepen then 'deepen' end), ''))"
@@ -157,8 +160,9 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
                 "cast(null as varchar) as final_added, cast(null as varchar) as final_schedule, "
                 "cast(null as varchar) as final_augment, cast(null as boolean) as final_deepen where false))"
             )
+            # A trial cut by its Tune run's end reads as STOPPED_WITH_CYCLE under the reason older KBs gave it.
             body = (
-                f"select * from {source} qualify row_number() "
+                f"select * replace ({CUT_REASON} as reason) from {source} qualify row_number() "
                 "over (partition by run_id, trial_id order by written_at) = 1"
             )
         elif table == "interventions":
@@ -202,6 +206,11 @@ def _leaderboard(p: str) -> str:
     # Rank: replicated variants first, by their replicate mean, then the rest by their best search trial. A best
     # trial is the luckiest of a variant's samples (and a variant with more trials draws more), so where fresh
     # seeds measured a variant they, not that trial, place it: what the report, export and app call "best".
+    # A discarded variant ranks below every other (the seed, kept, not yet judged): its verdict, the campaign's own
+    # test, found it no better than its parent, and the pick must not contradict it (user trials: a discarded child
+    # was exported as best on a mean equal to the seed's, and, on a higher mean not shown better at 90%, named best
+    # beside "kept: none"). Exact ties go to the earlier variant (its ancestor), then the first written: a
+    # replicated variant's best trial, its luckiest sample, breaks no tie.
     # The final training of the pick (finaltrain.py) is neither: it trained longer than any search trial, so it is
     # shown in its own columns and never ranks.
     search = "not coalesce(t.replicate, false) and not coalesce(t.final, false)"
@@ -236,8 +245,11 @@ select t.run_id, t.variant_id, any_value(v.parent_id) as parent_id, any_value(v.
        sum(t.seconds) / 3600.0 as trial_hours,
        rank() over (
            partition by t.run_id
-           order by avg(t.selection_score) filter (where {replica}) desc nulls last,
-                    max(t.selection_score) filter (where {search}) desc nulls last
+           order by coalesce(any_value(v.status) = 'discarded', false),
+                    avg(t.selection_score) filter (where {replica}) desc nulls last,
+                    case when count(*) filter (where {replica}) = 0
+                         then max(t.selection_score) filter (where {search}) end desc nulls last,
+                    any_value(v.cycle) nulls last, min(t.written_at)
        ) as rank,
        count(*) filter (where {replica}) as replicates,
        max(t.selection_score) filter (where {final}) as final_selection_score,
@@ -255,7 +267,8 @@ left join (
 group by t.run_id, t.variant_id
 ) l
 left join ({_score_ranges(p)}) b on b.ranged_run = l.run_id
-order by mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last, l.run_id, variant_id
+order by l.rank, mean_score desc nulls last, selection_score desc nulls last, test_score desc nulls last,
+         l.run_id, variant_id
 """
 
 
@@ -436,8 +449,9 @@ PROBE_TABLES = "select " + ", ".join(f"(select count(*) from {table})" for table
 
 LEADERBOARD_FOR_RUN = "select * from leaderboard where run_id = ? order by rank limit ?"
 LEADERBOARD_ROW = "select * from leaderboard where run_id = ? and variant_id = ?"
-# The campaign's pick: the leaderboard's rank 1 (replicate mean where replicated), what every surface calls "the best
-# variant" (the MLflow tag, the Lineage page's border); ties to the smaller id, as the app's board lists them.
+# The campaign's pick: the leaderboard's rank 1 (discarded variants last, then replicate mean where replicated), what
+# every surface calls "the best variant" (the MLflow tag, the Lineage page's border). The rank breaks ties itself (the
+# earlier variant, then the first written); `variant_id` only orders two variants whose trials share a timestamp.
 PICK = """
 select variant_id from leaderboard where run_id = ? and selection_score is not null order by rank, variant_id limit 1
 """
@@ -455,14 +469,22 @@ select trial_id, selection_score, test_score, knobs from trials
 where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
 order by selection_score desc, written_at, trial_id limit 1
 """
-# The campaign's ranking of variants by their best completed search trial (what parent selection reads).
+# Each variant's best completed search trial (a child's verdict compares it with its parent's) and its leaderboard
+# rank, in the pick's order: what parent selection reads, so the first parent is the pick (user trial: a discarded
+# child, below the seed on its replicate mean, was bred from on its luckier best trial beside "kept: none"). Run every
+# cycle: the leaderboard is read for this run only (`board`), and DuckDB pushes that filter through its window to
+# every Parquet scan (EXPLAIN: each READ_PARQUET filters run_id), so a KB of many runs costs this run's rows alone.
 VARIANT_SCORES = """
-select variant_id, max(selection_score) as selection_score,
-       first(knobs order by selection_score desc, written_at, trial_id) as best_knobs,
-       first(test_score order by selection_score desc, written_at, trial_id) as test_score
-from trials where run_id = ? and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
-group by variant_id
-order by selection_score desc, variant_id
+with board as (select variant_id, rank from leaderboard where run_id = $1)
+select s.variant_id, s.selection_score, s.best_knobs, s.test_score, b.rank from (
+  select variant_id, max(selection_score) as selection_score,
+         first(knobs order by selection_score desc, written_at, trial_id) as best_knobs,
+         first(test_score order by selection_score desc, written_at, trial_id) as test_score
+  from trials
+  where run_id = $1 and status = 'completed' and not coalesce(replicate, false) and not coalesce(final, false)
+  group by variant_id
+) s left join board b on b.variant_id = s.variant_id
+order by b.rank nulls last, s.selection_score desc, s.variant_id
 """
 # The final training (finaltrain.py): the (variant, knobs) pairs already trained (one a stop cut short, reason ?,
 # runs again; a resume whose search found another pick trains that one),
@@ -529,6 +551,14 @@ select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seco
        reward_mean, reward_std, kl, entropy, completion_length, zero_spread_frac
 from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
+# The metrics of a variant's epochs the curves view does not pivot (a search.metric such as val_f1), by trial and epoch.
+VARIANT_OTHER_METRICS = f"""
+select e.trial_id, e.epoch, e.metric, max(e.value) from epochs e
+join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
+where e.run_id = ? and t.variant_id = ?
+  and e.metric not in ({", ".join(f"'{m}'" for m in EPOCH_METRICS + PROBE_METRICS + RL_METRICS)})
+group by e.trial_id, e.epoch, e.metric
+"""
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.
 CYCLE_TRIALS_DONE = """
 select variant_id from trials
@@ -557,7 +587,8 @@ select coalesce(sum(tokens_in + tokens_out), 0), coalesce(sum(cost), 0) from age
 """
 BUDGET_FOR_RUN = "select * from budgets where run_id = ?"
 TRIAL_TIMELINE = """
-select t.trial_id, t.cycle, t.variant_id, t.status, t.selection_score, t.written_at, v.status as variant_status
+select t.trial_id, t.cycle, t.variant_id, t.status, t.selection_score, t.written_at, v.status as variant_status,
+       coalesce(t.replicate, false) as replicate
 from trials t left join variants v on v.run_id = t.run_id and v.variant_id = t.variant_id
 where t.run_id = ? and not coalesce(t.final, false) order by t.written_at
 """

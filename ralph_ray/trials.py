@@ -23,7 +23,7 @@ from typing import Any
 
 from ralph_ray import harness, modeleval, runner
 from ralph_ray.datacache import PublicData, check_frozen, materialise_data
-from ralph_ray.knobs import Bounds, resolve_knobs
+from ralph_ray.knobs import Bounds, KnobError, epochs_knob, read_knobs, resolve_knobs
 from ralph_ray.peakmemory import USAGE_FILE, PeakMemory
 from ralph_ray.runner import CHECKPOINT_DIR, Limits, Status, Trainer, TrialFailed
 from ralph_ray.scoring import PREDICTIONS_KEY, encode_predictions
@@ -75,8 +75,9 @@ class Schedule:
     # The ranking metric and its direction: a failed trial reports the worst value with its reason.
     metric: str = "val_acc"
     mode: str = "max"
-    # Reports from this epoch on are held back and sent with the predictions: ASHA's last rung would
-    # otherwise stop a fully trained trial between its last epoch and its predictions.
+    # Reports from this epoch on (scheduler.max_t; a trial's own EPOCHS where less: hold_from) are held back and sent
+    # with the predictions: ASHA's last rung would otherwise stop a fully trained trial between its last epoch and
+    # its predictions.
     hold_from_epoch: int | None = None
     # The trainer checkpoints at most this often (seconds; 0: every epoch) and each new checkpoint goes to
     # Tune's storage with its epoch's report; None: no checkpoints (see raycluster.checkpoint_interval).
@@ -157,7 +158,8 @@ def _run_trial(
         peak.read_usage(work / USAGE_FILE)  # the harness wrote it with this report
         forward({**record, **peak.fields()})
 
-    outcome = runner.run(trainer, spec.limits, every_epoch, spec.schedule.hold_from_epoch, _stop_requested, peak)
+    hold = hold_from(spec.schedule.hold_from_epoch, work / code.entry)
+    outcome = runner.run(trainer, spec.limits, every_epoch, hold, _stop_requested, peak)
     if outcome.status is Status.stopped and outcome.reason and outcome.last is not None:  # past its time budget
         final = {**outcome.last, STOPPED_KEY: outcome.reason, **peak.fields()}
         report({**final, HELD_KEY: json.dumps(outcome.held)} if outcome.held else final)
@@ -183,6 +185,21 @@ def _run_trial(
         final[HELD_KEY] = json.dumps(outcome.held)
     # The driver scores these against labels that never leave it.
     report({**final, PREDICTIONS_KEY: encode_predictions(predictions)})
+
+
+def hold_from(max_t: int | None, entry: Path) -> int | None:
+    """The epoch from which a trial's reports are held for its predictions: `max_t`, or the trial's own EPOCHS where
+    that comes first. A user's EPOCHS=2 trial under max_t 6 (a rung at 2) was stopped by ASHA at its last epoch,
+    after it had trained and written its predictions, and was recorded stopped_early, never scored."""
+    if max_t is None:
+        return None
+    try:
+        knobs = read_knobs(entry.read_text())
+    except (OSError, SyntaxError, ValueError, KnobError):
+        return max_t  # the runner reports what is wrong with the trainer
+    name = epochs_knob(knobs)
+    epochs = None if name is None else knobs[name]
+    return max_t if epochs is None or epochs < 1 else min(max_t, epochs)
 
 
 def work_dir(spec: TrialSpec, trial_id: str) -> Path:

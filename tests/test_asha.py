@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
-from ralph_ray.asha import NoiseAwareASHA, binomial_margin, examples_behind
+from ralph_ray import PROJECT_ROOT
+from ralph_ray.asha import NoiseAwareASHA, binomial_margin, epochs_past_max_t, examples_behind, most_epochs
 from ralph_ray.config import ConfigError, load_config
 from ralph_ray.search import scheduler
+from ralph_ray.trials import hold_from
 
 # val_acc of epochs 1-4 and the frozen selection score after 12 epochs (digits, training seed 1)
 FAST = [0.7204968929290771, 0.95652174949646, 0.9503105878829956, 0.9192546606063843]  # LR 0.065, batch 32, width 8
@@ -146,3 +151,68 @@ def test_a_bad_margin_is_refused(override, key):
     with pytest.raises(ConfigError) as err:
         load_config([override])
     assert err.value.key == key
+
+
+def test_a_stop_says_why_in_the_stops_the_ledger_reads():
+    """User trials: ASHA's stops had a NULL reason in the KB (a forecaster's stop says why). The scheduler the config
+    builds writes the rung, the cutoff and the margin into the ledger's stop_reasons; trials it let go on have none."""
+    stops: dict[str, str] = {}
+    sched = scheduler(load_config(["scheduler.grace_period=4", "scheduler.reduction_factor=3"]), stops)
+    assert isinstance(sched, NoiseAwareASHA)
+    sched.set_search_properties("val_acc", "max")
+    assert feed(sched, "fast", FAST) == "CONTINUE"
+    assert feed(sched, "slow", SLOW_STARTER) == "CONTINUE"
+    assert feed(sched, "laggard", LAGGARD) == "STOP"
+    assert set(stops) == {"laggard"}
+    cutoff = float(np.percentile([FAST[3], SLOW_STARTER[3]], 100 * (1 - 1 / 3)))  # the trials before it
+    margin = binomial_margin(cutoff, 161, 2.0)
+    assert stops["laggard"] == (
+        f"ASHA: val_acc {LAGGARD[3]:.4g} at epoch 4 is below the cutoff {cutoff - margin:.4g} of the rung at epoch 4 "
+        f"(the top 1/3 of the 2 trial(s) recorded there less a margin of {margin:.4g} (scheduler.margin))"
+    )
+
+
+def test_a_stop_of_a_loss_says_above():
+    stops: dict[str, str] = {}
+    sched = NoiseAwareASHA(margin=0.0, z=2, stops=stops, time_attr="epoch", max_t=5, grace_period=1, reduction_factor=2)
+    sched.set_search_properties("val_loss", "min")
+    for trial_id, loss in (("a", 1.5), ("b", 2.5)):
+        sched.on_trial_add(None, Trial(trial_id))  # type: ignore[arg-type]
+        sched.on_trial_result(None, Trial(trial_id), {"epoch": 1, "val_loss": loss})  # type: ignore[arg-type]
+    assert stops == {
+        "b": "ASHA: val_loss 2.5 at epoch 1 is above the cutoff 1.5 of the rung at epoch 1 (the top 1/2 of the 1 "
+        "trial(s) recorded there)"
+    }
+
+
+def test_epochs_past_max_t_are_warned_of_with_the_fix():
+    """User trial: max_t=3 over EPOCHS=6 trained 6 epochs, and an EPOCHS range up to 12 under max_t=6 trained 9, with
+    no rung past max_t (it does not cap training as Ray Tune's does): the start says so and names the max_t to set."""
+    assert epochs_past_max_t(load_config([])) is None  # digits: EPOCHS=12, max_t 12
+    short = epochs_past_max_t(load_config(["scheduler.max_t=6", "scheduler.grace_period=2"]))
+    assert short is not None and "below the 12 epochs a trial can train (EPOCHS)" in short
+    assert short.endswith("set scheduler.max_t=12 (or lower EPOCHS)")
+    ranged = ["scheduler.max_t=12", "+search.space.EPOCHS={type: int, low: 4, high: 16}"]
+    assert "set scheduler.max_t=16 " in str(epochs_past_max_t(load_config(ranged)))
+    assert epochs_past_max_t(load_config([*ranged[:1], "+search.space.EPOCHS={type: choice, values: [4, 8]}"])) is None
+    assert epochs_past_max_t(load_config(["scheduler.max_t=6", "scheduler=fifo", "scheduler.grace_period=2"])) is None
+    assert (
+        epochs_past_max_t(load_config(["scheduler.max_t=6", "scheduler.grace_period=2", "trial.budget_s=30"])) is None
+    )
+
+
+def test_the_epochs_knob_is_found_under_its_aliases_alike_for_the_warning_and_the_hold(tmp_path: Path) -> None:
+    """most_epochs (the max_t warning) and hold_from (the trial's held epoch) read EPOCHS through one lookup:
+    NUM_EPOCHS is the epochs knob for both, a searched alias wins over a later literal one, a bool is no count."""
+    trainer = tmp_path / "trainer"
+    shutil.copytree(PROJECT_ROOT / "trainers" / "digits", trainer)
+    train = trainer / "train.py"
+    train.write_text(
+        train.read_text()
+        .replace("EPOCHS = 12", "NUM_EPOCHS = 5\nMAX_EPOCHS = 9")
+        .replace("harness.epochs(EPOCHS)", "harness.epochs(NUM_EPOCHS)")
+    )
+    cfg = load_config([f"task.trainer={trainer}", "scheduler.max_t=12", "scheduler.grace_period=2"])
+    assert most_epochs(cfg) == ("NUM_EPOCHS", 5) and hold_from(12, train) == 5
+    train.write_text(train.read_text().replace("NUM_EPOCHS = 5", "NUM_EPOCHS = True"))
+    assert most_epochs(cfg) == ("MAX_EPOCHS", 9) and hold_from(12, train) == 9

@@ -80,6 +80,11 @@ def test_generations_are_written_as_cycles(three_generations: Outcome):
     sessions = list((three_generations.run_dir / "async" / "tune").glob("session_*"))
     assert len(sessions) == 1  # one Tune run for the whole campaign
     assert (three_generations.run_dir / "report" / "final_report.md").exists()
+    # the report counts the cycles the decisions count (a cycles row per lineage depth may be fewer)
+    assert "- cycles: 3, trials:" in (three_generations.run_dir / "report" / "final_report.md").read_text()
+    for child in children:  # each variant's meta.json says its verdict, as the KB does (not `candidate`)
+        meta = json.loads((Path(child["files_dir"]).parent / "meta.json").read_text())
+        assert (meta["status"], meta["reason"]) == (child["status"], child["reason"]), child["variant_id"]
     assert "mode: async" in (three_generations.run_dir / "config.yaml").read_text()  # auto, resolved and recorded
     state = json.loads((three_generations.run_dir / "state.json").read_text())
     best = con.execute(sql.BEST_TRIAL, ["gens"]).fetchone()

@@ -166,6 +166,12 @@ def test_scripted_trials_stop_fail_and_leave_no_process(ray_session, tiny_config
         "select reason from trials where run_id = ? and status = 'failed' order by reason", ["scripted"]
     ).fetchall()
     assert [row[0] for row in kb_failed] == reasons
+    # ASHA's stops say why in the KB (their reason was NULL): the rung, the value and the cutoff
+    kb_stopped = con.execute(
+        "select reason from trials where run_id = ? and status = 'stopped_early'", ["scripted"]
+    ).fetchall()
+    assert kb_stopped and all(str(row[0]).startswith("ASHA: val_acc ") for row in kb_stopped)
+    assert all(" is below the cutoff " in row[0] and " of the rung at epoch " in row[0] for row in kb_stopped)
 
 
 @pytest.mark.slow

@@ -249,3 +249,42 @@ def test_kb_sql_reads_ralph_kb_and_has_its_own_help(tmp_path: Path, capsys, monk
     shown = capsys.readouterr().out
     assert shown.startswith('usage: ralph-ray kb sql "QUERY" [--csv] [--kb DIR]') and "$RALPH_KB" in shown
     assert "Runs a campaign" not in shown
+
+
+def test_status_of_a_live_run_counts_its_time_since_the_last_save_and_names_the_metric(
+    tmp_path: Path, capsys, monkeypatch
+):
+    """User trial: an async run's `status` said "elapsed 13s" at about 60 s (state.json is saved at phase changes,
+    and the train phase lasts minutes); its leaderboard's `selection` / `test` columns named no metric."""
+    import json
+    import re
+    from datetime import timedelta
+
+    from pickkb import pick_kb
+
+    from ralph_ray import liveness
+    from ralph_ray.__main__ import main
+    from ralph_ray.kb import now
+
+    monkeypatch.setenv("COLUMNS", "250")
+    kb, run_dir = pick_kb(tmp_path)
+    state = json.loads((run_dir / "state.json").read_text())
+    saved = now() - timedelta(seconds=47)
+    state.update(
+        status="running", phase="train", elapsed_s=13.0, updated_at=saved.isoformat(), driver=liveness.this_driver()
+    )
+    (run_dir / "state.json").write_text(json.dumps(state))  # this test's process is the live driver
+    assert main(["status", "r1", "--runs", str(run_dir.parent), "--kb", str(kb)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    found = re.search(
+        r"r1: running, cycle 2, phase train, elapsed (\d+)s \(13s when state.json was saved \+ (\d+)s", shown
+    )
+    assert found and 47 <= int(found[2]) <= 60 and int(found[1]) == 13 + int(found[2]), shown
+    assert re.search(rf"time {found[1]}s/no limit", shown), shown
+    assert "selection accuracy" in shown and "test accuracy" in shown
+
+    state["driver"] = {**state["driver"], "pid": 2**22 + 7, "started": 1}  # its driver is gone: no clock runs on
+    (run_dir / "state.json").write_text(json.dumps(state))
+    assert main(["status", "r1", "--runs", str(run_dir.parent), "--kb", str(kb)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "stopped unexpectedly?, cycle 2, phase train, elapsed 13s its record" in shown and " since" not in shown

@@ -21,9 +21,12 @@ from ralph_ray.config import (
     SpaceKind,
     budget_unread,
     final_unread,
+    knob_overridden,
     load_config,
     resume_config,
+    schedule_unsized,
 )
+from ralph_ray.space import seed_off_space
 
 
 def test_default_is_digits():
@@ -172,12 +175,16 @@ def test_a_run_saved_before_final_additions_resumes_with_its_three_settings_as_t
         (["search.nums_samples=3"], "search.nums_samples", "did you mean `search.num_samples`?"),
         (["safeguards.campain_time_s=60"], "safeguards.campain_time_s", "did you mean `safeguards.campaign_time_s`?"),
         (["scheduler.grace=3"], "scheduler.grace", "did you mean `scheduler.grace_period`?"),
-        (["scheduler.grace_period=abc"], "scheduler.grace_period", "schema"),
+        (["scheduler.grace_period=abc"], "scheduler.grace_period", "set scheduler.grace_period to a value of type int"),
         (["search.num_samples=-3"], "search.num_samples", "above 0"),
         (["safeguards.trial_timeout_s=-1"], "safeguards.trial_timeout_s", "above 0"),
         (["scheduler.grace_period=20"], "scheduler.grace_period", "max_t"),
-        (["scheduler.name=bogus"], "scheduler.name", "schema"),
-        (["search.sampler=grid"], "search.sampler", "schema"),
+        (["scheduler.name=bogus"], "scheduler.name", "set scheduler.name to one of asha, fifo, pbt, pb2"),
+        (["search.sampler=grid"], "search.sampler", "set search.sampler to one of tpe, random"),
+        # user trial: `low: 4.5` ran, truncated to 4; an int range over `LR = 0.05` trained LR 1 to 3
+        (["search.space.WIDTH={type: int, low: 4.5, high: 32}"], "search.space.WIDTH.low", "search.space.WIDTH.low=5"),
+        (["search.space.WIDTH={type: int, low: 4, high: 32.5}"], "search.space.WIDTH.high", ".WIDTH.high=32"),
+        (["search.space.LR={type: int, low: 1, high: 3}"], "search.space.LR", "search.space.LR.type=loguniform"),
         (["+experiment=cifar10"], "data.root", "data.root=/path/to/cifar"),
         (["+experiment=nope"], "experiment", "conf/"),
         (["+experiment=fashon"], "experiment", "did you mean +experiment=fashion?"),  # user trial: no nearest named
@@ -214,6 +221,48 @@ def test_a_misspelt_key_in_a_tasks_yaml_names_the_file_and_the_nearest_key(tmp_p
     with pytest.raises(ConfigError) as info:  # a key the task.yaml does not set: no file named
         load_config(["task=digits", "+schedular.max_t=3"])
     assert "set in" not in str(info.value)
+
+
+def test_a_bad_value_names_where_it_was_set_and_the_values_the_key_takes(tmp_path: Path):
+    """User trial: `search.space.LR.type=logunifrom` on the command line was reported "set in .../task.yaml" (which has
+    `loguniform`), and `search.sampler=cmaes` was told "did you mean `search.sampler`?", the key it had written."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["search.space.LR.type=logunifrom"])
+    message = str(info.value)
+    assert "(set on the command line: search.space.LR.type=logunifrom)" in message and "task.yaml" not in message
+    assert "did you mean search.space.LR.type=loguniform? set search.space.LR.type to one of uniform," in message
+    with pytest.raises(ConfigError) as info:
+        load_config(["search.seed=abc"])
+    assert "(set on the command line: search.seed=abc)" in str(info.value) and "`search.seed`?" not in str(info.value)
+    # the same bad value in task.yaml names task.yaml
+    folder = shutil.copytree(PROJECT_ROOT / "trainers" / "digits", tmp_path / "mine")
+    (folder / "task.yaml").write_text((folder / "task.yaml").read_text().replace("loguniform", "logunifrom", 1))
+    with pytest.raises(ConfigError) as info:
+        load_config([f"task={folder}"])
+    assert f"(set in {folder / 'task.yaml'})" in str(info.value) and "type=loguniform?" in str(info.value)
+
+
+def test_a_seed_value_the_space_does_not_hold_is_warned_of(tmp_path: Path):
+    """User trial: `HIDDEN_SIZES = (128, 64)` searched over list choices silently trained the first choice: a tuple is
+    its list choice, and a value the space lacks is named with the value trained instead."""
+    from taskdirs import digits_task
+
+    assert seed_off_space(load_config([])) is None
+    warning = seed_off_space(load_config(["search.space.WIDTH.values=[32,64]"]))
+    assert (
+        warning is not None and "WIDTH = 16 is not in the choices [32, 64]: the seed's own trial trains 32" in warning
+    )
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert "WIDTH = 16  #" in seed
+    folder = digits_task(tmp_path / "mine", seed.replace("WIDTH = 16  #", "SIZES = (16, 8)  #\nWIDTH = SIZES[0]  #"))
+    tuples = [
+        f"task.trainer={folder}",
+        "~search.space.WIDTH",
+        "+search.space.SIZES={type: choice, values: [[8, 4], [16, 8]]}",
+    ]
+    assert seed_off_space(load_config(tuples)) is None
+    warning = seed_off_space(load_config([*tuples, "search.space.SIZES.values=[[8,4],[32,16]]"]))
+    assert warning is not None and "SIZES = (16, 8) is not in the choices" in warning
 
 
 def test_a_search_metric_the_trainer_does_not_report_is_refused_with_the_names_it_does(tmp_path: Path):
@@ -463,6 +512,83 @@ def test_a_final_training_over_a_trainer_that_reads_no_budget_is_warned_of(tmp_p
     assert warning is not None and "final_share=0.25" in warning and "runs its own EPOCHS" in warning
 
 
+def test_a_schedule_sized_from_epochs_under_a_time_budget_is_warned_of(tmp_path: Path):
+    """User trial (ut_dataclass): a LambdaLR warmup-then-linear-decay over `EPOCHS * steps` trained 10 of its final's
+    19 epochs at lr 0 under safeguards.final_share, and its 4-s trial.budget_s trials never annealed: no warning, as
+    the trainer read a budget (harness.epochs). One over harness.lr_factor follows the budget and is not warned of."""
+    from taskdirs import digits_task
+
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    built = "    first_epoch = resume(model, optimizer)\n"
+    assert built in seed and "step()" in seed
+    own = digits_task(
+        tmp_path / "own",
+        seed.replace(
+            built,
+            built + "    total = EPOCHS * 10\n    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: "
+            "min((s + 1) / (0.1 * total), max(0.0, (total - s) / (0.9 * total))))\n",
+        ),
+    )
+    timed = digits_task(
+        tmp_path / "timed",
+        seed.replace(
+            built,
+            built
+            + "    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: harness.lr_factor(e, EPOCHS, "
+            '"cosine"))\n',
+        ),
+    )
+    budget, final = ["trial.budget_s=4"], ["safeguards.campaign_time_s=600", "safeguards.final_share=0.4"]
+    for overrides in (budget, final):
+        warning = schedule_unsized(load_config([f"task.trainer={own}", *overrides]))
+        assert warning is not None and "LambdaLR (train.py:" in warning and "harness.lr_factor(epoch" in warning
+        assert overrides[-1] in warning
+        assert schedule_unsized(load_config([f"task.trainer={timed}", *overrides])) is None
+        assert schedule_unsized(load_config(overrides)) is None  # the shipped seed builds no scheduler
+    assert schedule_unsized(load_config([f"task.trainer={own}"])) is None  # no budget: EPOCHS is what runs
+    # a trainer that reads no budget runs its EPOCHS (budget_unread says so): its schedule fits them
+    plain = digits_task(
+        tmp_path / "plain", (own / "train.py").read_text().replace("harness.epochs(EPOCHS)", "range(1, EPOCHS + 1)")
+    )
+    assert schedule_unsized(load_config([f"task.trainer={plain}", *budget])) is None
+
+
+def test_a_knob_field_set_again_to_a_literal_is_warned_of(tmp_path: Path):
+    """User trial (ut_dataclass): `lr: float = LR`, then `dataclasses.replace(TrainConfig(), **{"lr": 1e-3})` passed
+    the unread-knob check (LR is read), and every trial would train lr=1e-3 while the KB recorded sampled LRs."""
+    from taskdirs import digits_task
+
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    config = (
+        "import dataclasses\nfrom dataclasses import replace\n\n\n@dataclasses.dataclass\nclass TrainConfig:\n"
+        "    lr: float = LR\n    seed: int = 0\n\n\ndef resume("
+    )
+    assert seed.count("def resume(") == 1 and seed.count("SGD(model.parameters(), lr=LR") == 1
+
+    def trainer(name: str, built: str) -> str | None:
+        source = seed.replace("def resume(", config).replace(
+            "SGD(model.parameters(), lr=LR", "SGD(model.parameters(), lr=cfg.lr"
+        )
+        source = source.replace("def main() -> None:\n", f"def main() -> None:\n    cfg = {built}\n")
+        return knob_overridden(load_config([f"task.trainer={digits_task(tmp_path / name, source)}"]))
+
+    for name, built in (
+        ("dict", 'dataclasses.replace(TrainConfig(), seed=harness.seed(), **{"lr": 1e-3})'),
+        ("keyword", "TrainConfig(lr=0.001)"),
+        ("imported", "replace(TrainConfig(), lr=1e-3)"),
+    ):
+        warning = trainer(name, built)
+        assert warning is not None and "LR (lr=0.001 at train.py:" in warning, (name, warning)
+        assert "fix: leave the field to its knob default" in warning
+    for name, built in (
+        ("knob", "TrainConfig(lr=LR)"),
+        ("seed", "dataclasses.replace(TrainConfig(), seed=1)"),  # a field that reads no knob
+        ("other", "TrainConfig()._replace(lr=1e-3) if False else TrainConfig()"),  # not dataclasses.replace
+    ):
+        assert trainer(name, built) is None, name
+    assert knob_overridden(load_config([])) is None  # the shipped seed
+
+
 # A user's own argparse trainer as it came (user trial ut_argparse): its own data, no harness call at all.
 OWN_TRAINER = """\
 import argparse
@@ -587,3 +713,28 @@ def test_overrides_apply_in_order_over_a_task_folders_yaml():
     assert sorted(load_config([folder, added, "~search.space.EPOCHS"]).search.space) == ["BATCH_SIZE", "LR", "WIDTH"]
     replaced = load_config([folder, "~search.space", "+search.space={LR: {type: choice, values: [0.1]}}"])
     assert sorted(replaced.search.space) == ["LR"]  # the task's space replaced, as in Hydra
+
+
+SHIPPED_TASKS = [
+    ["task=digits"],
+    ["+experiment=cifar10", "data.root=/nonexistent/cifar10"],  # the config only: nothing is read
+    ["+experiment=fashion"],
+    ["task=diabetes"],
+    ["task=lm"],
+    ["task=grpo"],
+    ["task=kto"],
+]
+
+
+@pytest.mark.parametrize("task", SHIPPED_TASKS, ids=lambda t: t[0])
+@pytest.mark.parametrize(
+    "budget",
+    [[], ["trial.budget_s=10"], ["safeguards.campaign_time_s=600", "safeguards.final_share=0.2"]],
+    ids=["epochs", "trial_budget", "final_share"],
+)
+def test_the_shipped_tasks_start_without_a_warning(task: list[str], budget: list[str]):
+    """A start-up warning on a shipped seed teaches users to skip warnings (review: the CIFAR seed's WEIGHT_DECAY
+    0.0153 sat outside its space [0.002, 0.01], so every cifar10 campaign warned that its own trial trains another)."""
+    cfg = load_config([*task, *budget])
+    checks = (seed_off_space, budget_unread, final_unread, schedule_unsized, knob_overridden)
+    assert [check(cfg) for check in checks] == [None] * len(checks)

@@ -18,6 +18,7 @@ from ralph_ray.decision import (
     improved,
     plateau_length,
     spent_budgets,
+    unjudged_note,
 )
 from ralph_ray.variants import VariantStatus
 
@@ -174,3 +175,35 @@ def test_a_min_metrics_rationales_show_its_own_values_and_an_upper_bound():
     assert going.rationale.startswith("continue: best 0.0287, ")
     flat = decide(replace(oriented, target=None, best_by_cycle=[-0.0287, -0.0287]), replace(guards, plateau_cycles=1))
     assert flat.reason is StopReason.plateau and "best selection score has not fallen by min_delta" in flat.rationale
+
+
+def test_a_continue_names_the_figures_its_rules_read_with_replicates():
+    """User trials: "continue: best 0.9805, 1 cycle(s) without improvement" while the best trial had risen from 0.9721
+    (the count read the replicates' lower bound); and a run with best trial 0.8435 against target 0.84 went on
+    without saying the target reads that bound."""
+    floored = facts(best_by_cycle=[0.9721, 0.9805], floor_by_cycle=[0.9512, 0.9515], target=0.99)
+    going = decide(floored, SafeguardsConfig(max_cycles=5))
+    assert not going.stop
+    assert going.rationale == (
+        "continue: the best variant's 90% lower bound 0.9515 (best single trial 0.9805), 1 cycle(s) without the "
+        "lower bound rising by min_delta, target 0.9900 not yet met: the best variant's 90% lower bound is 0.9515, "
+        "3 cycle(s) left"
+    )
+    looks_met = decide(facts(best_by_cycle=[0.8435], floor_by_cycle=[0.79], target=0.84), SafeguardsConfig())
+    assert not looks_met.stop
+    assert "target 0.8400 not yet met: the best variant's 90% lower bound is 0.7900" in looks_met.rationale
+    nothing_yet = decide(facts(floor_by_cycle=[None, None], target=0.99), SafeguardsConfig(plateau_cycles=5))
+    assert nothing_yet.rationale.startswith("continue: no lower bound yet (nothing replicated) (best single trial")
+    plain = decide(facts(target=0.99), SafeguardsConfig())  # no replicates: the best trial is what the rules read
+    assert "target 0.9900 not yet met: the best selection score is 0.9500" in plain.rationale
+
+
+def test_a_child_the_scheduler_stopped_in_every_trial_is_not_judged_and_the_console_line_says_how_to_judge_it():
+    """User trial: 6 of 8 children (1-2 trials each) were all stopped by ASHA at epoch 2, and the console said only
+    `discarded`: the reason (events.jsonl's) now names the fix, and the verdict line shows it."""
+    status, reason = child_verdict(2, 0, None, 0.9, 0.01, None)
+    assert status is VariantStatus.discarded
+    assert reason is not None and reason.startswith("not judged: no trial completed")
+    assert "raise scheduler.grace_period or population.trials_per_child" in reason
+    assert unjudged_note(reason, None) == f" ({reason})"
+    assert unjudged_note("beat its parent by 0.02", 0.95) == ""

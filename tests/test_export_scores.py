@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 from rich.console import Console
@@ -18,7 +19,7 @@ from scipy import stats
 from ralph_ray import commands
 from ralph_ray.config import load_config
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.export import ExportError, export
+from ralph_ray.export import ExportError, export, run_config
 from ralph_ray.kb import KnowledgeBase, open_reader
 from ralph_ray.variants import final_code_dir
 
@@ -111,6 +112,25 @@ def test_a_variant_without_replicates_says_why_it_has_no_interval(kb: KnowledgeB
     scores = json.loads((out / "scores.json").read_text())
     assert scores["replicates"]["n"] == 0 and "selection" not in scores["replicates"]
     assert "no interval (0 replicate(s) at the best knobs: an interval needs 2)" in (out / "README.md").read_text()
+
+
+def test_the_card_names_trial_budget_s_only_where_the_campaign_set_it(kb: KnowledgeBase, tmp_path: Path) -> None:
+    """User trial: the card of a campaign without `trial.budget_s` said "(`trial.budget_s` of the campaign's
+    config)"."""
+    card = (export(kb.root, RUN, out=tmp_path / "none") / "README.md").read_text()
+    assert "best search trial (no time budget: the trainer's own epochs)" in card and "budget_s" not in card
+    run = {"run_id": RUN, "experiment": "digits", "task": "digits", "run_dir": str(tmp_path / "runs" / RUN)}
+    kb.append("runs", [{**run, "config": json.dumps({"trial": {"budget_s": 4.0}})}], f"{RUN}-budget")
+    card = (export(kb.root, RUN, out=tmp_path / "four") / "README.md").read_text()
+    assert "best search trial (a 4-s budget, `trial.budget_s` of the campaign's config)" in card
+
+
+def test_a_runs_row_without_a_config_reads_as_none_set() -> None:
+    """pandas gives a missing config as NaN where the column came back numeric: `NaN or "{}"` is NaN, and
+    json.loads("nan") raised."""
+    frame = pd.DataFrame({"run_id": [RUN, RUN], "config": [float("nan"), json.dumps({"trial": {"budget_s": 4.0}})]})
+    assert run_config(frame.iloc[0]) == {} and run_config(pd.Series({"run_id": RUN, "config": None})) == {}
+    assert run_config(frame.iloc[1]) == {"trial": {"budget_s": 4.0}}
 
 
 # A trainer that records the budget it was given and predicts class 0 everywhere: what reproduce.py hands a trainer.
@@ -307,6 +327,10 @@ def test_a_min_metrics_bundle_shows_its_own_values_and_warns_of_a_worse_final(ms
     assert ran.returncode == 0, ran.stderr[-2000:]
     printed = json.loads(ran.stdout.strip().splitlines()[-1])
     assert printed["selection_score"] > 1000 and printed["recorded_selection_score"] == 0.0341  # MSEs, not -MSEs
+    # User trial: its output named no metric (`selection_score`): now named, its JSON keys kept for scripts
+    assert (
+        printed["metric"] == "mse" and "selection mse " in ran.stderr and "(recorded 0.0341), test mse " in ran.stderr
+    )
 
     searched = json.loads((export(mse_run.root, RUN, out=tmp_path / "s", search=True) / "scores.json").read_text())
     selection = searched["replicates"]["selection"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray import history
+from ralph_ray import history, sql
 from ralph_ray.kb import KnowledgeBase
 from ralph_ray.population import Candidate
 from ralph_ray.state import CampaignState
@@ -89,6 +89,10 @@ def kb(tmp_path: Path) -> KnowledgeBase:
         [
             {"run_id": RUN, "trial_id": "t3", "epoch": e, "metric": "val_acc", "value": v}
             for e, v in ((1, 0.8), (2, 0.9))
+        ]
+        + [
+            {"run_id": RUN, "trial_id": "t3", "epoch": e, "metric": "val_f1", "value": v}
+            for e, v in ((1, 0.6), (2, 0.7))
         ],
         "e",
     )
@@ -115,6 +119,50 @@ def test_ranked_parents_are_best_first_with_their_best_knobs_and_branch(kb: Know
     assert history.best_trial(kb.reader(), "no-such-run") is None
 
 
+def test_parents_are_ranked_as_the_pick_so_a_discarded_childs_lucky_trial_breeds_nothing(tmp_path: Path):
+    # User trial: cycle 3 bred from a discarded child (best trial 0.8446, replicate mean 0.8294) while the seed was
+    # rank 1 (mean 0.8348) and the console had said "kept: none": parents were ranked by best single trial.
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.put(
+        "variants",
+        [
+            {**variant("seed", None, [], 1), "status": "seed"},
+            {**variant("kid", "seed", ["raise_lr"], 2), "status": "discarded"},
+        ],
+        "v",
+    )
+    rows = [trial("s0", "seed", "completed", 0.8400, knobs={"LR": 0.1}), trial("k0", "kid", "completed", 0.8446, 2)]
+    for i, (v, score) in enumerate((("seed", 0.8348), ("seed", 0.8348), ("kid", 0.8294), ("kid", 0.8294))):
+        knobs = {"LR": 0.1} if v == "seed" else {}
+        rows.append({**trial(f"r{i}", v, "completed", score, knobs=knobs), "replicate": True})
+    kb.append("trials", rows, "c")
+    ranked = history.ranked(kb.reader(), RUN)
+    assert [(c.variant_id, c.selection_score) for c in ranked] == [("seed", 0.84), ("kid", 0.8446)]
+    pick = kb.reader().execute(sql.PICK, [RUN]).fetchone()
+    assert pick == (ranked[0].variant_id,) == (history.pick(kb.reader(), RUN),)
+    assert history.discarded(kb.reader(), RUN) == {"kid"}
+    # Each keeps its best trial's score: a child's verdict compares best trials.
+    assert history.variant_scores(kb.reader(), RUN) == {"seed": (0.84, 0.84), "kid": (0.8446, 0.8446)}
+
+
+def test_parents_carry_the_leaderboards_rank_not_their_place_among_scored_variants(tmp_path: Path):
+    # Review: the select line's "rank N" was the place in this list; a variant whose only scored trial ASHA stopped
+    # (the leaderboard ranks it by that score, parent selection reads completed trials only) shifted every later one.
+    # Another run in the KB ranks apart (the run's filter applies before the leaderboard's window).
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.put("variants", [{**variant(v, None, [], 1), "status": "seed"} for v in ("a", "b", "c")], "v")
+    rows = [trial("a0", "a", "completed", 0.80), trial("c0", "c", "completed", 0.70)]
+    rows += [trial("b0", "b", "stopped_early", 0.75)]
+    rows += [{**trial("o0", "a", "completed", 0.99), "run_id": "other"}]
+    kb.append("trials", rows, "t")
+    rows = history.ranked_with_ranks(kb.reader(), RUN)
+    board = dict(kb.reader().execute("select variant_id, rank from leaderboard where run_id = ?", [RUN]).fetchall())
+    assert [(c.variant_id, rank) for c, rank in rows] == [("a", 1), ("c", 3)]
+    assert all(board[c.variant_id] == rank for c, rank in rows)
+
+
 def test_lineage_walks_to_the_seed_and_survives_a_loop():
     variants = {"seed": (None, []), "a": ("seed", ["wider"]), "b": ("a", ["batchnorm", "lower_lr"])}
     assert history.lineage(variants, "b") == ["wider", "batchnorm", "lower_lr"]
@@ -136,6 +184,8 @@ def test_parent_view_bakes_the_best_knobs_and_reads_trials_curves_lineage(kb: Kn
     assert (files / "train.py").read_text().startswith("LR = 0.1")  # the variant itself is untouched
     assert [t.trial_id for t in view.trials] == ["t3", "t4", "t6"]
     assert [p.val_acc for p in view.trials[0].curve] == [0.8, 0.9] and view.trials[1].curve == []
+    # a metric the curves view does not pivot (a search.metric=val_f1) reaches the analyst beside them
+    assert [p.others for p in view.trials[0].curve] == [{"val_f1": 0.6}, {"val_f1": 0.7}]
     assert view.interventions == ["wider"] and view.lineage == ["wider"] and view.program == "be brief"
 
 

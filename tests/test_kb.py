@@ -322,3 +322,58 @@ def test_leaderboard_ranks_replicated_variants_by_their_replicate_mean_before_lu
     kb.append("trials", [{**row("d1", "other", 0.9), "run_id": "r2"}, {**row("d2", "more", 0.8), "run_id": "r2"}], "r2")
     ranked = kb.reader().execute("select variant_id, rank from leaderboard where run_id = 'r2' order by rank")
     assert ranked.fetchall() == [("other", 1), ("more", 2)]
+
+
+def test_the_pick_never_contradicts_a_verdict_and_exact_ties_go_to_the_ancestor(tmp_path: Path):
+    # User trials: a discarded raise_lr child whose replicate mean equalled the seed's exactly (0.95914577) ranked 1
+    # on its luckier best trial and was exported; another, on a higher mean not shown better at 90%, was the pick
+    # beside "kept: none". The verdict is the campaign's own test: a discarded variant ranks below the rest.
+    from ralph_ray import sql
+
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    variants = [("seed", None, "seed", 1), ("tied", "seed", "discarded", 2), ("noisy", "seed", "discarded", 2)]
+    variants += [("later", "seed", "kept", 3)]
+    kb.put(
+        "variants",
+        [{"run_id": "r1", "variant_id": v, "parent_id": p, "status": s, "cycle": c} for v, p, s, c in variants],
+        "r1",
+    )
+
+    def row(trial: str, variant: str, score: float, replicate: bool = False) -> dict:
+        return {**trial_row("r1", trial, score), "variant_id": variant, "replicate": replicate}
+
+    def replicas(variant: str, scores: tuple[float, ...]) -> list[dict]:
+        return [row(f"{variant}{i}", variant, s, True) for i, s in enumerate(scores)]
+
+    kb.append("trials", [row("s", "seed", 0.96), *replicas("seed", (0.95914577, 0.95914577))], "c1")
+    kb.append("trials", [row("t", "tied", 0.99), *replicas("tied", (0.95914577, 0.95914577))], "c2")
+    kb.append("trials", [row("n", "noisy", 0.98), *replicas("noisy", (0.96, 0.99))], "c2b")
+    rows = kb.reader().execute("select variant_id, rank from leaderboard where run_id = 'r1' order by rank")
+    assert rows.fetchall() == [("seed", 1), ("noisy", 2), ("tied", 3)]
+    assert kb.reader().execute(sql.PICK, ["r1"]).fetchone() == ("seed",)
+    # Between variants no verdict rejected, an exact tie of replicate means goes to the earlier (the ancestor), not
+    # to the luckier best trial.
+    kb.append("trials", [row("l", "later", 0.999), *replicas("later", (0.95914577, 0.95914577))], "c3")
+    rows = kb.reader().execute("select variant_id, rank from leaderboard where run_id = 'r1' order by rank")
+    assert rows.fetchall()[:2] == [("seed", 1), ("later", 2)]
+    assert kb.reader().execute(sql.PICK, ["r1"]).fetchone() == ("seed",)
+
+
+def test_a_trial_cut_by_the_campaigns_end_says_so_also_as_older_kbs_recorded_it(tmp_path: Path):
+    """User trial: a trial cut by max_cycles read "stopped with the cycle (manual stop or time budget)". The reason
+    names the campaign's end now; rows of older KBs read as the new reason, so every query still matches them."""
+    from ralph_ray import history
+    from ralph_ray.statuses import LEGACY_STOPPED_WITH_CYCLE, STOPPED_WITH_CYCLE
+
+    assert "max_cycles" in STOPPED_WITH_CYCLE and "campaign's end" in STOPPED_WITH_CYCLE
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    old = {**trial_row("r1", "old", None, "stopped_early"), "reason": LEGACY_STOPPED_WITH_CYCLE}
+    new = {**trial_row("r1", "new", None, "stopped_early"), "reason": STOPPED_WITH_CYCLE}
+    asha = {**trial_row("r1", "asha", None, "stopped_early"), "reason": "ASHA: val_acc 0.3 at epoch 2 ..."}
+    kb.append("trials", [old, new, asha, trial_row("r1", "done", 0.9)], "r1")
+    reasons = dict(kb.reader().execute("select trial_id, reason from trials").fetchall())
+    assert reasons["old"] == reasons["new"] == STOPPED_WITH_CYCLE and reasons["asha"].startswith("ASHA:")
+    # a resumed cycle runs both cut trials again: the trials it keeps are the ASHA stop and the completed one
+    assert sorted(history.trials_done(kb.reader(), "r1", 1, STOPPED_WITH_CYCLE)) == ["v1", "v1"]

@@ -69,7 +69,8 @@ def test_relative_knobs_scale_each_variants_own_values():
     config = {"variant": "v1", "LR": 0.5, "WIDTH": 2.0, "BATCH_SIZE": 0.01, "OPT": "adam"}
     relative = {"LR": Bounds(1e-4, 1.0), "WIDTH": Bounds(1, 512), "BATCH_SIZE": Bounds(1, 512, integer=True)}
     knobs = resolve_knobs(config, own, relative)
-    assert knobs == {"LR": 0.01, "WIDTH": 32, "BATCH_SIZE": 1, "OPT": "adam"}  # ints stay ints
+    # ints stay ints; 64 x 0.01 falls below the range and is reflected back in by ratio (1 / 0.64), not clipped to 1
+    assert knobs == {"LR": 0.01, "WIDTH": 32, "BATCH_SIZE": 2, "OPT": "adam"}
     assert resolve_knobs(config, own, {}) == {k: v for k, v in config.items() if k != "variant"}
 
 
@@ -90,16 +91,20 @@ def test_relative_factors_stay_inside_the_declared_space():
     relative = relative_knobs(space)
     low = {"variant": "v", "HIDDEN": min(param_space(space, relative=True)["HIDDEN"].categories), "GAMMA": 0.5}
     high = {"variant": "v", "GAMMA": 2.0, "LR": 2.0, "EPOCHS": 2.0, "DROPOUT": 2.0}
-    assert resolve_knobs(low, {"HIDDEN": 16, "GAMMA": 0.3}, relative) == {"HIDDEN": 16, "GAMMA": 0.3}
+    # A range's value past a bound is reflected back inside by ratio (0.3 x 0.5 -> 0.3 / 0.5 x 0.3), a choice snaps
+    assert resolve_knobs(low, {"HIDDEN": 16, "GAMMA": 0.3}, relative) == {"HIDDEN": 16, "GAMMA": 0.6}
     edge = {"GAMMA": 0.9, "LR": 0.0177, "EPOCHS": 8, "DROPOUT": 0.4}
-    assert resolve_knobs(high, edge, relative) == {"GAMMA": 0.9, "LR": 0.02, "EPOCHS": 10, "DROPOUT": 0.5}
+    inside = resolve_knobs(high, edge, relative)
+    assert inside == pytest.approx({"GAMMA": 0.45, "LR": 0.02 / 1.77, "EPOCHS": 6, "DROPOUT": 0.3125})
+    assert isinstance(inside["EPOCHS"], int)
     # A choice snaps to the nearest declared value by ratio; an int stays an int where its range is whole numbers,
-    # a fractional knob written as an int (GAMMA = 1) takes fractions.
+    # a fractional knob written as an int (GAMMA = 1, outside its range: searched over the range) takes fractions.
     assert resolve_knobs({"HIDDEN": 1.45, "EPOCHS": 0.55}, {"HIDDEN": 16, "EPOCHS": 7}, relative) == {
         "HIDDEN": 32,
         "EPOCHS": 4,
     }
-    assert resolve_knobs({"GAMMA": 0.7}, {"GAMMA": 1}, relative) == {"GAMMA": 0.7}
+    assert [resolve_knobs({"GAMMA": f}, {"GAMMA": 1}, relative)["GAMMA"] for f in (0.5, 2.0)] == [0.3, 0.9]
+    assert 0.3 < resolve_knobs({"GAMMA": 0.7}, {"GAMMA": 1}, relative)["GAMMA"] < 0.9
 
 
 def test_relative_search_space_and_first_points():
@@ -161,3 +166,18 @@ def test_the_transforms_read_the_knob_block_by_the_same_rule():
     lines = [s for s in cst.parse_module(source).body if isinstance(s, cst.SimpleStatementLine)]
     found = [cst.Module([]).code_for_node(s).split("=")[0].strip() for s in lines if _is_knob(s)]
     assert found == list(read_knobs(source)) == ["LR", "EPOCHS", "NAME", "WIDTHS"]
+
+
+def test_a_list_value_is_written_in_the_container_the_trainer_wrote():
+    """User trial: `HIDDEN_SIZES = (128, 64)` read by a dataclass field became `HIDDEN_SIZES = [64, 32]`, and Python
+    refused the list as the field's default ("mutable default ... is not allowed"): every trial failed, exit 4."""
+    source = (
+        "from dataclasses import dataclass\n\n"
+        "HIDDEN_SIZES = (128, 64)  # widths\nLAYERS = [3, 3]\n\n\n"
+        "@dataclass\nclass TrainConfig:\n    hidden_sizes: tuple = HIDDEN_SIZES\n"
+    )
+    out = rewrite_knobs(source, {"HIDDEN_SIZES": [64, 32], "LAYERS": (2, 2)})
+    assert "HIDDEN_SIZES = (64, 32)  # widths\n" in out and "LAYERS = [2, 2]\n" in out
+    namespace: dict = {}
+    exec(compile(out, "train.py", "exec"), namespace)  # the trainer's own dataclass takes it
+    assert namespace["TrainConfig"]().hidden_sizes == (64, 32)

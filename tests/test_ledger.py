@@ -134,3 +134,32 @@ def test_a_trial_whose_predictions_cannot_be_scored_says_it_failed_in_scoring_on
     assert record.status is TrialStatus.failed and record.selection_score is None
     assert record.reason is not None and record.reason.startswith(f"{SCORING_FAILED}: predictions: ")
     assert "save `logits.argmax(1)`" in record.reason
+
+
+def test_a_trial_asha_stopped_is_recorded_with_the_schedulers_reason(ray_session, tmp_path: Path):
+    """User trials: the KB's reason was NULL for ASHA's stops; it is the one the scheduler wrote into stop_reasons."""
+    from ralph_ray.asha import NoiseAwareASHA
+
+    recorded: list[TrialRecord] = []
+    ledger = TrialLedger(
+        "r", 1, prepare(0, 0.2, 0.2).labels(), str(tmp_path / "trials"), 0, "val_acc", lambda r, _: recorded.append(r)
+    )
+    sched = NoiseAwareASHA(
+        margin=0.0, z=2, stops=ledger.stop_reasons, time_attr="epoch", max_t=5, grace_period=1, reduction_factor=2
+    )
+    sched.set_search_properties("val_acc", "max")
+    ahead, behind = tune_trial(tmp_path, "ahead001"), tune_trial(tmp_path, "behind01")
+    for trial, value in ((ahead, 0.9), (behind, 0.3)):
+        ledger.on_trial_start(0, [trial], trial)
+        sched.on_trial_add(None, trial)  # type: ignore[arg-type]
+        result = {"epoch": 1, "val_acc": value}
+        decision = sched.on_trial_result(None, trial, result)  # type: ignore[arg-type]
+        ledger.on_trial_result(0, [trial], trial, result)
+        trial.update_last_result(result)
+    assert decision == "STOP"
+    ledger.on_trial_complete(0, [behind], behind)
+    (record,) = recorded
+    assert record.status is TrialStatus.stopped_early and record.epochs == 1
+    assert record.reason is not None and record.reason.startswith(
+        "ASHA: val_acc 0.3 at epoch 1 is below the cutoff 0.9 of the rung at epoch 1"
+    )

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 from taskdirs import digits_task
 
-from ralph_ray import PROJECT_ROOT, sql
+from ralph_ray import PROJECT_ROOT, history, sql
 from ralph_ray.__main__ import main
 from ralph_ray.campaign import run
 from ralph_ray.children import Child
@@ -24,6 +24,7 @@ from ralph_ray.replicates import (
     Replicated,
     Tally,
     best_knobs,
+    campaign_floor,
     evidence,
     fresh_seeds,
     needing,
@@ -210,6 +211,42 @@ def trial_row(trial_id: str, knobs: dict, score: float, replicate: bool = False,
     }
 
 
+def test_the_campaign_floor_leaves_out_a_discarded_child(tmp_path: Path):
+    """Review: a discarded child's replicates (not shown better than the seed's at 90%, yet a higher lower bound) set
+    the floor the target and the plateau read, so a run could stop "target met" while its pick, the seed, is below."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.put(
+        "variants",
+        [
+            {"run_id": "r", "variant_id": "s", "parent_id": None, "cycle": 1, "interventions": "[]", "status": "seed"},
+            {
+                "run_id": "r",
+                "variant_id": "kid",
+                "parent_id": "s",
+                "cycle": 2,
+                "interventions": "[]",
+                "status": "discarded",
+            },
+        ],
+        "v",
+    )
+    knobs = {"LR": 0.1}
+    rows = [trial_row("s0", knobs, 0.84), {**trial_row("k0", knobs, 0.86), "variant_id": "kid", "cycle": 2}]
+    rows += [trial_row(f"s{i}", knobs, score, True, i) for i, score in ((1, 0.83), (2, 0.834), (3, 0.838))]
+    rows += [
+        {**trial_row(f"k{i}", knobs, score, True, i), "variant_id": "kid", "cycle": 2}
+        for i, score in ((1, 0.845), (2, 0.85), (3, 0.855))
+    ]
+    kb.append("trials", rows, "t")
+    con = open_reader(kb.root)
+    reps, discarded = recorded(con, "r"), history.discarded(con, "r")
+    seed_bound = lower_bound(reps["s"].sample, 0.9)
+    assert discarded == {"kid"} and seed_bound < lower_bound(reps["kid"].sample, 0.9)
+    assert campaign_floor(reps, 0.9, discarded) == seed_bound
+    assert con.execute(sql.PICK, ["r"]).fetchone() == ("s",)
+
+
 def test_replicates_belong_to_the_knobs_they_ran(tmp_path: Path):
     """User trial: the seed was replicated at its best knobs then (0.9526, 0.9443); a later search trial of other knobs
     scored 0.9777 and became its best, was never replicated, and its leaderboard row showed those knobs beside the
@@ -350,10 +387,13 @@ def test_a_campaign_replicates_the_seed_and_judges_children_on_their_replicates(
         assert said in reason and (basis != "replicates" or f"parent {parent_score:.4f}" in reason)
     report = (outcome.run_dir / "report" / "final_report.md").read_text()
     assert "| replicates |" in report
-    # The campaign's pick is the replicated variant with the best replicate mean, in the report and in `status`.
-    top = max((mean for n, mean, *_ in board.values() if n), default=None)
-    picks = [v for v, (n, mean, *_) in board.items() if n and mean == top] or [
-        v for v, (*_, best) in board.items() if best == max(b for *_, b in board.values() if b is not None)
+    # The campaign's pick is the replicated variant with the best replicate mean, a discarded child after every
+    # variant no verdict rejected, in the report and in `status`.
+    status_of = {v: status for v, _, status, _ in variants}
+    eligible = {v: row for v, row in board.items() if status_of.get(v) != "discarded"} or board
+    top = max((mean for n, mean, *_ in eligible.values() if n), default=None)
+    picks = [v for v, (n, mean, *_) in eligible.items() if n and mean == top] or [
+        v for v, (*_, best) in eligible.items() if best == max(b for *_, b in eligible.values() if b is not None)
     ]
     assert any(f"- best variant: {p}, selection" in report for p in picks)
     assert main(["status", f"noise-{mode}", "--runs", str(outcome.run_dir.parent), "--kb", str(outcome.kb_root)]) == 0

@@ -243,3 +243,33 @@ def test_a_childs_knob_samples_stay_inside_the_declared_space():
     children = [s for s in samples if s["variant"] == "child"]
     assert children and all(0.15 - 1e-9 <= s["LR"] <= 0.3 and s["WIDTH"] in (8, 16) for s in children)
     assert any(s["LR"] == 0.3 for s in children) or any(s["WIDTH"] == 8 for s in children)
+
+
+def test_a_discarded_child_ranks_below_the_rest_but_its_trial_stays_the_best_single_trial():
+    # As the leaderboard's rank (the pick): a child its verdict discarded is bred from only once nothing else is
+    # left, however lucky its best trial (user trial: cycle 3 bred from a discarded raise_lr child beside "kept:
+    # none"); state.json's best single trial is still its.
+    p = pool(parents=1)
+    for name, gen in (("seed", 1), ("lucky", 2)):
+        p.add(member(name, None if gen == 1 else "seed", gen))
+        finish(p, f"own-{name}", p.suggest(f"own-{name}"), {"seed": 0.83, "lucky": 0.84}[name])
+    assert [c.variant_id for c in p.ranked()] == ["lucky", "seed"]  # not judged yet: its best trial leads
+    p.members["lucky"].discarded = True
+    assert [c.variant_id for c in p.ranked()] == ["seed", "lucky"]
+    assert {p.suggest(f"s{i}")["variant"] for i in range(6)} == {"seed"}  # knob samples go to the would-be parent
+    assert p.best().variant_id == "lucky" and p.best().best_trial_id == "own-lucky"
+
+
+def test_a_rebuilt_study_stores_the_factor_that_gives_back_a_small_int_bases_recorded_value():
+    # Review: resolve_knobs scales an int base over a whole-number range as an int, but the rebuilt study read the
+    # recorded value without that flag: EPOCHS = 1 (no factor of span 1.2 moves it once rounded, so it is searched
+    # over the whole range) trained 4, was stored as the factor 4 (clipped to 1.2), which trains 5.
+    from ralph_ray.knobs import resolve_knobs
+    from ralph_ray.space import relative_knobs
+
+    space = {"GAMMA": KnobSpace(SpaceKind.uniform, 1.0, 5.0)}
+    p = pool(space=space, relative_span=1.2)
+    p.add(member("child", "seed", 2, own={"GAMMA": 1}), queued=False)
+    p.warm_start("child", "t1", json.dumps({"GAMMA": 4}), 0.9, TrialStatus.completed, 1)
+    factor = p.studies["child"].trials[0].params["GAMMA"]
+    assert resolve_knobs({"GAMMA": factor}, {"GAMMA": 1}, relative_knobs(space, 1.2)) == {"GAMMA": 4}

@@ -86,3 +86,36 @@ def test_a_resume_with_something_left_to_run_is_not_refused(tmp_path: Path) -> N
     state.save(run_dir)
     assert spent_on_resume(run_dir, guards) == []
     assert spent_on_resume(run_dir, resume_config(run_dir, ["safeguards.max_cycles=8"]).safeguards) == []
+
+
+def test_each_variants_meta_json_says_its_verdict_once_judged(tmp_path: Path) -> None:
+    """User trial: variants/*/meta.json kept `status: candidate` for kept and discarded children alike. The record
+    phase saves the verdicts: each judged child's meta.json now says its own (the KB's) status and reason."""
+    from ralph_ray.children import judge, knob_child, seed_child
+    from ralph_ray.population import Candidate
+    from ralph_ray.rundir import CycleFiles
+    from ralph_ray.variants import VariantStatus
+
+    trainer, run_dir = tmp_path / "task", tmp_path / "runs" / "r1"
+    trainer.mkdir()
+    (trainer / "train.py").write_text("LR = 0.1  # learning rate\n")
+    seed = seed_child(trainer, run_dir / "variants")
+    parent = Candidate(seed.variant_id, 0.80, {"LR": 0.1}, seed.variant_id)
+    children = []
+    for lr in (0.2, 0.3):
+        baked = tmp_path / f"baked_{lr}"
+        baked.mkdir()
+        (baked / "train.py").write_text(f"LR = {lr}  # learning rate\n")
+        children.append(knob_child(parent, baked, run_dir / "variants"))
+    files = CycleFiles(run_dir, 2)
+    files.save_children(children)  # as the write phase saves them
+    meta = [json.loads((c.files_dir.parent / "meta.json").read_text()) for c in children]
+    assert [m["status"] for m in meta] == ["candidate", "candidate"]
+
+    better, worse = children
+    judge(children, {better.variant_id: (0.90, 0.88), worse.variant_id: (0.70, 0.69)}, {}, 0.0)
+    files.save_children(children)  # as the record phase saves the verdicts
+    meta = [json.loads((c.files_dir.parent / "meta.json").read_text()) for c in children]
+    assert [m["status"] for m in meta] == [VariantStatus.kept.value, VariantStatus.discarded.value]
+    assert [m["reason"] for m in meta] == [better.reason, worse.reason] and "diff" not in meta[0]
+    assert not (trainer / "meta.json").exists() and not (tmp_path / "meta.json").exists()  # the user's folder: no

@@ -157,3 +157,50 @@ def test_a_data_cache_it_cannot_mend_fails_the_trial_with_what_is_missing(
     assert [p.name for p in root.parent.iterdir()] == [data.key]  # and no temp folder is left
     with pytest.raises(TrialFailed, match="missing"):
         check_frozen({str(root / name): digest for name, digest in data.hashes.items()})
+
+
+LAST_EPOCH_TRAINER = """\
+import time
+import numpy as np
+from ralph_ray import harness
+EPOCHS = {epochs}
+data = harness.load_data()
+for epoch in harness.epochs(EPOCHS):
+    harness.report(epoch=epoch, val_acc={value})
+time.sleep(1)  # its prediction pass: ASHA's answer to the last report arrives before the predictions
+harness.save_predictions(selection=np.zeros(len(data.selection_x), int), test=np.zeros(len(data.test_x), int))
+"""
+
+
+def test_a_trial_whose_epochs_end_on_a_rung_is_held_for_its_predictions_not_stopped_there(
+    ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """User trial: with EPOCHS searched, an EPOCHS=2 trial under max_t 6 (rungs at 2 and 4) trained both epochs and
+    wrote its predictions, but ASHA stopped it at its epoch-2 report: recorded stopped_early, never scored. Its last
+    epoch's report is held for its predictions now, as at max_t."""
+    from ray import tune
+
+    from ralph_ray.asha import NoiseAwareASHA
+
+    monkeypatch.setenv("RALPH_CACHE_DIR", str(tmp_path / "cache"))
+    code = Code(
+        {
+            "long": {"train.py": LAST_EPOCH_TRAINER.format(epochs=6, value=0.9).encode()},
+            "short": {"train.py": LAST_EPOCH_TRAINER.format(epochs=2, value=0.1).encode()},
+        },
+        sha256_file(Path(harness.__file__)),
+    )
+    # As search.trial_spec and search.scheduler build them for scheduler.max_t=6, grace 2, reduction 2, margin 0
+    spec = TrialSpec(code, public_data(), Limits(timeout_s=60), str(tmp_path / "trials"), Schedule(hold_from_epoch=6))
+    asha = NoiseAwareASHA(margin=0.0, z=2.0, last=6, time_attr="epoch", max_t=7, grace_period=2, reduction_factor=2)
+    tuner = tune.Tuner(
+        tune.with_parameters(run_trial, spec=spec),
+        param_space={"variant": tune.grid_search(["long", "short"])},
+        tune_config=tune.TuneConfig(metric="val_acc", mode="max", scheduler=asha, max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), verbose=0),
+    )
+    results = {r.config["variant"]: r.metrics for r in tuner.fit()}
+    assert results["long"]["epoch"] == 6 and PREDICTIONS_KEY in results["long"]
+    short = results["short"]
+    assert short["epoch"] == 2 and short["val_acc"] == 0.1  # below the rung-2 cutoff (0.5): plain ASHA stops it
+    assert PREDICTIONS_KEY in short  # its last epoch was held for its predictions: the ledger scores it

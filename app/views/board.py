@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import figures
 import kbdata
 import knobstats
@@ -12,15 +14,29 @@ import streamlit as st
 from ralph_ray import front, sql
 
 STATUSES = list(figures.STATUS_STYLE)  # every variant status the KB records
+
+
+def score_columns(metric: str | None) -> dict[str, Any]:
+    """The selection and test columns, labelled with the task's metric (`selection macro_f1`; user trial: `selection`
+    / `test` said not which score they were); unnamed where the config records no metric."""
+
+    def label(split: str) -> str:
+        return f"{split} {metric}" if metric else split
+
+    return {
+        "selection_score": st.column_config.NumberColumn(
+            label("selection"), format="%.4f", help="best completed trial, frozen selection split"
+        ),
+        "test_score": st.column_config.NumberColumn(
+            label("test"), format="%.4f", help="that trial's test score (never used for selection)"
+        ),
+    }
+
+
 COLUMNS = {
     "rank": st.column_config.NumberColumn("rank", width="small"),
     "variant_id": st.column_config.TextColumn("variant"),
-    "selection_score": st.column_config.NumberColumn(
-        "selection", format="%.4f", help="best completed trial, frozen selection split"
-    ),
-    "test_score": st.column_config.NumberColumn(
-        "test", format="%.4f", help="that trial's test score (never used for selection)"
-    ),
+    **score_columns(None),
     "cost_s": st.column_config.NumberColumn("cost s", format="%.1f", help=f"the best trial's cost: {front.COST_HELP}"),
     "on_front": st.column_config.CheckboxColumn(
         "front", width="small", help="no other variant scores at least as well for no more cost"
@@ -99,12 +115,16 @@ def body(run: shell.Campaign) -> None:
     order = LEAD + knobs + [c for c in COLUMNS if c not in LEAD]
     if board["spread"].isna().all():
         order.remove("spread")  # no knobs were repeated with other seeds: no column of dashes
-    config = COLUMNS | {
-        k: st.column_config.NumberColumn(k, format="%.4g", help="the best trial's knob")
-        if knobstats.is_numeric(board[k])
-        else st.column_config.TextColumn(k)
-        for k in knobs
-    }
+    config = (
+        COLUMNS
+        | score_columns((run.config.get("task") or {}).get("metric"))
+        | {
+            k: st.column_config.NumberColumn(k, format="%.4g", help="the best trial's knob")
+            if knobstats.is_numeric(board[k])
+            else st.column_config.TextColumn(k)
+            for k in knobs
+        }
+    )
     st.dataframe(
         figures.as_values(shown, sign),
         width="stretch",

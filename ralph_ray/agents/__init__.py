@@ -80,7 +80,7 @@ class _Builder:
         self._chat: ChatClient | None = None
 
     def heuristic(self) -> tuple[Analyst, Coder]:
-        from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder
+        from ralph_ray.agents.heuristic import HeuristicAnalyst, HeuristicCoder, Watched
 
         timed = self.cfg.trial.budget_s is not None
         gpu = self.cfg.resources.gpu > 0
@@ -92,6 +92,7 @@ class _Builder:
             mirror_invariant=self.cfg.task.mirror_invariant,
             images=self.cfg.task.images,
             searched=searched_knobs(self.cfg),
+            metric=Watched(self.cfg.search.metric, self.cfg.search.mode == "min"),
         )
         return analyst, HeuristicCoder(searched=searched_knobs(self.cfg))
 

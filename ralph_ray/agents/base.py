@@ -70,6 +70,9 @@ class EpochPoint:
     entropy: float | None = None  # of the policy's next-token distribution on its completions
     completion_length: float | None = None  # mean tokens per completion
     zero_spread_frac: float | None = None  # share of prompts whose completions all earned the same reward
+    # every other metric the trainer reported this epoch by name (a search.metric such as val_f1): the analyst
+    # reads the campaign's metric from here where it is none of the fields above
+    others: dict[str, float] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import random
 import re
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,14 @@ from ralph_ray.statuses import TrialStatus
 # (digits' val split is ~160 images, so val_acc moves in steps of ~0.006), short enough to be recent.
 WINDOW = 3
 # val_acc gained over the window above this means the run was still learning when it stopped
-# (about one val image on digits); below PLATEAU_DELTA it has stalled.
+# (about one val image on digits); below PLATEAU_DELTA it has stalled. These hold for any higher-is-better fraction
+# (val_acc, val_f1 in [0, 1]); a metric of other units (a loss, an MSE, a reward) is read relative to its value:
+# UNDERTRAINED_LOSS_DROP and PLATEAU_REL below.
 UNDERTRAINED_DELTA = 0.005
 PLATEAU_DELTA = 0.002
+PLATEAU_REL = 0.01
+# The curve the undertrained and plateau readings come from where the campaign's search.metric was never reported.
+FALLBACK_METRIC = "val_acc"
 # val_loss still falling this much (relative) over the window, at its minimum, also means undertrained.
 UNDERTRAINED_LOSS_DROP = 0.05
 # val_loss this far (relative, and absolute) above its minimum while train_loss keeps falling is
@@ -123,6 +129,29 @@ class Finding:
     evidence: str
 
 
+@dataclass(frozen=True)
+class Watched:
+    """The metric whose curve says whether a run was still improving: the campaign's search.metric and its mode."""
+
+    name: str = FALLBACK_METRIC
+    lower_is_better: bool = False
+
+    def read_in(self, curve: list[EpochPoint]) -> Watched | None:
+        """The metric to read in `curve`: this one where reported, else val_acc (higher is better), else None."""
+        for watched in (self, Watched()):
+            if _series(curve, watched.name):
+                return watched
+        return None
+
+    def best(self, values: list[float]) -> float:
+        """The best of `values` in this metric's direction."""
+        return min(values) if self.lower_is_better else max(values)
+
+
+class AnalystWarning(UserWarning):
+    """The heuristic analyst could not read what it diagnoses from (shown once on the console)."""
+
+
 # -----------------------------------------------------------------------------
 # Reading curves
 
@@ -136,10 +165,12 @@ def best_trial(trials: list[TrialSummary]) -> TrialSummary | None:
     return None
 
 
-def diagnose(trials: list[TrialSummary], knobs: dict[str, Any]) -> list[Finding]:
-    """What the trials show, most severe first; `[healthy]` when nothing is wrong."""
+def diagnose(trials: list[TrialSummary], knobs: dict[str, Any], metric: Watched | None = None) -> list[Finding]:
+    """What the trials show, most severe first; `[healthy]` when nothing is wrong. Whether a run was still improving
+    is read from `metric` (the campaign's search.metric), else from val_acc."""
     best = best_trial(trials)
-    from_curve = _curve_findings(best.curve, {**knobs, **best.knobs}) if best is not None else []
+    watched = metric or Watched()
+    from_curve = _curve_findings(best.curve, {**knobs, **best.knobs}, watched) if best is not None else []
     findings = _failure_findings(trials) + from_curve
     diverged = sum(bool(t.status is TrialStatus.failed and DIVERGED_REASON.search(t.reason or "")) for t in trials)
     if any(f.diagnosis is Diagnosis.divergence for f in from_curve) or (
@@ -151,6 +182,8 @@ def diagnose(trials: list[TrialSummary], knobs: dict[str, Any]) -> list[Finding]
     findings = _first_per_diagnosis(findings)
     if not any(f.diagnosis is not Diagnosis.too_slow for f in findings):
         evidence = "no trial has a curve yet" if best is None else "no warning sign in the best curve"
+        if best is not None and watched.read_in(best.curve) is None:
+            evidence += f" ({_unread(watched)})"
         findings.append(Finding(Diagnosis.healthy, evidence))
     return sorted(findings, key=lambda f: SEVERITY.index(f.diagnosis))
 
@@ -179,13 +212,28 @@ def _failure_findings(trials: list[TrialSummary]) -> list[Finding]:
 
 
 def _series(curve: list[EpochPoint], metric: str) -> list[tuple[int, float]]:
-    """(epoch, value) pairs of one metric, skipping epochs that did not report it."""
-    return [(p.epoch, getattr(p, metric)) for p in curve if getattr(p, metric) is not None]
+    """(epoch, value) pairs of one metric (a field of EpochPoint, or one of its `others`), skipping epochs that did
+    not report it."""
+    values = [(p.epoch, getattr(p, metric, None) if metric in EPOCH_FIELDS else p.others.get(metric)) for p in curve]
+    return [(epoch, value) for epoch, value in values if value is not None]
 
 
-def _curve_findings(curve: list[EpochPoint], knobs: dict[str, Any]) -> list[Finding]:
-    checks = (_divergence, _overfitting, _gap_widening, _underfitting, _update_collapse, _progress, _too_slow)
+EPOCH_FIELDS = frozenset(f.name for f in dataclasses.fields(EpochPoint)) - {"epoch", "others"}
+
+
+def _unread(watched: Watched) -> str:
+    """Why the undertrained and plateau readings were not made."""
+    named = (
+        FALLBACK_METRIC if watched.name == FALLBACK_METRIC else f"{watched.name} (search.metric) nor {FALLBACK_METRIC}"
+    )
+    return f"the best trial reported no {named}: undertrained and plateau were not read"
+
+
+def _curve_findings(curve: list[EpochPoint], knobs: dict[str, Any], watched: Watched) -> list[Finding]:
+    checks = (_divergence, _overfitting, _gap_widening, _underfitting, _update_collapse, _too_slow)
     found = [finding for check in checks if (finding := check(curve, knobs)) is not None]
+    if (progress := _progress(curve, watched)) is not None:
+        found.append(progress)  # order within a diagnosis: the probes' plateau reading stays first
     # RL post-training telemetry first: its readings are more specific than the generic ones from val_acc.
     return [Finding(d, evidence) for d, evidence in rl.findings(curve, knobs)] + found
 
@@ -293,19 +341,27 @@ def smoothing_floor(label_smoothing: float, classes: int = ASSUMED_CLASSES) -> f
     return -(right * math.log(right) + (classes - 1) * wrong * math.log(wrong))
 
 
-def _progress(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
-    """Undertrained (still improving at the end) or plateau (flat over the last epochs)."""
-    acc = _series(curve, "val_acc")
-    if len(acc) <= WINDOW:
+def _progress(curve: list[EpochPoint], watched: Watched) -> Finding | None:
+    """Undertrained (still improving at the end) or plateau (flat over the last epochs), read from the campaign's
+    metric in its direction (else val_acc)."""
+    metric = watched.read_in(curve)
+    if metric is None:
         return None
-    earlier = max(v for _, v in acc[:-WINDOW])
-    recent = max(v for _, v in acc[-WINDOW:])
-    gain = recent - earlier
-    window = f"the last {WINDOW} epochs"
-    if gain > UNDERTRAINED_DELTA:
+    series = [v for _, v in _series(curve, metric.name)]
+    if len(series) <= WINDOW or not all(math.isfinite(v) for v in series):
+        return None
+    earlier, recent = metric.best(series[:-WINDOW]), metric.best(series[-WINDOW:])
+    gain = earlier - recent if metric.lower_is_better else recent - earlier
+    # a fraction to maximise (an accuracy, an F1) gains in its own units; anything else relative to its size
+    fraction = not metric.lower_is_better and all(0 <= v <= 1 for v in series)
+    scale = 1.0 if fraction else max(abs(earlier), 1e-12)
+    undertrained, plateau = (UNDERTRAINED_DELTA, PLATEAU_DELTA) if fraction else (UNDERTRAINED_LOSS_DROP, PLATEAU_REL)
+    name, window, f = metric.name, f"the last {WINDOW} epochs", ".4f" if fraction else ".4g"
+    if gain / scale > undertrained:
         return Finding(
             Diagnosis.undertrained,
-            f"val_acc reached {recent:.4f} in {window}, up {gain:.4f} on the earlier best {earlier:.4f}",
+            f"{name} reached {recent:{f}} in {window}, {'down' if metric.lower_is_better else 'up'} {gain:{f}} on "
+            f"the earlier best {earlier:{f}}",
         )
     loss = _series(curve, "val_loss")
     if len(loss) > WINDOW:
@@ -315,8 +371,8 @@ def _progress(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
                 Diagnosis.undertrained,
                 f"val_loss is still falling at the last epoch ({before:.4g} -> {end:.4g} over {window})",
             )
-    if gain < PLATEAU_DELTA:
-        return Finding(Diagnosis.plateau, f"val_acc flat: best {recent:.4f} in {window} vs {earlier:.4f} before")
+    if gain / scale < plateau:
+        return Finding(Diagnosis.plateau, f"{name} flat: best {recent:{f}} in {window} vs {earlier:{f}} before")
     return None
 
 
@@ -467,6 +523,7 @@ class HeuristicAnalyst:
         mirror_invariant: bool = True,
         images: bool | None = None,
         searched: Searched | None = None,
+        metric: Watched | None = None,
     ) -> None:
         if exploration < 0:
             raise ValueError(f"exploration must be >= 0, got {exploration}")
@@ -478,19 +535,36 @@ class HeuristicAnalyst:
         self.mirror_invariant = mirror_invariant  # task.mirror_invariant: False skips interventions that mirror inputs
         self.images = images  # task.images: False skips image interventions; None: not known, nothing skipped for it
         self.searched = searched or {}  # search.space: a knob move its trials would undo is not proposed
+        self.metric = metric or Watched()  # search.metric and its mode: what "still improving" is read from
+        self._said_unread = False  # the console is told once when no curve has the metric nor val_acc
 
     def analyse(self, parent: ParentView, effects: list[InterventionEffect], usage: Usage) -> Analysis:
         """Diagnose `parent` and rank recommendations; add what the call cost to `usage`."""
         start = time.perf_counter()
         try:
             source = _read_trainer(parent.files_dir)
-            findings = diagnose(parent.trials, read_knobs(source))
+            findings = diagnose(parent.trials, read_knobs(source), self.metric)
+            self._say_if_unread(parent.trials)
             applicable, skipped = self._applicable(parent, source)
             ranked = self._rank(parent, findings, applicable, effects)
-            summary = _summary(parent, findings, ranked, skipped)
+            summary = _summary(parent, findings, ranked, skipped, self.metric)
             return Analysis(parent.variant_id, [f.diagnosis for f in findings], summary, ranked)
         finally:
             usage.add(Usage(calls=1, seconds=time.perf_counter() - start))
+
+    def _say_if_unread(self, trials: list[TrialSummary]) -> None:
+        """Warn once per campaign when the best curve has neither the search metric nor val_acc: every parent would
+        otherwise read "healthy" with no word that nothing was looked at (a trainer reporting only val_f1)."""
+        best = best_trial(trials)
+        if self._said_unread or best is None or self.metric.read_in(best.curve) is not None:
+            return
+        self._said_unread = True
+        warnings.warn(
+            f"the heuristic analyst {_unread(self.metric)}; fix: report the campaign's metric each epoch "
+            f"(harness.report(epoch=..., {self.metric.name}=...)) or set search.metric to a metric the trainer reports",
+            AnalystWarning,
+            stacklevel=2,
+        )
 
     def _applicable(self, parent: ParentView, source: str) -> tuple[list[Intervention], dict[str, str]]:
         """Interventions that apply to the parent's code (train.py's `source`, and the module of its folder the model
@@ -676,13 +750,19 @@ def _recommendation(candidate: Candidate) -> Recommendation:
     )
 
 
-def _summary(parent: ParentView, findings: list[Finding], ranked: list[Recommendation], skipped: dict[str, str]) -> str:
+def _summary(
+    parent: ParentView,
+    findings: list[Finding],
+    ranked: list[Recommendation],
+    skipped: dict[str, str],
+    metric: Watched | None = None,
+) -> str:
     """The analysis as markdown: the evidence, the diagnoses, the ranking, what was skipped and why."""
     # The score is in analysis.md's heading above this, as the metric's value: the view's is stored oriented (a min
     # metric's -value, which the note showed beside the heading's positive MSE).
     unscored = " (unscored)" if parent.selection_score is None else ""
     lines = [f"### Parent `{parent.variant_id}`{unscored}", ""]
-    lines += _curve_lines(parent.trials)
+    lines += _curve_lines(parent.trials, metric or Watched())
     lines += ["", "**Diagnoses**", ""]
     lines += [f"- **{f.diagnosis.value}**: {f.evidence}" for f in findings]
     lines += ["", "**Recommendations**", ""]
@@ -697,24 +777,25 @@ def _summary(parent: ParentView, findings: list[Finding], ranked: list[Recommend
     return "\n".join(lines) + "\n"
 
 
-def _curve_lines(trials: list[TrialSummary]) -> list[str]:
+def _curve_lines(trials: list[TrialSummary], metric: Watched) -> list[str]:
     best = best_trial(trials)
     statuses = ", ".join(f"{sum(t.status is s for t in trials)} {s.value}" for s in sorted({t.status for t in trials}))
     lines = [f"Trials: {len(trials)} ({statuses or 'none'})."]
     if best is None:
         return lines + ["No trial reported a curve."]
     last = best.curve[-1]
-    acc = _series(best.curve, "val_acc")
-    peak = (
-        f"; best val_acc {max(acc, key=lambda ev: ev[1])[1]:.4f} at epoch {max(acc, key=lambda ev: ev[1])[0]}"
-        if acc
-        else ""
-    )
+    read = metric.read_in(best.curve)
+    peak = ""
+    if read is not None:
+        series = _series(best.curve, read.name)
+        epoch, value = (min if read.lower_is_better else max)(series, key=lambda ev: ev[1])
+        peak = f"; best {read.name} {value:{'.4f' if 0 <= value <= 1 else '.4g'}} at epoch {epoch}"
+    shown = ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds")
+    if metric.name not in shown:  # the campaign's own metric beside the standard ones (val_f1)
+        shown = (*shown[:3], metric.name, *shown[3:])
     lines.append(
         f"Best trial `{best.trial_id}` ({best.status.value}, {len(best.curve)} epochs): final "
-        + ", ".join(
-            f"{m} {_fmt(getattr(last, m))}" for m in ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds")
-        )
+        + ", ".join(f"{m} {_fmt(_series([last], m)[0][1] if _series([last], m) else None)}" for m in shown)
         + "".join(f", {m} {_fmt(getattr(last, m))}" for m in PROBES if getattr(last, m) is not None)
         + peak
         + "."

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ralph_ray import PROJECT_ROOT
-from ralph_ray.tasks.base import DataError, Experiment, Labels, Metric, Splits
+from ralph_ray.tasks.base import DataError, Experiment, Labels, Metric, MetricKind, Splits, public_array
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
 from ralph_ray.tasks.images import image_inputs, read_images
 from ralph_ray.tasks.plugins import GROUP, installed
@@ -124,7 +124,13 @@ def prepare_task(folder: TaskFolder, cfg: Experiment) -> Splits:
             "  fix: return integer class labels and num_classes >= 2, "
             "or declare a regression/custom METRIC"
         )
-    return dataclasses.replace(splits, metric=folder.metric)
+    # What trials read must memory-map (harness.load_data): text becomes fixed-width strings, other objects stop here,
+    # before Ray starts, for `ralph_ray.prepare` and the campaign alike.
+    # (Class labels are public as int64 ids, target_array: not converted here.)
+    labels = () if folder.metric.kind is MetricKind.classification else ("train_y",)
+    names = ("train_x", "selection_x", "test_x", *labels)
+    public = {name: public_array(getattr(splits, name), name, str(where)) for name in names}
+    return dataclasses.replace(splits, metric=folder.metric, **public)
 
 
 def reproduce(folder: TaskFolder, cfg: Experiment) -> str:

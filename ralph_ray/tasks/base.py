@@ -390,6 +390,67 @@ def random_split(n: int, fractions: tuple[float, ...], seed: int) -> list[np.nda
     return [np.sort(part) for part in np.split(order, edges)]
 
 
+# Public arrays whose text takes at least this much memory as fixed-width strings are named when a task is prepared.
+TEXT_NOTE_BYTES = 1 << 30
+
+
+def public_array(values: Any, name: str, where: str = "prepare()") -> np.ndarray:
+    """An array as trials can memory-map it: an object array (`df["text"].values`, pandas 3's string arrays) whose
+    elements are all `str` becomes fixed-width unicode (`<U<longest>`); any other object array raises DataError
+    with the fix (np.load cannot memory-map Python objects: every trial failed on it, after `prepare` said OK)."""
+    array = np.asarray(values)
+    if not array.dtype.hasobject:
+        return array
+    odd = next(((i, v) for i, v in enumerate(array.reshape(-1)) if not isinstance(v, str)), None)
+    if odd is None and array.dtype == object:
+        try:
+            return np.asarray(array, dtype=str)
+        except MemoryError:
+            longest = max(len(v) for v in array.reshape(-1))
+            raise DataError(
+                f"{where}: {name} holds {array.size} texts of up to {longest} characters: as fixed-width strings "
+                f"(every text as wide as the longest, 4 bytes a character) they need {_size(array.size * longest * 4)}"
+                '\n  fix: truncate the texts in prepare() (df["text"].str.slice(0, 2000)), or tokenise them there '
+                "and return the token ids"
+            ) from None
+    found = (
+        f"element {odd[0]} is {type(odd[1]).__name__} ({odd[1]!r:.40}), not str"
+        if odd is not None
+        else f"its dtype {array.dtype} holds Python objects"
+    )
+    raise DataError(
+        f"{where}: {name} is an array of Python objects, which trials cannot memory-map: {found}\n"
+        "  fix: return numbers (features, token ids) or text as strings, each input one str: missing texts filled "
+        '(df["text"].fillna("").to_numpy(dtype=str)); a dict, list or None per input cannot be saved for trials: '
+        "encode it as numeric arrays in prepare()"
+    )
+
+
+def text_memory_note(splits: Splits, limit: int = TEXT_NOTE_BYTES) -> str | None:
+    """What the public text inputs cost as fixed-width strings, when that is at least `limit` bytes (None: less or
+    no text)."""
+    texts = {
+        name: array
+        for name in ("train_x", "selection_x", "test_x")
+        if (array := np.asarray(getattr(splits, name))).dtype.kind == "U"
+    }
+    total = sum(array.nbytes for array in texts.values())
+    if not texts or total < limit:
+        return None
+    sizes = ", ".join(
+        f"{name} {len(array)} x {array.dtype.itemsize // 4} characters x 4 bytes" for name, array in texts.items()
+    )
+    return (
+        f"text inputs take {_size(total)} as fixed-width numpy strings ({sizes}): every text is as wide as the "
+        "longest. Truncate long texts in prepare() or return token ids to cut it"
+    )
+
+
+def _size(count: int) -> str:
+    """A byte count for people (MB or GB)."""
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
 def write_public(splits: Splits, out_dir: Path, task: str) -> dict[str, str]:
     """Write what a trial may read (no selection/test labels) and return each file's sha256."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -399,6 +460,8 @@ def write_public(splits: Splits, out_dir: Path, task: str) -> dict[str, str]:
         "selection_x.npy": splits.selection_x,
         "test_x.npy": splits.test_x,
     }
+    # Splits made by hand (not through tasks.prepare_task) are held to the same rule here
+    arrays = {name: public_array(array, name.removesuffix(".npy")) for name, array in arrays.items()}
     for name, array in arrays.items():
         _atomic_save(out_dir / name, np.ascontiguousarray(array))
     meta = {

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,10 @@ from ralph_ray.agents.catalog import NotApplicable, apply, apply_files, check_fi
 from ralph_ray.agents.heuristic import (
     MIN_RECOMMENDATIONS,
     TOO_SLOW_EPOCH_SECONDS,
+    AnalystWarning,
     HeuristicAnalyst,
     HeuristicCoder,
+    Watched,
     diagnose,
     score,
     smoothing_floor,
@@ -403,6 +406,81 @@ def test_more_epochs_are_not_proposed_to_a_parent_whose_trials_end_before_their_
     # one trial that ran its epochs out (another knob sample) is enough to keep it
     both = dataclasses.replace(stops, trials=[*stops.trials, trial(UNDERTRAINED, trial_id="t1")])
     assert "longer_training" in ranked_names(HeuristicAnalyst().analyse(both, [], Usage()))
+
+
+# -----------------------------------------------------------------------------
+# The campaign's own metric (user trial ut_textclf: a trainer reporting only val_f1 read "healthy (val_acc n/a)" in
+# every analysis, with no warning; one reporting both was read from accuracy though the task scored macro-F1)
+
+
+def others(points: list[EpochPoint], name: str, values: list[float], keep_acc: bool = True) -> list[EpochPoint]:
+    """`points` with `name` reported beside them (as the KB hands a metric the curves view does not pivot)."""
+    return [
+        dataclasses.replace(p, others={name: v}, val_acc=p.val_acc if keep_acc else None)
+        for p, v in zip(points, values, strict=True)
+    ]
+
+
+RISING_F1 = [0.40, 0.45, 0.50, 0.55, 0.60, 0.66, 0.72, 0.78]
+FLAT_F1 = [0.60, 0.70, 0.74, 0.751, 0.751, 0.750, 0.751, 0.751]
+
+
+def test_progress_is_read_from_the_search_metric_alone_when_no_val_acc_is_reported():
+    f1 = Watched("val_f1")
+    only_f1 = others(PLATEAU, "val_f1", RISING_F1, keep_acc=False)
+    (finding,) = [f for f in diagnose([trial(only_f1)], {}, f1) if f.diagnosis is Diagnosis.undertrained]
+    assert finding.evidence.startswith("val_f1 reached 0.7800 in the last 3 epochs, up 0.1800")
+    flat = others(PLATEAU, "val_f1", FLAT_F1, keep_acc=False)
+    assert Diagnosis.plateau in names(diagnose([trial(flat)], {}, f1))
+
+
+def test_the_search_metric_wins_over_val_acc_where_both_are_reported():
+    # accuracy still climbing, macro-F1 flat: the task's metric has stalled (imbalanced classes)
+    climbing = [dataclasses.replace(p, val_acc=u.val_acc) for p, u in zip(PLATEAU, UNDERTRAINED, strict=True)]
+    both = others(climbing, "val_f1", FLAT_F1)
+    assert Diagnosis.undertrained in names(diagnose([trial(both)], {}))  # read from val_acc by default
+    read = diagnose([trial(both)], {}, Watched("val_f1"))
+    assert Diagnosis.plateau in names(read) and "val_f1 flat" in read[0].evidence
+    # and the other way round: accuracy flat, F1 still rising
+    rising = others(PLATEAU, "val_f1", RISING_F1)
+    assert Diagnosis.undertrained in names(diagnose([trial(rising)], {}, Watched("val_f1")))
+
+
+def test_a_lower_is_better_metric_reads_a_falling_curve_as_still_improving():
+    """search.mode=min inverts the comparison: an MSE still falling 10% per epoch is undertrained, one that stopped
+    falling is a plateau; read as an accuracy, the falling MSE was a plateau (its max long behind it)."""
+    mse = Watched("val_mse", lower_is_better=True)
+    falling = others(PLATEAU, "val_mse", [9.0, 7.0, 5.5, 4.5, 4.0, 3.6, 3.2, 2.9], keep_acc=False)
+    (finding,) = [f for f in diagnose([trial(falling)], {}, mse) if f.diagnosis is Diagnosis.undertrained]
+    assert "val_mse reached 2.9 in the last 3 epochs, down 1.1 on the earlier best 4" in finding.evidence
+    assert Diagnosis.plateau in names(diagnose([trial(falling)], {}, Watched("val_mse")))  # as if higher were better
+    stalled = others(PLATEAU, "val_mse", [9.0, 7.0, 5.5, 4.5, 4.0, 4.01, 3.99, 4.02], keep_acc=False)
+    assert Diagnosis.plateau in names(diagnose([trial(stalled)], {}, mse))
+
+
+def test_an_analyst_with_neither_metric_says_so_once_and_in_its_analysis(tmp_path: Path):
+    blind = others(PLATEAU, "worst_class_f1", RISING_F1, keep_acc=False)
+    parent = dataclasses.replace(parent_view(tmp_path, PLATEAU), trials=[trial(blind)])
+    analyst = HeuristicAnalyst(metric=Watched("val_f1"))
+    with pytest.warns(AnalystWarning, match=r"no val_f1 \(search.metric\) nor val_acc"):
+        analysis = analyst.analyse(parent, [], Usage())
+    assert analysis.diagnoses == [Diagnosis.healthy]
+    assert "undertrained and plateau were not read" in analysis.summary
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: the second parent adds no warning
+        analyst.analyse(parent, [], Usage())
+    # the metric it did read is the one the analysis shows, at its best epoch
+    shown = HeuristicAnalyst(metric=Watched("val_f1")).analyse(
+        dataclasses.replace(parent, trials=[trial(others(PLATEAU, "val_f1", RISING_F1, keep_acc=False))]), [], Usage()
+    )
+    assert "val_f1 0.78" in shown.summary and "best val_f1 0.7800 at epoch 8" in shown.summary
+
+
+def test_the_campaign_tells_the_analyst_its_search_metric_and_mode(tiny_config):
+    analyst, _ = make_agents(tiny_config())
+    assert analyst.metric == Watched("val_acc", lower_is_better=False)
+    analyst, _ = make_agents(tiny_config("search.metric=val_loss", "search.mode=min"))
+    assert analyst.metric == Watched("val_loss", lower_is_better=True)
 
 
 def test_the_campaign_tells_the_analyst_of_a_time_budget(tiny_config):

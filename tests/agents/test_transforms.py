@@ -53,6 +53,9 @@ TRAINERS["fmnist_cnn"] = PROJECT_ROOT / "tests" / "fixtures" / "images28" / "fmn
 # a user's Lightning-style trainer in plain PyTorch: the model's configure_optimizers() builds the optimizer, a
 # generic Trainer.fit(model, ...) steps it and takes the loss from model.training_step(batch)
 TRAINERS["lit_classifier"] = PROJECT_ROOT / "tests" / "fixtures" / "lightning" / "lit_classifier"
+# an HF-style trainer (user trial ut_dataclass): a @dataclass config, a Trainer class whose train() runs the epoch
+# loop and calls self.train_epoch() and self.evaluate()
+TRAINERS["hf_trainer"] = PROJECT_ROOT / "tests" / "fixtures" / "hf_style" / "dataclass_trainer"
 SOURCES = {name: (folder / "train.py").read_text() for name, folder in TRAINERS.items()}
 
 ALL = set(TRANSFORMS)
@@ -158,6 +161,21 @@ APPLIES = {
         "deepen",
         "gradient_clipping",
         "grokfast_filter",
+    },
+    # the batch loop in Trainer.train_epoch(), which train()'s epoch loop calls as self.train_epoch()
+    "hf_trainer": {
+        "add_dropout",
+        "batchnorm",
+        "deepen",
+        "edge_of_chaos_curriculum",
+        "flip_augmentation",
+        "gradient_clipping",
+        "grokfast_filter",
+        "hard_example_replay",
+        "label_smoothing",
+        "mixed_precision",
+        "self_model_head",
+        "shift_augmentation",
     },
     "cifar10": {
         "deepen",
@@ -1312,6 +1330,10 @@ GATED = [
     ("digits", ["edge_of_chaos_curriculum", "self_model_head", "mixed_precision"]),
     # train_one_epoch(...) called from main()'s epoch loop: each state built beside the loop handed in by a parameter
     ("epoch_function", ["ema_weights", "grokfast_filter", "hard_example_replay", "self_model_head"]),
+    # an HF-style Trainer: train()'s epoch loop calls self.train_epoch(); every transform that applies, stacked
+    ("hf_trainer", ["grokfast_filter", "hard_example_replay", "gradient_clipping", "label_smoothing"]),
+    ("hf_trainer", ["batchnorm", "add_dropout", "deepen", "edge_of_chaos_curriculum"]),
+    ("hf_trainer", ["shift_augmentation", "flip_augmentation", "mixed_precision", "self_model_head"]),
 ]
 
 
@@ -1443,6 +1465,39 @@ def test_the_epoch_loop_is_found_around_a_call_of_the_batch_loops_function():
     assert "out = flip_averaged(model, x)" in tta and "loss = criterion(model(x), y)" in tta
 
 
+def test_the_epoch_loop_is_found_around_a_call_of_a_method_of_the_same_class():
+    """User trial ut_dataclass: ema_weights, grokfast_filter, hard_example_replay and self_model_head were refused with
+    "no `for` loop over epochs ... nor around a call of the function that runs it" though train() calls
+    self.train_epoch() once per epoch."""
+    trainer = analyse(SOURCES["hf_trainer"])
+    assert code(trainer.epoch_loop().iter) == "harness.epochs(self.cfg.epochs)"
+    assert trainer.batch_in_call().name.value == "train_epoch"
+    assert trainer.model_name() == "self.model"  # kept as `self.model = model` in __init__
+    # the state the epoch loop keeps is handed to the method by a keyword parameter, passed at `self.train_epoch()`
+    grokfast = lines_of(apply_transform("grokfast_filter", SOURCES["hf_trainer"]))
+    assert "def train_epoch(self, grokfast_grads=None) -> float:" in grokfast
+    assert "train_loss = self.train_epoch(grokfast_grads=grokfast_grads)" in grokfast
+    # a bare call of a module-level function of the same name is no call of the method
+    shadowed = SOURCES["hf_trainer"].replace("self.train_epoch()", "train_epoch()")
+    with pytest.raises(NotApplicable, match="no `for` loop over epochs"):
+        apply_transform("grokfast_filter", shadowed)
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        # evaluate() and predict() are other methods reading self.model: not followed, and said so
+        ("ema_weights", r"the model is kept on the instance `self` that method `train\(\)` trains"),
+        # main() builds the model and hands it to Trainer(...): no one place wraps it for the group
+        ("data_parallel", "the model is built outside the code that trains it"),
+        ("flip_tta", r"the model is kept on the instance `self` that method `train\(\)` trains"),
+    ],
+)
+def test_a_trainer_class_is_refused_only_for_a_true_reason(name: str, reason: str):
+    with pytest.raises(NotApplicable, match=reason):
+        apply_transform(name, SOURCES["hf_trainer"])
+
+
 @pytest.mark.parametrize(
     ("name", "reason"),
     [
@@ -1468,15 +1523,19 @@ THREADED = {
     "self_model_head": "self_model",
 }
 SIGNATURES = {
+    "hf_trainer": "def train_epoch(self{}) -> float:",
     "epoch_function": "def train_one_epoch(model, loader, criterion, optimizer{}):",
     "fmnist_cnn": "def train_one_epoch(model, loader, criterion, optimizer, scheduler, device, clip=1.0{}):",
 }
 CALLS = {
+    "hf_trainer": "train_loss = self.train_epoch({})",  # the head built in train(), not beside __init__'s optimizer
     "epoch_function": "train_loss = train_one_epoch(model, train_loader, criterion, optimizer{})",
     "fmnist_cnn": "train_loss = train_one_epoch(model, train_loader, criterion, optimizer, scheduler, device{})",
 }
 # (fmnist_cnn has BatchNorm: Grokfast is refused there for that)
-THREADED_CASES = [(t, n) for t in SIGNATURES for n in THREADED if (t, n) != ("fmnist_cnn", "grokfast_filter")]
+# (hf_trainer's evaluate() and predict() are methods reading self.model: EMA is refused there for that)
+UNTHREADED = {("fmnist_cnn", "grokfast_filter"), ("hf_trainer", "ema_weights")}
+THREADED_CASES = [(t, n) for t in SIGNATURES for n in THREADED if (t, n) not in UNTHREADED]
 
 
 @pytest.fixture(scope="module")
@@ -1519,7 +1578,7 @@ def test_state_built_beside_the_epoch_loop_is_handed_to_the_batch_loops_function
     ast.parse(result)
     lines = lines_of(result)
     assert SIGNATURES[trainer].format(f", {value}=None") in lines
-    assert CALLS[trainer].format(f", {value}={value}") in lines
+    assert CALLS[trainer].format(f", {value}={value}").replace("(, ", "(") in lines
     (tmp_path / "train.py").write_text(rewrite_knobs(result, {"EPOCHS": 2}))
     seen: dict[str, list] = {"ema": [], "grads": [], "buffered": [], "heads": []}
 

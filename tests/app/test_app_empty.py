@@ -152,3 +152,18 @@ def test_the_score_chart_orders_variants_by_rank():
     x = figures.score_chart(board, None).to_dict()["layer"][0]["encoding"]["x"]
     assert x["sort"]["field"] == "rank" and x["sort"]["order"] == "ascending"
     assert x["title"] == "variant (by rank, the pick first)"
+
+
+def test_the_running_best_leaves_replicates_out():
+    """A replicate's lucky seed is not progress: the Curves page's line follows the search trials, as progress.png."""
+    timeline = pd.DataFrame(
+        {
+            "trial_id": ["a", "b", "c", "d"],
+            "selection_score": [0.80, 0.86, 0.84, None],
+            "written_at": pd.to_datetime(
+                ["2026-01-01 00:00", "2026-01-01 00:01", "2026-01-01 00:02", "2026-01-01 00:03"]
+            ),
+            "replicate": [False, True, False, False],
+        }
+    )
+    assert figures.progress_frame(timeline)["running best"].tolist() == [0.80, 0.80, 0.84, 0.84]

@@ -94,3 +94,16 @@ def test_the_front_leaves_out_a_dominated_variant_and_ends_at_the_dearer_best(tm
     _, points = front_chart(at)
     front = [p["variant_id"] for p in points.to_pylist() if p["on_front"]]
     assert front == ["cheap", "dear"]  # cheapest first: the step line goes up to the right
+
+
+def test_the_score_columns_name_the_metric(tmp_path: Path):
+    """User trial: the leaderboard's columns said `selection` / `test`, not which metric (macro_f1)."""
+    config = json.dumps({"task": {"metric": "macro_f1", "direction": "max"}, "safeguards": {"max_cycles": 3}})
+    kb = KnowledgeBase(kb_with_run(tmp_path, "finished", stop_reason="max_cycles", config=config))
+    kb.append("variants", [{"run_id": "r1", "variant_id": "seed", "cycle": 1, "status": "seed"}], "r1-v")
+    row = {"run_id": "r1", "cycle": 1, "trial_id": "t1", "variant_id": "seed", "status": "completed"}
+    kb.append("trials", [{**row, "selection_score": 0.84, "test_score": 0.82, "seconds": 3.0, "epochs": 2}], "r1-t")
+    at = open_page(kb.root)
+    columns = json.loads(at.dataframe[0].proto.columns)
+    assert columns["selection_score"]["label"] == "selection macro_f1"
+    assert columns["test_score"]["label"] == "test macro_f1"

@@ -29,6 +29,7 @@ from ralph_ray.agents.transforms._tree import (
     code,
     dotted,
     evaluator_functions,
+    first_parameter,
     single_expr_call,
     under_no_grad,
 )
@@ -130,6 +131,12 @@ def _no_caller_keeps(trainer: Trainer, home: cst.FunctionDef, root: str) -> None
     with the raw model)."""
     refuse = f"the model comes into `{home.name.value}()` as its parameter `{root}`: its caller's uses of it "
     refuse += "cannot be placed"
+    if trainer._is_method(home) and root == first_parameter(home):  # an HF-style Trainer's `self.model`
+        refuse = (
+            f"the model is kept on the instance `{root}` that method `{home.name.value}()` trains: its uses in the "
+            "class's other methods and by the instance's callers (evaluate(), predict() on the trainer) are not "
+            "followed"
+        )
     names = [p.name.value for p in home.params.params]
     calls = m.findall(trainer.module, m.Call(func=m.Name(home.name.value)))
     if root not in names or root == "self" or not calls:
@@ -304,7 +311,7 @@ def _trains(trainer: Trainer, call: cst.Call) -> bool:
         function = trainer.batch_in_call()
     except NotApplicable:
         return False
-    return function is not None and call_name(call) == function.name.value
+    return function is not None and any(c is call for c in trainer.calls_of(function))
 
 
 def _reads_weights_only(trainer: Trainer, name: str, call: cst.Call, arg: cst.Arg) -> bool:

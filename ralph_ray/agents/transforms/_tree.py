@@ -481,6 +481,48 @@ class Trainer:
                     return True
         return False
 
+    def state_site(self) -> cst.BaseStatement:
+        """Where state that lives beside the optimizer is built (a weight average, a self-model head): after the
+        optimizer's line, or, where an HF-style Trainer builds `self.optimizer` in `__init__` and its `train()` runs
+        the epoch loop, before that loop (on the same instance: built in __init__, it was apart from the call that
+        trains)."""
+        builder, optimizer = self.optimizer_function(), self.optimizer_name()
+        try:
+            loop = self.epoch_loop()
+        except NotApplicable:
+            return self.optimizer_statement()
+        trains = enclosing_function(self, loop)
+        instance = first_parameter(builder) if builder is not None else None
+        if (
+            builder is not None
+            and trains is not None
+            and trains is not builder
+            and instance is not None
+            and optimizer.startswith(f"{instance}.")
+            and self._same_instance(trains, builder, instance)
+        ):
+            return loop
+        return self.optimizer_statement()
+
+    def _kept_as(self, builder: cst.FunctionDef | None, function: cst.FunctionDef, name: str) -> str | None:
+        """`self.model` where the method `builder` keeps its `name` on the instance (`self.model = model`) and
+        `function` is another method of the same class (an HF-style Trainer); else None."""
+        instance = first_parameter(function)
+        if builder is None or instance is None or not self._same_instance(function, builder, instance):
+            return None
+        for node in self.within(builder):
+            if (
+                isinstance(node, cst.Assign)
+                and enclosing_function(self, node) is builder
+                and len(node.targets) == 1
+                and isinstance(node.value, cst.Name)
+                and node.value.value == name
+            ):
+                target = dotted(node.targets[0].target)
+                if target is not None and target.startswith(f"{instance}.") and target.count(".") == 1:
+                    return target
+        return None
+
     def _same_instance(self, a: cst.FunctionDef, b: cst.FunctionDef, root: str) -> bool:
         """Whether `root` is the instance parameter of two methods of one class."""
         return (
@@ -560,7 +602,8 @@ class Trainer:
 
     def epoch_loop(self) -> cst.For:
         """The loop that runs the batch loop once per pass: around it, or around a call of the module-level function
-        that holds it (`for epoch in range(E): train_one_epoch(...)` in main()), one or two calls deep."""
+        that holds it (`for epoch in range(E): train_one_epoch(...)` in main()), or of the method of the same class
+        (`self.train_epoch()` in a Trainer's train()), one or two calls deep."""
         return self._epoch_and_site()[0]
 
     def batch_site(self) -> cst.CSTNode:
@@ -569,7 +612,8 @@ class Trainer:
         return self._epoch_and_site()[1]
 
     def batch_in_call(self) -> cst.FunctionDef | None:
-        """The module-level function the epoch loop calls to run the batch loop (None: the loops are nested)."""
+        """The module-level function (or method) the epoch loop calls to run the batch loop (None: the loops are
+        nested)."""
         site = self._epoch_and_site()[1]
         return None if site is self.batch_loop() else enclosing_function(self, self.batch_loop())
 
@@ -581,14 +625,11 @@ class Trainer:
             return expr
         name = dotted(expr)
         params = [p.name.value for p in function.params.params]
-        call = next(
-            (
-                c
-                for c in self.calls(within=self.batch_site())
-                if isinstance(c.func, cst.Name) and c.func.value == function.name.value
-            ),
-            None,
-        )
+        if self._is_method(function):
+            if name is not None and name.split(".")[0] == params[0]:
+                return expr  # `self.train_loader`: the caller, a method of the same class, has the same `self`
+            params = params[1:]
+        call = next(iter(self.calls_of(function, within=self.batch_site())), None)
         if call is None or name not in params:
             raise NotApplicable(
                 f"`{code(expr)}` of the batch loop in `{function.name.value}()` is not a parameter the epoch loop's "
@@ -611,17 +652,15 @@ class Trainer:
             if not isinstance(loop, cst.For):
                 raise NotApplicable("the loop around the batch loop is a `while` loop, not a `for` loop over epochs")
             return loop, batch
-        # the batch loop runs in a module-level function: follow its callers (a call within a loop) two levels up
-        functions = {n.name.value: n for n in self.module.body if isinstance(n, cst.FunctionDef)}
+        # the batch loop runs in a module-level function or a method: follow its callers (a call within a loop) two
+        # levels up
         frontier = [enclosing_function(self, batch)]
         for _ in range(2):
             callers = []
             for function in frontier:
-                if function is None or functions.get(function.name.value) is not function:
+                if function is None:
                     continue
-                for call in self.calls():
-                    if not (isinstance(call.func, cst.Name) and call.func.value == function.name.value):
-                        continue
+                for call in self.calls_of(function):
                     around = next((a for a in self.ancestors(call) if isinstance(a, (cst.For, cst.While))), None)
                     if isinstance(around, cst.For) and not self.inside(around, function):
                         return around, self.statement_of(call)
@@ -630,6 +669,31 @@ class Trainer:
         raise NotApplicable(
             "no `for` loop over epochs around the batch loop, nor around a call of the function that runs it"
         )
+
+    def calls_of(self, function: cst.FunctionDef, within: cst.CSTNode | None = None) -> list[cst.Call]:
+        """The calls of a module-level function by its name, or of a method as `self.<method>(...)` from another method
+        of its class (the instance parameter of both: an HF-style Trainer's train() calling self.train_epoch()).
+        None for a nested function, or a method of a class defined twice."""
+        found = []
+        if isinstance(self.parent(function), cst.Module):
+            if len(self.defined(function.name.value, top_level=True)) == 1:
+                found = [
+                    c
+                    for c in self.calls(within=within)
+                    if isinstance(c.func, cst.Name) and c.func.value == function.name.value
+                ]
+        elif self._is_method(function) and first_parameter(function) is not None:
+            for call in self.calls(within=within):
+                caller = enclosing_function(self, call)
+                instance = call.func.value if isinstance(call.func, cst.Attribute) else None
+                if (
+                    isinstance(instance, cst.Name)
+                    and call.func.attr.value == function.name.value
+                    and caller is not None
+                    and self._same_instance(caller, function, instance.value)
+                ):
+                    found.append(call)
+        return found
 
     # -- the model and the loss -----------------------------------------------------------
 
@@ -676,6 +740,9 @@ class Trainer:
             root = built.split(".")[0]
             apart = builder is not None and (function is None or not self.inside(function, builder))
             if apart and function is not None and not self._binds(function, root):
+                kept = self._kept_as(builder, function, root)
+                if kept is not None:  # `self.model = model` in __init__, stepped in train_epoch() as `self.model`
+                    return kept + built[len(root) :]
                 raise NotApplicable(
                     f"the optimizer is built in `{_function_name(builder)}()` from `{built}.parameters()` and stepped "
                     f"in `{_function_name(function)}()`, which has no `{root}` of its own"
@@ -1550,6 +1617,15 @@ class Edits:
         """Statements after `anchor` (a statement), in its block."""
         self.after.setdefault(id(anchor), []).extend(_stmts(lines))
 
+    def beside_optimizer(self, *lines: str | cst.BaseStatement) -> None:
+        """Statements at the trainer's `state_site()`: after the optimizer's line, or before an HF-style Trainer's
+        epoch loop."""
+        site = self.trainer.state_site()
+        if site is self.trainer.optimizer_statement():
+            self.insert_after(site, *lines)
+        else:
+            self.insert_before(site, *lines)
+
     def insert_small(self, anchor: cst.BaseSmallStatement, text: str, before: bool = False) -> None:
         """A statement right before or after one statement of a line: a line of its own where the line holds only
         `anchor`, else joined by `;` next to it (`a.append(x); a.append(y); w = h` keeps its order)."""
@@ -1585,7 +1661,7 @@ class Edits:
         if function is None:
             return
         called, site = function.name.value, trainer.batch_site()
-        calls = [c for c in trainer.calls() if isinstance(c.func, cst.Name) and c.func.value == called]
+        calls = trainer.calls_of(function)
         at_site = [c for c in calls if trainer.inside(c, site)]
         if not at_site:
             through = next(

@@ -397,7 +397,7 @@ def self_model_head(source: str) -> str:
     if trainer.has(r"SelfModel"):
         raise NotApplicable("the trainer already has a self-model head")
     edits, head = Edits(trainer), free_name(trainer, "self_model")
-    edits.thread(head, "the self-model head", trainer.optimizer_statement())
+    edits.thread(head, "the self-model head", trainer.state_site())
     refuse_lbfgs(trainer, "it takes one parameter group, and the head's parameters would be a second")
     classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
     if not classifier_layers:
@@ -408,8 +408,7 @@ def self_model_head(source: str) -> str:
     loss_line = trainer.statement_of(trainer.loss_call())
     edits.knob("SELF_MODEL_WEIGHT", 0.1, "weight of the self-model's loss-prediction loss")
     edits.helper(SELF_MODEL_HELPER)
-    edits.insert_after(
-        trainer.optimizer_statement(),
+    edits.beside_optimizer(
         f"{head} = SelfModel({model})",
         f'{optimizer}.add_param_group({{"params": {head}.head.parameters()}})',
     )

@@ -52,7 +52,7 @@ def ema_weights(source: str) -> str:
     if trainer.has(r"AveragedModel|\bema\b"):
         raise NotApplicable("the trainer already averages its weights")
     edits, ema = Edits(trainer), free_name(trainer, "ema")
-    edits.thread(ema, "the weight average (updated every step)", trainer.optimizer_statement())
+    edits.thread(ema, "the weight average (updated every step)", trainer.state_site())
     # every evaluation and prediction, closures included, and the best state early stopping keeps: all move to the
     # average, or the transform refuses (half of them on the raw model was a silently wrong trainer)
     uses = model_uses(trainer)
@@ -77,8 +77,7 @@ def ema_weights(source: str) -> str:
     edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
     # built in eval mode: it is never trained, so dropout stays off and BatchNorm uses its averaged statistics
     # wherever it runs, even in an evaluation function that never calls .eval()
-    edits.insert_after(
-        trainer.optimizer_statement(),
+    edits.beside_optimizer(
         f"{ema} = torch.optim.swa_utils.AveragedModel({model}, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn"
         f"(EMA_DECAY), use_buffers=True).eval()",
     )
