@@ -1408,9 +1408,10 @@ def schedule_unsized(cfg: Config) -> str | None:
         return None  # a trainer that reads no budget runs its own EPOCHS (budget_unread, final_unread say so)
     return (
         f"{' and '.join(budgets)}: harness.epochs runs as many epochs as the time allows, not EPOCHS, but "
-        f"{cfg.trainer_dir()}'s code builds {built} with its length given up front and never calls "
-        "harness.progress or harness.lr_factor: the schedule ends early and trains at lr 0 for the rest (or never "
-        "anneals); size it by time: `LambdaLR(optimizer, lambda epoch: harness.lr_factor(epoch, EPOCHS, "
+        f"{cfg.trainer_dir()}'s code builds {built}, sized by a step or epoch count, and never calls "
+        "harness.progress or harness.lr_factor: where more epochs fit than it counts, the schedule ends early (at its "
+        "last lr, or OneCycleLR raises past total_steps), and where fewer fit it never anneals; size it by time: "
+        "`LambdaLR(optimizer, lambda epoch: harness.lr_factor(epoch, EPOCHS, "
         '"cosine", warmup_epochs=1))` stepped once per epoch, or per step `lr = peak * shape(harness.progress(step, '
         "total_steps))` (README, An equal time budget per trial)"
     )

@@ -92,12 +92,20 @@ def load_data() -> Dataset:
     )
 
 
+# numpy's refusal to memory-map an array of Python objects (numpy.lib.format.open_memmap).
+OBJECT_MMAP_REFUSAL = "Python objects in dtype"
+
+
 def _load(path: Path) -> np.ndarray:
     """One public array, memory-mapped copy-on-write: writable arrays (torch.as_tensor warned "The given NumPy array is
     not writable" in every trial of a user's trainer) whose writes stay in this process's memory."""
     try:
         return np.load(path, mmap_mode="c")
-    except ValueError as err:  # an object array, saved before prepare turned text into fixed-width strings
+    except ValueError as err:
+        # an object array, saved before prepare turned text into fixed-width strings; anything else (a truncated or
+        # corrupt file: "mmap length is greater than file size") is no object array, and says so itself
+        if OBJECT_MMAP_REFUSAL not in str(err):
+            raise
         sys.exit(
             f"{path} cannot be memory-mapped ({err}): run `python -m ralph_ray.prepare` for this task again; it "
             "saves text as fixed-width strings and refuses other Python objects"

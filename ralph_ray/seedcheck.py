@@ -101,10 +101,12 @@ def unread_problem(paths: list[Path], searched: list[str], entry: Path) -> tuple
     )
 
 
-# LR schedulers given their length up front (a step or epoch count, milestones, a LambdaLR's own lambda over
-# `EPOCHS * steps`): under a time budget harness.epochs runs as many epochs as fit, not EPOCHS, so such a schedule ends
-# early and trains at lr 0 for the rest, or never anneals (a user's LambdaLR warmup-then-linear-decay final trained 10
-# of its 19 epochs at lr 0). torch.optim.lr_scheduler's, and transformers' warmup schedules built on LambdaLR.
+# LR schedulers sized by a step or epoch count (a step count, T_max, total_steps, a LambdaLR's own lambda over
+# `EPOCHS * steps`): under a time budget harness.epochs runs as many epochs as fit, not EPOCHS, so where more fit such
+# a schedule ends early (it sits at its last lr, cycles back up, or, OneCycleLR, raises past total_steps) and where
+# fewer fit it never anneals (a user's LambdaLR warmup-then-linear-decay final trained 10 of its 19 epochs at lr 0).
+# torch.optim.lr_scheduler's, and transformers' schedules (get_scheduler and the warmup schedules built on LambdaLR).
+# Not MultiStepLR (steps down at milestones and keeps its last lr), nor LinearLR as a warmup (`_sized`).
 SIZED_SCHEDULERS = frozenset(
     {
         "LambdaLR",
@@ -112,14 +114,16 @@ SIZED_SCHEDULERS = frozenset(
         "OneCycleLR",
         "LinearLR",
         "PolynomialLR",
-        "MultiStepLR",
         "SequentialLR",
+        "get_scheduler",
         "get_linear_schedule_with_warmup",
         "get_cosine_schedule_with_warmup",
         "get_cosine_with_hard_restarts_schedule_with_warmup",
         "get_polynomial_decay_schedule_with_warmup",
     }
 )
+# transformers.get_scheduler names whose schedule takes no training length (a warmup, then constant or 1/sqrt(step)).
+UNSIZED_HF_SCHEDULES = frozenset({"constant", "constant_with_warmup", "inverse_sqrt", "reduce_lr_on_plateau"})
 # What sizes a schedule by the training actually given (time under a budget, steps without).
 TIMED_SCHEDULES = frozenset({"progress", "lr_factor"})
 
@@ -132,9 +136,38 @@ def _called(node: ast.AST) -> str | None:
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
 
 
+def _argument(call: ast.Call, keyword: str, position: int) -> ast.expr | None:
+    """A call's argument by keyword or else by position (None where it is not given)."""
+    given = next((k.value for k in call.keywords if k.arg == keyword), None)
+    if given is None and len(call.args) > position and not isinstance(call.args[position], ast.Starred):
+        return call.args[position]
+    return given
+
+
+def _sized(call: ast.Call, name: str) -> bool:
+    """Whether a scheduler call in SIZED_SCHEDULERS builds a schedule that anneals over its given length: not a
+    LinearLR warmup (end_factor absent or a literal >= 1: it rises, then holds the optimizer's lr), nor a
+    transformers.get_scheduler without a training length (a user's own `get_scheduler(optimizer)`) or of a
+    schedule that takes none (UNSIZED_HF_SCHEDULES)."""
+    if name == "LinearLR":
+        end = _argument(call, "end_factor", 2)
+        if end is None:
+            return False
+        try:
+            return not float(ast.literal_eval(end)) >= 1
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return True  # a computed end_factor: it may anneal
+    if name == "get_scheduler":
+        if _argument(call, "num_training_steps", 3) is None:
+            return False
+        kind = _argument(call, "name", 0)
+        return not (isinstance(kind, ast.Constant) and kind.value in UNSIZED_HF_SCHEDULES)
+    return True
+
+
 def sized_schedule(paths: list[Path]) -> str | None:
-    """Where the seed (`paths`) first builds an LR scheduler sized up front (`LambdaLR (train.py:109)`), when none of
-    its files calls harness.progress or harness.lr_factor; None otherwise."""
+    """Where the seed (`paths`) first builds an LR scheduler sized by a step or epoch count (`LambdaLR (train.py:109)`),
+    when none of its files calls harness.progress or harness.lr_factor; None otherwise."""
     trees = _trees(paths)
     if not trees:
         return None
@@ -144,7 +177,7 @@ def sized_schedule(paths: list[Path]) -> str | None:
             name = _called(node)
             if name in TIMED_SCHEDULES:
                 return None
-            if name in SIZED_SCHEDULERS and isinstance(node, ast.Call):
+            if name in SIZED_SCHEDULERS and isinstance(node, ast.Call) and _sized(node, name):
                 built.append((path.name, node.lineno, name))
     if not built:
         return None

@@ -551,6 +551,32 @@ def test_a_schedule_sized_from_epochs_under_a_time_budget_is_warned_of(tmp_path:
         tmp_path / "plain", (own / "train.py").read_text().replace("harness.epochs(EPOCHS)", "range(1, EPOCHS + 1)")
     )
     assert schedule_unsized(load_config([f"task.trainer={plain}", *budget])) is None
+    # what is sized by a count, and what is not: a warmup LinearLR rises, then holds; MultiStepLR keeps its last lr
+    for name, scheduler, sized in (
+        ("warmup", "LinearLR(optimizer, start_factor=0.1, total_iters=5)", False),
+        ("held", "LinearLR(optimizer, 0.1, 1.0, 5)", False),
+        ("decay", "LinearLR(optimizer, start_factor=1.0, end_factor=0.0, total_iters=EPOCHS)", True),
+        ("steps", "MultiStepLR(optimizer, milestones=[EPOCHS // 2])", False),
+        ("onecycle", "OneCycleLR(optimizer, max_lr=LR, total_steps=EPOCHS * 10)", True),
+    ):
+        made = digits_task(
+            tmp_path / name, seed.replace(built, built + f"    schedule = torch.optim.lr_scheduler.{scheduler}\n")
+        )
+        warning = schedule_unsized(load_config([f"task.trainer={made}", *budget]))
+        assert (warning is not None) is sized, (name, warning)
+        assert warning is None or "sized by a step or epoch count" in warning and "lr 0 for the rest" not in warning
+    # transformers' usual entry point, by name: a cosine over num_training_steps is sized, a constant one is not
+    for name, kind, sized in (("hfcosine", '"cosine"', True), ("hfconstant", 'name="constant_with_warmup"', False)):
+        made = digits_task(
+            tmp_path / name,
+            seed.replace(
+                built,
+                built + f"    schedule = transformers.get_scheduler({kind}, optimizer=optimizer, num_warmup_steps=10, "
+                "num_training_steps=EPOCHS * 10)\n",
+            ),
+        )
+        warning = schedule_unsized(load_config([f"task.trainer={made}", *budget]))
+        assert (warning is not None) is sized and (warning is None or "get_scheduler (train.py:" in warning), warning
 
 
 def test_a_knob_field_set_again_to_a_literal_is_warned_of(tmp_path: Path):

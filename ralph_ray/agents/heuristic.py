@@ -18,9 +18,10 @@ import re
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ralph_ray.agents import rl
 from ralph_ray.agents.base import (
@@ -52,6 +53,8 @@ from ralph_ray.config import AgentConfig
 from ralph_ray.knobs import read_knobs
 from ralph_ray.statuses import TrialStatus
 
+T = TypeVar("T")
+
 # -----------------------------------------------------------------------------
 # Thresholds (each says why it sits where it does)
 
@@ -67,8 +70,10 @@ PLATEAU_DELTA = 0.002
 PLATEAU_REL = 0.01
 # The curve the undertrained and plateau readings come from where the campaign's search.metric was never reported.
 FALLBACK_METRIC = "val_acc"
-# val_loss still falling this much (relative) over the window, at its minimum, also means undertrained.
+# val_loss still falling this much (relative) over the window, at its minimum, also means undertrained; the absolute
+# floor ignores a loss already near zero falling on (1e-4 -> 9e-5 nats is 10% of nothing).
 UNDERTRAINED_LOSS_DROP = 0.05
+UNDERTRAINED_LOSS_DROP_ABS = 0.01
 # val_loss this far (relative, and absolute) above its minimum while train_loss keeps falling is
 # overfitting; the absolute floor ignores wobbles between tiny losses.
 OVERFIT_VAL_RISE = 0.10
@@ -137,15 +142,22 @@ class Watched:
     lower_is_better: bool = False
 
     def read_in(self, curve: list[EpochPoint]) -> Watched | None:
-        """The metric to read in `curve`: this one where reported, else val_acc (higher is better), else None."""
+        """The metric to read in `curve`: this one where it has a curve to read (more than WINDOW epochs, all finite),
+        else val_acc (higher is better) where it has, else None. A metric reported at the last epoch alone would hide
+        a full val_acc curve and leave nothing read."""
         for watched in (self, Watched()):
-            if _series(curve, watched.name):
+            if _readable(_series(curve, watched.name)):
                 return watched
         return None
 
-    def best(self, values: list[float]) -> float:
-        """The best of `values` in this metric's direction."""
-        return min(values) if self.lower_is_better else max(values)
+    def best(self, values: list[T], key: Callable[[T], float] | None = None) -> T:
+        """The best of `values` in this metric's direction (by `key`, for (epoch, value) pairs)."""
+        return (min if self.lower_is_better else max)(values, key=key)
+
+    def is_fraction(self, values: list[float]) -> bool:
+        """Whether `values` read as a fraction to maximise (an accuracy, an F1): gains count in its own units and
+        print with four decimals; anything else is read relative to its scale."""
+        return not self.lower_is_better and all(0 <= v <= 1 for v in values)
 
 
 class AnalystWarning(UserWarning):
@@ -182,8 +194,11 @@ def diagnose(trials: list[TrialSummary], knobs: dict[str, Any], metric: Watched 
     findings = _first_per_diagnosis(findings)
     if not any(f.diagnosis is not Diagnosis.too_slow for f in findings):
         evidence = "no trial has a curve yet" if best is None else "no warning sign in the best curve"
-        if best is not None and watched.read_in(best.curve) is None:
-            evidence += f" ({_unread(watched)})"
+        read = None if best is None else watched.read_in(best.curve)
+        if best is not None and read is None:
+            evidence += f" ({_unread(watched, best.curve)})"
+        elif best is not None and read.name != watched.name:
+            evidence += f" (read from {read.name}: the best trial reported {_had(best.curve, watched.name)})"
         findings.append(Finding(Diagnosis.healthy, evidence))
     return sorted(findings, key=lambda f: SEVERITY.index(f.diagnosis))
 
@@ -214,19 +229,47 @@ def _failure_findings(trials: list[TrialSummary]) -> list[Finding]:
 def _series(curve: list[EpochPoint], metric: str) -> list[tuple[int, float]]:
     """(epoch, value) pairs of one metric (a field of EpochPoint, or one of its `others`), skipping epochs that did
     not report it."""
-    values = [(p.epoch, getattr(p, metric, None) if metric in EPOCH_FIELDS else p.others.get(metric)) for p in curve]
+    values = [(p.epoch, _value(p, metric)) for p in curve]
     return [(epoch, value) for epoch, value in values if value is not None]
+
+
+def _value(point: EpochPoint, metric: str) -> float | None:
+    """One epoch's value of a metric (a field of EpochPoint, or one of its `others`), None where not reported."""
+    return getattr(point, metric, None) if metric in EPOCH_FIELDS else point.others.get(metric)
 
 
 EPOCH_FIELDS = frozenset(f.name for f in dataclasses.fields(EpochPoint)) - {"epoch", "others"}
 
 
-def _unread(watched: Watched) -> str:
-    """Why the undertrained and plateau readings were not made."""
-    named = (
-        FALLBACK_METRIC if watched.name == FALLBACK_METRIC else f"{watched.name} (search.metric) nor {FALLBACK_METRIC}"
+def _readable(series: list[tuple[int, float]]) -> bool:
+    """Whether a metric's curve can say if the run was still improving: more than WINDOW epochs, all finite."""
+    return len(series) > WINDOW and all(math.isfinite(v) for _, v in series)
+
+
+def _unread(watched: Watched, curve: list[EpochPoint]) -> str:
+    """Why the undertrained and plateau readings were not made: what `curve` had of each metric they read."""
+    names = list(dict.fromkeys((watched.name, FALLBACK_METRIC)))
+    if not any(_series(curve, name) for name in names):
+        labels = " nor ".join(_label(name) for name in names)
+        return f"the best trial reported no {labels}: undertrained and plateau were not read"
+    return (
+        f"the best trial reported {' and '.join(_had(curve, name) for name in names)}: undertrained and plateau need "
+        f"more than {WINDOW} epochs of finite values and were not read"
     )
-    return f"the best trial reported no {named}: undertrained and plateau were not read"
+
+
+def _had(curve: list[EpochPoint], name: str) -> str:
+    """What `curve` had of one metric, where it is too little to read."""
+    points = _series(curve, name)
+    if not points:
+        return f"no {_label(name)}"
+    if not all(math.isfinite(v) for _, v in points):
+        return f"{_label(name)} with a non-finite value"
+    return f"{_label(name)} at {len(points)} epoch{'s' if len(points) > 1 else ''} only"
+
+
+def _label(name: str) -> str:
+    return name if name == FALLBACK_METRIC else f"{name} (search.metric)"
 
 
 def _curve_findings(curve: list[EpochPoint], knobs: dict[str, Any], watched: Watched) -> list[Finding]:
@@ -343,21 +386,19 @@ def smoothing_floor(label_smoothing: float, classes: int = ASSUMED_CLASSES) -> f
 
 def _progress(curve: list[EpochPoint], watched: Watched) -> Finding | None:
     """Undertrained (still improving at the end) or plateau (flat over the last epochs), read from the campaign's
-    metric in its direction (else val_acc)."""
+    metric in its direction (else val_acc); a fraction to maximise gains in its own units, anything else against its
+    scale and noise (`_scale`)."""
     metric = watched.read_in(curve)
     if metric is None:
         return None
     series = [v for _, v in _series(curve, metric.name)]
-    if len(series) <= WINDOW or not all(math.isfinite(v) for v in series):
-        return None
     earlier, recent = metric.best(series[:-WINDOW]), metric.best(series[-WINDOW:])
     gain = earlier - recent if metric.lower_is_better else recent - earlier
-    # a fraction to maximise (an accuracy, an F1) gains in its own units; anything else relative to its size
-    fraction = not metric.lower_is_better and all(0 <= v <= 1 for v in series)
-    scale = 1.0 if fraction else max(abs(earlier), 1e-12)
+    fraction = metric.is_fraction(series)
     undertrained, plateau = (UNDERTRAINED_DELTA, PLATEAU_DELTA) if fraction else (UNDERTRAINED_LOSS_DROP, PLATEAU_REL)
+    scale, noise = (1.0, 0.0) if fraction else _scale(series, earlier, recent)
     name, window, f = metric.name, f"the last {WINDOW} epochs", ".4f" if fraction else ".4g"
-    if gain / scale > undertrained:
+    if gain / scale > undertrained and gain > noise:
         return Finding(
             Diagnosis.undertrained,
             f"{name} reached {recent:{f}} in {window}, {'down' if metric.lower_is_better else 'up'} {gain:{f}} on "
@@ -366,14 +407,29 @@ def _progress(curve: list[EpochPoint], watched: Watched) -> Finding | None:
     loss = _series(curve, "val_loss")
     if len(loss) > WINDOW:
         before, end = loss[-1 - WINDOW][1], loss[-1][1]
-        if end <= min(v for _, v in loss) and end < before * (1 - UNDERTRAINED_LOSS_DROP):
+        drop = before - end
+        if (
+            end <= min(v for _, v in loss)
+            and drop > UNDERTRAINED_LOSS_DROP * before
+            and drop > UNDERTRAINED_LOSS_DROP_ABS
+        ):
             return Finding(
                 Diagnosis.undertrained,
                 f"val_loss is still falling at the last epoch ({before:.4g} -> {end:.4g} over {window})",
             )
-    if gain / scale < plateau:
+    if gain / scale < plateau or gain <= noise:  # no gain beyond its own wobble is flat too
         return Finding(Diagnosis.plateau, f"{name} flat: best {recent:{f}} in {window} vs {earlier:{f}} before")
     return None
+
+
+def _scale(series: list[float], earlier: float, recent: float) -> tuple[float, float]:
+    """What a gain of a metric in other units than a fraction is measured against: its size, or the span of its run
+    where that is larger (a reward near or across 0 has no size to be relative to: -0.02 levelling at 0.0015 is not
+    "up 30%"); and its noise, the median epoch-to-epoch wobble around its trend (second differences: a steady trend
+    has none), which a gain must clear (a reward flat at -0.001 +- 0.0001 setting a new best by 0.00005 is noise)."""
+    scale = max(abs(earlier), abs(recent), max(series) - min(series))
+    wobble = [abs(a - 2 * b + c) for a, b, c in zip(series, series[1:], series[2:], strict=False)]
+    return max(scale, 1e-12), statistics.median(wobble) / 2
 
 
 def _too_slow(curve: list[EpochPoint], knobs: dict[str, Any]) -> Finding | None:
@@ -560,7 +616,7 @@ class HeuristicAnalyst:
             return
         self._said_unread = True
         warnings.warn(
-            f"the heuristic analyst {_unread(self.metric)}; fix: report the campaign's metric each epoch "
+            f"the heuristic analyst {_unread(self.metric, best.curve)}; fix: report the campaign's metric each epoch "
             f"(harness.report(epoch=..., {self.metric.name}=...)) or set search.metric to a metric the trainer reports",
             AnalystWarning,
             stacklevel=2,
@@ -788,15 +844,16 @@ def _curve_lines(trials: list[TrialSummary], metric: Watched) -> list[str]:
     peak = ""
     if read is not None:
         series = _series(best.curve, read.name)
-        epoch, value = (min if read.lower_is_better else max)(series, key=lambda ev: ev[1])
-        peak = f"; best {read.name} {value:{'.4f' if 0 <= value <= 1 else '.4g'}} at epoch {epoch}"
+        epoch, value = read.best(series, key=lambda ev: ev[1])
+        f = ".4f" if read.is_fraction([v for _, v in series]) else ".4g"  # as the readings print it
+        peak = f"; best {read.name} {value:{f}} at epoch {epoch}"
     shown = ("train_loss", "val_loss", "val_acc", "grad_norm", "epoch_seconds")
     if metric.name not in shown:  # the campaign's own metric beside the standard ones (val_f1)
         shown = (*shown[:3], metric.name, *shown[3:])
     lines.append(
         f"Best trial `{best.trial_id}` ({best.status.value}, {len(best.curve)} epochs): final "
-        + ", ".join(f"{m} {_fmt(_series([last], m)[0][1] if _series([last], m) else None)}" for m in shown)
-        + "".join(f", {m} {_fmt(getattr(last, m))}" for m in PROBES if getattr(last, m) is not None)
+        + ", ".join(f"{m} {_fmt(_value(last, m))}" for m in shown)
+        + "".join(f", {m} {_fmt(_value(last, m))}" for m in PROBES if _value(last, m) is not None)
         + peak
         + "."
     )

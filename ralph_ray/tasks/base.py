@@ -11,6 +11,7 @@ import difflib
 import enum
 import hashlib
 import json
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -394,27 +395,49 @@ def random_split(n: int, fractions: tuple[float, ...], seed: int) -> list[np.nda
 TEXT_NOTE_BYTES = 1 << 30
 
 
-def public_array(values: Any, name: str, where: str = "prepare()") -> np.ndarray:
-    """An array as trials can memory-map it: an object array (`df["text"].values`, pandas 3's string arrays) whose
-    elements are all `str` becomes fixed-width unicode (`<U<longest>`); any other object array raises DataError
-    with the fix (np.load cannot memory-map Python objects: every trial failed on it, after `prepare` said OK)."""
+def text_limit_bytes() -> int | None:
+    """The most memory text inputs may take as fixed-width strings: half of this machine's physical memory (None
+    where the OS does not say). Checked before converting: under Linux's overcommit a larger conversion is not
+    refused with MemoryError but allocated page by page, until the process thrashes or is OOM-killed."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows) or no such name
+        return None
+
+
+def public_array(values: Any, name: str, where: str = "prepare()", limit: int | None = None) -> np.ndarray:
+    """An array as trials can memory-map it: text (an object array of `str` such as `df["text"].values`, pandas 3's
+    string arrays, numpy 2's StringDType) becomes fixed-width unicode (`<U<longest>`) when it fits in `limit` bytes
+    (default `text_limit_bytes()`); an object array of real numbers only (`df.values` over int and bool columns)
+    becomes float64; any other object array raises DataError with the fix (np.load cannot memory-map Python objects:
+    every trial failed on it, after `prepare` said OK)."""
     array = np.asarray(values)
+    if array.dtype.kind == "T":  # StringDType: its missing values (na_object) then show as what they are
+        array = array.astype(object)
     if not array.dtype.hasobject:
         return array
-    odd = next(((i, v) for i, v in enumerate(array.reshape(-1)) if not isinstance(v, str)), None)
+    flat = array.reshape(-1)
+    odd = next(((i, v) for i, v in enumerate(flat) if not isinstance(v, str)), None)
     if odd is None and array.dtype == object:
+        longest = max((len(v) for v in flat), default=0)
+        need = array.size * longest * 4
+        allowed = f"more than the {_size(limit)} allowed" if limit is not None else ""
+        if limit is None and (limit := text_limit_bytes()) is not None:
+            allowed = f"more than half this machine's physical memory ({_size(limit)})"
+        if limit is not None and need > limit:
+            raise _too_big(where, name, array.size, longest, need, allowed)
         try:
             return np.asarray(array, dtype=str)
         except MemoryError:
-            longest = max(len(v) for v in array.reshape(-1))
-            raise DataError(
-                f"{where}: {name} holds {array.size} texts of up to {longest} characters: as fixed-width strings "
-                f"(every text as wide as the longest, 4 bytes a character) they need {_size(array.size * longest * 4)}"
-                '\n  fix: truncate the texts in prepare() (df["text"].str.slice(0, 2000)), or tokenise them there '
-                "and return the token ids"
-            ) from None
+            raise _too_big(where, name, array.size, longest, need, "more than this machine could allocate") from None
+    if array.dtype == object:
+        # name what is neither text nor a number first (a dict among numbers); else the first non-text (a NaN)
+        stray = next(((i, v) for i, v in enumerate(flat) if not isinstance(v, (str, numbers.Real, np.bool_))), None)
+        if stray is None and not any(isinstance(v, str) for v in flat):
+            return array.astype(np.float64)  # bool, int and float columns together (`df.values`)
+        odd = stray or odd
     found = (
-        f"element {odd[0]} is {type(odd[1]).__name__} ({odd[1]!r:.40}), not str"
+        f"element {odd[0]} is {type(odd[1]).__name__} ({odd[1]!r:.40}), not str{' or a number' * (odd is stray)}"
         if odd is not None
         else f"its dtype {array.dtype} holds Python objects"
     )
@@ -423,6 +446,16 @@ def public_array(values: Any, name: str, where: str = "prepare()") -> np.ndarray
         "  fix: return numbers (features, token ids) or text as strings, each input one str: missing texts filled "
         '(df["text"].fillna("").to_numpy(dtype=str)); a dict, list or None per input cannot be saved for trials: '
         "encode it as numeric arrays in prepare()"
+    )
+
+
+def _too_big(where: str, name: str, count: int, longest: int, need: int, over: str) -> DataError:
+    """The error for text too large as fixed-width strings, with its size and the fix."""
+    return DataError(
+        f"{where}: {name} holds {count} texts of up to {longest} characters: as fixed-width strings (every text as "
+        f"wide as the longest, 4 bytes a character) they need {_size(need)}, {over}"
+        '\n  fix: truncate the texts in prepare() (df["text"].str.slice(0, 2000)), or tokenise them there '
+        "and return the token ids"
     )
 
 

@@ -458,6 +458,67 @@ def test_a_lower_is_better_metric_reads_a_falling_curve_as_still_improving():
     assert Diagnosis.plateau in names(diagnose([trial(stalled)], {}, mse))
 
 
+def test_a_metric_reported_at_too_few_epochs_leaves_the_reading_to_val_acc():
+    """Review: a trainer reporting val_f1 at the last epoch only and val_acc every epoch had its metric taken from one
+    point: nothing was read and the analysis said "no warning sign" with no note. Now val_acc's curve is read, and
+    where neither has more than 3 finite epochs the analysis says what each had."""
+    f1 = Watched("val_f1")
+    once = [*UNDERTRAINED[:-1], dataclasses.replace(UNDERTRAINED[-1], others={"val_f1": 0.9})]
+    (finding,) = [f for f in diagnose([trial(once)], {}, f1) if f.diagnosis is Diagnosis.undertrained]
+    assert finding.evidence.startswith("val_acc reached 0.9300")
+    healthy = [*HEALTHY[:-1], dataclasses.replace(HEALTHY[-1], others={"val_f1": 0.9})]
+    (finding,) = diagnose([trial(healthy)], {}, f1)
+    assert finding.evidence == (
+        "no warning sign in the best curve (read from val_acc: the best trial reported val_f1 (search.metric) at 1 "
+        "epoch only)"
+    )
+    blind = [dataclasses.replace(p, val_acc=None) for p in healthy]
+    (finding,) = diagnose([trial(blind)], {}, f1)
+    assert finding.evidence.endswith(
+        "(the best trial reported val_f1 (search.metric) at 1 epoch only and no val_acc: undertrained and plateau "
+        "need more than 3 epochs of finite values and were not read)"
+    )
+
+
+# A reward levelling near 0 after -0.02; one flat at -0.001 +- 0.0001; one still rising across 0.
+LEVELLED = [-0.02, -0.012, -0.006, -0.002, 0.0011, 0.0013, 0.0014, 0.0015]
+FLAT_NEAR_ZERO = [-0.0010, -0.0009, -0.0011, -0.00095, -0.0010, -0.0011, -0.00085, -0.0010]
+CROSSING = [-0.05, -0.04, -0.03, -0.02, -0.01, 0.0, 0.01, 0.02]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [(LEVELLED, Diagnosis.plateau), (FLAT_NEAR_ZERO, Diagnosis.plateau), (CROSSING, Diagnosis.undertrained)],
+)
+def test_a_metric_near_or_across_zero_is_read_against_its_span_and_noise(values: list[float], expected: Diagnosis):
+    """Review: a gain was relative to the earlier best's size, which blows up near 0: a reward levelled at
+    0.0011-0.0015 after -0.02 read "undertrained, up 0.0004" (36%), a flat -0.001 +- 0.0001 read undertrained."""
+    reward = others(PLATEAU, "mean_return", values, keep_acc=False)
+    found = names(diagnose([trial(reward)], {}, Watched("mean_return")))
+    assert expected in found and ({Diagnosis.plateau, Diagnosis.undertrained} - {expected}).isdisjoint(found)
+
+
+def test_a_loss_near_zero_falling_on_is_not_undertrained():
+    """Review: val_loss 1e-4 -> 9e-5 over the window (10%, of nothing) read undertrained, from val_acc's fallback
+    check and as the search metric under search.mode=min."""
+    tiny = curve(
+        [0.4, 0.04, 0.004, 8e-4, 8e-5, 7e-5, 6e-5, 5e-5],
+        [0.5, 0.05, 0.005, 0.001, 1e-4, 9.7e-5, 9.4e-5, 9e-5],
+        [0.90, 0.99, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+    )
+    assert names(diagnose([trial(tiny)], {})) == [Diagnosis.plateau]
+    assert names(diagnose([trial(tiny)], {}, Watched("val_loss", lower_is_better=True))) == [Diagnosis.plateau]
+
+
+def test_the_best_value_shown_is_formatted_as_its_series_is_read(tmp_path: Path):
+    """A val_mse ending at 0.9 was shown as "best val_mse 0.9000" (four decimals for any value in [0, 1]) while its
+    reading wrote 0.9: one format per series now."""
+    mse = others(PLATEAU, "val_mse", [9.0, 7.0, 5.5, 4.5, 4.0, 3.0, 2.0, 0.9], keep_acc=False)
+    parent = dataclasses.replace(parent_view(tmp_path, PLATEAU), trials=[trial(mse)])
+    summary = HeuristicAnalyst(metric=Watched("val_mse", lower_is_better=True)).analyse(parent, [], Usage()).summary
+    assert "best val_mse 0.9 at epoch 8." in summary and "val_mse reached 0.9 in the last 3 epochs" in summary
+
+
 def test_an_analyst_with_neither_metric_says_so_once_and_in_its_analysis(tmp_path: Path):
     blind = others(PLATEAU, "worst_class_f1", RISING_F1, keep_acc=False)
     parent = dataclasses.replace(parent_view(tmp_path, PLATEAU), trials=[trial(blind)])

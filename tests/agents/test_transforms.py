@@ -1479,8 +1479,73 @@ def test_the_epoch_loop_is_found_around_a_call_of_a_method_of_the_same_class():
     assert "train_loss = self.train_epoch(grokfast_grads=grokfast_grads)" in grokfast
     # a bare call of a module-level function of the same name is no call of the method
     shadowed = SOURCES["hf_trainer"].replace("self.train_epoch()", "train_epoch()")
+    shadowed = shadowed.replace("\ndef main()", "\ndef train_epoch() -> float:\n    return 0.0\n\n\ndef main()")
+    assert len(analyse(shadowed).defined("train_epoch", top_level=True)) == 1
     with pytest.raises(NotApplicable, match="no `for` loop over epochs"):
         apply_transform("grokfast_filter", shadowed)
+
+
+def test_a_method_its_class_defines_twice_has_no_calls():
+    """Review: calls_of() matched both of two same-named methods, so an edit could land in the first, dead one (the
+    second overrides it)."""
+    twice = SOURCES["hf_trainer"].replace(
+        "    @torch.no_grad()\n    def evaluate(",
+        "    def train_epoch(self) -> float:\n        return 0.0\n\n    @torch.no_grad()\n    def evaluate(",
+    )
+    trainer = analyse(twice)
+    methods = trainer.defined("train_epoch")
+    assert len(methods) == 2
+    assert [trainer.calls_of(m) for m in methods] == [[], []]
+    once = analyse(SOURCES["hf_trainer"])
+    assert len(once.calls_of(once.defined("train_epoch")[0])) == 1  # defined once, it is called once (in train())
+    with pytest.raises(NotApplicable, match="no `for` loop over epochs"):
+        apply_transform("grokfast_filter", twice)
+
+
+# the HF-style Trainer's schedule, built before train()'s epoch loop: in __init__ beside the optimizer, in train()
+# itself, or in a method train() calls there (transformers' create_scheduler())
+_SCHEDULED = {
+    "__init__": (
+        "weight_decay=cfg.weight_decay)\n",
+        "weight_decay=cfg.weight_decay)\n        self.scheduler = torch.optim.lr_scheduler.OneCycleLR(self.optimizer, "
+        "max_lr=cfg.lr, total_steps=cfg.epochs * len(self.train_loader))\n",
+    ),
+    "train": (
+        "        metrics: dict[str, float] = {}\n",
+        "        metrics: dict[str, float] = {}\n        self.scheduler = LambdaLR(self.optimizer, lambda step: 1.0)\n",
+    ),
+    "called": (
+        "        metrics: dict[str, float] = {}\n",
+        "        metrics: dict[str, float] = {}\n        self.create_scheduler()\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", sorted(_SCHEDULED))
+def test_self_model_head_is_refused_where_a_schedule_is_built_before_the_epoch_loop(where: str):
+    """Review: on an HF-style Trainer the head's `add_param_group(...)` goes before train()'s epoch loop, after a
+    schedule built in __init__ (or early in train()): OneCycleLR raised KeyError 'initial_lr', LambdaLR a ValueError at
+    its first step, in every trial. Refused, saying so; a trainer without one still gets the head."""
+    old, new = _SCHEDULED[where]
+    source = SOURCES["hf_trainer"].replace(old, new, 1)
+    if where == "called":
+        source = source.replace(
+            "    def train(self)",
+            "    def create_scheduler(self) -> None:\n"
+            "        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, 0, 100)\n\n"
+            "    def train(self)",
+        )
+    assert source != SOURCES["hf_trainer"]
+    with pytest.raises(NotApplicable, match=r"learning-rate schedule `[\w.]+\(\.\.\.\)` is built before the epoch"):
+        apply_transform("self_model_head", source)
+    assert "add_param_group" in apply_transform("self_model_head", SOURCES["hf_trainer"])
+
+
+def test_self_model_head_runs_beside_a_schedule_built_after_the_optimizer_line():
+    """The refusal is only for a schedule built before a group added at the epoch loop: in a script the group is added
+    right after the optimizer's line, before its scheduler, and trains."""
+    out = apply_transform("self_model_head", SOURCES["fmnist_cnn"])
+    assert -1 < out.index("optimizer.add_param_group(") < out.index("scheduler = torch.optim.lr_scheduler.OneCycleLR(")
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from ralph_ray.harness import ENV_DATA_DIR
 from ralph_ray.kb import open_reader
 from ralph_ray.prepare import main as prepare_main
 from ralph_ray.tasks import DataError, prepare_splits
-from ralph_ray.tasks.base import Splits, public_array, text_memory_note, write_public
+from ralph_ray.tasks.base import Splits, public_array, text_limit_bytes, text_memory_note, write_public
 
 TOPICS = {
     "sports": ["goal", "match", "team", "coach", "league"],
@@ -216,6 +216,58 @@ def test_public_array_keeps_numbers_converts_text_and_refuses_the_rest(tmp_path:
     note = text_memory_note(big, limit=100)
     assert note is not None and "train_x 4 x 13 characters x 4 bytes" in note and "Truncate long texts" in note
     assert text_memory_note(big, limit=1000) is None
+
+
+def test_numpy_string_dtype_and_numbers_as_objects_are_saved_as_arrays_trials_memory_map(tmp_path: Path):
+    """Reviewer: numpy 2's StringDType and `df.values` over int and bool columns (an object array of numbers) were
+    refused as Python objects, though each converts as it is."""
+    import pandas as pd
+
+    strings = np.array(["one two", "three"], dtype=np.dtypes.StringDType())
+    assert public_array(strings, "train_x").dtype == np.dtype("<U7")
+    missing = np.array(["one", None], dtype=np.dtypes.StringDType(na_object=None))
+    with pytest.raises(DataError, match="element 1 is NoneType"):  # a missing text, named as in an object array
+        public_array(missing, "train_x")
+    table = pd.DataFrame({"count": [3, 4], "flag": [True, False], "ratio": [0.5, 1.5]}).values
+    assert table.dtype == object
+    numbers = public_array(table, "train_x")
+    assert numbers.dtype == np.float64 and numbers.tolist() == [[3.0, 1.0, 0.5], [4.0, 0.0, 1.5]]
+    with pytest.raises(DataError, match="element 1 is dict"):
+        public_array(np.array([1, {"a": 1}], dtype=object), "train_x")
+    splits = Splits(table, np.array([0, 1]), table, np.array([0, 1]), strings, np.array([0, 1]), 2)
+    write_public(splits, tmp_path / "public", "hand")
+    assert np.load(tmp_path / "public" / "train_x.npy", mmap_mode="c").dtype == np.float64
+    assert np.load(tmp_path / "public" / "test_x.npy", mmap_mode="c").dtype == np.dtype("<U7")
+
+
+def test_text_too_large_as_fixed_width_strings_is_refused_before_it_is_allocated():
+    """Reviewer: only MemoryError caught an oversized conversion, and under Linux's overcommit a large one is allocated
+    page by page until the process is OOM-killed: its size is checked first, against half the physical memory."""
+    limit = text_limit_bytes()
+    assert limit is not None and limit > 0
+    longest = 1_000_000
+    count = limit // (4 * longest) + 1  # one long text among short ones: every text as wide as the longest
+    texts = np.array(["x" * longest] + ["short"] * (count - 1), dtype=object)
+    with pytest.raises(DataError, match=rf"train_x holds {count} texts of up to {longest} characters") as refused:
+        public_array(texts, "train_x")
+    assert "more than half this machine's physical memory" in str(refused.value)
+    assert 'fix: truncate the texts in prepare() (df["text"].str.slice(0, 2000))' in str(refused.value)
+    small = np.array(["ten chars!"] * 3, dtype=object)
+    with pytest.raises(DataError, match="need 0.0 MB, more than the 0.0 MB allowed"):
+        public_array(small, "train_x", limit=119)  # 3 x 10 characters x 4 bytes = 120
+    assert public_array(small, "train_x", limit=120).dtype == np.dtype("<U10")
+
+
+def test_a_truncated_public_file_is_not_called_an_object_array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Reviewer: every ValueError from np.load was reported as an object array with "run prepare again"."""
+    for name in ("train_x", "train_y", "selection_x", "test_x"):
+        np.save(tmp_path / f"{name}.npy", np.arange(1000, dtype=np.float64))
+    (tmp_path / "meta.json").write_text(json.dumps({"num_classes": 2}))
+    with open(tmp_path / "train_x.npy", "r+b") as file:
+        file.truncate(2000)  # a copy cut short
+    monkeypatch.setenv(ENV_DATA_DIR, str(tmp_path))
+    with pytest.raises(ValueError, match="mmap length is greater than file size"):
+        harness.load_data()
 
 
 def test_an_object_array_prepared_before_is_named_with_the_fix_not_numpys_error(

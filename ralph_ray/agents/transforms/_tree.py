@@ -103,6 +103,9 @@ MOVES = frozenset({"to", "cuda", "float", "double", "half", "bfloat16", "train"}
 # Mixed precision's loss scaler, however imported (`torch.amp.GradScaler`, `torch.cuda.amp.GradScaler`, `GradScaler`)
 GRAD_SCALER = re.compile(r"^((torch\.)?(cuda\.|cpu\.)?amp\.(grad_scaler\.)?)?GradScaler$")
 NO_GRAD = re.compile(r"^torch\.(no_grad|inference_mode)$")
+# A learning-rate schedule built on the optimizer: `torch.optim.lr_scheduler.OneCycleLR`, a class imported by name
+# (`LambdaLR`, `ReduceLROnPlateau`), transformers' `get_linear_schedule_with_warmup` / `get_scheduler`
+LR_SCHEDULER = re.compile(r"^(.*\.)?(lr_scheduler\.\w+|get_\w*schedul\w*|\w+LR|\w+LROnPlateau)$")
 # Module-level helpers the transforms add (their layers and calls are not the trainer's own).
 HELPERS = frozenset(
     {
@@ -504,6 +507,33 @@ class Trainer:
             return loop
         return self.optimizer_statement()
 
+    def scheduler_before_state(self) -> cst.Call | None:
+        """A learning-rate schedule built before `state_site()` where that is an HF-style Trainer's epoch loop (in the
+        method that builds the optimizer, in train() before the loop, or in a method either calls there): it counted
+        the optimizer's parameter groups then, and one added at the site breaks it (OneCycleLR's KeyError
+        'initial_lr', LambdaLR's zip at its first step). None where the site is the optimizer's own line."""
+        site = self.state_site()
+        builder = self.optimizer_function()
+        if site is self.optimizer_statement() or builder is None:
+            return None
+        trains = enclosing_function(self, site)
+        assert trains is not None  # state_site() returns the loop only where train() holds it
+        early = [c for c in self.calls(within=trains) if self.order(c) < self.order(site)]
+        early += self.calls(within=builder)
+        methods = [builder, trains]
+        for function in self.defined_in_class(builder):
+            if function not in methods and any(c in early for c in self.calls_of(function)):
+                methods.append(function)
+                early += self.calls(within=function)
+        return next((c for c in early if LR_SCHEDULER.match(call_name(c) or "")), None)
+
+    def defined_in_class(self, method: cst.FunctionDef) -> list[cst.FunctionDef]:
+        """The methods defined in the body of the class that defines `method` (none where it is no method)."""
+        block = self.parent(method)
+        if not self._is_method(method) or not isinstance(block, cst.IndentedBlock):
+            return []
+        return [s for s in block.body if isinstance(s, cst.FunctionDef)]
+
     def _kept_as(self, builder: cst.FunctionDef | None, function: cst.FunctionDef, name: str) -> str | None:
         """`self.model` where the method `builder` keeps its `name` on the instance (`self.model = model`) and
         `function` is another method of the same class (an HF-style Trainer); else None."""
@@ -673,8 +703,9 @@ class Trainer:
     def calls_of(self, function: cst.FunctionDef, within: cst.CSTNode | None = None) -> list[cst.Call]:
         """The calls of a module-level function by its name, or of a method as `self.<method>(...)` from another method
         of its class (the instance parameter of both: an HF-style Trainer's train() calling self.train_epoch()).
-        None for a nested function, or a method of a class defined twice."""
-        found = []
+        Empty for a nested function, a module-level function defined twice, or a method its class defines twice
+        (the first is dead, overridden by the second: an edit there would never run)."""
+        found: list[cst.Call] = []
         if isinstance(self.parent(function), cst.Module):
             if len(self.defined(function.name.value, top_level=True)) == 1:
                 found = [
@@ -682,7 +713,11 @@ class Trainer:
                     for c in self.calls(within=within)
                     if isinstance(c.func, cst.Name) and c.func.value == function.name.value
                 ]
-        elif self._is_method(function) and first_parameter(function) is not None:
+        elif (
+            self._is_method(function)
+            and first_parameter(function) is not None
+            and [m.name.value for m in self.defined_in_class(function)].count(function.name.value) == 1
+        ):
             for call in self.calls(within=within):
                 caller = enclosing_function(self, call)
                 instance = call.func.value if isinstance(call.func, cst.Attribute) else None

@@ -399,6 +399,14 @@ def self_model_head(source: str) -> str:
     edits, head = Edits(trainer), free_name(trainer, "self_model")
     edits.thread(head, "the self-model head", trainer.state_site())
     refuse_lbfgs(trainer, "it takes one parameter group, and the head's parameters would be a second")
+    scheduler = trainer.scheduler_before_state()
+    if scheduler is not None:
+        # the schedule counted the optimizer's groups when built: a group added later crashes its step (OneCycleLR's
+        # KeyError 'initial_lr', LambdaLR's zip), and the head cannot be built in __init__ beside the optimizer
+        raise NotApplicable(
+            f"the learning-rate schedule `{call_name(scheduler)}(...)` is built before the epoch loop, where the "
+            "head's parameter group would be added: the schedule would not cover it and fails at its first step"
+        )
     classifier_layers = [layer for layer in trainer.layers() if layer.kind == "linear"]
     if not classifier_layers:
         raise NotApplicable(trainer.imported_model() or "the model has no nn.Linear classifier to read features from")
