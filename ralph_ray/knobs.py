@@ -147,6 +147,11 @@ class Bounds:
     log: bool = False  # a loguniform range
     span: float = 2.0  # the factors' range, [1/span, span] (search.relative_span)
 
+    def whole_for(self, base: float) -> bool:
+        """Whether an int knob stays an int here: its range is whole numbers (EPOCHS = 10 over [5, 20]); GAMMA = 1
+        over [0.3, 0.9] takes the fractions it is searched over. Scaling and reading back a factor use the same."""
+        return isinstance(base, int) and float(self.low).is_integer() and float(self.high).is_integer()
+
     def bound(self, value: float, integer: bool = False) -> Any:
         """`value` in the declared space: clipped to [low, high] (rounded where `integer`), or its nearest choice."""
         if self.choices:
@@ -234,10 +239,7 @@ def resolve_knobs(config: dict[str, Any], own: dict[str, Any], relative: Mapping
         base = own.get(name)
         bounds = relative.get(name)
         if bounds is not None and isinstance(base, (int, float)) and not isinstance(base, bool):
-            # An int knob stays an int where its range is whole numbers (EPOCHS = 10 over [5, 20]); GAMMA = 1 over
-            # [0.3, 0.9] takes the fractions it is searched over.
-            whole = isinstance(base, int) and float(bounds.low).is_integer() and float(bounds.high).is_integer()
-            knobs[name] = bounds.scaled(base, float(value), integer=whole)
+            knobs[name] = bounds.scaled(base, float(value), integer=bounds.whole_for(base))
         else:
             knobs[name] = value
     return knobs

@@ -330,8 +330,7 @@ class Pool:
                 bounds = moved[name]
                 # The integer flag resolve_knobs scales with: without it a small int base's factor (outright over a
                 # whole-number range) gives back another value than the one recorded
-                whole = isinstance(base, int) and float(bounds.low).is_integer() and float(bounds.high).is_integer()
-                value = bounds.factor_of(base, value, integer=whole)  # type: ignore[arg-type]
+                value = bounds.factor_of(base, value, integer=bounds.whole_for(base))  # type: ignore[arg-type]
             if value is None:
                 return None
             if isinstance(dist, optuna.distributions.CategoricalDistribution):

@@ -39,6 +39,15 @@ def cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[s
     )
 
 
+@contextmanager
+def refused_address() -> Iterator[str]:
+    """A loopback address bound, not listening: connections are refused, and no other process can take the port
+    meanwhile (a stale or dead head)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{held.getsockname()[1]}"
+
+
 def test_cluster_group_selects_local_or_address():
     assert load_config([]).cluster.mode is ClusterMode.local
     joined = load_config(["cluster=address"])
@@ -58,12 +67,11 @@ def test_a_machine_without_the_clusters_token_exits_2_before_anything_starts(tmp
     start = time.monotonic()
     home = tmp_path / "home"  # a machine with no ~/.ray/auth_token, and no token in the environment
     home.mkdir()
-    with socket.socket() as held:  # nothing is contacted: the token check comes first
-        held.bind(("127.0.0.1", 0))
+    with refused_address() as address:  # nothing is contacted: the token check comes first
         result = cli(
             tmp_path,
             "cluster=address",
-            f"cluster.address=127.0.0.1:{held.getsockname()[1]}",
+            f"cluster.address={address}",
             "run_id=tokenless",
             HOME=str(home),
             RAY_AUTH_MODE="disabled",
@@ -78,9 +86,7 @@ def test_a_machine_without_the_clusters_token_exits_2_before_anything_starts(tmp
 
 def test_unreachable_cluster_exits_2_naming_the_fix_before_a_run_exists(tmp_path: Path):
     start = time.monotonic()
-    with socket.socket() as held:  # bound, not listening: refused, and no other process can take the port meanwhile
-        held.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{held.getsockname()[1]}"
+    with refused_address() as address:
         result = cli(tmp_path, "cluster=address", f"cluster.address={address}", "run_id=nowhere", RAY_AUTH_TOKEN=TOKEN)
     assert result.returncode == 2, result.stderr
     assert "cannot reach the Ray head at 127.0.0.1" in result.stderr and "ray start --head" in result.stderr
@@ -91,12 +97,11 @@ def test_unreachable_cluster_exits_2_naming_the_fix_before_a_run_exists(tmp_path
 
 def test_a_missing_token_path_is_named(tmp_path: Path):
     missing = tmp_path / "nope"
-    with socket.socket() as held:  # nothing is contacted: the token check comes first
-        held.bind(("127.0.0.1", 0))
+    with refused_address() as address:  # nothing is contacted: the token check comes first
         result = cli(
             tmp_path,
             "cluster=address",
-            f"cluster.address=127.0.0.1:{held.getsockname()[1]}",
+            f"cluster.address={address}",
             "run_id=nopath",
             RAY_AUTH_TOKEN_PATH=str(missing),
         )
@@ -108,9 +113,7 @@ def test_a_missing_token_path_is_named(tmp_path: Path):
 @pytest.mark.parametrize("found_by", ["RAY_ADDRESS", "address_file"])
 def test_auto_pointing_at_a_dead_head_exits_2_within_the_timeout(tmp_path: Path, found_by: str):
     start = time.monotonic()
-    with socket.socket() as held:  # bound, not listening: a stale address
-        held.bind(("127.0.0.1", 0))
-        stale = f"127.0.0.1:{held.getsockname()[1]}"
+    with refused_address() as stale:
         if found_by == "RAY_ADDRESS":
             env = {"RAY_ADDRESS": stale}
         else:  # what a `ray start` long gone left in <temp dir>/ray/ray_current_cluster
