@@ -97,14 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.resume and not resume_has_budget(cfg, argv, err):
         return ExitCode.safeguard_or_config
 
-    from ralph_ray.agents.base import AgentConfigError
-    from ralph_ray.campaign import run
+    from ralph_ray.campaign import REFUSALS, run
     from ralph_ray.config import ClusterMode
-    from ralph_ray.raycluster import ClusterError, ensure_ray
-    from ralph_ray.rundir import CampaignError
-    from ralph_ray.sandbox import SandboxError, check
+    from ralph_ray.raycluster import ensure_ray
+    from ralph_ray.sandbox import check
     from ralph_ray.sigterm import arrived, install, restore
-    from ralph_ray.tasks.base import DataError
 
     before = install()  # SIGTERM (timeout, systemd, docker stop, Kubernetes) ends the campaign as Ctrl-C does
     try:
@@ -112,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.cluster.mode is ClusterMode.address:
             ensure_ray(cluster=cfg.cluster)  # an unreachable or refusing cluster stops here, before a run is recorded
         return int(run(cfg).exit_code)
-    except (DataError, CampaignError, AgentConfigError, ClusterError, SandboxError) as error:
+    except REFUSALS as error:
         err.print("[red]error:[/] ", end="")
         err.print(str(error), markup=False, highlight=False)  # server messages may hold [brackets]
         return ExitCode.safeguard_or_config

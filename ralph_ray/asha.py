@@ -114,6 +114,13 @@ class _MarginBracket(_Bracket):
         return action
 
 
+class _Replayed:
+    """What Tune's bracket reads of a trial an earlier Tune run of the campaign reported (NoiseAwareASHA.replay)."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
 class NoiseAwareASHA(ASHAScheduler):
     """ASHAScheduler whose rung cutoffs are lowered by a noise margin: a fixed one (`margin`), or, with
     margin=None, `z` standard errors of an accuracy over the split size its reported values reveal."""
@@ -143,9 +150,37 @@ class NoiseAwareASHA(ASHAScheduler):
         """The split size the reported values reveal (SplitSize), None while unknown or when none fits."""
         return self._split.examples
 
+    @property
+    def time_attr(self) -> str:
+        """The result key the rungs count (epoch, or training seconds under trial.budget_s)."""
+        return self._time_attr
+
+    def replay(self, history: list[tuple[str, list[tuple[float, float]]]], metric: str, mode: str) -> int:
+        """Record what earlier trials reported, each (trial id, [(time, value), ...]) in report order, at the rungs
+        Tune's bracket would have recorded them; returns how many trials were replayed.
+
+        A resumed campaign starts a new Tune run, whose scheduler starts with empty rungs: its first trial was cut
+        against one trial's result instead of the run's (a user's kill -9 and resume). Tune keeps no scheduler
+        state across a driver's death (`save`/`restore` pickle a live one), so the KB's epochs are replayed through
+        Tune's own `_Bracket.on_result`: no stop is decided or noted, only the records and the split size.
+        `metric` and `mode` are the search's (Tune sets the scheduler's own later, when the run starts)."""
+        sign = 1.0 if mode == "max" else -1.0
+        bracket = self._brackets[0]  # search.scheduler builds one bracket (Tune's default)
+        for trial_id, reports in history:
+            trial = _Replayed(trial_id)
+            for at, value in reports:
+                if self.fixed_margin is None and math.isfinite(value):
+                    self.observe(value, metric)  # as on_trial_result: a resumed run's margin is the one it had
+                _Bracket.on_result(bracket, trial, at, sign * value)  # the base's: records, notes no stop
+        return len(history)
+
     def rungs(self) -> list[float]:
         """The milestones at which trials can be stopped, in order."""
         return sorted(float(milestone) for bracket in self._brackets for milestone, _ in bracket._rungs)
+
+    def recorded(self) -> dict[float, dict[str, float]]:
+        """Each rung's records: trial id -> the value recorded there (oriented: -value for mode=min)."""
+        return {float(milestone): dict(there) for bracket in self._brackets for milestone, there in bracket._rungs}
 
     def margin_at(self, cutoff: float) -> float:
         """The margin below `cutoff` a trial may fall before it stops (oriented: cutoff is -value for mode=min)."""
@@ -154,8 +189,9 @@ class NoiseAwareASHA(ASHAScheduler):
         examples = self.examples
         return 0.0 if examples is None else binomial_margin(cutoff, examples, self.z)
 
-    def observe(self, value: float) -> None:
-        """Narrow the split size by one reported value; say once what the margin is when the size becomes known."""
+    def observe(self, value: float, metric: str | None = None) -> None:
+        """Narrow the split size by one reported value of `metric` (default: the scheduler's); say once what the
+        margin is when the size becomes known."""
         known = self.examples
         self._split.observe(value)
         if self.examples is None or self.examples == known:
@@ -164,8 +200,8 @@ class NoiseAwareASHA(ASHAScheduler):
         # trial's console said 34): a value that rules it out grows it, and the console says so again.
         grown = "" if known is None else f" (not {known}: {value:.6g} is no multiple of 1/{known})"
         print(
-            f"ASHA: {self._metric} reads as an accuracy over {self.examples} examples{grown}: a trial stops at a rung "
-            f"only below its cutoff by more than {self.z:g} standard errors "
+            f"ASHA: {metric or self._metric} reads as an accuracy over {self.examples} examples{grown}: a trial stops "
+            f"at a rung only below its cutoff by more than {self.z:g} standard errors "
             f"({binomial_margin(0.9, self.examples, self.z):.3f} at 0.9; scheduler.margin)",
             file=sys.stderr,
         )

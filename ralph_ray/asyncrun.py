@@ -26,12 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from ray import tune
+from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import ConcurrencyLimiter
 
 from ralph_ray import forecast, history, records, replicates, sql
+from ralph_ray.asha import NoiseAwareASHA
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, reruns_parent, write_meta
+from ralph_ray.config import Config
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide, unjudged_note
 from ralph_ray.events import TrialStarts
@@ -47,6 +51,52 @@ from ralph_ray.search import scheduler, storage_path, trial_spec
 from ralph_ray.state import Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.variants import RejectedBy, VariantStatus
+
+# What each earlier trial of a run reported, epoch by epoch (ASHA's metric and, under trial.budget_s, its time
+# attribute), in the order the trials ended; the trials ASYNC_TRIALS counts (a trial the end of a run cut short
+# runs again). Kept here, beside its only reader (sql.py holds the shared queries).
+RUNG_HISTORY = """
+select e.trial_id, coalesce(t.replicate, false), e.epoch, e.metric, e.value
+from epochs e join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
+where e.run_id = ? and t.reason is distinct from ? and not coalesce(t.final, false) and e.metric in (?, ?)
+order by t.written_at, e.trial_id, e.epoch
+"""
+
+
+def rung_history(
+    con: duckdb.DuckDBPyConnection, run_id: str, metric: str, time_attr: str
+) -> list[tuple[str, list[tuple[float, float]]]]:
+    """Each earlier trial's (time, metric) reports as ASHA saw them: every epoch, but a replicate's last only (ASHA
+    never judged a replicate; Tune recorded only its final result, at on_trial_complete)."""
+    reports: dict[str, dict[int, dict[str, float]]] = {}
+    replicate: dict[str, bool] = {}
+    for trial_id, is_replicate, epoch, name, value in con.execute(
+        RUNG_HISTORY, [run_id, STOPPED_WITH_CYCLE, metric, time_attr]
+    ).fetchall():
+        reports.setdefault(trial_id, {}).setdefault(int(epoch), {})[name] = value
+        replicate[trial_id] = bool(is_replicate)
+    history_: list[tuple[str, list[tuple[float, float]]]] = []
+    for trial_id, epochs in reports.items():
+        points = [
+            (float(epoch) if time_attr == "epoch" else float(row[time_attr]), float(row[metric]))
+            for epoch, row in sorted(epochs.items())
+            if row.get(metric) is not None and (time_attr == "epoch" or row.get(time_attr) is not None)
+        ]
+        if points:
+            history_.append((trial_id, points[-1:] if replicate[trial_id] else points))
+    return history_
+
+
+def resumed_scheduler(
+    cfg: Config, con: duckdb.DuckDBPyConnection, run_id: str, stops: dict[str, str]
+) -> TrialScheduler:
+    """The campaign's scheduler (search.scheduler), its ASHA rungs holding what the run's earlier trials reported:
+    a resume's new Tune run judges its trials against the whole run, not against its own trials alone."""
+    sched = scheduler(cfg, stops)
+    if isinstance(sched, NoiseAwareASHA):
+        metric = cfg.search.metric
+        sched.replay(rung_history(con, run_id, metric, sched.time_attr), metric, cfg.search.mode)
+    return sched
 
 
 class AsyncCampaign(Campaign):
@@ -154,7 +204,10 @@ class AsyncCampaign(Campaign):
                 metric=cfg.search.metric,
                 mode=cfg.search.mode,
                 search_alg=slots,
-                scheduler=replicates.SpareReplicates(scheduler(cfg, ledger.stop_reasons)),  # replicates run to the end
+                # replicates run to the end; a resume's rungs start with the run's earlier trials
+                scheduler=replicates.SpareReplicates(
+                    resumed_scheduler(cfg, self.kb.reader(), self.run_id, ledger.stop_reasons)
+                ),
                 num_samples=-1,
                 reuse_actors=cfg.search.reuse_actors,
                 trial_dirname_creator=lambda trial: trial.trial_id,
@@ -230,7 +283,14 @@ class AsyncCampaign(Campaign):
             if self.analyst is not None and over is None:
                 effects = history.effects(con, cfg.task.name, cfg.task.metric, cfg.task.direction)
                 analysis, spent = analyse(self.analyst, view, effects, self._log)
-                usage.append((parent.variant_id, budget.track(spent) if budget else spent))
+                spent = budget.track(spent) if budget else spent
+                with self.kb_lock:  # at once: its children's writing and gating take minutes, the budget line reads
+                    self.kb.put(  # the KB (user trial: `tokens 0` at generation 1 after the agents had answered)
+                        "agent_usage",
+                        records.usage_rows(self.run_id, generation, "analyst", [(parent.variant_id, spent)], cfg.agent),
+                        records.part(self.run_id, generation, "analysis", parent.variant_id, str(time.time_ns())),
+                    )
+                    self._usage_parts += 1
             else:
                 from ralph_ray.agents.base import Analysis
 
@@ -277,12 +337,7 @@ class AsyncCampaign(Campaign):
                 )
             self.kb.put(
                 "agent_usage",
-                [
-                    records.usage_row(
-                        self.run_id, generation, "coder" if v != parent.variant_id else "analyst", v, u, cfg.agent
-                    )
-                    for v, u in usage
-                ],
+                records.usage_rows(self.run_id, generation, "coder", usage, cfg.agent),  # the analysis's went above
                 records.part(self.run_id, generation, "usage", parent.variant_id, str(time.time_ns())),
             )
             self._usage_parts += 1
@@ -492,6 +547,8 @@ class AsyncCampaign(Campaign):
         kill_point("decision")
         if decision.stop or advanced or final:
             self._record_decision(decision, facts)
+        if advanced and not final:
+            self._write_cycles()  # a run in progress, or killed later, has its closed generations' rows
         if decision.reason is StopReason.no_trial_completed:
             self._say_first_failure()
         state.cycle = max(1, closed)
@@ -544,23 +601,9 @@ class AsyncCampaign(Campaign):
         return trailing // self.per_generation
 
     def _close_generations(self) -> None:
-        """A cycles row per generation (trials, best so far, children, rejected) and one KB part per table."""
-        con = self.kb.reader()
-        counts = {int(g): int(n) for g, n in con.execute(sql.TRIALS_PER_CYCLE, [self.run_id]).fetchall()}
-        best: float | None = None
-        rows = []
-        for generation in sorted(set(counts) | {m.generation for m in self.pool.members.values()}):
-            members = [m for m in self.pool.members.values() if m.generation <= generation and m.best is not None]
-            best = max((m.best for m in members if m.best is not None), default=best)
-            asked = [c for c in self.children.values() if self._generation_of(c) == generation]
-            folder = self.run_dir / "generations" / f"gen_{generation:04d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            analysis = (folder / "analysis.md").read_text() if (folder / "analysis.md").exists() else ""
-            rows.append(
-                records.cycle_row(self.run_id, generation, counts.get(generation, 0), best, asked, folder, analysis)
-            )
+        """The cycles rows, final, and one KB part per table and generation."""
+        counts = self._write_cycles()
         with self.kb_lock:
-            self.kb.put("cycles", rows, records.part(self.run_id, 0, "generations"))
             for generation in counts:  # one part per generation instead of one per trial: readers pay per file
                 self.kb.compact(
                     "epochs",
@@ -572,6 +615,30 @@ class AsyncCampaign(Campaign):
                     records.trial_parts(self.run_id, generation),
                     records.part(self.run_id, generation, "compacted"),
                 )
+
+    def _write_cycles(self) -> dict[int, int]:
+        """A cycles row per generation so far (trials, best so far, children, rejected), the part replaced each time:
+        written as each generation closes and at the end (a killed run had none: only the end wrote them). Returns
+        the trials per generation."""
+        counts = {int(g): int(n) for g, n in self.kb.reader().execute(sql.TRIALS_PER_CYCLE, [self.run_id]).fetchall()}
+        with self.pool.changed:  # the breeder's thread adds members and children meanwhile
+            everyone = list(self.pool.members.values())
+            bred = list(self.children.values())
+        best: float | None = None
+        rows = []
+        for generation in sorted(set(counts) | {m.generation for m in everyone}):
+            members = [m for m in everyone if m.generation <= generation and m.best is not None]
+            best = max((m.best for m in members if m.best is not None), default=best)
+            asked = [c for c in bred if self._generation_of(c) == generation]
+            folder = self.run_dir / "generations" / f"gen_{generation:04d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            analysis = (folder / "analysis.md").read_text() if (folder / "analysis.md").exists() else ""
+            rows.append(
+                records.cycle_row(self.run_id, generation, counts.get(generation, 0), best, asked, folder, analysis)
+            )
+        with self.kb_lock:
+            self.kb.put("cycles", rows, records.part(self.run_id, 0, "generations"))
+        return counts
 
     def _generation_of(self, child: Child) -> int:
         member = self.pool.members.get(child.variant_id)

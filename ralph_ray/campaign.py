@@ -19,7 +19,7 @@ from rich.console import Console
 
 from ralph_ray import environment, finaltrain, history, records, sigterm, timeline, tracking, warmcheck
 from ralph_ray.agents import preflight
-from ralph_ray.agents.base import AgentConfigWarning
+from ralph_ray.agents.base import AgentConfigError, AgentConfigWarning
 from ralph_ray.asha import epochs_past_max_t
 from ralph_ray.asyncrun import AsyncCampaign
 from ralph_ray.config import (
@@ -36,19 +36,22 @@ from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import interrupt_point
 from ralph_ray.generations import Campaign, Outcome
-from ralph_ray.raycluster import watch_head
+from ralph_ray.raycluster import ClusterError, watch_head
 from ralph_ray.report import write_report
-from ralph_ray.rundir import locate, open_run
-from ralph_ray.sandbox import SandboxMode, announce, bound_folders, hidden_paths
+from ralph_ray.rundir import CampaignError, locate, open_run
+from ralph_ray.sandbox import SandboxError, SandboxMode, announce, bound_folders, hidden_paths
 from ralph_ray.space import seed_off_space
 from ralph_ray.state import CampaignState, RunStatus
 from ralph_ray.tasks import prepare_splits, read_images, reads
-from ralph_ray.tasks.base import describe, text_memory_note, unusual_direction
+from ralph_ray.tasks.base import DataError, describe, text_memory_note, unusual_direction
 
 INTERRUPTED = "SIGINT (Ctrl-C)"  # the stop reason of an interrupted run (state.json, the runs row)
 TERMINATED = "SIGTERM"  # ... of one SIGTERM ended (sigterm.Terminated, handled as Ctrl-C)
 # The start of Optuna's warning about a categorical choice that is not a scalar (driver_setup says why it is silenced).
 OPTUNA_SCALAR_CHOICES = "Choices for a categorical distribution should be a tuple of None, bool, int, float and str"
+# The errors `python -m ralph_ray` exits 2 for (__main__ catches the same): a run one ends records that exit code, any
+# other crash 4 (user trial: a run its agent's 404 ended showed "exit None" in `status`).
+REFUSALS: tuple[type[Exception], ...] = (DataError, CampaignError, AgentConfigError, ClusterError, SandboxError)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -130,6 +133,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
             if loop is not None:
                 loop.charge_time()
             state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
+            state.exit_code = int(ExitCode.safeguard_or_config if isinstance(err, REFUSALS) else ExitCode.error)
             state.save(run_dir)
             kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
         raise

@@ -147,7 +147,9 @@ def _status_line(state: CampaignState, stale: bool = False, clock: tuple[float, 
         f"{'stopped unexpectedly?' if stale else state.status.value}, cycle {state.cycle}, "
         f"phase {state.phase.value}, elapsed {elapsed:.0f}s"
         + (f" ({state.elapsed_s:.0f}s when state.json was saved + {since:.0f}s since)" if since is not None else "")
-        + (f", stopped: {state.stop_reason} (exit {state.exit_code})" if state.stop_reason else "")
+        + (f", stopped: {state.stop_reason}" if state.stop_reason else "")
+        # A crash recorded before its exit code was (runs of older versions) has none to show, not "exit None".
+        + (f" (exit {state.exit_code})" if state.stop_reason and state.exit_code is not None else "")
     )
 
 

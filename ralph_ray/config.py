@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import enum
 import math
 import os
 import re
+import shlex
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +24,20 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.harness import TRAIN_SECONDS
-from ralph_ray.knobs import KnobError, is_knob_name, read_knobs, reported_metrics
+from ralph_ray.knobs import KnobError, is_knob_name, near_knobs, parse, read_knobs, reported_metrics
 from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
-from ralph_ray.seedcheck import harness_problem, overridden_knobs, sized_schedule, unread_problem
+from ralph_ray.seedcheck import (
+    config_files,
+    config_value,
+    fallback_knobs,
+    harness_problem,
+    overridden_knobs,
+    shown,
+    sized_schedule,
+    unread_problem,
+)
 from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.base import ScoredBy
 from ralph_ray.tasks.folder import TaskError, TaskFolder, load_task
@@ -505,6 +516,7 @@ def load_config(overrides: list[str] | None = None) -> Config:
     from omegaconf.errors import ConfigKeyError
 
     overrides = list(overrides or [])
+    _check_override_syntax(overrides)
     chosen = _task_path(overrides)
     composed = [o for o in overrides if not (chosen is not None and o.startswith("task="))]
     try:
@@ -518,6 +530,119 @@ def load_config(overrides: list[str] | None = None) -> Config:
     if not any(o.lstrip("+").startswith("experiment=") for o in composed):
         raw.experiment = raw.task.name  # task=diabetes without an experiment file is the diabetes experiment
     return to_config(_with_task_yaml(raw, composed), composed)
+
+
+def _check_override_syntax(overrides: list[str]) -> None:
+    """Exit 2 (ConfigError), before Hydra composes, for an override the shell split, one Hydra's grammar cannot read,
+    or an UPPER_CASE knob given as a config key: each with the override to write instead."""
+    _refuse_split_values(overrides)
+    _refuse_unreadable(overrides)
+    _refuse_knob_overrides(overrides)
+
+
+def _refuse_split_values(overrides: list[str]) -> None:
+    """Exit 2 (ConfigError) where the shell split an unquoted value at its spaces (`+search.space.X={type: choice,
+    values: [a, b]}` arrives as five words, and Hydra said only "no viable alternative at input '{type:'"), with the
+    override whole, quoted, as the fix."""
+    for at, override in enumerate(overrides):
+        key, eq, value = override.partition("=")
+        if not eq or _open_brackets(value) <= 0:
+            continue
+        pieces = [value]
+        for word in overrides[at + 1 :]:
+            pieces.append(word)
+            if _open_brackets(" ".join(pieces)) <= 0:
+                break
+        whole = re.sub(r"([:,])(?=\S)", r"\1 ", " ".join(pieces))  # `{type:choice,...}` -> `{type: choice, ...}`
+        raise ConfigError(
+            key.lstrip("+~"),
+            f"`{override}` is cut short: unquoted, the shell split its value at the spaces",
+            f"quote it whole, with a space after each colon: {shlex.quote(f'{key}={whole}')}",
+        )
+
+
+def _refuse_unreadable(overrides: list[str]) -> None:
+    """Exit 2 (ConfigError) naming the override Hydra's grammar cannot read, and how to write it: Hydra named none
+    (`no viable alternative at input '{type:choice values:['`, blamed on a key `https://hydra.cc/...`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        try:
+            parser.parse_override(override)
+        except HydraException as err:
+            key = override.partition("=")[0].lstrip("+~")
+            raise ConfigError(
+                key,
+                f"Hydra cannot read `{override}`: {_first_line(err)}",
+                "quote the override whole and write a mapping with a space after each colon and comma "
+                "('+search.space.X={type: choice, values: [a, b]}'); quote a string value holding brackets, "
+                "parentheses or spaces (key='a value')",
+            ) from None
+
+
+def _open_brackets(text: str) -> int:
+    """How many `{` and `[` of a value are left open (outside quoted strings: `task.name='a[b'` is whole)."""
+    bare = re.sub(r"'[^']*'|\"[^\"]*\"", "", text)
+    return bare.count("{") + bare.count("[") - bare.count("}") - bare.count("]")
+
+
+def _refuse_knob_overrides(overrides: list[str]) -> None:
+    """Exit 2 (ConfigError) for an UPPER_CASE knob given as a bare override (`COMPILE=true`): knobs are train.py's
+    constants, not config keys, and Hydra said only "Could not override 'COMPILE'" with "did you mean `run_id`?"."""
+    knobs = [o for o in overrides if is_knob_name(o.lstrip("+~").partition("=")[0]) and "=" in o]
+    if not knobs:
+        return
+    literals, searched = [], []
+    for override in knobs:
+        name, _, value = override.lstrip("+~").partition("=")
+        literals.append(f"`{name} = {_python_literal(override, value)}`")
+        values = value if value.startswith("[") else f"[{value}]"
+        searched.append(f"search.space.{name}={{type: choice, values: {values}}}")
+    names = [o.lstrip("+~").partition("=")[0] for o in knobs]
+    kept = [o for o in overrides if o not in knobs]
+    command = " ".join(["python -m ralph_ray", *(shlex.quote(o) for o in [*kept, *searched])])
+    raise ConfigError(
+        names[0],
+        f"{', '.join(names)} {'is a knob' if len(names) == 1 else 'are knobs'}, an UPPER_CASE constant of train.py, "
+        "not a config key the command line sets",
+        f"set it in train.py ({', '.join(literals)}), or search it through search.space (a choice of one value "
+        f"trains that value in every trial): {command}",
+    )
+
+
+def _python_literal(override: str, value: str) -> str:
+    """An override's value as a Python literal (`true` -> `True`, `1e-3` -> `0.001`), as Hydra reads it."""
+    parsed = _hydra_value(override)
+    return repr(parsed[1]) if parsed is not None else value
+
+
+def _hydra_value(override: str) -> tuple[str, Any] | None:
+    """(key, value) of `key=value` as Hydra reads it (`{type:choice}` is a dict there, where YAML reads
+    `type:choice` as one key); None where Hydra does not read it as one plain value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_override(override)
+        value = parsed.value()
+    except (HydraException, ValueError):
+        return None
+    if parsed.is_delete() or not isinstance(value, (str, int, float, bool, list, dict, type(None))):
+        return None  # a deletion, a sweep or a function (`~a`, `a,b`, `range(3)`): not one value
+    return parsed.key_or_group, value
+
+
+def _as_keys(override: str) -> Any:
+    """`key=value` as a config to merge (`a.b=v` -> {a: {b: v}}), the value as Hydra composed it: YAML would read
+    `+search.space.X={type:choice,values:[a,b]}` as a key `type:choice` ("not in 'KnobSpace'")."""
+    parsed = _hydra_value(override)
+    if parsed is None:
+        return OmegaConf.from_dotlist([override.lstrip("+")])
+    keys = OmegaConf.create()
+    OmegaConf.update(keys, parsed[0], parsed[1], force_add=True)
+    return keys
 
 
 def _forced(override: str) -> str:
@@ -595,7 +720,7 @@ def _with_task_yaml(raw: Any, overrides: list[str]) -> Any:
             if o.startswith("~"):
                 _delete(merged, o[1:].split("=", 1)[0])
             elif "=" in o and not (CONF_DIR / o.lstrip("+").split("=", 1)[0]).is_dir():
-                merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([o.lstrip("+")]))
+                merged = OmegaConf.merge(merged, _as_keys(o))
         return merged
     except OmegaConfBaseException as err:
         raise ConfigError(
@@ -642,6 +767,7 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
     raw = OmegaConf.load(stored)
     raw = OmegaConf.create(_migrate_final_additions(OmegaConf.to_container(raw)))  # type: ignore[arg-type]
     stored_raw = raw.copy()
+    _check_override_syntax(list(overrides or []))
     plain = [o.lstrip("+") for o in overrides or [] if not o.startswith(("resume=", "+experiment", "experiment="))]
     # A config group's choice (sandbox=none, agent=none) replaces that section with the group's file, as on a first
     # run; from_dotlist would set the section to the string ("str is not a subclass of SandboxConfig").
@@ -652,7 +778,8 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
         for choice in groups:
             raw = OmegaConf.merge(raw, _group_choice(choice))
         plain = [o for o in plain if o not in groups]
-        raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(plain))
+        for override in plain:
+            raw = OmegaConf.merge(raw, _as_keys(override))
     except OmegaConfBaseException as err:
         raise ConfigError(
             "override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)"
@@ -1301,6 +1428,14 @@ def _check_space_in_trainer(cfg: Config) -> None:
     except (OSError, SyntaxError, ValueError, KnobError):
         return  # a missing or broken seed is the task check's and the gate's to explain
     missing = [name for name in cfg.search.space if name not in knobs]
+    computed = {name: node for name, node in near_knobs(parse(entry.read_text())).items() if name in missing}
+    if computed:  # defined, but not as a literal the search can rewrite (not "does not define": it does)
+        problems = [_not_a_literal(cfg, name, node, entry) for name, node in computed.items()]
+        raise ConfigError(
+            f"search.space.{next(iter(computed))}" if len(computed) == 1 else "search.space",
+            "; ".join(problem for problem, _ in problems),
+            "; ".join(fix for _, fix in problems),
+        )
     if missing:
         near = {name: difflib.get_close_matches(name, list(knobs), n=1, cutoff=0.75) for name in missing}
         # A misspelt knob (`WIDHT` for WIDTH, a user trial) names its likely spelling first
@@ -1315,6 +1450,49 @@ def _check_space_in_trainer(cfg: Config) -> None:
     for name, space in cfg.search.space.items():
         if problem := _range_on_seed_value(name, space, knobs[name], entry):
             raise ConfigError(f"search.space.{name}", *problem)
+
+
+def _not_a_literal(cfg: Config, name: str, node: ast.Assign | ast.AnnAssign, entry: Path) -> tuple[str, str]:
+    """(problem, fix) for a searched knob that train.py assigns something other than a literal: what to write instead
+    (the value its config file holds, where it reads one from there; else a value of its space)."""
+    written = ast.unparse(node).splitlines()[0]
+    where = f"{entry}:{node.lineno} sets {written}"
+    assert node.value is not None  # near_knobs gives assignments with a value only
+    if isinstance(node, ast.AnnAssign) and _literal_node(node.value):
+        literal = ast.unparse(node.value)
+        return f"{where}, an annotated constant: a knob is a plain `NAME = literal`", (
+            f"write `{name} = {literal}` in train.py; the search sets it"
+        )
+    problem = f"{where}, which is not a literal (a number, string, bool or tuple the search rewrites)"
+    files = config_files(cfg.trainer_dir(), _seed_code(cfg))
+    keys = [n.value for n in ast.walk(node.value) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    read = next((found for key in keys if (found := config_value(files, key))), None)
+    if read is not None:
+        file, dotted, value = read
+        shown_file = file.relative_to(cfg.trainer_dir())
+        return f"{problem}: its value comes from {shown_file} ({dotted}: {shown(value)})", (
+            f"move it into train.py as a literal: write `{name} = {value!r}` in train.py; the search sets it (and "
+            f"remove `{dotted}` from {shown_file}, so nothing reads another value)"
+        )
+    return problem, f"write `{name} = {_example(cfg.search.space[name])!r}` in train.py; the search sets it"
+
+
+def _literal_node(node: ast.expr) -> bool:
+    """Whether an expression is a literal (`64`, `-1e-3`, `(64, 32)`)."""
+    try:
+        ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
+def _example(space: KnobSpace) -> Any:
+    """A value of a knob's space to write as its seed value: the first choice, or the range's low end."""
+    if space.type is SpaceKind.choice and space.values:
+        return space.values[0]
+    if space.type is SpaceKind.int and space.low is not None:
+        return math.ceil(space.low)
+    return space.low
 
 
 def _range_on_seed_value(name: str, space: KnobSpace, value: Any, entry: Path) -> tuple[str, str] | None:
@@ -1418,19 +1596,29 @@ def schedule_unsized(cfg: Config) -> str | None:
 
 
 def knob_overridden(cfg: Config) -> str | None:
-    """A warning when the seed sets a dataclass field that reads a searched knob to a literal after all (`lr: float =
-    LR`, then `dataclasses.replace(TrainConfig(), lr=1e-3)`: a user's every trial would train lr=1e-3 while the KB
-    recorded sampled LR values, and the unread-knob check saw LR read); else None. A warning, not exit 2: the call may
-    sit off the trials' path (a debug helper)."""
+    """A warning when the seed sets a searched knob's value again after all: a dataclass field that reads it set to a
+    literal (`lr: float = LR`, then `dataclasses.replace(TrainConfig(), lr=1e-3)`: a user's every trial would train
+    lr=1e-3 while the KB recorded sampled LR values, and the unread-knob check saw LR read), or the knob read only as
+    the fallback of a key its config file sets (`CFG.get("hidden", HIDDEN)` beside config.yaml's `hidden: 32`); else
+    None. A warning, not exit 2: the call may sit off the trials' path (a debug helper)."""
     found = overridden_knobs(_seed_code(cfg), list(cfg.search.space))
-    if not found:
-        return None
-    return (
-        f"{cfg.trainer_dir()}'s code sets a knob's field to a literal in a constructor or dataclasses.replace call: "
-        f"{', '.join(found)}; where the trials run that call, each trains the literal while the KB records the "
-        "sampled values; fix: leave the field to its knob default (`lr: float = LR`) and drop the literal from that "
-        "call (README, Add your own task, step 3)"
-    )
+    warnings = []
+    if found:
+        warnings.append(
+            f"{cfg.trainer_dir()}'s code sets a knob's field to a literal in a constructor or dataclasses.replace "
+            f"call: {', '.join(found)}; where the trials run that call, each trains the literal while the KB records "
+            "the sampled values; fix: leave the field to its knob default (`lr: float = LR`) and drop the literal from "
+            "that call (README, Add your own task, step 3)"
+        )
+    fallbacks = fallback_knobs(_seed_code(cfg), list(cfg.search.space), cfg.trainer_dir())
+    if fallbacks:
+        warnings.append(
+            f"{cfg.trainer_dir()}'s code reads a searched knob only as the fallback of a key its config file sets: "
+            f"{', '.join(text for text, _ in fallbacks)}; every trial trains the file's value while the KB records "
+            f"the sampled ones, so the search does nothing; fix: {'; '.join(fix for _, fix in fallbacks)} (README, "
+            "Add your own task, step 3)"
+        )
+    return "\n".join(warnings) or None
 
 
 def _reads_budget(cfg: Config) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 from ralph_ray.knobs import parse, read_knobs
 from ralph_ray.resumable import missing_calls, missing_resume_calls, parallel_problem, refusal
 from ralph_ray.runner import Limits, Status, Trainer, run
-from ralph_ray.sandbox import Policy
+from ralph_ray.sandbox import Breach, Policy
 from ralph_ray.seedcheck import MODEL_CALLS, REQUIRED_CALLS  # the seed is held to them at startup
 from ralph_ray.tasks.base import Splits, write_public
 from ralph_ray.variants import MUTABLE, is_mutable, variant_files
@@ -36,6 +36,17 @@ PACKAGE = "ralph_ray"
 ABSOLUTE_PATH = re.compile(r"^(~|/[\w.-])[\w./~-]*$")  # "/etc/passwd", "~/data": not "/", not "a/b", not "x / y"
 PARENT_DIR = re.compile(r"(^|[/\\])\.\.([/\\]|$)")  # "../kb", "a/../../b"
 IMPORT_CALLS = frozenset({"import_module", "__import__", "find_spec", "load_module"})  # a module named by a string
+# The gate's refusals of a child that reaches outside its work dir (the engine, the KB, held-out labels): by the
+# source (check_reach), or in its smoke run (the sandbox's breach). `reached_outside` tells them from plain bugs.
+ENGINE_REFUSAL = (
+    "imports {}: of the engine a trainer may import only ralph_ray.harness (its data, reports and predictions)"
+)
+PATH_REFUSAL = (
+    "names the path {!r}: a trainer reads and writes only in its work dir (relative paths) and reads its data "
+    "through harness.load_data()"
+)
+SMOKE_FAILED = "smoke run failed: "
+REACH_BREACHES = (Breach.forbidden_path, Breach.network)
 
 
 class GateError(ValueError):
@@ -96,10 +107,19 @@ class Gate:
             )
             outcome = run(Trainer(work, self.smoke_data, self.entry), limits)
             if outcome.status is not Status.finished:
-                raise GateError(f"smoke run failed: {outcome.reason}")
+                raise GateError(f"{SMOKE_FAILED}{outcome.reason}")
             check_smoke_predictions(work / "predictions.npz", self.smoke_data)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def reached_outside(refusal: str) -> bool:
+    """Whether a gate refusal ("attempt N: why", or the why alone) caught the child reaching outside its work dir:
+    an engine import, a path outside it, or its smoke run breaching the sandbox's paths or network."""
+    why = refusal.split(": ", 1)[1] if refusal.startswith("attempt ") else refusal
+    if any(why.startswith(f"{SMOKE_FAILED}{breach.value}: ") for breach in REACH_BREACHES):
+        return True
+    return any(mark in why for mark in (ENGINE_REFUSAL.split("{}")[1], PATH_REFUSAL.split("{!r}")[1]))
 
 
 def write_smoke_data(splits: Splits, out_dir: Path, task: str) -> Path:
@@ -185,11 +205,7 @@ def _reaches_in(source: str | None) -> list[tuple[ast.AST, str]]:
 def _reaches(tree: ast.AST) -> list[tuple[ast.AST, str]]:
     """Engine imports other than ralph_ray.harness, and string literals naming absolute paths or '..'."""
     found: list[tuple[ast.AST, str]] = []
-    engine = "imports {}: of the engine a trainer may import only ralph_ray.harness (its data, reports and predictions)"
-    path = (
-        "names the path {!r}: a trainer reads and writes only in its work dir (relative paths) and reads its data "
-        "through harness.load_data()"
-    )
+    engine, path = ENGINE_REFUSAL, PATH_REFUSAL
     skip = {
         id(node.body[0].value)
         for node in ast.walk(tree)  # docstrings

@@ -116,6 +116,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("parent_score", pa.float64()),
             ("selection_score", pa.float64()),
             ("backend", pa.string()),
+            # every gate refusal of its attempts, a JSON list of "attempt N: why" (one that passed later too: an engine
+            # import or a path outside its work dir the gate caught); NULL: none, or a KB from before 2026-12-02
+            ("refusals", pa.string()),
         ]
     ),
     "interventions": pa.schema(

@@ -97,6 +97,23 @@ def knob_nodes(tree: ast.Module) -> dict[str, ast.Assign]:
     return {cast(ast.Name, node.targets[0]).id: node for node in tree.body if is_knob(node)}
 
 
+def near_knobs(tree: ast.Module) -> dict[str, ast.Assign | ast.AnnAssign]:
+    """Module-level assignments to an UPPER_CASE name that `is_knob` refuses, by name (the first): a computed value
+    (`HIDDEN = CFG["hidden"]`) or an annotated one (`LR: float = 1e-3`); what a search cannot set, though the name is
+    defined."""
+    found: dict[str, ast.Assign | ast.AnnAssign] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target: ast.expr = node.targets[0]
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target = node.target
+        else:
+            continue
+        if isinstance(target, ast.Name) and is_knob_name(target.id) and not is_knob(node):
+            found.setdefault(target.id, node)
+    return found
+
+
 def _knob_nodes(source: str) -> dict[str, ast.Assign]:
     return knob_nodes(parse(source))
 

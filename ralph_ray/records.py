@@ -82,13 +82,26 @@ def variant_rows(
             "rationale": c.rationale,
             "reason": c.reason,
             "rejected_by": c.rejected_by.value if c.rejected_by else None,
-            "parent_score": c.parent_score,
+            "parent_score": compared_parent_score(c, (scores or {}).get(c.variant_id, (None, None))[0]),
             "selection_score": (scores or {}).get(c.variant_id, (None, None))[0],
             "backend": agent.backend.value,
+            # what the gate caught on the way (an engine import, a path outside the work dir): findable with SQL
+            "refusals": json.dumps(c.refusals) if c.refusals else None,
         }
         for c in children
         if c.variant_id != c.parent_id
     ]
+
+
+def compared_parent_score(child: Child, score: float | None) -> float | None:
+    """The parent's score as a child's rows record it: the one its verdict compared its own with (`measured`, set on
+    the child when judged), and before its verdict the parent's score it was bred from; None for a child that
+    compared none (refused, crashed, no trial completed), whose breed-time score sat beside its judged siblings'
+    replicate means as if it were their parent's other score (user trial)."""
+    unscored = child.status is VariantStatus.discarded and score is None
+    if child.status in (VariantStatus.rejected, VariantStatus.crashed) or unscored:
+        return None
+    return child.parent_score
 
 
 def usage_rows(run_id: str, cycle: int, role: str, spent: list[tuple[str, Usage]], agent: AgentConfig) -> list[Row]:
@@ -166,7 +179,7 @@ def intervention_rows(
             "parent_id": child.parent_id,
             "intervention": name,
             "diagnosis": child.diagnosis,
-            "parent_score": parent_score,
+            "parent_score": parent_score if score is not None else None,  # nothing compared: none
             "child_score": score,
             "delta": delta,
             "outcome": child.status.value,

@@ -11,6 +11,7 @@ from ralph_ray import sql
 from ralph_ray.environment import summary
 from ralph_ray.finals import final_winner, worse_than_search
 from ralph_ray.front import cost_front, cost_seconds
+from ralph_ray.gate import reached_outside
 from ralph_ray.kb import open_reader
 from ralph_ray.variants import unified_diff
 
@@ -92,7 +93,8 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     for row in board:
         lines.append(
             f"| {row['rank']} | {row['variant_id']} | {row['parent_id'] or '-'} | {_names(row['interventions'])} | "
-            f"{row['status']}{UNJUDGED if _unjudged(row) else ''} | "
+            f"{row['status']}{UNJUDGED if _unjudged(row) else ''}"
+            f"{CAUGHT if any(map(reached_outside, refusals(variants.get(row['variant_id'])))) else ''} | "
             f"{_f(value(row['selection_score']))} | {_f(value(row['test_score']))} | {spread(row)} | "
             f"{row['completed']}/{row['stopped_early']}/{row['failed']} |"
         )
@@ -102,17 +104,21 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         "",
         "## Interventions",
         "",
-        "Parent and child: their replicate means where both were replicated, else their best search trials.",
+        "Parent and child: the scores the child's verdict compared (`compared`; siblings judged before and after "
+        "their parent's replicates were in compared different ones), `-` where it compared none (refused by the "
+        "gate, crashed, or no trial completed).",
         "",
-        "| cycle | variant | intervention | diagnosis | parent | child | gain (+ is better) | outcome |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| cycle | variant | intervention | diagnosis | parent | child | gain (+ is better) | compared | outcome |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in interventions:
         lines.append(
             f"| {row['cycle']} | {row['variant_id']} | {row['intervention']} | {row['diagnosis']} | "
             f"{_f(value(row['parent_score']))} | "
-            f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {row['outcome']} |"
+            f"{_f(value(row['child_score']))} | {_f(row['delta'])} | {COMPARED.get(row.get('basis'), '-')} | "
+            f"{row['outcome']} |"
         )
+    lines += refused_section(list(variants.values()))
     finals = fetch_rows(con, sql.FINAL_TRIAL, [run_id])
     searched = {t["variant_id"]: _one(con, sql.LEADERBOARD_ROW, [run_id, t["variant_id"]]) for t in finals}
     lines += final_section(finals, searched, value)
@@ -135,6 +141,38 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     path = out / "final_report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def refused_section(variants: list[dict[str, Any]]) -> list[str]:
+    """Every variant the gate refused a draft of, with each refusal; one caught reaching outside its work dir (the
+    engine, the KB, held-out labels) is named so, whether or not a later attempt passed (variants.refusals)."""
+    found = [(v, refusals(v)) for v in variants]
+    found = [(v, said) for v, said in found if said]
+    if not found:
+        return []
+    lines = [
+        "",
+        "## What the gate refused",
+        "",
+        "Each refused draft (`variants.refusals`; a rejected child's reason where its KB predates that column). An "
+        "engine import, a path outside the work dir or a sandbox breach in the smoke run is what reading the "
+        "held-out labels looks like: a child caught so on one attempt may have passed on the next.",
+        "",
+    ]
+    for v, said in found:
+        flag = " **reached outside its work dir**" if any(map(reached_outside, said)) else ""
+        lines.append(f"- {v['variant_id']} (+{_names(v.get('interventions'))}), {v['status']}:{flag} {'; '.join(said)}")
+    return lines
+
+
+def refusals(variant: dict[str, Any] | None) -> list[str]:
+    """A variants row's gate refusals (`refusals`), or a rejected child's reason where none are recorded."""
+    if not variant:
+        return []
+    said = json.loads(variant.get("refusals") or "[]")
+    if not said and variant.get("status") == "rejected" and variant.get("rejected_by") in (None, "gate"):
+        said = [variant["reason"]] if variant.get("reason") else []
+    return [" ".join(line.split()) for line in said]  # one line each: a smoke run's traceback has many
 
 
 def final_section(
@@ -333,6 +371,16 @@ UNJUDGED_NOTE = (
     "discarded without a score; to have such children judged, raise `scheduler.grace_period` or "
     "`population.trials_per_child`."
 )
+
+
+# What an interventions row's delta compares (records.EffectBasis), as the report's `compared` column says it.
+COMPARED = {
+    "replicates": "replicate means",
+    "best_trial": "best trials",
+    "best_trial_vs_replicates": "child's best trial vs parent's replicate mean",
+}
+# A variant the gate caught reaching outside its work dir on some attempt (refused_section lists what it did).
+CAUGHT = " (caught reaching outside at the gate)"
 
 
 def _unjudged(row: dict[str, Any]) -> bool:

@@ -6,7 +6,11 @@ no trial trained with."""
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from ralph_ray.knobs import parse
 from ralph_ray.resumable import calls_missing
@@ -265,3 +269,140 @@ def overridden_knobs(paths: list[Path], searched: list[str]) -> list[str]:
                 if name in known and _literal(value):
                     found.append((path.name, node.lineno, f"{known[name]} ({name}={ast.unparse(value)} at "))
     return [f"{text}{file}:{line})" for file, line, text in sorted(found)]
+
+
+# A task's own config files, beside train.py or one folder down (configs/): the kinds a trainer reads its settings from.
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+# Reads that fall back to a default when the key is absent: `cfg.get("hidden", HIDDEN)`, `cfg.setdefault(...)`,
+# `getattr(args, "hidden", HIDDEN)`; the key's position and the default's.
+FALLBACK_METHODS = {"get": (0, 1), "setdefault": (0, 1), "pop": (0, 1)}
+FALLBACK_FUNCTIONS = {"getattr": (1, 2)}
+
+
+def _strings(trees: dict[Path, ast.Module]) -> set[str]:
+    """The last path part of every short string literal of the seed (`"configs/config.yaml"` -> `config.yaml`)."""
+    found: set[str] = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 300:
+                found.add(node.value.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1])
+    return found
+
+
+def config_files(folder: Path, paths: list[Path]) -> list[Path]:
+    """The task folder's config files that the seed's code names (`"config.yaml"`, `Path(__file__).parent /
+    "config.yaml"`, Hydra's `config_name="config"`), at its top level or one folder down; never task.yaml, the
+    engine's own."""
+    trees = _trees(paths)
+    if not trees:
+        return []
+    named = _strings(trees)
+    found = []
+    for path in sorted([*folder.glob("*"), *folder.glob("*/*")]):
+        hidden = any(part.startswith(".") for part in path.relative_to(folder).parts)
+        if path.suffix in CONFIG_SUFFIXES and path.name != "task.yaml" and not hidden and path.is_file():
+            if path.name in named or path.stem in named:
+                found.append(path)
+    return found
+
+
+def _config_leaves(path: Path) -> dict[str, Any]:
+    """A config file's keys by dotted name, sections as well as values (`model.width`); {} where it does not read."""
+    try:
+        text = path.read_text()
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    found: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items() if isinstance(node, dict) else ():
+            dotted = f"{prefix}{key}"
+            found[dotted] = value
+            walk(value, f"{dotted}.")
+
+    walk(data, "")
+    return found
+
+
+def config_value(files: list[Path], key: str) -> tuple[Path, str, Any] | None:
+    """Where one of `files` sets `key`, at any depth: (file, dotted key, value); None where none does."""
+    for path in files:
+        for dotted, value in _config_leaves(path).items():
+            if dotted.rsplit(".", 1)[-1] == key:
+                return path, dotted, value
+    return None
+
+
+def shown(value: Any) -> str:
+    """A config file's value as the file writes it (`32`, `true`, `"adam"`)."""
+    return json.dumps(value, default=str)
+
+
+def _fallback(call: ast.Call) -> tuple[str, ast.expr] | None:
+    """(key, default) of a read that falls back to a default (FALLBACK_METHODS, FALLBACK_FUNCTIONS); None else."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in FALLBACK_METHODS:
+        key_at, default_at = FALLBACK_METHODS[func.attr]
+    elif isinstance(func, ast.Name) and func.id in FALLBACK_FUNCTIONS:
+        key_at, default_at = FALLBACK_FUNCTIONS[func.id]
+    else:
+        return None
+    if len(call.args) <= key_at:
+        return None
+    key = call.args[key_at]
+    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+        return None
+    default = call.args[default_at] if len(call.args) > default_at else None
+    default = default or next((k.value for k in call.keywords if k.arg in ("default", "default_value")), None)
+    return (key.value, default) if default is not None else None
+
+
+def _assigned_to(tree: ast.Module) -> dict[int, str]:
+    """The name each directly assigned value goes to (`width = <call>`), by the value's id."""
+    return {
+        id(node.value): node.targets[0].id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    }
+
+
+def fallback_knobs(paths: list[Path], searched: list[str], folder: Path) -> list[tuple[str, str]]:
+    """Each read of a searched knob as the fallback of a key that a config file of the task sets (`hidden =
+    CFG.get("hidden", HIDDEN)` beside config.yaml's `hidden: 32`): every trial trains the file's value while the KB
+    records the sampled ones. As (found, fix): ("HIDDEN (train.py:31: `CFG.get('hidden', HIDDEN)`, and config.yaml
+    sets hidden: 32)", "use the constant directly (`hidden = HIDDEN`), or remove `hidden` from config.yaml")."""
+    trees = _trees(paths)
+    files = config_files(folder, paths)
+    if not trees or not files:
+        return []
+    found: list[tuple[str, int, str, str]] = []
+    for path, tree in trees.items():
+        targets = _assigned_to(tree)
+        for node in ast.walk(tree):
+            read = _fallback(node) if isinstance(node, ast.Call) else None
+            if read is None:
+                continue
+            key, default = read
+            knobs = [n.id for n in ast.walk(default) if isinstance(n, ast.Name) and n.id in searched]
+            where = config_value(files, key) if knobs else None
+            if where is None:
+                continue
+            file, dotted, value = where
+            name, written = file.relative_to(folder), ast.unparse(node)
+            local = targets.get(id(node))
+            direct = f"`{local} = {knobs[0]}`" if local else f"`{knobs[0]}` in place of `{written}`"
+            if local == knobs[0]:  # `HIDDEN = CFG.get("hidden", HIDDEN)`: the knob itself assigned again
+                direct = f"drop `{local} = {written}`: the constant is the value"
+            found.append(
+                (
+                    path.name,
+                    node.lineno,
+                    f"{knobs[0]} ({path.name}:{node.lineno}: `{written}`, and {name} sets {dotted}: {shown(value)})",
+                    f"use the constant directly ({direct}), or remove `{dotted}` from {name}",
+                )
+            )
+    return [(text, fix) for _, _, text, fix in sorted(found)]

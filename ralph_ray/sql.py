@@ -141,7 +141,15 @@ def view_statements(parquet_root: Path, schema: str | None = None, skip: Collect
             kept = [path for path in found if path not in skipped]
             files = "[" + ", ".join(_quoted(str(path)) for path in kept) + "]"
         source = _read_parts(parquet_root, table, files, skipped)
-        if table in LATEST:
+        if table == "variants":
+            # A KB written before `refusals` (2026-12-02) reads it as NULL. A verdict re-writes the row without them
+            # where a resumed driver rebuilt the child from the KB: the row keeps those its first rows recorded.
+            body = (
+                f"select * replace (max(refusals) over (partition by {LATEST[table]}) as refusals) from (select * "
+                f"from {source} union all by name select cast(null as varchar) as refusals where false) qualify "
+                f"row_number() over (partition by {LATEST[table]} order by written_at desc) = 1"
+            )
+        elif table in LATEST:
             body = (
                 f"select * from {source} qualify row_number() "
                 f"over (partition by {LATEST[table]} order by written_at desc) = 1"

@@ -111,8 +111,10 @@ def open_state(run_dir: Path, run_id: str, resuming: bool) -> CampaignState:
         if state.phase is Phase.done:
             # Re-enter the phase a stop cut short, or re-decide under the (possibly raised) limits.
             state.phase, state.interrupted = state.interrupted or Phase.decide, None
-        if state.status is RunStatus.interrupted:
-            state.stop_reason = state.exit_code = None  # a Ctrl-C decided nothing: the run goes on as it was
+        if state.status in (RunStatus.interrupted, RunStatus.crashed):
+            # A Ctrl-C decided nothing, and a crash's error is behind a resume: the run goes on as it was (a crash's
+            # exit code kept would be the resumed run's outcome where no decision stops it, and `status` would show it)
+            state.stop_reason = state.exit_code = None
         state.status = RunStatus.running
     state.driver = liveness.this_driver()
     state.save(run_dir)

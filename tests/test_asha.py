@@ -185,6 +185,36 @@ def test_a_stop_of_a_loss_says_above():
     }
 
 
+def test_a_resumed_run_judges_its_first_trial_against_the_replayed_earlier_trials(capsys):
+    """User trial (kill -9, then resume): the resume's new Tune run started ASHA with empty rungs, so its first trial
+    was cut against one trial's result. The earlier trials' reports replayed, a laggard stops at the rung, against
+    both, with the margin the split size gave; an empty history lets it through."""
+    stops: dict[str, str] = {}
+    config = load_config(["scheduler.grace_period=4", "scheduler.reduction_factor=3"])
+    fresh, resumed = scheduler(config, {}), scheduler(config, stops)
+    assert isinstance(fresh, NoiseAwareASHA) and isinstance(resumed, NoiseAwareASHA)
+    history = [("fast", list(enumerate(FAST, start=1))), ("slow", list(enumerate(SLOW_STARTER, start=1)))]
+    assert resumed.replay(history, "val_acc", "max") == 2  # before Tune sets the metric and mode, as a resume builds it
+    for sched in (fresh, resumed):
+        sched.set_search_properties("val_acc", "max")
+    assert resumed.recorded() == {4.0: {"fast": FAST[3], "slow": SLOW_STARTER[3]}}
+    assert stops == {}  # recorded, nothing stopped
+    assert resumed.examples == 161  # the margin's split size, as the earlier run had read it
+    assert "ASHA: val_acc reads as an accuracy over 161 examples" in capsys.readouterr().err  # named before Tune does
+    assert feed(fresh, "laggard", LAGGARD) == "CONTINUE"
+    assert feed(resumed, "laggard", LAGGARD) == "STOP"
+    assert "the top 1/3 of the 2 trial(s) recorded there" in stops["laggard"]
+
+
+def test_a_replayed_loss_is_oriented_as_tune_orients_it():
+    sched = NoiseAwareASHA(margin=0.0, z=2, time_attr="epoch", max_t=5, grace_period=1, reduction_factor=2)
+    sched.replay([("a", [(1, 1.5)])], "val_loss", "min")
+    sched.set_search_properties("val_loss", "min")
+    for trial_id, loss, action in (("worse", 2.5, "STOP"), ("better", 1.0, "CONTINUE")):
+        sched.on_trial_add(None, Trial(trial_id))  # type: ignore[arg-type]
+        assert sched.on_trial_result(None, Trial(trial_id), {"epoch": 1, "val_loss": loss}) == action  # type: ignore[arg-type]
+
+
 def test_epochs_past_max_t_are_warned_of_with_the_fix():
     """User trial: max_t=3 over EPOCHS=6 trained 6 epochs, and an EPOCHS range up to 12 under max_t=6 trained 9, with
     no rung past max_t (it does not cap training as Ray Tune's does): the start says so and names the max_t to set."""

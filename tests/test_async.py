@@ -100,6 +100,43 @@ def test_events_hold_each_trials_start_and_end(three_generations: Outcome):
     assert ends and all(starts[e["trial_id"]]["variant_id"] == e["variant_id"] for e in ends)
 
 
+def test_a_resume_starts_asha_with_the_rung_results_of_the_runs_earlier_trials(three_generations: Outcome, tmp_path):
+    """User trial (kill -9, resume): the resume's new Tune run started ASHA with empty rungs, and its first trial was
+    cut against a single trial's result. The scheduler a resume builds holds every earlier trial's epoch-1 result at
+    the rung at epoch 1 (max_t=2), as the KB's epochs have them, so a trial below them stops there at once."""
+    from ralph_ray.asyncrun import resumed_scheduler
+    from ralph_ray.search import scheduler
+
+    cfg = tiny(tmp_path, "run_id=gens")
+    con = open_reader(three_generations.kb_root)
+    stops: dict[str, str] = {}
+    resumed = resumed_scheduler(cfg, con, "gens", stops)
+    earlier = dict(
+        con.execute(
+            "select trial_id, value from epochs where run_id = ? and epoch = 1 and metric = ?",
+            ["gens", cfg.search.metric],
+        ).fetchall()
+    )
+    assert len(earlier) >= 3
+    assert resumed.recorded() == {1.0: pytest.approx(earlier)}
+    worst = min(earlier.values())
+    fresh = scheduler(cfg, {})
+    for sched in (resumed, fresh):
+        sched.set_search_properties(cfg.search.metric, cfg.search.mode)  # as Tune does when the run starts
+        sched.on_trial_add(None, _Trial("new"))
+    result = {"epoch": 1, cfg.search.metric: worst - 0.5}
+    assert fresh.on_trial_result(None, _Trial("new"), result) == "CONTINUE"  # an empty rung: nothing to cut against
+    assert resumed.on_trial_result(None, _Trial("new"), result) == "STOP"
+    assert f"of the {len(earlier)} trial(s) recorded there" in stops["new"]
+
+
+class _Trial:
+    """What Tune's scheduler reads of a trial."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id
+
+
 @pytest.mark.slow
 def test_a_slow_agent_leaves_no_slot_idle(ray_session, tmp_path: Path):
     """Each LLM call takes 6 s (12 s or more per child); between trials no slot waits longer than a trial start."""
@@ -323,6 +360,31 @@ def test_sigkill_at_any_point_then_resume_loses_and_duplicates_nothing(tmp_path:
         assert child["status"] == "rejected" or trained.get(child["variant_id"], 0) >= 1  # every gated child trained
     decision = con.execute("select reason from decisions where run_id = 'k' order by cycle desc limit 1").fetchone()
     assert decision == ("max_cycles",)
+
+
+@pytest.mark.slow
+def test_a_killed_async_run_has_a_cycles_row_for_each_generation_it_decided(tmp_path: Path):
+    """User trial: a killed (or running) async run had `decisions` rows but no `cycles` rows (only the run's end wrote
+    them), so the KB's cycles, and the budgets view's count of them, read 0. Each closed generation writes them now."""
+    paths = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
+    ran = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "run_id=kc", *paths, *KILL_ARGS, "safeguards.max_cycles=3"],
+        cwd=tmp_path,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", ENV_KILL_AT: "decision:2"},  # after generation 1's decision
+        capture_output=True,
+        text=True,
+        timeout=400,
+        start_new_session=True,
+    )
+    assert ran.returncode == -signal.SIGKILL, f"{ran.stdout[-1500:]}{ran.stderr[-1500:]}"
+    con = open_reader(tmp_path / "kb")
+    decided = [c for (c,) in con.execute("select cycle from decisions where run_id = 'kc' order by cycle").fetchall()]
+    cycles = rows(con, "select cycle, trials, best_selection_score from cycles where run_id = 'kc' order by cycle", [])
+    assert decided == [1]
+    assert [c["cycle"] for c in cycles][:1] == decided
+    seed_trials = con.execute("select count(*) from trials where run_id = 'kc' and cycle = 1").fetchone()[0]
+    assert 0 < cycles[0]["trials"] <= seed_trials and cycles[0]["best_selection_score"] is not None
+    assert con.execute("select cycles from budgets where run_id = 'kc'").fetchone()[0] == len(cycles)
 
 
 DIGITS_SOURCE = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
@@ -591,3 +653,34 @@ def test_a_cost_budget_is_checked_before_each_coder_call(ray_session, tmp_path: 
     assert cost == pytest.approx(0.54)
     refused = rows(con, "select reason from variants where run_id = 'cost' and rejected_by = 'budget'", [])
     assert len(refused) == 1 and "safeguards.cost_per_campaign=0.5 spent" in refused[0]["reason"]
+
+
+@pytest.mark.slow
+def test_an_analysis_counts_in_the_spend_before_its_children_are_gated(ray_session, tmp_path: Path):
+    """User trial (agent=llm, a token budget): the budget line read `tokens 0` at generation 1 after the analyst and
+    coder had answered. The usage of a parent's breeding reached the KB only once all its children were written and
+    gated (smoke runs: seconds to a minute), and the budget line and the decision read the KB. The analysis's tokens
+    are written as soon as it returns."""
+    llm = SlowLLM(delay_s=0.0)
+    try:
+        outcome = run(
+            tiny(
+                tmp_path,
+                "run_id=spend",
+                "safeguards.max_cycles=2",
+                "population.children_per_parent=1",
+                "safeguards.tokens_per_campaign=100000",
+                *llm.overrides(),
+            )
+        )
+    finally:
+        llm.close()
+    con = open_reader(outcome.kb_root)
+    analysed, coded = con.execute(
+        "select min(written_at) filter (where role = 'analyst'), min(written_at) filter (where role = 'coder') "
+        "from agent_usage where run_id = 'spend'"
+    ).fetchone()
+    assert analysed is not None and coded is not None and analysed < coded  # one part after the gate before
+    tokens = con.execute("select max(tokens) from decisions where run_id = 'spend'").fetchone()[0]
+    spent = con.execute("select sum(tokens_in + tokens_out) from agent_usage where run_id = 'spend'").fetchone()[0]
+    assert 0 < tokens <= spent  # the decisions read it (a stop may leave a pick in hand's usage after the last)

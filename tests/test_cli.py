@@ -145,6 +145,25 @@ def test_stop_of_a_run_that_is_not_running_exits_2_and_leaves_no_stop_file(tmp_p
     assert "stop requested" in capsys.readouterr().out and (run_dir / "STOP").exists()
 
 
+def test_status_of_a_crashed_run_shows_its_exit_code_and_never_none(tmp_path: Path, capsys):
+    """User trial: a run that crashed at its first chat call (exit 2) showed `stopped: <reason> (exit None)`. A crash
+    is now recorded with its exit code (tests/agents/test_openai.py runs one); a run recorded before that shows
+    its reason alone."""
+    from ralph_ray.__main__ import main
+
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    reason = "AgentConfigError: the LLM endpoint http://127.0.0.1:8000 answered 404 for model 'm'"
+    run_dir = _recorded_run(runs, "crashed", quiet_s=10, stop_reason=reason, exit_code=2)
+    assert main(["status", "r1", "--runs", str(runs), "--kb", str(kb)]) == 0
+    assert f"r1: crashed, cycle 3, phase train, elapsed 0s, stopped: {reason} (exit 2)" in capsys.readouterr().out
+
+    state = run_dir / "state.json"
+    state.write_text(state.read_text().replace('"exit_code": 2', '"exit_code": null'))
+    assert main(["status", "r1", "--runs", str(runs), "--kb", str(kb)]) == 0
+    shown = capsys.readouterr().out
+    assert f"stopped: {reason}\n" in shown and "exit None" not in shown
+
+
 def test_status_and_stop_read_the_recorded_drivers_process(tmp_path: Path, capsys, monkeypatch):
     """User trial: a driver that died on a full disk left `running` in state.json, and `status` said running (it had
     written a second before) while `stop` wrote a STOP file nobody would read. Its recorded process decides."""

@@ -764,3 +764,132 @@ def test_the_shipped_tasks_start_without_a_warning(task: list[str], budget: list
     cfg = load_config([*task, *budget])
     checks = (seed_off_space, budget_unread, final_unread, schedule_unsized, knob_overridden)
     assert [check(cfg) for check in checks] == [None] * len(checks)
+
+
+# A trainer that reads its own config file beside train.py (user trials ut_yaml): CFG is that file's keys.
+YAML_READER = (
+    "import yaml\nfrom pathlib import Path\n\n"
+    'CFG = yaml.safe_load((Path(__file__).parent / "config.yaml").read_text())\n'
+)
+
+
+def _digits_seed() -> str:
+    """The shipped digits seed's source, with the lines these tests edit checked to be there once."""
+    seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
+    assert seed.count("\nfrom ralph_ray import harness\n") == 1 and seed.count("model = Net(WIDTH,") == 1
+    assert seed.count("WIDTH = 16  #") == 1
+    return seed
+
+
+def test_a_knob_read_only_as_the_fallback_of_a_config_files_key_is_warned_of(tmp_path: Path):
+    """User trial: `HIDDEN = 64`, then `hidden = CFG.get("hidden", HIDDEN)` with config.yaml setting hidden: the search
+    set HIDDEN, every trial trained config.yaml's value, and nothing said so."""
+    from taskdirs import digits_task
+
+    harness_import = "\nfrom ralph_ray import harness\n"
+    source = (
+        _digits_seed()
+        .replace(harness_import, harness_import + YAML_READER)
+        .replace("model = Net(WIDTH,", 'width = CFG.get("width", WIDTH)\n    model = Net(width,')
+    )
+    folder = digits_task(tmp_path / "mine", source)
+    (folder / "config.yaml").write_text("epochs: 3\nwidth: 32\n")
+    line = source.splitlines().index('    width = CFG.get("width", WIDTH)') + 1
+    warning = knob_overridden(load_config([f"task={folder}"]))
+    assert warning is not None, "WIDTH is searched, but config.yaml's width is what trains"
+    assert f"WIDTH (train.py:{line}: `CFG.get('width', WIDTH)`, and config.yaml sets width: 32)" in warning
+    assert "fix: use the constant directly (`width = WIDTH`), or remove `width` from config.yaml" in warning
+    # config.yaml without the key: the fallback, the knob, is what trains
+    (folder / "config.yaml").write_text("epochs: 3\n")
+    assert knob_overridden(load_config([f"task={folder}"])) is None
+    # the same through getattr and a nested key of the file
+    (folder / "config.yaml").write_text("model:\n  width: 32\n")
+    digits_task(folder, source.replace('CFG.get("width", WIDTH)', 'getattr(CFG, "width", WIDTH)'))
+    warning = knob_overridden(load_config([f"task={folder}"]))
+    assert warning is not None and "config.yaml sets model.width: 32" in warning
+    # the knob itself assigned again from the file, at module level
+    again = _digits_seed().replace(harness_import, harness_import + YAML_READER)
+    again = again.replace("WIDTH = 16  #", 'WIDTH = 16\nWIDTH = CFG.get("width", WIDTH)  #')
+    digits_task(folder, again)
+    warning = knob_overridden(load_config([f"task={folder}"]))
+    assert warning is not None and "drop `WIDTH = CFG.get('width', WIDTH)`: the constant is the value" in warning
+
+
+def test_a_searched_knob_whose_value_is_not_a_literal_is_named_so_with_the_fix(tmp_path: Path):
+    """User trial: `HIDDEN = CFG["hidden"]` with HIDDEN searched was told "train.py does not define HIDDEN": it does,
+    but the search can set only a literal."""
+    from taskdirs import digits_task
+
+    harness_import = "\nfrom ralph_ray import harness\n"
+    seed = _digits_seed().replace(harness_import, harness_import + YAML_READER)
+    folder = digits_task(tmp_path / "mine", seed.replace("WIDTH = 16  #", 'WIDTH = CFG["width"]  #'))
+    (folder / "config.yaml").write_text("width: 24\n")
+    line = (
+        folder.joinpath("train.py")
+        .read_text()
+        .splitlines()
+        .index('WIDTH = CFG["width"]  # channels of the first conv layer')
+        + 1
+    )
+    with pytest.raises(ConfigError, match="config error at `search.space.WIDTH`") as info:
+        load_config([f"task={folder}"])
+    said = str(info.value)
+    assert "does not define" not in said
+    assert f"train.py:{line} sets WIDTH = CFG['width'], which is not a literal" in said
+    assert "its value comes from config.yaml (width: 24)" in said
+    assert "fix: move it into train.py as a literal: write `WIDTH = 24` in train.py; the search sets it" in said
+    assert "remove `width` from config.yaml" in said
+    # computed in train.py: an example from the space
+    digits_task(folder, seed.replace("WIDTH = 16  #", 'WIDTH = int("16")  #'))
+    with pytest.raises(ConfigError, match=r"sets WIDTH = int\('16'\), which is not a literal") as info:
+        load_config([f"task={folder}"])
+    assert "fix: write `WIDTH = 8` in train.py; the search sets it" in str(info.value)
+    # still exit 2, before Ray starts
+    result = _cli(tmp_path, f"task={folder}")
+    assert result.returncode == 2 and "which is not a literal" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_knob_given_on_the_command_line_is_told_where_knobs_are_set(tmp_path: Path):
+    """User trial: `python -m ralph_ray ... COMPILE=true` got Hydra's "Could not override 'COMPILE'" and "did you
+    mean `experiment` or `run_id`?"."""
+    with pytest.raises(ConfigError, match="config error at `COMPILE`") as info:
+        load_config(["task=digits", "COMPILE=true"])
+    said = str(info.value)
+    assert "COMPILE is a knob, an UPPER_CASE constant of train.py, not a config key" in said
+    assert "set it in train.py (`COMPILE = True`)" in said
+    assert "python -m ralph_ray task=digits 'search.space.COMPILE={type: choice, values: [true]}'" in said
+    with pytest.raises(ConfigError, match="set it in train.py \\(`LR = 0.1`\\)") as info:
+        load_config(["+LR=0.1", "search.num_samples=2"])
+    assert "python -m ralph_ray search.num_samples=2 'search.space.LR={type: choice, values: [0.1]}'" in str(info.value)
+    # the command it names runs: every trial trains LR 0.1
+    space = load_config(["search.num_samples=2", "search.space.LR={type: choice, values: [0.1]}"]).search.space
+    assert space["LR"].type is SpaceKind.choice and space["LR"].values == [0.1]
+    # a resume says the same
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config([]))))
+    with pytest.raises(ConfigError, match="COMPILE is a knob"):
+        resume_config(tmp_path, ["COMPILE=true"])
+
+
+def test_a_space_written_without_spaces_after_its_colons_is_read_as_hydra_reads_it(tmp_path: Path):
+    """User trial: `+search.space.X={type:choice,values:[a,b]}` (no space after the colons, which Hydra reads as a
+    dict) was read again as YAML, where `type:choice` is one key: "Key 'type:choice' not in 'KnobSpace'"."""
+    for override in ("+search.space.WIDTH={type:choice,values:[8,16]}", "search.space.WIDTH={type:choice,values:[8]}"):
+        space = load_config([override]).search.space["WIDTH"]
+        assert space.type is SpaceKind.choice and space.values == [8, 16][: len(space.values)], override
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config([]))))
+    resumed = resume_config(tmp_path, ["search.space.LR={type:loguniform,low:0.01,high:0.1}"]).search.space["LR"]
+    assert (resumed.low, resumed.high) == (0.01, 0.1)
+    # unquoted, the shell splits it at its spaces: say to quote it, with the override whole
+    with pytest.raises(ConfigError, match="config error at `search.space.WIDTH`") as info:
+        load_config(["+search.space.WIDTH={type:", "choice,", "values:", "[8,", "16]}", "search.num_samples=2"])
+    said = str(info.value)
+    assert "hydra.cc" not in said.split("fix:")[0]
+    assert (
+        "fix: quote it whole, with a space after each colon: '+search.space.WIDTH={type: choice, values: [8, 16]}'"
+        in said
+    )
+    # a value Hydra's grammar cannot read at all is named by its override, not by a hydra.cc link
+    with pytest.raises(ConfigError, match="config error at `search.space.WIDTH`: Hydra cannot read") as info:
+        load_config(["+search.space.WIDTH={type:choice values:[8,16]}"])
+    assert "a space after each colon and comma ('+search.space.X={type: choice, values: [a, b]}')" in str(info.value)

@@ -192,3 +192,29 @@ def test_a_warm_gate_forks_its_smoke_runs_from_a_server_with_torch_imported(gate
     finally:
         warmstart.close_all()
     assert list((gate.smoke_data.parent / SMOKE_WORK).iterdir()) == []
+
+
+def test_a_draft_reaching_for_the_labels_is_told_from_a_plain_bug(gate: Gate, tmp_path: Path):
+    """User trial: a child caught reading held-out labels left no mark a user could find. The gate's refusals say
+    what was caught: `reached_outside` tells an engine import, a path outside the work dir or a sandbox breach in the
+    smoke run (the engine imported by a name the source check cannot read) from a plain bug."""
+    from ralph_ray.gate import reached_outside
+
+    sneaky = "LABELS = __import__('importlib').import_module('.'.join(['ralph_ray', 'tasks', 'digits']))\n"
+    child, parent = child_of_seed(
+        tmp_path, lambda s: s.replace("def main() -> None:", sneaky + "\n\ndef main() -> None:")
+    )
+    with pytest.raises(GateError) as caught:
+        gate.check(child, parent)  # the source check cannot read the name: the sandboxed smoke run catches it
+    assert str(caught.value).startswith("smoke run failed: forbidden path: ") and reached_outside(str(caught.value))
+    assert reached_outside(f"attempt 2: {caught.value}")
+    for line in ("from ralph_ray.tasks.digits import prepare\n", "KB = open('/work/main/kb/kb.duckdb', 'rb')\n"):
+        with pytest.raises(GateError) as caught:
+            check_reach({"train.py": line})
+        assert reached_outside(f"attempt 1: {caught.value}")
+    broken, _ = child_of_seed(
+        tmp_path / "b", lambda s: s.replace("    model = Net(", "    raise RuntimeError('x')\n    model = Net(")
+    )
+    with pytest.raises(GateError) as caught:
+        gate.smoke(broken)
+    assert not reached_outside(str(caught.value)) and not reached_outside("train.py does not parse: x at line 1")

@@ -377,3 +377,25 @@ def test_a_trial_cut_by_the_campaigns_end_says_so_also_as_older_kbs_recorded_it(
     assert reasons["old"] == reasons["new"] == STOPPED_WITH_CYCLE and reasons["asha"].startswith("ASHA:")
     # a resumed cycle runs both cut trials again: the trials it keeps are the ASHA stop and the completed one
     assert sorted(history.trials_done(kb.reader(), "r1", 1, STOPPED_WITH_CYCLE)) == ["v1", "v1"]
+
+
+def test_the_readme_lists_every_column_of_every_view(tmp_path: Path):
+    """A user asked which columns `leaderboard`, `interventions`, `budgets`... have: the README's table says, and
+    stays what the views give (`view | columns` rows; a note in brackets after the names is not a column)."""
+    import re
+
+    from ralph_ray import PROJECT_ROOT
+    from ralph_ray.sql import ALL_TABLES
+
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    con = kb.reader()
+    views = (*ALL_TABLES, "leaderboard", "curves", "lineage", "intervention_effects", "budgets", "not_applicable")
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    listed = {
+        name: {c.strip() for c in re.sub(r"\([^)]*\)|then one column per metric:", "", cells).split(",")}
+        for name, cells in re.findall(r"^\| `(\w+)` \| ([^|]+) \|$", readme, flags=re.M)
+    }
+    for view in views:
+        columns = {row[0] for row in con.execute(f"describe {view}").fetchall()}
+        assert listed.get(view) == columns, view

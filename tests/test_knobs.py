@@ -181,3 +181,15 @@ def test_a_list_value_is_written_in_the_container_the_trainer_wrote():
     namespace: dict = {}
     exec(compile(out, "train.py", "exec"), namespace)  # the trainer's own dataclass takes it
     assert namespace["TrainConfig"]().hidden_sizes == (64, 32)
+
+
+def test_an_upper_case_name_a_search_cannot_set_is_told_apart_from_an_absent_one():
+    """User trial: `HIDDEN = CFG["hidden"]` was reported as not defined; near_knobs finds what is_knob refuses."""
+    from ralph_ray.knobs import near_knobs, parse
+
+    source = (
+        'LR = 0.1\nHIDDEN = CFG["hidden"]\nDEPTH: int = 3\nlr = 0.2\nWIDTH = 2 * 8\n\ndef f():\n    EPOCHS = int("3")\n'
+    )
+    found = near_knobs(parse(source))
+    assert {name: node.lineno for name, node in found.items()} == {"HIDDEN": 2, "DEPTH": 3, "WIDTH": 5}
+    assert "LR" not in found and "LR" in read_knobs(source)

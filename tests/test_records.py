@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -194,3 +195,37 @@ def test_a_kb_written_before_the_basis_column_still_reads(tmp_path: Path):
     con = open_reader(kb.root)
     assert con.execute("select basis, delta from interventions").fetchone() == (None, pytest.approx(0.05))
     assert con.execute("select n, n_replicates, n_best_trial from intervention_effects").fetchone() == (1, 0, 0)
+
+
+def test_a_child_the_gate_caught_reaching_outside_keeps_the_mark_on_its_variant_row(tmp_path: Path):
+    """User trial: a child whose first draft read the held-out labels through the engine was refused by the gate,
+    passed on its second attempt, and its variants row said nothing of it: no SQL found it. Every refusal is on the
+    row, and stays there when the verdict re-writes it without them (a resumed driver rebuilds a child from the KB)."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    agent = AgentConfig()
+    caught = "attempt 1: train.py line 3: imports ralph_ray.tasks: of the engine a trainer may import only harness"
+    cheat = dataclasses.replace(child("c", VariantStatus.candidate), refusals=[caught])
+    honest = child("h", VariantStatus.candidate)
+    kb.put("variants", records.variant_rows("r1", 2, [cheat, honest], agent), records.part("r1", 2, "write"))
+    judged = dataclasses.replace(cheat, status=VariantStatus.kept, refusals=[])  # as a resumed driver has it
+    kb.put("variants", records.variant_rows("r1", 2, [judged], agent, {"c": (0.95, None)}), records.part("r1", 2, "j"))
+    con = open_reader(kb.root)
+    found = con.execute(
+        "select variant_id, status, refusals from variants where refusals like '%imports ralph_ray%'"
+    ).fetchall()
+    assert found == [("c", "kept", json.dumps([caught]))]
+    assert con.execute("select refusals from variants where variant_id = 'h'").fetchone() == (None,)
+
+
+def test_a_kb_written_before_the_refusals_column_still_reads(tmp_path: Path):
+    """A variants table whose parts (and schema part) predate `refusals` reads it as NULL."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    folder = kb.parquet / "variants"
+    old = pa.schema([f for f in SCHEMAS["variants"] if f.name != "refusals"])
+    pq.write_table(old.empty_table(), folder / "_schema.parquet")
+    row = {"run_id": "old", "variant_id": "k", "cycle": 2, "status": "kept"}
+    pq.write_table(pa.Table.from_pylist([row], schema=old), folder / "old.parquet")
+    con = open_reader(kb.root)
+    assert con.execute("select status, refusals from variants").fetchone() == ("kept", None)

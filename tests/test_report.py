@@ -153,3 +153,158 @@ def test_a_child_asha_stopped_in_every_trial_is_shown_not_judged_with_the_fix(tm
     assert "raise `scheduler.grace_period` or `population.trials_per_child`" in report
     seed_row = next(line for line in report.splitlines() if line.startswith("| ") and "| seed |" in line)
     assert "not judged" not in seed_row
+
+
+def _siblings_kb(tmp_path):
+    """A campaign as the real writer records it: the seed `p` (first trial 0.9554, replicate mean 0.94845) and its
+    children: `k` kept on replicates, `h` not worth replicating, `r` refused by the gate, `x` crashed, and `c`, which
+    the gate caught importing the engine (the held-out labels) on its first attempt and let run on its second."""
+    import dataclasses
+    import json
+
+    from ralph_ray import records
+    from ralph_ray.children import Child
+    from ralph_ray.config import AgentConfig
+    from ralph_ray.decision import child_verdict
+    from ralph_ray.gate import GateError, check_reach
+    from ralph_ray.kb import KnowledgeBase
+    from ralph_ray.noise import Sample, welch_greater
+    from ralph_ray.replicates import Replicated, evidence
+    from ralph_ray.variants import RejectedBy, VariantStatus
+
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    run_dir = tmp_path / "runs" / "r1"
+    config = json.dumps({"task": {"name": "digits", "metric": "accuracy", "direction": "max"}})
+    kb.append(
+        "runs", [{"run_id": "r1", "experiment": "e", "task": "digits", "run_dir": str(run_dir), "config": config}], "r1"
+    )
+
+    def child(variant_id: str, intervention: str, **changes) -> Child:
+        files = run_dir / "variants" / variant_id / "files"
+        files.mkdir(parents=True)
+        made = Child(
+            variant_id,
+            "p",
+            files,
+            [intervention],
+            "underfitting",
+            "why",
+            VariantStatus.candidate,
+            None,
+            "diff",
+            {},
+            0.9554,
+        )  # the parent's best trial when it was bred from: its first
+        return dataclasses.replace(made, **changes)
+
+    seed = dataclasses.replace(
+        child("p", "-"), parent_id="", interventions=[], status=VariantStatus.seed, parent_score=None
+    )
+    try:  # what the gate says of a draft that reads the held-out labels through the engine
+        check_reach({"train.py": "from ralph_ray.tasks import digits\n"})
+    except GateError as err:
+        caught = f"attempt 1: {err}"
+    kids = [
+        child("k", "wider"),
+        child("h", "dropout"),
+        child("r", "mixup", status=VariantStatus.rejected, reason="smoke run failed: NaN", rejected_by=RejectedBy.gate),
+        child("x", "deeper"),
+        child("c", "label_smoothing", refusals=[caught]),
+    ]
+    agent = AgentConfig()
+    kb.put("variants", records.variant_rows("r1", 1, [seed], agent), records.part("r1", 1, "seed"))
+    kb.put("variants", records.variant_rows("r1", 2, kids, agent), records.part("r1", 2, "bred"))
+    trials = [("p", "t1", 0.9554, False), ("p", "t2", 0.9526, True), ("p", "t3", 0.9443, True)]
+    trials += [("k", "t4", 0.975, False), ("k", "t5", 0.968, True), ("k", "t6", 0.970, True)]
+    trials += [("h", "t7", 0.9331, False), ("c", "t8", 0.99, False), ("x", "t9", None, False)]
+    for variant, trial_id, score, replicate in trials:
+        kb.append(
+            "trials",
+            [
+                {
+                    "run_id": "r1",
+                    "cycle": 1 if variant == "p" else 2,
+                    "trial_id": trial_id,
+                    "variant_id": variant,
+                    "status": "failed" if score is None else "completed",
+                    "selection_score": score,
+                    "test_score": score,
+                    "seconds": 2.0,
+                    "epochs": 2,
+                    "replicate": replicate,
+                    "knobs": "{}",
+                }
+            ],
+            f"r1-{trial_id}",
+        )
+    reps = {"p": Replicated(2, (1, 2), Sample.of([0.9526, 0.9443]), Sample(()))}
+    verdicts = {
+        "k": (0.975, welch_greater(Sample.of([0.968, 0.970]), reps["p"].sample, 0.9)),
+        "h": (0.9331, evidence(kids[1], 0.9331, reps, 0.9554, 0.9)),
+        "c": (0.99, None),  # replicates off for it: its best trial against its parent's
+        "x": (None, None),
+    }
+    judged, scores = [], {}
+    for kid in kids:
+        if kid.variant_id in verdicts:
+            score, comparison = verdicts[kid.variant_id]
+            failed = int(score is None)
+            kid.status, kid.reason = child_verdict(1, failed, score, 0.9554, 0.0, kid.reason, comparison)
+            kid.parent_score = records.measured(score, 0.9554, comparison)[1]
+            if score is not None:
+                scores[kid.variant_id] = (score, None)
+            kb.put(
+                "interventions",
+                records.intervention_rows("r1", "digits", 2, kid, score, comparison),
+                records.part("r1", 2, "effects", kid.variant_id),
+            )
+            judged.append(kid)
+        else:
+            kb.put(
+                "interventions",
+                records.intervention_rows("r1", "digits", 2, kid, None),
+                records.part("r1", 2, "refused", kid.variant_id),
+            )
+    kb.put("variants", records.variant_rows("r1", 2, judged, agent, scores), records.part("r1", 2, "judged"))
+    return kb, run_dir
+
+
+def test_siblings_show_their_parents_score_as_their_verdicts_compared_it(tmp_path):
+    """User trial: siblings of one parent showed different parent scores in the report's Interventions table, the
+    parent's first trial (0.9554) beside its replicate mean (0.9485): a child that compared no score of its own
+    (refused by the gate, crashed) carried the parent's score from when it was bred. A parent score is the one the
+    child's verdict compared its own with, and what was compared is named; none where nothing was."""
+    from ralph_ray.kb import open_reader
+    from ralph_ray.report import write_report
+
+    kb, run_dir = _siblings_kb(tmp_path)
+    report = write_report(kb.root, "r1", run_dir).read_text()
+    table = report.split("## Interventions")[1].split("\n## ")[0]
+    rows = {cells[1]: cells for line in table.splitlines() if line.startswith("| 2 |") for cells in [line.split(" | ")]}
+    assert rows["k"][4] == rows["h"][4] == "0.9485"  # both compared with the parent's replicate mean
+    assert "replicate means" in rows["k"][7] and "replicate mean" in rows["h"][7]
+    assert rows["c"][4] == "0.9554" and "best trials" in rows["c"][7]  # judged on best trials: the parent's best
+    assert rows["r"][4] == rows["x"][4] == "-"  # nothing compared: no parent score
+    con = open_reader(kb.root)
+    shown = con.execute(
+        "select variant_id, parent_score from interventions where parent_score is not null and basis is null"
+    ).fetchall()
+    assert shown == []  # the KB says the same: a parent score only beside what it was compared with
+    assert con.execute("select parent_score from variants where variant_id in ('r', 'x')").fetchall() == [(None,)] * 2
+
+
+def test_a_child_the_gate_caught_reaching_outside_is_marked_in_the_report(tmp_path):
+    """User trial: a child caught reading held-out labels left no mark on its variant row, and the report said
+    nothing of it: it shows in the leaderboard and in a section of what the gate refused."""
+    from ralph_ray.report import write_report
+
+    kb, run_dir = _siblings_kb(tmp_path)
+    report = write_report(kb.root, "r1", run_dir).read_text()
+    board = report.split("## Leaderboard")[1].split("\n## ")[0]
+    (line,) = [row for row in board.splitlines() if row.startswith("| ") and " | c | " in row]
+    assert "caught reaching outside" in line
+    refused = report.split("## What the gate refused")[1].split("\n## ")[0]
+    assert "c (+label_smoothing), kept" in refused and "**reached outside its work dir**" in refused
+    assert "imports ralph_ray.tasks" in refused
+    assert "r (+mixup), rejected" in refused and "smoke run failed: NaN" in refused

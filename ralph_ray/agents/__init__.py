@@ -6,6 +6,7 @@ The prompts and the intervention catalog are files in the top-level `agents/` fo
 from __future__ import annotations
 
 import functools
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from ralph_ray.agents.llm import ChatClient
 
 SPARE_RECOMMENDATIONS = 2  # an LLM analyst proposes this many ideas beyond children_per_parent (for duplicates)
+# The configs whose endpoint `preflight` has just checked, by id (the weak reference tells a reused id): the next
+# make_agents of that config (the campaign loop's) skips the check instead of probing the endpoint a second time.
+_PREFLIGHTED: dict[int, weakref.ref[Config]] = {}
 
 
 def searched_knobs(cfg: Config) -> Searched:
@@ -32,11 +36,13 @@ def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None,
     """The analyst and coder for the configured backend (both None for knob search only).
 
     LLM and CLI backends check their endpoint or command here, before any training: a wrong key, an
-    unreachable endpoint or a missing CLI raises AgentConfigError. `run_id` lets agent=hybrid read the
-    run's history from the knowledge base.
+    unreachable endpoint or a missing CLI raises AgentConfigError. The endpoint is not probed again where
+    `preflight(cfg)` checked this very config just before (a campaign start: once, not twice). `run_id` lets
+    agent=hybrid read the run's history from the knowledge base.
     """
     backend = cfg.agent.backend
-    build = _Builder(cfg)
+    checked = _PREFLIGHTED.pop(id(cfg), None)
+    build = _Builder(cfg, probe=checked is None or checked() is not cfg)
     if backend is AgentBackend.none:
         return None, None
     if backend is AgentBackend.heuristic:
@@ -68,15 +74,18 @@ def make_agents(cfg: Config, run_id: str | None = None) -> tuple[Analyst | None,
 
 def preflight(cfg: Config) -> None:
     """The backend's startup checks alone (endpoint, key, model; a CLI on PATH), run before anything of the run is
-    written: a refused start leaves no run behind, a refused resume its run as it was (not rewritten as crashed)."""
+    written: a refused start leaves no run behind, a refused resume its run as it was (not rewritten as crashed).
+    The next make_agents of `cfg` (the campaign loop's) relies on this check rather than probing again."""
+    _PREFLIGHTED.pop(id(cfg), None)
     make_agents(cfg)
+    _PREFLIGHTED[id(cfg)] = weakref.ref(cfg)
 
 
 class _Builder:
-    """Builds one backend's agents; analyst and coder share one endpoint client, checked once."""
+    """Builds one backend's agents; analyst and coder share one endpoint client, checked once (`probe`: at all)."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: Config, probe: bool = True) -> None:
+        self.cfg, self.probe = cfg, probe
         self._chat: ChatClient | None = None
 
     def heuristic(self) -> tuple[Analyst, Coder]:
@@ -131,5 +140,6 @@ class _Builder:
             from ralph_ray.agents.llm import ChatClient
 
             self._chat = ChatClient(self.cfg.agent)
-            self._chat.preflight()
+            if self.probe:
+                self._chat.preflight()
         return self._chat

@@ -4,7 +4,8 @@ The catalog is data, not code: each entry says which diagnoses it answers, how i
 knobs it adds, and which code transform (`ralph_ray.agents.transforms`, over the syntax tree) or regex
 edits it makes to `train.py`. `apply` turns one entry into edited source, or raises `NotApplicable` with
 the reason when the trainer lacks what the entry needs or already has it; `apply_files` does it over a variant's
-files, where a layer transform reaches a model class train.py imports from a module beside it (`models.py`).
+files, where a layer transform reaches a model class train.py imports from a module of the folder (`models.py`, or
+`src/mylab/model.py` where train.py puts `src` on sys.path).
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import ast
 import dataclasses
 import functools
 import math
+import posixpath
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import libcst as cst
 import yaml
 
 from ralph_ray import PROJECT_ROOT
@@ -33,6 +36,7 @@ from ralph_ray.agents.transforms import (
     model_module,
     model_source,
 )
+from ralph_ray.agents.transforms._tree import Trainer, assign_target, assign_value, call_name, positional
 from ralph_ray.knobs import (
     KNOB_ALIASES,
     KnobError,
@@ -46,7 +50,8 @@ from ralph_ray.knobs import (
 CATALOG_PATH = PROJECT_ROOT / "agents" / "interventions.yaml"
 TRAINER = "train.py"
 # The transforms that edit only the model's layers: where train.py imports its model's class from a module of the
-# variant's folder (`from models import Net`, models.py beside it), they edit the class there (`apply_files`).
+# variant's folder (`from models import Net`, models.py beside it or in a folder train.py puts on sys.path), they
+# edit the class there (`apply_files`).
 MODEL_TRANSFORMS = frozenset({"batchnorm", "add_dropout", "deepen", "widen_layers"})
 
 KNOB_OPS = ("set", "mul", "add")
@@ -438,19 +443,141 @@ def apply(intervention: Intervention, source: str, searched: Searched | None = N
     return result
 
 
-@functools.lru_cache(maxsize=64)  # the analyst asks it for every catalog entry of every parent
-def model_file(source: str) -> tuple[str, str] | None:
+def model_file(source: str, folder: Path | Collection[str] | None = None) -> tuple[str, str] | None:
     """The file, relative to the variant's folder, of the module train.py (`source`) imports its model's class from,
     and the class's name there: `("pkg/models.py", "Net")` for `from pkg.models import Net`; None where train.py
-    defines the model, or it comes from outside the folder (`torchvision`, `..models`)."""
+    defines the model, or it comes from outside the folder (`torchvision`, `..models`). Given the `folder` (its
+    path, or its files' relative paths) the module is looked for where Python finds it: in the folders train.py puts
+    on sys.path (`sys.path.insert(0, str(HERE / "src"))`: `src/pkg/models.py`) and the folder itself; where it is
+    in none, the path at the folder's root."""
+    found = _model_module(source)
+    if found is None:
+        return None
+    relative, name, roots = found
+    if folder is not None:
+        present = (lambda p: (folder / p).is_file()) if isinstance(folder, Path) else set(folder).__contains__
+        path = next((p for root in roots if present(p := posixpath.normpath(posixpath.join(root, relative)))), None)
+        if path is not None:
+            return path, name
+    return relative, name
+
+
+@functools.lru_cache(maxsize=64)  # the analyst asks it for every catalog entry of every parent
+def _model_module(source: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """The module's file relative to a folder Python searches, the class's name, and the variant's folders Python
+    searches for it, in its order (`.` is train.py's own; see `model_file`)."""
     try:
-        found = analyse(source).model_import()
+        trainer = analyse(source)
+        found = trainer.model_import()
     except NotApplicable:
         return None
     if found is None or found[0].startswith("..") or found[0].strip(".").split(".")[0] in ("", *MODEL_LIBRARIES):
         return None
     module, name = found
-    return module.lstrip(".").replace(".", "/") + ".py", name
+    return module.lstrip(".").replace(".", "/") + ".py", name, _search_folders(trainer)
+
+
+SYS_PATH_CALL = re.compile(r"^sys\.path\.(insert|append)$")
+# Calls that keep the place a path names (`str(HERE / "src")`, `Path(__file__)`), and methods that do too.
+SAME_PLACE = frozenset(
+    {"str", "os.fspath", "os.path.abspath", "os.path.realpath", "os.path.normpath", "Path", "pathlib.Path"}
+)
+RESOLVE = frozenset({"resolve", "absolute"})
+
+
+def _search_folders(trainer: Trainer) -> tuple[str, ...]:
+    """The variant's folders Python looks for train.py's imports in, in its order: those train.py inserts at the
+    front of sys.path (the last inserted first), train.py's own (`.`), those it appends; only folders written as
+    literal paths relative to train.py (`Path(__file__).parent / "src"`, `os.path.join(os.path.dirname(__file__),
+    "src")`, a name bound to one) or to the work dir trials run in (`"src"`)."""
+    bound: dict[str, cst.BaseExpression] = {}
+    for line in trainer.lines:
+        target, value = assign_target(line), assign_value(line)
+        if target is not None and value is not None:
+            bound.setdefault(target, value)  # (the first binding: where `HERE = Path(__file__).parent` is made)
+    front: list[str] = []
+    back: list[str] = []
+    for call in trainer.calls(SYS_PATH_CALL):
+        args = positional(call)
+        folder = _folder(args[-1].value, bound) if args else None
+        if folder is None or folder.startswith("..") or posixpath.isabs(folder):
+            continue  # (outside the variant's folder, or not a literal path)
+        at_front = (call_name(call) or "").endswith("insert") and _is_zero(args[0].value)
+        if at_front:
+            front.insert(0, folder)
+        else:
+            back.append(folder)
+    ordered = [*front, ".", *back]
+    return tuple(f for i, f in enumerate(ordered) if f not in ordered[:i])
+
+
+def _is_zero(node: cst.BaseExpression) -> bool:
+    """Whether an expression is the literal 0 (`sys.path.insert(0, ...)`: the front of the search)."""
+    return isinstance(node, cst.Integer) and node.evaluated_value == 0
+
+
+def _folder(node: cst.BaseExpression, bound: dict[str, cst.BaseExpression], depth: int = 0) -> str | None:
+    """The folder an expression names, relative to train.py's (`Path(__file__).parent / "src"` -> `src`); None where
+    it is not made of train.py's place and string literals."""
+    if depth > 8:
+        return None  # (names bound to each other)
+    if isinstance(node, cst.Name):
+        return _folder(bound[node.value], bound, depth + 1) if node.value in bound else None
+    if isinstance(node, cst.SimpleString):
+        value = node.evaluated_value
+        return posixpath.normpath(value) if isinstance(value, str) else None
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Divide):
+        return _joined(_folder(node.left, bound, depth + 1), [node.right])
+    if isinstance(node, cst.Attribute) and node.attr.value == "parent":
+        return _parent(node.value, bound, depth + 1)
+    if not isinstance(node, cst.Call):
+        return None
+    name, args = call_name(node) or "", positional(node)
+    if name == "os.path.dirname" and len(args) == 1:
+        return _parent(args[0].value, bound, depth + 1)
+    if name in SAME_PLACE and len(args) == 1:
+        return _folder(args[0].value, bound, depth + 1)
+    if name == "os.path.join" and args:
+        return _joined(_folder(args[0].value, bound, depth + 1), [a.value for a in args[1:]])
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "joinpath":
+        return _joined(_folder(node.func.value, bound, depth + 1), [a.value for a in args])
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value in RESOLVE and not node.args:
+        return _folder(node.func.value, bound, depth + 1)
+    return None
+
+
+def _parent(node: cst.BaseExpression, bound: dict[str, cst.BaseExpression], depth: int) -> str | None:
+    """The folder that holds what `node` names: train.py's own (`.`) for train.py's path."""
+    if _is_file(node, bound, depth):
+        return "."
+    folder = _folder(node, bound, depth)
+    return None if folder is None else posixpath.normpath(posixpath.join(folder, ".."))
+
+
+def _joined(folder: str | None, parts: list[cst.BaseExpression]) -> str | None:
+    """`folder` joined with string literals (None where one is not a literal)."""
+    values = [v for p in parts if isinstance(p, cst.SimpleString) and isinstance(v := p.evaluated_value, str)]
+    if folder is None or len(values) != len(parts):
+        return None
+    return posixpath.normpath(posixpath.join(folder, *values))
+
+
+def _is_file(node: cst.BaseExpression, bound: dict[str, cst.BaseExpression], depth: int) -> bool:
+    """Whether an expression is train.py's own path: `__file__`, `Path(__file__).resolve()`, a name bound to one."""
+    if depth > 8:
+        return False
+    if isinstance(node, cst.Name):
+        if node.value == "__file__":
+            return True
+        return node.value in bound and _is_file(bound[node.value], bound, depth + 1)
+    if not isinstance(node, cst.Call):
+        return False
+    args = positional(node)
+    if (call_name(node) or "") in SAME_PLACE and len(args) == 1:
+        return _is_file(args[0].value, bound, depth + 1)
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value in RESOLVE and not node.args:
+        return _is_file(node.func.value, bound, depth + 1)
+    return False
 
 
 def apply_files(
@@ -473,7 +600,7 @@ def _edit_files(
     intervention: Intervention, files: Mapping[str, str], searched: Searched | None, dry: bool
 ) -> dict[str, str]:
     source = files[TRAINER]
-    found = model_file(source)
+    found = model_file(source, files.keys())
     try:
         with model_source(files.get(found[0]) if found else None):  # rules about the model read its module too
             if dry:
@@ -488,8 +615,10 @@ def _edit_files(
             raise
         path, name = elsewhere
         if path not in files:
+            looked = ", ".join(module[2] if (module := _model_module(source)) else (".",))
             raise NotApplicable(
-                f"{refused} (the model's class `{name}` is imported from `{path}`, not a file of the variant's folder)"
+                f"{refused} (the model's class `{name}` is imported from `{path}`, not a file of the variant's folder: "
+                f"looked in {looked})"
             ) from None
         assert intervention.transform is not None  # one of MODEL_TRANSFORMS
         try:

@@ -776,9 +776,10 @@ def _read_trainer(files_dir: Path) -> str:
 
 def _with_model_file(files_dir: Path, source: str) -> dict[str, str]:
     """train.py's `source` by its name, and the module of the variant's folder its model is imported from
-    (`models.py`), where that file is there: what the catalog's layer transforms edit."""
+    (`models.py`; `src/pkg/models.py` where train.py puts `src` on sys.path), where that file is there: what the
+    catalog's layer transforms edit."""
     files = {TRAINER: source}
-    found = model_file(source)
+    found = model_file(source, Path(files_dir))
     if found is not None and (Path(files_dir) / found[0]).is_file():
         files[found[0]] = (Path(files_dir) / found[0]).read_text()
     return files

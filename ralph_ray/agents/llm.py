@@ -5,9 +5,10 @@ diff that `patching` applies with git (a diff that does not apply goes back with
 `openai` SDK does the HTTP: timeouts, retries with backoff on 429/5xx/dropped connections, any base_url.
 One client serves every thread of a cycle (the SDK's client is thread-safe).
 
-Errors: a wrong key (401/403), a wrong model or URL (404, or at start a model GET /models does not list), or an
-endpoint that cannot be reached at start are `AgentConfigError` (the campaign stops, exit code 2); anything else
-is an `AgentError` (one child or one analysis fails and the campaign goes on).
+Errors: a wrong key (401/403), a wrong model or URL (404, or at start a model GET /models does not list), a base_url
+missing the /v1 its server serves under, or an endpoint that cannot be reached at start are `AgentConfigError` (the
+campaign stops, exit code 2); anything else is an `AgentError` (one child or one analysis fails and the campaign goes
+on).
 """
 
 from __future__ import annotations
@@ -67,10 +68,9 @@ class ChatClient:
     def preflight(self) -> None:
         """Fail fast, before any training: the endpoint answers, accepts the key and lists agent.model where it lists
         any (GET /models, no tokens spent)."""
+        probe = self._client.with_options(max_retries=1, timeout=min(self.timeout_s, PREFLIGHT_TIMEOUT_S))
         try:
-            listed = self._client.with_options(
-                max_retries=1, timeout=min(self.timeout_s, PREFLIGHT_TIMEOUT_S)
-            ).models.list()
+            listed = probe.models.list()
         except (openai.AuthenticationError, openai.PermissionDeniedError) as err:
             raise self._key_error(err) from None
         except openai.APIConnectionError as err:  # includes timeouts
@@ -80,9 +80,31 @@ class ChatClient:
                     f"  fix: check agent.base_url (it usually ends in /v1) and that the server is running"
                 )
             ) from None
-        except openai.APIStatusError:
+        except openai.NotFoundError:
+            self._refuse_missing_v1(probe)
             return  # the server does not serve /models (some proxies): the first real call will tell
+        except openai.APIStatusError:
+            return  # as above: a proxy may answer a route it does not serve with another status
         self._check_model([m.id for m in getattr(listed, "data", None) or [] if getattr(m, "id", None)])
+
+    def _refuse_missing_v1(self, probe: openai.OpenAI) -> None:
+        """Where GET /models is a 404 and agent.base_url lacks /v1, refuse the start if <base_url>/v1/models answers:
+        the server serves the API under /v1, and every chat call would 404 mid-run (user trial)."""
+        root = self.base_url.rstrip("/")
+        if root.endswith("/v1"):
+            return
+        try:
+            probe.with_options(base_url=f"{root}/v1").models.list()
+        except (openai.AuthenticationError, openai.PermissionDeniedError):
+            pass  # the route is there, behind a key: the same wrong base_url
+        except (openai.APIStatusError, openai.APIConnectionError):
+            return  # not there either: a server that really serves no /models
+        raise AgentConfigError(
+            self._redact(
+                f"the LLM endpoint {root} serves the API under /v1 (GET {root}/models: 404, {root}/v1/models answers): "
+                f"agent.base_url should end in /v1: {root}/v1"
+            )
+        )
 
     def _check_model(self, served: list[str]) -> None:
         """Warn (once per endpoint and model) where agent.model is not among the ids the server lists: a wrong one

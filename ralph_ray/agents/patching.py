@@ -212,8 +212,15 @@ def _git(workdir: Path, args: list[str], diff: str) -> str:
     except subprocess.TimeoutExpired:
         raise PatchFailed(f"git apply took over {GIT_TIMEOUT_S:.0f}s on this diff") from None
     if done.returncode != 0:
-        raise PatchFailed(done.stderr.strip() or f"git apply exited with {done.returncode}")
+        raise PatchFailed(one_line(done.stderr) or f"git apply exited with {done.returncode}")
     return done.stdout
+
+
+def one_line(stderr: str) -> str:
+    """git's stderr as one line, its errors before its warnings: the reason lands in the log and the KB's one-line
+    fields (user trial: a recount warning, a blank line, then the error, over two lines)."""
+    lines = list(dict.fromkeys(line.strip() for line in stderr.splitlines() if line.strip()))
+    return "; ".join(sorted(lines, key=lambda line: not line.startswith(("error:", "fatal:"))))
 
 
 def _strip_level(diff: str) -> int:

@@ -20,7 +20,7 @@ from ralph_ray.agents.base import (
     TrialSummary,
 )
 from ralph_ray.agents.siblings import bred_from, refusals
-from ralph_ray.sql import RL_METRICS
+from ralph_ray.sql import PROBE_METRICS, RL_METRICS
 from ralph_ray.variants import mutable_names
 
 PROMPTS_DIR = PROJECT_ROOT / "agents" / "prompts"
@@ -150,14 +150,15 @@ def _show_curve(trial: TrialSummary) -> str:
     if len(points) > MAX_CURVE_ROWS:
         step = (len(points) - 1) / (MAX_CURVE_ROWS - 1)
         points = [points[round(i * step)] for i in range(MAX_CURVE_ROWS)]
-    # RL post-training telemetry (agents.rl reads it; the KB stores sql.RL_METRICS), shown only where a curve
-    # carries it: the LLM reads what the heuristic analyst reads.
-    extra = [name for name in RL_METRICS if any(getattr(p, name) is not None for p in points)]
-    header = ["epoch", "train_loss", "val_loss", "val_acc", "lr", "grad_norm", "seconds", *extra]
+    # The probes (`harness.probes`), RL telemetry (agents.rl) and every other metric the trainer named (a
+    # search.metric such as val_f1), each only where a curve carries it: the LLM reads what the heuristic reads.
+    fields = [name for name in (*PROBE_METRICS, *RL_METRICS) if any(getattr(p, name) is not None for p in points)]
+    others = sorted({name for p in points for name in p.others})
+    header = ["epoch", "train_loss", "val_loss", "val_acc", "lr", "grad_norm", "seconds", *fields, *others]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for p in points:
         values = [p.train_loss, p.val_loss, p.val_acc, p.lr, p.grad_norm, p.epoch_seconds]
-        values += [getattr(p, name) for name in extra]
+        values += [getattr(p, name) for name in fields] + [p.others.get(name) for name in others]
         rows.append("| " + " | ".join([str(p.epoch)] + [_num(v) for v in values]) + " |")
     return "\n".join(rows)
 

@@ -41,11 +41,13 @@ class Reply:
 
 
 class ScriptedLLM:
-    """A loopback chat-completions server; `requests` keeps every chat request (body and Authorization header)."""
+    """A loopback chat-completions server; `requests` keeps every chat request (body and Authorization header),
+    `gets` every GET's path."""
 
     def __init__(self) -> None:
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.gets: list[str] = []  # the path of every GET (the preflight's GET /models, and any probe beside it)
         self.key: str | None = None  # when set, any other bearer token gets 401
         self.models = ["scripted"]  # the ids GET /v1/models lists (the preflight checks agent.model against them)
         self.lock = threading.Lock()
@@ -108,6 +110,8 @@ def _handler(llm: ScriptedLLM) -> type[BaseHTTPRequestHandler]:
             return False
 
         def do_GET(self) -> None:
+            with llm.lock:
+                llm.gets.append(self.path)
             if self.path.rstrip("/") != "/v1/models":
                 return self._send(404, {"error": {"message": f"no route {self.path}"}})
             if self._authorised():

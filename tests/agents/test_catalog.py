@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,9 +14,12 @@ import pytest
 import torch
 
 from ralph_ray import PROJECT_ROOT
-from ralph_ray.agents.base import Diagnosis
-from ralph_ray.agents.catalog import CATALOG_PATH, NotApplicable, apply, load_catalog
+from ralph_ray.agents.base import Diagnosis, Recommendation
+from ralph_ray.agents.catalog import CATALOG_PATH, NotApplicable, apply, apply_files, load_catalog, model_file
+from ralph_ray.agents.heuristic import HeuristicCoder
+from ralph_ray.agents.transforms.data import SHIFT_HELPER
 from ralph_ray.config import KnobSpace, SpaceKind
+from ralph_ray.gate import Gate, write_smoke_data
 from ralph_ray.knobs import read_knobs, rewrite_knobs
 from ralph_ray.space import trained_value
 from ralph_ray.tasks.base import write_public
@@ -442,3 +446,96 @@ def test_variant_trains(trained: dict[str, dict], name: str):
     predictions = np.load(run["predictions"])
     assert predictions["selection"].shape == SPLITS.selection_y.shape
     assert predictions["test"].shape == SPLITS.test_y.shape
+
+
+# -----------------------------------------------------------------------------
+# A src-layout trainer: train.py puts src/ on sys.path, then imports its model from src/mylab/model.py
+
+MULTIFILE = PROJECT_ROOT / "tests" / "fixtures" / "multifile" / "block_cnn"
+# How trainers put their src/ folder on sys.path before `from mylab.model import BlockCNN`.
+SRC_IDIOMS = {
+    "here": 'HERE = Path(__file__).resolve().parent\nsys.path.insert(0, str(HERE / "src"))\n',
+    "path": 'sys.path.insert(0, str(Path(__file__).parent / "src"))\n',
+    "os.path": 'sys.path.insert(0, os.path.join(os.path.dirname(__file__), "src"))\n',
+}
+
+
+def src_layout(folder: Path, idiom: str) -> dict[str, str]:
+    """The multi-file fixture rewritten as a src-layout package in `folder`: its files, relative path -> source."""
+    inserted = (
+        f"import os\nimport sys\nfrom pathlib import Path\n\n{SRC_IDIOMS[idiom]}from mylab.model import BlockCNN\n"
+    )
+    train = (MULTIFILE / "train.py").read_text()
+    assert "from models import BlockCNN\n" in train
+    package = folder / "src" / "mylab"
+    package.mkdir(parents=True)
+    (folder / "train.py").write_text(train.replace("from models import BlockCNN\n", inserted))
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text((MULTIFILE / "models.py").read_text())
+    return {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*.py")}
+
+
+@pytest.mark.parametrize("idiom", sorted(SRC_IDIOMS))
+def test_a_layer_intervention_follows_the_model_into_a_src_layout(tmp_path: Path, idiom: str):
+    """User trial ("ship my trainer as a package"): train.py put src/ on sys.path and imported its model from
+    mylab.model; the layer interventions looked for mylab/model.py at the folder's root and did not apply. The
+    module is looked for in the folders train.py puts on sys.path too: batchnorm edits src/mylab/model.py."""
+    files = src_layout(tmp_path, idiom)
+    assert model_file(files["train.py"], tmp_path) == ("src/mylab/model.py", "BlockCNN")
+    assert model_file(files["train.py"], files.keys()) == ("src/mylab/model.py", "BlockCNN")
+    changed = apply_files(CATALOG.get("batchnorm"), files)
+    assert set(changed) == {"src/mylab/model.py"}
+    assert "self.bn_conv = torch.nn.BatchNorm2d(cout)" in changed["src/mylab/model.py"]
+
+
+def test_a_src_layout_model_missing_from_the_folder_says_where_it_was_looked_for(tmp_path: Path):
+    files = src_layout(tmp_path, "here")
+    del files["src/mylab/model.py"]
+    with pytest.raises(
+        NotApplicable, match=r"`mylab/model\.py`, not a file of the variant's folder: looked in src, \."
+    ):
+        apply_files(CATALOG.get("add_dropout"), files)
+
+
+def test_the_heuristic_coder_edits_a_src_layout_model_and_it_trains(tmp_path: Path):
+    """End to end: the coder reads src/mylab/model.py from the parent's folder, writes the edit there, and the child
+    passes the gate's smoke run (a real subprocess, which finds the package through train.py's sys.path line)."""
+    parent, child = tmp_path / "parent", tmp_path / "child"
+    src_layout(parent, "path")
+    shutil.copytree(parent, child)
+    recommendation = Recommendation("add_dropout", Diagnosis.overfitting, "because", 1.0)
+    HeuristicCoder()._edit(recommendation, child, None)
+    assert (child / "train.py").read_text() == (parent / "train.py").read_text()
+    edited = (child / "src" / "mylab" / "model.py").read_text()
+    assert edited != (parent / "src" / "mylab" / "model.py").read_text() and "Dropout" in edited
+    assert not (child / "mylab").exists()
+    smoke = write_smoke_data(prepare(0, 0.2, 0.2), tmp_path / "smoke", "digits")
+    Gate(smoke, (), timeout_s=120).check(child, parent)
+
+
+def test_the_augmentation_entry_describes_the_padding_its_helper_uses():
+    """User trial: the entry said "zero padding: the digits' background is 0" while the helper repeats the border
+    (`mode="replicate"`; in normalised inputs 0 is mid-grey)."""
+    description = CATALOG.get("augmentation").description
+    assert 'mode="replicate"' in SHIFT_HELPER and "zero" not in description
+    assert "border" in description and "repeat" in description
+
+
+@pytest.mark.parametrize(
+    ("added", "expected"),
+    [
+        ('sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "src"))', "src/mylab/model.py"),
+        ('sys.path.insert(0, str(Path(__file__).parent.joinpath("src")))', "src/mylab/model.py"),
+        ('sys.path.insert(0, "src")', "src/mylab/model.py"),  # (trials run in the variant's folder)
+        ('sys.path.append(str(Path(__file__).parent / "src"))', "mylab/model.py"),  # after train.py's own folder
+        ('sys.path.insert(0, "/opt/lab/src")', "mylab/model.py"),  # outside the folder: not the variant's
+        ('sys.path.insert(0, str(Path(__file__).parent / "../src"))', "mylab/model.py"),
+    ],
+)
+def test_the_model_file_is_the_one_python_imports(added: str, expected: str):
+    """Where both mylab/model.py and src/mylab/model.py exist, the one Python finds first: a folder inserted at the
+    front of sys.path comes before train.py's own, one appended after it."""
+    source = f"import os\nimport sys\nfrom pathlib import Path\n{added}\n" + (MULTIFILE / "train.py").read_text()
+    source = source.replace("from models import BlockCNN\n", "from mylab.model import BlockCNN\n")
+    assert model_file(source, ["train.py", "mylab/model.py", "src/mylab/model.py"]) == (expected, "BlockCNN")
+    assert model_file(source) == ("mylab/model.py", "BlockCNN")  # without the folder: the path at its root

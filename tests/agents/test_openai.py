@@ -13,7 +13,7 @@ import pytest
 from llm_server import Reply, ScriptedLLM, llm_server, parent, workdir  # noqa: F401 - fixtures
 
 from ralph_ray.__main__ import main
-from ralph_ray.agents import make_agents
+from ralph_ray.agents import make_agents, preflight
 from ralph_ray.agents.base import (
     AgentConfigError,
     AgentConfigWarning,
@@ -177,6 +177,24 @@ def test_diff_that_never_applies_rejects_the_child(llm_server: ScriptedLLM, pare
     assert (workdir / "train.py").read_text() == (parent.files_dir / "train.py").read_text()  # git apply is atomic
 
 
+def test_a_malformed_diffs_refusal_is_one_line(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
+    """User trial: the reason a child was refused for a malformed diff spanned two lines in the log and the KB (git's
+    stderr as it came: a recount warning, a blank line, then the error). It is one line, git's error first."""
+    corrupt = GOOD_DIFF.replace("+DROPOUT = 0.2", "DROPOUT = 0.2")  # a line with no ' ', '+' or '-' in a hunk
+    llm_server.add(STALE_DIFF, corrupt)
+    cfg = agent_config(llm_server, answer_retries=1)
+    with pytest.raises(AgentError) as info:
+        LLMCoder(ChatClient(cfg), cfg).write(parent, REC, workdir, None, Usage())
+    reason = str(info.value)
+    assert "\n" not in reason, reason
+    assert reason.startswith("no applicable diff after 2 tries: error: corrupt patch at line")
+    assert reason.endswith("; warning: recount: unexpected line: DROPOUT = 0.2  # dropout before the classifier")
+    told = llm_server.chats()[1][-1]["content"]  # the stale diff's refusal, as the model was told it
+    assert told.startswith(
+        "That diff does not apply: error: patch failed: train.py:24; error: train.py: patch does not apply\n"
+    )
+
+
 def test_diff_touching_a_frozen_file_is_refused(llm_server: ScriptedLLM, parent: ParentView, workdir: Path):
     llm_server.add(FROZEN_DIFF)
     with pytest.raises(AgentError, match="frozen file 'program.md'"):
@@ -299,6 +317,23 @@ def test_unreachable_endpoint_is_a_config_error():
         ChatClient(cfg).preflight()
 
 
+def test_a_base_url_without_v1_is_refused_at_preflight_naming_the_fix(llm_server: ScriptedLLM):
+    """User trial: agent.base_url=http://127.0.0.1:8000 for a server of /v1/models and /v1/chat/completions passed
+    the preflight (its GET /models 404 read as "no /models here"); the seed trained and the first chat call 404ed."""
+    root = llm_server.base_url.removesuffix("/v1")
+    for url in (root, root + "/"):
+        with pytest.raises(AgentConfigError, match=rf"agent.base_url should end in /v1: {root}/v1$") as info:
+            ChatClient(agent_config(llm_server, base_url=url)).preflight()
+        assert "\n" not in str(info.value)
+    assert llm_server.gets == ["/models", "/v1/models"] * 2 and llm_server.requests == []
+
+
+def test_a_server_that_serves_no_models_list_still_passes_the_preflight(llm_server: ScriptedLLM):
+    # Some proxies serve chat completions but no GET /models: a 404 there, and at <base_url>/v1/models, is no refusal.
+    ChatClient(agent_config(llm_server, base_url=llm_server.base_url.removesuffix("/v1") + "/api")).preflight()
+    assert llm_server.gets == ["/api/models", "/api/v1/models"]
+
+
 def test_missing_usage_is_estimated_and_marked(llm_server: ScriptedLLM):
     llm_server.add(Reply("x" * 400, usage=None))
     usage = Usage()
@@ -372,7 +407,7 @@ def test_two_cycle_campaign_trains_llm_children_and_records_usage(ray_session, t
         ["llm-e2e"],
     ).fetchall()
     assert usage == [("analyst", "openai", 1, 1000, 200, False), ("coder", "openai", 1, 700, 90, False)]
-    assert len(llm_server.requests) == 2
+    assert len(llm_server.requests) == 2 and llm_server.gets == ["/v1/models"]  # one preflight probe per start
 
 
 @pytest.mark.slow
@@ -406,6 +441,25 @@ def test_token_budget_stops_the_campaign_with_exit_code_2(
     assert "token_budget" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_an_endpoint_that_fails_mid_run_leaves_its_exit_code_for_status(
+    ray_session, llm_server: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+):
+    """User trial: a run that ended at its first chat call (a 404: exit 2) showed `stopped: ... (exit None)` in
+    `status`, as the crash was recorded without its exit code; and its start probed GET /models twice."""
+    llm_server.add(Reply(status=404, error="model 'scripted' not found"))
+    monkeypatch.chdir(tmp_path)
+    where = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
+    tiny = ["scheduler.max_t=2", "scheduler.grace_period=1", "+search.space.EPOCHS={type: choice, values: [2]}"]
+    code = main([*where, *tiny, *campaign_overrides(llm_server), "safeguards.replicates=0", "run_id=gone"])
+    assert code == 2 and "answered 404 for model 'scripted'" in capsys.readouterr().err
+    assert llm_server.gets == ["/v1/models"] and len(llm_server.requests) == 1  # one probe, one chat call
+    assert main(["status", "gone", *where]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "run gone: crashed" in shown and "stopped: AgentConfigError: the LLM endpoint" in shown, shown
+    assert shown.count("(exit 2)") == 1 and "exit None" not in shown
+
+
 def test_wrong_key_stops_before_training_with_exit_code_2(
     llm_server: ScriptedLLM, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
@@ -433,6 +487,19 @@ def test_make_agents_builds_the_openai_pair_after_a_preflight(llm_server: Script
     analyst, coder = make_agents(cfg)
     assert isinstance(analyst, LLMAnalyst) and isinstance(coder, LLMCoder) and analyst.chat is coder.chat
     assert analyst.n_recommendations == 3  # children_per_parent + spares for duplicates
+
+
+def test_a_campaign_start_probes_the_endpoint_once(llm_server: ScriptedLLM, tiny_config):
+    """User trial: GET /models twice per start (campaign.run's preflight, then the loop's make_agents). The loop's
+    agents reuse the preflight's check; agents built without one still check their endpoint."""
+    cfg = tiny_config(*campaign_overrides(llm_server))
+    preflight(cfg)  # campaign.run, before anything of the run is written
+    make_agents(cfg, "r1")  # generations.Campaign, for the loop
+    assert llm_server.gets == ["/v1/models"]
+    make_agents(tiny_config(*campaign_overrides(llm_server)))  # no preflight before it: it checks itself
+    assert llm_server.gets == ["/v1/models"] * 2
+    make_agents(cfg, "r1")  # a preflight covers one build: a second one checks again
+    assert llm_server.gets == ["/v1/models"] * 3
 
 
 @pytest.mark.parametrize(
@@ -510,7 +577,7 @@ def unreachable_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"  # nothing listens here once the socket closes
 
 
-@pytest.mark.parametrize("refusal", ["unreachable", "wrong_key"])
+@pytest.mark.parametrize("refusal", ["unreachable", "wrong_key", "no_v1"])
 def test_a_refused_start_leaves_no_run_behind(
     llm_server: ScriptedLLM,
     tmp_path: Path,
@@ -519,8 +586,10 @@ def test_a_refused_start_leaves_no_run_behind(
     refusal,
 ):
     monkeypatch.chdir(tmp_path)
-    url = unreachable_url() if refusal == "unreachable" else llm_server.base_url
-    llm_server.key = "sk-right-key-0000"  # the campaign sends none: 401
+    url = {"unreachable": unreachable_url(), "no_v1": llm_server.base_url.removesuffix("/v1")}.get(
+        refusal, llm_server.base_url
+    )
+    llm_server.key = "sk-right-key-0000"  # the campaign sends none: 401 (no_v1: GET /v1/models is there, keyed)
     code = main(
         [
             f"paths.runs={tmp_path / 'runs'}",
@@ -534,7 +603,12 @@ def test_a_refused_start_leaves_no_run_behind(
         ]
     )
     err = capsys.readouterr().err
-    assert code == 2 and ("cannot reach the LLM endpoint" in err or "refused no key" in err), err
+    said = {
+        "unreachable": "cannot reach the LLM endpoint",
+        "wrong_key": "refused no key",
+        "no_v1": f"agent.base_url should end in /v1: {llm_server.base_url}",
+    }[refusal]
+    assert code == 2 and said in " ".join(err.split()), err
     assert not (tmp_path / "runs" / "refused").exists()  # no run dir, so no `crashed` run in status or the app
     if (tmp_path / "kb").exists():
         assert not list((tmp_path / "kb").rglob("*.parquet"))  # no runs row

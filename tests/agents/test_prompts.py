@@ -29,6 +29,17 @@ def test_an_rl_curve_shows_its_telemetry_and_a_vision_curve_does_not(tmp_path: P
     assert header == "| epoch | train_loss | val_loss | val_acc | lr | grad_norm | seconds |"
 
 
+def test_the_llm_analyst_sees_the_probes_and_the_metrics_the_trainer_named(tmp_path: Path):
+    curve = [
+        EpochPoint(epoch=1, val_acc=0.8, gen_gap=0.05, update_ratio=0.01, others={"val_f1": 0.71}),
+        EpochPoint(epoch=2, val_acc=0.9, gen_gap=0.12, update_ratio=0.002, others={"val_f1": 0.83}),
+    ]
+    shown = show_parent(parent_with(tmp_path, curve), [], [])
+    header = next(line for line in shown.splitlines() if line.startswith("| epoch"))
+    assert header.endswith("| seconds | gen_gap | update_ratio | val_f1 |")  # no absent probe, no RL column
+    assert "| 2 | - | - | 0.9 | - | - | - | 0.12 | 0.002 | 0.83 |" in shown
+
+
 def test_the_llm_analyst_sees_what_the_gate_refused_for_the_parent_and_what_was_bred(tmp_path: Path):
     """Before, only the offline analyst skipped a refused intervention: an LLM was shown no children and could
     propose the same refused edit every cycle."""

@@ -35,6 +35,7 @@ from ralph_ray.agents.transforms import (
     NotApplicable,
     applicability,
     apply_transform,
+    check_transform,
 )
 from ralph_ray.agents.transforms._tree import Edits, analyse, code
 from ralph_ray.gate import SMOKE_KNOBS, Gate, write_smoke_data
@@ -2645,3 +2646,14 @@ def test_ema_never_swaps_the_model_a_training_call_gets_and_refuses_one_that_als
     assert "print(ema(x).argmax(1))" in out
     ran: dict = {"__name__": "train"}
     exec(compile(out, "train.py", "exec"), ran)
+
+
+def test_widen_layers_on_a_trainer_that_imports_its_model_says_so():
+    """User trial: on a train.py importing its model from another file, widen_layers said "fewer than two conv/linear
+    layers: no hidden width to widen" (it counted train.py's layers alone); the model is elsewhere, and it says so."""
+    source = (PROJECT_ROOT / "tests" / "fixtures" / "multifile" / "block_cnn" / "train.py").read_text()
+    for run in (apply_transform, check_transform):
+        with pytest.raises(NotApplicable) as refused:
+            run("widen_layers", source)
+        assert "the model `BlockCNN` is defined in `models` (imported), not in train.py" in str(refused.value)
+        assert "fewer than two" not in str(refused.value)

@@ -61,7 +61,8 @@ def widen_layers(source: str) -> str:
         return _widen_knobs(trainer)
     layers = trainer.layers()
     if len(layers) < 2:
-        raise NotApplicable("fewer than two conv/linear layers: no hidden width to widen")
+        # (a model imported from another file has its layers there: say so, not that it has too few)
+        raise NotApplicable(trainer.imported_model() or "fewer than two conv/linear layers: no hidden width to widen")
     head = classifier(layers)
     sized = [
         c

@@ -19,6 +19,7 @@ from ralph_ray.agents.transforms._tree import (
     assign_value,
     call_name,
     code,
+    dotted,
     expression,
     free_name,
     kwarg,
@@ -32,6 +33,8 @@ from ralph_ray.agents.transforms._tree import (
 
 # torch.nn.utils' gradient clipping, however imported (`clip_grad_norm_(...)`, `nn.utils.clip_grad_value_(...)`)
 CLIP_GRAD = re.compile(r"^(\w+\.)*clip_grad_(norm|value)_$")
+# mixed precision's context, however imported (`torch.autocast(...)`, `torch.cuda.amp.autocast()`, `autocast(...)`)
+AUTOCAST = re.compile(r"^(\w+\.)*autocast$")
 
 GROKFAST_HELPER = '''
 def gradfilter_ema(model: torch.nn.Module, grads: dict | None) -> dict:
@@ -87,10 +90,21 @@ class DreamReplay:
         self.y.append(y[hard].detach())
         self.batch_size = max(self.batch_size, len(y))
 
-    def dream(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss=None, clip=None) -> None:
+    def dream(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss=None,
+        clip=None,
+        autocast=None,
+        scaler=None,
+    ) -> None:
         """One pass over the remembered examples, shuffled, in batches of the training batch size, each step as the
-        trainer's own: its loss (`loss(logits, targets)`, plain cross-entropy if None) and its gradient clipping
-        (`clip()` between backward and step)."""
+        trainer's own: its loss (`loss(logits, targets)`, plain cross-entropy if None), its gradient clipping
+        (`clip()` between backward and step), its mixed precision (the forward under `autocast()`, the step through
+        its GradScaler `scaler`). It leaves no gradient behind, wherever the trainer zeroes its own."""
+        import contextlib
+
         if not self.y:
             return
         x, y = torch.cat(self.x), torch.cat(self.y)
@@ -98,13 +112,25 @@ class DreamReplay:
         order = torch.randperm(len(y), device=y.device)
         for i in range(0, len(y), self.batch_size):
             idx = order[i : i + self.batch_size]
-            logits = model(x[idx])
-            step_loss = torch.nn.functional.cross_entropy(logits, y[idx]) if loss is None else loss(logits, y[idx])
             optimizer.zero_grad(set_to_none=True)
-            step_loss.backward()
-            if clip is not None:
-                clip()
-            optimizer.step()
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                logits = model(x[idx])
+                step_loss = torch.nn.functional.cross_entropy(logits, y[idx]) if loss is None else loss(logits, y[idx])
+            if scaler is None:
+                step_loss.backward()
+                if clip is not None:
+                    clip()
+                optimizer.step()
+            else:  # PyTorch's AMP recipe: a scaled backward, unscaled before the clip, stepped and updated through it
+                scaler.scale(step_loss).backward()
+                if clip is not None:
+                    scaler.unscale_(optimizer)
+                    clip()
+                scaler.step(optimizer)
+                scaler.update()
+        # the last replay step's gradient, left in place, went into the trainer's next step where it zeroes before
+        # this call and after its steps (user trial: the first step of every epoch after the first)
+        optimizer.zero_grad(set_to_none=True)
 '''
 
 SELF_MODEL_HELPER = '''
@@ -273,7 +299,9 @@ def hard_example_replay(source: str) -> str:
     edits.knob("REPLAY_SHARE", 0.1, "share of each batch (its most-missed examples) replayed before the next epoch")
     edits.helper(REPLAY_HELPER)
     edits.insert_before(trainer.epoch_loop(), f"{replay} = DreamReplay()")
-    edits.insert_after(trainer.step_statement(), f"{replay}.observe({logits}, {inputs}, {targets})")
+    # after the backward pass, not the step: where gradients accumulate the step runs under `if (i + 1) % ACCUM == 0:`
+    # and saw 1 batch of every ACCUM (user trial)
+    edits.insert_after(trainer.backward_statement(), f"{replay}.observe({logits}, {inputs}, {targets})")
     step = _replay_step(trainer, trainer.loss_call())
     edits.insert_before(
         trainer.batch_loop(), f"{replay}.dream({model}, {optimizer}{step})  # last epoch's hardest, first"
@@ -282,11 +310,12 @@ def hard_example_replay(source: str) -> str:
 
 
 def _replay_step(trainer: Trainer, call: cst.Call) -> str:
-    """The replay's `loss=` and `clip=` arguments: the trainer's own loss expression on the replayed logits and
-    targets, and its own gradient clipping calls under their own conditions, so that a replay step is one of the
-    trainer's steps (a criterion's label smoothing, a summed loss's scale, the clip). NotApplicable where either
-    reads a name the batch loop binds: the replay runs before the loop's batches, where that name is the previous
-    epoch's last value or unbound."""
+    """The replay's `loss=`, `clip=`, `autocast=` and `scaler=` arguments: the trainer's own loss expression on the
+    replayed logits and targets, its own gradient clipping calls under their own conditions, the autocast its forward
+    runs under and the GradScaler its step goes through, so that a replay step is one of the trainer's steps (a
+    criterion's label smoothing, a summed loss's scale, the clip, mixed precision). NotApplicable where any reads a
+    name the batch loop binds: the replay runs before the loop's batches, where that name is the previous epoch's
+    last value or unbound."""
     batch = trainer.batch_loop()
     bound = _bound_in(trainer, batch)
     logits, targets = free_name(trainer, "replay_logits"), free_name(trainer, "replay_targets")
@@ -295,7 +324,7 @@ def _replay_step(trainer: Trainer, call: cst.Call) -> str:
     # replayed as the bare call would step at BATCH times the training step's scale. (Later `loss = loss ...` lines
     # before the backward are not followed.)
     value = assign_value(trainer.statement_of(call))
-    whole = value if value is not None and trainer.inside(call, value) else call
+    whole = _unaccumulated(trainer, value) if value is not None and trainer.inside(call, value) else call
     _reachable(trainer, "loss", whole, [whole], bound, skip=(first.value, second.value))
     replaced = call.with_changes(
         args=[
@@ -315,17 +344,115 @@ def _replay_step(trainer: Trainer, call: cst.Call) -> str:
     if clips:
         calls = clips[0] if len(clips) == 1 else f"({', '.join(f'({c})' for c in clips)})"
         step += f", clip=lambda: {calls}"
-    return step
+    return step + _mixed_precision(trainer, call, bound)
+
+
+def _unaccumulated(trainer: Trainer, value: cst.BaseExpression) -> cst.BaseExpression:
+    """The loss expression a replay step takes: the trainer's own, less the divisor of a loss divided for gradient
+    accumulation (`criterion(out, y) / ACCUM`, the step under `if (i + 1) % ACCUM == 0:`). A replay step is one whole
+    optimizer step on one batch, so it takes the undivided loss: the divided one stepped at 1/ACCUM of the training
+    step's scale (user trial), and accumulating ACCUM replay batches a step would leave a partial step over at the end
+    of the replay. The divisor is the one the step's condition counts micro-batches by (`% ACCUM`); NotApplicable where
+    the divisor mixes that count with other factors (`/ (BATCH * ACCUM)`), which cannot be split."""
+    if (
+        not isinstance(value, cst.BinaryOperation)
+        or not isinstance(value.operator, cst.Divide)
+        or _once_per_step(trainer) is None
+    ):
+        return value
+    counts = {
+        code(node.right)
+        for test in _step_conditions(trainer)
+        for node in trainer.within(test)
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo)
+    }
+    if code(value.right) in counts:
+        return value.left
+    mixed = _operands(trainer, value.right) & counts
+    if mixed:
+        raise NotApplicable(
+            f"the loss is divided by `{code(value.right)}`, which mixes the micro-batch count `{min(mixed)}` the step "
+            "is taken by with other factors: a replay step (one whole step) cannot drop the accumulation's part alone "
+            f"(divide by the count on its own, `/ ... / {min(mixed)}`)"
+        )
+    return value
+
+
+def _step_conditions(trainer: Trainer) -> list[cst.BaseExpression]:
+    """The tests under which the optimizer step runs and the backward pass does not: its `if (i + 1) % ACCUM == 0:`
+    in the batch loop, or a guard before it in its block that skips it (`if (i + 1) % ACCUM: continue`)."""
+    step, backward, batch = trainer.step_statement(), trainer.backward_statement(), trainer.batch_loop()
+    tests = []
+    for outer in trainer.ancestors(step):
+        if outer is batch:
+            break
+        if isinstance(outer, cst.If) and not trainer.inside(backward, outer):
+            tests.append(outer.test)
+    block = trainer.parent(step)
+    if isinstance(block, cst.IndentedBlock):
+        lines = list(block.body)
+        index = next(i for i, line in enumerate(lines) if line is step)
+        start = next((i + 1 for i, line in enumerate(lines[:index]) if trainer.inside(backward, line)), 0)
+        tests += [
+            line.test
+            for line in lines[start:index]
+            if isinstance(line, cst.If) and any(isinstance(n, cst.Continue) for n in trainer.within(line))
+        ]
+    return tests
+
+
+def _operands(trainer: Trainer, node: cst.BaseExpression) -> set[str]:
+    """The names, dotted names and numbers an expression reads (`ACCUM`, `cfg.accum`, `4`), each whole."""
+    found = set()
+    for part in trainer.within(node):
+        if isinstance(trainer.parent(part), cst.Attribute):  # a piece of a dotted name, not the whole
+            continue
+        if isinstance(part, cst.Integer) or (isinstance(part, (cst.Name, cst.Attribute)) and dotted(part) is not None):
+            found.add(code(part))
+    return found
+
+
+def _mixed_precision(trainer: Trainer, call: cst.Call, bound: set[str]) -> str:
+    """The replay's `autocast=` (the trainer's own `torch.autocast(...)` call where its forward or loss runs under it
+    in the batch loop, the context rebuilt for each replay step) and `scaler=` (the GradScaler its step goes through,
+    `scaler.step(opt)`): a replay forward in full precision beside a float16 one, stepped without the loss scale, was
+    no step of the trainer's (user trial). NotApplicable where either reads a name the batch loop binds."""
+    extra = ""
+    batch = trainer.batch_loop()
+    for node in (call, trainer.forward_call()):
+        contexts = [
+            item.item
+            for outer in trainer.ancestors(node)
+            if isinstance(outer, cst.With) and trainer.inside(outer, batch)
+            for item in outer.items
+            if isinstance(item.item, cst.Call) and AUTOCAST.match(call_name(item.item) or "")
+        ]
+        if contexts:
+            _reachable(trainer, "autocast", contexts[0], [contexts[0]], bound)
+            extra = f", autocast=lambda: {code(contexts[0])}"
+            break
+    stepped = trainer.stepped_as(trainer.step_statement())
+    if stepped is not None and stepped.scaler is not None:
+        if stepped.scaler.split(".")[0] in bound:
+            raise NotApplicable(
+                f"the trainer's GradScaler `{stepped.scaler}` is bound in its batch loop: the replay, before the "
+                "loop's batches, cannot take the trainer's own step"
+            )
+        extra += f", scaler={stepped.scaler}"
+    return extra
 
 
 def _condition(trainer: Trainer, clip: cst.Call, loop: cst.For, bound: set[str]) -> str:
     """` if CONDITION else None` for a clip under `if`s in the batch loop (`if GRAD_CLIP > 0: clip_grad_norm_(...)`),
     "" for one that always runs: a replay step clips when the trainer's step would (an unconditional clip at
     GRAD_CLIP = 0 zeroes every gradient). NotApplicable where a condition reads a name the batch loop binds."""
-    tests = []
+    tests, step = [], trainer.step_statement()
     for outer in trainer.ancestors(clip):
         if outer is loop:
             break
+        branch = outer.body if isinstance(outer, cst.If) and trainer.inside(clip, outer.body) else None
+        if branch is not None and trainer.inside(step, branch):
+            continue  # the step's own condition (`if (i + 1) % ACCUM == 0:`): a replay step is a step
         if isinstance(outer, cst.If) and not trainer.inside(clip, outer.test):
             _reachable(trainer, "gradient clipping's condition", outer.test, [outer.test], bound)
             test = code(outer.test)

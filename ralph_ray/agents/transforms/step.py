@@ -72,7 +72,9 @@ def ema_weights(source: str) -> str:
         edits.sub(arg.value, expression(f"{ema}.module"))
     for call in (*uses.saves, *uses.restores):  # the best state is the average's: chosen by its validation loss
         edits.sub(cst.ensure_type(call.func, cst.Attribute).value, expression(f"{ema}.module"))
-    for line in uses.evals:  # the model keeps its own mode switches; the average follows them
+    # the model keeps its own mode switches; the average follows them, once after each: a model bound twice before
+    # training (`model = model.to(device)`) has each use found once per binding (a user saw `ema.eval()` twice)
+    for line in {id(line): line for line in uses.evals}.values():
         edits.insert_after(line, f"{ema}.eval()")
     edits.knob("EMA_DECAY", 0.97, "decay of the weight average used for evaluation and predictions")
     # built in eval mode: it is never trained, so dropout stays off and BatchNorm uses its averaged statistics

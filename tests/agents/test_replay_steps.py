@@ -1,0 +1,241 @@
+"""Hard-example replay's extra steps are the trainer's own steps; the weight average's eval-mode line is added once.
+
+A user trial (an AMP trainer that accumulates gradients) found the replay leaking its last gradient into the trainer's
+next step, observing 1 batch of every ACCUM, stepping at 1/ACCUM of the training step's scale, and running its forward
+outside the trainer's autocast and GradScaler. Each trainer here is a small digits script run in this process.
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ralph_ray.agents.transforms import NotApplicable, apply_transform
+
+# A flat digits trainer that zeroes its gradients at the start of each epoch (before the replay's line) and after
+# each step: the replay's last gradient, left in place, went into the first step of every epoch after the first.
+ZERO_AT_EPOCH_START = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+from sklearn.datasets import load_digits
+
+LR = 0.05  # learning rate
+EPOCHS = 3  # passes
+ACCUM = 2  # micro-batches per optimizer step
+
+digits = load_digits()
+x = torch.tensor(digits.data[:256], dtype=torch.float32) / 16
+y = torch.tensor(digits.target[:256])
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+opt = torch.optim.SGD(model.parameters(), lr=LR)
+steps = 0
+for epoch in range(EPOCHS):
+    opt.zero_grad()
+    for i in range(0, len(x), 32):
+        loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+"""
+
+# The same, its gradients accumulated over ACCUM micro-batches (the user's idiom): 8 batches, 4 steps an epoch.
+ACCUMULATING = ZERO_AT_EPOCH_START.replace(
+    """        loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+""",
+    """        loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM
+        loss.backward()
+        if (i // 32 + 1) % ACCUM == 0:
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+""",
+)
+
+# The user's AMP form of it: the forward under autocast (bfloat16 runs on CPU), a GradScaler enabled (its loss
+# scale real on CPU too), and the clip after `scaler.unscale_(opt)` inside the step's own condition.
+SCALED = (
+    ACCUMULATING.replace(
+        "        loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM\n        loss.backward()\n",
+        '        with torch.autocast("cpu", dtype=torch.bfloat16):\n'
+        "            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM\n"
+        "        scaler.scale(loss).backward()\n",
+    )
+    .replace(
+        "            opt.step()\n",
+        "            scaler.unscale_(opt)\n"
+        "            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "            scaler.step(opt)\n"
+        "            scaler.update()\n",
+    )
+    .replace("steps = 0\n", 'steps = 0\nscaler = torch.amp.GradScaler("cpu", enabled=True)\n')
+)
+
+# The same step after a guard that skips it (`if ...: continue`), the step's run at the batch loop's level.
+GUARDED = ACCUMULATING.replace(
+    """        if (i // 32 + 1) % ACCUM == 0:
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+""",
+    """        if (i // 32 + 1) % ACCUM != 0:
+            continue
+        opt.step()
+        opt.zero_grad()
+        steps += 1
+""",
+)
+
+BATCHES = 8  # 256 examples in batches of 32: per epoch
+
+
+def run(source: str) -> dict:
+    """Run a transformed trainer in this process; its module namespace."""
+    ran: dict = {"__name__": "train"}
+    exec(compile(source, "train.py", "exec"), ran)
+    return ran
+
+
+def dream_call(source: str) -> ast.Call:
+    """The `<replay>.dream(...)` call a transformed trainer makes."""
+    return next(
+        n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(".dream")
+    )
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, **targets: tuple[object, str]) -> dict[str, int]:
+    """Count the calls of each `(owner, attribute)` under its key while a transformed trainer runs."""
+    counts = dict.fromkeys(targets, 0)
+
+    def counted(key: str, function):  # noqa: ANN001, ANN202 - wraps any callable
+        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            counts[key] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    for key, (owner, name) in targets.items():
+        monkeypatch.setattr(owner, name, counted(key, getattr(owner, name)))
+    return counts
+
+
+def test_no_replay_gradient_is_left_for_the_trainers_next_step():
+    """The replay's last step left its gradient in place; a trainer that zeroes at the start of the epoch (before the
+    replay) and after each step added it into the first step of every later epoch."""
+    result = apply_transform("hard_example_replay", ZERO_AT_EPOCH_START)
+    line = next(s for s in result.splitlines() if ".dream(" in s)
+    indent = line[: len(line) - len(line.lstrip())]
+    # what the trainer's first backward of the epoch adds to, recorded right after the replay
+    probe = f"{indent}LEFT.append([p.grad for p in model.parameters() if p.grad is not None and p.grad.any()])"
+    ran = run(result.replace(line, f"{line}\n{probe}").replace("steps = 0\n", "steps = 0\nLEFT = []\n", 1))
+    assert len(ran["LEFT"]) == 3 and ran["steps"] == 3 * BATCHES
+    assert ran["LEFT"] == [[], [], []]  # the first epoch has nothing to replay; the others left nothing either
+    # the helper alone, on a tiny model: after dream() every gradient is gone, whatever the caller does next
+    helper: dict = {"torch": torch, "REPLAY_SHARE": 0.5}
+    exec(
+        ast.get_source_segment(
+            result, next(n for n in ast.parse(result).body if getattr(n, "name", "") == "DreamReplay")
+        ),
+        helper,
+    )
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    replay, inputs, targets = helper["DreamReplay"](), torch.randn(8, 4), torch.randint(0, 3, (8,))
+    replay.observe(model(inputs), inputs, targets)
+    before = [p.detach().clone() for p in model.parameters()]
+    replay.dream(model, opt)
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))  # it did step
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("source", [ACCUMULATING, GUARDED], ids=["conditional_step", "guarded_step"])
+def test_replay_observes_every_micro_batch_of_an_accumulating_trainer(source: str):
+    """`observe(...)` went after the step, inside `if (i + 1) % ACCUM == 0:` (or after a guard's `continue`): 1 batch
+    of every ACCUM was ranked."""
+    assert ("continue" in source) == (source is GUARDED)
+    result = apply_transform("hard_example_replay", source)
+    ran = run(result)
+    assert ran["steps"] == 3 * BATCHES // 2
+    # the buffer holds the last epoch's observations (its replay would be the next epoch's): one per batch
+    assert len(ran["dream_replay"].y) == BATCHES
+
+
+@pytest.mark.parametrize("source", [ACCUMULATING, GUARDED], ids=["conditional_step", "guarded_step"])
+def test_replay_steps_carry_no_accumulation_divisor(source: str):
+    """The replay reused `F.cross_entropy(...) / ACCUM` whole: each replay step, a full optimizer step, was taken at
+    1/ACCUM of the training step's scale. A divisor the step's condition does not name stays (a summed loss's mean)."""
+    result = apply_transform("hard_example_replay", source)
+    loss = eval(
+        ast.unparse(next(k.value for k in dream_call(result).keywords if k.arg == "loss")), {"F": F, "ACCUM": 2}
+    )
+    logits, targets = torch.randn(32, 10), torch.randint(0, 10, (32,))
+    assert torch.allclose(loss(logits, targets), F.cross_entropy(logits, targets))
+    summed = source.replace(
+        "F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM",
+        'F.cross_entropy(model(x[i : i + 32]), y[i : i + 32], reduction="sum") / 32 / ACCUM',
+    )
+    loss = eval(
+        ast.unparse(
+            next(
+                k.value for k in dream_call(apply_transform("hard_example_replay", summed)).keywords if k.arg == "loss"
+            )
+        ),
+        {"F": F, "ACCUM": 2},
+    )
+    assert torch.allclose(loss(logits, targets), F.cross_entropy(logits, targets))
+    # a divisor that mixes the accumulation count with another factor cannot be split: refused, naming it
+    mixed = summed.replace("/ 32 / ACCUM", "/ (32 * ACCUM)")
+    with pytest.raises(NotApplicable, match=r"divided by `\(32 \* ACCUM\)`"):
+        apply_transform("hard_example_replay", mixed)
+
+
+def test_replay_steps_run_under_the_trainers_autocast_and_grad_scaler(monkeypatch: pytest.MonkeyPatch):
+    """The replay's forward ran outside the trainer's `torch.autocast(...)` and its steps outside the GradScaler; the
+    clip under the step's own `if (i + 1) % ACCUM == 0:` was refused as reading the batch loop's `i`."""
+    result = apply_transform("hard_example_replay", SCALED)
+    autocast: list[bool] = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: (
+            autocast.append(torch.is_autocast_enabled("cpu")) if isinstance(module, torch.nn.Sequential) else None
+        )
+    )
+    counts = count_calls(
+        monkeypatch,
+        sgd=(torch.optim.SGD, "step"),
+        scaled=(torch.amp.GradScaler, "step"),
+        updates=(torch.amp.GradScaler, "update"),
+        clips=(torch.nn.utils, "clip_grad_norm_"),
+    )
+    try:
+        ran = run(result)
+    finally:
+        hook.remove()
+    trainer_steps = 3 * BATCHES // 2
+    assert ran["steps"] == trainer_steps
+    assert len(autocast) > 3 * BATCHES and all(autocast)  # the replay's forwards too
+    assert counts["scaled"] > trainer_steps  # replay steps taken, through the scaler
+    assert counts["sgd"] <= counts["scaled"] == counts["updates"] == counts["clips"]
+    assert all(bool(p.isfinite().all()) for p in ran["model"].parameters())
+
+
+def test_ema_adds_one_eval_line_after_the_models_own():
+    """A model bound twice before training (`model = model.to(device)`) had each of its uses found once per binding:
+    `ema.eval()` was added twice after `model.eval()`, beside the `.eval()` the average is built with."""
+    source = ZERO_AT_EPOCH_START.replace("LR = 0.05", "LR = 0.5").replace(
+        "opt = torch.optim.SGD", 'model = model.to("cpu")\nopt = torch.optim.SGD'
+    ) + ("    model.eval()\n    with torch.no_grad():\n        accuracy = (model(x).argmax(1) == y).float().mean()\n")
+    result = apply_transform("ema_weights", source)
+    lines = [line.strip() for line in result.splitlines()]
+    assert lines.count("ema.eval()") == 1 and lines[lines.index("model.eval()") + 1] == "ema.eval()"
+    assert result.count(".eval()") == 3  # the model's own, the average's line, and the constructor's suffix
+    assert "accuracy = (ema(x).argmax(1) == y).float().mean()" in lines
+    assert run(result)["accuracy"] > 0.5  # the average predicts (chance: 0.1)
