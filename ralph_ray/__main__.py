@@ -94,12 +94,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         return ExitCode.ok
-    if cfg.resume and not resume_has_budget(cfg, argv, err):
+    if cfg.resume and not (resume_alone(cfg, err) and resume_has_budget(cfg, argv, err)):
         return ExitCode.safeguard_or_config
 
     from ralph_ray.campaign import REFUSALS, run
     from ralph_ray.config import ClusterMode
-    from ralph_ray.raycluster import ensure_ray
+    from ralph_ray.liveness import resume_for
+    from ralph_ray.raycluster import RayStartError, ensure_ray
     from ralph_ray.sandbox import check
     from ralph_ray.sigterm import arrived, install, restore
 
@@ -113,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         err.print("[red]error:[/] ", end="")
         err.print(str(error), markup=False, highlight=False)  # server messages may hold [brackets]
         return ExitCode.safeguard_or_config
+    except RayStartError as error:  # a loaded machine, not a bug: one line, and the command that retries
+        err.print("[red]error:[/] ", end="")
+        err.print(str(error), markup=False, highlight=False)
+        if error.resume:
+            err.print(f"  the run is recorded as crashed; retry with `{error.resume}`", highlight=False)
+        return ExitCode.error
     except KeyboardInterrupt as interrupt:
         run_id = getattr(interrupt, "run_id", None)  # campaign.Interrupted: the run is recorded as interrupted
         terminated = arrived(interrupt)
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             err.print(
                 f"[yellow]interrupted: run {run_id} is recorded as interrupted and its finished trials are in the "
-                f"knowledge base; continue with `python -m ralph_ray resume={run_id}`[/]",
+                f"knowledge base; continue with `{resume_for(run_id, cfg.paths.runs, cfg.paths.kb)}`[/]",
                 highlight=False,
             )
         return ExitCode.terminated if terminated else ExitCode.interrupted
@@ -162,6 +169,30 @@ def disk_full(error: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def resume_alone(cfg: Config, err: Console) -> bool:
+    """Whether no other driver runs the run a resume names (rundir.refuse_live_driver) and none of its KB parts is
+    damaged, checked before Ray starts and before its state is touched; where its driver's host cannot be checked
+    from here, said once and let go."""
+    from ralph_ray.kb import KnowledgeBase, damaged_run_message
+    from ralph_ray.rundir import CampaignError, refuse_live_driver
+
+    try:
+        note = refuse_live_driver(Path(cfg.paths.runs) / str(cfg.resume), cfg.paths.runs, cfg.paths.kb)
+        if Path(cfg.paths.kb).is_dir():  # a damaged part of its own: refused here, before the run's state is touched
+            kb = KnowledgeBase(Path(cfg.paths.kb))
+            mine, _ = kb.check_parts(str(cfg.resume))
+            if mine:
+                would = "a resume would go on without their rows (its best, its trials and verdicts)"
+                raise CampaignError(damaged_run_message(str(cfg.resume), mine, kb.root, would))
+    except CampaignError as error:
+        err.print("[red]error:[/] ", end="")
+        err.print(str(error), markup=False, highlight=False)
+        return False
+    if note:
+        err.print(f"[yellow]warning:[/] {note}", highlight=False)
+    return True
 
 
 def resume_has_budget(cfg: Config, argv: list[str], err: Console) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from ray.tune.schedulers import ASHAScheduler
@@ -34,6 +34,10 @@ from ray.tune.schedulers.async_hyperband import _Bracket
 
 from ralph_ray.config import Config, SchedulerKind, SpaceKind
 from ralph_ray.knobs import KnobError, epochs_knob, read_knobs
+from ralph_ray.statuses import STOPPED_WITH_CYCLE
+
+if TYPE_CHECKING:
+    import duckdb
 
 MAX_EXAMPLES = 10_000  # the largest split a margin is inferred for (beyond it the noise is below 0.01 anyway)
 MIN_DISTINCT = 3  # distinct values in (0, 1) needed before a split size is trusted
@@ -112,6 +116,45 @@ class _MarginBracket(_Bracket):
             if (milestone := next(rungs, None)) is not None:
                 self.owner.note_stop(trial.trial_id, milestone, cur_iter, cur_rew, *self.last_cut)
         return action
+
+
+# What each earlier trial of a run reported, epoch by epoch (ASHA's metric and, under trial.budget_s, its time
+# attribute), in the order the trials ended; of one cycle where a cycle is given (the barrier loop's: each cycle is a
+# Tune run of its own), else of the whole run (the asynchronous one: one Tune run). The trials the engine counts as
+# done: a trial the end of a run cut short runs again. Kept here, beside its only reader (`rung_history`).
+RUNG_HISTORY = """
+select e.trial_id, coalesce(t.replicate, false), e.epoch, e.metric, e.value
+from epochs e join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
+where e.run_id = ? and t.reason is distinct from ? and not coalesce(t.final, false) and coalesce(t.cycle = ?, true)
+  and e.metric in (?, ?)
+  and (not coalesce(t.replicate, false) or t.status = 'completed')  -- Tune records a replicate only on completion
+order by t.written_at, e.trial_id, e.epoch
+"""
+
+
+def rung_history(
+    con: duckdb.DuckDBPyConnection, run_id: str, metric: str, time_attr: str, cycle: int | None = None
+) -> list[tuple[str, list[tuple[float, float]]]]:
+    """Each earlier trial's (time, metric) reports as ASHA saw them (of `cycle`'s trials only, where given): every
+    epoch, but a replicate's last only (ASHA never judged a replicate; Tune recorded only its final result, at
+    on_trial_complete). What `NoiseAwareASHA.replay` takes."""
+    reports: dict[str, dict[int, dict[str, float]]] = {}
+    replicate: dict[str, bool] = {}
+    for trial_id, is_replicate, epoch, name, value in con.execute(
+        RUNG_HISTORY, [run_id, STOPPED_WITH_CYCLE, cycle, metric, time_attr]
+    ).fetchall():
+        reports.setdefault(trial_id, {}).setdefault(int(epoch), {})[name] = value
+        replicate[trial_id] = bool(is_replicate)
+    history: list[tuple[str, list[tuple[float, float]]]] = []
+    for trial_id, epochs in reports.items():
+        points = [
+            (float(epoch) if time_attr == "epoch" else float(row[time_attr]), float(row[metric]))
+            for epoch, row in sorted(epochs.items())
+            if row.get(metric) is not None and (time_attr == "epoch" or row.get(time_attr) is not None)
+        ]
+        if points:
+            history.append((trial_id, points[-1:] if replicate[trial_id] else points))
+    return history
 
 
 class _Replayed:

@@ -26,16 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import duckdb
 from ray import tune
-from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import ConcurrencyLimiter
 
 from ralph_ray import forecast, history, records, replicates, sql
-from ralph_ray.asha import NoiseAwareASHA
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, reruns_parent, write_meta
-from ralph_ray.config import Config
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide, unjudged_note
 from ralph_ray.events import TrialStarts
@@ -47,56 +43,10 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialLedger, TrialRecord
 from ralph_ray.popsearch import Member, Pool, PoolSettings, PopulationSearcher, member_code, run_member_trial
 from ralph_ray.population import Candidate
 from ralph_ray.progress import scores_text
-from ralph_ray.search import scheduler, storage_path, trial_spec
+from ralph_ray.search import resumed_scheduler, storage_path, trial_spec
 from ralph_ray.state import Phase, RunStatus
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.variants import RejectedBy, VariantStatus
-
-# What each earlier trial of a run reported, epoch by epoch (ASHA's metric and, under trial.budget_s, its time
-# attribute), in the order the trials ended; the trials ASYNC_TRIALS counts (a trial the end of a run cut short
-# runs again). Kept here, beside its only reader (sql.py holds the shared queries).
-RUNG_HISTORY = """
-select e.trial_id, coalesce(t.replicate, false), e.epoch, e.metric, e.value
-from epochs e join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
-where e.run_id = ? and t.reason is distinct from ? and not coalesce(t.final, false) and e.metric in (?, ?)
-order by t.written_at, e.trial_id, e.epoch
-"""
-
-
-def rung_history(
-    con: duckdb.DuckDBPyConnection, run_id: str, metric: str, time_attr: str
-) -> list[tuple[str, list[tuple[float, float]]]]:
-    """Each earlier trial's (time, metric) reports as ASHA saw them: every epoch, but a replicate's last only (ASHA
-    never judged a replicate; Tune recorded only its final result, at on_trial_complete)."""
-    reports: dict[str, dict[int, dict[str, float]]] = {}
-    replicate: dict[str, bool] = {}
-    for trial_id, is_replicate, epoch, name, value in con.execute(
-        RUNG_HISTORY, [run_id, STOPPED_WITH_CYCLE, metric, time_attr]
-    ).fetchall():
-        reports.setdefault(trial_id, {}).setdefault(int(epoch), {})[name] = value
-        replicate[trial_id] = bool(is_replicate)
-    history_: list[tuple[str, list[tuple[float, float]]]] = []
-    for trial_id, epochs in reports.items():
-        points = [
-            (float(epoch) if time_attr == "epoch" else float(row[time_attr]), float(row[metric]))
-            for epoch, row in sorted(epochs.items())
-            if row.get(metric) is not None and (time_attr == "epoch" or row.get(time_attr) is not None)
-        ]
-        if points:
-            history_.append((trial_id, points[-1:] if replicate[trial_id] else points))
-    return history_
-
-
-def resumed_scheduler(
-    cfg: Config, con: duckdb.DuckDBPyConnection, run_id: str, stops: dict[str, str]
-) -> TrialScheduler:
-    """The campaign's scheduler (search.scheduler), its ASHA rungs holding what the run's earlier trials reported:
-    a resume's new Tune run judges its trials against the whole run, not against its own trials alone."""
-    sched = scheduler(cfg, stops)
-    if isinstance(sched, NoiseAwareASHA):
-        metric = cfg.search.metric
-        sched.replay(rung_history(con, run_id, metric, sched.time_attr), metric, cfg.search.mode)
-    return sched
 
 
 class AsyncCampaign(Campaign):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 from rich.console import Console
 
-from ralph_ray import environment, finaltrain, history, records, sigterm, timeline, tracking, warmcheck
+from ralph_ray import environment, finaltrain, history, liveness, records, sigterm, timeline, tracking, warmcheck
 from ralph_ray.agents import preflight
 from ralph_ray.agents.base import AgentConfigError, AgentConfigWarning
 from ralph_ray.asha import epochs_past_max_t
@@ -32,11 +32,13 @@ from ralph_ray.config import (
     schedule_unsized,
     short_budget,
 )
+from ralph_ray.control import STOP_FILE
+from ralph_ray.decision import StopReason
 from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import interrupt_point
 from ralph_ray.generations import Campaign, Outcome
-from ralph_ray.raycluster import ClusterError, watch_head
+from ralph_ray.raycluster import ClusterError, RayStartError, watch_head
 from ralph_ray.report import write_report
 from ralph_ray.rundir import CampaignError, locate, open_run
 from ralph_ray.sandbox import SandboxError, SandboxMode, announce, bound_folders, hidden_paths
@@ -111,9 +113,12 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     kb.put("runs", [records.run_status(base, RunStatus.running, state)], run_id)
     loop: Campaign | None = None
     watch = None
+    resume = liveness.resume_for(run_id, cfg.paths.runs, cfg.paths.kb)  # what every message of this run prints
     try:
         loop = campaign_class(cfg)(cfg, console, run_dir, kb, state, splits, base)
-        watch = watch_head(cfg.cluster, lambda reason: head_lost(reason, loop, state, run_dir, kb, base, console))
+        watch = watch_head(
+            cfg.cluster, lambda reason: head_lost(reason, loop, state, run_dir, kb, base, console, resume)
+        )
         outcome = loop.loop()
         finaltrain.run(loop, outcome)  # safeguards.final_share: the pick trains once more for the time kept for it
     except KeyboardInterrupt as signalled:
@@ -136,11 +141,15 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
             state.exit_code = int(ExitCode.safeguard_or_config if isinstance(err, REFUSALS) else ExitCode.error)
             state.save(run_dir)
             kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
+        if isinstance(err, RayStartError):
+            err.resume = resume  # the CLI names it: Ray's start may well succeed on a less loaded machine
         raise
     finally:
         if watch is not None:
             watch.set()
     kb.put("runs", [records.run_status(base, RunStatus.finished, state, outcome.stop_reason)], run_id)
+    if outcome.stop_reason == StopReason.manual_stop.value:
+        (run_dir / STOP_FILE).unlink(missing_ok=True)  # honoured: STOP is there only while a stop is requested
     try:
         interrupt_point("report")
         kb.compact_run(run_id)  # a finished run's cycles fold into one part per table: readers pay per file opened
@@ -166,6 +175,7 @@ def head_lost(
     kb: EventedKB,
     base: dict[str, Any],
     console: Console,
+    resume: str,
 ) -> None:
     """The cluster's head is gone (raycluster.watch_head's thread): Ray would end this process with std::_Exit(1)
     before any handler runs, so record the run crashed, name the resume and exit 4 first."""
@@ -182,7 +192,7 @@ def head_lost(
     console.print(
         f"[red]error:[/] {reason}: run {run_id} is recorded as crashed and its finished trials are in the knowledge "
         f"base; once the head runs again (or at a new one: cluster.address=<head>:<port>), continue with "
-        f"`python -m ralph_ray resume={run_id}`",
+        f"`{resume}`",
         highlight=False,
     )
     console.file.flush()

@@ -89,8 +89,14 @@ def main(argv: list[str], console: Console) -> int:
         return _stop(console, run_dir, runs, kb)
     if command == "report":
         from ralph_ray.report import write_report
+        from ralph_ray.rundir import CampaignError
 
-        console.print(f"wrote {write_report(kb, run_id, run_dir)}")
+        try:
+            console.print(f"wrote {write_report(kb, run_id, run_dir)}")
+        except (CampaignError, FileNotFoundError) as err:  # a damaged part of the run's own (report.refuse_damaged)
+            console.print("[red]error:[/] ", end="")
+            console.print(str(err), markup=False, highlight=False)
+            return ExitCode.safeguard_or_config
         return ExitCode.ok
     return _status(console, run_dir, kb)
 
@@ -115,7 +121,7 @@ def _stop(console: Console, run_dir: Path, runs: Path, kb: Path) -> int:
     """Ask a running campaign to stop; a run that is not running (finished, crashed, interrupted) is told, and no
     STOP file is left behind (a later resume would clear it without a word)."""
     state = CampaignState.load(run_dir)
-    resume = liveness.resume_command(state.run_id, *_locating(runs, kb))
+    resume = liveness.resume_for(state.run_id, *_run_paths(run_dir, kb))
     if state.status is not RunStatus.running:
         console.print(
             f"[red]error:[/] run {state.run_id} is not running: {_status_line(state)}; nothing to stop"
@@ -166,9 +172,11 @@ def live_elapsed(state: CampaignState, stale: bool = False) -> tuple[float, floa
     return state.elapsed_s + since, since
 
 
-def _locating(runs: Path, kb: Path) -> list[str]:
-    """The overrides a resume needs to find this run and its KB where they are not the defaults."""
-    return [f"paths.{name}={path}" for name, path in (("runs", runs), ("kb", kb)) if path != Path(name)]
+def _run_paths(run_dir: Path, kb: Path) -> tuple[Path, Path]:
+    """Where a resume finds the run and its KB from any folder: the run dir's own folder, and the KB its config.yaml
+    names where absolute (a relative one is the driver's working directory's), else the one this command read."""
+    stored = Path(str((_stored_config(run_dir).get("paths") or {}).get("kb") or kb))
+    return run_dir.parent.resolve(), stored if stored.is_absolute() else kb
 
 
 def _status(console: Console, run_dir: Path, kb: Path) -> int:
@@ -182,7 +190,7 @@ def _status(console: Console, run_dir: Path, kb: Path) -> int:
     clock = live_elapsed(state, stale)  # one reading for the status line and the time budget
     console.print(f"[bold]run {state.run_id}[/]: {_status_line(state, stale, clock)}")
     if stale:
-        resume = liveness.resume_command(state.run_id, *_locating(run_dir.parent, kb))
+        resume = liveness.resume_for(state.run_id, *_run_paths(run_dir, kb))
         why = liveness.why_stale(quiet, config, state.driver)
         console.print(f"[red]  {why}; continue it with `{resume}`[/]", highlight=False)
     # Scores are stored oriented (higher is better): a min metric's (lm's bits per byte) are shown as its values.

@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from ralph_ray import PROJECT_ROOT
 from ralph_ray.cli_templates import TemplateError, load_template
 from ralph_ray.harness import TRAIN_SECONDS
-from ralph_ray.knobs import KnobError, is_knob_name, near_knobs, parse, read_knobs, reported_metrics
+from ralph_ray.knobs import KnobError, is_knob_name, is_literal, near_knobs, parse, read_knobs, reported_metrics
 from ralph_ray.resumable import missing_resume_calls, parallel_problem, refusal
 from ralph_ray.sandbox import Policy, SandboxMode
 from ralph_ray.secretenv import SECRET_ENV
@@ -34,9 +34,12 @@ from ralph_ray.seedcheck import (
     fallback_knobs,
     harness_problem,
     overridden_knobs,
+    ship_fix,
+    shipped_split,
     shown,
     sized_schedule,
     unread_problem,
+    unshipped_config,
 )
 from ralph_ray.tasks import TASKS, find_task, task_names
 from ralph_ray.tasks.base import ScoredBy
@@ -569,6 +572,8 @@ def _refuse_unreadable(overrides: list[str]) -> None:
 
     parser = OverridesParser.create()
     for override in overrides:
+        if override.startswith("task="):
+            continue  # a folder's path (`task=~/my task`), which _task_path reads and Hydra never sees (review)
         try:
             parser.parse_override(override)
         except HydraException as err:
@@ -578,7 +583,7 @@ def _refuse_unreadable(overrides: list[str]) -> None:
                 f"Hydra cannot read `{override}`: {_first_line(err)}",
                 "quote the override whole and write a mapping with a space after each colon and comma "
                 "('+search.space.X={type: choice, values: [a, b]}'); quote a string value holding brackets, "
-                "parentheses or spaces (key='a value')",
+                "parentheses, spaces, `=`, `#` or `~` (key='a value', agent.base_url='https://h/v1?api-version=1')",
             ) from None
 
 
@@ -772,20 +777,27 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
     # A config group's choice (sandbox=none, agent=none) replaces that section with the group's file, as on a first
     # run; from_dotlist would set the section to the string ("str is not a subclass of SandboxConfig").
     groups = [o for o in plain if "=" in o and (CONF_DIR / o.split("=", 1)[0]).is_dir()]
-    if any(o.startswith(("task=", "search=")) for o in groups):
-        raise ConfigError("resume", "a resumed run keeps its task and search space", "resume without task= / search=")
+    # task= / search= naming the run's own (the first run's command again) change nothing; any other is refused
+    own = [o for o in groups if o.startswith(("task=", "search="))]
+    for choice in own:
+        _refuse_another_task_or_search(stored_raw, choice)
     try:
         for choice in groups:
-            raw = OmegaConf.merge(raw, _group_choice(choice))
+            if choice not in own:
+                raw = OmegaConf.merge(raw, _group_choice(choice))
         plain = [o for o in plain if o not in groups]
         for override in plain:
-            raw = OmegaConf.merge(raw, _as_keys(override))
+            if override.startswith("~"):  # `~search.space.WIDTH`: a deletion, as on a first run (not a dotlist key)
+                _delete(raw, override[1:].split("=", 1)[0])
+            else:
+                raw = OmegaConf.merge(raw, _as_keys(override))
     except OmegaConfBaseException as err:
         raise ConfigError(
             "override", _first_line(err), "resume takes plain key=value overrides (e.g. safeguards.max_cycles=8)"
         ) from None
     _keep_the_stored_trainer(stored_raw, raw)
     _refuse_frozen_changes(stored_raw, raw)
+    _refuse_knob_changes(stored_raw, raw)
     cfg = to_config(raw, plain)
     cfg.resume = run_dir.name
     return cfg
@@ -793,8 +805,73 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
 
 # What a resume may not change: the task (its data, splits and trainer) and what its trials are ranked by. A run's
 # trials must all be scored on the same frozen splits; `task.split_seed=1` on a resume rewrote data/*.npy and scored
-# the later cycles on another split than the first. The search space's bounds stay open to a resume (README).
+# the later cycles on another split than the first. The search space keeps its knobs (_refuse_knob_changes: the KB's
+# trials, parents and replicates are knobs of that space); their bounds stay open to a resume (README).
 FROZEN_ON_RESUME = ("task", "search.metric", "search.mode")
+
+
+def _refuse_another_task_or_search(stored: Any, choice: str) -> None:
+    """Exit 2 (ConfigError) for a resume's `task=` / `search=` other than the run's own: `task=` naming another task
+    folder; `search=` whose knobs, metric or mode, composed with the run's task as a first run composes them (the
+    task's task.yaml wins), differ from the run's. The run's own is taken and changes nothing (README)."""
+    group, value = choice.split("=", 1)
+    asked, kept = _own_choice(stored, group, value), _own_choice(stored, group, None)
+    if asked != kept:
+        raise ConfigError(
+            "resume",
+            f"a resumed run keeps its task and search space: {choice} is {asked}, this run's is {kept}",
+            f"resume without {group}= (the run's own is kept), or start a new campaign with {choice} (no resume=)",
+        )
+
+
+def _own_choice(stored: Any, group: str, value: str | None) -> str:
+    """What decides whether `task=value` / `search=value` is the stored run's (value None: the stored run's own):
+    the task folder; the search space's knobs, metric and mode."""
+    if group == "task":
+        if value is None:
+            folder = Path(str(OmegaConf.select(stored, "task.trainer"))).expanduser()
+        else:
+            chosen = _task_path([f"task={value}"])
+            folder = chosen[1] if chosen else Path(str(_group_choice(f"task={value}").task.trainer))
+        return f"the task in {(folder if folder.is_absolute() else PROJECT_ROOT / folder).resolve()}"
+    search = OmegaConf.select(stored, "search") if value is None else _group_choice(f"search={value}").search
+    if value is not None:
+        task_yaml = _task_yaml(OmegaConf.select(stored, "task.trainer"))
+        own = OmegaConf.load(task_yaml) if task_yaml.is_file() else OmegaConf.create()
+        if OmegaConf.select(own, "search.space") is not None:
+            search.space = {}  # the task's knobs replace the group's, as on a first run (_with_task_yaml)
+        search = OmegaConf.merge(search, own.get("search") or {})
+    knobs = ", ".join(search.get("space") or {}) or "none"
+    return f"the knobs {knobs} by {search.get('metric')} ({search.get('mode')})"
+
+
+def _refuse_knob_changes(stored: Any, asked: Any) -> None:
+    """Exit 2 (ConfigError) where a resume's overrides add or remove a knob of the search space (`+search.space.X`,
+    `~search.space.X`): the run's trials and parents are points of that space. A knob's bounds stay open."""
+    before = list(OmegaConf.select(stored, "search.space") or {})
+    after = list(OmegaConf.select(asked, "search.space") or {})
+    added, removed = [k for k in after if k not in before], [k for k in before if k not in after]
+    if not added and not removed:
+        return
+    change = " and ".join(
+        [*([f"adds {', '.join(added)}"] if added else []), *([f"removes {', '.join(removed)}"] if removed else [])]
+    )
+    raise ConfigError(
+        "search.space",
+        f"a resume keeps the search space's knobs ({', '.join(before) or 'none'}), and this resume {change}",
+        f"it may change a knob's bounds: {_bounds_example(stored)}; to add or remove a knob start a new campaign "
+        "(no resume=), or resume without it",
+    )
+
+
+def _bounds_example(stored: Any) -> str:
+    """An override that changes a bound of one of the stored run's knobs (`search.space.LR.high=0.5`)."""
+    space = OmegaConf.select(stored, "search.space") or {}
+    for name, knob in space.items():
+        if knob.get("high") is not None:
+            return f"search.space.{name}.high=... (now {knob.high})"
+    first = next(iter(space), None)
+    return f"search.space.{first}.values=[...]" if first else "search.space.KNOB.high=..."
 
 
 def _keep_the_stored_trainer(stored: Any, asked: Any) -> None:
@@ -1458,7 +1535,7 @@ def _not_a_literal(cfg: Config, name: str, node: ast.Assign | ast.AnnAssign, ent
     written = ast.unparse(node).splitlines()[0]
     where = f"{entry}:{node.lineno} sets {written}"
     assert node.value is not None  # near_knobs gives assignments with a value only
-    if isinstance(node, ast.AnnAssign) and _literal_node(node.value):
+    if isinstance(node, ast.AnnAssign) and is_literal(node.value):
         literal = ast.unparse(node.value)
         return f"{where}, an annotated constant: a knob is a plain `NAME = literal`", (
             f"write `{name} = {literal}` in train.py; the search sets it"
@@ -1470,20 +1547,18 @@ def _not_a_literal(cfg: Config, name: str, node: ast.Assign | ast.AnnAssign, ent
     if read is not None:
         file, dotted, value = read
         shown_file = file.relative_to(cfg.trainer_dir())
+        _, left_out = shipped_split(cfg.trainer_dir(), [file], cfg.task.trainer_files)
+        ship = ""
+        if left_out:  # the trials never get the file: where train.py still reads it, each would fail to find it
+            ship = (
+                f"; {shown_file} is not among task.trainer_files, so where train.py still reads it every trial "
+                f"would fail to find it: {ship_fix(cfg.trainer_dir(), file, cfg.task.trainer_files)}"
+            )
         return f"{problem}: its value comes from {shown_file} ({dotted}: {shown(value)})", (
             f"move it into train.py as a literal: write `{name} = {value!r}` in train.py; the search sets it (and "
-            f"remove `{dotted}` from {shown_file}, so nothing reads another value)"
+            f"remove `{dotted}` from {shown_file}, so nothing reads another value){ship}"
         )
     return problem, f"write `{name} = {_example(cfg.search.space[name])!r}` in train.py; the search sets it"
-
-
-def _literal_node(node: ast.expr) -> bool:
-    """Whether an expression is a literal (`64`, `-1e-3`, `(64, 32)`)."""
-    try:
-        ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
 
 
 def _example(space: KnobSpace) -> Any:
@@ -1610,7 +1685,7 @@ def knob_overridden(cfg: Config) -> str | None:
             "the sampled values; fix: leave the field to its knob default (`lr: float = LR`) and drop the literal from "
             "that call (README, Add your own task, step 3)"
         )
-    fallbacks = fallback_knobs(_seed_code(cfg), list(cfg.search.space), cfg.trainer_dir())
+    fallbacks = fallback_knobs(_seed_code(cfg), list(cfg.search.space), cfg.trainer_dir(), cfg.task.trainer_files)
     if fallbacks:
         warnings.append(
             f"{cfg.trainer_dir()}'s code reads a searched knob only as the fallback of a key its config file sets: "
@@ -1618,6 +1693,8 @@ def knob_overridden(cfg: Config) -> str | None:
             f"the sampled ones, so the search does nothing; fix: {'; '.join(fix for _, fix in fallbacks)} (README, "
             "Add your own task, step 3)"
         )
+    if unshipped := unshipped_config(_seed_code(cfg), cfg.trainer_dir(), cfg.task.trainer_files):
+        warnings.append(f"{unshipped} (README, Add your own task, step 1)")
     return "\n".join(warnings) or None
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 from rich.console import Console
+from rich.markup import escape
 
 from ralph_ray import history, records, replicates
 from ralph_ray.agents import make_agents
@@ -35,12 +36,12 @@ from ralph_ray.decision import (
 )
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
-from ralph_ray.kb import KnowledgeBase
+from ralph_ray.kb import KnowledgeBase, damaged_run_message
 from ralph_ray.ledger import SCORING_FAILED, STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.peakmemory import GpuUse
 from ralph_ray.population import Candidate, select_parents
 from ralph_ray.raycluster import ensure_ray
-from ralph_ray.rundir import CycleFiles, write_data
+from ralph_ray.rundir import CampaignError, CycleFiles, write_data
 from ralph_ray.runner import error_tail
 from ralph_ray.sandbox import MIB
 from ralph_ray.search import run_cycle
@@ -79,6 +80,7 @@ class Campaign:
     ) -> None:
         self.cfg, self.console, self.run_dir, self.kb, self.state = cfg, console, run_dir, kb, state
         self.run_row, self.run_id, self.labels = run_row, state.run_id, splits.labels()
+        self._check_kb()  # before Ray starts and the run's data is written
         self.trials: list[TrialRecord] = []
         self.gpu_use = GpuUse(cfg.resources.gpu)  # a trial given a GPU that never started CUDA is said once
         self.seed_said = False  # replicates that are copies of one run (replicates.seed_ignored) are said once
@@ -99,6 +101,16 @@ class Campaign:
             prestart=cfg.trial.prestart,
         )
         ensure_ray(cfg.resources.ray_num_cpus, cfg.cluster)
+
+    def _check_kb(self) -> None:
+        """Another run's damaged KB part is left out with a warning (user trial: it stopped every new campaign, exit
+        4); one of this run's refuses (exit 2): a resume would go on without its rows."""
+        mine, others = self.kb.check_parts(self.run_id)
+        if mine:  # `python -m ralph_ray resume=` refuses this before the run's state is touched (__main__)
+            would = "a resume would go on without their rows (its best, its trials and verdicts)"
+            raise CampaignError(damaged_run_message(self.run_id, mine, self.kb.root, would))
+        for path, why in others.items():
+            self.console.print(f"[yellow]warning:[/] {escape(self.kb.damaged_note(path, why))}", highlight=False)
 
     def loop(self) -> Outcome:
         """Run phases until the decision engine stops the campaign."""

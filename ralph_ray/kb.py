@@ -41,6 +41,8 @@ MANIFEST_PREFIX = sql.MANIFEST_PREFIX
 MANIFEST_SUFFIX = sql.MANIFEST_SUFFIX
 MANIFEST = pa.schema([("part", pa.string()), ("hidden", pa.bool_())])
 FOLDED_PART = re.compile(r"^[^_.].*-all(-r[0-9]+)?\.parquet$")  # a finished run's part, written by compact_run
+# A run's part names: `<run>` (runs), `<run>-c<cycle>-...` (a cycle's, a trial's), `<run>-all[-r<k>]` (compact_run)
+RUN_OF_PART = re.compile(r"^(.+?)(?:-all(?:-r[0-9]+)?|-c[0-9]+(?:-.*)?)?\.parquet$")
 # compact_kb keeps the parts it replaced this long after its commit: a query lists the compacted files' metadata, then
 # the parts (milliseconds apart; seconds on a machine under heavy load), and must find what it listed.
 COMPACT_GRACE_S = 5.0
@@ -240,6 +242,8 @@ class KnowledgeBase:
         self.root = root.resolve()
         self.parquet = self.root / PARQUET_DIR
         self.compact_grace_s = COMPACT_GRACE_S
+        self.damaged: dict[Path, str] = {}  # parts found unreadable, with why: `reader()` leaves them out
+        self._checked = False  # check_parts ran: a part found damaged later is warned of where reader() finds it
 
     def init(self) -> None:
         """Create the folders, an empty schema part per table, and the views in kb.duckdb (if stale)."""
@@ -249,7 +253,7 @@ class KnowledgeBase:
             # An empty part with the current schema: views bind before the first row, columns are typed,
             # and columns added since an older KB was written read as NULL in its old parts.
             schema_part = folder / "_schema.parquet"
-            if not schema_part.exists() or pq.read_schema(schema_part).remove_metadata() != schema:
+            if not schema_part.exists() or _schema_of(schema_part) != schema:  # a damaged one is written again
                 self._write(schema_part, schema.empty_table())
         self._write_views_if_stale()
 
@@ -367,7 +371,10 @@ class KnowledgeBase:
                 manifests = sorted(folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}"))
                 current = sorted(folder.glob(f"{COMPACTED_PREFIX}*.parquet"))
                 sources = sorted(p for p in folder.glob("*-all*.parquet") if FOLDED_PART.search(p.name))
-                if not sources:
+                # A damaged part stays where it is for `kb check` to name (merging it would fail or drop its rows);
+                # a damaged `_kb-*` file leaves the table as it is (its rows cannot be carried into the next one).
+                sources = [p for p in sources if _schema_of(p) is not None]
+                if not sources or any(_schema_of(p) is None for p in current):
                     continue
                 generation = 1 + max((_generation(p) for p in manifests + current), default=0)
                 target = folder / f"{COMPACTED_PREFIX}{generation:06d}.parquet"
@@ -390,8 +397,54 @@ class KnowledgeBase:
         return _FileLock(self.root / LOCK_FILE)
 
     def reader(self) -> duckdb.DuckDBPyConnection:
-        """An in-memory connection with the KB's views: never takes a lock on kb.duckdb."""
-        return connect_views(self.parquet)
+        """An in-memory connection with the KB's views: never takes a lock on kb.duckdb.
+
+        A damaged part (another run's, say) is left out, as `open_reader` leaves it out: one bad file never stops a
+        campaign (user trial: every new campaign on the KB exited 4). `check_parts` names them at the start.
+        """
+        while True:
+            try:
+                return connect_views(self.parquet, skip=self.damaged)
+            except duckdb.InvalidInputException:  # binding the views reads every part's footer: a damaged one fails
+                found = {p: why for p, why in damaged_parts(self.parquet).items() if p not in self.damaged}
+                if not found:
+                    raise
+                self.damaged.update(found)
+                if self._checked:  # damaged since check_parts named the rest: said here
+                    for path, why in found.items():
+                        warnings.warn(self.damaged_note(path, why), DamagedPartWarning, stacklevel=2)
+
+    def check_parts(self, run_id: str) -> tuple[dict[Path, str], dict[Path, str]]:
+        """Every damaged part, left out of `reader()` from now on: those of `run_id`, then the others (with why)."""
+        self._checked = True
+        try:  # the views bind and every footer opens: nothing damaged, and no part's metadata read twice
+            connect_views(self.parquet).execute(sql.PROBE_TABLES).fetchall()
+            self.damaged = {}
+            return {}, {}
+        except duckdb.InvalidInputException:
+            self.damaged = damaged_parts(self.parquet)
+        runs = self._run_ids()
+        # A compacted file (or its manifest) holds finished runs' rows: run_id's, where no readable runs row names it.
+        compacted = run_id not in runs
+        mine = {
+            path: why
+            for path, why in self.damaged.items()
+            if part_run(path, runs | {run_id}) == run_id
+            or (compacted and path.name.startswith((COMPACTED_PREFIX, MANIFEST_PREFIX)))
+        }
+        return mine, {path: why for path, why in self.damaged.items() if path not in mine}
+
+    def damaged_note(self, path: Path, why: str) -> str:
+        """One damaged part in words: the file, why, whose rows are missing, and the command that moves it aside."""
+        return damaged_note(path, why, self.root, self._run_ids())
+
+    def _run_ids(self) -> set[str]:
+        """The run ids the readable parts hold (to tell which run a damaged part's name names)."""
+        try:
+            con = connect_views(self.parquet, skip=self.damaged)
+            return {row[0] for row in con.execute(sql.RUN_IDS).fetchall()}
+        except duckdb.Error:
+            return set()
 
     def _write(self, path: Path, table: pa.Table) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
@@ -413,6 +466,10 @@ class KnowledgeBase:
             con.execute(sql.CREATE_KB_META)
             con.execute(sql.INSERT_KB_META, [fingerprint])
             con.execute(sql.DETACH_KB_FILE)
+        except duckdb.InvalidInputException:
+            # A damaged part fails the views' binding: the shell's file waits (its fingerprint unwritten, so the
+            # next start after `kb check --repair` writes it); the Python readers leave the part out meanwhile.
+            pass
         finally:
             con.close()
 
@@ -544,6 +601,51 @@ class DamagedPartWarning(UserWarning):
     """A Parquet part of the KB could not be read and was left out of the views."""
 
 
+def part_run(path: Path, runs: Collection[str] = ()) -> str | None:
+    """The run whose rows a part holds, read from its name (RUN_OF_PART); None for the KB's own `_*` files (the
+    compacted `_kb-*` holds many runs). `runs`: the KB's run ids, so of `r1` and `r1-b` the longer names its parts."""
+    if path.name.startswith("_"):
+        return None
+    stem = path.name.removesuffix(".parquet")
+    named = [run for run in runs if stem == run or stem.startswith(f"{run}-")]
+    if named:
+        return max(named, key=len)
+    match = RUN_OF_PART.match(path.name)
+    return match.group(1) if match else stem
+
+
+def repair_command(kb_root: Path) -> str:
+    """The command that moves a KB's damaged parts aside (kbcheck.py)."""
+    return f"python -m ralph_ray kb check --repair --kb {kb_root}"
+
+
+def damaged_run_message(run_id: str, parts: dict[Path, str], kb_root: Path, would: str) -> str:
+    """A refusal over damaged parts of `run_id`'s own (`would`: what going on would do without their rows)."""
+    named = "; ".join(f"{path} ({why})" for path, why in parts.items())
+    return (
+        f"run {run_id}'s rows are in {len(parts)} damaged part(s) of the knowledge base: {named}; {would}. "
+        f"fix: restore the file from a backup, or move it aside with `{repair_command(kb_root)}` (its rows are then "
+        "gone from the KB; the trials' files stay in the run dir), then run this command again"
+    )
+
+
+def damaged_note(path: Path, why: str, kb_root: Path, runs: Collection[str] = ()) -> str:
+    """A damaged part in words: the file, why, whose rows are missing from what is read, and the repair."""
+    run, table = part_run(path, runs), path.parent.name
+    if run is not None:
+        missing = f"run {run}'s {table} rows in it are missing"
+    elif path.name.startswith(COMPACTED_PREFIX):
+        missing = f"the {table} rows of the finished runs compacted into it are missing"
+    elif path.name.startswith(MANIFEST_PREFIX):
+        missing = f"the compacted {table} file it lists may be missing"
+    else:
+        missing = "no rows are missing (an empty schema part; the next campaign writes it again)"
+    return (
+        f"skipped a damaged part of the knowledge base: {path} ({why}); {missing}; move it aside with "
+        f"`{repair_command(kb_root)}` (nothing is deleted; the other parts are read as usual)"
+    )
+
+
 def connect_views(parquet_root: Path, skip: Collection[Path] = ()) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with every KB view over the Parquet parts under `parquet_root` (but `skip`)."""
     con = duckdb.connect()
@@ -570,14 +672,11 @@ def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
     except duckdb.InvalidInputException:
         pass
     damaged = damaged_parts(parquet)
+    con = connect_views(parquet, skip=damaged)
+    runs = {row[0] for row in con.execute(sql.RUN_IDS).fetchall()}
     for path, why in damaged.items():
-        warnings.warn(
-            f"skipped a damaged part of the knowledge base: {path} ({why}); move it aside to silence "
-            "this (the other parts are read as usual)",
-            DamagedPartWarning,
-            stacklevel=2,
-        )
-    return connect_views(parquet, skip=damaged)
+        warnings.warn(damaged_note(path, why, parquet.parent, runs), DamagedPartWarning, stacklevel=2)
+    return con
 
 
 def damaged_parts(parquet_root: Path) -> dict[Path, str]:
@@ -588,9 +687,19 @@ def damaged_parts(parquet_root: Path) -> dict[Path, str]:
         for path in sorted([*folder.glob("*.parquet"), *folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}")]):
             try:
                 pq.read_metadata(path)
+            except FileNotFoundError:
+                continue  # compacted away since the listing: gone, not damaged
             except (OSError, pa.ArrowException) as err:
                 damaged[path] = str(err).splitlines()[0][:200]
     return damaged
+
+
+def _schema_of(path: Path) -> pa.Schema | None:
+    """A part's schema (None when the part is damaged)."""
+    try:
+        return pq.read_schema(path).remove_metadata()
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def _stored_fingerprint(db: Path) -> str | None:

@@ -1,6 +1,7 @@
 """`python -m ralph_ray kb check [--repair] [--kb DIR]`: list the knowledge base's damaged Parquet parts, and with
 --repair move them aside to `<kb>/damaged/<table>/` (nothing is deleted). Readers already skip a damaged part with a
-warning naming it (`kb.open_reader`); this names them all at once and makes the warnings stop.
+warning naming it, whose rows are missing and this repair (`kb.open_reader`, a campaign's `KnowledgeBase.reader`);
+this names them all at once and makes the warnings stop.
 
 `python -m ralph_ray kb compact [--kb DIR]`: merge every finished campaign's parts into one sorted file per table
 (`KnowledgeBase.compact_kb`), safe beside running campaigns and open readers.
@@ -20,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import PARQUET_DIR, KnowledgeBase, damaged_parts, open_reader
+from ralph_ray.kb import PARQUET_DIR, KnowledgeBase, damaged_parts, open_reader, repair_command
 
 DAMAGED_DIR = "damaged"  # under the KB root: parts moved aside by --repair, one folder per table
 
@@ -80,9 +81,7 @@ def main(args: list[str], kb: Path, console: Console) -> int:
     if repair:
         console.print(f"{len(found)} damaged part(s) moved aside; the KB's views read the rest")
         return ExitCode.ok
-    console.print(
-        f"{len(found)} damaged part(s); move them aside with: python -m ralph_ray kb check --repair --kb {kb}"
-    )
+    console.print(f"{len(found)} damaged part(s); move them aside with: {repair_command(kb)}")
     return ExitCode.safeguard_or_config
 
 

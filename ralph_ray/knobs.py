@@ -89,7 +89,7 @@ def is_knob(node: ast.stmt) -> TypeGuard[ast.Assign]:
     """The one rule for what a knob is: a module-level `NAME = <literal>` whose name is UPPER_CASE."""
     if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
         return False
-    return is_knob_name(node.targets[0].id) and _is_literal(node.value)
+    return is_knob_name(node.targets[0].id) and is_literal(node.value)
 
 
 def knob_nodes(tree: ast.Module) -> dict[str, ast.Assign]:
@@ -118,10 +118,11 @@ def _knob_nodes(source: str) -> dict[str, ast.Assign]:
     return knob_nodes(parse(source))
 
 
-def _is_literal(node: ast.expr) -> bool:
+def is_literal(node: ast.expr) -> bool:
+    """Whether an expression is a literal value (`1e-3`, `-0.5`, `(64, 32)`), which a search can write over."""
     try:
         ast.literal_eval(node)
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return False
     return True
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import socket
 import time
 from collections.abc import Mapping
@@ -174,3 +175,27 @@ def quiet_s(run_dir: Path, now: float | None = None) -> float | None:
 def resume_command(run_id: str, *overrides: str) -> str:
     """The command that continues a campaign whose driver is gone (`overrides`: where it and its KB live)."""
     return " ".join(["python -m ralph_ray", f"resume={run_id}", *overrides])
+
+
+# PathsConfig's defaults (not imported: the app reads this module without the engine's config)
+DEFAULT_PATHS = {"runs": "runs", "kb": "kb"}
+
+
+def locating(runs: str | Path, kb: str | Path) -> list[str]:
+    """The overrides that find a run and its KB from any folder: paths.runs and paths.kb, absolute, where they are
+    not the defaults (./runs, ./kb), which a command run beside them finds alone."""
+    return [
+        shlex.quote(f"paths.{name}={Path(value).expanduser().resolve()}")
+        for name, value in (("runs", runs), ("kb", kb))
+        if Path(value) != Path(DEFAULT_PATHS[name])
+    ]
+
+
+def resume_for(run_id: str, runs: str | Path, kb: str | Path) -> str:
+    """The one resume command every message prints (interrupts, stops, crashes, status): with the run's paths."""
+    return resume_command(run_id, *locating(runs, kb))
+
+
+def stop_for(run_id: str, runs: str | Path, kb: str | Path) -> str:
+    """The command that asks the run's driver to stop (`stop` reads paths.runs= and paths.kb= as --runs and --kb)."""
+    return " ".join(["python -m ralph_ray stop", run_id, *locating(runs, kb)])

@@ -33,6 +33,8 @@ from ralph_ray.search import optuna_sampler, param_space
 from ralph_ray.space import clip_to_space, relative_knobs
 from ralph_ray.statuses import TrialStatus
 
+# A resumed study's sampler seed moves by this per recorded trial: far apart from the next studies' (seed + place)
+RESUME_SEED_STRIDE = 1_000_003
 CODE_KEY = "_code"  # a trial's config carries its variant's files: children are bred after the Tune run started
 
 
@@ -137,6 +139,7 @@ class Pool:
         self.queue: deque[str] = deque()
         self.replicas: deque[dict[str, Any]] = deque()  # replicate trial configs: they go before anything else
         self.studies: dict[str, optuna.Study] = {}
+        self.study_order: dict[str, int] = {}  # variant -> its study's place in creation order (its sampler's seed)
         self.pending: dict[str, tuple[str, int]] = {}  # Tune trial id -> (variant, Optuna trial number)
         self.children_of: dict[str, int] = {}  # parent id -> children bred from it (spreads the breeding)
         self.closed = False  # no trial starts any more (the decision engine stopped the campaign)
@@ -201,6 +204,11 @@ class Pool:
         member = self.members[variant_id]
         member.note_trial(trial_id, status, score, knobs, order)
         self.recorded = max(self.recorded, order)  # the trials this process records come after it
+        study = self._study(member)
+        # Seeded as a fresh study, its sampler would draw its sequence over: the points the dead driver already
+        # trained (user trial: three of the seed's knob sets re-run with the same scores). Seeded by its recorded
+        # trials too, it goes on with new draws, as deterministically as a fresh start.
+        study.sampler = self._sampler(variant_id, len(member.scores))
         params = self._params_of(member, json.loads(knobs or "{}"))
         if params is None:
             return
@@ -214,7 +222,7 @@ class Pool:
         trial = optuna.trial.create_trial(
             params=params, distributions=self._distributions(member), value=value, state=state
         )
-        self._study(member).add_trial(trial)
+        study.add_trial(trial)
 
     # -- Tune's side -----------------------------------------------------------------------------
 
@@ -309,9 +317,15 @@ class Pool:
 
     def _study(self, member: Member) -> optuna.Study:
         if member.variant_id not in self.studies:
-            sampler = optuna_sampler(self.settings.sampler, self.settings.seed + len(self.studies))
+            self.study_order[member.variant_id] = len(self.studies)
+            sampler = self._sampler(member.variant_id, 0)
             self.studies[member.variant_id] = optuna.create_study(direction="maximize", sampler=sampler)
         return self.studies[member.variant_id]
+
+    def _sampler(self, variant_id: str, recorded: int) -> Any:
+        """A study's sampler, seeded by the run's seed, the study's place and the trials it had before this process."""
+        seed = self.settings.seed + self.study_order[variant_id] + RESUME_SEED_STRIDE * recorded
+        return optuna_sampler(self.settings.sampler, seed % 2**32)  # numpy's seeds are 32-bit
 
     def _distributions(self, member: Member) -> dict[str, optuna.distributions.BaseDistribution]:
         # The same domains as the barrier mode's OptunaSearch (absolute for the seed, factors for children).

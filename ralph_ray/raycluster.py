@@ -65,6 +65,25 @@ class ClusterError(RuntimeError):
     """Ray cannot be started or joined as configured; the message names the fix (the CLI exits 2)."""
 
 
+class RayStartError(RuntimeError):
+    """A local Ray did not start (its node timed out on a loaded machine, a raylet died): said in one line; the run
+    is recorded crashed (exit 4) and `resume` names the command that retries (`resume`, set by the campaign)."""
+
+    resume: str | None = None
+
+
+def start_failed(err: BaseException) -> RayStartError:
+    """Ray's start-up failure (its traceback is 20 lines of Ray's internals) as one line in words."""
+    try:
+        load = f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except OSError:
+        load = ""
+    return RayStartError(
+        f"Ray did not start on this machine ({_first_line(_chain_text(err))}{load}): a loaded machine slows its "
+        "start past Ray's own limits; retry when fewer processes compete for the CPUs"
+    )
+
+
 def set_ray_env(auth_mode: str | None = None) -> None:
     """Set the auth mode and usage stats explicitly: `auth_mode` if given, else a user's own values, else ours."""
     before = os.environ.get("RAY_AUTH_MODE")
@@ -107,19 +126,25 @@ def _start_ray(num_cpus: int | None, cluster: ClusterConfig | None) -> None:
             if localray.reuse(_say):
                 return
             if cluster.keep_ray:
-                kept = localray.start(num_cpus)
+                try:
+                    kept = localray.start(num_cpus)
+                except Exception as err:  # noqa: BLE001 - any failure of Ray's start is said in words (exit 4)
+                    raise start_failed(err) from err
                 _say(f"ray: started a local Ray that outlives this campaign (cluster.keep_ray) at {kept.address}")
                 return
         # address="local": always a fresh instance; without it ray.init() joins any cluster `ray start` left on
         # this machine (its /tmp/ray/ray_current_cluster), which is cluster=address's job, never local's.
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            configure_logging=True,
-            logging_level="ERROR",
-        )
+        try:
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=True,
+                logging_level="ERROR",
+            )
+        except Exception as err:  # noqa: BLE001 - Ray raises a bare Exception when its node times out at start
+            raise start_failed(err) from err
         return
     join(cluster)
 

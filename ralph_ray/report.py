@@ -12,14 +12,20 @@ from ralph_ray.environment import summary
 from ralph_ray.finals import final_winner, worse_than_search
 from ralph_ray.front import cost_front, cost_seconds
 from ralph_ray.gate import reached_outside
-from ralph_ray.kb import open_reader
+from ralph_ray.kb import KnowledgeBase, damaged_run_message, open_reader
+from ralph_ray.rundir import CampaignError
 from ralph_ray.variants import unified_diff
 
 KEPT_LIKE = ("kept", "seed")
 
 
 def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
-    """Write the report folder for one run and return the markdown's path."""
+    """Write the report folder for one run and return the markdown's path.
+
+    A damaged part of the run's own refuses (CampaignError) before anything is written: the report of the rest would
+    replace a whole one (user trial: `trials: 0` over a report of 10, exit 0). Another run's is left out, as status
+    leaves it out."""
+    refuse_damaged(kb_root, run_id)
     con = open_reader(kb_root)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +90,8 @@ def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
         "Selection and test: the variant's best search trial. Replicates: its best knobs run again with fresh seeds, "
         "the mean selection score with a 95% Student-t interval (what the keep verdict compared; `-`: not replicated). "
         "Ranked by the replicate mean where a variant has one (a best trial is the luckiest of its samples), then by "
-        "the best trial.",
+        "the best trial; a discarded variant (its verdict found it no better than its parent) ranks below every other "
+        "whatever its scores.",
         "",
         "| rank | variant | parent | interventions | status | selection | test | replicates | "
         "trials (done/stopped/failed) |",
@@ -425,6 +432,17 @@ def _sandbox(config: dict[str, Any]) -> str:
 
 def _names(interventions: str | None) -> str:
     return " + ".join(json.loads(interventions or "[]")) or "-"
+
+
+def refuse_damaged(kb_root: Path, run_id: str) -> None:
+    """Raise CampaignError naming the damaged parts that hold `run_id`'s rows, and the repair (none: return)."""
+    kb = KnowledgeBase(Path(kb_root))
+    if not (kb.parquet / "trials" / "_schema.parquet").exists():
+        return  # no KB yet: open_reader names the fix
+    mine, _ = kb.check_parts(run_id)
+    if mine:
+        would = "a report now would leave their rows out, so the report stays as it was"
+        raise CampaignError(damaged_run_message(run_id, mine, kb.root, would))
 
 
 def metric_values(task: dict[str, Any]) -> tuple[float, Callable[[Any], Any]]:

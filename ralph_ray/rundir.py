@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
+from ralph_ray import liveness
 from ralph_ray.children import Child, write_meta
 from ralph_ray.config import Config, SafeguardsConfig
 from ralph_ray.decision import BUDGET_REASONS, Spent, spent_budgets
@@ -50,11 +51,40 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
     run_dir = Path(cfg.paths.runs).resolve() / run_id
     if resuming and not (run_dir / "state.json").exists():
         raise CampaignError(f"cannot resume {run_id}: no {run_dir / 'state.json'} (check the run id and paths.runs)")
+    if resuming:
+        refuse_live_driver(run_dir, cfg.paths.runs, cfg.paths.kb)  # its warning: the CLI says it, once
     if not resuming and (run_dir / "state.json").exists():
         raise CampaignError(
             f"run {run_id} already exists at {run_dir}: resume it with resume={run_id}, or pick another run_id"
         )
     return run_id, run_dir, resuming
+
+
+def refuse_live_driver(run_dir: Path, runs: str | Path, kb: str | Path) -> str | None:
+    """Refuse (CampaignError) to resume a run whose recorded driver still runs on this host: two drivers on one run
+    dir overwrite each other's state.json and both decide its end (user trial). Returns a warning where a run
+    recorded as running has its driver on another host, boot or PID namespace, which this process cannot check."""
+    if not (run_dir / "state.json").exists():
+        return None  # locate() says what is missing
+    state = CampaignState.load(run_dir)
+    driver, alive = state.driver or {}, liveness.driver_alive(state.driver)
+    if alive and driver.get("pid") == os.getpid():
+        return None  # this process ran it and its campaign has returned (a test, a notebook running two in turn)
+    where = f"PID {driver.get('pid')} on {driver.get('host')}"
+    if alive:
+        raise CampaignError(
+            f"run {state.run_id} is still running (its driver, {where}, is alive; recorded {state.status.value}): "
+            "a second driver on its run dir would overwrite its state and both would decide its end; stop it "
+            f"first (`{liveness.stop_for(state.run_id, runs, kb)}`) and resume once it has ended, or wait for it "
+            "to end"
+        )
+    if alive is None and state.status is RunStatus.running and driver:
+        return (
+            f"run {state.run_id} is recorded as running by a driver this machine cannot check ({where}): if it "
+            f"still runs, stop it first (`{liveness.stop_for(state.run_id, runs, kb)}`), as two drivers on one run "
+            "dir overwrite each other's state; resuming anyway"
+        )
+    return None
 
 
 def spent_on_resume(run_dir: Path, guards: SafeguardsConfig) -> list[Spent]:

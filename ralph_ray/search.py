@@ -15,9 +15,11 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+import duckdb
 import numpy as np
 from ray import tune
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
@@ -26,11 +28,12 @@ from ray.tune.search.optuna import OptunaSearch
 from rich.console import Console
 
 from ralph_ray import dataparallel, forecast, harness, pbt
-from ralph_ray.asha import NoiseAwareASHA
+from ralph_ray.asha import NoiseAwareASHA, rung_history
 from ralph_ray.children import Child, reruns_parent
 from ralph_ray.config import Config, KnobSpace, SamplerKind, SchedulerKind, SpaceKind, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.events import TrialStarts
+from ralph_ray.kb import KnowledgeBase
 from ralph_ray.ledger import Sink, TrialLedger, TrialRecord
 from ralph_ray.progress import LiveProgress
 from ralph_ray.raycluster import checkpoint_interval, driver_node_id
@@ -199,6 +202,26 @@ def storage_path(cfg: Config, local: Path) -> str:
 PBT_CHECKPOINTS = None
 
 
+def replay_earlier(
+    sched: TrialScheduler, cfg: Config, con: duckdb.DuckDBPyConnection, run_id: str, cycle: int | None = None
+) -> TrialScheduler:
+    """`sched` with its ASHA rungs holding what the run's earlier trials reported (of `cycle` only, where given):
+    a resumed Tune run judges its trials against them too, not against its own trials alone. Other schedulers as
+    they are."""
+    if isinstance(sched, NoiseAwareASHA):
+        metric = cfg.search.metric
+        sched.replay(rung_history(con, run_id, metric, sched.time_attr, cycle), metric, cfg.search.mode)
+    return sched
+
+
+def resumed_scheduler(
+    cfg: Config, con: duckdb.DuckDBPyConnection, run_id: str, stops: dict[str, str], cycle: int | None = None
+) -> TrialScheduler:
+    """The campaign's scheduler (`scheduler`), its ASHA rungs holding the earlier trials' reports (`replay_earlier`):
+    the asynchronous run's whole history, or one cycle's for the barrier loop."""
+    return replay_earlier(scheduler(cfg, stops), cfg, con, run_id, cycle)
+
+
 def run_search(
     cfg: Config,
     spec: TrialSpec,
@@ -209,12 +232,14 @@ def run_search(
     stopper: tune.Stopper | None = None,
     segments: pbt.SegmentLog | None = None,
     stops: dict[str, str] | None = None,
+    earlier: Callable[[TrialScheduler], TrialScheduler] | None = None,
 ) -> tune.ResultGrid:
     """Run one cycle's trials and return Tune's results (outcomes also flow through `callbacks`).
 
     Under scheduler=pbt, `segments` hears of each exploit step; Tune's PBT takes no searcher, so the children's
     own knobs go first and the other trials sample the space at random (a population, not a sequential search).
-    ASHA writes why it stopped a trial into `stops` (the ledger's stop_reasons).
+    ASHA writes why it stopped a trial into `stops` (the ledger's stop_reasons); `earlier` replays a resumed
+    cycle's recorded trials into it (`replay_earlier`).
     """
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec=spec),
@@ -242,6 +267,8 @@ def run_search(
     points = list(plan.first_points) or None
     searcher: Any = OptunaSearch(sampler=optuna_sampler(cfg.search.sampler, plan.seed), points_to_evaluate=points)
     chosen = scheduler(cfg, stops)
+    if earlier is not None:
+        chosen = earlier(chosen)
     if cfg.scheduler.name.population_based:
         searcher = BasicVariantGenerator(points_to_evaluate=points, random_state=plan.seed)
         sched = cfg.scheduler
@@ -418,7 +445,22 @@ def run_cycle(
     both = forecast.combined(stopper, forecaster)
     starts = TrialStarts(run_dir, run_id, cycle)  # events.jsonl's trial_start lines
     callbacks: list[tune.Callback] = [ledger, progress, starts]
+    # A resumed cycle's new Tune run starts ASHA with empty rungs: its re-run trials would be judged against each
+    # other only, so the cycle's recorded trials are replayed into them (from the KB the campaign writes to).
+    earlier = None
+    if done:
+        con = KnowledgeBase(Path(cfg.paths.kb)).reader()  # the campaign's KB (campaign.run: paths.kb)
+        earlier = partial(replay_earlier, cfg=cfg, con=con, run_id=run_id, cycle=cycle)
     run_search(
-        cfg, spec, plan, cycle_dir / "tune", f"cycle_{cycle:04d}", callbacks, both, segments, ledger.stop_reasons
+        cfg,
+        spec,
+        plan,
+        cycle_dir / "tune",
+        f"cycle_{cycle:04d}",
+        callbacks,
+        both,
+        segments,
+        ledger.stop_reasons,
+        earlier,
     )
     return stopper.stop_all()

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from ralph_ray.knobs import parse
+from ralph_ray.knobs import is_literal, parse
 from ralph_ray.resumable import calls_missing
+from ralph_ray.variants import globbed
 
 REQUIRED_CALLS = ("harness.load_data", "harness.report", "harness.save_predictions")
 MODEL_CALLS = ("harness.save_model",)  # also required where the task scores the exported model
@@ -199,15 +201,6 @@ def _is_dataclass(node: ast.ClassDef) -> bool:
     return False
 
 
-def _literal(node: ast.expr) -> bool:
-    """Whether an expression is a literal value (`1e-3`, `-0.5`, `(64, 32)`), which no knob can reach."""
-    try:
-        ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
-
-
 def _knob_fields(tree: ast.Module, searched: set[str]) -> dict[str, dict[str, str]]:
     """Per dataclass, its fields whose default reads a searched knob (`lr: float = LR`): {class: {field: knob}}."""
     found: dict[str, dict[str, str]] = {}
@@ -266,7 +259,7 @@ def overridden_knobs(paths: list[Path], searched: list[str]) -> list[str]:
                         if isinstance(key, ast.Constant) and isinstance(key.value, str)
                     ]
             for name, value in pairs:
-                if name in known and _literal(value):
+                if name in known and is_literal(value):
                     found.append((path.name, node.lineno, f"{known[name]} ({name}={ast.unparse(value)} at "))
     return [f"{text}{file}:{line})" for file, line, text in sorted(found)]
 
@@ -304,6 +297,45 @@ def config_files(folder: Path, paths: list[Path]) -> list[Path]:
             if path.name in named or path.stem in named:
                 found.append(path)
     return found
+
+
+def shipped_split(folder: Path, files: list[Path], patterns: Sequence[str] | None) -> tuple[list[Path], list[Path]]:
+    """(shipped, left out): which of the task's config `files` the seed variant holds, by task.trainer_files
+    (`patterns`; None takes every file as shipped). Trials get only those: a file left out is not there to read."""
+    if patterns is None:
+        return list(files), []
+    matched = {path.relative_to(folder) for path in globbed(folder, patterns)}
+    shipped = [path for path in files if path.relative_to(folder) in matched]
+    return shipped, [path for path in files if path not in shipped]
+
+
+def ship_fix(folder: Path, file: Path, patterns: Sequence[str]) -> str:
+    """The task.trainer_files line that ships `file` as well: task.yaml's, and the command line's override."""
+    wanted = [*patterns, file.relative_to(folder).as_posix()]
+    return (
+        f"add it to task.trainer_files, in task.yaml: `task: {{trainer_files: {json.dumps(wanted)}}}` (or on the "
+        f"command line: 'task.trainer_files=[{','.join(wanted)}]')"
+    )
+
+
+def unshipped_config(paths: list[Path], folder: Path, patterns: Sequence[str]) -> str | None:
+    """A warning where the seed's code names a config file of the task (`config_files`) that task.trainer_files
+    (`patterns`) leave out of the seed variant: train.py opens it in the task folder, but no trial has it, so every
+    trial would fail (FileNotFoundError); None otherwise."""
+    trees = _trees(paths)
+    _, left_out = shipped_split(folder, config_files(folder, paths), patterns)
+    if not trees or not left_out:
+        return None
+    said = []
+    for file in left_out:
+        readers = [path.name for path, tree in trees.items() if {file.name, file.stem} & _strings({path: tree})]
+        name = file.relative_to(folder).as_posix()
+        said.append(
+            f"{readers[0] if readers else 'train.py'} reads {name}, which is not among task.trainer_files "
+            f"{list(patterns)}: the trials get only those files, so every trial would fail to find it; fix: "
+            + ship_fix(folder, file, patterns)
+        )
+    return f"{folder}'s code: " + "; ".join(said)
 
 
 def _config_leaves(path: Path) -> dict[str, Any]:
@@ -370,13 +402,16 @@ def _assigned_to(tree: ast.Module) -> dict[int, str]:
     }
 
 
-def fallback_knobs(paths: list[Path], searched: list[str], folder: Path) -> list[tuple[str, str]]:
+def fallback_knobs(
+    paths: list[Path], searched: list[str], folder: Path, patterns: Sequence[str] | None = None
+) -> list[tuple[str, str]]:
     """Each read of a searched knob as the fallback of a key that a config file of the task sets (`hidden =
     CFG.get("hidden", HIDDEN)` beside config.yaml's `hidden: 32`): every trial trains the file's value while the KB
     records the sampled ones. As (found, fix): ("HIDDEN (train.py:31: `CFG.get('hidden', HIDDEN)`, and config.yaml
-    sets hidden: 32)", "use the constant directly (`hidden = HIDDEN`), or remove `hidden` from config.yaml")."""
+    sets hidden: 32)", "use the constant directly (`hidden = HIDDEN`), or remove `hidden` from config.yaml").
+    Only the files task.trainer_files (`patterns`) ship count: no trial reads one left out (`unshipped_config`)."""
     trees = _trees(paths)
-    files = config_files(folder, paths)
+    files, _ = shipped_split(folder, config_files(folder, paths), patterns)
     if not trees or not files:
         return []
     found: list[tuple[str, int, str, str]] = []

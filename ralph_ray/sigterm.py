@@ -2,8 +2,9 @@
 
 The CLI installs `on_sigterm` in its main thread; it raises `Terminated`, a KeyboardInterrupt, so the one path that
 handles Ctrl-C (campaign.run records the run interrupted, the CLI prints the resume command, Ray shuts down at exit)
-handles it too, with exit code 143. `ray.init` installs a SIGTERM handler of its own in the driver (`sys.exit(1)`
-after killing its processes, leaving the run recorded `crashed`): `kept` puts the one before it back.
+handles it too, with exit code 143. `ray.init` installs a SIGTERM handler of its own in the driver (`sys.exit(15)`
+after killing its processes, leaving the run recorded `crashed`): `kept` puts the one before it back, and turns
+Ray's exit from a SIGTERM during `ray.init` into ours.
 """
 
 from __future__ import annotations
@@ -52,10 +53,50 @@ def restore(before: Any) -> None:
 
 @contextmanager
 def kept() -> Iterator[None]:
-    """Keep this process's SIGTERM handler across `ray.init`, which replaces it, where it is ours (the CLI's)."""
+    """Keep this process's SIGTERM handler across `ray.init` where it is ours (the CLI's), and end a SIGTERM that
+    comes during Ray's start (10-60 s on a loaded machine) as one during training: Terminated, exit 143.
+
+    Ray's driver handler, installed first thing in ray.init, raises SystemExit(15): the run was recorded `crashed`,
+    exit 15 (user trial), or, where it landed in a finalizer (logging's lock release), Python printed "Exception
+    ignored" and the campaign ran on. So Ray's install is held back while ours is in place, and a SIGTERM whose
+    Terminated a finalizer swallowed is raised again once ray.init returns (our handler sets `_arrived` first)."""
     before = signal.getsignal(signal.SIGTERM)
+    ours = before is on_sigterm and threading.current_thread() is threading.main_thread()
+    already = _arrived.is_set()
+    try:
+        with _ray_handler_held(ours):
+            yield
+    except SystemExit as err:
+        if not ours or err.code != signal.SIGTERM:
+            raise
+        _arrived.set()
+        raise Terminated from None
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, on_sigterm)
+    if ours and _arrived.is_set() and not already:
+        raise Terminated
+
+
+@contextmanager
+def _ray_handler_held(hold: bool) -> Iterator[None]:
+    """While `hold`, Ray's `set_sigterm_handler` (which ray.init calls) leaves this process's handler in place."""
+    utils = _ray_utils() if hold else None
+    install = getattr(utils, "set_sigterm_handler", None)
+    if utils is None or install is None:
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
     try:
         yield
     finally:
-        if before is on_sigterm and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, on_sigterm)
+        utils.set_sigterm_handler = install
+
+
+def _ray_utils() -> Any:
+    """ray._private.utils where Ray is installed (None elsewhere: a process without Ray has no handler to hold)."""
+    try:
+        from ray._private import utils
+    except ImportError:
+        return None
+    return utils

@@ -468,6 +468,7 @@ TRIAL_STATUS_COUNTS = "select status, count(*) as n from trials where run_id = ?
 SEGMENTS_FOR_RUN = "select * from segments where run_id = ? order by cycle, trial_id, segment"
 CURVES_FOR_TRIAL = "select * from curves where run_id = ? and trial_id = ? order by epoch"
 RUN = "select * from runs where run_id = ?"
+RUN_IDS = "select distinct run_id from runs where run_id is not null"
 RUN_CONFIG = "select config from runs where run_id = ?"
 RUN_DIR = "select run_dir from runs where run_id = ?"
 EPOCHS_TRAINED = "select count(distinct (trial_id, epoch)) from epochs where run_id = ?"
@@ -559,12 +560,13 @@ select trial_id, epoch, train_loss, val_loss, val_acc, lr, grad_norm, epoch_seco
        reward_mean, reward_std, kl, entropy, completion_length, zero_spread_frac
 from curves where run_id = ? and variant_id = ? order by trial_id, epoch
 """
-# The metrics of a variant's epochs the curves view does not pivot (a search.metric such as val_f1), by trial and epoch.
+# The metrics of a variant's epochs the curves view does not pivot (a search.metric such as val_f1), by trial and epoch;
+# not harness.TRAIN_SECONDS, which every report carries (the curve's `seconds` says the same per epoch).
 VARIANT_OTHER_METRICS = f"""
 select e.trial_id, e.epoch, e.metric, max(e.value) from epochs e
 join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
 where e.run_id = ? and t.variant_id = ?
-  and e.metric not in ({", ".join(f"'{m}'" for m in EPOCH_METRICS + PROBE_METRICS + RL_METRICS)})
+  and e.metric not in ({", ".join(f"'{m}'" for m in EPOCH_METRICS + PROBE_METRICS + RL_METRICS + ("train_seconds",))})
 group by e.trial_id, e.epoch, e.metric
 """
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.

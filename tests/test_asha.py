@@ -246,3 +246,34 @@ def test_the_epochs_knob_is_found_under_its_aliases_alike_for_the_warning_and_th
     assert most_epochs(cfg) == ("NUM_EPOCHS", 5) and hold_from(12, train) == 5
     train.write_text(train.read_text().replace("NUM_EPOCHS = 5", "NUM_EPOCHS = True"))
     assert most_epochs(cfg) == ("MAX_EPOCHS", 9) and hold_from(12, train) == 9
+
+
+def test_the_replayed_history_leaves_out_a_replicate_that_did_not_complete(tmp_path: Path):
+    """Tune records a replicate in ASHA's rungs only at on_trial_complete, which a failed one never reaches: a resume
+    replays a completed replicate's last result, every epoch of an ordinary trial, and nothing of a failed replicate."""
+    from ralph_ray.asha import rung_history
+    from ralph_ray.kb import KnowledgeBase
+
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    trials = [("plain", False, "completed"), ("rep_ok", True, "completed"), ("rep_failed", True, "failed")]
+    kb.append(
+        "trials",
+        [
+            {"run_id": "r", "cycle": 1, "trial_id": t, "variant_id": "v", "status": status, "knobs": "{}",
+             "epochs": 2, "selection_score": 0.9, "test_score": 0.9, "seconds": 1.0, "replicate": replicate}
+            for t, replicate, status in trials
+        ],
+        "t",
+    )  # fmt: skip
+    kb.append(
+        "epochs",
+        [
+            {"run_id": "r", "trial_id": t, "epoch": e, "metric": "val_acc", "value": 0.5 + e / 10}
+            for t, _, _ in trials
+            for e in (1, 2)
+        ],
+        "e",
+    )
+    replayed = dict(rung_history(kb.reader(), "r", "val_acc", "epoch"))
+    assert replayed == {"plain": [(1.0, 0.6), (2.0, 0.7)], "rep_ok": [(2.0, 0.7)]}

@@ -130,6 +130,44 @@ def test_a_resume_starts_asha_with_the_rung_results_of_the_runs_earlier_trials(t
     assert f"of the {len(earlier)} trial(s) recorded there" in stops["new"]
 
 
+def test_a_damaged_part_refuses_its_own_runs_resume_and_only_warns_another_campaign(
+    three_generations: Outcome, tmp_path
+):
+    """User trial: `truncate -s 100` of one finished run's part stopped every new campaign on the KB (exit 4, a raw
+    DuckDB traceback from _rebuild's reader). A new campaign now leaves it out with one warning naming the file and
+    the repair; a resume of the run whose part it is refuses (exit 2) before Ray starts, naming the same."""
+    import io
+    import shutil
+
+    from rich.console import Console
+
+    from ralph_ray.rundir import CampaignError
+
+    shutil.copytree(three_generations.kb_root, tmp_path / "kb")
+    shutil.copytree(three_generations.run_dir, tmp_path / "runs" / "gens")
+    bad = tmp_path / "kb" / "parquet" / "interventions" / "gens-all.parquet"
+    with bad.open("r+b") as part:
+        part.truncate(100)
+    where = [f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"]
+    repair = f"python -m ralph_ray kb check --repair --kb {tmp_path / 'kb'}"
+    from ralph_ray.__main__ import main
+
+    state = (tmp_path / "runs" / "gens" / "state.json").read_bytes()
+    assert main(["resume=gens", *where, "safeguards.max_cycles=4"]) == 2
+    assert (tmp_path / "runs" / "gens" / "state.json").read_bytes() == state  # refused before the state is touched
+    with pytest.raises(CampaignError) as refused:
+        run(resume_config(tmp_path / "runs" / "gens", ["resume=gens", *where, "safeguards.max_cycles=4"]))
+    assert str(bad) in str(refused.value) and repair in str(refused.value)
+    assert not (tmp_path / "runs" / "gens" / "async" / "tune" / "session_02").exists()  # no Tune run was started
+    said = io.StringIO()
+    outcome = run(tiny(tmp_path, "run_id=dmg", "safeguards.max_cycles=1"), Console(file=said, soft_wrap=True))
+    assert outcome.exit_code == 0 and outcome.stop_reason == "max_cycles"
+    warned = [line for line in said.getvalue().splitlines() if str(bad) in line]
+    assert len(warned) == 1 and "run gens's interventions rows" in warned[0] and repair in warned[0]
+    con = open_reader(outcome.kb_root)
+    assert con.execute("select count(*) from trials where run_id = 'dmg' and status = 'completed'").fetchone()[0]
+
+
 class _Trial:
     """What Tune's scheduler reads of a trial."""
 

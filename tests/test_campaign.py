@@ -220,3 +220,18 @@ def test_a_seed_whose_predictions_cannot_be_scored_says_so_not_its_empty_log(ray
     assert "first failure: trial" in console and "scoring failed on the driver (the trainer finished" in console
     assert "the task's metric could not score what the trainer saved" in console
     assert "its whole log" not in console  # the trainer's log holds nothing of a scoring failure
+
+
+def test_a_stopped_run_that_has_ended_leaves_no_stop_file(ray_session, tiny_config, tmp_path: Path):
+    """User trial: after `stop`, the run ended (manual_stop) but its STOP file stayed, though the README's layout
+    says STOP is there while a stop is requested; a later resume removed it without a word."""
+    from ralph_ray.campaign import run
+    from ralph_ray.control import request_stop
+
+    run_dir = tmp_path / "runs" / "stopped"
+    run_dir.mkdir(parents=True)
+    request_stop(run_dir, "test")  # asked before its first phase: the cycle ends at once
+    outcome = run(tiny_config("run_id=stopped", "safeguards.max_cycles=3"))
+    assert outcome.exit_code == 0 and outcome.stop_reason == "manual_stop"
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
+    assert not (run_dir / "STOP").exists()

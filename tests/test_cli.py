@@ -307,3 +307,108 @@ def test_status_of_a_live_run_counts_its_time_since_the_last_save_and_names_the_
     assert main(["status", "r1", "--runs", str(run_dir.parent), "--kb", str(kb)]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "stopped unexpectedly?, cycle 2, phase train, elapsed 13s its record" in shown and " since" not in shown
+
+
+def test_sigterm_while_ray_starts_ends_as_one_while_training(tmp_path: Path):
+    """User trial: a SIGTERM that landed during `ray.init` (10-60 s on a loaded machine) met Ray's own handler: exit
+    15, the run recorded `crashed` with "SystemExit: 15", no exit code, no resume command. It now ends as a SIGTERM
+    while training does: exit 143, recorded interrupted, and the resume command with the run's paths."""
+    import json
+    import signal
+    import tempfile
+
+    from ralph_ray import sandbox
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rr", dir="/tmp"))  # short: Ray's socket paths live under it
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    args = ["run_id=early", f"paths.runs={runs}", f"paths.kb={kb}", "search.num_samples=2", "safeguards.replicates=0"]
+    env = {**os.environ, "RAY_TMPDIR": str(ray_tmp), "RALPH_LOCAL_RAY_MARKER": str(tmp_path / "no_kept_ray.json")}
+    log = tmp_path / "driver.log"  # a file, not a pipe: a Ray process that inherited it would hold a pipe open
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ralph_ray", *args, *(["sandbox=none"] if sandbox.available() else [])],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while not list((ray_tmp / "ray").glob("session_2*")):  # ray.init has begun: its handler is in place
+            assert proc.poll() is None and time.monotonic() < deadline, "Ray never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+    said = log.read_text()
+    assert proc.returncode == 143, said[-3000:]
+    assert f"python -m ralph_ray resume=early paths.runs={runs} paths.kb={kb}" in " ".join(said.split()), said[-3000:]
+    state = json.loads((runs / "early" / "state.json").read_text())
+    assert (state["status"], state["stop_reason"], state["exit_code"]) == ("interrupted", "SIGTERM", 143)
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(ray_tmp) in _cmdline(p)]
+    assert not left, f"Ray processes left behind: {[_cmdline(p) for p in left]}"
+
+
+def _cmdline(proc_dir: Path) -> str:
+    """A process's command line ('' once it is gone)."""
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_ray_failing_to_start_is_one_line_with_the_resume_and_exit_4(tmp_path: Path):
+    """User trial: Ray timing out at start on a loaded machine ended in a 20-line traceback, exit 4, no resume
+    command and `exit None` in `status`. Here Ray really fails to start (its socket paths under a RAY_TMPDIR too long
+    for AF_UNIX); Ray's own timeout, a bare Exception, reads the same."""
+    import json
+
+    from ralph_ray import sandbox
+    from ralph_ray.raycluster import RayStartError, start_failed
+
+    timed_out = start_failed(Exception("The current node timed out during startup. This could happen because ..."))
+    assert isinstance(timed_out, RayStartError) and "\n" not in str(timed_out)
+    assert str(timed_out).startswith("Ray did not start on this machine (Exception: The current node timed out")
+    assert "load average" in str(timed_out)
+
+    ray_tmp = tmp_path / ("x" * 110)  # no socket path fits under it
+    ray_tmp.mkdir()
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    args = ["run_id=nostart", f"paths.runs={runs}", f"paths.kb={kb}", "search.num_samples=2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", *args, *(["sandbox=none"] if sandbox.available() else [])],
+        cwd=tmp_path,
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmp), "RALPH_LOCAL_RAY_MARKER": str(tmp_path / "none.json")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert "error: Ray did not start on this machine (OSError: " in said and "Traceback" not in done.stderr
+    assert (
+        f"recorded as crashed; retry with `python -m ralph_ray resume=nostart paths.runs={runs} paths.kb={kb}`" in said
+    )
+    state = json.loads((runs / "nostart" / "state.json").read_text())
+    assert (state["status"], state["exit_code"]) == ("crashed", 4)
+    assert state["stop_reason"].startswith("RayStartError: Ray did not start")
+
+
+def test_every_printed_resume_and_stop_command_carries_the_runs_paths(tmp_path: Path, capsys, monkeypatch):
+    """User trial: `stop`'s line said `resume with python -m ralph_ray resume=stop2` for a run started with
+    paths.runs=/work/ut_crash/runs paths.kb=/work/ut_crash/kb: from another folder it failed. One function
+    (liveness.resume_for) builds them all from the run's paths: absolute, where not the defaults."""
+    from ralph_ray import liveness
+    from ralph_ray.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    assert liveness.resume_for("r", "runs", "./kb") == "python -m ralph_ray resume=r"  # the defaults, beside them
+    assert liveness.resume_for("r", "my runs", "kb") == f"python -m ralph_ray resume=r 'paths.runs={tmp_path}/my runs'"
+    assert liveness.stop_for("r", "/a/runs", "/b/kb") == "python -m ralph_ray stop r paths.runs=/a/runs paths.kb=/b/kb"
+    runs, shared_kb = tmp_path / "runs", tmp_path / "shared" / "kb"
+    run_dir = _recorded_run(runs, "running", quiet_s=0, driver=liveness.this_driver())  # this process: alive
+    (run_dir / "config.yaml").write_text(f"paths:\n  runs: {runs}\n  kb: {shared_kb}\n")
+    assert main(["stop", "r1", "--runs", "runs"]) == 0  # from the folder it was started in, as the user did
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"resume with `python -m ralph_ray resume=r1 paths.runs={runs} paths.kb={shared_kb}`" in shown, shown

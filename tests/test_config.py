@@ -439,6 +439,10 @@ def test_a_resume_takes_the_same_task_folder_written_another_way(tmp_path: Path,
         assert resumed.task.trainer == str(mytask.resolve()) and resumed.trainer_dir() == mytask.resolve(), same
     with pytest.raises(ConfigError, match="task.trainer"):
         resume_config(run_dir, ["resume=r", "task.trainer=trainers/digits"])
+    # task= naming the same folder is the run's own too; another task's is refused
+    assert resume_config(run_dir, ["task=./mytask"]).trainer_dir() == mytask.resolve()
+    with pytest.raises(ConfigError, match=f"task=digits is the task in {PROJECT_ROOT / 'trainers' / 'digits'}"):
+        resume_config(run_dir, ["task=digits"])
 
 
 def test_knob_search_without_a_knob_to_search_is_refused():
@@ -773,6 +777,9 @@ YAML_READER = (
 )
 
 
+SHIPS_CONFIG = "task.trainer_files=[**/*.py,**/*.md,config.yaml]"  # the trials get config.yaml too
+
+
 def _digits_seed() -> str:
     """The shipped digits seed's source, with the lines these tests edit checked to be there once."""
     seed = (PROJECT_ROOT / "trainers" / "digits" / "train.py").read_text()
@@ -795,23 +802,27 @@ def test_a_knob_read_only_as_the_fallback_of_a_config_files_key_is_warned_of(tmp
     folder = digits_task(tmp_path / "mine", source)
     (folder / "config.yaml").write_text("epochs: 3\nwidth: 32\n")
     line = source.splitlines().index('    width = CFG.get("width", WIDTH)') + 1
+    # left out of task.trainer_files (the default), config.yaml never reaches a trial: that is what is said
     warning = knob_overridden(load_config([f"task={folder}"]))
+    assert warning is not None and "train.py reads config.yaml, which is not among task.trainer_files" in warning
+    assert "only as the fallback" not in warning
+    warning = knob_overridden(load_config([f"task={folder}", SHIPS_CONFIG]))
     assert warning is not None, "WIDTH is searched, but config.yaml's width is what trains"
     assert f"WIDTH (train.py:{line}: `CFG.get('width', WIDTH)`, and config.yaml sets width: 32)" in warning
     assert "fix: use the constant directly (`width = WIDTH`), or remove `width` from config.yaml" in warning
     # config.yaml without the key: the fallback, the knob, is what trains
     (folder / "config.yaml").write_text("epochs: 3\n")
-    assert knob_overridden(load_config([f"task={folder}"])) is None
+    assert knob_overridden(load_config([f"task={folder}", SHIPS_CONFIG])) is None
     # the same through getattr and a nested key of the file
     (folder / "config.yaml").write_text("model:\n  width: 32\n")
     digits_task(folder, source.replace('CFG.get("width", WIDTH)', 'getattr(CFG, "width", WIDTH)'))
-    warning = knob_overridden(load_config([f"task={folder}"]))
+    warning = knob_overridden(load_config([f"task={folder}", SHIPS_CONFIG]))
     assert warning is not None and "config.yaml sets model.width: 32" in warning
     # the knob itself assigned again from the file, at module level
     again = _digits_seed().replace(harness_import, harness_import + YAML_READER)
     again = again.replace("WIDTH = 16  #", 'WIDTH = 16\nWIDTH = CFG.get("width", WIDTH)  #')
     digits_task(folder, again)
-    warning = knob_overridden(load_config([f"task={folder}"]))
+    warning = knob_overridden(load_config([f"task={folder}", SHIPS_CONFIG]))
     assert warning is not None and "drop `WIDTH = CFG.get('width', WIDTH)`: the constant is the value" in warning
 
 
@@ -839,6 +850,11 @@ def test_a_searched_knob_whose_value_is_not_a_literal_is_named_so_with_the_fix(t
     assert "its value comes from config.yaml (width: 24)" in said
     assert "fix: move it into train.py as a literal: write `WIDTH = 24` in train.py; the search sets it" in said
     assert "remove `width` from config.yaml" in said
+    assert "config.yaml is not among task.trainer_files, so where train.py still reads it every trial" in said
+    assert 'task: {trainer_files: ["**/*.py", "**/*.md", "config.yaml"]}' in said
+    with pytest.raises(ConfigError) as info:  # shipped: nothing to add
+        load_config([f"task={folder}", SHIPS_CONFIG])
+    assert "its value comes from config.yaml" in str(info.value) and "not among" not in str(info.value)
     # computed in train.py: an example from the space
     digits_task(folder, seed.replace("WIDTH = 16  #", 'WIDTH = int("16")  #'))
     with pytest.raises(ConfigError, match=r"sets WIDTH = int\('16'\), which is not a literal") as info:
@@ -893,3 +909,125 @@ def test_a_space_written_without_spaces_after_its_colons_is_read_as_hydra_reads_
     with pytest.raises(ConfigError, match="config error at `search.space.WIDTH`: Hydra cannot read") as info:
         load_config(["+search.space.WIDTH={type:choice values:[8,16]}"])
     assert "a space after each colon and comma ('+search.space.X={type: choice, values: [a, b]}')" in str(info.value)
+
+
+def test_a_task_folder_under_home_or_with_odd_characters_is_no_hydra_grammar_error(tmp_path: Path, monkeypatch):
+    """Review: the override-syntax check ran Hydra's grammar over `task=~/mytask` (zsh leaves the `~`), which
+    `_task_path` expands and Hydra never sees: "token recognition error at '~'" instead of the folder's own message."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for value in ("~/no_such_task", "~/odd (copy) #2"):
+        with pytest.raises(ConfigError) as info:
+            load_config([f"task={value}"])
+        said = str(info.value)
+        assert "Hydra cannot read" not in said and str(tmp_path) in said, said
+
+
+def test_a_resume_keeps_the_search_spaces_knobs_and_takes_its_own_task_and_search_again(tmp_path: Path, capsys):
+    """User trial: on a resume `~search.space.WIDTH` failed with "Key '~search' not in 'Config' ... did you mean
+    `search`?", `+search.space.MOMENTUM={...}` was taken without a word (the README keeps the run's search space), and
+    `search=digits`, the run's own search space, was refused as a change of it."""
+    from ralph_ray.__main__ import main
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    stored = load_config(["safeguards.max_cycles=3"])
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(stored)))
+    for asked in (
+        ["~search.space.WIDTH"],
+        ["+search.space.MOMENTUM={type: uniform, low: 0.5, high: 0.99}"],
+        ["search.space.MOMENTUM.low=0.5"],
+        ["~search.space"],
+    ):
+        with pytest.raises(ConfigError, match="a resume keeps the search space's knobs") as info:
+            resume_config(run_dir, ["resume=r", "safeguards.max_cycles=5", *asked])
+        said = str(info.value)
+        assert "(LR, BATCH_SIZE, WIDTH)" in said and "did you mean" not in said, asked
+        assert "it may change a knob's bounds: search.space.LR.high=" in said
+        assert "to add or remove a knob start a new campaign" in said
+    removed = str(pytest.raises(ConfigError, resume_config, run_dir, ["~search.space.WIDTH"]).value)
+    assert "removes WIDTH" in removed
+    added = str(pytest.raises(ConfigError, resume_config, run_dir, ["+search.space.MOMENTUM={type: uniform}"]).value)
+    assert "adds MOMENTUM" in added
+    # the command line says the same, exit 2
+    assert main(["resume=r", f"paths.runs={tmp_path}", "~search.space.WIDTH"]) == 2
+    assert "a resume keeps the search space's knobs" in capsys.readouterr().err
+    # a knob defined again with other bounds keeps the knobs: open to a resume
+    again = resume_config(run_dir, ["~search.space.WIDTH", "+search.space.WIDTH={type: choice, values: [8, 16]}"])
+    assert again.search.space["WIDTH"].values == [8, 16] and list(again.search.space) == ["LR", "BATCH_SIZE", "WIDTH"]
+    # the run's own task and search space, named again, change nothing (README: the stored value is fine)
+    plain = resume_config(run_dir, ["resume=r"])
+    assert resume_config(run_dir, ["resume=r", "search=digits", "task=digits"]) == plain
+    narrowed = resume_config(run_dir, ["search=digits", "search.space.LR.high=0.1"])
+    assert (
+        narrowed.search.space["LR"].high == 0.1
+        and narrowed.search == resume_config(run_dir, ["search.space.LR.high=0.1"]).search
+    )
+    # as on a first run the task's task.yaml gives the knobs: search=cifar10 with the digits task is digits' space
+    assert resume_config(run_dir, ["search=cifar10", f"task={PROJECT_ROOT / 'trainers' / 'digits'}"]) == plain
+    # another one is still refused, naming what differs
+    with pytest.raises(ConfigError, match="keeps its task and search space"):
+        resume_config(run_dir, ["task=diabetes"])
+    wider = tmp_path / "wider"
+    wider.mkdir()
+    epochs = load_config(["+search.space.EPOCHS={type: choice, values: [2]}"])
+    (wider / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(epochs)))
+    with pytest.raises(ConfigError, match="keeps its task and search space") as info:
+        resume_config(wider, ["search=digits"])
+    said = str(info.value)
+    assert "search=digits is the knobs LR, BATCH_SIZE, WIDTH by val_acc (max)" in said
+    assert "this run's is the knobs LR, BATCH_SIZE, WIDTH, EPOCHS by val_acc (max)" in said
+    assert "resume without search=" in said
+
+
+def _yaml_fallback_task(folder: Path) -> tuple[Path, int]:
+    """A digits task whose train.py reads config.yaml and WIDTH only as the fallback of its `width`; (folder, line)."""
+    from taskdirs import digits_task
+
+    harness_import = "\nfrom ralph_ray import harness\n"
+    source = (
+        _digits_seed()
+        .replace(harness_import, harness_import + YAML_READER)
+        .replace("model = Net(WIDTH,", 'width = CFG.get("width", WIDTH)\n    model = Net(width,')
+    )
+    digits_task(folder, source)
+    (folder / "config.yaml").write_text("epochs: 3\nwidth: 32\n")
+    return folder, source.splitlines().index('    width = CFG.get("width", WIDTH)') + 1
+
+
+def test_a_config_file_that_task_trainer_files_leave_out_is_named_with_the_line_that_ships_it(tmp_path: Path):
+    """Review: the fallback-knob warning read config.yaml from the task folder, but trials get only
+    task.trainer_files (`**/*.py`, `**/*.md` by default): config.yaml never reached them, every trial's train.py
+    would fail to open it, and "every trial trains the file's value" was false. Only shipped config files count
+    for that warning; one that is left out is named with the task.trainer_files line that ships it."""
+    from ralph_ray.config import _seed_code
+    from ralph_ray.seedcheck import fallback_knobs, unshipped_config
+
+    folder, line = _yaml_fallback_task(tmp_path / "mine")
+    cfg = load_config([f"task={folder}"])
+    code, space, patterns = _seed_code(cfg), list(cfg.search.space), cfg.task.trainer_files
+    assert fallback_knobs(code, space, folder, patterns) == [], "config.yaml never reaches a trial"
+    warning = unshipped_config(code, folder, patterns)
+    assert warning is not None
+    assert "train.py reads config.yaml, which is not among task.trainer_files ['**/*.py', '**/*.md']" in warning
+    assert "every trial would fail to find it" in warning
+    assert 'task: {trainer_files: ["**/*.py", "**/*.md", "config.yaml"]}' in warning
+    assert "'task.trainer_files=[**/*.py,**/*.md,config.yaml]'" in warning
+    # the line it gives ships the file: no warning of it, and the fallback warning is true again
+    shipped = load_config([f"task={folder}", "task.trainer_files=[**/*.py,**/*.md,config.yaml]"])
+    patterns = shipped.task.trainer_files
+    assert unshipped_config(_seed_code(shipped), folder, patterns) is None
+    found = fallback_knobs(_seed_code(shipped), space, folder, patterns)
+    assert [text for text, _ in found] == [
+        f"WIDTH (train.py:{line}: `CFG.get('width', WIDTH)`, and config.yaml sets width: 32)"
+    ]
+    # a config file one folder down is named by its path
+    (folder / "configs").mkdir()
+    (folder / "config.yaml").rename(folder / "configs" / "config.yaml")
+    train = folder / "train.py"
+    train.write_text(train.read_text().replace('/ "config.yaml"', '/ "configs" / "config.yaml"'))
+    warning = unshipped_config(_seed_code(shipped), folder, patterns)
+    assert warning is not None and "train.py reads configs/config.yaml, which is not among" in warning
+    assert '"config.yaml", "configs/config.yaml"]}' in warning
+    # a task without a config file its code names: nothing to say
+    (folder / "configs" / "config.yaml").unlink()
+    assert unshipped_config(_seed_code(shipped), folder, patterns) is None

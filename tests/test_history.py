@@ -91,8 +91,9 @@ def kb(tmp_path: Path) -> KnowledgeBase:
             for e, v in ((1, 0.8), (2, 0.9))
         ]
         + [
-            {"run_id": RUN, "trial_id": "t3", "epoch": e, "metric": "val_f1", "value": v}
+            {"run_id": RUN, "trial_id": "t3", "epoch": e, "metric": name, "value": v}
             for e, v in ((1, 0.6), (2, 0.7))
+            for name in ("val_f1", "train_seconds")  # every report carries train_seconds (harness.TRAIN_SECONDS)
         ],
         "e",
     )
@@ -184,7 +185,8 @@ def test_parent_view_bakes_the_best_knobs_and_reads_trials_curves_lineage(kb: Kn
     assert (files / "train.py").read_text().startswith("LR = 0.1")  # the variant itself is untouched
     assert [t.trial_id for t in view.trials] == ["t3", "t4", "t6"]
     assert [p.val_acc for p in view.trials[0].curve] == [0.8, 0.9] and view.trials[1].curve == []
-    # a metric the curves view does not pivot (a search.metric=val_f1) reaches the analyst beside them
+    # a metric the curves view does not pivot (a search.metric=val_f1) reaches the analyst beside them; the
+    # harness's own train_seconds does not (the curve's seconds say it)
     assert [p.others for p in view.trials[0].curve] == [{"val_f1": 0.6}, {"val_f1": 0.7}]
     assert view.interventions == ["wider"] and view.lineage == ["wider"] and view.program == "be brief"
 

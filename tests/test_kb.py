@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ralph_ray.kb import DB_FILE, KnowledgeBase, open_reader
+from ralph_ray.kb import DB_FILE, DamagedPartWarning, KnowledgeBase, open_reader, part_run
 from ralph_ray.sql import TABLES
 
 
@@ -399,3 +399,68 @@ def test_the_readme_lists_every_column_of_every_view(tmp_path: Path):
     for view in views:
         columns = {row[0] for row in con.execute(f"describe {view}").fetchall()}
         assert listed.get(view) == columns, view
+
+
+def _two_runs_one_damaged(tmp_path: Path, damaged: str = "old") -> tuple[Path, Path]:
+    """Two runs as the writers leave them ('old' finished and folded into `old-all`, 'new' still in its cycles'
+    parts), with one trials part of `damaged` cut to 100 bytes as a user trial's `truncate -s 100` did."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    for run_id in ("old", "new"):
+        kb.put("runs", [{"run_id": run_id, "status": "finished"}], run_id)
+        kb.put("trials", [trial_row(run_id, f"{run_id}-t1", 0.5)], f"{run_id}-c0001-trials")
+    kb.compact_run("old")
+    bad = next(p for p in (kb.parquet / "trials").glob(f"{damaged}-*.parquet"))
+    with bad.open("r+b") as part:
+        part.truncate(100)
+    return kb.root, bad
+
+
+def test_a_campaigns_reader_leaves_out_another_runs_damaged_part_and_names_it(tmp_path: Path):
+    """User trial: one truncated part of another run stopped every new campaign on the KB (a raw DuckDB traceback
+    from KnowledgeBase.reader()); the campaign's reader now leaves it out, as status and the app do."""
+    root, bad = _two_runs_one_damaged(tmp_path)
+    (root / DB_FILE).unlink()  # stale: a new campaign's init writes it again
+    kb = KnowledgeBase(root)  # a new campaign's writer
+    kb.init()
+    assert kb.reader().execute("select trial_id from trials").fetchall() == [("new-t1",)]
+    mine, others = kb.check_parts("new")
+    assert mine == {} and list(others) == [bad]
+    note = kb.damaged_note(bad, others[bad])
+    assert str(bad) in note and "run old" in note and f"python -m ralph_ray kb check --repair --kb {root}" in note
+
+
+def test_a_damaged_part_of_the_run_itself_is_its_own_and_a_longer_run_id_keeps_its_parts(tmp_path: Path):
+    root, bad = _two_runs_one_damaged(tmp_path, damaged="new")
+    kb = KnowledgeBase(root)
+    assert kb.check_parts("new")[0] == {bad: kb.damaged[bad]}
+    assert kb.check_parts("old")[0] == {}
+    for name, runs, run in (
+        ("r1-b-c0001-trials.parquet", {"r1", "r1-b"}, "r1-b"),  # the longest id that names it
+        ("r1-c1-abc123-1764-9f3e.parquet", {"r1", "r1-b"}, "r1"),  # one trial's part
+        ("20261202-003015-ab12-all-r2.parquet", set(), "20261202-003015-ab12"),  # no runs row to read: from its name
+        ("_kb-000003.parquet", {"r1"}, None),  # the compacted file: many runs'
+    ):
+        assert part_run(Path(name), runs) == run, name
+
+
+def test_the_damaged_part_warning_names_the_runs_missing_rows_and_the_repair(tmp_path: Path):
+    root, bad = _two_runs_one_damaged(tmp_path)
+    with pytest.warns(DamagedPartWarning) as said:
+        con = open_reader(root)
+    text = str(said[0].message)
+    assert str(bad) in text and "run old's trials rows" in text and "kb check --repair --kb" in text
+    assert con.execute("select run_id from runs order by run_id").fetchall() == [("new",), ("old",)]
+
+
+def test_compact_kb_leaves_a_damaged_part_where_it_is_and_merges_the_rest(tmp_path: Path):
+    """A campaign's end runs compact_kb once 32 finished runs' parts pile up: one damaged `-all` part among them
+    failed it (pq.read_table). It now stays where it is, for `kb check` to name, and the rest are merged."""
+    root, bad = _two_runs_one_damaged(tmp_path)
+    kb = KnowledgeBase(root)
+    kb.compact_run("new")
+    kb.compact_grace_s = 0.0
+    assert kb.compact_kb()["trials"] == 1
+    assert bad.exists() and not (kb.parquet / "trials" / "new-all.parquet").exists()
+    with pytest.warns(DamagedPartWarning, match=bad.name):
+        assert open_reader(root).execute("select trial_id from trials").fetchall() == [("new-t1",)]

@@ -313,3 +313,42 @@ def test_sigkill_mid_cycle_then_resume_loses_and_duplicates_nothing(two_cycles: 
     planned_cycle2 = json.loads((tmp_path / "runs" / "killed" / "cycle_0002" / "children.json").read_text())
     passing = [c for c in planned_cycle2 if c["status"] != "rejected"]
     assert killed["trials_per_cycle"][1] == (2, len(passing))
+
+
+def test_a_resumed_cycle_starts_asha_with_the_rung_results_of_that_cycles_earlier_trials(
+    two_cycles: Outcome, tmp_path: Path
+):
+    """The barrier loop's resume ran a cycle's remaining trials in a new Tune run whose ASHA rungs were empty: they
+    were judged against each other only. The scheduler a resumed cycle builds holds that cycle's earlier trials'
+    epoch-1 results (not another cycle's), so a trial below them all stops at epoch 1."""
+    from ralph_ray.search import resumed_scheduler, scheduler
+
+    cfg = tiny(tmp_path, "run_id=loop")
+    con = open_reader(two_cycles.kb_root)
+    for cycle in (1, 2):
+        earlier = dict(
+            con.execute(
+                "select e.trial_id, e.value from epochs e join trials t using (run_id, trial_id) "
+                "where e.run_id = 'loop' and t.cycle = ? and e.epoch = 1 and e.metric = ?",
+                [cycle, cfg.search.metric],
+            ).fetchall()
+        )
+        assert len(earlier) >= 2
+        stops: dict[str, str] = {}
+        resumed = resumed_scheduler(cfg, con, "loop", stops, cycle)
+        assert resumed.recorded()[1.0] == pytest.approx(earlier)  # this cycle's trials only
+        fresh = scheduler(cfg, {})
+        for sched in (resumed, fresh):
+            sched.set_search_properties(cfg.search.metric, cfg.search.mode)  # as Tune does when the run starts
+            sched.on_trial_add(None, _Trial("new"))
+        result = {"epoch": 1, cfg.search.metric: min(earlier.values()) - 0.5}
+        assert fresh.on_trial_result(None, _Trial("new"), result) == "CONTINUE"  # an empty rung: nothing to cut
+        assert resumed.on_trial_result(None, _Trial("new"), result) == "STOP"
+        assert f"of the {len(earlier)} trial(s) recorded there" in stops["new"]
+
+
+class _Trial:
+    """What Tune's scheduler reads of a trial."""
+
+    def __init__(self, trial_id: str) -> None:
+        self.trial_id = trial_id

@@ -94,6 +94,24 @@ def test_replicates_that_did_not_vary_with_their_seeds_are_no_test():
     assert welch_greater(child, parent, 0.9, None, varied).unvaried  # a loss does not tie by chance
 
 
+def test_two_replicates_that_tied_by_chance_are_no_warning():
+    """User trial: the shipped digits seed's two replicates of a child tied on both splits (selection 0.9721, test
+    0.9861: an accuracy on ~360 images moves in steps of 0.0028) while their predictions and val_loss (0.079, 0.110)
+    differed, and the console said "train.py seems to ignore harness.seed()" of a trainer that seeds from it."""
+    parent = Replicated(2, (1, 2), Sample.of([0.9777, 0.9582]), Sample.of([0.9833, 0.9833]))
+    child = Replicated(2, (1, 2), Sample.of([0.9721, 0.9721]), Sample.of([0.9861, 0.9861]))
+    assert seed_ignored({"f675087d77ba": parent, "adb285a05420": child}) is None
+    assert seed_ignored({"adb285a05420": child}) is None
+    # A trainer that ignores its seed copies every replicate: two variants' two copies each say so, as three of one
+    copied_parent = Replicated(2, (1, 2), Sample.of([0.9387] * 2), Sample.of([0.9411] * 2))
+    warning = seed_ignored({"p": copied_parent, "c": child})
+    assert warning is not None and "(c 0.9721 x2, p 0.9387 x2)" in warning and "ignore harness.seed()" in warning
+    three = Replicated(3, (1, 2, 3), Sample.of([0.9721] * 3), Sample.of([0.9861] * 3))
+    assert "(c 0.9721 x3)" in (seed_ignored({"f675087d77ba": parent, "c": three}) or "")
+    # a failed third replicate leaves two: one tie, no warning
+    assert seed_ignored({"c": Replicated(3, (1, 2, 3), child.sample, child.tests)}) is None
+
+
 def test_a_keep_counts_the_selection_splits_sampling_error_where_the_score_is_an_accuracy():
     """User trial (breast cancer, a 113-example selection split): a child one example ahead on three replicates that
     did not vary was kept as "better at 90%, p=3.93e-29"; replicates vary the seed on one fixed split, so their
@@ -414,15 +432,17 @@ def test_a_trainer_that_ignores_its_seed_is_warned_of_once_and_no_child_is_kept_
     assert "    seed = harness.seed()\n" in source
     fixed = digits_task(tmp_path / "seed0", source.replace("    seed = harness.seed()\n", "    seed = 0\n"))
     said = io.StringIO()
+    # three replicates: the seed's own copies are warned of (two can tie by chance, replicates.seed_ignored)
+    three = [o for o in CAMPAIGN if not o.startswith("safeguards.replicates=")] + ["safeguards.replicates=3"]
     outcome = run(
-        tiny_config(*CAMPAIGN, "run_id=seed0", f"task.trainer={fixed}", "agent=heuristic"),
+        tiny_config(*three, "run_id=seed0", f"task.trainer={fixed}", "agent=heuristic"),
         Console(file=said, width=400),
     )
     assert outcome.exit_code == 0
     trials, variants, _ = replicate_record(outcome.kb_root, "seed0")
     seed = next(v for v, _, status, _ in variants if status == "seed")
     copies = [score for v, s, rep, status, score in trials if v == seed and rep and status == "completed"]
-    assert len(copies) >= 2 and len(set(copies)) == 1  # fresh seeds 1, 2: the same run twice
+    assert len(copies) >= 3 and len(set(copies)) == 1  # fresh seeds 1, 2, 3: the same run three times
     console = said.getvalue()
     assert console.count("warning: replicates scored the same whatever their seed (") == 1
     assert f"{seed} {copies[0]:.4f} x" in console and "train.py seems to ignore harness.seed()" in console

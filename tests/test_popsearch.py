@@ -273,3 +273,34 @@ def test_a_rebuilt_study_stores_the_factor_that_gives_back_a_small_int_bases_rec
     p.warm_start("child", "t1", json.dumps({"GAMMA": 4}), 0.9, TrialStatus.completed, 1)
     factor = p.studies["child"].trials[0].params["GAMMA"]
     assert resolve_knobs({"GAMMA": factor}, {"GAMMA": 1}, relative_knobs(space, 1.2)) == {"GAMMA": 4}
+
+
+def resumed_seed(tried: list[dict], scores: list[float]) -> Pool:
+    """A pool rebuilt from recorded trials of the seed as asyncrun._rebuild does on resume (same settings)."""
+    p = pool()
+    seed = member("seed", None, 1, wanted=6)
+    seed.started = seed.finished = len(tried)
+    p.add(seed)
+    for i, (knobs, score) in enumerate(zip(tried, scores)):
+        p.warm_start("seed", f"t{i}", json.dumps(knobs), score, TrialStatus.completed, i + 1)
+    return p
+
+
+def test_a_resumed_pool_continues_its_studies_search_instead_of_redrawing_the_same_knobs():
+    """User trial: after kill -9 and resume, the seed's new samples repeated three knob sets it had trained (same
+    knobs, same scores): its rebuilt study's sampler started its seeded sequence over."""
+    before = pool()
+    before.add(member("seed", None, 1, wanted=6))
+    tried, scores = [], [0.8, 0.81, 0.82, 0.83]
+    for i, score in enumerate(scores):
+        config = before.suggest(f"t{i}")
+        tried.append({k: config[k] for k in OWN})
+        finish(before, f"t{i}", config, score)
+    resumed = resumed_seed(tried, scores)
+    new = [{k: c[k] for k in OWN} for c in (resumed.suggest(f"r{i}") for i in range(2))]
+    study = resumed.studies["seed"]
+    assert [t.value for t in study.trials[:4]] == scores  # the study knows what was trained and scored
+    assert [t.params["LR"] for t in study.trials[:4]] == pytest.approx([k["LR"] for k in tried])
+    assert all(knobs not in tried for knobs in new)  # new points, not the ones already trained
+    again = resumed_seed(tried, scores)  # and a resume draws as deterministically as a fresh start
+    assert [{k: c[k] for k in OWN} for c in (again.suggest(f"r{i}") for i in range(2))] == new

@@ -308,3 +308,46 @@ def test_a_child_the_gate_caught_reaching_outside_is_marked_in_the_report(tmp_pa
     assert "c (+label_smoothing), kept" in refused and "**reached outside its work dir**" in refused
     assert "imports ralph_ray.tasks" in refused
     assert "r (+mixup), rejected" in refused and "smoke run failed: NaN" in refused
+
+
+def test_a_damaged_part_of_the_run_refuses_the_report_and_keeps_the_old_one(tmp_path):
+    """User trial: `report RUN` over a half-truncated part of that run overwrote a good report with one of
+    `trials: 0` and exited 0. It now refuses, naming the file and the repair, and the old report stays."""
+    import pytest
+
+    from ralph_ray.kb import DamagedPartWarning
+    from ralph_ray.report import write_report
+    from ralph_ray.rundir import CampaignError
+
+    kb, run_dir = _async_kb(tmp_path)
+    kb.append("runs", [{"run_id": "other", "status": "finished"}], "other")  # another campaign on the same KB
+    kb.append("trials", [{"run_id": "other", "trial_id": "o1", "variant_id": "seed"}], "other-c1-o1")
+    good = write_report(kb.root, "r1", run_dir).read_text()
+    assert "trials: 4" in good
+    kb.compact_run("r1")  # the finished run folded into `r1-all`, as a campaign's end leaves it
+    bad = kb.parquet / "trials" / "r1-all.parquet"
+    with bad.open("r+b") as part:
+        part.truncate(bad.stat().st_size // 2)
+    with pytest.raises(CampaignError) as refused:
+        write_report(kb.root, "r1", run_dir)
+    assert str(bad) in str(refused.value) and f"python -m ralph_ray kb check --repair --kb {kb.root}" in str(
+        refused.value
+    )
+    assert (run_dir / "report" / "final_report.md").read_text() == good
+    # Another run's damaged part leaves this report whole (it is skipped with a warning, as status skips it).
+    bad.rename(tmp_path / "aside.parquet")
+    kb.append("trials", [{"run_id": "r1", "trial_id": "t9", "variant_id": "seed", "status": "failed"}], "r1-c1-t9")
+    other = next((kb.parquet / "trials").glob("other-*.parquet"))
+    other.write_bytes(b"not parquet")
+    with pytest.warns(DamagedPartWarning, match="run other's trials rows"):
+        assert "trials: 1" in write_report(kb.root, "r1", run_dir).read_text()
+
+
+def test_the_leaderboard_legend_says_discarded_variants_rank_last(tmp_path):
+    """User trial: a discarded child with the higher replicate mean ranked 2nd under a legend that said only
+    "ranked by the replicate mean"; sql.LEADERBOARD ranks a discarded variant below every other."""
+    from ralph_ray.report import write_report
+
+    kb, run_dir = _async_kb(tmp_path)
+    report = write_report(kb.root, "r1", run_dir).read_text()
+    assert "a discarded variant (its verdict found it no better than its parent) ranks below every other" in report

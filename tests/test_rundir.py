@@ -119,3 +119,33 @@ def test_each_variants_meta_json_says_its_verdict_once_judged(tmp_path: Path) ->
     assert [m["status"] for m in meta] == [VariantStatus.kept.value, VariantStatus.discarded.value]
     assert [m["reason"] for m in meta] == [better.reason, worse.reason] and "diff" not in meta[0]
     assert not (trainer / "meta.json").exists() and not (tmp_path / "meta.json").exists()  # the user's folder: no
+
+
+def test_a_resume_while_the_runs_driver_is_alive_is_refused_before_anything_is_written(tmp_path: Path, capsys) -> None:
+    """User trial: `resume=RUN` while RUN's driver still trained on the same host started a second driver on its run
+    dir; the two overwrote state.json and both wrote a final decision. The recorded driver's process decides."""
+    from ralph_ray import liveness
+    from ralph_ray.rundir import refuse_live_driver
+
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    run_dir = _finished_run(runs, StopReason.max_cycles, 1, 10.0)
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        state = CampaignState.load(run_dir)
+        state.status, state.phase = RunStatus.running, Phase.train
+        state.driver = {**liveness.this_driver(), "pid": process.pid, "started": liveness._start_ticks(process.pid)}
+        state.save(run_dir)
+        recorded = (run_dir / "state.json").read_bytes()
+        assert main(["resume=r1", f"paths.runs={runs}", f"paths.kb={kb}"]) == ExitCode.safeguard_or_config
+        said = " ".join(capsys.readouterr().err.split())
+        assert f"run r1 is still running (its driver, PID {process.pid} on {state.driver['host']}, is alive" in said
+        assert f"python -m ralph_ray stop r1 paths.runs={runs} paths.kb={kb}" in said, said
+        assert (run_dir / "state.json").read_bytes() == recorded and not kb.exists()  # nothing written, no Ray
+    finally:
+        process.kill()
+        process.wait()
+    assert refuse_live_driver(run_dir, runs, kb) is None  # its driver is gone: the resume goes on
+    state.driver = {**state.driver, "host": "elsewhere"}  # a driver this machine cannot check: said, not refused
+    state.save(run_dir)
+    note = refuse_live_driver(run_dir, runs, kb)
+    assert note and "cannot check (PID" in note and "on elsewhere" in note and "resuming anyway" in note
