@@ -175,17 +175,14 @@ def resume_alone(cfg: Config, err: Console) -> bool:
     """Whether no other driver runs the run a resume names (rundir.refuse_live_driver) and none of its KB parts is
     damaged, checked before Ray starts and before its state is touched; where its driver's host cannot be checked
     from here, said once and let go."""
-    from ralph_ray.kb import KnowledgeBase, damaged_run_message
+    from ralph_ray.kb import RESUME_WOULD, own_damaged
     from ralph_ray.rundir import CampaignError, refuse_live_driver
 
     try:
         note = refuse_live_driver(Path(cfg.paths.runs) / str(cfg.resume), cfg.paths.runs, cfg.paths.kb)
-        if Path(cfg.paths.kb).is_dir():  # a damaged part of its own: refused here, before the run's state is touched
-            kb = KnowledgeBase(Path(cfg.paths.kb))
-            mine, _ = kb.check_parts(str(cfg.resume))
-            if mine:
-                would = "a resume would go on without their rows (its best, its trials and verdicts)"
-                raise CampaignError(damaged_run_message(str(cfg.resume), mine, kb.root, would))
+        # A damaged part of its own: refused here, before the run's state is touched (Campaign checks it again).
+        if refusal := own_damaged(cfg.paths.kb, str(cfg.resume), RESUME_WOULD):
+            raise CampaignError(refusal)
     except CampaignError as error:
         err.print("[red]error:[/] ", end="")
         err.print(str(error), markup=False, highlight=False)

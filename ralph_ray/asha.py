@@ -32,6 +32,7 @@ import numpy as np
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.schedulers.async_hyperband import _Bracket
 
+from ralph_ray import sql
 from ralph_ray.config import Config, SchedulerKind, SpaceKind
 from ralph_ray.knobs import KnobError, epochs_knob, read_knobs
 from ralph_ray.statuses import STOPPED_WITH_CYCLE
@@ -118,20 +119,6 @@ class _MarginBracket(_Bracket):
         return action
 
 
-# What each earlier trial of a run reported, epoch by epoch (ASHA's metric and, under trial.budget_s, its time
-# attribute), in the order the trials ended; of one cycle where a cycle is given (the barrier loop's: each cycle is a
-# Tune run of its own), else of the whole run (the asynchronous one: one Tune run). The trials the engine counts as
-# done: a trial the end of a run cut short runs again. Kept here, beside its only reader (`rung_history`).
-RUNG_HISTORY = """
-select e.trial_id, coalesce(t.replicate, false), e.epoch, e.metric, e.value
-from epochs e join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
-where e.run_id = ? and t.reason is distinct from ? and not coalesce(t.final, false) and coalesce(t.cycle = ?, true)
-  and e.metric in (?, ?)
-  and (not coalesce(t.replicate, false) or t.status = 'completed')  -- Tune records a replicate only on completion
-order by t.written_at, e.trial_id, e.epoch
-"""
-
-
 def rung_history(
     con: duckdb.DuckDBPyConnection, run_id: str, metric: str, time_attr: str, cycle: int | None = None
 ) -> list[tuple[str, list[tuple[float, float]]]]:
@@ -141,7 +128,7 @@ def rung_history(
     reports: dict[str, dict[int, dict[str, float]]] = {}
     replicate: dict[str, bool] = {}
     for trial_id, is_replicate, epoch, name, value in con.execute(
-        RUNG_HISTORY, [run_id, STOPPED_WITH_CYCLE, cycle, metric, time_attr]
+        sql.RUNG_HISTORY, [run_id, STOPPED_WITH_CYCLE, cycle, metric, time_attr]
     ).fetchall():
         reports.setdefault(trial_id, {}).setdefault(int(epoch), {})[name] = value
         replicate[trial_id] = bool(is_replicate)

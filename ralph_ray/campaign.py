@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 
 from ralph_ray import environment, finaltrain, history, liveness, records, sigterm, timeline, tracking, warmcheck
 from ralph_ray.agents import preflight
@@ -38,6 +39,7 @@ from ralph_ray.events import EventedKB
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import interrupt_point
 from ralph_ray.generations import Campaign, Outcome
+from ralph_ray.kb import DamagedRunError
 from ralph_ray.raycluster import ClusterError, RayStartError, watch_head
 from ralph_ray.report import write_report
 from ralph_ray.rundir import CampaignError, locate, open_run
@@ -153,7 +155,14 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     try:
         interrupt_point("report")
         kb.compact_run(run_id)  # a finished run's cycles fold into one part per table: readers pay per file opened
-        console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
+        try:
+            console.print(f"  report: {write_report(kb_root, run_id, run_dir)}")
+        except DamagedRunError as refused:  # its own part damaged (report.refuse_damaged): the run is over all the same
+            console.print(
+                f"[yellow]warning:[/] run {run_id} finished and is recorded; its report was not written: "
+                f"{escape(str(refused))}",
+                highlight=False,
+            )
         console.print(f"  timeline: {timeline.write(kb_root, run_id, run_dir)} (open in ui.perfetto.dev)")
         tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
     except KeyboardInterrupt as signalled:

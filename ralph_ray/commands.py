@@ -14,7 +14,7 @@ from rich.table import Table
 from ralph_ray import liveness, sql
 from ralph_ray.control import request_stop
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import DEFAULT_KB, KB_ENV, now, open_reader
+from ralph_ray.kb import DEFAULT_KB, KB_ENV, DamagedRunError, now, open_reader
 from ralph_ray.state import CampaignState, RunStatus
 
 COMMANDS = ("status", "stop", "report", "export", "track", "kb")
@@ -89,11 +89,10 @@ def main(argv: list[str], console: Console) -> int:
         return _stop(console, run_dir, runs, kb)
     if command == "report":
         from ralph_ray.report import write_report
-        from ralph_ray.rundir import CampaignError
 
         try:
             console.print(f"wrote {write_report(kb, run_id, run_dir)}")
-        except (CampaignError, FileNotFoundError) as err:  # a damaged part of the run's own (report.refuse_damaged)
+        except (DamagedRunError, FileNotFoundError) as err:  # a damaged part of the run's own (report.refuse_damaged)
             console.print("[red]error:[/] ", end="")
             console.print(str(err), markup=False, highlight=False)
             return ExitCode.safeguard_or_config

@@ -780,7 +780,7 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
     # task= / search= naming the run's own (the first run's command again) change nothing; any other is refused
     own = [o for o in groups if o.startswith(("task=", "search="))]
     for choice in own:
-        _refuse_another_task_or_search(stored_raw, choice)
+        _refuse_another_task_or_search(stored_raw, choice, list(overrides or []))
     try:
         for choice in groups:
             if choice not in own:
@@ -810,12 +810,12 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
 FROZEN_ON_RESUME = ("task", "search.metric", "search.mode")
 
 
-def _refuse_another_task_or_search(stored: Any, choice: str) -> None:
+def _refuse_another_task_or_search(stored: Any, choice: str, overrides: list[str]) -> None:
     """Exit 2 (ConfigError) for a resume's `task=` / `search=` other than the run's own: `task=` naming another task
-    folder; `search=` whose knobs, metric or mode, composed with the run's task as a first run composes them (the
-    task's task.yaml wins), differ from the run's. The run's own is taken and changes nothing (README)."""
+    folder; `search=` whose metric or mode, composed as a first run composes them with the resume's other arguments,
+    differ from the run's. The run's own is taken and changes nothing (README); the knobs are _refuse_knob_changes'."""
     group, value = choice.split("=", 1)
-    asked, kept = _own_choice(stored, group, value), _own_choice(stored, group, None)
+    asked, kept = _own_choice(stored, group, value, overrides), _own_choice(stored, group, None, overrides)
     if asked != kept:
         raise ConfigError(
             "resume",
@@ -824,9 +824,13 @@ def _refuse_another_task_or_search(stored: Any, choice: str) -> None:
         )
 
 
-def _own_choice(stored: Any, group: str, value: str | None) -> str:
+def _own_choice(stored: Any, group: str, value: str | None, overrides: list[str]) -> str:
     """What decides whether `task=value` / `search=value` is the stored run's (value None: the stored run's own):
-    the task folder; the search space's knobs, metric and mode."""
+    the task folder; what a search group sets that a resume freezes besides the knobs, its metric and mode.
+
+    Not the knobs: a first run's `+`/`~search.space` overrides and experiment change them after the group (a first
+    run `search=digits ~search.space.WIDTH` refused its own resume given the same arguments, review); the final
+    config's knobs are checked against the run's (_refuse_knob_changes)."""
     if group == "task":
         if value is None:
             folder = Path(str(OmegaConf.select(stored, "task.trainer"))).expanduser()
@@ -834,15 +838,18 @@ def _own_choice(stored: Any, group: str, value: str | None) -> str:
             chosen = _task_path([f"task={value}"])
             folder = chosen[1] if chosen else Path(str(_group_choice(f"task={value}").task.trainer))
         return f"the task in {(folder if folder.is_absolute() else PROJECT_ROOT / folder).resolve()}"
-    search = OmegaConf.select(stored, "search") if value is None else _group_choice(f"search={value}").search
-    if value is not None:
-        task_yaml = _task_yaml(OmegaConf.select(stored, "task.trainer"))
-        own = OmegaConf.load(task_yaml) if task_yaml.is_file() else OmegaConf.create()
-        if OmegaConf.select(own, "search.space") is not None:
-            search.space = {}  # the task's knobs replace the group's, as on a first run (_with_task_yaml)
-        search = OmegaConf.merge(search, own.get("search") or {})
-    knobs = ", ".join(search.get("space") or {}) or "none"
-    return f"the knobs {knobs} by {search.get('metric')} ({search.get('mode')})"
+    if value is None:
+        search = OmegaConf.select(stored, "search")
+        return f"ranked by {search.get('metric')} ({search.get('mode')})"
+    group_search = _group_choice(f"search={value}").search
+    ranked = {key: group_search.get(key) for key in ("metric", "mode")}
+    # as a first run composes them (_with_task_yaml): the task's task.yaml, the experiment's keys, the command line
+    task_yaml = _task_yaml(OmegaConf.select(stored, "task.trainer"))
+    layers = [OmegaConf.load(task_yaml) if task_yaml.is_file() else None, _experiment_keys(overrides)]
+    layers += [_as_keys(o) for o in overrides if o.lstrip("+").split("=", 1)[0] in ("search.metric", "search.mode")]
+    for layer in (layer for layer in layers if layer is not None):
+        ranked = {key: OmegaConf.select(layer, f"search.{key}", default=was) for key, was in ranked.items()}
+    return f"ranked by {ranked['metric']} ({ranked['mode']})"
 
 
 def _refuse_knob_changes(stored: Any, asked: Any) -> None:

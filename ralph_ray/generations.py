@@ -36,7 +36,7 @@ from ralph_ray.decision import (
 )
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.gate import Gate
-from ralph_ray.kb import KnowledgeBase, damaged_run_message
+from ralph_ray.kb import RESUME_WOULD, KnowledgeBase, own_damaged
 from ralph_ray.ledger import SCORING_FAILED, STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.peakmemory import GpuUse
 from ralph_ray.population import Candidate, select_parents
@@ -80,7 +80,7 @@ class Campaign:
     ) -> None:
         self.cfg, self.console, self.run_dir, self.kb, self.state = cfg, console, run_dir, kb, state
         self.run_row, self.run_id, self.labels = run_row, state.run_id, splits.labels()
-        self._check_kb()  # before Ray starts and the run's data is written
+        self._check_kb()  # before Ray starts and any trial or data file of this start is written
         self.trials: list[TrialRecord] = []
         self.gpu_use = GpuUse(cfg.resources.gpu)  # a trial given a GPU that never started CUDA is said once
         self.seed_said = False  # replicates that are copies of one run (replicates.seed_ignored) are said once
@@ -104,12 +104,13 @@ class Campaign:
 
     def _check_kb(self) -> None:
         """Another run's damaged KB part is left out with a warning (user trial: it stopped every new campaign, exit
-        4); one of this run's refuses (exit 2): a resume would go on without its rows."""
-        mine, others = self.kb.check_parts(self.run_id)
-        if mine:  # `python -m ralph_ray resume=` refuses this before the run's state is touched (__main__)
-            would = "a resume would go on without their rows (its best, its trials and verdicts)"
-            raise CampaignError(damaged_run_message(self.run_id, mine, self.kb.root, would))
-        for path, why in others.items():
+        4); one of this run's refuses (exit 2): a resume would go on without its rows. Checked before Ray starts and
+        before any trial of this start runs, but after campaign.run has recorded the run as running (state.json, its
+        runs row): so the refusal is recorded as a crash. `python -m ralph_ray resume=` refuses it earlier, before
+        the run's state is touched (__main__.resume_alone); an in-process `campaign.run` resume ends here."""
+        if refusal := own_damaged(self.kb, self.run_id, RESUME_WOULD):
+            raise CampaignError(refusal)
+        for path, why in self.kb.damaged.items():  # none is this run's (own_damaged): other runs' parts
             self.console.print(f"[yellow]warning:[/] {escape(self.kb.damaged_note(path, why))}", highlight=False)
 
     def loop(self) -> Outcome:

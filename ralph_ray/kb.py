@@ -362,6 +362,8 @@ class KnowledgeBase:
                 schema_part = folder / "_schema.parquet"  # the views' glob of `_*` files never comes up empty
                 if not schema_part.exists():
                     self._write(schema_part, SCHEMAS[table].empty_table())
+                if any(_schema_of(p) is None for p in folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}")):
+                    continue  # a damaged manifest: which `_kb-*` file is live is unknown, so none is deleted or merged
                 hidden, live = compaction_state(folder)
                 for name in sorted(hidden):  # left over from a call cut short after its commit
                     (folder / name).unlink(missing_ok=True)
@@ -405,7 +407,7 @@ class KnowledgeBase:
         while True:
             try:
                 return connect_views(self.parquet, skip=self.damaged)
-            except duckdb.InvalidInputException:  # binding the views reads every part's footer: a damaged one fails
+            except duckdb.Error:  # binding the views reads every part's footer: a damaged one fails (many ways)
                 found = {p: why for p, why in damaged_parts(self.parquet).items() if p not in self.damaged}
                 if not found:
                     raise
@@ -421,18 +423,58 @@ class KnowledgeBase:
             connect_views(self.parquet).execute(sql.PROBE_TABLES).fetchall()
             self.damaged = {}
             return {}, {}
-        except duckdb.InvalidInputException:
+        except duckdb.Error:  # a truncated part (InvalidInputException), a bad footer length (plain Error), ...
             self.damaged = damaged_parts(self.parquet)
+            if not self.damaged:
+                raise  # not a damaged part: not ours to hide
         runs = self._run_ids()
-        # A compacted file (or its manifest) holds finished runs' rows: run_id's, where no readable runs row names it.
-        compacted = run_id not in runs
-        mine = {
-            path: why
-            for path, why in self.damaged.items()
-            if part_run(path, runs | {run_id}) == run_id
-            or (compacted and path.name.startswith((COMPACTED_PREFIX, MANIFEST_PREFIX)))
-        }
-        return mine, {path: why for path, why in self.damaged.items() if path not in mine}
+        own = {path for path in self.damaged if part_run(path, runs | {run_id}) == run_id}
+        compacted = [path for path in self.damaged if path.name.startswith((COMPACTED_PREFIX, MANIFEST_PREFIX))]
+        for folder in sorted({path.parent for path in compacted}):
+            if self._compacted_in(folder, run_id, runs):  # a damaged `_kb-*` file (or manifest) may hold its rows
+                own.update(path for path in compacted if path.parent == folder)
+        mine = {path: why for path, why in self.damaged.items() if path in own}
+        return mine, {path: why for path, why in self.damaged.items() if path not in own}
+
+    def _compacted_in(self, folder: Path, run_id: str, runs: set[str]) -> bool:
+        """Whether `run_id`'s rows of this table may be in its `_kb-*` files (a damaged one there is then its own).
+
+        Yes where no readable runs row names the run (its own may be in a damaged file), where a readable manifest
+        of the table lists a part of it replaced, or where compact_kb merged the run (`_compacted`) and no folded
+        `-all` part of it stands in the table (a table whose `_kb-*` file is damaged is not compacted again, so the
+        runs that end after the damage keep their rows there: a new campaign is never refused
+        over an older run's damaged file). A run compact_kb never merged: no.
+        """
+        if run_id not in runs:
+            return True
+        hidden, _ = compaction_state(folder)
+        if any(part_run(Path(name), runs) == run_id for name in hidden):
+            return True
+        folded = [
+            path
+            for path in folder.glob(f"{run_id}-all*.parquet")
+            if path not in self.damaged and path.name not in hidden and part_run(path, runs) == run_id
+        ]
+        return not folded and self._compacted(run_id, runs)
+
+    def _compacted(self, run_id: str, runs: set[str]) -> bool:
+        """Whether compact_kb merged `run_id`'s parts into the `_kb-*` files: a readable live one of some table holds
+        a row of it, or a readable manifest lists a part of it replaced."""
+        for table in SCHEMAS:
+            folder = self.parquet / table
+            hidden, live = compaction_state(folder)
+            if any(part_run(Path(name), runs) == run_id for name in hidden):
+                return True
+            for name in live:
+                path = folder / name
+                if path in self.damaged:
+                    continue
+                try:  # the row groups' run_id statistics prune it to the few that may hold the run (SORT_KEYS)
+                    if pq.read_table(path, columns=["run_id"], filters=[("run_id", "=", run_id)]).num_rows:
+                        return True
+                except (OSError, pa.ArrowException):
+                    continue  # gone since the listing (a newer compaction) or damaged since: not read
+        return False
 
     def damaged_note(self, path: Path, why: str) -> str:
         """One damaged part in words: the file, why, whose rows are missing, and the command that moves it aside."""
@@ -466,10 +508,11 @@ class KnowledgeBase:
             con.execute(sql.CREATE_KB_META)
             con.execute(sql.INSERT_KB_META, [fingerprint])
             con.execute(sql.DETACH_KB_FILE)
-        except duckdb.InvalidInputException:
+        except duckdb.Error:
             # A damaged part fails the views' binding: the shell's file waits (its fingerprint unwritten, so the
             # next start after `kb check --repair` writes it); the Python readers leave the part out meanwhile.
-            pass
+            if not damaged_parts(self.parquet):
+                raise  # not a damaged part (kb.duckdb locked by another process, say): said as it is
         finally:
             con.close()
 
@@ -597,6 +640,11 @@ def _only_run(path: Path, run_id: str) -> bool:
     return column.null_count == 0 and set(column.unique().to_pylist()) <= {run_id}
 
 
+class DamagedRunError(RuntimeError):
+    """A run's own rows are in a damaged part: what would go on without them (a report) refuses; the message names
+    the part and the repair. Not rundir.CampaignError: the report, which raises it, must not reach Ray (rundir does)."""
+
+
 class DamagedPartWarning(UserWarning):
     """A Parquet part of the KB could not be read and was left out of the views."""
 
@@ -619,14 +667,34 @@ def repair_command(kb_root: Path) -> str:
     return f"python -m ralph_ray kb check --repair --kb {kb_root}"
 
 
-def damaged_run_message(run_id: str, parts: dict[Path, str], kb_root: Path, would: str) -> str:
-    """A refusal over damaged parts of `run_id`'s own (`would`: what going on would do without their rows)."""
+def damaged_run_message(
+    run_id: str, parts: dict[Path, str], kb_root: Path, would: str, again: str = "run this command again"
+) -> str:
+    """A refusal over damaged parts of `run_id`'s own (`would`: what going on would do without their rows; `again`:
+    what to do once they are repaired)."""
     named = "; ".join(f"{path} ({why})" for path, why in parts.items())
     return (
         f"run {run_id}'s rows are in {len(parts)} damaged part(s) of the knowledge base: {named}; {would}. "
         f"fix: restore the file from a backup, or move it aside with `{repair_command(kb_root)}` (its rows are then "
-        "gone from the KB; the trials' files stay in the run dir), then run this command again"
+        f"gone from the KB; the trials' files stay in the run dir), then {again}"
     )
+
+
+# What a resume of a run would do with its own rows in a damaged part (`resume=` and Campaign refuse it).
+RESUME_WOULD = "a resume would go on without their rows (its best, its trials and verdicts)"
+
+
+def own_damaged(
+    kb: KnowledgeBase | str | Path, run_id: str, would: str, again: str = "run this command again"
+) -> str | None:
+    """The refusal naming the damaged parts that hold `run_id`'s rows and the repair (damaged_run_message); None
+    where none does, or where no KB was initialised yet (`trials/_schema.parquet`, as open_reader checks). Every
+    damaged part found is in `kb.damaged` after: where None, all are other runs'."""
+    kb = kb if isinstance(kb, KnowledgeBase) else KnowledgeBase(Path(kb))
+    if not (kb.parquet / "trials" / "_schema.parquet").exists():
+        return None  # no KB yet (an empty folder): nothing of the run's in it to lose
+    mine, _ = kb.check_parts(run_id)
+    return damaged_run_message(run_id, mine, kb.root, would, again) if mine else None
 
 
 def damaged_note(path: Path, why: str, kb_root: Path, runs: Collection[str] = ()) -> str:
@@ -669,9 +737,10 @@ def open_reader(kb_root: str | Path) -> duckdb.DuckDBPyConnection:
         con = connect_views(parquet)  # binding the views reads the parts' schemas: a damaged one fails here
         con.execute(sql.PROBE_TABLES).fetchall()  # or here, where every part's footer is opened (not mid-page)
         return con
-    except duckdb.InvalidInputException:
-        pass
-    damaged = damaged_parts(parquet)
+    except duckdb.Error:  # a truncated part (InvalidInputException), a bad footer length (plain Error), ...
+        damaged = damaged_parts(parquet)
+        if not damaged:
+            raise
     con = connect_views(parquet, skip=damaged)
     runs = {row[0] for row in con.execute(sql.RUN_IDS).fetchall()}
     for path, why in damaged.items():

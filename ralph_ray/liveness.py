@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import socket
 import time
@@ -181,21 +182,52 @@ def resume_command(run_id: str, *overrides: str) -> str:
 DEFAULT_PATHS = {"runs": "runs", "kb": "kb"}
 
 
-def locating(runs: str | Path, kb: str | Path) -> list[str]:
-    """The overrides that find a run and its KB from any folder: paths.runs and paths.kb, absolute, where they are
-    not the defaults (./runs, ./kb), which a command run beside them finds alone."""
+def _paths(runs: str | Path, kb: str | Path) -> list[tuple[str, str]]:
+    """The keys and values that find a run and its KB from any folder: paths.runs and paths.kb, absolute, where they
+    are not the defaults (./runs, ./kb), which a command run beside them finds alone."""
     return [
-        shlex.quote(f"paths.{name}={Path(value).expanduser().resolve()}")
+        (f"paths.{name}", str(Path(value).expanduser().resolve()))
         for name, value in (("runs", runs), ("kb", kb))
         if Path(value) != Path(DEFAULT_PATHS[name])
     ]
 
 
+def locating(runs: str | Path, kb: str | Path) -> list[str]:
+    """_paths as a command's words for the commands that read them unparsed (`stop`, `report`: commands._options),
+    quoted for the shell only."""
+    return [shlex.quote(f"{key}={value}") for key, value in _paths(runs, kb)]
+
+
+# What Hydra reads unquoted as the same string: an absolute path of these (a comma is a sweep, `(`, `#`, `=`, `~`,
+# a space or a non-ASCII letter a grammar error)
+_HYDRA_PLAIN = re.compile(r"/[A-Za-z0-9_/.\-+@%:]*", re.ASCII)
+
+
+def _for_hydra(value: str) -> str:
+    """`value` as Hydra reads it back exactly: as it is where plain, else single-quoted, a quote and the backslashes
+    before one (or at the end) escaped, as Hydra's quoted strings unescape them."""
+    if _HYDRA_PLAIN.fullmatch(value):
+        return value
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    escaped = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, escaped)
+    return f"'{escaped}'"
+
+
+def _shell_word(word: str) -> str:
+    """`word` for a shell: as it is where safe; in double quotes where that keeps it (`"paths.runs='/my runs'"` reads
+    better than shlex's `'"'"'`); else shlex's quoting."""
+    if shlex.quote(word) == word or re.search(r'["$`\\!]', word):
+        return shlex.quote(word)
+    return f'"{word}"'
+
+
 def resume_for(run_id: str, runs: str | Path, kb: str | Path) -> str:
-    """The one resume command every message prints (interrupts, stops, crashes, status): with the run's paths."""
-    return resume_command(run_id, *locating(runs, kb))
+    """The one resume command every message prints (interrupts, stops, crashes, status): with the run's paths,
+    quoted for Hydra (which reads them) inside the shell's quoting."""
+    return resume_command(run_id, *(_shell_word(f"{key}={_for_hydra(value)}") for key, value in _paths(runs, kb)))
 
 
 def stop_for(run_id: str, runs: str | Path, kb: str | Path) -> str:
-    """The command that asks the run's driver to stop (`stop` reads paths.runs= and paths.kb= as --runs and --kb)."""
+    """The command that asks the run's driver to stop (`stop` reads paths.runs= and paths.kb= as --runs and --kb,
+    unparsed: the paths are quoted for the shell only)."""
     return " ".join(["python -m ralph_ray stop", run_id, *locating(runs, kb)])

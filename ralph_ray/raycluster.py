@@ -100,7 +100,7 @@ def set_ray_env(auth_mode: str | None = None) -> None:
 
 def ensure_ray(num_cpus: int | None = None, cluster: ClusterConfig | None = None) -> None:
     """Start a local Ray, or join the configured cluster, unless this process is already connected (tests share one)."""
-    with sigterm.kept():  # ray.init's own SIGTERM handler would end the driver as crashed (sys.exit(1))
+    with sigterm.kept():  # ray.init's own SIGTERM handler would end the driver as crashed (sys.exit(15))
         _start_ray(num_cpus, cluster)
 
 

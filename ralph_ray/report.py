@@ -12,8 +12,8 @@ from ralph_ray.environment import summary
 from ralph_ray.finals import final_winner, worse_than_search
 from ralph_ray.front import cost_front, cost_seconds
 from ralph_ray.gate import reached_outside
-from ralph_ray.kb import KnowledgeBase, damaged_run_message, open_reader
-from ralph_ray.rundir import CampaignError
+from ralph_ray.kb import DamagedRunError, open_reader, own_damaged
+from ralph_ray.liveness import locating
 from ralph_ray.variants import unified_diff
 
 KEPT_LIKE = ("kept", "seed")
@@ -22,10 +22,10 @@ KEPT_LIKE = ("kept", "seed")
 def write_report(kb_root: Path, run_id: str, run_dir: Path) -> Path:
     """Write the report folder for one run and return the markdown's path.
 
-    A damaged part of the run's own refuses (CampaignError) before anything is written: the report of the rest would
+    A damaged part of the run's own refuses (DamagedRunError) before anything is written: the report of the rest would
     replace a whole one (user trial: `trials: 0` over a report of 10, exit 0). Another run's is left out, as status
     leaves it out."""
-    refuse_damaged(kb_root, run_id)
+    refuse_damaged(kb_root, run_id, run_dir)
     con = open_reader(kb_root)
     out = run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
@@ -434,15 +434,13 @@ def _names(interventions: str | None) -> str:
     return " + ".join(json.loads(interventions or "[]")) or "-"
 
 
-def refuse_damaged(kb_root: Path, run_id: str) -> None:
-    """Raise CampaignError naming the damaged parts that hold `run_id`'s rows, and the repair (none: return)."""
-    kb = KnowledgeBase(Path(kb_root))
-    if not (kb.parquet / "trials" / "_schema.parquet").exists():
-        return  # no KB yet: open_reader names the fix
-    mine, _ = kb.check_parts(run_id)
-    if mine:
-        would = "a report now would leave their rows out, so the report stays as it was"
-        raise CampaignError(damaged_run_message(run_id, mine, kb.root, would))
+def refuse_damaged(kb_root: Path, run_id: str, run_dir: Path) -> None:
+    """Raise DamagedRunError naming the damaged parts that hold `run_id`'s rows, the repair, and the command that
+    writes the report then (at a campaign's end too, where "this command" would start a campaign); none: return."""
+    would = "a report now would leave their rows out, so the report stays as it was"
+    command = " ".join(["python -m ralph_ray report", run_id, *locating(run_dir.parent, kb_root)])
+    if refusal := own_damaged(kb_root, run_id, would, again=f"write the report with `{command}`"):
+        raise DamagedRunError(refusal)
 
 
 def metric_values(task: dict[str, Any]) -> tuple[float, Callable[[Any], Any]]:

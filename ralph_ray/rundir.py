@@ -61,9 +61,10 @@ def locate(cfg: Config) -> tuple[str, Path, bool]:
 
 
 def refuse_live_driver(run_dir: Path, runs: str | Path, kb: str | Path) -> str | None:
-    """Refuse (CampaignError) to resume a run whose recorded driver still runs on this host: two drivers on one run
-    dir overwrite each other's state.json and both decide its end (user trial). Returns a warning where a run
-    recorded as running has its driver on another host, boot or PID namespace, which this process cannot check."""
+    """Refuse (CampaignError) to resume a run recorded as running whose driver still runs on this host: two drivers
+    on one run dir overwrite each other's state.json and both decide its end (user trial). Returns a warning where a
+    running run's driver is on another host, boot or PID namespace, which this process cannot check, or where an
+    ended run's driver still lives (exiting, or a notebook that ran it)."""
     if not (run_dir / "state.json").exists():
         return None  # locate() says what is missing
     state = CampaignState.load(run_dir)
@@ -71,6 +72,13 @@ def refuse_live_driver(run_dir: Path, runs: str | Path, kb: str | Path) -> str |
     if alive and driver.get("pid") == os.getpid():
         return None  # this process ran it and its campaign has returned (a test, a notebook running two in turn)
     where = f"PID {driver.get('pid')} on {driver.get('host')}"
+    if alive and state.status is not RunStatus.running:
+        # It recorded its end: what is left is Ray's shutdown after Ctrl-C, or a process (a notebook) that lives on.
+        # Refusing would be a dead end: `stop` answers that the run is not running (review).
+        return (
+            f"run {state.run_id} is recorded {state.status.value}, and its driver ({where}) is still exiting or "
+            "lives on in the process that ran it; it no longer writes the run: resuming"
+        )
     if alive:
         raise CampaignError(
             f"run {state.run_id} is still running (its driver, {where}, is alive; recorded {state.status.value}): "

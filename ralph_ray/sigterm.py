@@ -2,9 +2,10 @@
 
 The CLI installs `on_sigterm` in its main thread; it raises `Terminated`, a KeyboardInterrupt, so the one path that
 handles Ctrl-C (campaign.run records the run interrupted, the CLI prints the resume command, Ray shuts down at exit)
-handles it too, with exit code 143. `ray.init` installs a SIGTERM handler of its own in the driver (`sys.exit(15)`
-after killing its processes, leaving the run recorded `crashed`): `kept` puts the one before it back, and turns
-Ray's exit from a SIGTERM during `ray.init` into ours.
+handles it too, with exit code 143. `ray.init` installs a SIGTERM handler of its own in the driver, a bare
+`sys.exit(15)` (ray._private.worker; Ray's processes go only with its atexit shutdown), which left the run recorded
+`crashed`: `kept` holds Ray's install back and puts the one before it back, and turns Ray's exit from a SIGTERM during
+`ray.init` into ours.
 """
 
 from __future__ import annotations

@@ -569,6 +569,18 @@ where e.run_id = ? and t.variant_id = ?
   and e.metric not in ({", ".join(f"'{m}'" for m in EPOCH_METRICS + PROBE_METRICS + RL_METRICS + ("train_seconds",))})
 group by e.trial_id, e.epoch, e.metric
 """
+# What each earlier trial of a run reported, epoch by epoch (ASHA's metric and, under trial.budget_s, its time
+# attribute), in the order the trials ended; of one cycle where a cycle is given (the barrier loop's: each cycle is a
+# Tune run of its own), else of the whole run (the asynchronous one: one Tune run). The trials the engine counts as
+# done: a trial the end of a run cut short runs again. Read by asha.rung_history.
+RUNG_HISTORY = """
+select e.trial_id, coalesce(t.replicate, false), e.epoch, e.metric, e.value
+from epochs e join trials t on t.run_id = e.run_id and t.trial_id = e.trial_id
+where e.run_id = ? and t.reason is distinct from ? and not coalesce(t.final, false) and coalesce(t.cycle = ?, true)
+  and e.metric in (?, ?)
+  and (not coalesce(t.replicate, false) or t.status = 'completed')  -- Tune records a replicate only on completion
+order by t.written_at, e.trial_id, e.epoch
+"""
 # Trials of a cycle that count as done: those a stop cut short (reason ?) run again on resume.
 CYCLE_TRIALS_DONE = """
 select variant_id from trials

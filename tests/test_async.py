@@ -25,6 +25,7 @@ from ralph_ray.ledger import STOPPED_WITH_CYCLE
 sys.path.insert(0, str(Path(__file__).parent / "agents"))
 from slow_llm import SlowLLM  # noqa: E402
 from taskdirs import digits_task  # noqa: E402
+from tune_fakes import TuneTrial  # noqa: E402
 
 TINY = [  # no population.mode: the default (auto) runs async
     "search.num_samples=2",
@@ -104,8 +105,7 @@ def test_a_resume_starts_asha_with_the_rung_results_of_the_runs_earlier_trials(t
     """User trial (kill -9, resume): the resume's new Tune run started ASHA with empty rungs, and its first trial was
     cut against a single trial's result. The scheduler a resume builds holds every earlier trial's epoch-1 result at
     the rung at epoch 1 (max_t=2), as the KB's epochs have them, so a trial below them stops there at once."""
-    from ralph_ray.asyncrun import resumed_scheduler
-    from ralph_ray.search import scheduler
+    from ralph_ray.search import resumed_scheduler, scheduler
 
     cfg = tiny(tmp_path, "run_id=gens")
     con = open_reader(three_generations.kb_root)
@@ -123,10 +123,10 @@ def test_a_resume_starts_asha_with_the_rung_results_of_the_runs_earlier_trials(t
     fresh = scheduler(cfg, {})
     for sched in (resumed, fresh):
         sched.set_search_properties(cfg.search.metric, cfg.search.mode)  # as Tune does when the run starts
-        sched.on_trial_add(None, _Trial("new"))
+        sched.on_trial_add(None, TuneTrial("new"))
     result = {"epoch": 1, cfg.search.metric: worst - 0.5}
-    assert fresh.on_trial_result(None, _Trial("new"), result) == "CONTINUE"  # an empty rung: nothing to cut against
-    assert resumed.on_trial_result(None, _Trial("new"), result) == "STOP"
+    assert fresh.on_trial_result(None, TuneTrial("new"), result) == "CONTINUE"  # an empty rung: nothing to cut against
+    assert resumed.on_trial_result(None, TuneTrial("new"), result) == "STOP"
     assert f"of the {len(earlier)} trial(s) recorded there" in stops["new"]
 
 
@@ -166,13 +166,6 @@ def test_a_damaged_part_refuses_its_own_runs_resume_and_only_warns_another_campa
     assert len(warned) == 1 and "run gens's interventions rows" in warned[0] and repair in warned[0]
     con = open_reader(outcome.kb_root)
     assert con.execute("select count(*) from trials where run_id = 'dmg' and status = 'completed'").fetchone()[0]
-
-
-class _Trial:
-    """What Tune's scheduler reads of a trial."""
-
-    def __init__(self, trial_id: str) -> None:
-        self.trial_id = trial_id
 
 
 @pytest.mark.slow

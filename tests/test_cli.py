@@ -350,6 +350,28 @@ def test_sigterm_while_ray_starts_ends_as_one_while_training(tmp_path: Path):
     assert not left, f"Ray processes left behind: {[_cmdline(p) for p in left]}"
 
 
+def test_the_ray_function_that_sigterm_holds_back_is_where_ray_has_it():
+    """sigterm.kept holds Ray's SIGTERM handler back by replacing ray._private.utils.set_sigterm_handler, a private
+    function ray.init calls: a Ray upgrade that moves or renames it would let Ray's handler in again without a word
+    (exit 15, the run recorded crashed). This fails loudly instead."""
+    import inspect
+    import signal
+
+    from ray._private import utils, worker
+
+    from ralph_ray.sigterm import _ray_utils, install, kept, on_sigterm, restore
+
+    assert _ray_utils() is utils and callable(getattr(utils, "set_sigterm_handler", None))
+    assert "ray._private.utils.set_sigterm_handler(" in inspect.getsource(worker.init)
+    before = install()
+    try:
+        with kept():
+            utils.set_sigterm_handler(lambda signum, frame: None)  # what ray.init does first thing
+            assert signal.getsignal(signal.SIGTERM) is on_sigterm
+    finally:
+        restore(before)
+
+
 def _cmdline(proc_dir: Path) -> str:
     """A process's command line ('' once it is gone)."""
     try:
@@ -404,7 +426,8 @@ def test_every_printed_resume_and_stop_command_carries_the_runs_paths(tmp_path: 
 
     monkeypatch.chdir(tmp_path)
     assert liveness.resume_for("r", "runs", "./kb") == "python -m ralph_ray resume=r"  # the defaults, beside them
-    assert liveness.resume_for("r", "my runs", "kb") == f"python -m ralph_ray resume=r 'paths.runs={tmp_path}/my runs'"
+    spaced = f"python -m ralph_ray resume=r \"paths.runs='{tmp_path}/my runs'\""  # Hydra's quotes in the shell's
+    assert liveness.resume_for("r", "my runs", "kb") == spaced
     assert liveness.stop_for("r", "/a/runs", "/b/kb") == "python -m ralph_ray stop r paths.runs=/a/runs paths.kb=/b/kb"
     runs, shared_kb = tmp_path / "runs", tmp_path / "shared" / "kb"
     run_dir = _recorded_run(runs, "running", quiet_s=0, driver=liveness.this_driver())  # this process: alive
@@ -412,3 +435,35 @@ def test_every_printed_resume_and_stop_command_carries_the_runs_paths(tmp_path: 
     assert main(["stop", "r1", "--runs", "runs"]) == 0  # from the folder it was started in, as the user did
     shown = " ".join(capsys.readouterr().out.split())
     assert f"resume with `python -m ralph_ray resume=r1 paths.runs={runs} paths.kb={shared_kb}`" in shown, shown
+
+
+def test_a_printed_resume_command_finds_a_run_whose_folder_hydra_would_misread(tmp_path: Path, capsys):
+    """Review: the printed `resume=... paths.runs=...` was quoted for the shell only, but Hydra reads it, and refuses a
+    path holding `(`, `#`, `=` or `~`, and turns a comma into a sweep. The path is quoted for Hydra inside the shell's
+    quoting; `stop`'s command, read unparsed (`--runs` and `--kb` alike), keeps it raw."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from ralph_ray import liveness
+    from ralph_ray.__main__ import main
+    from ralph_ray.config import load_config
+
+    where = tmp_path / "my runs, (copy) #2=~x"
+    runs, kb = where / "runs", where / "kb"
+    (runs / "r1").mkdir(parents=True)
+    (runs / "r1" / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config([]))))
+    words = shlex.split(liveness.resume_for("r1", runs, kb))
+    assert words[:4] == ["python", "-m", "ralph_ray", "resume=r1"], words
+    parser = OverridesParser.create()
+    assert [parser.parse_override(word).value() for word in words[4:]] == [str(runs), str(kb)], words
+    assert main([*words[3:], "--cfg"]) == 0, capsys.readouterr().err  # as the CLI reads it: it finds the run
+    shown = OmegaConf.create(capsys.readouterr().out)
+    assert (shown.resume, shown.paths.runs, shown.paths.kb) == ("r1", str(runs), str(kb))
+    assert shlex.split(liveness.stop_for("r1", runs, kb))[5:] == [f"paths.runs={runs}", f"paths.kb={kb}"]
+    # a quote, a trailing backslash, a non-ASCII letter: read back exactly too; a plain path stays unquoted
+    for odd in ("/a/it's", "/a/b\\", "/a/é", "/a/x\\'y"):
+        word = shlex.split(liveness.resume_for("r1", odd, "kb"))[4]
+        assert parser.parse_override(word).value() == odd, word
+    assert liveness.resume_for("r1", "/a/runs", "kb") == "python -m ralph_ray resume=r1 paths.runs=/a/runs"

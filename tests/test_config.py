@@ -971,11 +971,12 @@ def test_a_resume_keeps_the_search_spaces_knobs_and_takes_its_own_task_and_searc
     wider.mkdir()
     epochs = load_config(["+search.space.EPOCHS={type: choice, values: [2]}"])
     (wider / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(epochs)))
+    # search=digits ranks as the run does: its own, the run's EPOCHS kept (the knobs are the final config's)
+    assert list(resume_config(wider, ["search=digits"]).search.space) == ["LR", "BATCH_SIZE", "WIDTH", "EPOCHS"]
     with pytest.raises(ConfigError, match="keeps its task and search space") as info:
-        resume_config(wider, ["search=digits"])
+        resume_config(wider, ["search=digits", "search.metric=val_loss", "search.mode=min"])
     said = str(info.value)
-    assert "search=digits is the knobs LR, BATCH_SIZE, WIDTH by val_acc (max)" in said
-    assert "this run's is the knobs LR, BATCH_SIZE, WIDTH, EPOCHS by val_acc (max)" in said
+    assert "search=digits is ranked by val_loss (min), this run's is ranked by val_acc (max)" in said
     assert "resume without search=" in said
 
 
@@ -1031,3 +1032,33 @@ def test_a_config_file_that_task_trainer_files_leave_out_is_named_with_the_line_
     # a task without a config file its code names: nothing to say
     (folder / "configs" / "config.yaml").unlink()
     assert unshipped_config(_seed_code(shipped), folder, patterns) is None
+
+
+def test_a_resume_given_its_first_runs_arguments_again_is_taken(tmp_path: Path):
+    """Review: a resume's `search=X` was compared by composing the search group and task.yaml only, while the first
+    run also applied the command line's `+`/`~search.space` and `search.*` overrides: a first run `search=digits
+    ~search.space.WIDTH` refused its own resume given the same arguments. `search=` now decides only what a resume
+    freezes besides the knobs (metric and mode, composed as the first run composed them); the knobs are the final
+    config's to check."""
+    from ralph_ray.__main__ import main
+
+    firsts = (
+        ["search=digits", "~search.space.WIDTH"],
+        ["search=digits", "+search.space.EPOCHS={type: choice, values: [2]}"],
+        ["search=digits", "search.metric=val_loss", "search.mode=min"],
+    )
+    for at, first in enumerate(firsts):
+        run_dir = tmp_path / f"r{at}"
+        run_dir.mkdir()
+        stored = load_config(first)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(stored)))
+        resumed = resume_config(run_dir, [f"resume=r{at}", *first])
+        assert resumed.search == stored.search, first
+        assert main([f"resume=r{at}", f"paths.runs={tmp_path}", *first, "--cfg"]) == 0, first
+    # another ranking is still refused, naming both; the knobs a resume keeps are the final config's to check
+    with pytest.raises(ConfigError, match="keeps its task and search space") as info:
+        resume_config(tmp_path / "r2", ["search=digits"])
+    said = str(info.value)
+    assert "search=digits is ranked by val_acc (max), this run's is ranked by val_loss (min)" in said, said
+    with pytest.raises(ConfigError, match="this resume adds WIDTH"):
+        resume_config(tmp_path / "r0", ["search=digits", "+search.space.WIDTH={type: choice, values: [8]}"])

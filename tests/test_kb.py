@@ -464,3 +464,101 @@ def test_compact_kb_leaves_a_damaged_part_where_it_is_and_merges_the_rest(tmp_pa
     assert bad.exists() and not (kb.parquet / "trials" / "new-all.parquet").exists()
     with pytest.warns(DamagedPartWarning, match=bad.name):
         assert open_reader(root).execute("select trial_id from trials").fetchall() == [("new-t1",)]
+
+
+def test_a_part_with_intact_ends_but_a_bad_footer_is_left_out_as_a_truncated_one(tmp_path: Path):
+    """Review: a part whose `PAR1` ends are intact but whose footer is not (a bad footer length, garbage between the
+    magic bytes) fails DuckDB with a plain `duckdb.Error` ("Footer length error"), not the truncated part's
+    InvalidInputException: the readers caught only the latter, so every campaign on the KB crashed again."""
+    root, bad = _two_runs_one_damaged(tmp_path)
+    (root / DB_FILE).unlink()  # stale: a new campaign's init writes it again
+    real = next((root / "parquet" / "trials").glob("new-*.parquet")).read_bytes()
+    bad.write_bytes(real[:-8] + (10**6).to_bytes(4, "little") + b"PAR1")  # a real part, its footer length wrong
+    runs_bad = root / "parquet" / "runs" / "old-all.parquet"
+    runs_bad.write_bytes(b"PAR1" + b"\x07" * 200 + b"PAR1")
+    kb = KnowledgeBase(root)
+    kb.init()  # the views' binding in kb.duckdb fails on it too: the shell's file waits for the repair
+    assert kb.reader().execute("select trial_id from trials").fetchall() == [("new-t1",)]
+    mine, others = kb.check_parts("new")
+    assert mine == {} and set(others) == {bad, runs_bad}
+    with pytest.warns(DamagedPartWarning, match=bad.name):
+        assert open_reader(root).execute("select run_id from runs").fetchall() == [("new",)]
+
+
+def _compacted(tmp_path: Path) -> KnowledgeBase:
+    """Runs r1 and r2 finished, folded (compact_run) and merged into `_kb-000001` (compact_kb), as a KB of many
+    campaigns leaves them; r3 a new campaign that has written its runs row and no trial yet."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.compact_grace_s = 0.0
+    for run_id in ("r1", "r2"):
+        kb.put("runs", [{"run_id": run_id, "status": "finished"}], run_id)
+        kb.put("trials", [trial_row(run_id, f"{run_id}-t1", 0.5)], f"{run_id}-c0001-trials")
+        kb.compact_run(run_id)
+    kb.compact_kb()
+    kb.put("runs", [{"run_id": "r3", "status": "running"}], "r3")
+    return kb
+
+
+def test_a_damaged_compacted_file_holds_the_rows_of_the_runs_compacted_into_it(tmp_path: Path):
+    """Review: after compact_kb a damaged `trials/_kb-000001` was nobody's own (r1 had a readable runs row), so
+    `resume=r1` went on and `report r1` wrote `trials: 0` over a good report. It is the own part of every run whose
+    trials can only be in compacted files; a new campaign with no trials yet goes on with a warning."""
+    kb = _compacted(tmp_path)
+    bad = kb.parquet / "trials" / "_kb-000001.parquet"
+    with bad.open("r+b") as part:
+        part.truncate(100)
+    for run_id in ("r1", "r2"):
+        assert set(KnowledgeBase(kb.root).check_parts(run_id)[0]) == {bad}, run_id
+    mine, others = KnowledgeBase(kb.root).check_parts("r3")
+    assert mine == {} and list(others) == [bad]
+    # r1 resumed: its new trials in a part of its own; its older ones still only in the damaged file
+    kb.put("trials", [trial_row("r1", "r1-t2", 0.6)], "r1-c0002-trials")
+    assert set(KnowledgeBase(kb.root).check_parts("r1")[0]) == {bad}
+    from ralph_ray.kb import own_damaged
+
+    assert "r1" in own_damaged(kb.root, "r1", "a resume would go on without them")
+    # r3 ends: compact_kb merges its runs row (the damaged trials file is never merged again), its trials stay in
+    # `r3-all`: the damaged file holds none of them, so its report is not refused
+    kb.put("trials", [trial_row("r3", "r3-t1", 0.7)], "r3-c0001-trials")
+    kb.compact_run("r3")
+    assert kb.compact_kb() == {"runs": 1}
+    assert KnowledgeBase(kb.root).check_parts("r3")[0] == {}
+    assert set(KnowledgeBase(kb.root).check_parts("r2")[0]) == {bad}
+
+
+def test_a_damaged_manifest_is_the_own_part_of_the_runs_it_lists_and_compact_kb_leaves_its_table(tmp_path: Path):
+    """A damaged manifest hides which `_kb-*` file is live: compact_kb took the compacted file for an uncommitted one
+    and deleted it (r1's and r2's trials gone for good). The table is now left as it is for `kb check` to name."""
+    kb = _compacted(tmp_path)
+    bad = kb.parquet / "trials" / "_m-000001.manifest"
+    bad.write_bytes(b"not parquet")
+    assert set(KnowledgeBase(kb.root).check_parts("r1")[0]) == {bad}
+    assert KnowledgeBase(kb.root).check_parts("r3")[0] == {}
+    kb.put("trials", [trial_row("r3", "r3-t1", 0.7)], "r3-c0001-trials")
+    kb.compact_run("r3")
+    assert kb.compact_kb() == {"runs": 1}
+    assert sorted(p.name for p in (kb.parquet / "trials").iterdir()) == [
+        "_kb-000001.parquet",
+        "_m-000001.manifest",
+        "_schema.parquet",
+        "r3-all.parquet",
+    ]
+
+
+def test_no_knowledge_base_yet_has_no_damaged_part_and_a_resume_is_not_refused_by_it(tmp_path: Path):
+    """Review: an existing but empty KB folder gave `resume=` a DuckDB IOException traceback."""
+    import io
+
+    from rich.console import Console
+
+    from ralph_ray.__main__ import resume_alone
+    from ralph_ray.config import load_config
+    from ralph_ray.kb import own_damaged
+
+    (tmp_path / "kb").mkdir()
+    assert own_damaged(tmp_path / "kb", "r1", "") is None
+    assert own_damaged(tmp_path / "missing", "r1", "") is None
+    cfg = load_config(["resume=r1", f"paths.runs={tmp_path / 'runs'}", f"paths.kb={tmp_path / 'kb'}"])
+    said = io.StringIO()
+    assert resume_alone(cfg, Console(file=said)) and said.getvalue() == ""

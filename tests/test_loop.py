@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tune_fakes import TuneTrial
 
 from ralph_ray.__main__ import main
 from ralph_ray.campaign import Outcome, run
@@ -340,15 +341,8 @@ def test_a_resumed_cycle_starts_asha_with_the_rung_results_of_that_cycles_earlie
         fresh = scheduler(cfg, {})
         for sched in (resumed, fresh):
             sched.set_search_properties(cfg.search.metric, cfg.search.mode)  # as Tune does when the run starts
-            sched.on_trial_add(None, _Trial("new"))
+            sched.on_trial_add(None, TuneTrial("new"))
         result = {"epoch": 1, cfg.search.metric: min(earlier.values()) - 0.5}
-        assert fresh.on_trial_result(None, _Trial("new"), result) == "CONTINUE"  # an empty rung: nothing to cut
-        assert resumed.on_trial_result(None, _Trial("new"), result) == "STOP"
+        assert fresh.on_trial_result(None, TuneTrial("new"), result) == "CONTINUE"  # an empty rung: nothing to cut
+        assert resumed.on_trial_result(None, TuneTrial("new"), result) == "STOP"
         assert f"of the {len(earlier)} trial(s) recorded there" in stops["new"]
-
-
-class _Trial:
-    """What Tune's scheduler reads of a trial."""
-
-    def __init__(self, trial_id: str) -> None:
-        self.trial_id = trial_id

@@ -315,9 +315,8 @@ def test_a_damaged_part_of_the_run_refuses_the_report_and_keeps_the_old_one(tmp_
     `trials: 0` and exited 0. It now refuses, naming the file and the repair, and the old report stays."""
     import pytest
 
-    from ralph_ray.kb import DamagedPartWarning
+    from ralph_ray.kb import DamagedPartWarning, DamagedRunError
     from ralph_ray.report import write_report
-    from ralph_ray.rundir import CampaignError
 
     kb, run_dir = _async_kb(tmp_path)
     kb.append("runs", [{"run_id": "other", "status": "finished"}], "other")  # another campaign on the same KB
@@ -328,7 +327,7 @@ def test_a_damaged_part_of_the_run_refuses_the_report_and_keeps_the_old_one(tmp_
     bad = kb.parquet / "trials" / "r1-all.parquet"
     with bad.open("r+b") as part:
         part.truncate(bad.stat().st_size // 2)
-    with pytest.raises(CampaignError) as refused:
+    with pytest.raises(DamagedRunError) as refused:
         write_report(kb.root, "r1", run_dir)
     assert str(bad) in str(refused.value) and f"python -m ralph_ray kb check --repair --kb {kb.root}" in str(
         refused.value
@@ -341,6 +340,46 @@ def test_a_damaged_part_of_the_run_refuses_the_report_and_keeps_the_old_one(tmp_
     other.write_bytes(b"not parquet")
     with pytest.warns(DamagedPartWarning, match="run other's trials rows"):
         assert "trials: 1" in write_report(kb.root, "r1", run_dir).read_text()
+
+
+def test_a_damaged_compacted_file_refuses_the_report_of_a_run_compacted_into_it(tmp_path):
+    """Review: after compact_kb, a truncated `trials/_kb-000001` was no part of r1's own (r1's runs row still read),
+    so `report r1` wrote `trials: 0` over a good report. It refuses, naming the command that writes the report once
+    repaired (at a campaign's end "run this command again" would start a campaign)."""
+    import io
+
+    import pytest
+    from rich.console import Console
+
+    from ralph_ray import commands
+    from ralph_ray.kb import DamagedRunError
+    from ralph_ray.report import write_report
+
+    kb, run_dir = _async_kb(tmp_path)
+    kb.append("runs", [{"run_id": "other", "status": "finished"}], "other")
+    kb.append("trials", [{"run_id": "other", "trial_id": "o1", "variant_id": "seed"}], "other-c1-o1")
+    good = write_report(kb.root, "r1", run_dir).read_text()
+    kb.compact_grace_s = 0.0
+    for run_id in ("r1", "other"):
+        kb.compact_run(run_id)
+    kb.compact_kb()
+    bad = kb.parquet / "trials" / "_kb-000001.parquet"
+    with bad.open("r+b") as part:
+        part.truncate(100)
+    with pytest.raises(DamagedRunError) as refused:
+        write_report(kb.root, "r1", run_dir)
+    command = f"python -m ralph_ray report r1 paths.runs={run_dir.parent} paths.kb={kb.root}"
+    assert str(bad) in str(refused.value) and f"write the report with `{command}`" in str(refused.value)
+    (run_dir / "state.json").write_text("{}")  # a run dir as the campaign leaves it (the command looks for it)
+    said = io.StringIO()  # the `report` command: exit 2 with the same message (no traceback)
+    assert (
+        commands.main(
+            ["report", "r1", "--runs", str(run_dir.parent), "--kb", str(kb.root)], Console(file=said, soft_wrap=True)
+        )
+        == 2
+    )
+    assert str(bad) in " ".join(said.getvalue().split())
+    assert (run_dir / "report" / "final_report.md").read_text() == good
 
 
 def test_the_leaderboard_legend_says_discarded_variants_rank_last(tmp_path):

@@ -149,3 +149,37 @@ def test_a_resume_while_the_runs_driver_is_alive_is_refused_before_anything_is_w
     state.save(run_dir)
     note = refuse_live_driver(run_dir, runs, kb)
     assert note and "cannot check (PID" in note and "on elsewhere" in note and "resuming anyway" in note
+
+
+def test_a_run_that_ended_is_resumed_though_its_driver_process_lives_on(tmp_path: Path, capsys) -> None:
+    """Review: a run recorded finished or interrupted whose driver process lives on (a notebook that called
+    campaign.run; the CLI still shutting Ray down after Ctrl-C) was refused as still running, and the advised `stop`
+    answered "not running; nothing to stop". Only a run recorded running with a live driver is refused; an ended one
+    is said to have a driver still exiting, and goes on."""
+    from ralph_ray import liveness
+    from ralph_ray.rundir import refuse_live_driver
+
+    runs, kb = tmp_path / "runs", tmp_path / "kb"
+    run_dir = _finished_run(runs, StopReason.campaign_time, 3, 248.0)  # spent: no campaign
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        state = CampaignState.load(run_dir)
+        state.driver = {**liveness.this_driver(), "pid": process.pid, "started": liveness._start_ticks(process.pid)}
+        for status in (RunStatus.interrupted, RunStatus.crashed, RunStatus.finished):
+            state.status = status
+            state.save(run_dir)
+            note = refuse_live_driver(run_dir, runs, kb)
+            assert note and f"recorded {status.value}" in note and f"PID {process.pid}" in note, note
+            assert "still exiting" in note and "resuming" in note and "stop" not in note, note
+        # the command line: the warning, then the resume's own checks (here: the spent time budget, exit 2)
+        assert main(["resume=r1", f"paths.runs={runs}", f"paths.kb={kb}"]) == ExitCode.safeguard_or_config
+        said = " ".join(capsys.readouterr().err.split())
+        assert "warning: run r1 is recorded finished" in said and "is still running" not in said, said
+        assert "safeguards.campaign_time_s=" in said, said
+        state.status = RunStatus.running  # recorded running with its driver alive: refused, as before
+        state.save(run_dir)
+        with pytest.raises(CampaignError, match=f"run r1 is still running .its driver, PID {process.pid}"):
+            refuse_live_driver(run_dir, runs, kb)
+    finally:
+        process.kill()
+        process.wait()
