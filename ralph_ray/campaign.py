@@ -134,6 +134,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
             state.status, state.stop_reason, state.exit_code = RunStatus.interrupted, reason, int(code)
             state.save(run_dir)
             kb.put("runs", [records.run_status(base, RunStatus.interrupted, state, reason)], run_id)
+            _driver_done(state, run_dir)
         raise Interrupted(run_id, code=code) from None
     except BaseException as err:
         with _ENDING:
@@ -143,6 +144,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
             state.exit_code = int(ExitCode.safeguard_or_config if isinstance(err, REFUSALS) else ExitCode.error)
             state.save(run_dir)
             kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
+            _driver_done(state, run_dir)
         if isinstance(err, RayStartError):
             err.resume = resume  # the CLI names it: Ray's start may well succeed on a less loaded machine
         raise
@@ -167,8 +169,17 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         tracking.track_campaign(cfg.tracking, kb_root, run_id, console.print)
     except KeyboardInterrupt as signalled:
         # The run is over and recorded; what Ctrl-C cut can be written again (compaction is atomic, `report` rewrites).
+        _driver_done(state, run_dir)
         raise Interrupted(run_id, finished=True, code=_signal_code(signalled)[0]) from None
+    _driver_done(state, run_dir)
     return outcome
+
+
+def _driver_done(state: CampaignState, run_dir: Path) -> None:
+    """Record that this driver writes the run no more (rundir.refuse_live_driver): a run is recorded finished before
+    its final training, compaction and report still write it, so the status alone cannot tell (review)."""
+    state.driver = {**(state.driver or {}), "done": True}
+    state.save(run_dir)
 
 
 # Held while the run's final status is recorded: the head watch's thread (head_lost) and the main thread's own

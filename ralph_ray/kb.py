@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import time
 import uuid
 import warnings
@@ -36,6 +37,7 @@ STORAGE_VERSION = "v1.4.0"
 TS = pa.timestamp("us", tz="UTC")
 # `compact_kb`: every finished run's folded part (`<run_id>-all`) merged into one sorted file per table, named
 # `_kb-<generation>.parquet`, committed by its manifest `_m-<generation>.manifest` (it live, what it replaced hidden).
+DAMAGED_DIR = "damaged"  # under the KB root: parts `kb check --repair` and compact_kb moved aside, by table
 COMPACTED_PREFIX = sql.COMPACTED_PREFIX
 MANIFEST_PREFIX = sql.MANIFEST_PREFIX
 MANIFEST_SUFFIX = sql.MANIFEST_SUFFIX
@@ -369,7 +371,11 @@ class KnowledgeBase:
                     (folder / name).unlink(missing_ok=True)
                 for path in folder.glob(f"{COMPACTED_PREFIX}*.parquet"):
                     if path.name not in live:  # written by a call cut short before its commit: never counted
-                        path.unlink()
+                        # Moved aside, not deleted: after `kb check --repair` moved its damaged manifest away, an
+                        # unlisted file is the only copy of the runs it holds (review: their rows were lost for good).
+                        aside = self.root / DAMAGED_DIR / table / f"{path.name}.unlisted"
+                        aside.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.move(path, aside)
                 manifests = sorted(folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}"))
                 current = sorted(folder.glob(f"{COMPACTED_PREFIX}*.parquet"))
                 sources = sorted(p for p in folder.glob("*-all*.parquet") if FOLDED_PART.search(p.name))

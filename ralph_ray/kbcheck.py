@@ -21,9 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ralph_ray.exit_codes import ExitCode
-from ralph_ray.kb import PARQUET_DIR, KnowledgeBase, damaged_parts, open_reader, repair_command
-
-DAMAGED_DIR = "damaged"  # under the KB root: parts moved aside by --repair, one folder per table
+from ralph_ray.kb import DAMAGED_DIR, PARQUET_DIR, KnowledgeBase, damaged_parts, open_reader, repair_command
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,10 @@ def refuse_live_driver(run_dir: Path, runs: str | Path, kb: str | Path) -> str |
     if alive and driver.get("pid") == os.getpid():
         return None  # this process ran it and its campaign has returned (a test, a notebook running two in turn)
     where = f"PID {driver.get('pid')} on {driver.get('host')}"
-    if alive and state.status is not RunStatus.running:
-        # It recorded its end: what is left is Ray's shutdown after Ctrl-C, or a process (a notebook) that lives on.
-        # Refusing would be a dead end: `stop` answers that the run is not running (review).
+    if alive and driver.get("done"):
+        # It wrote its last (campaign._driver_done): what is left is Ray's shutdown after Ctrl-C, or a process (a
+        # notebook) that lives on. Refusing would be a dead end: `stop` answers that the run is not running (review).
+        # Not the status alone: a run is recorded finished before its final training, compaction and report.
         return (
             f"run {state.run_id} is recorded {state.status.value}, and its driver ({where}) is still exiting or "
             "lives on in the process that ran it; it no longer writes the run: resuming"

@@ -42,6 +42,7 @@ def test_one_cycle_digits_campaign_through_the_cli(ray_session, tmp_path: Path, 
     assert (run_dir / "config.yaml").exists()
     state = json.loads((run_dir / "state.json").read_text())
     assert state["phase"] == "done" and state["best_trial_id"]
+    assert state["driver"]["done"] is True  # its last write done: a resume is no longer refused while it exits
 
     con = open_reader(tmp_path / "kb")
     trials = con.execute(

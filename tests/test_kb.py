@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from ralph_ray.kb import DB_FILE, DamagedPartWarning, KnowledgeBase, open_reader, part_run
@@ -544,6 +545,22 @@ def test_a_damaged_manifest_is_the_own_part_of_the_runs_it_lists_and_compact_kb_
         "_schema.parquet",
         "r3-all.parquet",
     ]
+
+
+def test_the_repair_of_a_damaged_manifest_then_a_compaction_keeps_the_compacted_rows_on_disk(tmp_path: Path):
+    """Review: `kb check --repair` moved a damaged manifest aside, and the next compact_kb took the compacted file it
+    listed for an uncommitted write and deleted it: r1's and r2's trials were gone for good. It is moved aside now,
+    beside the manifest, where its rows still read."""
+    from ralph_ray.kbcheck import check
+
+    kb = _compacted(tmp_path)
+    (kb.parquet / "trials" / "_m-000001.manifest").write_bytes(b"not parquet")
+    assert [d.path.name for d in check(kb.root, repair=True)] == ["_m-000001.manifest"]
+    kb.compact_kb()
+    kept = kb.root / "damaged" / "trials" / "_kb-000001.parquet.unlisted"
+    assert not (kb.parquet / "trials" / "_kb-000001.parquet").exists()  # out of the views: no manifest lists it
+    rows = duckdb.sql(f"select trial_id from read_parquet('{kept}') order by trial_id").fetchall()
+    assert rows == [("r1-t1",), ("r2-t1",)]
 
 
 def test_no_knowledge_base_yet_has_no_damaged_part_and_a_resume_is_not_refused_by_it(tmp_path: Path):

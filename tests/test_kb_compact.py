@@ -160,7 +160,7 @@ def test_a_crash_before_the_commit_changes_nothing(kb: KnowledgeBase, monkeypatc
     assert "_kb-000001.parquet" in parts(kb, "epochs") and "_m-000001.manifest" not in parts(kb, "epochs")
     assert "r1-all.parquet" in parts(kb, "epochs")  # and the parts it would replace
     assert snapshot(kb.root) == before  # the merged file counts only once a manifest lists it: no row twice
-    kb.compact_kb()  # deletes the uncommitted file (and the other tables' leftovers), then merges
+    kb.compact_kb()  # moves the uncommitted file aside (and deletes the other tables' leftovers), then merges
     assert parts(kb, "epochs") == ["_kb-000001.parquet", "_m-000001.manifest", "_schema.parquet"]
     assert snapshot(kb.root) == before
 

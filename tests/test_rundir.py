@@ -165,6 +165,10 @@ def test_a_run_that_ended_is_resumed_though_its_driver_process_lives_on(tmp_path
     try:
         state = CampaignState.load(run_dir)
         state.driver = {**liveness.this_driver(), "pid": process.pid, "started": liveness._start_ticks(process.pid)}
+        state.save(run_dir)  # recorded finished, its driver alive and not done: its final writes (final training,
+        with pytest.raises(CampaignError, match="is still running"):  # compaction, report) may still be going on
+            refuse_live_driver(run_dir, runs, kb)
+        state.driver["done"] = True  # campaign._driver_done: it writes the run no more
         for status in (RunStatus.interrupted, RunStatus.crashed, RunStatus.finished):
             state.status = status
             state.save(run_dir)
@@ -176,7 +180,7 @@ def test_a_run_that_ended_is_resumed_though_its_driver_process_lives_on(tmp_path
         said = " ".join(capsys.readouterr().err.split())
         assert "warning: run r1 is recorded finished" in said and "is still running" not in said, said
         assert "safeguards.campaign_time_s=" in said, said
-        state.status = RunStatus.running  # recorded running with its driver alive: refused, as before
+        state.status, state.driver["done"] = RunStatus.running, False  # running, its driver alive: refused
         state.save(run_dir)
         with pytest.raises(CampaignError, match=f"run r1 is still running .its driver, PID {process.pid}"):
             refuse_live_driver(run_dir, runs, kb)
