@@ -113,8 +113,11 @@ def test_a_resume_starts_asha_with_the_rung_results_of_the_runs_earlier_trials(t
     resumed = resumed_scheduler(cfg, con, "gens", stops)
     earlier = dict(
         con.execute(
-            "select trial_id, value from epochs where run_id = ? and epoch = 1 and metric = ?",
-            ["gens", cfg.search.metric],
+            # as ASHA saw them: not the trials the run's end cut short (they run again), final trainings or replicates
+            "select e.trial_id, e.value from epochs e join trials t using (run_id, trial_id) where e.run_id = ? "
+            "and e.epoch = 1 and e.metric = ? and t.reason is distinct from ? and not coalesce(t.final, false) "
+            "and not coalesce(t.replicate, false)",
+            ["gens", cfg.search.metric, STOPPED_WITH_CYCLE],
         ).fetchall()
     )
     assert len(earlier) >= 3
