@@ -12,6 +12,7 @@ import ast
 import pytest
 import torch
 import torch.nn.functional as F
+from test_transforms import count_calls  # the real runs' call counter, one copy
 
 from ralph_ray.agents.transforms import NotApplicable, apply_transform
 
@@ -110,22 +111,6 @@ def dream_call(source: str) -> ast.Call:
     return next(
         n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(".dream")
     )
-
-
-def count_calls(monkeypatch: pytest.MonkeyPatch, **targets: tuple[object, str]) -> dict[str, int]:
-    """Count the calls of each `(owner, attribute)` under its key while a transformed trainer runs."""
-    counts = dict.fromkeys(targets, 0)
-
-    def counted(key: str, function):  # noqa: ANN001, ANN202 - wraps any callable
-        def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-            counts[key] += 1
-            return function(*args, **kwargs)
-
-        return wrapper
-
-    for key, (owner, name) in targets.items():
-        monkeypatch.setattr(owner, name, counted(key, getattr(owner, name)))
-    return counts
 
 
 def test_no_replay_gradient_is_left_for_the_trainers_next_step():
