@@ -25,6 +25,7 @@ STATUS_STYLE = {
     "crashed": ("cross", "#b91c1c"),
 }
 NO_SCORE_FILL = "#e5e7eb"
+ROW_PX = 80  # the lineage graph's pixels per row: a node, its label below and its edge's label above
 LINEAGE_PICK = "pick"  # the lineage chart's click selection (the page reads the clicked variant from it)
 # How a trial ended: the values of `ralph_ray.statuses.TrialStatus` (tests/app checks they agree).
 TRIAL_STATUSES = ["completed", "stopped_early", "failed"]
@@ -67,6 +68,37 @@ def why(rec: dict[str, Any]) -> str | None:
     counts = (("stopped_early", "stopped early"), ("failed", "failed"))
     ended = [f"{int(rec.get(k) or 0)} {label}" for k, label in counts if rec.get(k)]
     return "no trial completed: " + ", ".join(ended) + " (see Trials)"
+
+
+# What a child's verdict compared with its parent (`interventions.basis`, records.EffectBasis), as the report's
+# `compared` column names it (tests/app checks they agree; the app imports no report module).
+COMPARED = {
+    "replicates": "replicate means",
+    "best_trial": "best trials",
+    "best_trial_vs_replicates": "child's best trial vs parent's replicate mean",
+}
+
+
+def compared(effects: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Each judged child's `interventions` row (one per intervention, the same scores; the last of the cycle-ordered
+    rows where several): the child's and parent's scores its verdict compared and their `basis`. A child that
+    compared none (refused, crashed, not judged yet) is absent."""
+    return {
+        str(rec["variant_id"]): rec
+        for rec in records(effects)
+        if rec.get("child_score") is not None and rec.get("parent_score") is not None
+    }
+
+
+def versus_parent(row: dict[str, Any] | None, sign: float = 1.0) -> tuple[str, str, str | None]:
+    """The Lineage page's 'vs parent' as the verdict compared it: (label naming what both scores are, the child's gain
+    in the metric's units, 'child vs parent'); never a best trial against a mean it did not compare. Without a
+    comparison: ('vs parent', '-', None)."""
+    if not row:
+        return "vs parent", "-", None
+    child, parent = float(row["child_score"]), float(row["parent_score"])
+    kind = COMPARED.get(row.get("basis") or "", "kind not recorded")  # a KB from before `basis`
+    return f"vs parent ({kind})", f"{sign * (child - parent):+.4f}", f"{sign * child:.4f} vs {sign * parent:.4f}"
 
 
 def half_width(sd: Any, n: Any, level: float = 0.95) -> float | None:
@@ -154,8 +186,9 @@ def lineage_frames(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The lineage graph as two tables: nodes (position, fill, status, label) and edges (ends, interventions).
 
-    Layout: networkx's layered BFS layout from the seed (a column per generation, left to right); variants whose
-    parent is not in the run hang from a hidden root, so several roots still make one graph.
+    Layout: networkx's BFS layers from the seed, a column per generation (`x`, left to right), each node of a column
+    in a row of its own (`y`, one apart, centred; siblings together, in their parents' order); variants whose parent
+    is not in the run hang from a hidden root, so several roots still make one graph.
     """
     records_ = lineage.to_dict("records")
     ids = [str(rec["variant_id"]) for rec in records_]
@@ -166,7 +199,7 @@ def lineage_frames(
         parent = rec.get("parent_id")
         has_parent = isinstance(parent, str) and parent in known and parent != rec["variant_id"]
         graph.add_edge(parent if has_parent else root, str(rec["variant_id"]))
-    position = nx.bfs_layout(graph, root)
+    position = _rows(graph, root, ids)
     scores = [s for s in lineage["selection_score"] if s is not None and not pd.isna(s)]
     low, high = (min(scores), max(scores)) if scores else (0.0, 1.0)
     nodes = pd.DataFrame(
@@ -209,6 +242,19 @@ def lineage_frames(
     return nodes, edges
 
 
+def _rows(graph: nx.Graph, root: str, ids: list[str]) -> dict[str, tuple[float, float]]:
+    """(generation, row) of each node below `root`: rows one apart and centred per generation, siblings together."""
+    order = {variant: n for n, variant in enumerate(ids)}
+    position: dict[str, tuple[float, float]] = {root: (-1.0, 0.0)}
+    for depth, layer in enumerate(list(nx.bfs_layers(graph, root))[1:]):
+        # Under the row of the parent (its neighbour one generation back), then in the KB's order
+        parent_row = {v: min(position[n][1] for n in graph[v] if n in position) for v in layer}
+        ranked = sorted(layer, key=lambda v: (parent_row[v], order.get(v, 0)))
+        position.update({v: (float(depth), slot - (len(ranked) - 1) / 2) for slot, v in enumerate(ranked)})
+    position.pop(root)
+    return position
+
+
 def lineage_chart(lineage: pd.DataFrame, best_id: str | None = None, sign: float = 1.0) -> alt.LayerChart:
     """The lineage tree, clickable: fill = score, shape and border = status, edge label = interventions.
 
@@ -216,16 +262,18 @@ def lineage_chart(lineage: pd.DataFrame, best_id: str | None = None, sign: float
     Drawn as SVG so each node is an element the browser (and a test) can address by its aria label.
     """
     nodes, edges = lineage_frames(lineage, best_id, sign)
-    widest = int(nodes.groupby("x").size().max()) if not nodes.empty else 1
-    x = alt.X("x:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=60))
-    y = alt.Y("y:Q", axis=None, scale=alt.Scale(nice=False, zero=False, padding=30))
+    rows = max(2, int(nodes.groupby("x").size().max()) if not nodes.empty else 1)
+    # Rows one apart (lineage_frames), ROW_PX each: the domain spans every row and half a row beyond the outermost
+    x_scale = alt.Scale(nice=False, zero=False, padding=60)
+    y_scale = alt.Scale(domain=[-rows / 2, rows / 2], nice=False, zero=False)
+    x, y = alt.X("x:Q", axis=None, scale=x_scale), alt.Y("y:Q", axis=None, scale=y_scale)
     statuses = [s for s in STATUS_STYLE if s in set(nodes["status"])] or ["candidate"]
     pick = alt.selection_point(name=LINEAGE_PICK, fields=["variant_id"], on="click", empty=True)
     links = alt.Chart(edges).mark_rule(color="#9ca3af", aria=False).encode(x=x, y=y, x2="x2:Q", y2="y2:Q")
     link_text = (
         alt.Chart(edges)
         .mark_text(fontSize=10, color="#4b5563", dy=-7, aria=False)
-        .encode(x=alt.X("mx:Q", axis=None), y=alt.Y("my:Q", axis=None), text="label:N")
+        .encode(x=alt.X("mx:Q", axis=None, scale=x_scale), y=alt.Y("my:Q", axis=None, scale=y_scale), text="label:N")
     )
     points = (
         alt.Chart(nodes)
@@ -258,7 +306,13 @@ def lineage_chart(lineage: pd.DataFrame, best_id: str | None = None, sign: float
     labels = alt.Chart(nodes).mark_text(fontSize=11, dy=22, aria=False).encode(x=x, y=y, text="label:N")
     return (
         alt.layer(links, link_text, points, labels)
-        .properties(height=max(180, 80 * widest), usermeta={"embedOptions": {"renderer": "svg"}})
+        .properties(
+            height=ROW_PX * rows,
+            # The height is the rows' alone, the legend below it: without an autosize of its own Streamlit sets
+            # `fit`, which squeezed the legend and labels into it (two siblings 25 px apart, drawn over each other)
+            autosize=alt.AutoSizeParams(type="fit-x", contains="padding"),
+            usermeta={"embedOptions": {"renderer": "svg"}},
+        )
         .configure_view(stroke=None)
     )
 

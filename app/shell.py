@@ -7,15 +7,16 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import figures
 import kbdata
 import streamlit as st
 
-from ralph_ray import liveness, sql
+from ralph_ray import kb, liveness, sql
 
 REFRESH_S = 3  # while a campaign runs, each page redraws itself this often
 # A campaign that says "running" but has written nothing for RALPH_APP_STALE_S (300 s; longer where a trial may run
@@ -65,6 +66,12 @@ class Campaign:
     def running(self) -> bool:
         """True while the orchestrator runs: the runs row says so and it still writes."""
         return self.live and not self.stale
+
+    @property
+    def asynchronous(self) -> bool:
+        """True for a campaign of overlapping generations in one Tune run (`population.mode` async, as load_config
+        resolved it and the runs row's config records it); False for barrier cycles and configs without it."""
+        return (self.config.get("population") or {}).get("mode") == "async"
 
     @property
     def sign(self) -> float:
@@ -213,14 +220,67 @@ def empty_kb(root: str) -> None:
     poll()
 
 
+def repair_command(root: str) -> str:
+    """The command that moves the KB's damaged parts aside (to `<kb>/damaged/`; nothing is deleted)."""
+    return f"python -m ralph_ray kb check --repair --kb {root}"
+
+
 def damaged(root: str) -> None:
     """Name every part of the KB that could not be read: the pages show the rest."""
     for path, why in kbdata.damaged(root).items():
         st.warning(
             f"Skipped a damaged part of the knowledge base: `{path}` ({why}). Everything else is shown; move "
-            "the file aside to silence this.",
+            f"the file aside to silence this: `{repair_command(root)}`.",
             icon=":material/broken_image:",
         )
+
+
+def skipped_parts(root: str, tables: tuple[str, ...] = (), runs: Collection[str] | None = None) -> list[Path]:
+    """The skipped damaged parts of `tables` (any table: none named) that may hold rows of `runs` (None: any run's).
+
+    A run's own part is told by its name (kb.part_run); a `_kb-*` file by the runs its manifest recorded in it
+    (kb.compacted_run_ids). Where that is unknown (a manifest written before the record, a damaged manifest), the
+    part counts for every run: a page that may miss rows says so."""
+    parts = [path for path in kbdata.damaged(root) if not tables or path.parent.name in tables]
+    if runs is None or not parts:
+        return parts
+    known = set(kbdata.runs(root)["run_id"]) | set(runs)
+    held = {folder: kb.compacted_run_ids(folder) for folder in {path.parent for path in parts}}
+
+    def may_hold(path: Path) -> bool:
+        owner = kb.part_run(path, known)
+        if owner is not None:
+            return owner in runs
+        recorded = held[path.parent].get(path.name)
+        return recorded is None or not recorded.isdisjoint(runs)
+
+    return [path for path in parts if may_hold(path)]
+
+
+def skipped_here(root: str, tables: tuple[str, ...] = (), runs: Collection[str] | None = None) -> bool:
+    """Where damaged parts of `tables` that may hold rows of `runs` were skipped (skipped_parts), say that a page's
+    missing rows may be in them, with the repair, and return True: the page's own empty state would blame the campaign
+    or the user."""
+    parts = skipped_parts(root, tables, runs)
+    if not parts:
+        return False
+    names = ", ".join(f"`{path.parent.name}/{path.name}`" for path in parts)
+    st.warning(
+        f"Nothing to show here from the readable parts of the knowledge base: it may be in the damaged part(s) "
+        f"named above ({names}). Move them aside with `{repair_command(root)}` (to `{root}/damaged/`, nothing is "
+        "deleted); their rows stay missing until the file is restored, from a backup or a copy of the KB.",
+        icon=":material/broken_image:",
+    )
+    return True
+
+
+def empty(
+    root: str, text: str, tables: tuple[str, ...] = (), icon: str | None = None, runs: Collection[str] | None = None
+) -> None:
+    """A page's empty state: `text`, unless damaged parts of `tables` that may hold rows of `runs` (None: any run's)
+    were skipped (`skipped_here` says so then)."""
+    if not skipped_here(root, tables, runs):
+        st.info(text, icon=icon)
 
 
 def banner(run: Campaign) -> None:
@@ -254,11 +314,15 @@ def banner(run: Campaign) -> None:
 
 
 def no_trials_yet(run: Campaign, what: str) -> None:
-    """The empty state of a campaign with nothing finished yet (`what` names the missing thing)."""
+    """The empty state of a campaign with nothing finished yet (`what` names the missing thing): its status, then,
+    where a damaged part that may hold its trials was skipped, that they may be in it."""
+    skipped = skipped_parts(run.kb_root, ("trials", "variants"), (run.run_id,))
+    # its trials may be in a damaged part: not "before any trial finished"
+    before = "with none of its trials in the readable parts" if skipped else "before any trial finished"
     if run.status == "crashed":
-        st.warning(f"No {what}: the campaign crashed before any trial finished. Fix the cause above, then resume it.")
+        st.warning(f"No {what}: the campaign crashed {before}. Fix the cause above, then resume it.")
     elif run.status == "interrupted":
-        st.info(f"No {what}: the campaign was interrupted before any trial finished; resume it as said above.")
+        st.info(f"No {what}: the campaign was interrupted {before}; resume it as said above.")
     elif run.running:
         st.info(
             f"No {what} yet: campaign `{run.run_id}` is running (cycle {run.cycle or 1}, phase "
@@ -268,7 +332,8 @@ def no_trials_yet(run: Campaign, what: str) -> None:
         )
     else:
         st.info(
-            f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) before any trial "
-            "finished. "
+            f"No {what}: campaign `{run.run_id}` ended ({run.stop_reason or 'no reason recorded'}) {before}. "
             f"Start another with `python -m ralph_ray paths.kb={run.kb_root}`."
         )
+    if skipped:
+        skipped_here(run.kb_root, ("trials", "variants"), (run.run_id,))

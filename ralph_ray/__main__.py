@@ -7,8 +7,10 @@ import os
 import shlex
 import sys
 import traceback
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from rich.console import Console
 
@@ -49,7 +51,34 @@ LOCATES_A_RUN = ("resume=", "paths.runs=", "+paths.runs=", "++paths.runs=", "+ex
 
 def main(argv: list[str] | None = None) -> int:
     """Parse overrides, validate the config before Ray starts, run the campaign, return the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with plain_warnings():
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+@contextmanager
+def plain_warnings() -> Iterator[None]:
+    """While the command line runs, the project's own warnings (DamagedPartWarning, AnalystWarning, ...: categories
+    defined in ralph_ray) print as one line `warning: <message>`, not Python's `path.py:207: Category: message` and
+    its source line; any other warning keeps Python's shape. Ray workers and trials run in processes of their own,
+    which never enter this hook; it is put back when the command ends (tests call main in-process)."""
+    before = warnings.formatwarning
+
+    def one_line(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+    ) -> str:
+        if category.__module__.split(".", 1)[0] == "ralph_ray":
+            return f"warning: {message}\n"
+        return before(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = before
+
+
+def _main(argv: list[str]) -> int:
+    """main's body: the command, or a campaign from its overrides (see USAGE)."""
     err = Console(stderr=True, soft_wrap=True)
     if any(a in ("-h", "--help") for a in argv):
         from ralph_ray.commands import COMMANDS, usage

@@ -11,7 +11,8 @@ columns, so the KB, the report and the app show generations as they show cycles.
 *closed generations*: the seed's knob search closes generation 1, and each further `parents x
 children_per_parent` children judged close one more, so `safeguards.max_cycles` bounds the children bred
 (no child beyond generation max_cycles, and (max_cycles - 1) x parents x children_per_parent in all) and the
-plateau rule counts closed generations without a gain.
+plateau rule counts closed generations without a gain. Its decisions are recorded under generations of variants,
+one row each, the generation's last decision (`decision.generation_decided`): the count need not match them.
 
 Resume: the KB is the truth. A resumed campaign rebuilds the pool from it (members, their studies through
 Optuna's `add_trial`, the queue = gated children with trials still to run) and starts a new Tune run; trials
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,17 @@ from ralph_ray import forecast, history, records, replicates, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, reruns_parent, write_meta
 from ralph_ray.control import stop_requested
-from ralph_ray.decision import CycleFacts, Decision, StopReason, budgets_line, child_verdict, decide, unjudged_note
+from ralph_ray.decision import (
+    CycleFacts,
+    Decision,
+    StopReason,
+    budgets_line,
+    child_verdict,
+    decide,
+    generation_decided,
+    unjudged_note,
+)
+from ralph_ray.eventlog import EVENTS_FILE
 from ralph_ray.events import TrialStarts
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import kill_point
@@ -64,6 +76,7 @@ class AsyncCampaign(Campaign):
         self.tally = replicates.Tally()  # every replicate by (variant, knobs): only a variant's best knobs' count
         self.forecaster = forecast.make(cfg)  # scheduler.forecast: stops trials whose forecast cannot win
         self.decision: Decision | None = None
+        self.decided = 0  # the last generation with a decisions row (generation_decided; a resume reads the KB's)
         self.stop_now = False
         self._usage_parts = 0  # agent_usage parts written by this process (the spend cache's key)
         self._spent: tuple[tuple[int, int], history.Spend] | None = None
@@ -474,7 +487,10 @@ class AsyncCampaign(Campaign):
         # The closed generations' bests, the last one replaced by the best now (a gain counts at once, a partial
         # generation never counts as one without a gain).
         bests = state.best_by_cycle[:-1] + [state.best_selection_score]
-        spent = self._spend(max(1, closed))
+        # Usage is tagged with the generation bred, so "this cycle's" tokens are the generation a stop would name (the
+        # deepest with a verdict), not the closed count's (1 x 2 children: three closed, all generation 2)
+        deepest = self._deepest()
+        spent = self._spend(max(deepest, self.decided))
         state.gate_fail_streak = self._gate_streak()
         facts = CycleFacts(
             max(1, closed),
@@ -495,8 +511,13 @@ class AsyncCampaign(Campaign):
         if decision.reason is StopReason.no_trial_completed and not final and (closed == 0 or self.pool.pending):
             return
         kill_point("decision")
-        if decision.stop or advanced or final:
-            self._record_decision(decision, facts)
+        # The row names a generation of the run's variants, one row each (facts.cycle counts closed generations)
+        named = generation_decided(deepest, self.decided, decision.stop or final)
+        if named is not None:
+            if named != max(deepest, self.decided):  # a continue names the generation before: its row, its tokens
+                facts = replace(facts, tokens_cycle=self._spend(named).tokens_cycle)
+            self._record_decision(replace(decision, cycle=named), facts)
+            self.decided = named
         if advanced and not final:
             self._write_cycles()  # a run in progress, or killed later, has its closed generations' rows
         if decision.reason is StopReason.no_trial_completed:
@@ -510,6 +531,12 @@ class AsyncCampaign(Campaign):
             self.pool.close()
             self.breeder.stop()
         self._save_state()
+
+    def _deepest(self) -> int:
+        """The deepest generation with a verdict: a judged child's (a rejected one has no trials, no cycles row), else
+        the seed's."""
+        with self.pool.changed:  # the breeder's thread adds members meanwhile
+            return max([1, *(m.generation for v, m in self.pool.members.items() if v in self.judged)])
 
     def _record_decision(self, decision: Decision, facts: CycleFacts) -> None:
         self.decision = decision
@@ -627,6 +654,8 @@ class AsyncCampaign(Campaign):
             self._log(f"  seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
             return 0
         trials = con.execute(sql.ASYNC_TRIALS, [self.run_id, STOPPED_WITH_CYCLE]).fetchall()
+        self.decided = int(con.execute(sql.BENCH_CYCLES_DECIDED, [self.run_id]).fetchone()[0] or 0)
+        forecast.rebuild(self.forecaster, con, self.run_id)  # the first trials after a resume are forecast too
         order = {t[0]: n for n, t in enumerate(trials, 1)}  # written order: ties rank the first written, as the KB
         for (
             variant_id,
@@ -682,12 +711,21 @@ class AsyncCampaign(Campaign):
                 self._replicate([variant_id])  # replicates a stop cut short run again
             if member.judged and status is VariantStatus.kept and self._follows_best(member):
                 self._replicate([variant_id])  # a kept child whose best moved before the stop (see _sink)
+        self.pool.reseed(self._trials_started())  # the picks go on from the dead drivers' instead of repeating them
         queued = self.pool.queued()
         self._log(
             f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "
             f"{len(self.children)} children ({queued} waiting for a slot)"
         )
         return len(self.children)
+
+    def _trials_started(self) -> int:
+        """The trials the run's drivers started so far, recorded or not (events.jsonl's trial_start lines)."""
+        path = self.run_dir / EVENTS_FILE
+        if not path.exists():
+            return 0
+        with path.open() as events:
+            return sum('"event": "trial_start"' in line for line in events)
 
 
 class _StopNow(tune.Stopper):

@@ -97,10 +97,8 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
     if warning := unusual_direction(splits.metric):
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     infer_images(cfg, splits.train_x, console.print)  # before the run row records the config and the agents read it
-    warnings_at_start = (budget_unread(cfg), final_unread(cfg), schedule_unsized(cfg), knob_overridden(cfg))
-    for warning in (*warnings_at_start, seed_off_space(cfg), epochs_past_max_t(cfg)):
-        if warning:
-            console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    for warning in start_warnings(cfg):
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     state = open_run(cfg, run_dir, resuming, console.print)
     console.print(
         f"[bold]ralph_ray[/] run [cyan]{run_id}[/] ({cfg.experiment}, agent {cfg.agent.backend.value}, "
@@ -140,7 +138,7 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         with _ENDING:
             if loop is not None:
                 loop.charge_time()
-            state.status, state.stop_reason = RunStatus.crashed, f"{type(err).__name__}: {err}"
+            state.status, state.stop_reason = RunStatus.crashed, stop_reason(err)
             state.exit_code = int(ExitCode.safeguard_or_config if isinstance(err, REFUSALS) else ExitCode.error)
             state.save(run_dir)
             kb.put("runs", [records.run_status(base, RunStatus.crashed, state, state.stop_reason)], run_id)
@@ -173,6 +171,21 @@ def run(cfg: Config, console: Console | None = None) -> Outcome:
         raise Interrupted(run_id, finished=True, code=_signal_code(signalled)[0]) from None
     _driver_done(state, run_dir)
     return outcome
+
+
+def start_warnings(cfg: Config) -> list[str]:
+    """The warnings on the config and the seed's code printed before the run is recorded: a budget or final training
+    the seed does not read, a schedule sized for its own epochs, a knob set again (or read as a fallback), seed values
+    off the space, epochs past ASHA's last rung."""
+    checks = (budget_unread, final_unread, schedule_unsized, knob_overridden, seed_off_space, epochs_past_max_t)
+    return [warning for check in checks if (warning := check(cfg))]
+
+
+def stop_reason(err: BaseException) -> str:
+    """An error as one line for the recorded stop reason (state.json, the runs row, `status`): an AgentConfigError's
+    second line, `  fix: ...`, joined as `...; fix: ...` (the console still shows the message as raised)."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {'; '.join(lines)}"
 
 
 def _driver_done(state: CampaignState, run_dir: Path) -> None:

@@ -171,6 +171,9 @@ class SearchConfig:
     relative: bool = True
     relative_span: float = 2.0
     sampler: SamplerKind = SamplerKind.tpe
+    # The conf/search option the first run composed (search=..., an experiment's, else the default), recorded by
+    # load_config: a resume's `search=` is compared with it (None: a run recorded before it was, or a hand-made Config).
+    group: Optional[str] = None
 
 
 @dataclass
@@ -520,19 +523,43 @@ def load_config(overrides: list[str] | None = None) -> Config:
 
     overrides = list(overrides or [])
     _check_override_syntax(overrides)
+    _refuse_search_group_override(overrides)
     chosen = _task_path(overrides)
     composed = [o for o in overrides if not (chosen is not None and o.startswith("task="))]
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            raw = compose(config_name="config", overrides=[_forced(o) for o in composed])
+            raw = compose(config_name="config", overrides=[_forced(o) for o in composed], return_hydra_config=True)
     except (HydraException, ConfigKeyError) as err:
         raise _override_error(err) from None
     OmegaConf.set_struct(raw, False)
+    search_group = _search_group(str(raw.hydra.runtime.choices.get("search") or "")) or None  # what resume compares
+    raw.pop("hydra")
     if chosen is not None:
         raw.task.name, raw.task.trainer = chosen[0], str(chosen[1])
     if not any(o.lstrip("+").startswith("experiment=") for o in composed):
         raw.experiment = raw.task.name  # task=diabetes without an experiment file is the diabetes experiment
-    return to_config(_with_task_yaml(raw, composed), composed)
+    raw = _with_task_yaml(raw, composed)
+    raw.search.group = search_group
+    return to_config(raw, composed)
+
+
+def _refuse_search_group_override(overrides: list[str]) -> None:
+    """Exit 2 (ConfigError) for a first run's `search.group=...`: load_config records the group `search=` composed
+    there (a resume compares its `search=` with it), so the override was dropped without a word."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "search.group":
+            group = _search_group(value) or "<group>"
+            raise ConfigError(
+                "search.group",
+                f"search.group is recorded, not set: it is the search group a first run composes (`{override}`)",
+                f"choose the search group with search=<group> (search={group}), and drop {key}",
+            )
+
+
+def _search_group(option: str) -> str:
+    """A search group's option as one spelling: `digits.yaml` (which Hydra takes too) is `digits`."""
+    return option.strip().removesuffix(".yaml")
 
 
 def _check_override_syntax(overrides: list[str]) -> None:
@@ -807,14 +834,20 @@ def resume_config(run_dir: Path, overrides: list[str] | None = None) -> Config:
 # trials must all be scored on the same frozen splits; `task.split_seed=1` on a resume rewrote data/*.npy and scored
 # the later cycles on another split than the first. The search space keeps its knobs (_refuse_knob_changes: the KB's
 # trials, parents and replicates are knobs of that space); their bounds stay open to a resume (README).
-FROZEN_ON_RESUME = ("task", "search.metric", "search.mode")
+# search.group too: it is what a resume's `search=` is compared with (None in a run recorded before it stays None).
+FROZEN_ON_RESUME = ("task", "search.metric", "search.mode", "search.group")
 
 
 def _refuse_another_task_or_search(stored: Any, choice: str, overrides: list[str]) -> None:
     """Exit 2 (ConfigError) for a resume's `task=` / `search=` other than the run's own: `task=` naming another task
-    folder; `search=` whose metric or mode, composed as a first run composes them with the resume's other arguments,
-    differ from the run's. The run's own is taken and changes nothing (README); the knobs are _refuse_knob_changes'."""
+    folder; `search=` naming another search group than the one the run recorded (search.group), or, for a run
+    recorded without it, one whose metric or mode, composed as a first run composes them with the resume's other
+    arguments, differ from the run's. The run's own is taken and changes nothing (README); the knobs are
+    _refuse_knob_changes'."""
     group, value = choice.split("=", 1)
+    if group == "search":
+        _refuse_another_search(stored, value, overrides)
+        return
     asked, kept = _own_choice(stored, group, value, overrides), _own_choice(stored, group, None, overrides)
     if asked != kept:
         raise ConfigError(
@@ -824,9 +857,34 @@ def _refuse_another_task_or_search(stored: Any, choice: str, overrides: list[str
         )
 
 
+def _refuse_another_search(stored: Any, value: str, overrides: list[str]) -> None:
+    """Exit 2 (ConfigError) for a resume's `search=value` other than the run's own search group (see the caller).
+
+    The recorded group decides where there is one: a first run `search.metric=val_loss search.mode=min` is the
+    digits group ranked by val_loss, so `search=digits` is its own (it was refused as "ranked by val_acc")."""
+    search = OmegaConf.select(stored, "search")
+    ranking = f"ranked by {search.get('metric')} ({search.get('mode')})"
+    own, asked = search.get("group"), _search_group(value)
+    if own is not None:
+        if asked == own:
+            return
+        problem = f"this resume names search={asked}, and this run's search group is {own} ({ranking})"
+    else:
+        composed = _own_choice(stored, "search", value, overrides)
+        if composed == ranking:
+            return
+        problem = f"search={asked} is {composed}, and this run is {ranking} (its config.yaml)"
+    raise ConfigError(
+        "resume",
+        f"a resumed run keeps its search space and ranking: {problem}",
+        f"drop search= on a resume (the run's own is kept), or start a new campaign with search={asked} (no resume=)",
+    )
+
+
 def _own_choice(stored: Any, group: str, value: str | None, overrides: list[str]) -> str:
-    """What decides whether `task=value` / `search=value` is the stored run's (value None: the stored run's own):
-    the task folder; what a search group sets that a resume freezes besides the knobs, its metric and mode.
+    """What decides whether `task=value` / `search=value` is the stored run's (a task's value None: the stored run's
+    own): the task folder; for a run recorded without search.group, what a search group sets that a resume freezes
+    besides the knobs, its metric and mode.
 
     Not the knobs: a first run's `+`/`~search.space` overrides and experiment change them after the group (a first
     run `search=digits ~search.space.WIDTH` refused its own resume given the same arguments, review); the final
@@ -838,9 +896,6 @@ def _own_choice(stored: Any, group: str, value: str | None, overrides: list[str]
             chosen = _task_path([f"task={value}"])
             folder = chosen[1] if chosen else Path(str(_group_choice(f"task={value}").task.trainer))
         return f"the task in {(folder if folder.is_absolute() else PROJECT_ROOT / folder).resolve()}"
-    if value is None:
-        search = OmegaConf.select(stored, "search")
-        return f"ranked by {search.get('metric')} ({search.get('mode')})"
     group_search = _group_choice(f"search={value}").search
     ranked = {key: group_search.get(key) for key in ("metric", "mode")}
     # as a first run composes them (_with_task_yaml): the task's task.yaml, the experiment's keys, the command line

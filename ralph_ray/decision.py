@@ -141,6 +141,22 @@ def child_verdict(
     return VariantStatus.discarded, reason or ("not trained (stopped)" if not trials else None)
 
 
+def generation_decided(deepest: int, decided: int, last: bool) -> int | None:
+    """The generation an asynchronous campaign records a decision under, or None for none yet.
+
+    `deepest`: the deepest generation with a verdict (the seed's 1 once its knob search closed); `decided`: the last
+    generation with a decisions row (0 for none). The engine counts closed generations' worth of children, which an
+    async campaign's generations of variants need not reach (1 x 2 children of the seed: all generation 2, three
+    closed), and it may stop between two counts. So a generation's row is its last decision: a continue is recorded
+    for the generation before once a deeper one has a verdict, never under a row already there; a stop (or the run's
+    last decision) for the deepest, or for `decided` when that is deeper (a resumed older run's rows count closed
+    generations): it may replace that generation's row, its last decision.
+    """
+    if last:
+        return max(deepest, decided)
+    return deepest - 1 if deepest - 1 > decided else None
+
+
 def unjudged_note(reason: str | None, best: float | None) -> str:
     """What a console verdict line adds for a child no trial of which completed (`best` None): its reason (why it
     was not judged, with the fix); "" for a judged child."""
@@ -343,7 +359,8 @@ def _num(score: float | None, sign: float = 1.0) -> str:
 
 
 def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig) -> str:
-    """What a decision read against its limits, for the console: cycles, time, tokens, the plateau rule."""
+    """What a decision read against its limits, for the console: cycles (the count max_cycles reads: an async
+    decision names a generation of variants instead), time, tokens, the plateau rule."""
 
     def budget(used: object, limit: object) -> str:
         return f"{used}/{limit}" if limit is not None else f"{used}"
@@ -351,6 +368,6 @@ def budgets_line(decision: Decision, facts: CycleFacts, guards: SafeguardsConfig
     time = budget(round(facts.elapsed_s), guards.campaign_time_s)
     tokens = budget(facts.tokens_campaign, guards.tokens_per_campaign)
     return (
-        f"budgets: cycle {decision.cycle}/{guards.max_cycles}, time {time}s, tokens {tokens}, "
+        f"budgets: cycle {facts.cycle}/{guards.max_cycles}, time {time}s, tokens {tokens}, "
         f"plateau rule {guards.plateau_cycles} cycles"
     )

@@ -16,14 +16,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
 import numpy as np
 from ray import tune
 from ray.tune.stopper import CombinedStopper
 from scipy import stats
 from scipy.optimize import OptimizeWarning, curve_fit
 
+from ralph_ray import sql
 from ralph_ray.config import Config
-from ralph_ray.ledger import TrialRecord
+from ralph_ray.ledger import STOPPED_WITH_CYCLE, TrialRecord
 from ralph_ray.statuses import TrialStatus
 from ralph_ray.trials import REPLICATE_KEY
 
@@ -135,6 +137,15 @@ class ForecastStopper(tune.Stopper):
         with self.lock:
             return self.stops.get(trial_id)
 
+    def replay(self, curves: list[tuple[str, list[tuple[float, float]]]]) -> None:
+        """Earlier search trials' (epoch, value) reports, in the metric's own direction: those that reached the last
+        epoch set the best final value, as they did when they ran (a resumed Tune run forecasts at once)."""
+        with self.lock:
+            for _, points in curves:
+                finals = [self.sign * value for epoch, value in points if int(epoch) >= self.last_epoch]
+                if finals and math.isfinite(finals[-1]):
+                    self.best = finals[-1] if self.best is None else max(self.best, finals[-1])
+
     def stop_all(self) -> bool:
         return False
 
@@ -147,6 +158,24 @@ def make(cfg: Config) -> ForecastStopper | None:
     if not cfg.scheduler.forecast or cfg.trial.budget_s is not None:
         return None
     return ForecastStopper(cfg.search.metric, cfg.search.mode, cfg.scheduler.max_t, cfg.safeguards.confidence)
+
+
+def rebuild(
+    forecaster: ForecastStopper | None, con: duckdb.DuckDBPyConnection, run_id: str, cycle: int | None = None
+) -> None:
+    """A resumed run's forecaster, from the KB's curves of the run's earlier search trials (of `cycle` only, where
+    given: the barrier loop's forecaster is a cycle's): not a replicate (the stopper never reads one), not a final
+    training, not a trial the run's stop cut short (it runs again)."""
+    if forecaster is None:
+        return
+    curves: dict[str, list[tuple[float, float]]] = {}
+    # the curves as ASHA's resumed rungs read them (the same trials left out, the same cycle filter)
+    for trial_id, replicate, epoch, name, value in con.execute(
+        sql.RUNG_HISTORY, [run_id, STOPPED_WITH_CYCLE, cycle, forecaster.metric, "epoch"]
+    ).fetchall():
+        if not replicate and name == forecaster.metric and value is not None:
+            curves.setdefault(trial_id, []).append((float(epoch), float(value)))
+    forecaster.replay(list(curves.items()))
 
 
 def combined(stopper: tune.Stopper, forecaster: ForecastStopper | None) -> tune.Stopper:

@@ -41,7 +41,9 @@ DAMAGED_DIR = "damaged"  # under the KB root: parts `kb check --repair` and comp
 COMPACTED_PREFIX = sql.COMPACTED_PREFIX
 MANIFEST_PREFIX = sql.MANIFEST_PREFIX
 MANIFEST_SUFFIX = sql.MANIFEST_SUFFIX
-MANIFEST = pa.schema([("part", pa.string()), ("hidden", pa.bool_())])
+# `run_ids`: on the live row, the runs whose rows the `_kb-*` file holds (whose damaged file it is: check_parts);
+# null on the hidden rows, and in every row of a manifest written before 2026-12-02 (read as null: a fallback rule)
+MANIFEST = pa.schema([("part", pa.string()), ("hidden", pa.bool_()), ("run_ids", pa.list_(pa.string()))])
 FOLDED_PART = re.compile(r"^[^_.].*-all(-r[0-9]+)?\.parquet$")  # a finished run's part, written by compact_run
 # A run's part names: `<run>` (runs), `<run>-c<cycle>-...` (a cycle's, a trial's), `<run>-all[-r<k>]` (compact_run)
 RUN_OF_PART = re.compile(r"^(.+?)(?:-all(?:-r[0-9]+)?|-c[0-9]+(?:-.*)?)?\.parquet$")
@@ -386,10 +388,14 @@ class KnowledgeBase:
                     continue
                 generation = 1 + max((_generation(p) for p in manifests + current), default=0)
                 target = folder / f"{COMPACTED_PREFIX}{generation:06d}.parquet"
-                _write_compacted(target, table, current, sources)
+                held = _write_compacted(target, table, current, sources)
                 replaced = current + sources + manifests
                 manifest = pa.table(
-                    {"part": [target.name] + [p.name for p in replaced], "hidden": [False] + [True] * len(replaced)},
+                    {
+                        "part": [target.name] + [p.name for p in replaced],
+                        "hidden": [False] + [True] * len(replaced),
+                        "run_ids": [sorted(held)] + [None] * len(replaced),
+                    },
                     schema=MANIFEST,
                 )
                 self._write(folder / f"{MANIFEST_PREFIX}{generation:06d}{MANIFEST_SUFFIX}", manifest)  # the commit
@@ -437,8 +443,14 @@ class KnowledgeBase:
         own = {path for path in self.damaged if part_run(path, runs | {run_id}) == run_id}
         compacted = [path for path in self.damaged if path.name.startswith((COMPACTED_PREFIX, MANIFEST_PREFIX))]
         for folder in sorted({path.parent for path in compacted}):
-            if self._compacted_in(folder, run_id, runs):  # a damaged `_kb-*` file (or manifest) may hold its rows
-                own.update(path for path in compacted if path.parent == folder)
+            held = compacted_run_ids(folder)
+            unknown = [path for path in compacted if path.parent == folder and path.name not in held]
+            own.update(path for path in compacted if run_id in held.get(path.name, ()))
+            # No record to read (a manifest from before it, a damaged manifest, a `_kb-*` file no manifest lists live):
+            # the rule by the run's parts, which may count a file as the own part of a run it holds none of (a
+            # refusal to repair first), never the other way
+            if unknown and self._compacted_in(folder, run_id, runs):
+                own.update(unknown)
         mine = {path: why for path, why in self.damaged.items() if path in own}
         return mine, {path: why for path, why in self.damaged.items() if path not in own}
 
@@ -449,7 +461,9 @@ class KnowledgeBase:
         of the table lists a part of it replaced, or where compact_kb merged the run (`_compacted`) and no folded
         `-all` part of it stands in the table (a table whose `_kb-*` file is damaged is not compacted again, so the
         runs that end after the damage keep their rows there: a new campaign is never refused
-        over an older run's damaged file). A run compact_kb never merged: no.
+        over an older run's damaged file). A run compact_kb never merged: no. The fallback where the manifests record
+        no run ids (check_parts): a run compacted later with no rows in this table, or resumed and folded again, can be
+        told wrong by it.
         """
         if run_id not in runs:
             return True
@@ -575,13 +589,15 @@ def conform(table: str, rows: pa.Table) -> pa.Table:
     return rows.select(schema.names).cast(schema)
 
 
-def _write_compacted(target: Path, table: str, compacted: list[Path], parts: list[Path]) -> None:
+def _write_compacted(target: Path, table: str, compacted: list[Path], parts: list[Path]) -> set[str]:
     """Write `target` (temp name, then rename): the rows of the earlier `_kb-*` files as they are (already in
     order), then each part's rows sorted by SORT_KEYS (a part is one run's), in row groups of ROW_GROUP_ROWS;
-    one row group and one part in memory at a time. It counts once its manifest is written."""
+    one row group and one part in memory at a time. It counts once its manifest is written. Returns the run ids
+    of the rows written (the manifest's record)."""
     schema = SCHEMAS[table]
     tmp = target.with_name(f".{target.name}.tmp")
     pending: list[pa.Table] = []
+    held: set[str] = set()
 
     def flush(writer: pq.ParquetWriter, final: bool) -> None:
         rows = pa.concat_tables(pending) if pending else schema.empty_table()
@@ -591,7 +607,9 @@ def _write_compacted(target: Path, table: str, compacted: list[Path], parts: lis
         pending[:] = [rows.slice(whole)] if whole < rows.num_rows else []
 
     def add(rows: pa.Table, writer: pq.ParquetWriter) -> None:
-        pending.append(conform(table, rows))
+        rows = conform(table, rows)
+        held.update(run for run in pc.unique(rows.column("run_id")).to_pylist() if run is not None)
+        pending.append(rows)
         if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
             flush(writer, final=False)
 
@@ -604,6 +622,7 @@ def _write_compacted(target: Path, table: str, compacted: list[Path], parts: lis
             add(rows.sort_by([(key, "ascending") for key in SORT_KEYS[table]]), writer)
         flush(writer, final=True)
     os.replace(tmp, target)  # not counted yet: the manifest's rename is the commit
+    return held
 
 
 def _generation(path: Path) -> int:
@@ -630,6 +649,26 @@ def compaction_state(folder: Path, among: Collection[str] | None = None) -> tupl
         hidden.update(row["part"] for row in rows if row["hidden"])
         listed.update(row["part"] for row in rows if not row["hidden"])
     return hidden, listed - hidden
+
+
+def compacted_run_ids(folder: Path) -> dict[str, frozenset[str]]:
+    """The run ids each live `_kb-*` file of a table folder holds, as its manifest recorded them at compaction time.
+
+    Left out: a file whose manifest has no record (written before it), and every file of a folder with a damaged
+    manifest (which of them is live, and what it holds, is unknown)."""
+    held: dict[str, set[str]] = {}
+    for path in folder.glob(f"{MANIFEST_PREFIX}*{MANIFEST_SUFFIX}"):
+        try:
+            rows = pq.read_table(path, schema=MANIFEST).to_pylist()
+        except FileNotFoundError:
+            continue  # replaced since the listing (a newer compaction)
+        except (OSError, pa.ArrowException):
+            return {}
+        for row in rows:
+            if not row["hidden"] and row["run_ids"] is not None:
+                held.setdefault(row["part"], set()).update(row["run_ids"])
+    _, live = compaction_state(folder)
+    return {name: frozenset(ids) for name, ids in held.items() if name in live}
 
 
 def replaced_parts(folder: Path, among: Collection[str] | None = None) -> set[str]:

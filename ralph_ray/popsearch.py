@@ -33,7 +33,8 @@ from ralph_ray.search import optuna_sampler, param_space
 from ralph_ray.space import clip_to_space, relative_knobs
 from ralph_ray.statuses import TrialStatus
 
-# A resumed study's sampler seed moves by this per recorded trial: far apart from the next studies' (seed + place)
+# A resumed study's sampler seed, and the pool's generator's (`Pool.reseed`), move by this per recorded trial: far
+# apart from the next studies' (seed + place)
 RESUME_SEED_STRIDE = 1_000_003
 CODE_KEY = "_code"  # a trial's config carries its variant's files: children are bred after the Tune run started
 
@@ -144,7 +145,7 @@ class Pool:
         self.children_of: dict[str, int] = {}  # parent id -> children bred from it (spreads the breeding)
         self.closed = False  # no trial starts any more (the decision engine stopped the campaign)
         self.changed = threading.Condition()
-        self.rng = random.Random(settings.seed)
+        self.rng = random.Random(settings.seed)  # which promising variant a free slot samples (`_promising`)
         self.recorded = 0  # trials finished so far (the ledger writes each to the KB just before telling the pool)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -223,6 +224,13 @@ class Pool:
             params=params, distributions=self._distributions(member), value=value, state=state
         )
         study.add_trial(trial)
+
+    def reseed(self, started: int) -> None:
+        """Seed the generator once a resume has rebuilt the pool: from the run's seed, the trials recorded and
+        `started` (the trials the run had started, recorded or not). Seeded afresh, the picks would repeat those the
+        dead driver drew; by the recorded count alone, those of a resume that died before recording a trial."""
+        with self.changed:
+            self.rng = random.Random(self.settings.seed + RESUME_SEED_STRIDE * self.recorded + started)
 
     # -- Tune's side -----------------------------------------------------------------------------
 

@@ -115,10 +115,13 @@ def spent_on_resume(run_dir: Path, guards: SafeguardsConfig) -> list[Spent]:
 
 
 def _last_decision(run_dir: Path, cycle: int) -> dict[str, Any]:
-    """A run's decision.json of `cycle` (the barrier loop's cycle folder, or the async loop's generation folder)."""
-    for path in (cycle_dir(run_dir, cycle), run_dir / "generations" / f"gen_{cycle:04d}"):
-        if (path / "decision.json").exists():
-            return json.loads((path / "decision.json").read_text())
+    """A run's last decision.json: the async loop's deepest generation folder that has one (named by the deepest
+    generation with a verdict, which the closed-generation count in state.json need not match), else the barrier
+    loop's folder of `cycle`."""
+    generations = sorted((run_dir / "generations").glob("gen_*/decision.json"))  # gen_0001..: zero-padded, in order
+    for path in [*generations[-1:], cycle_dir(run_dir, cycle) / "decision.json"]:
+        if path.exists():
+            return json.loads(path.read_text())
     return {}
 
 

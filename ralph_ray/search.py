@@ -380,6 +380,17 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
     )
 
 
+def cycle_forecaster(
+    cfg: Config, con: duckdb.DuckDBPyConnection | None, run_id: str, cycle: int
+) -> forecast.ForecastStopper | None:
+    """A cycle's forecaster (scheduler.forecast); a resumed cycle's (`con`: the KB) starts from the best final value
+    of the cycle's recorded trials, as its ASHA rungs start from their reports, so its first trials are forecast."""
+    forecaster = forecast.make(cfg)
+    if con is not None:
+        forecast.rebuild(forecaster, con, run_id, cycle)
+    return forecaster
+
+
 def run_cycle(
     cfg: Config,
     run_id: str,
@@ -421,7 +432,8 @@ def run_cycle(
     spec = trial_spec(cfg, children, cycle_dir / "trials", data, relative)
     progress = LiveProgress(console, f"cycle {cycle}", remaining, cfg.metric_sign(), cfg.task.metric)
     segments = pbt.SegmentLog() if cfg.scheduler.name.population_based else None
-    forecaster = forecast.make(cfg)
+    con = KnowledgeBase(Path(cfg.paths.kb)).reader() if done else None  # the campaign's KB (campaign.run: paths.kb)
+    forecaster = cycle_forecaster(cfg, con, run_id, cycle)
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         forecast.note(trial, forecaster)
@@ -447,10 +459,7 @@ def run_cycle(
     callbacks: list[tune.Callback] = [ledger, progress, starts]
     # A resumed cycle's new Tune run starts ASHA with empty rungs: its re-run trials would be judged against each
     # other only, so the cycle's recorded trials are replayed into them (from the KB the campaign writes to).
-    earlier = None
-    if done:
-        con = KnowledgeBase(Path(cfg.paths.kb)).reader()  # the campaign's KB (campaign.run: paths.kb)
-        earlier = partial(replay_earlier, cfg=cfg, con=con, run_id=run_id, cycle=cycle)
+    earlier = None if con is None else partial(replay_earlier, cfg=cfg, con=con, run_id=run_id, cycle=cycle)
     run_search(
         cfg,
         spec,

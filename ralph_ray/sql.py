@@ -42,9 +42,10 @@ RL_METRICS = ("reward_mean", "reward_std", "kl", "entropy", "completion_length",
 
 
 # KnowledgeBase.compact_kb's files: `_kb-<generation>.parquet` (the merged rows) and its manifest
-# `_m-<generation>.manifest` (Parquet rows of `part`, `hidden`: the merged file, live, and each part it replaced,
-# hidden; not `*.parquet`, so never read as rows of the table). The manifest's rename is the commit: a `_kb-*` file
-# counts only once a manifest lists it live, and every view leaves out the parts a manifest lists hidden.
+# `_m-<generation>.manifest` (Parquet rows of `part`, `hidden`, `run_ids`: the merged file, live, with the runs
+# it holds, and each part it replaced, hidden; not `*.parquet`, so never read as rows of the table). The manifest's
+# rename is the commit: a `_kb-*` file counts only once a manifest lists it live, and every view leaves out the parts
+# a manifest lists hidden.
 COMPACTED_PREFIX = "_kb-"
 MANIFEST_PREFIX = "_m-"
 MANIFEST_SUFFIX = ".manifest"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,8 +57,14 @@ def rows(con: duckdb.DuckDBPyConnection, query: str, params: list) -> list[dict]
 
 @pytest.fixture(scope="module")
 def three_generations(ray_session, tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    from rich.console import Console
+
     tmp = tmp_path_factory.mktemp("async")
-    return run(tiny(tmp, "run_id=gens", "safeguards.max_cycles=3", "population.children_per_parent=2"))
+    with (tmp / "console.txt").open("w") as said:  # what the user reads: the decisions' lines among it
+        return run(
+            tiny(tmp, "run_id=gens", "safeguards.max_cycles=3", "population.children_per_parent=2"),
+            Console(file=said, width=400),
+        )
 
 
 def test_generations_are_written_as_cycles(three_generations: Outcome):
@@ -75,14 +82,23 @@ def test_generations_are_written_as_cycles(three_generations: Outcome):
     assert all(t["cycle"] == variants[t["variant_id"]]["cycle"] for t in trials)
     assert len({t["trial_id"] for t in trials}) == len(trials)
     decisions = rows(con, "select cycle, reason from decisions where run_id = ? order by cycle", ["gens"])
-    assert decisions[-1] == {"cycle": 3, "reason": "max_cycles"}
     cycles = rows(con, "select cycle, trials from cycles where run_id = ? order by cycle", ["gens"])
     assert [c["cycle"] for c in cycles] == sorted({v["cycle"] for v in variants.values()})
+    # User trial: every child was generation 2 and the console ended `generation 3 decide stop (max_cycles)`, the
+    # decisions' cycles 1-3 beside cycles rows 1-2. A decision names a generation of the run's variants, one each;
+    # the last names the deepest with a verdict.
+    judged = [c["cycle"] for c in children if c["status"] != "rejected"]
+    assert decisions[-1] == {"cycle": max(judged, default=1), "reason": "max_cycles"}
+    assert {d["cycle"] for d in decisions} <= {c["cycle"] for c in cycles}
+    said = (three_generations.run_dir.parents[1] / "console.txt").read_text()
+    named = [int(n) for n in re.findall(r"generation (\d+) decide", said)]
+    assert named == [d["cycle"] for d in decisions]  # each printed once, as the KB keeps it
     sessions = list((three_generations.run_dir / "async" / "tune").glob("session_*"))
     assert len(sessions) == 1  # one Tune run for the whole campaign
     assert (three_generations.run_dir / "report" / "final_report.md").exists()
-    # the report counts the cycles the decisions count (a cycles row per lineage depth may be fewer)
-    assert "- cycles: 3, trials:" in (three_generations.run_dir / "report" / "final_report.md").read_text()
+    # the report counts the generations the decisions name
+    report = (three_generations.run_dir / "report" / "final_report.md").read_text()
+    assert f"- cycles: {decisions[-1]['cycle']}, trials:" in report
     for child in children:  # each variant's meta.json says its verdict, as the KB does (not `candidate`)
         meta = json.loads((Path(child["files_dir"]).parent / "meta.json").read_text())
         assert (meta["status"], meta["reason"]) == (child["status"], child["reason"]), child["variant_id"]
@@ -414,8 +430,15 @@ def test_a_killed_async_run_has_a_cycles_row_for_each_generation_it_decided(tmp_
     con = open_reader(tmp_path / "kb")
     decided = [c for (c,) in con.execute("select cycle from decisions where run_id = 'kc' order by cycle").fetchall()]
     cycles = rows(con, "select cycle, trials, best_selection_score from cycles where run_id = 'kc' order by cycle", [])
-    assert decided == [1]
-    assert [c["cycle"] for c in cycles][:1] == decided
+    # Generation 1 closed (its cycles row is there); its decision is recorded once a deeper one has a verdict. Each
+    # trial's end asks the engine once and the kill came at the second ask past the seed's close, before it recorded:
+    # so generation 1's row is there exactly when a child had its verdict before the last trial recorded.
+    written = "select variant_id from trials where run_id = 'kc' order by written_at, trial_id"
+    order = [v for (v,) in con.execute(written).fetchall()]
+    verdicts = "select variant_id from variants where run_id = 'kc' and status in ('kept', 'discarded', 'crashed')"
+    judged = {v for (v,) in con.execute(verdicts).fetchall()}
+    assert decided == ([1] if judged & set(order[:-1]) else []), (judged, order)
+    assert cycles and cycles[0]["cycle"] == 1 and set(decided) <= {c["cycle"] for c in cycles}
     seed_trials = con.execute("select count(*) from trials where run_id = 'kc' and cycle = 1").fetchone()[0]
     assert 0 < cycles[0]["trials"] <= seed_trials and cycles[0]["best_selection_score"] is not None
     assert con.execute("select cycles from budgets where run_id = 'kc'").fetchone()[0] == len(cycles)

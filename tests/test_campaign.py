@@ -236,3 +236,46 @@ def test_a_stopped_run_that_has_ended_leaves_no_stop_file(ray_session, tiny_conf
     assert outcome.exit_code == 0 and outcome.stop_reason == "manual_stop"
     assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
     assert not (run_dir / "STOP").exists()
+
+
+def test_a_refusals_stop_reason_is_one_line_with_its_fix():
+    """User trial: an AgentConfigError's recorded stop reason ("cannot reach the LLM endpoint ...\\n  fix: ...")
+    spanned two lines in state.json and `status`. It is recorded as one line, the fix joined with `; fix: `."""
+    import socket
+
+    from ralph_ray.agents.base import AgentConfigError
+    from ralph_ray.agents.llm import ChatClient
+    from ralph_ray.campaign import stop_reason
+    from ralph_ray.config import AgentBackend, AgentConfig
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here once the socket closes
+    cfg = AgentConfig(
+        backend=AgentBackend.openai, base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key_env=None, http_retries=0
+    )
+    with pytest.raises(AgentConfigError) as refused:
+        ChatClient(cfg).preflight()
+    assert "\n  fix: " in str(refused.value)  # the console shows it on two lines, as before
+    reason = stop_reason(refused.value)
+    assert "\n" not in reason
+    assert reason.startswith(f"AgentConfigError: cannot reach the LLM endpoint http://127.0.0.1:{port}/v1 (")
+    assert reason.endswith("); fix: check agent.base_url (it usually ends in /v1) and that the server is running")
+    assert stop_reason(ValueError("plain")) == "ValueError: plain"
+
+
+def test_the_start_up_warnings_come_from_one_place(tmp_path: Path):
+    """The warnings a campaign prints before its run is recorded (budget unread, seed off the space, ...) are
+    gathered by campaign.start_warnings, printed in one place."""
+    from ralph_ray.campaign import start_warnings
+    from ralph_ray.config import load_config
+
+    seed = (Path(__file__).resolve().parents[1] / "trainers" / "digits" / "train.py").read_text()
+    folder = digits_task(tmp_path / "mine", seed.replace("harness.epochs(EPOCHS)", "range(EPOCHS)"))
+    plain = load_config([f"task={folder}"])
+    assert start_warnings(plain) == []
+    cfg = load_config([f"task={folder}", "trial.budget_s=5", "search.space.LR.low=0.1"])
+    said = start_warnings(cfg)
+    assert len(said) == 2, said
+    assert said[0].startswith("trial.budget_s=5 is set, but ") and "reads no budget" in said[0]
+    assert "LR" in said[1] and "0.05" in said[1], said[1]

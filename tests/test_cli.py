@@ -467,3 +467,53 @@ def test_a_printed_resume_command_finds_a_run_whose_folder_hydra_would_misread(t
         word = shlex.split(liveness.resume_for("r1", odd, "kb"))[4]
         assert parser.parse_override(word).value() == odd, word
     assert liveness.resume_for("r1", "/a/runs", "kb") == "python -m ralph_ray resume=r1 paths.runs=/a/runs"
+
+
+def test_a_damaged_part_is_one_warning_line_on_the_command_line(tmp_path: Path):
+    """User trial: `status` over a KB with another run's truncated part printed Python's raw warning,
+    `.../commands.py:207: DamagedPartWarning: skipped ...` and the source line `con = open_reader(kb)`. The CLI
+    prints the project's warnings as one line `warning: <message>`; others (a library's) stay as Python shows them."""
+    import warnings
+
+    from pickkb import pick_kb
+
+    from ralph_ray.kb import KnowledgeBase, open_reader
+
+    kb_root, run_dir = pick_kb(tmp_path)
+    kb = KnowledgeBase(kb_root)
+    kb.append("trials", [{"run_id": "other", "trial_id": "o1", "variant_id": "seed"}], "other-c1-o1")
+    bad = next((kb.parquet / "trials").glob("other-*.parquet"))
+    with bad.open("r+b") as part:
+        part.truncate(100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        open_reader(kb_root).close()
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and str(bad) in said[0]
+    done = subprocess.run(
+        [sys.executable, "-m", "ralph_ray", "status", "r1", "--runs", str(run_dir.parent), "--kb", str(kb_root)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "run r1: finished" in done.stdout
+    assert done.stderr.splitlines() == [f"warning: {said[0]}"], done.stderr
+    # a library's warning keeps Python's own shape (file:line: Category: message), under the same hook
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import warnings, sys; from ralph_ray.__main__ import plain_warnings\n"
+            "with plain_warnings():\n"
+            "    warnings.warn('old api', DeprecationWarning)\n"
+            "    from ralph_ray.kb import DamagedPartWarning; warnings.warn('a part', DamagedPartWarning)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = shown.stderr.splitlines()
+    assert lines[0].endswith(": DeprecationWarning: old api") and lines[0].startswith("<string>:"), shown.stderr
+    assert lines[-1] == "warning: a part", shown.stderr

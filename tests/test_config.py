@@ -962,8 +962,10 @@ def test_a_resume_keeps_the_search_spaces_knobs_and_takes_its_own_task_and_searc
         narrowed.search.space["LR"].high == 0.1
         and narrowed.search == resume_config(run_dir, ["search.space.LR.high=0.1"]).search
     )
-    # as on a first run the task's task.yaml gives the knobs: search=cifar10 with the digits task is digits' space
-    assert resume_config(run_dir, ["search=cifar10", f"task={PROJECT_ROOT / 'trainers' / 'digits'}"]) == plain
+    # another search group is refused, naming the run's own (search.group), even where the task's task.yaml would
+    # give it the run's knobs and ranking (it was taken: a resume's search= changes nothing, so it can only mislead)
+    with pytest.raises(ConfigError, match="this run's search group is digits"):
+        resume_config(run_dir, ["search=cifar10", f"task={PROJECT_ROOT / 'trainers' / 'digits'}"])
     # another one is still refused, naming what differs
     with pytest.raises(ConfigError, match="keeps its task and search space"):
         resume_config(run_dir, ["task=diabetes"])
@@ -973,11 +975,11 @@ def test_a_resume_keeps_the_search_spaces_knobs_and_takes_its_own_task_and_searc
     (wider / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(epochs)))
     # search=digits ranks as the run does: its own, the run's EPOCHS kept (the knobs are the final config's)
     assert list(resume_config(wider, ["search=digits"]).search.space) == ["LR", "BATCH_SIZE", "WIDTH", "EPOCHS"]
-    with pytest.raises(ConfigError, match="keeps its task and search space") as info:
+    # its own group with another ranking: the ranking is what a resume keeps (FROZEN_ON_RESUME)
+    with pytest.raises(ConfigError, match="keeps its task and metric") as info:
         resume_config(wider, ["search=digits", "search.metric=val_loss", "search.mode=min"])
     said = str(info.value)
-    assert "search=digits is ranked by val_loss (min), this run's is ranked by val_acc (max)" in said
-    assert "resume without search=" in said
+    assert "search.metric (stored 'val_acc', asked 'val_loss')" in said and "resume without it" in said
 
 
 def _yaml_fallback_task(folder: Path) -> tuple[Path, int]:
@@ -1055,10 +1057,84 @@ def test_a_resume_given_its_first_runs_arguments_again_is_taken(tmp_path: Path):
         resumed = resume_config(run_dir, [f"resume=r{at}", *first])
         assert resumed.search == stored.search, first
         assert main([f"resume=r{at}", f"paths.runs={tmp_path}", *first, "--cfg"]) == 0, first
-    # another ranking is still refused, naming both; the knobs a resume keeps are the final config's to check
-    with pytest.raises(ConfigError, match="keeps its task and search space") as info:
-        resume_config(tmp_path / "r2", ["search=digits"])
+    # search=digits alone is r2's own group (its ranking was the command line's): taken; another group is refused,
+    # naming the run's; the knobs a resume keeps are the final config's to check
+    assert resume_config(tmp_path / "r2", ["search=digits"]).search == resume_config(tmp_path / "r2").search
+    with pytest.raises(ConfigError, match="keeps its search space and ranking") as info:
+        resume_config(tmp_path / "r2", ["search=cifar10"])
     said = str(info.value)
-    assert "search=digits is ranked by val_acc (max), this run's is ranked by val_loss (min)" in said, said
+    assert "search=cifar10, and this run's search group is digits (ranked by val_loss (min))" in said, said
     with pytest.raises(ConfigError, match="this resume adds WIDTH"):
         resume_config(tmp_path / "r0", ["search=digits", "+search.space.WIDTH={type: choice, values: [8]}"])
+
+
+def test_a_resumes_search_is_compared_with_the_runs_own_search_group(tmp_path: Path, capsys):
+    """User trial: a run started with `search.metric=val_loss search.mode=min` (the default search group, digits)
+    refused `resume=ID search=digits`, its own group, as "search=digits is ranked by val_acc (max)"; and
+    `search=digits search.metric=val_loss` (no search.mode) read as "ranked by val_loss (max)". The first run records
+    its search group (search.group); a resume's `search=` naming it, however spelled, is taken, another is refused
+    naming the run's group and the fix."""
+    from ralph_ray.__main__ import main
+
+    def first(name: str, overrides: list[str]) -> Path:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config(overrides))))
+        return run_dir
+
+    loss = first("loss", ["search.metric=val_loss", "search.mode=min"])
+    assert load_config([]).search.group == "digits" and load_config(["search=cifar10"]).search.group == "cifar10"
+    plain = resume_config(loss, ["resume=loss"])
+    assert (plain.search.metric, plain.search.mode, plain.search.group) == ("val_loss", "min", "digits")
+    for asked in (["search=digits"], ["+search=digits"], ["search=digits", "search.metric=val_loss"]):
+        assert resume_config(loss, ["resume=loss", *asked]) == plain, asked
+        assert main(["resume=loss", f"paths.runs={tmp_path}", *asked, "--cfg"]) == 0, asked
+    capsys.readouterr()
+    for asked in ("search=cifar10", "+search=cifar10"):
+        with pytest.raises(ConfigError) as info:
+            resume_config(loss, ["resume=loss", asked])
+        said = str(info.value)
+        assert "search=cifar10, and this run's search group is digits (ranked by val_loss (min))" in said, said
+        assert "fix: drop search= on a resume (the run's own is kept)" in said, said
+    assert main(["resume=loss", f"paths.runs={tmp_path}", "search=cifar10", "--cfg"]) == 2
+    assert "this run's search group is digits" in capsys.readouterr().err
+    # an experiment's search group is the run's own
+    cifar = first("cifar", ["+experiment=cifar10", f"data.root={tmp_path / 'data'}"])
+    assert resume_config(cifar, ["search=cifar10"]).search.group == "cifar10"
+    with pytest.raises(ConfigError, match="this run's search group is cifar10"):
+        resume_config(cifar, ["search=digits"])
+    # a run recorded before search.group was: compared by metric and mode, the stored ranking named
+    stored = (loss / "config.yaml").read_text()
+    assert "  group: digits\n" in stored
+    (loss / "config.yaml").write_text(stored.replace("  group: digits\n", ""))
+    assert resume_config(loss, ["search=digits", "search.metric=val_loss", "search.mode=min"]).search.group is None
+    with pytest.raises(ConfigError) as info:
+        resume_config(loss, ["search=digits"])
+    said = str(info.value)
+    assert "search=digits is ranked by val_acc (max), and this run is ranked by val_loss (min)" in said, said
+    assert "fix: drop search= on a resume (the run's own is kept)" in said, said
+
+
+def test_the_search_group_is_frozen_on_a_resume_and_never_set_by_override(tmp_path: Path, capsys):
+    """Review: a resume's `search.group=cifar10` was merged without a word and rewrote the group recorded in
+    config.yaml, so later resumes compared `search=` with it; on a first run the override was dropped in silence. A
+    resume may not change it (FROZEN_ON_RESUME); a first run that sets it exits 2 naming `search=<group>`."""
+    from ralph_ray.__main__ import main
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(load_config([]))))
+    for asked in ("search.group=cifar10", "~search.group"):
+        with pytest.raises(ConfigError, match="keeps its task and metric") as info:
+            resume_config(run_dir, ["resume=r", asked])
+        assert "search.group (stored 'digits', asked " in str(info.value), str(info.value)
+    assert resume_config(run_dir, ["resume=r", "search.group=digits"]).search.group == "digits"  # its own: fine
+    # a run recorded before search.group: None stays None
+    (run_dir / "config.yaml").write_text((run_dir / "config.yaml").read_text().replace("  group: digits\n", ""))
+    assert resume_config(run_dir, ["resume=r"]).search.group is None
+    for asked in ("search.group=cifar10", "+search.group=cifar10", "++search.group=cifar10"):
+        with pytest.raises(ConfigError, match="search.group is recorded, not set") as info:
+            load_config([asked])
+        assert "choose the search group with search=<group> (search=cifar10)" in str(info.value), str(info.value)
+    assert main(["search.group=cifar10", f"paths.runs={tmp_path}", "--cfg"]) == 2
+    assert "search=<group>" in capsys.readouterr().err

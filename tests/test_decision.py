@@ -207,3 +207,30 @@ def test_a_child_the_scheduler_stopped_in_every_trial_is_not_judged_and_the_cons
     assert "raise scheduler.grace_period or population.trials_per_child" in reason
     assert unjudged_note(reason, None) == f" ({reason})"
     assert unjudged_note("beat its parent by 0.02", 0.95) == ""
+
+
+def test_an_async_campaign_records_one_decision_per_generation_and_the_last_names_one_that_exists():
+    """User trial: an async campaign (1 x 2, every child generation 2) printed `generation 3 decide stop
+    (max_cycles)` (the decisions' count of closed generations, not a generation of its variants), and another printed
+    `generation 4 decide continue` then `generation 4 decide stop` for the one row the KB keeps. A generation's
+    decision is its last: a continue is recorded once a deeper generation has a verdict, a stop names the deepest."""
+    from ralph_ray.decision import generation_decided
+
+    # (deepest generation with a verdict, last generation with a decisions row, the decision stops or is the last)
+    steps = [(1, 0, False), (2, 0, False), (2, 1, False), (2, 1, True)]  # seed closes, 2 children judged, then 2 more
+    assert [generation_decided(*step) for step in steps] == [None, 1, None, 2]
+    assert generation_decided(4, 3, False) is None  # generation 4's continue waits for generation 5: never twice
+    assert generation_decided(4, 3, True) == 4
+    assert generation_decided(5, 3, False) == 4  # a deeper verdict closes the one before it
+    assert generation_decided(1, 0, True) == 1  # a stop before any child: the seed's generation
+    # A resumed older run's rows count closed generations: its stop follows its last row, never goes under it.
+    assert generation_decided(2, 3, True) == 3 and generation_decided(3, 3, False) is None
+
+
+def test_the_budgets_line_counts_the_closed_generations_the_rule_reads_not_the_generation_named():
+    from ralph_ray.decision import budgets_line
+
+    guards = SafeguardsConfig(max_cycles=3)
+    decision = replace(decide(facts(cycle=3, best_by_cycle=[0.9, 0.95, 0.95]), guards), cycle=2)
+    assert decision.reason is StopReason.max_cycles
+    assert "budgets: cycle 3/3," in budgets_line(decision, facts(cycle=3), guards)

@@ -563,6 +563,86 @@ def test_the_repair_of_a_damaged_manifest_then_a_compaction_keeps_the_compacted_
     assert rows == [("r1-t1",), ("r2-t1",)]
 
 
+def _truncate(path: Path) -> Path:
+    with path.open("r+b") as part:
+        part.truncate(100)
+    return path
+
+
+def test_a_damaged_compacted_file_is_not_the_own_part_of_a_run_compacted_later_with_no_rows_in_its_table(
+    tmp_path: Path,
+):
+    """Review: r1 (pbt: segments rows) compacted, its `segments/_kb-000001` damaged; r3 (no segments) finished and
+    compact_kb merged its other tables. r3 had no `-all` part in segments and was compacted, so the damaged file
+    counted as its own: its resume and report were refused. The manifest records the runs each file holds now."""
+    from ralph_ray.kb import own_damaged
+
+    kb = _compacted(tmp_path)  # r1, r2 in `_kb-000001`; r3 running
+    kb.put("segments", [{"run_id": "r1", "cycle": 1, "trial_id": "r1-t1", "segment": 0}], "r1-c0001-segments")
+    kb.compact_run("r1")
+    assert kb.compact_kb() == {"segments": 1}
+    bad = _truncate(kb.parquet / "segments" / "_kb-000001.parquet")
+    kb.put("trials", [trial_row("r3", "r3-t1", 0.7)], "r3-c0001-trials")
+    kb.compact_run("r3")
+    assert kb.compact_kb() == {"runs": 1, "trials": 1}  # r3 compacted: runs and trials, none of it in segments
+    mine, others = KnowledgeBase(kb.root).check_parts("r3")
+    assert mine == {} and list(others) == [bad]
+    assert own_damaged(kb.root, "r3", "a resume would go on without them") is None
+    assert set(KnowledgeBase(kb.root).check_parts("r1")[0]) == {bad}  # r1's segments are in it
+    assert KnowledgeBase(kb.root).check_parts("r2")[0] == {}  # r2 was compacted before it, with no segments either
+
+
+def test_a_run_resumed_after_compaction_then_compacted_again_owns_its_rows_in_a_damaged_compacted_file(
+    tmp_path: Path,
+):
+    """Review: r1 compacted, r4 compacted after it (the manifest listing `r1-all` replaced was replaced), then r1
+    resumed and folded into `r1-all` again: with that part standing, the damaged `trials/_kb-000002` holding r1's
+    first trials was not its own, and its resume went on without them."""
+    from ralph_ray.kb import own_damaged
+
+    kb = _compacted(tmp_path)
+    for run_id in ("r4", "r1"):  # r4 finishes and is compacted; r1 is resumed (its new trials in a part of its own)
+        kb.put("runs", [{"run_id": run_id, "status": "finished"}], run_id)
+        kb.put("trials", [trial_row(run_id, f"{run_id}-t2", 0.6)], f"{run_id}-c0002-trials")
+        kb.compact_run(run_id)
+        if run_id == "r4":
+            kb.compact_kb()
+    assert "r1-all.parquet" in {p.name for p in (kb.parquet / "trials").iterdir()}
+    bad = _truncate(kb.parquet / "trials" / "_kb-000002.parquet")
+    assert kb.compact_kb() == {"runs": 1}  # compacted again: the damaged trials file is left as it is
+    assert set(KnowledgeBase(kb.root).check_parts("r1")[0]) == {bad}
+    assert "r1" in own_damaged(kb.root, "r1", "a resume would go on without them")
+    assert set(KnowledgeBase(kb.root).check_parts("r4")[0]) == {bad}
+    assert KnowledgeBase(kb.root).check_parts("r3")[0] == {}  # never compacted: its report goes on
+
+
+def test_a_manifest_from_before_the_run_ids_record_falls_back_to_the_conservative_rule(tmp_path: Path):
+    """A KB compacted before manifests recorded their files' runs: ownership of a damaged `_kb-*` file is the old
+    rule (every run compacted with no part of its own beside it), views read it as before, and the next compaction
+    records the runs of its rows, the old file's included."""
+    import pyarrow.parquet as pq
+
+    kb = _compacted(tmp_path)
+    for table in ("runs", "trials"):  # the manifests as an older ralph_ray wrote them: `part` and `hidden` only
+        manifest = kb.parquet / table / "_m-000001.manifest"
+        pq.write_table(pq.read_table(manifest).drop_columns(["run_ids"]), manifest)
+    before = open_reader(kb.root).execute("select run_id, trial_id from trials order by all").fetchall()
+    assert before == [("r1", "r1-t1"), ("r2", "r2-t1")]
+    kb.put("trials", [trial_row("r3", "r3-t1", 0.7)], "r3-c0001-trials")
+    kb.compact_run("r3")
+    kb.compact_kb()  # generation 2 over the old file: its record names the old file's runs too
+    held = pq.read_table(kb.parquet / "trials" / "_m-000002.manifest").to_pylist()
+    assert [sorted(row["run_ids"]) for row in held if not row["hidden"]] == [["r1", "r2", "r3"]]
+    manifest = kb.parquet / "trials" / "_m-000002.manifest"
+    pq.write_table(pq.read_table(manifest).drop_columns(["run_ids"]), manifest)
+    kb.put("runs", [{"run_id": "r5", "status": "finished"}], "r5")  # r5: no trials, compacted later
+    kb.compact_run("r5")
+    kb.compact_kb()
+    bad = _truncate(kb.parquet / "trials" / "_kb-000002.parquet")
+    for run_id in ("r1", "r3", "r5"):  # r5 too: without the record, no way to tell it holds none of r5's rows
+        assert set(KnowledgeBase(kb.root).check_parts(run_id)[0]) == {bad}, run_id
+
+
 def test_no_knowledge_base_yet_has_no_damaged_part_and_a_resume_is_not_refused_by_it(tmp_path: Path):
     """Review: an existing but empty KB folder gave `resume=` a DuckDB IOException traceback."""
     import io

@@ -304,3 +304,49 @@ def test_a_resumed_pool_continues_its_studies_search_instead_of_redrawing_the_sa
     assert all(knobs not in tried for knobs in new)  # new points, not the ones already trained
     again = resumed_seed(tried, scores)  # and a resume draws as deterministically as a fresh start
     assert [{k: c[k] for k in OWN} for c in (again.suggest(f"r{i}") for i in range(2))] == new
+
+
+PICKED = {"seed": 0.9, "a": 0.92, "b": 0.85}
+
+
+def _resumed(started: int) -> Pool:
+    """As asyncrun._rebuild does: the members, each recorded trial warm-started in written order, then the pool's
+    generator seeded once from the trials recorded and `started` (the trials the run had started before)."""
+    p = pool(explore=0.5)
+    for order, (name, gen) in enumerate((("seed", 1), ("a", 2), ("b", 2)), start=1):
+        m = member(name, None if gen == 1 else "seed", gen)
+        m.started = m.finished = 1
+        p.add(m, queued=False)
+        p.warm_start(name, f"own-{name}", json.dumps(OWN), PICKED[name], TrialStatus.completed, order)
+    p.reseed(started)
+    return p
+
+
+def _picks(p: Pool, prefix: str) -> list[str]:
+    return [p.suggest(f"{prefix}{i}")["variant"] for i in range(12)]
+
+
+def test_a_resumed_pool_draws_new_parent_picks_instead_of_the_ones_made_before_the_crash():
+    """The pool's generator (which promising variant gets a free slot's knob sample) restarted from the run's seed on
+    resume, so a resumed run drew the same picks it had made before the crash. Reseeded like the studies' samplers:
+    from the run's seed and the trials recorded, so a resume draws new picks, as deterministically as a fresh start."""
+    before = pool(explore=0.5)
+    for name, gen in (("seed", 1), ("a", 2), ("b", 2)):
+        before.add(member(name, None if gen == 1 else "seed", gen))
+        finish(before, f"own-{name}", before.suggest(f"own-{name}"), PICKED[name])
+    drawn = _picks(before, "s")  # the picks made before the crash
+    again = _picks(_resumed(15), "r")
+    assert again != drawn  # new picks, not the sequence drawn before
+    assert _picks(_resumed(15), "r") == again  # deterministic
+    assert set(again) <= {"seed", "a", "b"}
+
+
+def test_a_resume_that_crashed_before_recording_a_trial_does_not_repeat_its_picks_on_the_next_resume():
+    """Review: the generator was reseeded per recorded trial only, so a resume that made picks (trials started) and
+    died before recording any drew the same picks again on the next resume; and a resume with no recorded trial kept
+    the run's first seed. Seeded once after the rebuild from the trials recorded and the trials started."""
+    first, second = _picks(_resumed(15), "r"), _picks(_resumed(27), "r")  # 12 trials started, none recorded
+    assert first != second
+    bare = pool(explore=0.5)  # nothing recorded: the generator moves on all the same
+    bare.reseed(4)
+    assert [bare.rng.random() for _ in range(3)] != [r.random() for r in [random.Random(0)] for _ in range(3)]

@@ -187,3 +187,37 @@ def test_a_run_that_ended_is_resumed_though_its_driver_process_lives_on(tmp_path
     finally:
         process.kill()
         process.wait()
+
+
+def _finished_async_run(runs: Path, closed: int, spends: dict[int, int], stop: StopReason) -> Path:
+    """An async run dir as asyncrun leaves it: state.json's cycle counts closed generations, and each decision.json
+    lies under generations/gen_<named>/, named by the deepest generation with a verdict (not the closed count)."""
+    guards = ["safeguards.max_cycles=3", "safeguards.tokens_per_campaign=1000"]
+    cfg = load_config([f"paths.runs={runs}", "population.mode=async", *guards])
+    run_dir = runs / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    state = CampaignState("r1", Phase.done, RunStatus.finished, closed, stop_reason=stop.value, elapsed_s=50.0)
+    state.save(run_dir)
+    for generation, tokens in spends.items():
+        folder = run_dir / "generations" / f"gen_{generation:04d}"
+        folder.mkdir(parents=True)
+        last = generation == max(spends)
+        decision = {"cycle": generation, "reason": stop.value if last else "continue", "elapsed_s": 50.0,
+                    "tokens_campaign": tokens, "cost_campaign": 0.0}  # fmt: skip
+        (folder / "decision.json").write_text(json.dumps(decision))
+    return run_dir
+
+
+def test_an_async_runs_spent_tokens_are_read_from_its_last_decision_not_the_closed_generation_count(
+    tmp_path: Path,
+) -> None:
+    """Review: 1 parent x 2 children, max_cycles=3, stopped on tokens_per_campaign: state.cycle is 3 (closed
+    generations) but the last decision.json is gen_0002's, so the spend read 0 and a plain resume was not refused.
+    The other way round (fewer closed than named) an older continue's stale spend was read."""
+    run_dir = _finished_async_run(tmp_path / "a", 3, {1: 400, 2: 1200}, StopReason.token_budget)
+    guards = resume_config(run_dir).safeguards
+    assert "safeguards.tokens_per_campaign" in [s.key for s in spent_on_resume(run_dir, guards)]
+    run_dir = _finished_async_run(tmp_path / "b", 1, {1: 400, 2: 1200}, StopReason.token_budget)
+    assert "safeguards.tokens_per_campaign" in [s.key for s in spent_on_resume(run_dir, guards)]
+    assert spent_on_resume(run_dir, resume_config(run_dir, ["safeguards.tokens_per_campaign=5000"]).safeguards) == []

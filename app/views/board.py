@@ -1,4 +1,4 @@
-"""Leaderboard: the campaign's variants ranked (replicate mean where replicated, else best trial), with the target."""
+"""Leaderboard: the campaign's variants ranked (discarded last; replicate mean where replicated, else best trial)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ import streamlit as st
 from ralph_ray import front, sql
 
 STATUSES = list(figures.STATUS_STYLE)  # every variant status the KB records
+# The leaderboard view's rank (ralph_ray/sql.py), as the report's legend says it
+RANKING = (
+    "Ranked by the replicate mean where a variant has one (a best trial is the luckiest of its samples), then by the "
+    "best trial; a discarded variant (its verdict found it no better than its parent) ranks below every other "
+    "whatever its scores."
+)
+DISCARDED_LAST = "a discarded variant ranks below every other, whatever its scores"
 
 
 def score_columns(metric: str | None) -> dict[str, Any]:
@@ -135,8 +142,8 @@ def body(run: shell.Campaign) -> None:
     )
     st.caption(
         f"{len(shown)} of {len(board)} variants ({run.metric_note}); the best trial's knobs "
-        f"({', '.join(knobs) or 'none'}) follow its scores. Variants without a trial (rejected by the gate) are on the "
-        "Lineage page; every trial is on Trials."
+        f"({', '.join(knobs) or 'none'}) follow its scores. {RANKING} Variants without a trial (rejected by the gate) "
+        "are on the Lineage page; every trial is on Trials."
     )
     st.altair_chart(figures.score_chart(shown, target, sign), width="stretch")
     st.altair_chart(figures.front_chart(board, target, sign), width="stretch")
@@ -200,7 +207,8 @@ def with_cost(board: pd.DataFrame) -> pd.DataFrame:
 
 def within_noise(board: pd.DataFrame, sign: float = 1.0) -> str | None:
     """A note when the first two ranks differ by less than the leader's replicate interval, each measured as the
-    ranking measures it: by its replicate mean where replicated, else by its best trial."""
+    ranking measures it: by its replicate mean where replicated, else by its best trial; a discarded one is named as
+    such, since it ranks last whatever it measured (a higher mean at rank 2 read as a misranking)."""
     top = figures.records(board.dropna(subset=["selection_score"]).head(2))
     if len(top) < 2 or top[0].get("half_width") is None:
         return None
@@ -209,10 +217,12 @@ def within_noise(board: pd.DataFrame, sign: float = 1.0) -> str | None:
     if abs(gap) >= top[0]["half_width"]:
         return None
     (what1, score1), (what2, score2) = measures
+    discarded = " and ".join(f"rank {n}" for n, r in enumerate(top, 1) if r.get("status") == "discarded")
+    last = f" {discarded.capitalize()} {'are' if ' and ' in discarded else 'is'} discarded: {DISCARDED_LAST}."
     return (
         f"Ranks 1 and 2 are within noise: {abs(gap):.4f} apart (rank 1's {what1} {sign * score1:.4f}, rank 2's "
         f"{what2} {sign * score2:.4f}), less than the leader's ±{top[0]['half_width']:.4f} "
-        "(95% t interval of its replicates)."
+        "(95% t interval of its replicates)." + (last if discarded else "")
     )
 
 

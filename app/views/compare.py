@@ -69,7 +69,10 @@ def body(run: shell.Campaign) -> None:
         picked, width="stretch", hide_index=True, column_order=list(COLUMNS), column_config=COLUMNS, placeholder="-"
     )
     if curves.empty:
-        st.info("No recorded epochs for these variants.")
+        chosen_runs = {
+            records[k]["run_id"] for k in chosen
+        }  # another campaign's damaged part holds none of their epochs
+        shell.empty(run.kb_root, "No recorded epochs for these variants.", ("epochs", "trials"), runs=chosen_runs)
         return
     st.altair_chart(figures.compare_chart(curves, metric), width="stretch")
     campaigns = curves["run_id"].nunique()

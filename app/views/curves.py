@@ -34,8 +34,10 @@ def body(run: shell.Campaign) -> None:
         figures.CURVE_METRICS[:1]
     )
     metric = right.selectbox("metric", metrics, key="curves_metric")
-    if curves.empty:
+    if not chosen:
         st.info("Pick a variant with recorded epochs.")
+    elif curves.empty:
+        shell.empty(run.kb_root, "Pick a variant with recorded epochs.", ("epochs", "trials"), runs=(run.run_id,))
     else:
         st.altair_chart(figures.curves_chart(curves, metric), width="stretch")
         stopped = curves.loc[curves["status"] == "stopped_early", "trial_id"].nunique()

@@ -38,10 +38,12 @@ COLUMNS = {
 def body(run: shell.Campaign) -> None:
     effects = kbdata.frame(run.kb_root, sql.APP_EFFECTS)
     if effects.empty:
-        st.info(
+        shell.empty(
+            run.kb_root,
             "No intervention measured yet: effects appear once a campaign's children (cycle 2 on) are trained and "
             "judged. "
-            f"Run a campaign with an agent: `python -m ralph_ray agent=heuristic paths.kb={run.kb_root}`."
+            f"Run a campaign with an agent: `python -m ralph_ray agent=heuristic paths.kb={run.kb_root}`.",
+            ("interventions", "runs"),
         )
         return
     scope = figures.records(kbdata.frame(run.kb_root, sql.APP_EFFECTS_SCOPE))[0]

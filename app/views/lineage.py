@@ -51,7 +51,8 @@ def body(run: shell.Campaign) -> None:
             f"{figures.score_text(records[v]['selection_score'], sign=run.sign)}"
         ),
     )
-    details(records[picked], run.sign)
+    verdicts = figures.compared(kbdata.frame(run.kb_root, sql.INTERVENTIONS_FOR_RUN, (run.run_id,)))
+    details(records[picked], run.sign, verdicts.get(picked))
 
 
 def _clicked(event: Any) -> str | None:
@@ -60,19 +61,30 @@ def _clicked(event: Any) -> str | None:
     return str(points[0]["variant_id"]) if points else None
 
 
-def details(rec: dict, sign: float = 1.0) -> None:
-    """A variant's status, reason, rationale, diagnosis and scores (`sign` -1: a min metric's, shown as values)."""
-    cols = st.columns(4)
+def details(rec: dict, sign: float = 1.0, verdict: dict | None = None) -> None:
+    """A variant's status, reason, rationale, diagnosis and scores (`sign` -1: a min metric's, shown as values), and
+    against its parent what its verdict compared (`verdict`: its `interventions` row, figures.compared)."""
+    cols = st.columns(5)
     cols[0].metric("status", rec.get("status") or "-")
-    score, parent = rec.get("selection_score"), rec.get("parent_score")
     cols[1].metric(
-        "selection score",
-        figures.score_text(score, sign=sign),
-        None if score is None or parent is None else f"{sign * (score - parent):+.4f} vs parent",
-        delta_color="normal" if sign > 0 else "inverse",  # green when better: lower, for a min metric
+        "selection score", figures.score_text(rec.get("selection_score"), sign=sign), help="its best search trial"
     )
-    cols[2].metric("test score", figures.score_text(rec.get("test_score"), sign=sign))
-    cols[3].metric("cycle · depth", f"{rec.get('cycle')} · {rec.get('depth') if rec.get('depth') is not None else '-'}")
+    # What the verdict compared, named (user trial: the child's best trial minus whatever parent score the row held,
+    # its replicate mean, a difference of two kinds the verdict never made, read as the child's gain)
+    label, gain, scores = figures.versus_parent(verdict, sign)
+    cols[2].metric(
+        label,
+        gain,
+        scores,
+        delta_color="off",
+        delta_arrow="off",
+        help=f"{label}: the child's score minus its parent's, as its verdict compared them (the report's `compared`): "
+        "replicate means, best trials, or the child's best trial against the parent's replicate mean where the child "
+        "was not worth replicating; `-` where it compared none (the seed, refused by the gate, crashed, not judged "
+        "yet)",
+    )
+    cols[3].metric("test score", figures.score_text(rec.get("test_score"), sign=sign))
+    cols[4].metric("cycle · depth", f"{rec.get('cycle')} · {rec.get('depth') if rec.get('depth') is not None else '-'}")
     facts = {
         "variant": rec["variant_id"],
         "parent": rec.get("parent_id") or "none (the seed)",

@@ -29,6 +29,14 @@ DECISION_COLUMNS = [
     "exit_code",
 ]
 
+# When the first decisions row comes: a barrier campaign decides at each cycle's end; an async one writes a row per
+# generation once a deeper generation is judged (asyncrun), or at its stop
+FIRST_DECISION = {
+    False: "No decision yet: the first one comes at the end of cycle 1.",
+    True: "No decision yet: this async campaign writes one per generation, the first once a generation-2 child has "
+    "its verdict (or when the campaign stops).",
+}
+
 
 def body(run: shell.Campaign) -> None:
     spent = figures.records(kbdata.frame(run.kb_root, sql.BUDGET_FOR_RUN, (run.run_id,)))
@@ -91,7 +99,7 @@ def body(run: shell.Campaign) -> None:
 
     st.subheader("Decisions")
     if decisions.empty:
-        st.info("No decision yet: the first one comes at the end of cycle 1.")
+        shell.empty(run.kb_root, FIRST_DECISION[run.asynchronous], ("decisions",), runs=(run.run_id,))
     else:
         st.dataframe(
             figures.as_values(decisions[[c for c in DECISION_COLUMNS if c in decisions]], run.sign),

@@ -28,6 +28,7 @@ from ralph_ray.variants import mutable_names, unified_diff
 
 TERM_GRACE_S = 5.0  # between SIGTERM and SIGKILL for a command past its time limit
 TAIL_CHARS = 1500  # of the command's output, in an error message
+OUTPUT_LOG = "output.log"  # the command's stdout and stderr, in its scratch folder
 
 
 def load_template(cfg: AgentConfig) -> CliTemplate:
@@ -116,16 +117,19 @@ class CliCoder:
             start = time.perf_counter()
             try:
                 output = self._run(argv, workdir, scratch, prompt if on_stdin else None)
+            except AgentError:
+                # the call ran and spent its tokens whatever its end (an error, its timeout): counted now, or the
+                # rejected child's usage showed no call and the budgets and agent_usage never saw them
+                said = (scratch / OUTPUT_LOG).read_text(errors="replace") if (scratch / OUTPUT_LOG).exists() else ""
+                _count(usage, prompt, said)
+                raise
             finally:
                 usage.seconds += time.perf_counter() - start
-            usage.calls += 1
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         _remove_tool_litter(parent.files_dir, workdir)
         diff = unified_diff(parent.files_dir, workdir)
-        usage.tokens_in += len(prompt) // 4
-        usage.tokens_out += (len(diff) + len(output)) // 4
-        usage.estimated = True
+        _count(usage, prompt, output + diff)
         if not diff:
             raise AgentError(f"`{argv[0]}` exited cleanly but changed nothing: {_tail(output) or 'no output'}")
         return Draft(
@@ -134,7 +138,7 @@ class CliCoder:
 
     def _run(self, argv: list[str], workdir: Path, scratch: Path, stdin_text: str | None) -> str:
         """Run in a new process group with a time limit; the group dies with the call, whatever happens."""
-        out_path = scratch / "output.log"
+        out_path = scratch / OUTPUT_LOG
         env = clean_env(self.allowed, self.engine_secret)
         jail: Jail | None = None
         if self.sandbox is not None:
@@ -190,6 +194,14 @@ class CliCoder:
         if proc.returncode != 0:
             raise AgentError(f"`{argv[0]}` exited with code {proc.returncode}: {_tail(output) or 'no output'}")
         return output
+
+
+def _count(usage: Usage, prompt: str, answer: str) -> None:
+    """Add one call to `usage`, its tokens estimated (a CLI reports none): 4 characters a token."""
+    usage.calls += 1
+    usage.tokens_in += len(prompt) // 4
+    usage.tokens_out += len(answer) // 4
+    usage.estimated = True
 
 
 def program_files(argv: list[str], inside: tuple[Path, ...]) -> tuple[Path, ...]:

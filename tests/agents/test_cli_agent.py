@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 import time
@@ -118,9 +119,13 @@ def test_timeout_kills_the_whole_process_group(
 ):
     monkeypatch.setenv("CLI_TEST_MODE", "hang")
     start = time.monotonic()
+    usage = Usage()
     with pytest.raises(AgentError, match=r"ran past agent.cli_timeout_s=1s and was killed \(its whole process group\)"):
-        CliCoder(cli_config(tmp_path, cli_timeout_s=1.0)).write(parent, REC, workdir, None, Usage())
+        CliCoder(cli_config(tmp_path, cli_timeout_s=1.0)).write(parent, REC, workdir, None, usage)
     assert time.monotonic() - start < 8
+    # the call it made up to its timeout counts (its tokens were spent): before, none did
+    prompt = (scripted_agent / "prompt.md").read_text()
+    assert usage.calls == 1 and usage.estimated and usage.tokens_in == len(prompt) // 4 and usage.seconds >= 1
     helper = int((scripted_agent / "helper.pid").read_text())
     deadline = time.monotonic() + 5
     while pid_alive(helper) and time.monotonic() < deadline:
@@ -129,10 +134,10 @@ def test_timeout_kills_the_whole_process_group(
 
 
 @pytest.mark.parametrize(
-    "mode, message",
-    [
-        ("fail", "exited with code 3: model overloaded, try later"),
-        ("nothing", "exited cleanly but changed nothing: I looked around"),
+    "mode, message, said",
+    [  # said: what the scripted agent printed (its output counts as tokens out)
+        ("fail", "exited with code 3: model overloaded, try later", "model overloaded, try later"),
+        ("nothing", "exited cleanly but changed nothing: I looked around", "I looked around and changed nothing."),
     ],
 )
 def test_failed_or_idle_agent_rejects_the_child(
@@ -143,12 +148,17 @@ def test_failed_or_idle_agent_rejects_the_child(
     monkeypatch: pytest.MonkeyPatch,
     mode: str,
     message: str,
+    said: str,
 ):
     monkeypatch.setenv("CLI_TEST_MODE", mode)
     usage = Usage()
-    with pytest.raises(AgentError, match=message):
+    with pytest.raises(AgentError, match=re.escape(message)):
         CliCoder(cli_config(tmp_path)).write(parent, REC, workdir, None, usage)
-    assert usage.seconds > 0
+    # a failed call still spent its tokens: counted (estimated) whatever its end; before, a command that exited with
+    # an error counted no call and no tokens, and the budgets and agent_usage never saw them
+    prompt = (scripted_agent / "prompt.md").read_text()
+    assert usage.calls == 1 and usage.estimated and usage.seconds > 0
+    assert usage.tokens_in == len(prompt) // 4 and usage.tokens_out >= len(said) // 4 > 0
 
 
 def test_missing_command_is_a_config_error(tmp_path: Path, parent: ParentView, workdir: Path):

@@ -224,3 +224,93 @@ def test_ema_adds_one_eval_line_after_the_models_own():
     assert result.count(".eval()") == 3  # the model's own, the average's line, and the constructor's suffix
     assert "accuracy = (ema(x).argmax(1) == y).float().mean()" in lines
     assert run(result)["accuracy"] > 0.5  # the average predicts (chance: 0.1)
+
+
+# A trainer whose step goes through a GradScaler but whose forward runs in full precision (no autocast yet): the
+# mixed_precision intervention adds the autocast, the replay takes the scaler either way.
+SCALER_ONLY = SCALED.replace(
+    '        with torch.autocast("cpu", dtype=torch.bfloat16):\n'
+    "            loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM\n",
+    "        loss = F.cross_entropy(model(x[i : i + 32]), y[i : i + 32]) / ACCUM\n",
+)
+# mixed_precision's autocast is CUDA's, disabled on CPU: run on CPU, the same context is CPU's, enabled
+ON_CPU = (('device_type="cuda"', 'device_type="cpu"'), ("enabled=torch.cuda.is_available()", "enabled=True"))
+
+
+@pytest.mark.parametrize("source", [ZERO_AT_EPOCH_START, SCALER_ONLY], ids=["plain", "grad_scaler"])
+@pytest.mark.parametrize(
+    "order",
+    [["hard_example_replay", "mixed_precision"], ["mixed_precision", "hard_example_replay"]],
+    ids=["replay_first", "mixed_precision_first"],
+)
+def test_replay_and_mixed_precision_compose_in_either_order(source: str, order: list[str]):
+    """mixed_precision applied after hard_example_replay left the replay call without `autocast=`: its forwards ran
+    in float32 beside the trainer's bfloat16 ones (only the other order passed it)."""
+    result = source
+    for name in order:
+        result = apply_transform(name, result)
+    keywords = {k.arg: ast.unparse(k.value) for k in dream_call(result).keywords}
+    assert keywords["autocast"] == ast.unparse(
+        ast.parse('lambda: torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available())')
+    )
+    assert ("scaler" in keywords) == (source is SCALER_ONLY) and keywords.get("scaler", "scaler") == "scaler"
+    for old, new in ON_CPU:
+        result = result.replace(old, new)
+    autocast: list[bool] = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, args, out: (
+            autocast.append(torch.is_autocast_enabled("cpu")) if isinstance(module, torch.nn.Sequential) else None
+        )
+    )
+    try:
+        ran = run(result)
+    finally:
+        hook.remove()
+    assert len(autocast) > 3 * BATCHES and all(autocast)  # the trainer's forwards and the replay's
+    assert all(bool(p.isfinite().all()) for p in ran["model"].parameters())
+
+
+STEP_IF = "        if (i // 32 + 1) % ACCUM == 0:\n"
+# The other common ways to take the step once per ACCUM micro-batches (ACCUMULATING's `(i + 1) % ACCUM == 0` aside)
+ACCUMULATION_IDIOMS = {
+    "remainder_minus_one": ACCUMULATING.replace(STEP_IF, "        if (i // 32) % ACCUM == ACCUM - 1:\n"),
+    "counter": ACCUMULATING.replace("steps = 0\n", "steps = 0\naccum_count = 0\n")
+    .replace(STEP_IF, "        accum_count += 1\n        if accum_count == ACCUM:\n")
+    .replace("            steps += 1\n", "            steps += 1\n            accum_count = 0\n"),
+    "or_last_batch": ACCUMULATING.replace(
+        STEP_IF, "        if (i // 32 + 1) % ACCUM == 0 or (i // 32 + 1) == len(x) // 32:\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("idiom", sorted(ACCUMULATION_IDIOMS))
+def test_replay_recognises_each_accumulation_idiom(idiom: str):
+    """Accumulation was recognised from a `%` in the step's condition only: a counter (`accum_count += 1`, `if
+    accum_count == ACCUM:`, reset after the step) kept its `/ ACCUM` in the replay's loss, every replay step at
+    1/ACCUM of the trainer's."""
+    source = ACCUMULATION_IDIOMS[idiom]
+    assert source != ACCUMULATING
+    result = apply_transform("hard_example_replay", source)
+    loss = eval(
+        ast.unparse(next(k.value for k in dream_call(result).keywords if k.arg == "loss")), {"F": F, "ACCUM": 2}
+    )
+    logits, targets = torch.randn(32, 10), torch.randint(0, 10, (32,))
+    assert torch.allclose(loss(logits, targets), F.cross_entropy(logits, targets))
+    ran = run(result)
+    assert ran["steps"] == 3 * BATCHES // 2 and len(ran["dream_replay"].y) == BATCHES
+    # the count recognised, a divisor that mixes it with another factor is refused as before
+    mixed = source.replace("y[i : i + 32]) / ACCUM", 'y[i : i + 32], reduction="sum") / (32 * ACCUM)')
+    with pytest.raises(NotApplicable, match=r"divided by `\(32 \* ACCUM\)`, which mixes the micro-batch count"):
+        apply_transform("hard_example_replay", mixed)
+
+
+def test_an_unrecognised_accumulation_keeps_the_replays_loss_as_written():
+    """A step condition that counts no micro-batches the transform can read (a flag the trainer flips) leaves the
+    loss as the trainer wrote it: its divisor may be a mean's, not an accumulation's."""
+    source = ACCUMULATING.replace("steps = 0\n", "steps = 0\nflip = False\n").replace(
+        STEP_IF, "        flip = not flip\n        if not flip:\n"
+    )
+    result = apply_transform("hard_example_replay", source)
+    loss = next(k.value for k in dream_call(result).keywords if k.arg == "loss")
+    assert ast.unparse(loss).endswith("/ ACCUM")
+    assert run(result)["steps"] == 3 * BATCHES // 2

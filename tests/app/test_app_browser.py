@@ -114,6 +114,11 @@ def test_clicking_a_lineage_node_opens_that_variant(tiny: Tiny, tmp_path: Path):
         assert story.get_by_text(target, exact=True).count() == 0
         node = page.locator(f'[aria-label="variant {target}"]')  # an SVG mark (the chart is drawn as SVG)
         node.wait_for(timeout=30_000)
+        # No two nodes drawn over each other (user trial: two siblings of one generation were, 25 px apart)
+        boxes = [page.locator(f'[aria-label="variant {v["variant_id"]}"]').bounding_box() for v in lineage]
+        centres = [(b["x"] + b["width"] / 2, b["y"] + b["height"] / 2) for b in boxes if b]
+        assert len(centres) == len(lineage) >= 3
+        assert min(abs(a[0] - b[0]) + abs(a[1] - b[1]) for i, a in enumerate(centres) for b in centres[:i]) > 60
         node.click()
         story.get_by_text(target, exact=True).wait_for(timeout=30_000)  # the clicked variant's story
         assert story.locator("tbody tr").first.inner_text().split() == ["variant", target]

@@ -53,6 +53,16 @@ def test_a_campaign_with_no_finished_trial(tmp_path: Path, page: str):
         assert "trials: none finished yet" in shown and at.button(key="stop")
 
 
+def test_an_async_campaign_says_when_its_first_decision_comes(tmp_path: Path):
+    """Review: an async campaign writes one decisions row per generation, the first once a generation-2 child is
+    judged (or at its stop), not "at the end of cycle 1" as a barrier campaign does."""
+    config = '{"population": {"mode": "async"}, "safeguards": {"max_cycles": 3}}'
+    shown = texts(open_page(kb_with_run(tmp_path, "running", config=config), "views/status.py"))
+    assert "end of cycle 1" not in shown, shown
+    assert "No decision yet: this async campaign writes one per generation" in shown, shown
+    assert "once a generation-2 child has its verdict" in shown, shown
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_a_crashed_campaign_says_how_to_resume(tmp_path: Path, page: str):
     kb_root = kb_with_run(tmp_path, "crashed", stop_reason="RuntimeError: the trial driver died", finished_at=None)
@@ -109,6 +119,37 @@ def test_lineage_graph_lays_out_generations_and_styles_nodes():
     spec = figures.lineage_chart(tree, best_id="kid2").to_dict()
     assert [p["name"] for p in spec["params"]] == [figures.LINEAGE_PICK]  # the click selection the page reads
     assert spec["usermeta"]["embedOptions"]["renderer"] == "svg"  # nodes are elements a browser can click
+
+
+@pytest.mark.parametrize("siblings", [1, 2, 3, 5])
+def test_siblings_in_one_generation_get_rows_of_their_own(siblings: int):
+    """User trial (async): two children of one parent in one generation, `eb60fd00ccea · 0.9805` and `a1fa4d88e0a6 ·
+    -`, were drawn on top of each other. Their positions differed, but the chart was 80 px a row (180 at least) with
+    no autosize of its own, so Streamlit's default, `fit`, squeezed the bottom legend, the labels and the scale's
+    padding into that height: 25 px between two siblings, less than a node and its label. Now each node has its own
+    row, and the chart's height is its rows' alone (`fit-x`), ROW_PX each."""
+    kids = [f"kid{i}" for i in range(siblings)]
+    tree = pd.DataFrame(
+        [
+            {"variant_id": "seed", "parent_id": None, "status": "seed", "selection_score": 0.9805, "cycle": 1},
+            {"variant_id": "mid", "parent_id": "seed", "status": "kept", "selection_score": 0.9833, "cycle": 2},
+        ]
+        + [
+            {"variant_id": k, "parent_id": "mid", "status": "candidate", "selection_score": s, "cycle": 3}
+            for k, s in zip(kids, [0.9805, None, 0.9805, 0.97, None])  # equal scores and none: no collision either
+        ]
+    ).assign(interventions="[]")
+    nodes, edges = figures.lineage_frames(tree)
+    assert len(set(zip(nodes["x"], nodes["y"]))) == len(nodes)  # no two nodes share a position
+    rows = nodes.set_index("variant_id").loc[kids]
+    assert rows["x"].nunique() == 1 and sorted(rows["y"].diff().dropna().abs()) == [1.0] * (siblings - 1)
+    assert set(edges["variant_id"]) == {"mid", *kids}
+    spec = figures.lineage_chart(tree).to_dict()
+    # The height is the plot's own: Streamlit's `fit` would fit the legend and labels into it too
+    assert spec["autosize"] == {"type": "fit-x", "contains": "padding"}
+    low, high = spec["layer"][2]["encoding"]["y"]["scale"]["domain"]  # the nodes' layer
+    assert low <= rows["y"].min() - 0.5 and high >= rows["y"].max() + 0.5  # half a row above and below the outermost
+    assert spec["height"] / (high - low) >= figures.ROW_PX  # every row gets its pixels
 
 
 def test_budgets_compare_spending_with_the_safeguards():

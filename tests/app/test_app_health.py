@@ -92,6 +92,124 @@ def test_every_page_renders_the_intact_campaigns_past_a_truncated_part(tmp_path:
         assert list(at.dataframe[0].value["variant_id"]) == ["v1"]
 
 
+# A page's empty state, and what it blames when its rows are missing (user trial: "Run a campaign with an agent")
+EMPTY_BLAMES = {
+    "views/interventions.py": "Run a campaign with an agent",
+    "views/board.py": "before any trial finished",
+    "views/lineage.py": "before any trial finished",
+    "views/status.py": "the first one comes at the end of cycle 1",
+}
+
+
+@pytest.mark.parametrize("page", sorted(EMPTY_BLAMES))
+def test_an_empty_page_past_a_damaged_part_says_its_rows_may_be_in_it(tmp_path: Path, page: str):
+    """User trial: with the campaign's interventions part damaged, the Interventions page warned of the part, then
+    said under it that no intervention was measured yet and to run a campaign with an agent; they were measured, and
+    in that part. A page left empty by a skipped part says so and names the repair."""
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    variants = [{"run_id": "r1", "variant_id": "kid", "parent_id": "seedv", "cycle": 2, "status": "kept"}]
+    trials = [{"run_id": "r1", "cycle": 2, "trial_id": "t1", "variant_id": "kid", "status": "completed"}]
+    effect = {"run_id": "r1", "task": "digits", "cycle": 2, "variant_id": "kid", "parent_id": "seedv"}
+    effect |= {
+        "intervention": "batchnorm",
+        "parent_score": 0.9,
+        "child_score": 0.95,
+        "delta": 0.05,
+        "basis": "best_trial",
+    }
+    decision = {"run_id": "r1", "cycle": 1, "decision": "stop", "reason": "max_cycles", "exit_code": 0}
+    parts = [
+        kb.append("variants", variants, "r1-v"),
+        kb.append("trials", trials, "r1-t"),
+        kb.append("interventions", [effect], "r1-i"),
+        kb.append("decisions", [decision], "r1-d"),
+    ]
+    for part in parts:
+        assert part is not None
+        truncate(part)
+    shown = texts(open_page(root, page, run_id="r1"))
+    assert EMPTY_BLAMES[page] not in shown
+    if page in ("views/board.py", "views/lineage.py"):  # its status is still said (review: it was dropped)
+        assert "campaign `r1` ended (max_cycles) with none of its trials in the readable parts" in shown, shown
+    assert "may be in the damaged part" in shown
+    assert f"python -m ralph_ray kb check --repair --kb {root}" in shown
+
+
+def _finished_run(kb: KnowledgeBase, run_id: str) -> None:
+    """A finished campaign `run_id` with one trial and one decision, each in a part of its own."""
+    kb.append(
+        "runs",
+        [{"run_id": run_id, "experiment": "digits", "task": "digits", "status": "finished", "config": "{}"}],
+        run_id,
+    )
+    kb.put(
+        "trials",
+        [{"run_id": run_id, "cycle": 1, "trial_id": "t1", "variant_id": "w1", "status": "completed"}],
+        f"{run_id}-c0001-trials",
+    )
+    kb.put("decisions", [{"run_id": run_id, "cycle": 1, "decision": "stop", "exit_code": 0}], f"{run_id}-c0001-d")
+
+
+def _in_order(at, first: str, then: str) -> bool:
+    """Whether an element showing `first` comes before one showing `then` on the page."""
+    shown = [str(getattr(node, "value", "")) for node in at.main]
+    at_first = [i for i, text in enumerate(shown) if first in text]
+    at_then = [i for i, text in enumerate(shown) if then in text]
+    return bool(at_first and at_then) and at_first[0] < at_then[0]
+
+
+NO_TRIAL_PAGES = ("views/board.py", "views/lineage.py", "views/curves.py", "views/trials.py", "views/status.py")
+RUNNING_R1 = "yet: campaign `r1` is running (cycle 1, phase train)"
+
+
+@pytest.mark.parametrize("page", NO_TRIAL_PAGES)
+def test_another_runs_damaged_part_leaves_a_running_campaigns_empty_state_as_it_is(tmp_path: Path, page: str):
+    """Review: another campaign's truncated `trials/other-all.parquet` made the empty pages of a campaign running with
+    no trial yet say "Nothing to show here ... may be in the damaged part(s)" instead of its status: the damaged parts
+    counted are the viewed campaign's own."""
+    root = kb_with_run(tmp_path, "running")
+    kb = KnowledgeBase(root)
+    _finished_run(kb, "other")
+    assert kb.compact_run("other")
+    bad = [kb.parquet / table / "other-all.parquet" for table in ("trials", "decisions")]
+    for part in bad:
+        truncate(part)
+    shown = texts(open_page(root, page, run_id="r1"))
+    assert "may be in the damaged part" not in shown, shown
+    assert all(f"Skipped a damaged part of the knowledge base: `{part}`" in shown for part in bad)  # still named
+    assert (RUNNING_R1 if page != "views/status.py" else "No decision yet") in shown, shown
+
+
+def test_a_damaged_compacted_file_counts_for_the_runs_its_manifest_records(tmp_path: Path):
+    """A damaged `_kb-*` file is the viewed campaign's own where its manifest records the campaign's rows in it (the
+    note after the page's status); where the manifest records none (written before it did), any campaign's."""
+
+    def damaged_kb(folder: Path, recorded: bool) -> Path:
+        root = kb_with_run(folder, "running")
+        kb = KnowledgeBase(root)
+        _finished_run(kb, "other")
+        kb.compact_run("other")
+        kb.compact_kb()
+        if not recorded:  # a manifest from before the record (written before any page opened the KB)
+            manifest = kb.parquet / "trials" / "_m-000001.manifest"
+            pq.write_table(pq.read_table(manifest).drop_columns(["run_ids"]), manifest)
+        truncate(kb.parquet / "trials" / "_kb-000001.parquet")
+        return root
+
+    root = damaged_kb(tmp_path / "recorded", recorded=True)
+    running = open_page(root, "views/board.py", run_id="r1")
+    assert f"No finished trial {RUNNING_R1}" in texts(running) and "may be in the damaged part" not in texts(running)
+    other = open_page(root, "views/board.py", run_id="other")
+    assert "No finished trial: campaign `other` ended" in texts(other), texts(other)
+    assert _in_order(other, "No finished trial: campaign `other` ended", "may be in the damaged part")
+    assert "_kb-000001.parquet" in texts(other) and "before any trial finished" not in texts(other)
+    # A manifest from before the record: whose rows the file holds is unknown, so every campaign's page says so
+    root = damaged_kb(tmp_path / "unrecorded", recorded=False)
+    running = open_page(root, "views/board.py", run_id="r1")
+    assert _in_order(running, f"No finished trial {RUNNING_R1}", "may be in the damaged part"), texts(running)
+
+
 def test_the_reader_skips_a_damaged_part_with_a_warning_naming_it(tmp_path: Path):
     root, bad = two_campaigns(tmp_path)
     truncate(bad)

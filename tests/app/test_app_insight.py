@@ -110,6 +110,15 @@ def insight_kb(tmp_path: Path) -> Path:
     return root
 
 
+def replicates(means: dict[str, float], knobs: str) -> list[dict]:
+    """Three replicate trials per variant around its mean (-0.01, 0, +0.01), on the best trial's knobs."""
+    return [
+        trial("r1", 10 * (n + 1) + i, variant, base + d, replicate=True, knobs=knobs)
+        for n, (variant, base) in enumerate(means.items())
+        for i, d in enumerate((-0.01, 0, 0.01))
+    ]
+
+
 def test_leaderboard_shows_the_best_knobs_as_columns_the_why_and_replicates(tmp_path: Path):
     at = open_page(insight_kb(tmp_path))
     board = at.dataframe[0].value
@@ -130,11 +139,7 @@ def test_leaderboard_ranks_by_replicate_means_and_says_when_ranks_1_and_2_are_wi
     )
     knobs = '{"LR": 0.1}'  # the replicates ran the best trial's knobs (only those count)
     rows = [trial("r1", 1, "flashy", 0.99, knobs=knobs), trial("r1", 2, "calm", 0.93, knobs=knobs)]
-    for n, (variant, base) in enumerate((("flashy", 0.955), ("calm", 0.96))):
-        rows += [
-            trial("r1", 10 * (n + 1) + i, variant, base + d, replicate=True, knobs=knobs)
-            for i, d in enumerate((-0.01, 0, 0.01))
-        ]
+    rows += replicates({"flashy": 0.955, "calm": 0.96}, knobs)
     kb.append("trials", rows, "t")
     at = open_page(root)
     assert list(at.dataframe[0].value["variant_id"]) == ["calm", "flashy"]
@@ -223,3 +228,89 @@ def test_interventions_page_uses_student_t_and_no_interval_at_n_1(tmp_path: Path
     assert shown["once"]["interval"] == "n=1, no interval"
     assert shown["once"]["ci_low"] != shown["once"]["ci_low"]  # NaN: no zero-width interval
     assert shown["thrice"]["ci_high"] - shown["thrice"]["mean_delta"] == pytest.approx(4.3027 * 0.01 / 3**0.5, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("basis", "kind"),
+    [("replicates", "replicate means"), ("best_trial_vs_replicates", "child's best trial vs parent's replicate mean")],
+)
+def test_lineage_vs_parent_compares_what_the_verdict_compared(tmp_path: Path, basis: str, kind: str):
+    """User trial: the Lineage page's "vs parent" took the child's best trial (0.99) minus the parent's score its
+    verdict compared (here the parent's replicate mean 0.955): +0.0350, of two kinds. It now shows the two scores
+    the verdict compared, as the report's `compared` column names them (the KB's `interventions` row)."""
+    import sys
+
+    from ralph_ray import PROJECT_ROOT
+    from ralph_ray.report import COMPARED
+
+    sys.path.insert(0, str(PROJECT_ROOT / "app"))
+    import figures
+
+    assert figures.COMPARED == COMPARED  # the app names each basis as the report does
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    child = 0.96 if basis == "replicates" else 0.99
+    kb.put(
+        "variants",
+        [
+            {"run_id": "r1", "variant_id": "seed", "cycle": 1, "status": "seed", "interventions": "[]"},
+            {
+                "run_id": "r1",
+                "variant_id": "kid",
+                "parent_id": "seed",
+                "cycle": 2,
+                "status": "kept",
+                "interventions": '["batchnorm", "mixup"]',
+                "parent_score": 0.955,
+            },
+            {
+                "run_id": "r1",
+                "variant_id": "new",
+                "parent_id": "seed",
+                "cycle": 2,
+                "status": "candidate",
+                "interventions": '["cosine"]',
+                "parent_score": 0.95,
+            },
+        ],
+        "v",
+    )
+    rows = [trial("r1", 1, "seed", 0.95), trial("r1", 2, "kid", 0.99), trial("r1", 3, "new", 0.97)]
+    kb.append("trials", rows, "t")
+    effect = {"run_id": "r1", "task": "digits", "cycle": 2, "variant_id": "kid", "parent_id": "seed"}
+    effect |= {"parent_score": 0.955, "child_score": child, "delta": child - 0.955, "basis": basis, "outcome": "kept"}
+    kb.append("interventions", [effect | {"intervention": n} for n in ("batchnorm", "mixup")], "i")
+
+    metrics = {m.label: m for m in open_page(root, "views/lineage.py", lineage_variant="kid").metric}
+    assert metrics["selection score"].value == "0.9900" and not metrics["selection score"].delta
+    versus = metrics[f"vs parent ({kind})"]  # the label names what both scores are
+    assert versus.value == f"{child - 0.955:+.4f}" and versus.delta == f"{child:.4f} vs 0.9550"
+    # Not judged yet (no interventions row): nothing compared, so no delta of mixed kinds
+    fresh = {m.label: m for m in open_page(root, "views/lineage.py", lineage_variant="new").metric}
+    assert fresh["vs parent"].value == "-" and not fresh["vs parent"].delta
+
+
+def test_the_leaderboard_says_discarded_variants_rank_last(tmp_path: Path):
+    """The rank puts a discarded child below every other variant whatever its scores (sql.py), but neither the
+    board nor its within-noise note said so: here the discarded "kid" has the higher replicate mean (0.96 vs 0.955)
+    and ranks 2nd, and the note read as if rank 1 had simply measured higher."""
+    root = kb_with_run(tmp_path, "finished", stop_reason="max_cycles")
+    kb = KnowledgeBase(root)
+    kb.put(
+        "variants",
+        [
+            {"run_id": "r1", "variant_id": "seed", "cycle": 1, "status": "seed"},
+            {"run_id": "r1", "variant_id": "kid", "parent_id": "seed", "cycle": 2, "status": "discarded"},
+        ],
+        "v",
+    )
+    knobs = '{"LR": 0.1}'
+    rows = [trial("r1", 1, "seed", 0.95, knobs=knobs), trial("r1", 2, "kid", 0.99, knobs=knobs)]
+    rows += replicates({"seed": 0.955, "kid": 0.96}, knobs)
+    kb.append("trials", rows, "t")
+    at = open_page(root)
+    assert list(at.dataframe[0].value["variant_id"]) == ["seed", "kid"]
+    shown = texts(at)
+    assert "Ranks 1 and 2 are within noise" in shown
+    assert "Rank 2 is discarded: a discarded variant ranks below every other, whatever its scores" in shown
+    assert "then by the best trial; a discarded variant (its verdict found it no better than its parent) ranks" in shown

@@ -360,12 +360,7 @@ def _unaccumulated(trainer: Trainer, value: cst.BaseExpression) -> cst.BaseExpre
         or _once_per_step(trainer) is None
     ):
         return value
-    counts = {
-        code(node.right)
-        for test in _step_conditions(trainer)
-        for node in trainer.within(test)
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo)
-    }
+    counts = _micro_batch_counts(trainer)
     if code(value.right) in counts:
         return value.left
     mixed = _operands(trainer, value.right) & counts
@@ -376,6 +371,54 @@ def _unaccumulated(trainer: Trainer, value: cst.BaseExpression) -> cst.BaseExpre
             f"(divide by the count on its own, `/ ... / {min(mixed)}`)"
         )
     return value
+
+
+# A counter compared with the micro-batch count: where the step runs (`==`, `>=`) or where a guard skips it (`<`, `!=`)
+COUNTED = (cst.Equal, cst.GreaterThanEqual, cst.LessThan, cst.NotEqual)
+MIRRORED = {cst.GreaterThanEqual: cst.LessThanEqual, cst.LessThan: cst.GreaterThan}  # `ACCUM <= n` is `n >= ACCUM`
+
+
+def _micro_batch_counts(trainer: Trainer) -> set[str]:
+    """The counts the step's conditions take micro-batches by: `N` of `(i + 1) % N == 0`, `step % N == N - 1` or
+    `... % N == 0 or (i + 1) == len(loader)`, and of a counter's `if n == N:` (or `if n < N: continue`) where the
+    batch loop counts `n += 1` and resets `n = 0`. Before, only a `%` was read: a counter's `/ N` stayed in the
+    replay's loss, each replay step at 1/N of the trainer's."""
+    counters = _counters(trainer)
+    counts: set[str] = set()
+    for test in _step_conditions(trainer):
+        for node in trainer.within(test):
+            if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+                counts.add(code(node.right))
+            elif isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+                left, target = node.left, node.comparisons[0]
+                operator, right = type(target.operator), target.comparator
+                if isinstance(left, cst.Name) and left.value in counters and operator in COUNTED:
+                    counts.add(code(right))
+                elif isinstance(right, cst.Name) and right.value in counters:
+                    if any(operator is MIRRORED.get(kind, kind) for kind in COUNTED):
+                        counts.add(code(left))
+    return counts
+
+
+def _counters(trainer: Trainer) -> set[str]:
+    """The names the batch loop counts micro-batches with: `n += 1` and `n = 0` both in it."""
+    batch = trainer.batch_loop()
+    counted = {
+        node.target.value
+        for node in trainer.within(batch)
+        if isinstance(node, cst.AugAssign)
+        and isinstance(node.operator, cst.AddAssign)
+        and isinstance(node.target, cst.Name)
+        and code(node.value) == "1"
+    }
+    reset = {
+        target.target.value
+        for node in trainer.within(batch)
+        if isinstance(node, cst.Assign) and code(node.value) == "0"
+        for target in node.targets
+        if isinstance(target.target, cst.Name)
+    }
+    return counted & reset
 
 
 def _step_conditions(trainer: Trainer) -> list[cst.BaseExpression]:
@@ -505,6 +548,25 @@ def _reachable(
                 f"the trainer's {what} `{code(node)}` reads `{name.value}`, which its batch loop binds: the replay, "
                 "before the loop's batches, cannot take the trainer's own step"
             )
+
+
+def replay_calls(trainer: Trainer) -> list[cst.Call]:
+    """The trainer's `<replay>.dream(...)` calls, `<replay>` bound to `DreamReplay()` (hard_example_replay's)."""
+    replays = {
+        target.target.value
+        for node in trainer.nodes
+        if isinstance(node, cst.Assign) and isinstance(node.value, cst.Call) and call_name(node.value) == "DreamReplay"
+        for target in node.targets
+        if isinstance(target.target, cst.Name)
+    }
+    return [c for c in trainer.calls() if any(call_name(c) == f"{replay}.dream" for replay in replays)]
+
+
+def own_autocast(trainer: Trainer) -> list[cst.Call]:
+    """The trainer's autocast calls: the replay helper's `autocast()` (its parameter, the trainer's context passed
+    in) is not one (it made mixed_precision refuse a replaying trainer as "already uses autocast")."""
+    helpers = [n for n in trainer.nodes if isinstance(n, cst.ClassDef) and n.name.value == "DreamReplay"]
+    return [c for c in trainer.calls(AUTOCAST) if not any(trainer.inside(c, helper) for helper in helpers)]
 
 
 def _named(edits: Edits, node: cst.BaseExpression, name: str) -> str:

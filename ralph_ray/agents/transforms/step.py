@@ -18,6 +18,7 @@ from ralph_ray.agents.transforms._tree import (
     statement,
     unscale_line,
 )
+from ralph_ray.agents.transforms.forge import own_autocast, replay_calls
 
 
 @register("gradient_clipping", "step")
@@ -87,11 +88,15 @@ def ema_weights(source: str) -> str:
     return edits.apply()
 
 
+# mixed_precision's context: bfloat16 needs no GradScaler; off on CPU, where a trial without a GPU runs as before
+AUTOCAST_BF16 = 'torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available())'
+
+
 @register("mixed_precision", "step")
 def mixed_precision(source: str) -> str:
     """Run the forward pass and loss under bfloat16 autocast on a GPU (a no-op on CPU)."""
     trainer = analyse(source)
-    if trainer.has(r"autocast"):
+    if own_autocast(trainer):
         raise NotApplicable("the trainer already uses autocast")
     refuse_closure_step(trainer, "the forward pass to put under autocast runs inside the closure")
     loss, backward = trainer.loss_name(), trainer.backward_statement()
@@ -107,19 +112,18 @@ def mixed_precision(source: str) -> str:
         raise NotApplicable(
             f"the forward call and `{loss} = ...` are not lines of the block holding `{loss}.backward()`"
         )
-    wrap = cst.ensure_type(
-        statement(
-            'with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=torch.cuda.is_available()):\n    '
-            "pass\n"
-        ),
-        cst.With,
-    )
+    wrap = cst.ensure_type(statement(f"with {AUTOCAST_BF16}:\n    pass\n"), cst.With)
     inner = [s.with_changes(leading_lines=[]) if i == 0 else s for i, s in enumerate(lines[start : loss_line + 1])]
     block = wrap.with_changes(body=wrap.body.with_changes(body=inner), leading_lines=lines[start].leading_lines)
     edits = Edits(trainer)
     edits.sub(lines[start], block)
     for stmt in lines[start + 1 : loss_line + 1]:
         edits.sub(stmt, lambda _old: cst.RemovalSentinel.REMOVE)
+    # hard-example replay's steps are the trainer's own (applied before this, its call had no autocast to take):
+    # its forward left in float32 beside the trainer's bfloat16 ones was no step of the trainer's (user trial)
+    context = cst.Arg(expression(f"lambda: {AUTOCAST_BF16}"), keyword=cst.Name("autocast"))
+    for call in replay_calls(trainer):
+        edits.sub(call, lambda old: old.with_changes(args=[*old.args, context]))
     return edits.apply()
 
 
