@@ -62,4 +62,4 @@ def cycle(kb_root: str, run_id: str, number: int) -> dict[str, Any]:
 
 def damaged(kb_root: str) -> dict[Path, str]:
     """The KB's parts the snapshot could not read (left out of every page until they change), and why."""
-    return dict(_snapshot(kb_root).damaged)
+    return _snapshot(kb_root).damaged_now()  # a fresh snapshot behind cached query results has read nothing yet

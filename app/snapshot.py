@@ -63,6 +63,12 @@ class Snapshot:
             finally:
                 cursor.close()
 
+    def damaged_now(self) -> dict[Path, str]:
+        """The parts that could not be read, after taking in new ones (`damaged` alone is as of the last query)."""
+        with self._lock:
+            self._refresh()
+            return dict(self.damaged)
+
     def _refresh(self) -> None:
         """Take in the parts written since the last look (at most every `min_interval_s`)."""
         if self._con is not None and time.monotonic() - self._checked < self.min_interval_s:

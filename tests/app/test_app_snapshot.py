@@ -74,3 +74,16 @@ def test_snapshot_reads_each_part_once_and_keeps_few_files(tmp_path: Path):
         assert snap_rows(snap, "select count(*) from trials", []) == [(7 + i,)]
     assert len(list((snap.folder / "trials").glob("*.parquet"))) <= MAX_DELTAS + 1
     assert snap_rows(snap, sql.APP_LEADERBOARD, ["r1"]) == kb_rows(kb, sql.APP_LEADERBOARD, ["r1"])
+
+
+def test_a_fresh_snapshot_reports_a_damaged_part_before_any_query(tmp_path: Path):
+    """Investigation: `damaged` was filled only by a query's refresh, so a Snapshot made anew while the pages' query
+    results were still cached (Streamlit's 2-s cache_data outlives an evicted cache_resource) reported no damaged
+    part and the page showed no warning; `damaged_now` takes in the parts first."""
+    kb = KnowledgeBase(tmp_path / "kb")
+    kb.init()
+    kb.append("trials", [trial("t1", 0.9)], "r1-t")
+    bad = next((kb.parquet / "trials").glob("r1-t*.parquet"))
+    bad.write_bytes(bad.read_bytes()[:100])
+    snap = Snapshot(tmp_path / "kb")
+    assert set(snap.damaged_now()) == {bad}
