@@ -244,8 +244,8 @@ class Point:
 
 def _cycles(last: dict[str, Any], budget: dict[str, Any]) -> int:
     """The cycles the run went through: the last decision's cycle, as the outcome line and `status` count them; the
-    KB's cycles rows where no decision was made yet. An async run records a cycles row per lineage depth, not per
-    generation closed (user trial: "cycles: 3" under "stop after cycle 4")."""
+    KB's cycles rows where no decision was made yet. An async run names each decision by the deepest judged
+    generation (decision.generation_decided), so its last decision's cycle matches its cycles rows."""
     if last.get("cycle") is not None:
         return int(last["cycle"])
     return int(budget.get("cycles", 0)) if budget else 0
