@@ -45,8 +45,7 @@ from ralph_ray.decision import (
     generation_decided,
     unjudged_note,
 )
-from ralph_ray.eventlog import EVENTS_FILE
-from ralph_ray.events import TrialStarts
+from ralph_ray.events import TrialStarts, trials_started
 from ralph_ray.exit_codes import ExitCode
 from ralph_ray.faults import kill_point
 from ralph_ray.generations import Campaign, Outcome
@@ -711,21 +710,15 @@ class AsyncCampaign(Campaign):
                 self._replicate([variant_id])  # replicates a stop cut short run again
             if member.judged and status is VariantStatus.kept and self._follows_best(member):
                 self._replicate([variant_id])  # a kept child whose best moved before the stop (see _sink)
-        self.pool.reseed(self._trials_started())  # the picks go on from the dead drivers' instead of repeating them
+        self.pool.reseed(
+            trials_started(self.run_dir)
+        )  # the picks go on from the dead drivers' instead of repeating them
         queued = self.pool.queued()
         self._log(
             f"  rebuilt from the KB: {len(self.pool.members)} variants, {len(trials)} trials, "
             f"{len(self.children)} children ({queued} waiting for a slot)"
         )
         return len(self.children)
-
-    def _trials_started(self) -> int:
-        """The trials the run's drivers started so far, recorded or not (events.jsonl's trial_start lines)."""
-        path = self.run_dir / EVENTS_FILE
-        if not path.exists():
-            return 0
-        with path.open() as events:
-            return sum('"event": "trial_start"' in line for line in events)
 
 
 class _StopNow(tune.Stopper):

@@ -81,6 +81,25 @@ class EventedKB(KnowledgeBase):
                 out.write("\n".join(lines) + "\n")
 
 
+TRIAL_START = "trial_start"  # the event TrialStarts writes as each trial starts
+
+
+def trials_started(run_dir: Path) -> int:
+    """The trials a run's drivers started so far, recorded or not: events.jsonl's trial_start lines (a line torn by a
+    killed driver is not one)."""
+    path = run_dir / EVENTS_FILE
+    if not path.exists():
+        return 0
+    count = 0
+    with path.open() as events:
+        for line in events:
+            try:
+                count += json.loads(line).get("event") == TRIAL_START
+            except (json.JSONDecodeError, AttributeError):
+                continue
+    return count
+
+
 class TrialStarts(Callback):
     """A Tune callback: a `trial_start` line (trial, variant, cycle in the barrier mode) as each trial starts."""
 
@@ -92,7 +111,7 @@ class TrialStarts(Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-        event = {"ts": stamp, "event": "trial_start", "run_id": self.run_id, "trial_id": trial.trial_id}
+        event = {"ts": stamp, "event": TRIAL_START, "run_id": self.run_id, "trial_id": trial.trial_id}
         event["variant_id"] = trial.config.get("variant")
         if self.cycle is not None:
             event["cycle"] = self.cycle
