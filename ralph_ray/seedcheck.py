@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ralph_ray.knobs import is_literal, parse
+from ralph_ray.knobs import is_literal, literal_eval, parse
 from ralph_ray.resumable import calls_missing
 from ralph_ray.variants import globbed
 
@@ -160,7 +160,7 @@ def _sized(call: ast.Call, name: str) -> bool:
         if end is None:
             return False
         try:
-            return not float(ast.literal_eval(end)) >= 1
+            return not float(literal_eval(end)) >= 1
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return True  # a computed end_factor: it may anneal
     if name == "get_scheduler":

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from ralph_ray import zygote
+from ralph_ray.knobs import parse
 from ralph_ray.sandbox import Jail, Policy, SandboxMode, View, interpreter
 
 # What every trainer imports and costs the most to import. torch._dynamo: torch.optim imports it on the first
@@ -56,7 +57,7 @@ def sets_cuda_env(work: Path) -> bool:
 @functools.lru_cache(maxsize=256)  # every trial of a variant reads the same files: each is parsed once per process
 def _names_cuda_env(source: str) -> bool:
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return True  # unreadable: fork it on request, as one that does (it will fail on its own anyway)
     for node in ast.walk(tree):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from ralph_ray.knobs import KnobError, read_knobs, rewrite_knobs, with_knobs
@@ -193,3 +197,16 @@ def test_an_upper_case_name_a_search_cannot_set_is_told_apart_from_an_absent_one
     found = near_knobs(parse(source))
     assert {name: node.lineno for name, node in found.items()} == {"HIDDEN": 2, "DEPTH": 3, "WIDTH": 5}
     assert "LR" not in found and "LR" in read_knobs(source)
+
+
+def test_every_parse_in_the_package_goes_through_the_lock():
+    # pyproject bans ast.parse and ast.literal_eval outside knobs.py (ruff TID251): one unserialised parse in a
+    # thread beside a serialised one is enough for CPython 3.11's SystemError (the CI failure of test_async).
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--select", "TID251", "--no-cache", "ralph_ray", "app"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -10,7 +10,6 @@ files, where a layer transform reaches a model class train.py imports from a mod
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import math
@@ -42,6 +41,7 @@ from ralph_ray.knobs import (
     KnobError,
     is_knob_name,
     knob_nodes,
+    literal_eval,
     parse,
     read_knobs,
     rewrite_knobs,
@@ -347,7 +347,7 @@ def _parse_knob_edits(raw: Any, fail: Fail) -> tuple[KnobEdit, ...]:
 def _literal_ok(value: Any, field: str, fail: Fail) -> None:
     """Knob values are written back as Python literals, so they must survive repr -> literal_eval."""
     try:
-        ast.literal_eval(repr(value))
+        literal_eval(repr(value))
     except (ValueError, SyntaxError) as error:
         raise fail(field, f"{value!r} cannot be written as a Python literal") from error
 

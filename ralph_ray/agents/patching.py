@@ -9,7 +9,6 @@ shapes small local models often give are mended before git sees them: headers wi
 
 from __future__ import annotations
 
-import ast
 import difflib
 import os
 import re
@@ -18,6 +17,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 from ralph_ray.agents.base import AgentConfigError, AgentError
+from ralph_ray.knobs import parse
 from ralph_ray.variants import MUTABLE, is_mutable, mutable_names
 
 GIT_TIMEOUT_S = 30.0
@@ -87,7 +87,7 @@ def whole_file_target(workdir: Path, source: str, before: str) -> str | None:
     """The mutable file a ```python block rewrites: the only one, the one the text before it names, or the one it
     most resembles; None where the block does not parse or is not mostly that file (a snippet, say)."""
     try:
-        ast.parse(source)
+        parse(source)
     except SyntaxError:
         return None
     names = [n for n in mutable_names(workdir) if n.endswith(".py")]
