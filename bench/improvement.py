@@ -39,7 +39,7 @@ def campaign(root: Path, seed: int, extra: list[str]) -> dict[str, object]:
         "run_id": outcome.run_id,
         "stop_reason": outcome.stop_reason,
         "minutes": round(minutes, 2),
-        "cycles": con.execute(sql.BENCH_CYCLES_DECIDED, [outcome.run_id]).fetchone()[0],
+        "cycles": con.execute(sql.CYCLES_DECIDED, [outcome.run_id]).fetchone()[0],
         "best_variant": board[0]["variant_id"],
         "best_selection": board[0]["selection_score"],
         "best_test": board[0]["test_score"],

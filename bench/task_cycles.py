@@ -53,7 +53,7 @@ def campaign(task: str, cycles: int, cap_s: int, extra: list[str]) -> dict:
     return {
         "wall_s": round(wall, 1),
         "exit_code": int(outcome.exit_code),
-        "cycles_decided": kb.execute(sql.BENCH_CYCLES_DECIDED, [task]).fetchone()[0],
+        "cycles_decided": kb.execute(sql.CYCLES_DECIDED, [task]).fetchone()[0],
         "trials_per_cycle": {int(c): int(n) for c, n in kb.execute(sql.TRIALS_PER_CYCLE, [task]).fetchall()},
         "variants": len(board),
         "trials": sum(int(r["trials"]) for r in board),

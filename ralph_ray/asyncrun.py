@@ -31,7 +31,7 @@ from typing import Any
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
 
-from ralph_ray import forecast, history, records, replicates, sql
+from ralph_ray import forecast, history, records, replicates, sigterm, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
 from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, reruns_parent, write_meta
 from ralph_ray.control import stop_requested
@@ -653,7 +653,7 @@ class AsyncCampaign(Campaign):
             self._log(f"  seed variant {seed.variant_id} ({self.cfg.trainer_dir()})")
             return 0
         trials = con.execute(sql.ASYNC_TRIALS, [self.run_id, STOPPED_WITH_CYCLE]).fetchall()
-        self.decided = int(con.execute(sql.BENCH_CYCLES_DECIDED, [self.run_id]).fetchone()[0] or 0)
+        self.decided = int(con.execute(sql.CYCLES_DECIDED, [self.run_id]).fetchone()[0] or 0)
         forecast.rebuild(self.forecaster, con, self.run_id)  # the first trials after a resume are forecast too
         order = {t[0]: n for n, t in enumerate(trials, 1)}  # written order: ties rank the first written, as the KB
         for (
@@ -731,6 +731,7 @@ class _StopNow(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
+        sigterm.check()  # a SIGTERM a finalizer swallowed ends the run as one that got through
         c = self.campaign
         # A failed breeder (a key revoked, a model gone: AgentConfigError) ends the run as a stop request does; the
         # driver then raises its error. Left running, the seed's knob samples filled the slots until a budget.

@@ -160,6 +160,15 @@ def make(cfg: Config) -> ForecastStopper | None:
     return ForecastStopper(cfg.search.metric, cfg.search.mode, cfg.scheduler.max_t, cfg.safeguards.confidence)
 
 
+def for_cycle(cfg: Config, con: duckdb.DuckDBPyConnection | None, run_id: str, cycle: int) -> ForecastStopper | None:
+    """A barrier cycle's forecaster; a resumed cycle's (`con`: the KB) starts from the best final value of the
+    cycle's recorded trials, as its ASHA rungs start from their reports, so its first trials are forecast."""
+    forecaster = make(cfg)
+    if con is not None:
+        rebuild(forecaster, con, run_id, cycle)
+    return forecaster
+
+
 def rebuild(
     forecaster: ForecastStopper | None, con: duckdb.DuckDBPyConnection, run_id: str, cycle: int | None = None
 ) -> None:

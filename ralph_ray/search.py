@@ -27,7 +27,7 @@ from ray.tune.search import BasicVariantGenerator
 from ray.tune.search.optuna import OptunaSearch
 from rich.console import Console
 
-from ralph_ray import dataparallel, forecast, harness, pbt
+from ralph_ray import dataparallel, forecast, harness, pbt, sigterm
 from ralph_ray.asha import NoiseAwareASHA, rung_history
 from ralph_ray.children import Child, reruns_parent
 from ralph_ray.config import Config, KnobSpace, SamplerKind, SchedulerKind, SpaceKind, sandbox_policy
@@ -329,6 +329,7 @@ class StopRequest(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
+        sigterm.check()  # a SIGTERM a finalizer swallowed ends the run as one that got through
         return stop_requested(Path(self.run_dir)) or (self.deadline is not None and time.time() > self.deadline)
 
 
@@ -380,17 +381,6 @@ def trial_spec(cfg: Config, children: list[Child], trials_root: Path, data: Publ
     )
 
 
-def cycle_forecaster(
-    cfg: Config, con: duckdb.DuckDBPyConnection | None, run_id: str, cycle: int
-) -> forecast.ForecastStopper | None:
-    """A cycle's forecaster (scheduler.forecast); a resumed cycle's (`con`: the KB) starts from the best final value
-    of the cycle's recorded trials, as its ASHA rungs start from their reports, so its first trials are forecast."""
-    forecaster = forecast.make(cfg)
-    if con is not None:
-        forecast.rebuild(forecaster, con, run_id, cycle)
-    return forecaster
-
-
 def run_cycle(
     cfg: Config,
     run_id: str,
@@ -433,7 +423,7 @@ def run_cycle(
     progress = LiveProgress(console, f"cycle {cycle}", remaining, cfg.metric_sign(), cfg.task.metric)
     segments = pbt.SegmentLog() if cfg.scheduler.name.population_based else None
     con = KnowledgeBase(Path(cfg.paths.kb)).reader() if done else None  # the campaign's KB (campaign.run: paths.kb)
-    forecaster = cycle_forecaster(cfg, con, run_id, cycle)
+    forecaster = forecast.for_cycle(cfg, con, run_id, cycle)
 
     def record(trial: TrialRecord, epoch_rows: list[dict[str, Any]]) -> None:
         forecast.note(trial, forecaster)

@@ -20,6 +20,7 @@ from typing import Any
 # Set by the handler: code that catches a KeyboardInterrupt and raises one of its own (Tune's loop could) loses the
 # Terminated type, not the fact that SIGTERM came.
 _arrived = threading.Event()
+_checked = threading.Event()  # `check` raised for this arrival (once: a Terminated that got through ends the run)
 
 
 class Terminated(KeyboardInterrupt):
@@ -37,10 +38,20 @@ def arrived(interrupt: BaseException) -> bool:
     return isinstance(interrupt, Terminated) or _arrived.is_set()
 
 
+def check() -> None:
+    """Raise Terminated once where a SIGTERM came but its Terminated never got through: the handler ran inside a
+    finalizer (a `__del__`, a weakref callback), which Python ends with "Exception ignored" and the campaign trained on
+    to its end. The run's stoppers call this on Tune's every step, in the driver's main thread."""
+    if _arrived.is_set() and not _checked.is_set() and threading.current_thread() is threading.main_thread():
+        _checked.set()
+        raise Terminated
+
+
 def install() -> Any:
     """Handle SIGTERM as Ctrl-C in this process (from its main thread; elsewhere signal.signal cannot); returns the
     handler it replaced, for `restore`."""
     _arrived.clear()
+    _checked.clear()
     if threading.current_thread() is not threading.main_thread():
         return None
     return signal.signal(signal.SIGTERM, on_sigterm)

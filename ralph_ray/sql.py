@@ -720,13 +720,15 @@ APP_READER_SETUP = "set enable_progress_bar = false"
 # benchmark queries (bench/*.py; read-only, parameterised with ?)
 
 BENCH_LEADERBOARD = "select * from leaderboard where run_id = ? order by rank"
-BENCH_CYCLES_DECIDED = "select max(cycle) from decisions where run_id = ?"
 # What each trial of a chaos run ended as, and how many rows each of its epochs' metrics has (1 unless doubled).
 BENCH_TRIAL_ENDS = "select trial_id, status, epochs, reason from trials where run_id = ?"
 BENCH_EPOCH_ROWS = "select trial_id, epoch, metric, count(*) from epochs where run_id = ? group by all"
 
 # ---------------------------------------------------------------------------------------------
 # The asynchronous campaign's reads (asyncrun: rebuilding the population from the KB on resume)
+
+# The deepest cycle (generation) a run has a decision for (also the benchmarks' count of cycles decided).
+CYCLES_DECIDED = "select max(cycle) from decisions where run_id = ?"
 
 ASYNC_VARIANTS = """
 select variant_id, parent_id, cycle, status, files_dir, diff, interventions, diagnosis, rationale, reason, parent_score

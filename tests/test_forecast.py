@@ -103,8 +103,8 @@ def test_a_resumed_barrier_cycles_forecaster_starts_from_that_cycles_recorded_tr
     so its first trials were not forecast. Its forecaster is rebuilt from the cycle's own trials (each cycle's Tune
     run starts a forecaster of its own: another cycle's best is not this one's to beat)."""
     from ralph_ray.config import load_config
+    from ralph_ray.forecast import for_cycle
     from ralph_ray.kb import KnowledgeBase
-    from ralph_ray.search import cycle_forecaster
 
     kb = KnowledgeBase(tmp_path / "kb")
     kb.init()
@@ -128,8 +128,8 @@ def test_a_resumed_barrier_cycles_forecaster_starts_from_that_cycles_recorded_tr
         "e",
     )  # fmt: skip
     cfg = load_config(["scheduler.forecast=true", "scheduler.max_t=12", "search.metric=val_acc", "search.mode=max"])
-    resumed = cycle_forecaster(cfg, kb.reader(), "r", 2)
+    resumed = for_cycle(cfg, kb.reader(), "r", 2)
     assert resumed is not None and resumed.best == pytest.approx(0.95)  # cycle 2's best final, not cycle 1's 0.99
-    fresh = cycle_forecaster(cfg, None, "r", 2)  # a cycle that starts afresh has nothing to beat yet
+    fresh = for_cycle(cfg, None, "r", 2)  # a cycle that starts afresh has nothing to beat yet
     assert fresh is not None and fresh.best is None
-    assert cycle_forecaster(load_config(["scheduler.forecast=false"]), kb.reader(), "r", 2) is None
+    assert for_cycle(load_config(["scheduler.forecast=false"]), kb.reader(), "r", 2) is None
