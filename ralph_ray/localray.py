@@ -116,6 +116,11 @@ def start(num_cpus: int | None) -> Marker:
         "--node-ip-address=127.0.0.1",
         "--include-dashboard=false",
         "--disable-usage-stats",
+        # `ray start --head` binds fixed ports besides the GCS's (the Ray Client server's 10001, the dashboard
+        # agent's 52365); one another Ray on this machine holds ends the kept head at once (`--block` stops the rest
+        # when one of its processes exits): a CI run of two test workers met it. Free ones, as the GCS's.
+        f"--ray-client-server-port={_free_port()}",
+        f"--dashboard-agent-listen-port={_free_port()}",
     ]
     if num_cpus is not None:
         argv.append(f"--num-cpus={num_cpus}")

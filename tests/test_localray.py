@@ -42,6 +42,18 @@ def driver(marker: Path, keep: bool = False) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
+def _hold(port: int) -> socket.socket | None:
+    """A loopback socket bound to `port` (None where something holds it already: then that does)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
 @pytest.mark.slow
 def test_a_kept_ray_is_joined_by_the_next_campaign_and_only_while_it_checks_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -49,6 +61,9 @@ def test_a_kept_ray_is_joined_by_the_next_campaign_and_only_while_it_checks_out(
     marker = tmp_path / "local_ray.json"
     monkeypatch.setenv(localray.ENV_MARKER, str(marker))
     kept = None
+    # The ports `ray start --head` binds by default besides the GCS's, held as another Ray on the machine would: the
+    # kept head used to die at once on them (in a CI run, another test worker's Ray held the Ray Client's 10001).
+    held = [_hold(port) for port in (10001, 52365)]
     try:
         first, said = driver(marker, keep=True)
         assert "started a local Ray that outlives this campaign" in said and first["result"] == 42
@@ -68,6 +83,9 @@ def test_a_kept_ray_is_joined_by_the_next_campaign_and_only_while_it_checks_out(
         fourth, said = driver(marker)
         assert "is not the one recorded" in said and fourth["node"] != kept.node_id and not marker.exists()
     finally:
+        for sock in held:
+            if sock is not None:
+                sock.close()
         if kept is not None:  # stop the kept Ray through its (restored) marker
             marker.write_text(json.dumps(localray.asdict(kept)))
             marker.chmod(0o600)

@@ -195,7 +195,10 @@ def onprem_yaml(machine: dict, gcs_port: int) -> Path:
     token_setup = [c for c in config["setup_commands"] if "auth_token" in c]
     assert token_setup, "the file's setup makes the mounted token private"
     config["setup_commands"] = [*token_setup, "python -c 'import ray, torch, sklearn'"]
-    extra = f" --num-cpus=2 --include-dashboard=false --dashboard-agent-listen-port={free_port()}"
+    extra = (  # free ports for what `ray start --head` binds at fixed ones (another test's Ray may hold those)
+        f" --num-cpus=2 --include-dashboard=false --dashboard-agent-listen-port={free_port()}"
+        f" --ray-client-server-port={free_port()}"
+    )
     config["head_start_ray_commands"] = [
         c.replace("6379", str(gcs_port)) + extra for c in config["head_start_ray_commands"]
     ]
