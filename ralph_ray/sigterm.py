@@ -58,7 +58,10 @@ def install() -> Any:
 
 
 def restore(before: Any) -> None:
-    """Put back the SIGTERM handler `install` replaced (a process that calls the CLI's main, a test, keeps its own)."""
+    """Put back the SIGTERM handler `install` replaced (a process that calls the CLI's main, a test, keeps its own);
+    the arrival, handled by now, ends with it (a later campaign in this process would stop at its first step)."""
+    _arrived.clear()
+    _checked.clear()
     if before is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, before)
 

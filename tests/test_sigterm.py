@@ -31,6 +31,10 @@ try:
 except sigterm.Terminated:
     print("terminated", flush=True)
 print("again:", stopper.stop_all())
+sigterm.install()
+Finalized()  # swallowed again, then the CLI's main ends (restore): a later campaign in this process is not stopped
+sigterm.restore(None)
+print("after restore:", stopper.stop_all())
 """
 
 
@@ -40,4 +44,4 @@ def test_a_sigterm_a_finalizer_swallowed_ends_the_run_at_the_stoppers_next_step(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Exception ignored" in done.stderr and "Terminated" in done.stderr  # it was swallowed, as in the trial
-    assert done.stdout.split("\n")[:3] == ["went on", "terminated", "again: False"]
+    assert done.stdout.split("\n")[:4] == ["went on", "terminated", "again: False", "after restore: False"]
