@@ -33,7 +33,17 @@ from ray.tune.search import ConcurrencyLimiter
 
 from ralph_ray import forecast, history, records, replicates, sigterm, sql
 from ralph_ray.breeder import BackgroundBreeder, BreedingPlan
-from ralph_ray.children import Breeder, Child, analyse, analysis_note, breed, knob_child, reruns_parent, write_meta
+from ralph_ray.children import (
+    INTERRUPTED_USAGE,
+    Breeder,
+    Child,
+    analyse,
+    analysis_note,
+    breed,
+    knob_child,
+    reruns_parent,
+    write_meta,
+)
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import (
     CycleFacts,
@@ -226,6 +236,23 @@ class AsyncCampaign(Campaign):
 
     # -- breeding (the breeder's thread) ---------------------------------------------------------
 
+    def _put_interrupted(self, generation: int, parent: Candidate, breeder: Breeder) -> None:
+        """What a parent's coder attempts spent before a failure (a key revoked) cut its breeding short: its children
+        are bred again on resume, but those calls were paid for."""
+        spent = breeder.spent_so_far()
+        if not spent.calls:
+            return
+        label = f"{parent.variant_id}:{INTERRUPTED_USAGE}"
+        with self.kb_lock:
+            self.kb.put(
+                "agent_usage",
+                records.usage_rows(self.run_id, generation, "coder", [(label, spent)], self.cfg.agent),
+                records.part(
+                    self.run_id, generation, "usage", parent.variant_id, INTERRUPTED_USAGE, str(time.time_ns())
+                ),
+            )
+            self._usage_parts += 1
+
     def _grow(self, parent: Candidate, generation: int) -> list[Child]:
         """Children of one parent (analysed, written, gated), recorded in the KB before they are queued."""
         cfg = self.cfg
@@ -273,7 +300,11 @@ class AsyncCampaign(Campaign):
                 self._log,
                 budget,
             )
-            children, wasted = breed(breeder, parent, view, analysis)
+            try:
+                children, wasted = breed(breeder, parent, view, analysis)
+            except BaseException:
+                self._put_interrupted(generation, parent, breeder)
+                raise
             usage += [(c.variant_id, c.usage) for c in children if c.usage.calls]
             if wasted.calls:
                 usage.append((f"{parent.variant_id}:duplicates", wasted))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ralph_ray.agents.base import (
+    AgentConfigError,
     AgentError,
     Analysis,
     Analyst,
@@ -146,6 +147,16 @@ class Breeder:
     token_budget_left: int | None  # None: unlimited
     log: Callable[[str], None]
     campaign_budget: CampaignBudget | None = None  # None: no campaign budget, or checked only between batches
+    # Every coder attempt's usage, from its start: a failure mid-way (a key revoked, Ctrl-C) records what the attempts
+    # spent (`spent_so_far`), which the children it never returns would have carried.
+    attempts: list[Usage] = field(default_factory=list)
+
+    def spent_so_far(self) -> Usage:
+        """What every coder attempt started so far has spent."""
+        total = Usage()
+        for usage in list(self.attempts):
+            total.add(usage)
+        return total
 
 
 def bake(parent_files: Path, knobs: dict[str, Any], out: Path, entry: str = "train.py") -> Path:
@@ -336,6 +347,7 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
         if stop.is_set():
             return None
         usage = breeder.campaign_budget.track(Usage()) if breeder.campaign_budget else Usage()
+        breeder.attempts.append(usage)
         try:
             child = _one_child(breeder, parent, view, rec, index, seen, lock, usage)
         except BaseException:
@@ -368,6 +380,9 @@ def breed(breeder: Breeder, parent: Candidate, view: ParentView, analysis: Analy
             children.append(child)
     return children, wasted
 
+
+# The agent_usage label (after the parent's id in the async run) of what coder attempts a failure cut short spent.
+INTERRUPTED_USAGE = "interrupted"
 
 # A child rejected before the gate saw a draft: the parent's code and this note (its diff says why).
 REJECTION_NOTE = "REJECTED.md"
@@ -414,6 +429,8 @@ def _one_child(
             # After a refusal the coder gave up on the gate's feedback (the heuristic one always does): the gate's.
             reason, rejected_by = f"coder: {err}", RejectedBy.gate if feedback is not None else RejectedBy.coder
             break
+        except AgentConfigError:
+            raise  # a key revoked, a model gone: the campaign's failure (exit 2), which every next call would meet
         except Exception as err:  # noqa: BLE001 - a coder backend's own bug rejects this child, never the campaign
             reason, rejected_by = f"coder crashed: {type(err).__name__}: {err}", RejectedBy.coder
             break

@@ -23,7 +23,16 @@ from rich.markup import escape
 from ralph_ray import history, records, replicates
 from ralph_ray.agents import make_agents
 from ralph_ray.agents.base import ParentView
-from ralph_ray.children import Breeder, CampaignBudget, Child, analyse_parents, grow, judge, seed_child
+from ralph_ray.children import (
+    INTERRUPTED_USAGE,
+    Breeder,
+    CampaignBudget,
+    Child,
+    analyse_parents,
+    grow,
+    judge,
+    seed_child,
+)
 from ralph_ray.config import Config, sandbox_policy
 from ralph_ray.control import stop_requested
 from ralph_ray.decision import (
@@ -236,7 +245,18 @@ class Campaign:
             self._log,
             self._campaign_budget(self.kb.reader(), self.state.cycle),
         )
-        children, wasted = grow(breeder, files.parents(), self._view, files.recommendations(), files.baked)
+        try:
+            children, wasted = grow(breeder, files.parents(), self._view, files.recommendations(), files.baked)
+        except BaseException:
+            # A key revoked, Ctrl-C: the children written so far are written again on resume, but their calls were
+            # paid for; what the attempts spent is recorded (its own part: a resume's write records its own)
+            spent = breeder.spent_so_far()
+            if spent.calls:
+                rows = records.usage_rows(
+                    self.run_id, self.state.cycle, "coder", [(INTERRUPTED_USAGE, spent)], self.cfg.agent
+                )
+                self._put("agent_usage", rows, "coder", INTERRUPTED_USAGE, str(time.time_ns()))
+            raise
         files.save_children(children)
         self._put_variants(children, "write")
         spent = [(c.variant_id, c.usage) for c in children if c.usage.calls] + wasted

@@ -26,6 +26,19 @@ from ralph_ray import PROJECT_ROOT
 from ralph_ray.agents.base import EpochPoint, ParentView, TrialSummary
 
 SEED = PROJECT_ROOT / "trainers" / "digits"
+# A coder's answer the digits seed takes: a small diff the gate passes (the campaign tests' written child).
+GOOD_DIFF = """\
+I set the dropout before the classifier to 0.2.
+
+```diff
+--- a/train.py
++++ b/train.py
+@@ -24,2 +24,2 @@
+-DROPOUT = 0.0  # dropout before the classifier
++DROPOUT = 0.2  # dropout before the classifier
+ VAL_FRACTION = 0.15  # share of train carved out for per-epoch validation
+```
+"""
 
 
 @dataclass

@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from llm_server import Reply, ScriptedLLM, llm_server, parent, workdir  # noqa: F401 - fixtures
+from llm_server import GOOD_DIFF, Reply, ScriptedLLM, llm_server, parent, workdir  # noqa: F401 - fixtures
 
 from ralph_ray.__main__ import main
 from ralph_ray.agents import make_agents, preflight
@@ -29,18 +29,6 @@ from ralph_ray.campaign import run
 from ralph_ray.config import AgentBackend, AgentConfig
 from ralph_ray.kb import open_reader
 
-GOOD_DIFF = """\
-I set the dropout before the classifier to 0.2.
-
-```diff
---- a/train.py
-+++ b/train.py
-@@ -24,2 +24,2 @@
--DROPOUT = 0.0  # dropout before the classifier
-+DROPOUT = 0.2  # dropout before the classifier
- VAL_FRACTION = 0.15  # share of train carved out for per-epoch validation
-```
-"""
 STALE_DIFF = GOOD_DIFF.replace("-DROPOUT = 0.0", "-DROPOUT = 0.5")  # a line the file does not have
 # (The hunks avoid the searched knobs LR, BATCH_SIZE, WIDTH, EPOCHS: a campaign's parent has its best knobs baked in.)
 FROZEN_DIFF = """\
@@ -408,6 +396,35 @@ def test_two_cycle_campaign_trains_llm_children_and_records_usage(ray_session, t
     ).fetchall()
     assert usage == [("analyst", "openai", 1, 1000, 200, False), ("coder", "openai", 1, 700, 90, False)]
     assert len(llm_server.requests) == 2 and llm_server.gets == ["/v1/models"]  # one preflight probe per start
+
+
+@pytest.mark.slow
+def test_a_key_revoked_while_children_are_written_records_what_the_written_ones_spent(
+    ray_session, tiny_config, llm_server: ScriptedLLM
+):
+    """The first child is written and gated, then the key is refused: the campaign ends (AgentConfigError, exit 2)
+    before the cycle's children are recorded, and the first child's paid call went with them (a resume's budget read
+    less than was spent). What the attempts spent is its own agent_usage row now."""
+    refused = [Reply(status=401, error="Incorrect API key provided.")] * 4
+    llm_server.add(Reply(json.dumps(ANALYSIS), usage=(1000, 200)), Reply(GOOD_DIFF, usage=(700, 90)), *refused)
+    cfg = tiny_config(
+        *campaign_overrides(llm_server, "population.children_per_parent=2", "agent.concurrency=1"), "run_id=revoked"
+    )
+    with pytest.raises(AgentConfigError, match="HTTP 401"):  # the CLI's exit 2 (it used to reject the child only,
+        run(cfg)  # as a crashing coder's, and the campaign called the refusing endpoint for each next child)
+
+    assert len(llm_server.requests) == 3  # the analysis, the first child, the refused second
+    usage = (
+        open_reader(Path(cfg.paths.kb))
+        .execute(
+            """select role, variant_id, sum(tokens_in), sum(tokens_out) from agent_usage where run_id = ?
+           group by all order by role""",
+            ["revoked"],
+        )
+        .fetchall()
+    )
+    assert [row[0] for row in usage] == ["analyst", "coder"]
+    assert usage[1][1:] == ("interrupted", 700, 90)
 
 
 @pytest.mark.slow
