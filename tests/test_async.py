@@ -698,19 +698,12 @@ def test_a_key_revoked_while_children_are_written_records_what_the_written_ones_
     """The async twin of agents/test_openai.py's: the first child is written, the second's call is refused (401): the
     run ends with the agent's error, and the first child's paid call is in agent_usage (it went with the children)."""
     from llm_server import GOOD_DIFF, Reply, ScriptedLLM
+    from slow_llm import ANALYSIS
 
     from ralph_ray.agents.base import AgentConfigError
 
-    analysis = {
-        "diagnoses": ["overfitting"],
-        "summary": "Validation loss rises while the train loss keeps falling.",
-        "recommendations": [
-            {"intervention": "add_dropout", "diagnosis": "overfitting", "rationale": "regularise", "priority": 0.9},
-            {"intervention": "weight_decay", "diagnosis": "overfitting", "rationale": "an L2 penalty", "priority": 0.6},
-        ],
-    }
     llm = ScriptedLLM()
-    llm.add(Reply(json.dumps(analysis), usage=(1000, 200)), Reply(GOOD_DIFF, usage=(700, 90)))
+    llm.add(Reply(json.dumps(ANALYSIS), usage=(1000, 200)), Reply(GOOD_DIFF, usage=(700, 90)))
     llm.add(*[Reply(status=401, error="Incorrect API key provided.")] * 4)
     try:
         with pytest.raises(AgentConfigError, match="HTTP 401"):
